@@ -1,0 +1,194 @@
+//! The graph IR: a petgraph DAG whose nodes are ops with their result type and whose edges carry
+//! operand slots. One [`Graph`] per entry function; a [`Module`] holds them all.
+
+use super::op::Op;
+use super::types::TensorType;
+use petgraph::Direction;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+use std::collections::BTreeSet;
+
+/// A value: the result of one node.
+pub type Value = NodeIndex;
+
+/// An operation and the type of its result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// What it computes.
+    pub op: Op,
+    /// Shape and dtype of the result.
+    pub ty: TensorType,
+}
+
+/// One function's dataflow graph. Edges point from operand to user; an edge's weight is the
+/// operand's slot in the user.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    /// Function name (the entry point's name).
+    pub name: String,
+    g: DiGraph<Node, u32>,
+    params: Vec<Value>,
+    outputs: Vec<(String, Value)>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph { name: name.into(), ..Graph::default() }
+    }
+
+    /// Adds a node with the given operands (in slot order). A `Param` node is also appended to
+    /// the parameter list.
+    pub fn add(&mut self, op: Op, ty: TensorType, args: &[Value]) -> Value {
+        let is_param = matches!(op, Op::Param(_));
+        let v = self.g.add_node(Node { op, ty });
+        for (slot, a) in args.iter().enumerate() {
+            self.g.add_edge(*a, v, slot as u32);
+        }
+        if is_param {
+            self.params.push(v);
+        }
+        v
+    }
+
+    /// Declares a named output.
+    pub fn add_output(&mut self, name: impl Into<String>, v: Value) {
+        self.outputs.push((name.into(), v));
+    }
+
+    /// The node of a value.
+    pub fn node(&self, v: Value) -> &Node {
+        &self.g[v]
+    }
+
+    /// Mutable access to a node (its op and type; not its operands).
+    pub fn node_mut(&mut self, v: Value) -> &mut Node {
+        &mut self.g[v]
+    }
+
+    /// Operands of a value, in slot order.
+    pub fn operands(&self, v: Value) -> Vec<Value> {
+        let mut es: Vec<(u32, Value)> = self.g.edges_directed(v, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
+        es.sort_unstable();
+        es.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Values that use `v` (each once, in index order).
+    pub fn users(&self, v: Value) -> Vec<Value> {
+        let set: BTreeSet<Value> = self.g.neighbors_directed(v, Direction::Outgoing).collect();
+        set.into_iter().collect()
+    }
+
+    /// Parameters in signature order.
+    pub fn params(&self) -> &[Value] {
+        &self.params
+    }
+
+    /// Named outputs in declaration order.
+    pub fn outputs(&self) -> &[(String, Value)] {
+        &self.outputs
+    }
+
+    /// Points output `index` at another value.
+    pub fn set_output(&mut self, index: usize, v: Value) {
+        self.outputs[index].1 = v;
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.g.node_count()
+    }
+
+    /// True for a graph with no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.g.node_count() == 0
+    }
+
+    /// Every node index, in insertion order.
+    pub fn values(&self) -> impl Iterator<Item = Value> + '_ {
+        self.g.node_indices()
+    }
+
+    /// The underlying petgraph graph (read-only), for algorithms and DOT export.
+    pub fn petgraph(&self) -> &DiGraph<Node, u32> {
+        &self.g
+    }
+
+    /// A deterministic topological order: parameters first (in order), then Kahn's algorithm
+    /// taking the lowest-numbered ready node each time. `None` if the graph has a cycle.
+    pub fn topo_order(&self) -> Option<Vec<Value>> {
+        let n = self.g.node_count();
+        let mut indeg: Vec<usize> = (0..n).map(|i| self.g.edges_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let mut order = Vec::with_capacity(n);
+        let mut ready: BTreeSet<(u8, usize)> = BTreeSet::new();
+        let param_rank = |v: Value| self.params.iter().position(|p| *p == v);
+        for (i, d) in indeg.iter().enumerate() {
+            if *d == 0 {
+                let v = NodeIndex::new(i);
+                ready.insert(match param_rank(v) {
+                    Some(r) => (0, r),
+                    None => (1, i),
+                });
+            }
+        }
+        while let Some(first) = ready.iter().next().copied() {
+            ready.remove(&first);
+            let v = match first {
+                (0, r) => self.params[r],
+                (_, i) => NodeIndex::new(i),
+            };
+            order.push(v);
+            for user in self.g.neighbors_directed(v, Direction::Outgoing) {
+                let d = &mut indeg[user.index()];
+                // neighbors_directed yields one entry per edge, so a node used twice is visited twice.
+                *d -= 1;
+                if *d == 0 {
+                    ready.insert((1, user.index()));
+                }
+            }
+        }
+        (order.len() == n).then_some(order)
+    }
+
+    /// A copy keeping only nodes reachable from the outputs (and every parameter), renumbered
+    /// in topological order.
+    pub fn compact(&self) -> Graph {
+        let mut live = vec![false; self.g.node_count()];
+        let mut stack: Vec<Value> = self.outputs.iter().map(|(_, v)| *v).chain(self.params.iter().copied()).collect();
+        while let Some(v) = stack.pop() {
+            if !std::mem::replace(&mut live[v.index()], true) {
+                stack.extend(self.operands(v));
+            }
+        }
+        let mut out = Graph::new(self.name.clone());
+        let mut map = vec![None; self.g.node_count()];
+        for v in self.topo_order().unwrap_or_default() {
+            if !live[v.index()] {
+                continue;
+            }
+            let args: Vec<Value> = self.operands(v).iter().filter_map(|a| map[a.index()]).collect();
+            let node = self.node(v).clone();
+            map[v.index()] = Some(out.add(node.op, node.ty, &args));
+        }
+        for (name, v) in &self.outputs {
+            if let Some(nv) = map[v.index()] {
+                out.add_output(name.clone(), nv);
+            }
+        }
+        out
+    }
+}
+
+/// All entry points of a program, in source order.
+#[derive(Clone, Debug, Default)]
+pub struct Module {
+    /// One graph per function.
+    pub graphs: Vec<Graph>,
+}
+
+impl Module {
+    /// The graph of the entry point with this name.
+    pub fn graph(&self, name: &str) -> Option<&Graph> {
+        self.graphs.iter().find(|g| g.name == name)
+    }
+}

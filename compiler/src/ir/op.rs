@@ -1,0 +1,411 @@
+//! The closed set of IR operations, with their names and attributes in the text form.
+
+use super::dim::Dim;
+use std::fmt;
+
+/// One-operand element-wise operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// logical not (bool)
+    Not,
+    /// `e^x`
+    Exp,
+    /// natural log
+    Log,
+    /// square root
+    Sqrt,
+    /// `1/sqrt(x)`
+    Rsqrt,
+    /// hyperbolic tangent
+    Tanh,
+    /// `1/(1+e^-x)`
+    Sigmoid,
+    /// `max(x, 0)`
+    Relu,
+    /// `x/2 * (1 + erf(x/sqrt(2)))` (exact, as PyTorch's default)
+    Gelu,
+    /// `x * sigmoid(x)`
+    Silu,
+    /// `x` if `x > 0` else `e^x - 1`
+    Elu,
+    /// `|x|`
+    Abs,
+    /// round toward negative infinity
+    Floor,
+}
+
+/// Two-operand element-wise operations (operands broadcast numpy-style).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b` (true division: integer operands give f32)
+    Div,
+    /// `a % b` (result has the sign of `b`, as Python)
+    Rem,
+    /// `a ** b`
+    Pow,
+    /// element-wise minimum
+    Min,
+    /// element-wise maximum
+    Max,
+    /// `a < b`
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
+    /// `a == b`
+    Eq,
+    /// `a != b`
+    Ne,
+    /// logical and (bool)
+    And,
+    /// logical or (bool)
+    Or,
+}
+
+impl BinaryOp {
+    /// Comparisons produce bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne)
+    }
+
+    /// `and`/`or` take and produce bool.
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+/// Reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    /// sum (accumulated in f64 by the interpreter)
+    Sum,
+    /// maximum (`-inf` for an empty axis)
+    Max,
+    /// minimum (`inf` for an empty axis)
+    Min,
+    /// arithmetic mean
+    Mean,
+}
+
+/// An IR operation. The node's [`super::TensorType`] carries the result shape and dtype, so ops
+/// whose result is fully described by it (reshape, cast, iota's shape) carry no other data.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A program input, by name; params come first in the graph, in signature order.
+    Param(String),
+    /// A scalar constant (the node's dtype says which kind). May be `inf`/`-inf`.
+    Const(f64),
+    /// The run-time size of a symbolic dimension, as an i32 scalar (`sqrt(D)`, `mean`).
+    DimValue(Dim),
+    /// The index along `axis` of each element of the node's (broadcastable) shape, as i32.
+    Iota {
+        /// Which axis counts.
+        axis: usize,
+    },
+    /// Element-wise, one operand.
+    Unary(UnaryOp),
+    /// Element-wise, two broadcast operands.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: three broadcast operands.
+    Select,
+    /// Converts to the node's dtype.
+    Cast,
+    /// Batched matrix product over the last two axes; leading axes broadcast.
+    MatMul,
+    /// Permutes axes: output axis `k` is input axis `perm[k]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Same elements in row-major order, the node's shape.
+    Reshape,
+    /// `x[..., start:end, ...]` on one axis.
+    Slice {
+        /// Which axis.
+        axis: usize,
+        /// First index kept.
+        start: Dim,
+        /// One past the last index kept.
+        end: Dim,
+    },
+    /// Joins operands along `axis` (other dims equal).
+    Concat {
+        /// Which axis.
+        axis: usize,
+    },
+    /// `table[i0, i1, ...]`: one i32 index tensor per table axis, broadcast together; the
+    /// result has the broadcast index shape. Indices are clamped into range.
+    Gather,
+    /// Reduces `axes` (sorted, distinct).
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes of the operand.
+        axes: Vec<usize>,
+        /// Keep reduced axes as size 1.
+        keepdim: bool,
+    },
+    /// `exp(x - max) / sum(exp(x - max))` along `axis`; a row that is all `-inf` gives 0s.
+    Softmax {
+        /// Normalised axis.
+        axis: usize,
+    },
+    /// `(x - mean) / sqrt(var + eps) * gamma + beta` over the last axis (biased variance).
+    LayerNorm {
+        /// Added to the variance.
+        eps: f64,
+    },
+    /// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f64,
+    },
+}
+
+/// An attribute value in the IR text form.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    /// `name=q`
+    Name(String),
+    /// `value=0.125`, `eps=1e-5`
+    Float(f64),
+    /// `axis=3`
+    Int(usize),
+    /// `perm=[0, 2, 1, 3]`
+    List(Vec<usize>),
+    /// `start=0`, `value=D*H`
+    Dim(Dim),
+    /// `keepdim=true`
+    Bool(bool),
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Name(s) => f.write_str(s),
+            Attr::Float(v) => write!(f, "{v:?}"),
+            Attr::Int(v) => write!(f, "{v}"),
+            Attr::List(vs) => {
+                let parts: Vec<String> = vs.iter().map(|v| v.to_string()).collect();
+                write!(f, "[{}]", parts.join(", "))
+            }
+            Attr::Dim(d) => write!(f, "{d}"),
+            Attr::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+const UNARY: [(UnaryOp, &str); 14] = [
+    (UnaryOp::Neg, "neg"),
+    (UnaryOp::Not, "not"),
+    (UnaryOp::Exp, "exp"),
+    (UnaryOp::Log, "log"),
+    (UnaryOp::Sqrt, "sqrt"),
+    (UnaryOp::Rsqrt, "rsqrt"),
+    (UnaryOp::Tanh, "tanh"),
+    (UnaryOp::Sigmoid, "sigmoid"),
+    (UnaryOp::Relu, "relu"),
+    (UnaryOp::Gelu, "gelu"),
+    (UnaryOp::Silu, "silu"),
+    (UnaryOp::Elu, "elu"),
+    (UnaryOp::Abs, "abs"),
+    (UnaryOp::Floor, "floor"),
+];
+
+const BINARY: [(BinaryOp, &str); 16] = [
+    (BinaryOp::Add, "add"),
+    (BinaryOp::Sub, "sub"),
+    (BinaryOp::Mul, "mul"),
+    (BinaryOp::Div, "div"),
+    (BinaryOp::Rem, "rem"),
+    (BinaryOp::Pow, "pow"),
+    (BinaryOp::Min, "min"),
+    (BinaryOp::Max, "max"),
+    (BinaryOp::Lt, "lt"),
+    (BinaryOp::Le, "le"),
+    (BinaryOp::Gt, "gt"),
+    (BinaryOp::Ge, "ge"),
+    (BinaryOp::Eq, "eq"),
+    (BinaryOp::Ne, "ne"),
+    (BinaryOp::And, "and"),
+    (BinaryOp::Or, "or"),
+];
+
+const REDUCE: [(ReduceOp, &str); 4] =
+    [(ReduceOp::Sum, "reduce_sum"), (ReduceOp::Max, "reduce_max"), (ReduceOp::Min, "reduce_min"), (ReduceOp::Mean, "reduce_mean")];
+
+impl UnaryOp {
+    /// Name in the IR text (also the `.attn` built-in's name).
+    pub fn name(self) -> &'static str {
+        UNARY.iter().find(|(o, _)| *o == self).map_or("?", |(_, n)| n)
+    }
+
+    /// Inverse of [`UnaryOp::name`].
+    pub fn from_name(name: &str) -> Option<UnaryOp> {
+        UNARY.iter().find(|(_, n)| *n == name).map(|(o, _)| *o)
+    }
+}
+
+impl BinaryOp {
+    /// Name in the IR text.
+    pub fn name(self) -> &'static str {
+        BINARY.iter().find(|(o, _)| *o == self).map_or("?", |(_, n)| n)
+    }
+
+    /// Inverse of [`BinaryOp::name`].
+    pub fn from_name(name: &str) -> Option<BinaryOp> {
+        BINARY.iter().find(|(_, n)| *n == name).map(|(o, _)| *o)
+    }
+}
+
+/// How many operands an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Exact(usize),
+    /// At least this many.
+    AtLeast(usize),
+}
+
+impl Op {
+    /// The op's name in the IR text.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Param(_) => "param",
+            Op::Const(_) => "const",
+            Op::DimValue(_) => "dim",
+            Op::Iota { .. } => "iota",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Select => "select",
+            Op::Cast => "cast",
+            Op::MatMul => "matmul",
+            Op::Transpose { .. } => "transpose",
+            Op::Reshape => "reshape",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::Gather => "gather",
+            Op::Reduce { op, .. } => REDUCE.iter().find(|(o, _)| o == op).map_or("?", |(_, n)| n),
+            Op::Softmax { .. } => "softmax",
+            Op::LayerNorm { .. } => "layernorm",
+            Op::RmsNorm { .. } => "rmsnorm",
+        }
+    }
+
+    /// The op's attributes, in text order.
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        match self {
+            Op::Param(n) => vec![("name", Attr::Name(n.clone()))],
+            Op::Const(v) => vec![("value", Attr::Float(*v))],
+            Op::DimValue(d) => vec![("value", Attr::Dim(d.clone()))],
+            Op::Iota { axis } | Op::Concat { axis } | Op::Softmax { axis } => vec![("axis", Attr::Int(*axis))],
+            Op::Transpose { perm } => vec![("perm", Attr::List(perm.clone()))],
+            Op::Slice { axis, start, end } => {
+                vec![("axis", Attr::Int(*axis)), ("start", Attr::Dim(start.clone())), ("end", Attr::Dim(end.clone()))]
+            }
+            Op::Reduce { axes, keepdim, .. } => vec![("axes", Attr::List(axes.clone())), ("keepdim", Attr::Bool(*keepdim))],
+            Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather => Vec::new(),
+        }
+    }
+
+    /// Builds an op from its text name and attributes (the IR reader's half of
+    /// [`Op::name`]/[`Op::attrs`]). Attribute values must have the kind `attrs` gives them.
+    pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
+        let get = |key: &str| -> Result<&Attr, String> {
+            attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v).ok_or_else(|| format!("`{name}` needs attribute `{key}`"))
+        };
+        let int = |key: &str| -> Result<usize, String> {
+            match get(key)? {
+                Attr::Int(v) => Ok(*v),
+                Attr::Dim(d) => d.as_const().and_then(|v| usize::try_from(v).ok()).ok_or_else(|| format!("`{key}` must be an integer")),
+                other => Err(format!("`{key}` must be an integer, found `{other}`")),
+            }
+        };
+        let float = |key: &str| -> Result<f64, String> {
+            match get(key)? {
+                Attr::Float(v) => Ok(*v),
+                Attr::Int(v) => Ok(*v as f64),
+                Attr::Dim(d) => d.as_const().map(|v| v as f64).ok_or_else(|| format!("`{key}` must be a number")),
+                other => Err(format!("`{key}` must be a number, found `{other}`")),
+            }
+        };
+        let dim = |key: &str| -> Result<Dim, String> {
+            match get(key)? {
+                Attr::Dim(d) => Ok(d.clone()),
+                Attr::Int(v) => Ok(Dim::constant(*v as i64)),
+                Attr::Name(n) => Dim::parse(n).ok_or_else(|| format!("`{key}` must be a dimension")),
+                other => Err(format!("`{key}` must be a dimension, found `{other}`")),
+            }
+        };
+        let list = |key: &str| -> Result<Vec<usize>, String> {
+            match get(key)? {
+                Attr::List(v) => Ok(v.clone()),
+                other => Err(format!("`{key}` must be a list, found `{other}`")),
+            }
+        };
+        if let Some(u) = UnaryOp::from_name(name) {
+            return Ok(Op::Unary(u));
+        }
+        if let Some(b) = BinaryOp::from_name(name) {
+            return Ok(Op::Binary(b));
+        }
+        if let Some((op, _)) = REDUCE.iter().find(|(_, n)| *n == name) {
+            let keepdim = match get("keepdim")? {
+                Attr::Bool(b) => *b,
+                other => return Err(format!("`keepdim` must be true or false, found `{other}`")),
+            };
+            return Ok(Op::Reduce { op: *op, axes: list("axes")?, keepdim });
+        }
+        Ok(match name {
+            "param" => match get("name")? {
+                Attr::Name(n) => Op::Param(n.clone()),
+                other => return Err(format!("`name` must be a name, found `{other}`")),
+            },
+            "const" => Op::Const(float("value")?),
+            "dim" => Op::DimValue(dim("value")?),
+            "iota" => Op::Iota { axis: int("axis")? },
+            "select" => Op::Select,
+            "cast" => Op::Cast,
+            "matmul" => Op::MatMul,
+            "transpose" => Op::Transpose { perm: list("perm")? },
+            "reshape" => Op::Reshape,
+            "slice" => Op::Slice { axis: int("axis")?, start: dim("start")?, end: dim("end")? },
+            "concat" => Op::Concat { axis: int("axis")? },
+            "gather" => Op::Gather,
+            "softmax" => Op::Softmax { axis: int("axis")? },
+            "layernorm" => Op::LayerNorm { eps: float("eps")? },
+            "rmsnorm" => Op::RmsNorm { eps: float("eps")? },
+            _ => return Err(format!("unknown op `{name}`")),
+        })
+    }
+
+    /// Operand count.
+    pub fn arity(&self) -> Arity {
+        match self {
+            Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } => Arity::Exact(0),
+            Op::Unary(_)
+            | Op::Cast
+            | Op::Transpose { .. }
+            | Op::Reshape
+            | Op::Slice { .. }
+            | Op::Reduce { .. }
+            | Op::Softmax { .. } => Arity::Exact(1),
+            Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
+            Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
+            Op::Concat { .. } => Arity::AtLeast(1),
+            Op::Gather => Arity::AtLeast(2),
+        }
+    }
+}

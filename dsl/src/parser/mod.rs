@@ -1,0 +1,137 @@
+//! Recursive-descent parser with error recovery: returns the tree and every diagnostic found.
+//!
+//! One file per construct: [`items`] (functions, `dim`, `const`, types) and [`expr`]
+//! (statements and expressions).
+
+mod expr;
+mod items;
+
+use crate::ast::File;
+use crate::diagnostic::Diagnostic;
+use crate::span::Span;
+use crate::token::{Token, lex};
+
+/// Error codes of the parser (see `docs/diagnostics.md`).
+pub mod codes {
+    /// A character the language does not use.
+    pub const UNKNOWN_CHAR: &str = "E0001";
+    /// A token where another was expected.
+    pub const UNEXPECTED: &str = "E0002";
+    /// A number that does not fit.
+    pub const BAD_NUMBER: &str = "E0003";
+    /// Something other than a function, `dim` or `const` at top level.
+    pub const BAD_ITEM: &str = "E0004";
+}
+
+/// How deep expressions may nest before the parser gives up (guards the stack).
+const MAX_DEPTH: u32 = 200;
+
+/// Parses a whole file. The tree is returned even when there are errors: parts that could not
+/// be parsed are left out or replaced by [`crate::ast::ExprKind::Error`].
+pub fn parse(source: &str) -> (File, Vec<Diagnostic>) {
+    let mut p = Parser::new(source);
+    let file = p.file();
+    (file, p.diags)
+}
+
+pub(crate) struct Parser<'s> {
+    src: &'s str,
+    toks: Vec<(Token, Span)>,
+    pos: usize,
+    depth: u32,
+    pub(crate) diags: Vec<Diagnostic>,
+}
+
+/// Raised to unwind to the nearest recovery point; the diagnostic is already recorded.
+pub(crate) struct Recover;
+
+pub(crate) type PResult<T> = Result<T, Recover>;
+
+impl<'s> Parser<'s> {
+    fn new(src: &'s str) -> Parser<'s> {
+        let toks = lex(src);
+        let mut diags = Vec::new();
+        let mut kept = Vec::with_capacity(toks.len());
+        for (tok, span) in toks {
+            if tok == Token::Error {
+                diags.push(Diagnostic::error(
+                    codes::UNKNOWN_CHAR,
+                    format!("unknown character `{}`", &src[span.range()]),
+                    span,
+                    "not part of the language",
+                ));
+            } else {
+                kept.push((tok, span));
+            }
+        }
+        Parser { src, toks: kept, pos: 0, depth: 0, diags }
+    }
+
+    fn peek(&self) -> Token {
+        self.toks[self.pos].0
+    }
+
+    fn peek_at(&self, n: usize) -> Token {
+        self.toks.get(self.pos + n).map_or(Token::Eof, |t| t.0)
+    }
+
+    fn span(&self) -> Span {
+        self.toks[self.pos].1
+    }
+
+    fn prev_span(&self) -> Span {
+        if self.pos == 0 { self.span() } else { self.toks[self.pos - 1].1 }
+    }
+
+    fn text(&self) -> &'s str {
+        &self.src[self.span().range()]
+    }
+
+    fn bump(&mut self) -> Span {
+        let span = self.span();
+        if self.peek() != Token::Eof {
+            self.pos += 1;
+        }
+        span
+    }
+
+    fn eat(&mut self, tok: Token) -> bool {
+        if self.peek() == tok {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, tok: Token, context: &str) -> PResult<Span> {
+        if self.peek() == tok { Ok(self.bump()) } else { Err(self.unexpected(&format!("expected {} {context}", tok.describe()))) }
+    }
+
+    /// Records "expected X, found Y" at the current token.
+    fn unexpected(&mut self, expected: &str) -> Recover {
+        let found = self.peek();
+        let found_text = if found == Token::Eof { "end of file".to_string() } else { format!("`{}`", self.text()) };
+        let d = Diagnostic::error(codes::UNEXPECTED, format!("{expected}, found {found_text}"), self.span(), "unexpected here");
+        self.diags.push(d);
+        Recover
+    }
+
+    /// Skips tokens until one of `stops` (not consumed) or end of input.
+    fn skip_until(&mut self, stops: &[Token]) {
+        while self.peek() != Token::Eof && !stops.contains(&self.peek()) {
+            self.bump();
+        }
+    }
+
+    fn file(&mut self) -> File {
+        let mut file = File::default();
+        while self.peek() != Token::Eof {
+            match self.item() {
+                Ok(item) => file.items.push(item),
+                Err(Recover) => self.skip_until(&[Token::Fn, Token::Dim, Token::Const]),
+            }
+        }
+        file
+    }
+}
