@@ -3,10 +3,13 @@
 //! This module knows no backend and no surface syntax.
 
 mod dim;
+mod dot;
 mod graph;
 mod infer;
 mod op;
+mod text;
 mod types;
+mod verify;
 
 pub use dim::{Dim, Monomial};
 pub use graph::{Graph, Module, Node, Value};

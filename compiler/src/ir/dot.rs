@@ -1,0 +1,1 @@
+//! DOT export (being written).

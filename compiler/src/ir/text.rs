@@ -1,0 +1,1 @@
+//! Canonical text form of the IR (being written).

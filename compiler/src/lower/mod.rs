@@ -1,0 +1,1 @@
+//! Lowering of checked `.attn` programs into the graph IR (being written).
