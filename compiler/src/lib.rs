@@ -8,3 +8,42 @@ pub mod lower;
 pub mod tensor;
 
 pub use attn_dsl::Diagnostic;
+
+/// A program that parsed and type-checked.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The syntax tree.
+    pub ast: attn_dsl::ast::File,
+    /// One IR graph per function.
+    pub module: ir::Module,
+}
+
+/// Parses and type-checks a program and lowers it to IR. On failure every diagnostic found is
+/// returned (parse errors first; type errors only when the file parsed).
+pub fn compile(source: &str) -> Result<Compiled, Vec<Diagnostic>> {
+    let (ast, diags) = attn_dsl::parse(source);
+    if !diags.is_empty() {
+        return Err(diags);
+    }
+    let module = lower::lower(&ast)?;
+    Ok(Compiled { ast, module })
+}
+
+/// A stage of the pipeline whose canonical text [`emit`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The syntax tree, printed back as fully parenthesised source.
+    Ast,
+    /// The graph IR of every function, before optimisation.
+    Ir,
+}
+
+/// The canonical text of one stage for a program: what `attnc build --emit` prints, and what
+/// users snapshot-test.
+pub fn emit(source: &str, stage: Stage) -> Result<String, Vec<Diagnostic>> {
+    let compiled = compile(source)?;
+    Ok(match stage {
+        Stage::Ast => compiled.ast.to_string(),
+        Stage::Ir => compiled.module.to_string(),
+    })
+}

@@ -121,7 +121,11 @@ impl Display for Expr {
             ExprKind::Name(n) => f.write_str(n),
             ExprKind::Int(v) => write!(f, "{v}"),
             ExprKind::Float(v) => {
-                if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 { write!(f, "{v:.1}") } else { write!(f, "{v:e}") }
+                if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+                    write!(f, "{v:.1}")
+                } else {
+                    write!(f, "{v:e}")
+                }
             }
             ExprKind::Bool(b) => write!(f, "{b}"),
             ExprKind::Unary(op, e) => {

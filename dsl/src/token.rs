@@ -183,10 +183,8 @@ impl Token {
 
 /// Lexes the whole source; the result always ends with [`Token::Eof`].
 pub fn lex(source: &str) -> Vec<(Token, Span)> {
-    let mut out: Vec<(Token, Span)> = Token::lexer(source)
-        .spanned()
-        .map(|(tok, range)| (tok.unwrap_or(Token::Error), Span::from(range)))
-        .collect();
+    let mut out: Vec<(Token, Span)> =
+        Token::lexer(source).spanned().map(|(tok, range)| (tok.unwrap_or(Token::Error), Span::from(range))).collect();
     out.push((Token::Eof, Span::new(source.len(), source.len())));
     out
 }

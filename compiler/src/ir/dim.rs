@@ -160,6 +160,28 @@ impl Dim {
         Some(Ok((x.clone(), rest / a)))
     }
 
+    /// `self / divisor` when the divisor is a single term (`H`, `8`, `2*H`) that divides every
+    /// term of `self` exactly; `None` otherwise. (`(H*D)/H = D`, `(8*D)/8 = D`, `E/H = None`.)
+    pub fn div_exact(&self, divisor: &Dim) -> Option<Dim> {
+        if divisor.terms.len() != 1 {
+            return None;
+        }
+        let (dm, dc) = divisor.terms.iter().next()?;
+        let mut terms = BTreeMap::new();
+        for (m, c) in &self.terms {
+            if c % dc != 0 {
+                return None;
+            }
+            let mut rest = m.clone();
+            for name in dm {
+                let pos = rest.iter().position(|n| n == name)?;
+                rest.remove(pos);
+            }
+            terms.insert(rest, c / dc);
+        }
+        Some(Dim { terms })
+    }
+
     /// Parses the canonical text (`B`, `H*D`, `2*S+1`, `S-1`); the IR text reader uses it.
     pub fn parse(text: &str) -> Option<Dim> {
         let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
@@ -268,6 +290,9 @@ mod tests {
         let hd = Dim::parse("H*D").unwrap();
         assert_eq!(hd.solve(512, &env), Some(Ok(("D".to_string(), 64))));
         assert!(matches!(hd.solve(500, &env), Some(Err(_))));
+        assert_eq!(hd.div_exact(&Dim::sym("H")), Some(Dim::sym("D")));
+        assert_eq!(Dim::parse("8*D").unwrap().div_exact(&Dim::constant(8)), Some(Dim::sym("D")));
+        assert_eq!(Dim::sym("E").div_exact(&Dim::sym("H")), None);
         assert_eq!(Dim::parse("D*D").unwrap().solve(4, &HashMap::new()), None);
     }
 }

@@ -4,7 +4,7 @@
 //! prefix `- !`, `**` (right-associative), postfix (call, `.name`, `.name(...)`, `[...]`).
 
 use super::{MAX_DEPTH, PResult, Parser, Recover, codes};
-use crate::ast::{Arg, BinOp, Expr, ExprKind, IndexItem, Stmt, UnOp};
+use crate::ast::{Arg, BinOp, Expr, ExprKind, Ident, IndexItem, Stmt, UnOp};
 use crate::diagnostic::Diagnostic;
 use crate::token::Token;
 
@@ -201,8 +201,9 @@ impl Parser<'_> {
     fn args(&mut self) -> PResult<Vec<Arg>> {
         let mut args = Vec::new();
         while self.peek() != Token::RParen {
-            let name = if self.peek() == Token::Ident && self.peek_at(1) == Token::Assign {
-                let n = self.ident("")?;
+            // `dim` is a keyword only at the top level: `softmax(s, dim = -1)` names an argument.
+            let name = if matches!(self.peek(), Token::Ident | Token::Dim) && self.peek_at(1) == Token::Assign {
+                let n = Ident { name: self.text().to_string(), span: self.bump() };
                 self.bump();
                 Some(n)
             } else {
@@ -265,4 +266,3 @@ fn binop(tok: Token) -> Option<(BinOp, u8)> {
         _ => return None,
     })
 }
-

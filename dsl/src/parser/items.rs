@@ -104,7 +104,11 @@ impl Parser<'_> {
                     let _ = self.unexpected("expected `}` to close the function body");
                     break;
                 }
-                Token::Fn | Token::Dim | Token::Const => {
+                Token::Fn | Token::Const => {
+                    let _ = self.unexpected("expected `}` to close the function body");
+                    break;
+                }
+                Token::Dim if self.peek_at(1) == Token::Ident => {
                     let _ = self.unexpected("expected `}` to close the function body");
                     break;
                 }
@@ -114,7 +118,7 @@ impl Parser<'_> {
                         if !matches!(self.peek(), Token::RBrace | Token::Fn | Token::Dim | Token::Const | Token::Let | Token::Return) {
                             self.bump();
                         }
-                        self.skip_until(&[Token::Let, Token::Return, Token::RBrace, Token::Fn, Token::Dim, Token::Const]);
+                        self.skip_until(&[Token::Let, Token::Return, Token::RBrace, Token::Fn, Token::Const]);
                     }
                 },
             }

@@ -39,6 +39,9 @@ pub(crate) struct Parser<'s> {
     toks: Vec<(Token, Span)>,
     pos: usize,
     depth: u32,
+    /// Where the lexer found characters it does not know; a parse error right after one is
+    /// the same mistake and is not reported again.
+    lex_errors: Vec<Span>,
     pub(crate) diags: Vec<Diagnostic>,
 }
 
@@ -51,6 +54,7 @@ impl<'s> Parser<'s> {
     fn new(src: &'s str) -> Parser<'s> {
         let toks = lex(src);
         let mut diags = Vec::new();
+        let mut lex_errors = Vec::new();
         let mut kept = Vec::with_capacity(toks.len());
         for (tok, span) in toks {
             if tok == Token::Error {
@@ -60,11 +64,12 @@ impl<'s> Parser<'s> {
                     span,
                     "not part of the language",
                 ));
+                lex_errors.push(span);
             } else {
                 kept.push((tok, span));
             }
         }
-        Parser { src, toks: kept, pos: 0, depth: 0, diags }
+        Parser { src, toks: kept, pos: 0, depth: 0, lex_errors, diags }
     }
 
     fn peek(&self) -> Token {
@@ -110,6 +115,10 @@ impl<'s> Parser<'s> {
 
     /// Records "expected X, found Y" at the current token.
     fn unexpected(&mut self, expected: &str) -> Recover {
+        let (lo, hi) = (self.prev_span().end, self.span().start);
+        if self.lex_errors.iter().any(|e| e.start >= lo && e.end <= hi) {
+            return Recover;
+        }
         let found = self.peek();
         let found_text = if found == Token::Eof { "end of file".to_string() } else { format!("`{}`", self.text()) };
         let d = Diagnostic::error(codes::UNEXPECTED, format!("{expected}, found {found_text}"), self.span(), "unexpected here");

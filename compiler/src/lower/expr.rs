@@ -1,0 +1,247 @@
+//! Expressions: names, literals, operators, `.T`, method sugar and indexing.
+
+use super::{Cx, Frame, LResult, Reported, Val, codes, literal};
+use crate::ir::{BinaryOp, DType, Dim, Op, TensorType, UnaryOp, Value};
+use attn_dsl::ast::{self, BinOp, Expr, ExprKind, IndexItem, UnOp};
+use attn_dsl::{Diagnostic, Span};
+
+impl Cx<'_, '_> {
+    /// Lowers an expression that must be one tensor.
+    pub(crate) fn tensor(&mut self, frame: &Frame, e: &Expr) -> LResult<Value> {
+        match self.expr(frame, e)? {
+            Val::T(v) => Ok(v),
+            Val::Tuple(vs) => Err(self.error(
+                Diagnostic::error(codes::NOT_A_TENSOR, format!("expected one tensor, found {} values", vs.len()), e.span, "several values")
+                    .with_help("bind them first: `let (a, b) = ...`"),
+            )),
+        }
+    }
+
+    /// Lowers any expression.
+    pub(crate) fn expr(&mut self, frame: &Frame, e: &Expr) -> LResult<Val> {
+        let v = match &e.kind {
+            ExprKind::Int(v) => self.constant(*v as f64, DType::I32),
+            ExprKind::Float(v) => self.constant(*v, DType::F32),
+            ExprKind::Bool(b) => self.constant(f64::from(u8::from(*b)), DType::Bool),
+            ExprKind::Name(n) => self.name(frame, n, e.span)?,
+            ExprKind::Unary(op, inner) => {
+                if let (UnOp::Neg, Some((v, is_int))) = (op, literal(inner)) {
+                    self.constant(-v, if is_int { DType::I32 } else { DType::F32 })
+                } else {
+                    let x = self.tensor(frame, inner)?;
+                    let u = match op {
+                        UnOp::Neg => UnaryOp::Neg,
+                        UnOp::Not => UnaryOp::Not,
+                    };
+                    self.add(Op::Unary(u), None, &[(x, inner.span)], e.span)?
+                }
+            }
+            ExprKind::Binary(op, a, b) => {
+                let x = self.tensor(frame, a);
+                let y = self.tensor(frame, b);
+                let (x, y) = (x?, y?);
+                let ir_op = match op {
+                    BinOp::MatMul => Op::MatMul,
+                    other => Op::Binary(binary(*other)),
+                };
+                self.add(ir_op, None, &[(x, a.span), (y, b.span)], e.span)?
+            }
+            ExprKind::Call(name, args) => {
+                if let Some(def) = self.globals.fns.get(name.name.as_str()).copied() {
+                    return self.call_user(frame, def, args, e.span);
+                }
+                let positional: Vec<&Expr> = Vec::new();
+                return self.builtin(frame, name, positional, args, e.span);
+            }
+            ExprKind::Method(recv, name, args) => {
+                if let Some(def) = self.globals.fns.get(name.name.as_str()).copied() {
+                    let mut all = vec![ast::Arg { name: None, value: (**recv).clone() }];
+                    all.extend(args.iter().cloned());
+                    return self.call_user(frame, def, &all, e.span);
+                }
+                return self.builtin(frame, name, vec![recv.as_ref()], args, e.span);
+            }
+            ExprKind::Field(recv, field) => {
+                if field.name != "T" {
+                    return Err(self.error(
+                        Diagnostic::error(codes::UNKNOWN_NAME, format!("unknown field `.{}`", field.name), field.span, "no such field")
+                            .with_help("`.T` swaps the last two axes; methods need parentheses, e.g. `x.reshape([...])`"),
+                    ));
+                }
+                let x = self.tensor(frame, recv)?;
+                self.swap_last_two(x, recv.span, e.span)?
+            }
+            ExprKind::Index(base, items) => self.index(frame, base, items, e.span)?,
+            ExprKind::List(_) => {
+                return Err(self.error(
+                    Diagnostic::error(codes::NOT_A_TENSOR, "a list is not a tensor", e.span, "list")
+                        .with_help("lists are arguments of reshape, permute, concat and `axis =`"),
+                ));
+            }
+            ExprKind::Error => return Err(Reported),
+        };
+        Ok(Val::T(v))
+    }
+
+    fn name(&mut self, frame: &Frame, n: &str, span: Span) -> LResult<Value> {
+        if let Some((v, _)) = frame.vars.get(n) {
+            return Ok(*v);
+        }
+        if frame.poisoned.contains(n) {
+            return Err(Reported);
+        }
+        if let Some((v, is_int)) = self.globals.consts.get(n).copied() {
+            return Ok(self.constant(v, if is_int { DType::I32 } else { DType::F32 }));
+        }
+        if let Some(d) = frame.dims.get(n).cloned() {
+            return Ok(match d.as_const() {
+                Some(c) => self.constant(c as f64, DType::I32),
+                None => self.g.add(Op::DimValue(d), TensorType::scalar(DType::I32), &[]),
+            });
+        }
+        if n == "inf" {
+            return Ok(self.constant(f64::INFINITY, DType::F32));
+        }
+        let mut d = Diagnostic::error(codes::UNKNOWN_NAME, format!("unknown name `{n}`"), span, "not defined");
+        if self.globals.fns.contains_key(n) {
+            d = d.with_help(format!("`{n}` is a function: call it with `{n}(...)`"));
+        } else {
+            let candidates = frame.vars.keys().chain(frame.dims.keys()).chain(self.globals.consts.keys());
+            // Short names are too close to everything to suggest anything useful.
+            let len = n.chars().count();
+            let limit = if len <= 2 { 0 } else { len.div_ceil(2).min(2) };
+            if let Some(best) = candidates.filter(|c| edit_distance(c, n) <= limit).min_by_key(|c| (edit_distance(c, n), c.to_string())) {
+                d = d.with_help(format!("did you mean `{best}`?"));
+            }
+        }
+        Err(self.error(d))
+    }
+
+    /// `x.T`: swaps the last two axes.
+    pub(crate) fn swap_last_two(&mut self, x: Value, xspan: Span, span: Span) -> LResult<Value> {
+        let rank = self.ty(x).rank();
+        if rank < 2 {
+            return Err(self.error(Diagnostic::error(
+                codes::BAD_AXIS,
+                format!("`.T` needs at least 2 axes, found {}", self.ty(x)),
+                span,
+                "transposed here",
+            )));
+        }
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(rank - 2, rank - 1);
+        self.add(Op::Transpose { perm }, None, &[(x, xspan)], span)
+    }
+
+    /// `x[...]`: slicing when any item is a slice or all items are integer literals; otherwise
+    /// a gather with one i32 index tensor per axis.
+    fn index(&mut self, frame: &Frame, base: &Expr, items: &[IndexItem], span: Span) -> LResult<Value> {
+        let x = self.tensor(frame, base)?;
+        let rank = self.ty(x).rank();
+        let all_static = items.iter().all(|it| match it {
+            IndexItem::Slice { .. } => true,
+            IndexItem::Expr(e) => literal(e).is_some_and(|(_, int)| int),
+        });
+        if items.len() > rank {
+            return Err(self.error(Diagnostic::error(
+                codes::BAD_AXIS,
+                format!("{} indices for a tensor with {rank} axes ({})", items.len(), self.ty(x)),
+                span,
+                "too many indices",
+            )));
+        }
+        if !all_static {
+            if items.iter().any(|it| matches!(it, IndexItem::Slice { .. })) {
+                return Err(self.error(
+                    Diagnostic::error(codes::BAD_ARGS, "slices and tensor indices cannot be mixed", span, "mixed index")
+                        .with_help("slice first, then gather: `t[a:b][i]`"),
+                ));
+            }
+            let mut operands = vec![(x, base.span)];
+            for it in items {
+                if let IndexItem::Expr(e) = it {
+                    operands.push((self.tensor(frame, e)?, e.span));
+                }
+            }
+            return self.add(Op::Gather, None, &operands, span);
+        }
+        let mut cur = x;
+        let mut dropped = Vec::new();
+        for (axis, it) in items.iter().enumerate() {
+            let size = self.ty(cur).shape[axis].clone();
+            let (start, end) = match it {
+                IndexItem::Slice { lo, hi, .. } => {
+                    let start = match lo {
+                        Some(e) => self.bound(e, &size, &frame.dims)?,
+                        None => Dim::constant(0),
+                    };
+                    let end = match hi {
+                        Some(e) => self.bound(e, &size, &frame.dims)?,
+                        None => size.clone(),
+                    };
+                    (start, end)
+                }
+                IndexItem::Expr(e) => {
+                    let k = self.bound(e, &size, &frame.dims)?;
+                    dropped.push(axis);
+                    let end = k.add(&Dim::constant(1));
+                    (k, end)
+                }
+            };
+            if start == Dim::constant(0) && end == size {
+                continue;
+            }
+            cur = self.add(Op::Slice { axis, start, end }, None, &[(cur, base.span)], span)?;
+        }
+        if dropped.is_empty() {
+            return Ok(cur);
+        }
+        let ty = self.ty(cur).clone();
+        let shape = ty.shape.iter().enumerate().filter(|(k, _)| !dropped.contains(k)).map(|(_, d)| d.clone()).collect();
+        self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(cur, base.span)], span)
+    }
+
+    /// A slice bound: a dimension expression; a negative integer counts from the end.
+    fn bound(&mut self, e: &Expr, size: &Dim, dims: &std::collections::HashMap<String, Dim>) -> LResult<Dim> {
+        let d = self.dim_expr(e, dims)?;
+        Ok(match d.as_const() {
+            Some(c) if c < 0 => size.add(&d),
+            _ => d,
+        })
+    }
+}
+
+fn binary(op: BinOp) -> BinaryOp {
+    match op {
+        BinOp::Or => BinaryOp::Or,
+        BinOp::And => BinaryOp::And,
+        BinOp::Eq => BinaryOp::Eq,
+        BinOp::Ne => BinaryOp::Ne,
+        BinOp::Lt => BinaryOp::Lt,
+        BinOp::Le => BinaryOp::Le,
+        BinOp::Gt => BinaryOp::Gt,
+        BinOp::Ge => BinaryOp::Ge,
+        BinOp::Add => BinaryOp::Add,
+        BinOp::Sub => BinaryOp::Sub,
+        BinOp::Mul => BinaryOp::Mul,
+        BinOp::Div => BinaryOp::Div,
+        BinOp::Rem => BinaryOp::Rem,
+        BinOp::Pow => BinaryOp::Pow,
+        // Not reached: `@` lowers to MatMul.
+        BinOp::MatMul => BinaryOp::Mul,
+    }
+}
+
+/// Levenshtein distance, for "did you mean" hints.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push((prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
