@@ -1,1 +1,45 @@
-//! placeholder
+//! Shared helpers of attnc's filetests: where the data lives, which checks a file asks for, and
+//! numeric comparison against the reference interpreter.
+
+use std::path::{Path, PathBuf};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+/// Every `.attn` file directly in `dir`, sorted by name.
+pub fn attn_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "attn")).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// The checks a filetest asks for: the words after `# check:` in its header, or `default`.
+pub fn checks(source: &str, default: &[&str]) -> Vec<String> {
+    source
+        .lines()
+        .take_while(|l| l.starts_with('#') || l.trim().is_empty())
+        .find_map(|l| l.strip_prefix("# check:"))
+        .map(|rest| rest.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
+}
+
+/// The largest relative error `|a - b| / max(|b|, floor)` over two equally long slices, with
+/// matching infinities and NaNs counted as equal.
+pub fn max_rel_error(actual: &[f64], expected: &[f64], floor: f64) -> f64 {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    actual
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| {
+            if a == b || (a.is_nan() && b.is_nan()) {
+                0.0
+            } else {
+                (a - b).abs() / b.abs().max(floor)
+            }
+        })
+        .fold(0.0, f64::max)
+}

@@ -64,13 +64,17 @@ impl Tensor {
         }
         let fits = matches!(
             (dtype, &data),
-            (DType::F32 | DType::F16 | DType::BF16, TensorData::F32(_)) | (DType::I32, TensorData::I32(_)) | (DType::Bool, TensorData::Bool(_))
+            (DType::F32 | DType::F16 | DType::BF16, TensorData::F32(_))
+                | (DType::I32, TensorData::I32(_))
+                | (DType::Bool, TensorData::Bool(_))
         );
         if !fits {
             return Err(TensorError::Storage { dtype, storage });
         }
         let data = match (dtype, data) {
-            (DType::F16 | DType::BF16, TensorData::F32(v)) => TensorData::F32(v.into_iter().map(|x| dtype.round(f64::from(x)) as f32).collect()),
+            (DType::F16 | DType::BF16, TensorData::F32(v)) => {
+                TensorData::F32(v.into_iter().map(|x| dtype.round(f64::from(x)) as f32).collect())
+            }
             (_, d) => d,
         };
         Ok(Tensor { dtype, shape, data })

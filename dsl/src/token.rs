@@ -6,8 +6,7 @@ use logos::Logos;
 /// One lexical token of the `.attn` language.
 #[derive(Logos, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[logos(skip r"[ \t\r\n\f]+")]
-#[logos(skip(r"#[^\n]*", allow_greedy = true))]
-#[logos(skip(r"//[^\n]*", allow_greedy = true))]
+#[logos(skip(r"(#|//)[^\n]*", allow_greedy = true))]
 pub enum Token {
     /// `fn`
     #[token("fn")]

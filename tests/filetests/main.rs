@@ -1,1 +1,15 @@
+//! attnc's filetests: the one integration-test binary.
+//!
+//! - `examples`: every `examples/*.attn` — AST and IR text as insta snapshots beside the file,
+//!   IR text round trip, verifier, and a run through the reference interpreter;
+//! - `diagnostics`: every `tests/cases/errors/*.attn` — the rendered diagnostics as snapshots;
+//! - `numerics`: the interpreter against values derived by hand;
+//! - `robustness`: random bytes and token soups never panic the front end.
+//!
+//! Bless new snapshots with `cargo insta review` (or `INSTA_UPDATE=always cargo test`).
 
+mod diagnostics;
+mod examples;
+mod numerics;
+mod robustness;
+mod snapshot;

@@ -1,1 +1,37 @@
-//! The reference interpreter (being written).
+//! The reference interpreter: the numerical oracle that defines what every IR program computes
+//! and that every backend is checked against. It favours obvious correctness over speed.
+//!
+//! Semantics:
+//! - Tensors are row-major; element-wise ops broadcast numpy-style.
+//! - Values are held as f64. Each node's result is rounded to the node's dtype (f32, f16 or
+//!   bf16 rounding; i32 truncates and saturates, NaN becomes 0; bool is 0/1), so every stored
+//!   value is exactly representable in its dtype. Arithmetic, sums and matmul accumulation
+//!   happen in f64 on the stored operand values.
+//! - Softmax is `exp(x - max) / sum`; a row whose max is `-inf` gives all zeros.
+//! - Reductions over an empty axis: sum 0, mean 0 (not NaN), max `-inf`, min `inf`. Max and
+//!   min (reductions and the binary ops) propagate NaN.
+//! - `%` has the sign of the divisor (Python); an integer `% 0` gives 0.
+//! - Gather clamps each index into its axis; slicing outside an axis is an error.
+//!
+//! Dims: [`bind_dims`] binds every symbolic dim from the input shapes and given values; [`run`]
+//! then evaluates the nodes the outputs need in topological order, freeing values after their
+//! last use. No tensor may exceed [`MAX_ELEMENTS`] elements.
+//!
+//! Files: `bind` (dim binding and evaluation), `eval` (driver and op dispatch), `elementwise`,
+//! `shape_ops`, `reduce` (reductions, softmax, norms, matmul), `value` (index arithmetic).
+
+mod bind;
+mod elementwise;
+mod error;
+mod eval;
+mod reduce;
+mod shape_ops;
+mod value;
+
+#[cfg(test)]
+mod tests;
+
+pub use bind::bind_dims;
+pub use error::InterpError;
+pub use eval::run;
+pub use value::MAX_ELEMENTS;

@@ -140,20 +140,27 @@ impl Dim {
             return None;
         }
         let x = &unknown[0];
+        let overflow = || Some(Err(format!("{self} = {value} overflows while solving for {x}")));
         let (mut a, mut b) = (0i64, 0i64);
         for (m, c) in &self.terms {
             let count = m.iter().filter(|n| *n == x).count();
-            let known: i64 = m.iter().filter(|n| *n != x).map(|n| env[n]).product::<i64>() * c;
-            match count {
-                0 => b += known,
-                1 => a += known,
-                _ => return None,
+            let mut known = *c;
+            for n in m.iter().filter(|n| *n != x) {
+                let Some(k) = env.get(n).and_then(|v| known.checked_mul(*v)) else { return overflow() };
+                known = k;
             }
+            let slot = match count {
+                0 => &mut b,
+                1 => &mut a,
+                _ => return None,
+            };
+            let Some(sum) = slot.checked_add(known) else { return overflow() };
+            *slot = sum;
         }
         if a == 0 {
             return None;
         }
-        let rest = value - b;
+        let Some(rest) = value.checked_sub(b) else { return overflow() };
         if rest % a != 0 || rest / a < 0 {
             return Some(Err(format!("{self} = {value} has no non-negative integer solution for {x}")));
         }

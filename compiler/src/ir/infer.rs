@@ -100,9 +100,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             }
             let s1 = broadcast_shapes(&a.shape, &b.shape)
                 .ok_or_else(|| format!("branches {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
-            let shape = broadcast_shapes(&c.shape, &s1).ok_or_else(|| {
-                format!("condition {} does not broadcast with branches {}", shape_str(&c.shape), shape_str(&s1))
-            })?;
+            let shape = broadcast_shapes(&c.shape, &s1)
+                .ok_or_else(|| format!("condition {} does not broadcast with branches {}", shape_str(&c.shape), shape_str(&s1)))?;
             let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool { DType::Bool } else { a.dtype.promote(b.dtype) };
             Ok(TensorType::new(dtype, shape))
         }
@@ -129,15 +128,10 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             let (m, k1) = (&a.shape[a.rank() - 2], &a.shape[a.rank() - 1]);
             let (k2, n) = (&b.shape[b.rank() - 2], &b.shape[b.rank() - 1]);
             if k1 != k2 {
-                return Err(format!(
-                    "inner dimensions differ: {} @ {} ({k1} vs {k2})",
-                    shape_str(&a.shape),
-                    shape_str(&b.shape)
-                ));
+                return Err(format!("inner dimensions differ: {} @ {} ({k1} vs {k2})", shape_str(&a.shape), shape_str(&b.shape)));
             }
-            let batch = broadcast_shapes(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2]).ok_or_else(|| {
-                format!("batch dimensions of {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape))
-            })?;
+            let batch = broadcast_shapes(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2])
+                .ok_or_else(|| format!("batch dimensions of {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
             let mut shape = batch;
             shape.push(m.clone());
             shape.push(n.clone());

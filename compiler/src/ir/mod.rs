@@ -12,7 +12,10 @@ mod types;
 mod verify;
 
 pub use dim::{Dim, Monomial};
+pub use dot::to_dot;
 pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, Op, ReduceOp, UnaryOp};
+pub use text::{ParseIrError, print_order, value_numbers};
 pub use types::{DType, TensorType, broadcast_shapes};
+pub use verify::{VerifyError, verify, verify_module};

@@ -395,13 +395,9 @@ impl Op {
     pub fn arity(&self) -> Arity {
         match self {
             Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } => Arity::Exact(0),
-            Op::Unary(_)
-            | Op::Cast
-            | Op::Transpose { .. }
-            | Op::Reshape
-            | Op::Slice { .. }
-            | Op::Reduce { .. }
-            | Op::Softmax { .. } => Arity::Exact(1),
+            Op::Unary(_) | Op::Cast | Op::Transpose { .. } | Op::Reshape | Op::Slice { .. } | Op::Reduce { .. } | Op::Softmax { .. } => {
+                Arity::Exact(1)
+            }
             Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
             Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),

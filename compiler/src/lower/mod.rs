@@ -461,7 +461,7 @@ impl Cx<'_, '_> {
 
     /// Inlines a call to a user function; returns its results.
     pub(crate) fn call_user(&mut self, frame: &Frame, def: &FnDef, args: &[ast::Arg], span: Span) -> LResult<Val> {
-        if self.stack.iter().any(|n| *n == def.name.name) || self.g.name == def.name.name {
+        if self.stack.contains(&def.name.name) || self.g.name == def.name.name {
             return Err(self.error(
                 Diagnostic::error(codes::RECURSION, format!("`{}` calls itself", def.name.name), span, "recursive call")
                     .with_help("attention programs are inlined: functions cannot recurse"),
@@ -486,9 +486,10 @@ impl Cx<'_, '_> {
         for (name, v) in &self.globals.fixed_dims {
             callee.dims.insert(name.clone(), Dim::constant(*v));
         }
+        let mut bound_by = HashMap::new();
         for (p, (v, vspan)) in def.params.iter().zip(&actual) {
             let got = self.ty(*v).clone();
-            self.unify_param(p, &got, *vspan, &mut callee.dims)?;
+            self.unify_param(p, &got, *vspan, &mut callee.dims, &mut bound_by)?;
             callee.vars.insert(p.name.name.clone(), (*v, *vspan));
         }
         let rets = {
@@ -507,7 +508,15 @@ impl Cx<'_, '_> {
     }
 
     /// Binds a callee's dimension names from an argument's type and checks the rest.
-    fn unify_param(&mut self, p: &ast::Param, got: &TensorType, vspan: Span, dims: &mut HashMap<String, Dim>) -> LResult<()> {
+    /// `bound_by` remembers which parameter bound each name, for the error message.
+    fn unify_param(
+        &mut self,
+        p: &ast::Param,
+        got: &TensorType,
+        vspan: Span,
+        dims: &mut HashMap<String, Dim>,
+        bound_by: &mut HashMap<String, String>,
+    ) -> LResult<()> {
         let dtype = self.dtype(&p.ty.dtype)?;
         let mismatch = |cx: &mut Self, msg: String| {
             cx.error(
@@ -524,6 +533,15 @@ impl Cx<'_, '_> {
             match &e.kind {
                 ExprKind::Name(n) if !dims.contains_key(n) && !self.globals.consts.contains_key(n) => {
                     dims.insert(n.clone(), actual.clone());
+                    bound_by.insert(n.clone(), p.name.name.clone());
+                }
+                ExprKind::Name(n) if bound_by.contains_key(n) && dims.get(n) != Some(actual) => {
+                    let first = dims.get(n).map(Dim::to_string).unwrap_or_default();
+                    let from = bound_by.get(n).cloned().unwrap_or_default();
+                    return Err(mismatch(
+                        self,
+                        format!("argument `{}` must be {}, found {got}: `{n}` is {first} (from argument `{from}`) but {actual} here", p.name.name, p.ty),
+                    ));
                 }
                 _ => pending.push((e, actual)),
             }
@@ -558,10 +576,8 @@ impl Cx<'_, '_> {
 /// Declares every dimension name of a signature dim expression (not constants) as a symbol.
 fn declare_dim_names(e: &ast::Expr, dims: &mut HashMap<String, Dim>, globals: &Globals<'_>) {
     match &e.kind {
-        ExprKind::Name(n) => {
-            if !dims.contains_key(n) && !globals.consts.contains_key(n) {
-                dims.insert(n.clone(), Dim::sym(n));
-            }
+        ExprKind::Name(n) if !dims.contains_key(n) && !globals.consts.contains_key(n) => {
+            dims.insert(n.clone(), Dim::sym(n));
         }
         ExprKind::Unary(_, a) => declare_dim_names(a, dims, globals),
         ExprKind::Binary(_, a, b) => {

@@ -61,8 +61,7 @@ impl Parser<'_> {
 
     fn binary(&mut self, min_level: u8) -> PResult<Expr> {
         let mut lhs = self.prefix()?;
-        loop {
-            let Some((op, level)) = binop(self.peek()) else { break };
+        while let Some((op, level)) = binop(self.peek()) {
             if level < min_level {
                 break;
             }

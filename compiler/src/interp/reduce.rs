@@ -1,0 +1,152 @@
+//! Ops that combine many elements: reductions, softmax, layer and RMS normalisation, and the
+//! batched matrix product. All sums accumulate in f64.
+
+use super::InterpError;
+use super::value::{Val, broadcast, broadcast_strides, element_count, nan_max, nan_min, row_major_strides, split_at_axis, walk};
+use crate::ir::{DType, ReduceOp};
+
+fn bad(node: &str, reason: String) -> InterpError {
+    InterpError::BadNode { node: node.to_string(), reason }
+}
+
+/// Reduces `axes` (sorted, distinct). An empty reduction gives 0 for sum and mean (mean is
+/// defined as 0 there rather than NaN), `-inf` for max and `inf` for min. Max and min
+/// propagate NaN.
+pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let rank = x.shape.len();
+    if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= rank) {
+        return Err(bad(node, format!("bad reduction axes {axes:?} for rank {rank}")));
+    }
+    // Reduce into the keepdim shape; dropping its size-1 axes afterwards does not move data.
+    let kept: Vec<usize> = x.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { 1 } else { *d }).collect();
+    let n = element_count(&kept, node)?;
+    let mut strides = row_major_strides(&kept);
+    for a in axes {
+        strides[*a] = 0;
+    }
+    let init = match op {
+        ReduceOp::Sum | ReduceOp::Mean => 0.0,
+        ReduceOp::Max => f64::NEG_INFINITY,
+        ReduceOp::Min => f64::INFINITY,
+    };
+    let combine: fn(f64, f64) -> f64 = match op {
+        ReduceOp::Sum | ReduceOp::Mean => |acc, v| acc + v,
+        ReduceOp::Max => nan_max,
+        ReduceOp::Min => nan_min,
+    };
+    let mut acc = vec![init; n];
+    let mut i = 0;
+    walk(&x.shape, [&strides], |[o]| {
+        acc[o] = combine(acc[o], x.data[i]);
+        i += 1;
+    });
+    if op == ReduceOp::Mean {
+        let count: usize = axes.iter().map(|a| x.shape[*a]).product();
+        for v in &mut acc {
+            *v = if count == 0 { 0.0 } else { *v / count as f64 };
+        }
+    }
+    let shape = if keepdim { kept } else { x.shape.iter().enumerate().filter(|(k, _)| !axes.contains(k)).map(|(_, d)| *d).collect() };
+    Ok(Val::new(dtype, shape, acc))
+}
+
+/// `exp(x - max) / sum(exp(x - max))` along `axis`. A row whose max is `-inf` (fully masked)
+/// gives all zeros rather than NaN.
+pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    if axis >= x.shape.len() {
+        return Err(bad(node, format!("softmax axis {axis} is out of range for rank {}", x.shape.len())));
+    }
+    let (outer, n, inner) = split_at_axis(&x.shape, axis);
+    let mut out = vec![0.0; x.data.len()];
+    for o in 0..outer {
+        for j in 0..inner {
+            let at = |i: usize| (o * n + i) * inner + j;
+            let max = (0..n).fold(f64::NEG_INFINITY, |m, i| nan_max(m, x.data[at(i)]));
+            if max == f64::NEG_INFINITY {
+                continue;
+            }
+            let sum: f64 = (0..n).map(|i| (x.data[at(i)] - max).exp()).sum();
+            for i in 0..n {
+                out[at(i)] = (x.data[at(i)] - max).exp() / sum;
+            }
+        }
+    }
+    Ok(Val::new(dtype, x.shape.clone(), out))
+}
+
+/// Checks that a scale or shift operand has shape `[d]`.
+fn check_param(p: &Val, d: usize, what: &str, node: &str) -> Result<(), InterpError> {
+    if p.shape != [d] {
+        return Err(bad(node, format!("{what} has shape {:?}, but the normalised axis has size {d}", p.shape)));
+    }
+    Ok(())
+}
+
+/// The size of the last axis of a normalised operand.
+fn last_axis(x: &Val, node: &str) -> Result<usize, InterpError> {
+    x.shape.last().copied().ok_or_else(|| bad(node, "cannot normalise a scalar".into()))
+}
+
+/// `(x - mean) / sqrt(var + eps) * gamma + beta` over the last axis, biased variance.
+pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let d = last_axis(x, node)?;
+    check_param(gamma, d, "gamma", node)?;
+    check_param(beta, d, "beta", node)?;
+    let mut out = Vec::with_capacity(x.data.len());
+    for row in x.data.chunks(d.max(1)) {
+        let mean = row.iter().sum::<f64>() / d as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+        let denom = (var + eps).sqrt();
+        out.extend(row.iter().enumerate().map(|(k, v)| (v - mean) / denom * gamma.data[k] + beta.data[k]));
+    }
+    Ok(Val::new(dtype, x.shape.clone(), out))
+}
+
+/// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
+pub(super) fn rms_norm(x: &Val, gamma: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let d = last_axis(x, node)?;
+    check_param(gamma, d, "gamma", node)?;
+    let mut out = Vec::with_capacity(x.data.len());
+    for row in x.data.chunks(d.max(1)) {
+        let mean_square = row.iter().map(|v| v * v).sum::<f64>() / d as f64;
+        let denom = (mean_square + eps).sqrt();
+        out.extend(row.iter().enumerate().map(|(k, v)| v / denom * gamma.data[k]));
+    }
+    Ok(Val::new(dtype, x.shape.clone(), out))
+}
+
+/// Batched `a @ b` over the last two axes; the leading (batch) axes broadcast.
+pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    if ra < 2 || rb < 2 {
+        return Err(bad(node, format!("matmul needs at least 2 axes on each side, got {:?} @ {:?}", a.shape, b.shape)));
+    }
+    let (m, k) = (a.shape[ra - 2], a.shape[ra - 1]);
+    let (k2, n) = (b.shape[rb - 2], b.shape[rb - 1]);
+    let batch = broadcast(&a.shape[..ra - 2], &b.shape[..rb - 2]);
+    let Some(batch) = batch.filter(|_| k == k2) else {
+        return Err(bad(node, format!("cannot multiply {:?} @ {:?}", a.shape, b.shape)));
+    };
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    let total = element_count(&shape, node)?;
+    // Batch strides taken from the full operands' strides, so they step whole matrices.
+    let a_strides = broadcast_strides(&a.shape[..ra - 2], &row_major_strides(&a.shape)[..ra - 2], &batch);
+    let b_strides = broadcast_strides(&b.shape[..rb - 2], &row_major_strides(&b.shape)[..rb - 2], &batch);
+    let mut out = Vec::with_capacity(total);
+    let mut row = vec![0.0f64; n];
+    walk(&batch, [&a_strides, &b_strides], |[ao, bo]| {
+        for i in 0..m {
+            row.fill(0.0);
+            for p in 0..k {
+                let aip = a.data[ao + i * k + p];
+                let b_row = &b.data[bo + p * n..bo + (p + 1) * n];
+                for (acc, bpj) in row.iter_mut().zip(b_row) {
+                    *acc += aip * bpj;
+                }
+            }
+            out.extend_from_slice(&row);
+        }
+    });
+    Ok(Val::new(dtype, shape, out))
+}

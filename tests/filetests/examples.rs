@@ -1,0 +1,79 @@
+//! Every example: AST and IR snapshots, IR round trip and verifier, and an interpreter run.
+
+use crate::snapshot::Snapshots;
+use attn_compiler::ir::{Module, verify_module};
+use attn_compiler::{Stage, emit};
+use attn_runtime::{Program, RunOptions, Target};
+use attn_tests::{attn_files, checks, repo_root};
+use std::collections::HashMap;
+
+const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "roundtrip", "run"];
+
+#[test]
+fn examples() {
+    let files = attn_files(&repo_root().join("examples"));
+    assert!(files.len() >= 21, "expected the 21 examples, found {}", files.len());
+    let mut snaps = Snapshots::default();
+    for path in &files {
+        let source = std::fs::read_to_string(path).expect("readable example");
+        let name = path.display().to_string();
+        for check in checks(&source, DEFAULT_CHECKS) {
+            match check.as_str() {
+                "ast" | "ir" => {
+                    let stage = if check == "ast" { Stage::Ast } else { Stage::Ir };
+                    match emit(&source, stage) {
+                        Ok(text) => snaps.check(path, &check, &text),
+                        Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
+                    }
+                }
+                "roundtrip" => roundtrip(&source, &name, &mut snaps),
+                "run" => run_interp(&source, &name, &mut snaps),
+                other => snaps.fail(format!("{name}: unknown check `{other}`")),
+            }
+        }
+    }
+    snaps.finish();
+}
+
+/// `print(parse(print(ir))) == print(ir)`, and the verifier accepts every graph.
+fn roundtrip(source: &str, name: &str, snaps: &mut Snapshots) {
+    let Ok(compiled) = attn_compiler::compile(source) else { return snaps.fail(format!("{name}: does not compile")) };
+    if let Err(errors) = verify_module(&compiled.module) {
+        snaps.fail(format!("{name}: verifier: {errors:?}"));
+    }
+    let text = compiled.module.to_string();
+    match text.parse::<Module>() {
+        Ok(back) => {
+            if back.to_string() != text {
+                snaps.fail(format!("{name}: IR text does not round-trip"));
+            }
+        }
+        Err(e) => snaps.fail(format!("{name}: IR text does not parse back: {e}")),
+    }
+}
+
+/// Runs the default entry on seeded random inputs; outputs must be finite.
+fn run_interp(source: &str, name: &str, snaps: &mut Snapshots) {
+    let program = match Program::from_source(source, name) {
+        Ok(p) => p,
+        Err(e) => return snaps.fail(format!("{name}: {e}")),
+    };
+    let Some(entry) = program.default_entry() else { return snaps.fail(format!("{name}: no entry")) };
+    let dims = HashMap::new();
+    let result = program
+        .random_inputs(&entry.name, 7, &dims)
+        .and_then(|inputs| {
+            let opts = RunOptions { dims: program.random_dims(&entry.name, &dims)?, target: Target::Interp };
+            program.run(&entry.name, inputs, &opts)
+        });
+    match result {
+        Ok(outputs) => {
+            for (out, t) in outputs {
+                if t.to_f64_vec().iter().any(|v| !v.is_finite()) {
+                    snaps.fail(format!("{name}: output `{out}` has non-finite values"));
+                }
+            }
+        }
+        Err(e) => snaps.fail(format!("{name}: run failed: {e}")),
+    }
+}
