@@ -34,12 +34,6 @@ pub fn max_rel_error(actual: &[f64], expected: &[f64], floor: f64) -> f64 {
     actual
         .iter()
         .zip(expected)
-        .map(|(a, b)| {
-            if a == b || (a.is_nan() && b.is_nan()) {
-                0.0
-            } else {
-                (a - b).abs() / b.abs().max(floor)
-            }
-        })
+        .map(|(a, b)| if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() / b.abs().max(floor) })
         .fold(0.0, f64::max)
 }

@@ -60,12 +60,10 @@ fn run_interp(source: &str, name: &str, snaps: &mut Snapshots) {
     };
     let Some(entry) = program.default_entry() else { return snaps.fail(format!("{name}: no entry")) };
     let dims = HashMap::new();
-    let result = program
-        .random_inputs(&entry.name, 7, &dims)
-        .and_then(|inputs| {
-            let opts = RunOptions { dims: program.random_dims(&entry.name, &dims)?, target: Target::Interp };
-            program.run(&entry.name, inputs, &opts)
-        });
+    let result = program.random_inputs(&entry.name, 7, &dims).and_then(|inputs| {
+        let opts = RunOptions { dims: program.random_dims(&entry.name, &dims)?, target: Target::Interp };
+        program.run(&entry.name, inputs, &opts)
+    });
     match result {
         Ok(outputs) => {
             for (out, t) in outputs {

@@ -113,16 +113,13 @@ fn decode_matches_a_hand_softmax() {
     let q = [0.5f32, -1.0];
     let k: Vec<f32> = (0..t * d).map(|x| (x as f32 * 0.4).cos()).collect();
     let v: Vec<f32> = (0..t * d).map(|x| x as f32 * 0.1).collect();
-    let out = run(
-        &example("decode.attn"),
-        vec![("q", f32t(&[1, 1, 1, d], &q)), ("k", f32t(&[1, 1, t, d], &k)), ("v", f32t(&[1, 1, t, d], &v))],
-    );
+    let out =
+        run(&example("decode.attn"), vec![("q", f32t(&[1, 1, 1, d], &q)), ("k", f32t(&[1, 1, t, d], &k)), ("v", f32t(&[1, 1, t, d], &v))]);
     let scores: Vec<f64> =
         (0..t).map(|j| (0..d).map(|c| f64::from(q[c]) * f64::from(k[j * d + c])).sum::<f64>() / (d as f64).sqrt()).collect();
     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-    let expected: Vec<f64> =
-        (0..d).map(|c| (0..t).map(|j| (scores[j] - m).exp() / z * f64::from(v[j * d + c])).sum()).collect();
+    let expected: Vec<f64> = (0..d).map(|c| (0..t).map(|j| (scores[j] - m).exp() / z * f64::from(v[j * d + c])).sum()).collect();
     assert_close(&out[0].1, &expected, 1e-5);
 }
 

@@ -143,5 +143,6 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::Softmax { axis } => reduce::softmax(args[0], *axis, dtype, label),
         Op::LayerNorm { eps } => reduce::layer_norm(args[0], args[1], args[2], *eps, dtype, label),
         Op::RmsNorm { eps } => reduce::rms_norm(args[0], args[1], *eps, dtype, label),
+        Op::Flash(spec) => super::flash::flash(spec, args, dtype, env, label),
     }
 }

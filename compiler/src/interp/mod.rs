@@ -24,6 +24,7 @@ mod bind;
 mod elementwise;
 mod error;
 mod eval;
+mod flash;
 mod reduce;
 mod shape_ops;
 mod value;

@@ -244,6 +244,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             numeric(x, "the operand of softmax")?;
             Ok(TensorType::new(if x.dtype.is_float() { x.dtype } else { DType::F32 }, x.shape.clone()))
         }
+        Op::Flash(spec) => flash(spec, args),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
             let x = args.first().ok_or("normalisation needs an operand")?;
             need(if matches!(op, Op::LayerNorm { .. }) { 3 } else { 2 })?;
@@ -259,4 +260,55 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             Ok(TensorType::new(x.dtype, x.shape.clone()))
         }
     }
+}
+
+/// `flash(q, k, v, extras…)`: q `[…b, M, D]`, k `[…b', N, D]`, v `[…b', N, Dv]` with `b'`
+/// broadcasting into `b`; result `[…b, M, Dv]`.
+fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<TensorType, String> {
+    use super::flash::ScoreExpr;
+    let [q, k, v, extras @ ..] = args else { return Err("flash takes q, k, v and extra operands".into()) };
+    let r = q.rank();
+    if r < 2 || k.rank() != r || v.rank() != r || spec.rank != r {
+        return Err(format!("flash needs q, k, v of rank {} (found {q}, {k}, {v})", spec.rank));
+    }
+    if !q.dtype.is_float() || !k.dtype.is_float() || !v.dtype.is_float() {
+        return Err(format!("flash needs float q, k, v (found {q}, {k}, {v})"));
+    }
+    if q.shape[r - 1] != k.shape[r - 1] {
+        return Err(format!("q and k head widths differ: {q} and {k}"));
+    }
+    if k.shape[r - 2] != v.shape[r - 2] {
+        return Err(format!("k and v key counts differ: {k} and {v}"));
+    }
+    let one = Dim::constant(1);
+    for t in [k, v] {
+        for (a, b) in q.shape[..r - 2].iter().zip(&t.shape[..r - 2]) {
+            if a != b && *b != one {
+                return Err(format!("batch dims of {t} do not broadcast into {q}"));
+            }
+        }
+    }
+    let mut bad = None;
+    let mut check = |e: &ScoreExpr| match e {
+        ScoreExpr::Pos(p) if *p >= r => bad = Some(format!("position {p} is out of range for rank {r}")),
+        ScoreExpr::Load { input, index } => match extras.get(*input) {
+            None => bad = Some(format!("x{input} is not an operand ({} extra operands)", extras.len())),
+            Some(t) if t.rank() != index.len() => bad = Some(format!("x{input} is {t} but has {} indices", index.len())),
+            _ => {}
+        },
+        _ => {}
+    };
+    spec.score.visit(&mut check);
+    if let Some(m) = &spec.mask {
+        m.visit(&mut check);
+        if m.uses_score() {
+            bad = Some("the mask cannot depend on the score".into());
+        }
+    }
+    if let Some(msg) = bad {
+        return Err(msg);
+    }
+    let mut shape = q.shape[..r - 1].to_vec();
+    shape.push(v.shape[r - 1].clone());
+    Ok(TensorType::new(q.dtype.promote(v.dtype), shape))
 }

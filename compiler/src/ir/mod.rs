@@ -4,18 +4,22 @@
 
 mod dim;
 mod dot;
+mod flash;
 mod graph;
 mod infer;
 mod op;
 mod text;
+mod tiles;
 mod types;
 mod verify;
 
 pub use dim::{Dim, Monomial};
 pub use dot::to_dot;
+pub use flash::{FlashSpec, ScoreExpr, ShowExpr, Weights, parse_expr, position_names};
 pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, Op, ReduceOp, UnaryOp};
 pub use text::{ParseIrError, print_order, value_numbers};
+pub use tiles::{TileClass, classify_tile, tile_census};
 pub use types::{DType, TensorType, broadcast_shapes};
 pub use verify::{VerifyError, verify, verify_module};

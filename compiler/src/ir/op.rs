@@ -1,6 +1,7 @@
 //! The closed set of IR operations, with their names and attributes in the text form.
 
 use super::dim::Dim;
+use super::flash::{FlashSpec, ShowExpr, Weights, parse_expr};
 use std::fmt;
 
 /// One-operand element-wise operations.
@@ -171,6 +172,10 @@ pub enum Op {
         /// Added to the mean square.
         eps: f64,
     },
+    /// Fused attention `flash(q, k, v, extras...)`: scores, score modification, mask, online
+    /// softmax (or sigmoid) and the weighted sum of values, without materialising the scores.
+    /// See [`FlashSpec`].
+    Flash(Box<FlashSpec>),
 }
 
 /// An attribute value in the IR text form.
@@ -300,6 +305,7 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
+            Op::Flash(_) => "flash",
         }
     }
 
@@ -316,6 +322,17 @@ impl Op {
             }
             Op::Reduce { axes, keepdim, .. } => vec![("axes", Attr::List(axes.clone())), ("keepdim", Attr::Bool(*keepdim))],
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Flash(spec) => {
+                let mut attrs = vec![
+                    ("rank", Attr::Int(spec.rank)),
+                    ("weights", Attr::Name(spec.weights.name().to_string())),
+                    ("score", Attr::Name(ShowExpr { expr: &spec.score, rank: spec.rank }.to_string())),
+                ];
+                if let Some(mask) = &spec.mask {
+                    attrs.push(("mask", Attr::Name(ShowExpr { expr: mask, rank: spec.rank }.to_string())));
+                }
+                attrs
+            }
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather => Vec::new(),
         }
     }
@@ -387,6 +404,28 @@ impl Op {
             "softmax" => Op::Softmax { axis: int("axis")? },
             "layernorm" => Op::LayerNorm { eps: float("eps")? },
             "rmsnorm" => Op::RmsNorm { eps: float("eps")? },
+            "flash" => {
+                let rank = int("rank")?;
+                let text = |key: &str| -> Result<Option<String>, String> {
+                    match attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v) {
+                        None => Ok(None),
+                        Some(Attr::Name(t)) => Ok(Some(t.clone())),
+                        Some(other) => Err(format!("`{key}` must be an expression in quotes, found `{other}`")),
+                    }
+                };
+                let weights = match text("weights")?.as_deref() {
+                    Some("softmax") => Weights::Softmax,
+                    Some("sigmoid") => Weights::Sigmoid,
+                    other => return Err(format!("`weights` must be softmax or sigmoid, found {other:?}")),
+                };
+                let score =
+                    parse_expr(&text("score")?.ok_or("`flash` needs attribute `score`")?, rank).map_err(|e| format!("score: {e}"))?;
+                let mask = match text("mask")? {
+                    Some(t) => Some(parse_expr(&t, rank).map_err(|e| format!("mask: {e}"))?),
+                    None => None,
+                };
+                Op::Flash(Box::new(FlashSpec { rank, weights, score, mask }))
+            }
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
@@ -402,6 +441,7 @@ impl Op {
             Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
+            Op::Flash(_) => Arity::AtLeast(3),
         }
     }
 }

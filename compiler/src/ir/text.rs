@@ -214,6 +214,8 @@ fn attr_kind(op: &str, key: &str) -> AttrKind {
         (_, "axis") => AttrKind::Int,
         (_, "perm" | "axes") => AttrKind::List,
         (_, "keepdim") => AttrKind::Bool,
+        ("flash", "rank") => AttrKind::Int,
+        ("flash", _) => AttrKind::Name,
         _ => AttrKind::Any,
     }
 }

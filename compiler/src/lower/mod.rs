@@ -540,7 +540,10 @@ impl Cx<'_, '_> {
                     let from = bound_by.get(n).cloned().unwrap_or_default();
                     return Err(mismatch(
                         self,
-                        format!("argument `{}` must be {}, found {got}: `{n}` is {first} (from argument `{from}`) but {actual} here", p.name.name, p.ty),
+                        format!(
+                            "argument `{}` must be {}, found {got}: `{n}` is {first} (from argument `{from}`) but {actual} here",
+                            p.name.name, p.ty
+                        ),
                     ));
                 }
                 _ => pending.push((e, actual)),

@@ -1,0 +1,94 @@
+//! `flash` by its definition: scores row by row, score modification, mask, softmax (or sigmoid)
+//! and the weighted sum of values, in f64. It never materialises more than one row of scores.
+
+use super::InterpError;
+use super::value::{Val, row_major_strides};
+use crate::ir::{DType, FlashSpec, Weights};
+use std::collections::HashMap;
+
+pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
+    let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
+    let [q, k, v, extras @ ..] = args else { return Err(bad("flash needs q, k, v".into())) };
+    let r = q.shape.len();
+    if r < 2 || k.shape.len() != r || v.shape.len() != r {
+        return Err(bad("q, k and v must have the same rank".into()));
+    }
+    let (m, d) = (q.shape[r - 2], q.shape[r - 1]);
+    let (n, dv) = (k.shape[r - 2], v.shape[r - 1]);
+    if k.shape[r - 1] != d || v.shape[r - 2] != n {
+        return Err(bad(format!("q {:?}, k {:?}, v {:?} do not fit", q.shape, k.shape, v.shape)));
+    }
+    let batch = &q.shape[..r - 2];
+    let batch_count: usize = batch.iter().product();
+    let mut out = vec![0.0; batch_count * m * dv];
+    let (kst, vst) = (row_major_strides(&k.shape), row_major_strides(&v.shape));
+    let extra_strides: Vec<Vec<usize>> = extras.iter().map(|x| row_major_strides(&x.shape)).collect();
+    let load = |input: usize, idx: &[i64]| -> f64 {
+        let Some(x) = extras.get(input) else { return f64::NAN };
+        let mut off = 0;
+        for (axis, ix) in idx.iter().enumerate() {
+            let size = x.shape.get(axis).copied().unwrap_or(1);
+            if size == 0 {
+                return f64::NAN;
+            }
+            off += (*ix).clamp(0, size as i64 - 1) as usize * extra_strides[input][axis];
+        }
+        x.data.get(off).copied().unwrap_or(f64::NAN)
+    };
+    let mut pos = vec![0i64; r];
+    let mut scores = vec![0.0; n];
+    let mut keep = vec![true; n];
+    for b in 0..batch_count {
+        // Batch multi-index, and the offsets of k and v with size-1 batch axes broadcast.
+        let (mut rest, mut koff, mut voff) = (b, 0, 0);
+        for axis in (0..r - 2).rev() {
+            let ix = rest % batch[axis];
+            rest /= batch[axis];
+            pos[axis] = ix as i64;
+            if k.shape[axis] != 1 {
+                koff += ix * kst[axis];
+            }
+            if v.shape[axis] != 1 {
+                voff += ix * vst[axis];
+            }
+        }
+        for i in 0..m {
+            pos[r - 2] = i as i64;
+            let qrow = &q.data[(b * m + i) * d..(b * m + i + 1) * d];
+            for j in 0..n {
+                pos[r - 1] = j as i64;
+                let krow = &k.data[koff + j * kst[r - 2]..koff + j * kst[r - 2] + d];
+                let s: f64 = qrow.iter().zip(krow).map(|(a, c)| a * c).sum();
+                // The unfused graph stores the raw scores as f32; so does the reference.
+                let s = DType::F32.round(s);
+                scores[j] = spec.score.eval(s, &pos, env, &load);
+                keep[j] = spec.mask.as_ref().is_none_or(|mk| mk.eval(s, &pos, env, &load) != 0.0);
+            }
+            let orow = &mut out[(b * m + i) * dv..(b * m + i + 1) * dv];
+            let weights: Vec<f64> = match spec.weights {
+                Weights::Softmax => {
+                    let max = (0..n).filter(|j| keep[*j]).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
+                    if max == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let e: Vec<f64> = (0..n).map(|j| if keep[j] { (scores[j] - max).exp() } else { 0.0 }).collect();
+                    let z: f64 = e.iter().sum();
+                    e.into_iter().map(|x| x / z).collect()
+                }
+                Weights::Sigmoid => (0..n).map(|j| if keep[j] { 1.0 / (1.0 + (-scores[j]).exp()) } else { 0.0 }).collect(),
+            };
+            for (j, w) in weights.iter().enumerate() {
+                if *w == 0.0 {
+                    continue;
+                }
+                let vrow = &v.data[voff + j * vst[r - 2]..voff + j * vst[r - 2] + dv];
+                for (o, x) in orow.iter_mut().zip(vrow) {
+                    *o += w * x;
+                }
+            }
+        }
+    }
+    let mut shape = batch.to_vec();
+    shape.extend([m, dv]);
+    Ok(Val::new(dtype, shape, out))
+}

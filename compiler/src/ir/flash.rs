@@ -1,0 +1,541 @@
+//! The fused attention op's payload: the per-score expression (score modification), the mask
+//! predicate, and how weights are formed.
+//!
+//! `flash(q, k, v, x0, x1, ...)` computes, for every batch index `b…`, query row `i` and key
+//! row `j` of the score tensor `[…batch, M, N]`:
+//!
+//! ```text
+//! s      = q[b…, i, :] · k[b…, j, :]          (k is not transposed; batch dims broadcast)
+//! score  = F(s, b…, i, j, x0[…], x1[…], …)     the score modification
+//! keep   = P(b…, i, j, x…)                      the mask predicate (absent: keep all)
+//! w      = softmax_j(keep ? score : -inf)       or sigmoid(score)·keep without normalisation
+//! out[b…, i, :] = Σ_j w_ij · v[b…, j, :]
+//! ```
+//!
+//! A row with every key masked gives 0. The expressions print as readable infix text
+//! (`s * 0.125 + x0[h] * (j - i)`, `j <= i`) and parse back.
+
+use super::dim::Dim;
+use super::op::{BinaryOp, UnaryOp};
+use std::collections::HashMap;
+use std::fmt;
+
+/// How attention weights are formed from scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Weights {
+    /// `softmax` over the keys (flash attention with online softmax).
+    Softmax,
+    /// `sigmoid(score)` with no normalisation (sigmoid attention).
+    Sigmoid,
+}
+
+impl Weights {
+    /// Name in the IR text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Weights::Softmax => "softmax",
+            Weights::Sigmoid => "sigmoid",
+        }
+    }
+}
+
+/// A scalar expression evaluated per score element.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScoreExpr {
+    /// The raw dot product `q_i · k_j`, printed `s`.
+    Score,
+    /// Index along axis `k` of the score tensor (`i`, `j`, `h`, `b`, …).
+    Pos(usize),
+    /// A float constant.
+    Float(f64),
+    /// An integer constant.
+    Int(i64),
+    /// The run-time size of a dimension (i32), printed `dim(D)`.
+    Dim(Dim),
+    /// Element of extra operand `input` (0-based among the operands after q, k, v) at the given
+    /// indices (clamped into range, like gather), printed `x0[h]`.
+    Load {
+        /// Which extra operand.
+        input: usize,
+        /// One index expression per axis of that operand.
+        index: Vec<ScoreExpr>,
+    },
+    /// Element-wise unary op.
+    Unary(UnaryOp, Box<ScoreExpr>),
+    /// Element-wise binary op.
+    Binary(BinaryOp, Box<ScoreExpr>, Box<ScoreExpr>),
+    /// `where(c, a, b)`
+    Select(Box<ScoreExpr>, Box<ScoreExpr>, Box<ScoreExpr>),
+}
+
+/// The payload of [`super::Op::Flash`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlashSpec {
+    /// Rank of the score tensor (batch axes + 2); names the positions in the text form.
+    pub rank: usize,
+    /// Softmax or sigmoid weights.
+    pub weights: Weights,
+    /// The modified score, a float expression of `s`, positions and loads.
+    pub score: ScoreExpr,
+    /// Keys where this is false are excluded; `None` keeps every key.
+    pub mask: Option<ScoreExpr>,
+}
+
+/// Position names for a score tensor of the given rank: `i`, `j` last; batch axes `b`, `h`
+/// (rank 3: `b`; rank 4: `b`, `h`; higher: `b0`, `b1`, …).
+pub fn position_names(rank: usize) -> Vec<String> {
+    let batch = rank.saturating_sub(2);
+    let mut names: Vec<String> = match batch {
+        0 => vec![],
+        1 => vec!["b".into()],
+        2 => vec!["b".into(), "h".into()],
+        n => (0..n).map(|k| format!("b{k}")).collect(),
+    };
+    names.push("i".into());
+    names.push("j".into());
+    names
+}
+
+impl ScoreExpr {
+    /// `a op b`
+    pub fn bin(op: BinaryOp, a: ScoreExpr, b: ScoreExpr) -> ScoreExpr {
+        ScoreExpr::Binary(op, Box::new(a), Box::new(b))
+    }
+
+    /// True if the expression reads the raw score `s`.
+    pub fn uses_score(&self) -> bool {
+        self.any(&|e| matches!(e, ScoreExpr::Score))
+    }
+
+    /// True if any sub-expression satisfies `f`.
+    pub fn any(&self, f: &dyn Fn(&ScoreExpr) -> bool) -> bool {
+        f(self)
+            || match self {
+                ScoreExpr::Load { index, .. } => index.iter().any(|e| e.any(f)),
+                ScoreExpr::Unary(_, a) => a.any(f),
+                ScoreExpr::Binary(_, a, b) => a.any(f) || b.any(f),
+                ScoreExpr::Select(c, a, b) => c.any(f) || a.any(f) || b.any(f),
+                _ => false,
+            }
+    }
+
+    /// Calls `f` on every sub-expression, parents first.
+    pub fn visit(&self, f: &mut dyn FnMut(&ScoreExpr)) {
+        f(self);
+        match self {
+            ScoreExpr::Load { index, .. } => index.iter().for_each(|e| e.visit(f)),
+            ScoreExpr::Unary(_, a) => a.visit(f),
+            ScoreExpr::Binary(_, a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            ScoreExpr::Select(c, a, b) => {
+                c.visit(f);
+                a.visit(f);
+                b.visit(f);
+            }
+            _ => {}
+        }
+    }
+
+    /// Evaluates in f64 (the reference semantics; backends compute in f32). `pos` holds the
+    /// element's index along every score axis; `load(input, index)` reads an extra operand.
+    pub fn eval(&self, s: f64, pos: &[i64], env: &HashMap<String, i64>, load: &dyn Fn(usize, &[i64]) -> f64) -> f64 {
+        let ev = |e: &ScoreExpr| e.eval(s, pos, env, load);
+        match self {
+            ScoreExpr::Score => s,
+            ScoreExpr::Pos(k) => pos.get(*k).copied().unwrap_or(0) as f64,
+            ScoreExpr::Float(v) => *v,
+            ScoreExpr::Int(v) => *v as f64,
+            ScoreExpr::Dim(d) => d.eval(env).unwrap_or(0) as f64,
+            ScoreExpr::Load { input, index } => {
+                let idx: Vec<i64> = index.iter().map(|e| ev(e) as i64).collect();
+                load(*input, &idx)
+            }
+            ScoreExpr::Unary(u, a) => unary(*u, ev(a)),
+            ScoreExpr::Binary(b, x, y) => binary(*b, ev(x), ev(y)),
+            ScoreExpr::Select(c, a, b) => {
+                if ev(c) != 0.0 {
+                    ev(a)
+                } else {
+                    ev(b)
+                }
+            }
+        }
+    }
+}
+
+/// Scalar semantics of a unary op (shared with the interpreter's definition).
+pub fn unary(u: UnaryOp, x: f64) -> f64 {
+    match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Not => f64::from(u8::from(x == 0.0)),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Relu => {
+            if x.is_nan() {
+                x
+            } else {
+                x.max(0.0)
+            }
+        }
+        UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Elu => {
+            if x > 0.0 {
+                x
+            } else {
+                x.exp_m1()
+            }
+        }
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Floor => x.floor(),
+    }
+}
+
+/// Scalar semantics of a binary op (bool results are 0/1).
+pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
+    let truth = |c: bool| f64::from(u8::from(c));
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Rem => {
+            if y == 0.0 {
+                0.0
+            } else {
+                x - y * (x / y).floor()
+            }
+        }
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Min => {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.min(y)
+            }
+        }
+        BinaryOp::Max => {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.max(y)
+            }
+        }
+        BinaryOp::Lt => truth(x < y),
+        BinaryOp::Le => truth(x <= y),
+        BinaryOp::Gt => truth(x > y),
+        BinaryOp::Ge => truth(x >= y),
+        BinaryOp::Eq => truth(x == y),
+        BinaryOp::Ne => truth(x != y),
+        BinaryOp::And => truth(x != 0.0 && y != 0.0),
+        BinaryOp::Or => truth(x != 0.0 || y != 0.0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text form
+
+fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
+    Some(match b {
+        BinaryOp::Or => ("||", 0),
+        BinaryOp::And => ("&&", 1),
+        BinaryOp::Eq => ("==", 2),
+        BinaryOp::Ne => ("!=", 2),
+        BinaryOp::Lt => ("<", 2),
+        BinaryOp::Le => ("<=", 2),
+        BinaryOp::Gt => (">", 2),
+        BinaryOp::Ge => (">=", 2),
+        BinaryOp::Add => ("+", 3),
+        BinaryOp::Sub => ("-", 3),
+        BinaryOp::Mul => ("*", 4),
+        BinaryOp::Div => ("/", 4),
+        BinaryOp::Rem => ("%", 4),
+        BinaryOp::Pow | BinaryOp::Min | BinaryOp::Max => return None,
+    })
+}
+
+/// Displays a [`ScoreExpr`] with the position names of a score tensor of rank `rank`.
+pub struct ShowExpr<'a> {
+    /// The expression.
+    pub expr: &'a ScoreExpr,
+    /// Score rank, for position names.
+    pub rank: usize,
+}
+
+impl fmt::Display for ShowExpr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_expr(f, self.expr, &position_names(self.rank), 0)
+    }
+}
+
+fn write_expr(f: &mut fmt::Formatter<'_>, e: &ScoreExpr, names: &[String], min_level: u8) -> fmt::Result {
+    match e {
+        ScoreExpr::Score => f.write_str("s"),
+        ScoreExpr::Pos(k) => f.write_str(names.get(*k).map_or("?", |s| s.as_str())),
+        ScoreExpr::Float(v) => {
+            if *v < 0.0 || (v.is_sign_negative() && *v == 0.0) {
+                write!(f, "({v:?})")
+            } else {
+                write!(f, "{v:?}")
+            }
+        }
+        ScoreExpr::Int(v) => {
+            if *v < 0 {
+                write!(f, "({v})")
+            } else {
+                write!(f, "{v}")
+            }
+        }
+        ScoreExpr::Dim(d) => write!(f, "dim({d})"),
+        ScoreExpr::Load { input, index } => {
+            write!(f, "x{input}[")?;
+            for (n, ix) in index.iter().enumerate() {
+                if n > 0 {
+                    f.write_str(", ")?;
+                }
+                write_expr(f, ix, names, 0)?;
+            }
+            f.write_str("]")
+        }
+        ScoreExpr::Unary(UnaryOp::Neg, a) => {
+            let paren = min_level > 5;
+            if paren {
+                f.write_str("(")?;
+            }
+            f.write_str("-")?;
+            write_expr(f, a, names, 6)?;
+            if paren {
+                f.write_str(")")?;
+            }
+            Ok(())
+        }
+        ScoreExpr::Unary(UnaryOp::Not, a) => {
+            f.write_str("!")?;
+            write_expr(f, a, names, 6)
+        }
+        ScoreExpr::Unary(u, a) => {
+            write!(f, "{}(", u.name())?;
+            write_expr(f, a, names, 0)?;
+            f.write_str(")")
+        }
+        ScoreExpr::Binary(b, x, y) => match infix(*b) {
+            Some((sym, level)) => {
+                let paren = level < min_level;
+                if paren {
+                    f.write_str("(")?;
+                }
+                // Left-associative; comparisons do not chain, so both sides bind tighter.
+                let left = if level == 2 { level + 1 } else { level };
+                write_expr(f, x, names, left)?;
+                write!(f, " {sym} ")?;
+                write_expr(f, y, names, level + 1)?;
+                if paren {
+                    f.write_str(")")?;
+                }
+                Ok(())
+            }
+            None => {
+                write!(f, "{}(", b.name())?;
+                write_expr(f, x, names, 0)?;
+                f.write_str(", ")?;
+                write_expr(f, y, names, 0)?;
+                f.write_str(")")
+            }
+        },
+        ScoreExpr::Select(c, a, b) => {
+            f.write_str("where(")?;
+            write_expr(f, c, names, 0)?;
+            f.write_str(", ")?;
+            write_expr(f, a, names, 0)?;
+            f.write_str(", ")?;
+            write_expr(f, b, names, 0)?;
+            f.write_str(")")
+        }
+    }
+}
+
+/// Parses the text form of a score or mask expression for a score tensor of rank `rank`.
+pub fn parse_expr(text: &str, rank: usize) -> Result<ScoreExpr, String> {
+    let mut p = ExprParser { s: text.as_bytes(), pos: 0, names: position_names(rank) };
+    let e = p.expr(0)?;
+    p.ws();
+    if p.pos != p.s.len() {
+        return Err(format!("unexpected `{}` at column {}", &text[p.pos..], p.pos + 1));
+    }
+    Ok(e)
+}
+
+struct ExprParser<'a> {
+    s: &'a [u8],
+    pos: usize,
+    names: Vec<String>,
+}
+
+impl ExprParser<'_> {
+    fn ws(&mut self) {
+        while self.pos < self.s.len() && self.s[self.pos].is_ascii_whitespace() {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, t: &str) -> bool {
+        self.ws();
+        if self.s[self.pos..].starts_with(t.as_bytes()) {
+            self.pos += t.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, t: &str) -> Result<(), String> {
+        if self.eat(t) { Ok(()) } else { Err(format!("expected `{t}` at column {}", self.pos + 1)) }
+    }
+
+    fn binop(&mut self) -> Option<(BinaryOp, u8, usize)> {
+        self.ws();
+        let rest = &self.s[self.pos..];
+        const OPS: [(&str, BinaryOp); 13] = [
+            ("||", BinaryOp::Or),
+            ("&&", BinaryOp::And),
+            ("==", BinaryOp::Eq),
+            ("!=", BinaryOp::Ne),
+            ("<=", BinaryOp::Le),
+            (">=", BinaryOp::Ge),
+            ("<", BinaryOp::Lt),
+            (">", BinaryOp::Gt),
+            ("+", BinaryOp::Add),
+            ("-", BinaryOp::Sub),
+            ("*", BinaryOp::Mul),
+            ("/", BinaryOp::Div),
+            ("%", BinaryOp::Rem),
+        ];
+        OPS.iter().find(|(t, _)| rest.starts_with(t.as_bytes())).and_then(|(t, op)| infix(*op).map(|(_, l)| (*op, l, t.len())))
+    }
+
+    fn expr(&mut self, min_level: u8) -> Result<ScoreExpr, String> {
+        let mut lhs = self.unary()?;
+        while let Some((op, level, len)) = self.binop() {
+            if level < min_level {
+                break;
+            }
+            self.pos += len;
+            let rhs = self.expr(level + 1)?;
+            lhs = ScoreExpr::bin(op, lhs, rhs);
+        }
+        Ok(lhs)
+    }
+
+    fn unary(&mut self) -> Result<ScoreExpr, String> {
+        if self.eat("-") {
+            let inner = self.unary()?;
+            return Ok(match inner {
+                ScoreExpr::Float(v) if v >= 0.0 => ScoreExpr::Float(-v),
+                ScoreExpr::Int(v) if v >= 0 => ScoreExpr::Int(-v),
+                other => ScoreExpr::Unary(UnaryOp::Neg, Box::new(other)),
+            });
+        }
+        if self.eat("!") {
+            return Ok(ScoreExpr::Unary(UnaryOp::Not, Box::new(self.unary()?)));
+        }
+        self.atom()
+    }
+
+    fn word(&mut self) -> String {
+        self.ws();
+        let start = self.pos;
+        while self.pos < self.s.len() && (self.s[self.pos].is_ascii_alphanumeric() || matches!(self.s[self.pos], b'_' | b'.')) {
+            self.pos += 1;
+        }
+        String::from_utf8_lossy(&self.s[start..self.pos]).into_owned()
+    }
+
+    fn args(&mut self) -> Result<Vec<ScoreExpr>, String> {
+        self.expect("(")?;
+        let mut out = vec![self.expr(0)?];
+        while self.eat(",") {
+            out.push(self.expr(0)?);
+        }
+        self.expect(")")?;
+        Ok(out)
+    }
+
+    fn atom(&mut self) -> Result<ScoreExpr, String> {
+        if self.eat("(") {
+            let e = self.expr(0)?;
+            self.expect(")")?;
+            return Ok(e);
+        }
+        let at = self.pos;
+        let w = self.word();
+        if w.is_empty() {
+            return Err(format!("expected an expression at column {}", at + 1));
+        }
+        if w == "s" {
+            return Ok(ScoreExpr::Score);
+        }
+        if let Some(k) = self.names.iter().position(|n| *n == w) {
+            return Ok(ScoreExpr::Pos(k));
+        }
+        if w.starts_with(|c: char| c.is_ascii_digit()) || w == "inf" || w == "NaN" {
+            if let Ok(v) = w.parse::<i64>() {
+                return Ok(ScoreExpr::Int(v));
+            }
+            // `1e-5` stops at `-`: take the exponent's sign and digits too.
+            let mut text = w.clone();
+            if text.ends_with(['e', 'E']) && (self.eat("-") || self.eat("+")) {
+                text.push(char::from(self.s[self.pos - 1]));
+                text.push_str(&self.word());
+            }
+            return text.parse::<f64>().map(ScoreExpr::Float).map_err(|_| format!("bad number `{text}`"));
+        }
+        if let Some(n) = w.strip_prefix('x').and_then(|n| n.parse::<usize>().ok()) {
+            self.expect("[")?;
+            let mut index = vec![self.expr(0)?];
+            while self.eat(",") {
+                index.push(self.expr(0)?);
+            }
+            self.expect("]")?;
+            return Ok(ScoreExpr::Load { input: n, index });
+        }
+        if w == "dim" {
+            self.expect("(")?;
+            self.ws();
+            let start = self.pos;
+            while self.pos < self.s.len() && self.s[self.pos] != b')' {
+                self.pos += 1;
+            }
+            let text = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();
+            self.expect(")")?;
+            return Dim::parse(&text).map(ScoreExpr::Dim).ok_or_else(|| format!("bad dimension `{text}`"));
+        }
+        if w == "where" {
+            let a = self.args()?;
+            return match <[ScoreExpr; 3]>::try_from(a) {
+                Ok([c, x, y]) => Ok(ScoreExpr::Select(Box::new(c), Box::new(x), Box::new(y))),
+                Err(_) => Err("`where` takes 3 arguments".into()),
+            };
+        }
+        if let Some(u) = UnaryOp::from_name(&w) {
+            let a = self.args()?;
+            return match <[ScoreExpr; 1]>::try_from(a) {
+                Ok([x]) => Ok(ScoreExpr::Unary(u, Box::new(x))),
+                Err(_) => Err(format!("`{w}` takes 1 argument")),
+            };
+        }
+        if let Some(b) = BinaryOp::from_name(&w) {
+            let a = self.args()?;
+            return match <[ScoreExpr; 2]>::try_from(a) {
+                Ok([x, y]) => Ok(ScoreExpr::bin(b, x, y)),
+                Err(_) => Err(format!("`{w}` takes 2 arguments")),
+            };
+        }
+        Err(format!("unknown name `{w}` at column {}", at + 1))
+    }
+}

@@ -1,0 +1,440 @@
+//! The embedding API: compile a `.attn` program once, list its entry points, run them.
+//!
+//! ```
+//! use attn_runtime::{Program, RunOptions, Tensor};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let program = Program::from_source("fn double(x: f32[N]) -> f32[N] { return x * 2 }", "double.attn")?;
+//! let x = Tensor::f32(vec![3], vec![1.0, 2.0, 3.0])?;
+//! let outputs = program.run("double", [("x", x)], &RunOptions::default())?;
+//! assert_eq!(outputs[0].0, "out");
+//! assert_eq!(outputs[0].1.to_f64_vec(), vec![2.0, 4.0, 6.0]);
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::random::{self, DEFAULT_DIM, RandomError};
+use crate::report::render_diagnostics;
+use crate::target::Target;
+use attn_compiler::interp::{self, InterpError};
+use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType};
+use attn_compiler::tensor::Tensor;
+use attn_compiler::{Compiled, compile};
+use attn_dsl::ast::{ExprKind, Item, UnOp};
+use attn_dsl::{Diagnostic, Severity};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A program that did not compile: its diagnostics, with the source they point into.
+#[derive(Debug, Clone, Error)]
+#[error("{file_name}: {}", summary(diagnostics))]
+pub struct CompileError {
+    /// Every problem found (parse errors, or type errors once the file parses).
+    pub diagnostics: Vec<Diagnostic>,
+    /// The program text the spans index into.
+    pub source_text: String,
+    /// The name shown in rendered diagnostics.
+    pub file_name: String,
+}
+
+fn summary(diags: &[Diagnostic]) -> String {
+    let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
+    let first = diags.first().map_or(String::new(), |d| format!(" (first: {d})"));
+    format!("{errors} error{} in the program{first}", if errors == 1 { "" } else { "s" })
+}
+
+impl CompileError {
+    /// The diagnostics as boxed, labelled snippets (see [`render_diagnostics`]).
+    pub fn render(&self, color: bool) -> String {
+        render_diagnostics(&self.diagnostics, &self.file_name, &self.source_text, color)
+    }
+}
+
+/// Why [`Program::from_file`] failed.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// The file could not be read (or is not UTF-8).
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file was read but does not compile.
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+}
+
+/// The signature of one entry point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EntryInfo {
+    /// The function's name.
+    pub name: String,
+    /// Parameters in order, with their declared types.
+    pub params: Vec<(String, TensorType)>,
+    /// Results in order (`out` for a single unnamed result), with their types.
+    pub outputs: Vec<(String, TensorType)>,
+}
+
+impl fmt::Display for EntryInfo {
+    /// `name(q: f32[B, S, D], seg: i32[B, S]) -> (out: f32[B, S, D])`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |items: &[(String, TensorType)]| items.iter().map(|(n, t)| format!("{n}: {t}")).collect::<Vec<_>>().join(", ");
+        write!(f, "{}({}) -> ({})", self.name, list(&self.params), list(&self.outputs))
+    }
+}
+
+/// How to run an entry point.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunOptions {
+    /// Sizes of dims the inputs do not determine (`--dim NAME=N`); may also repeat dims the
+    /// inputs determine, which are then checked.
+    pub dims: HashMap<String, i64>,
+    /// Where to run.
+    pub target: Target,
+}
+
+/// Why an entry point could not be run.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RunError {
+    /// No function of that name.
+    #[error("no function named `{name}` (the program has: {})", available.join(", "))]
+    UnknownEntry {
+        /// The name asked for.
+        name: String,
+        /// The functions the program has.
+        available: Vec<String>,
+    },
+    /// The program has no function at all.
+    #[error("the program defines no function to run")]
+    NoEntry,
+    /// Inputs the entry needs that were not given.
+    #[error("missing input{} for `{entry}`: {} (the entry is {signature})", plural(names), quoted(names))]
+    MissingInputs {
+        /// The entry.
+        entry: String,
+        /// The parameters without an input, in order.
+        names: Vec<String>,
+        /// The entry's signature.
+        signature: String,
+    },
+    /// An input whose name is no parameter of the entry.
+    #[error("`{entry}` has no parameter named `{name}`{} (its parameters: {})", suggestion.as_ref().map_or(String::new(), |s| format!("; did you mean `{s}`?")), params.join(", "))]
+    UnexpectedInput {
+        /// The entry.
+        entry: String,
+        /// The name given.
+        name: String,
+        /// The entry's parameter names.
+        params: Vec<String>,
+        /// A parameter with a similar name.
+        suggestion: Option<String>,
+    },
+    /// The same input given twice.
+    #[error("input `{name}` is given more than once")]
+    DuplicateInput {
+        /// The parameter.
+        name: String,
+    },
+    /// An input tensor whose dtype is neither the declared one nor losslessly widenable to it.
+    #[error("input `{param}` is declared {declared} but a {given} tensor was given")]
+    InputDType {
+        /// The parameter.
+        param: String,
+        /// The tensor's dtype.
+        given: DType,
+        /// The declared dtype.
+        declared: DType,
+    },
+    /// A given dim the entry does not use.
+    #[error("`{entry}` has no dimension named `{name}` (its dimensions: {})", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
+    UnknownDim {
+        /// The entry.
+        entry: String,
+        /// The name given.
+        name: String,
+        /// The dims the entry uses, sorted.
+        known: Vec<String>,
+    },
+    /// A given dim that contradicts `dim NAME = N` in the file.
+    #[error("dimension `{name}` is fixed to {fixed} by `dim {name} = {fixed}` in the program, but {given} was given")]
+    FixedDim {
+        /// The dim.
+        name: String,
+        /// The size given.
+        given: i64,
+        /// The size the file fixes.
+        fixed: i64,
+    },
+    /// Random inputs could not be made.
+    #[error(transparent)]
+    Random(#[from] RandomError),
+    /// The interpreter rejected the inputs or failed while running.
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+}
+
+fn plural(items: &[String]) -> &'static str {
+    if items.len() == 1 { "" } else { "s" }
+}
+
+fn quoted(items: &[String]) -> String {
+    items.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// A compiled program, ready to run any of its entry points.
+#[derive(Clone, Debug)]
+pub struct Program {
+    compiled: Compiled,
+    source: String,
+    file_name: String,
+    fixed_dims: Vec<(String, i64)>,
+}
+
+impl Program {
+    /// Compiles `source`; `file_name` is only used when rendering diagnostics.
+    pub fn from_source(source: &str, file_name: &str) -> Result<Program, CompileError> {
+        let compiled = compile(source).map_err(|diagnostics| CompileError {
+            diagnostics,
+            source_text: source.to_string(),
+            file_name: file_name.to_string(),
+        })?;
+        let fixed_dims = compiled
+            .ast
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                Item::Dim(c) => int_literal(&c.value.kind).map(|v| (c.name.name.clone(), v)),
+                _ => None,
+            })
+            .collect();
+        Ok(Program { compiled, source: source.to_string(), file_name: file_name.to_string(), fixed_dims })
+    }
+
+    /// Reads and compiles a `.attn` file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Program, LoadError> {
+        let path = path.as_ref();
+        let source = std::fs::read_to_string(path).map_err(|source| LoadError::Unreadable { path: path.to_path_buf(), source })?;
+        Ok(Program::from_source(&source, &path.display().to_string())?)
+    }
+
+    /// The program text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The name diagnostics use for the file.
+    pub fn file_name(&self) -> &str {
+        &self.file_name
+    }
+
+    /// The syntax tree and IR.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+
+    /// The IR of every function.
+    pub fn module(&self) -> &Module {
+        &self.compiled.module
+    }
+
+    /// Dims fixed for the whole file by `dim NAME = N`.
+    pub fn fixed_dims(&self) -> &[(String, i64)] {
+        &self.fixed_dims
+    }
+
+    /// The IR graph of one function.
+    pub fn graph(&self, entry: &str) -> Result<&Graph, RunError> {
+        self.compiled.module.graphs.iter().find(|g| g.name == entry).ok_or_else(|| RunError::UnknownEntry {
+            name: entry.to_string(),
+            available: self.compiled.module.graphs.iter().map(|g| g.name.clone()).collect(),
+        })
+    }
+
+    /// Every function, in source order, with its signature.
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        self.compiled.module.graphs.iter().map(entry_info).collect()
+    }
+
+    /// The signature of one function.
+    pub fn entry(&self, name: &str) -> Result<EntryInfo, RunError> {
+        self.graph(name).map(entry_info)
+    }
+
+    /// The entry `attnc run` uses without `--entry`: the last function in the file.
+    pub fn default_entry(&self) -> Option<EntryInfo> {
+        self.compiled.module.graphs.last().map(entry_info)
+    }
+
+    /// The dim names an entry uses (in its types, dim values and slice bounds), sorted. Dims
+    /// fixed by `dim NAME = N` are already numbers in the IR and are not listed.
+    pub fn entry_dims(&self, entry: &str) -> Result<Vec<String>, RunError> {
+        let graph = self.graph(entry)?;
+        let mut names = BTreeSet::new();
+        for v in graph.values() {
+            let node = graph.node(v);
+            names.extend(node.ty.shape.iter().flat_map(|d| d.symbols()));
+            for (_, attr) in node.op.attrs() {
+                if let Attr::Dim(d) = attr {
+                    names.extend(d.symbols());
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// The dims [`Program::random_inputs`] uses: `given`, plus [`DEFAULT_DIM`] (8) for every
+    /// other dim the entry uses (dims written as expressions such as `H*Dh` follow from their
+    /// names). Passing them as [`RunOptions::dims`] runs the entry on those inputs.
+    pub fn random_dims(&self, entry: &str, given: &HashMap<String, i64>) -> Result<HashMap<String, i64>, RunError> {
+        let known = self.entry_dims(entry)?;
+        let given = self.check_dims(entry, given, &known)?;
+        let mut env = given.clone();
+        for name in known {
+            env.entry(name).or_insert(DEFAULT_DIM);
+        }
+        Ok(env)
+    }
+
+    /// Seeded random inputs for `entry`, in parameter order: floats ~ N(0, 1), i32 inputs are
+    /// segment ids (non-decreasing along the last axis, in `[0, 4)`), bools fair coin flips.
+    /// Dims as [`Program::random_dims`]: given ones, else 8. The same seed and dims always give
+    /// the same tensors.
+    pub fn random_inputs(&self, entry: &str, seed: u64, dims: &HashMap<String, i64>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let env = self.random_dims(entry, dims)?;
+        let info = self.entry(entry)?;
+        Ok(random::random_inputs(&info.params, seed, &env)?)
+    }
+
+    /// Runs `entry` on named inputs (one per parameter, any order) and returns the named
+    /// outputs in declaration order.
+    ///
+    /// An input's dtype must be the parameter's, or widen losslessly to it (an f16 or bf16
+    /// tensor for an f32 parameter). Missing, unknown or repeated input names are errors that
+    /// name them; so are given dims the entry does not use or that contradict a `dim` item.
+    pub fn run<S: AsRef<str>>(
+        &self,
+        entry: &str,
+        inputs: impl IntoIterator<Item = (S, Tensor)>,
+        opts: &RunOptions,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let graph = self.graph(entry)?;
+        let info = entry_info(graph);
+        let dims = self.check_dims(entry, &opts.dims, &self.entry_dims(entry)?)?;
+        let params: Vec<String> = info.params.iter().map(|(n, _)| n.clone()).collect();
+        let mut slots: Vec<Option<Tensor>> = vec![None; params.len()];
+        for (name, tensor) in inputs {
+            let name = name.as_ref();
+            let Some(index) = params.iter().position(|p| p == name) else {
+                return Err(RunError::UnexpectedInput {
+                    entry: entry.to_string(),
+                    name: name.to_string(),
+                    suggestion: suggest(name, &params),
+                    params,
+                });
+            };
+            if slots[index].is_some() {
+                return Err(RunError::DuplicateInput { name: name.to_string() });
+            }
+            slots[index] = Some(widen(name, tensor, info.params[index].1.dtype)?);
+        }
+        let missing: Vec<String> = params.iter().zip(&slots).filter(|(_, s)| s.is_none()).map(|(n, _)| n.clone()).collect();
+        if !missing.is_empty() {
+            return Err(RunError::MissingInputs { entry: entry.to_string(), names: missing, signature: info.to_string() });
+        }
+        let tensors: Vec<Tensor> = slots.into_iter().flatten().collect();
+        let results = match opts.target {
+            Target::Interp => interp::run(graph, &tensors, &dims)?,
+        };
+        Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
+    }
+
+    /// Checks given dims against the entry and the file's `dim` items; returns the ones to pass
+    /// on (a dim fixed by the file is already a number in the IR).
+    fn check_dims(&self, entry: &str, given: &HashMap<String, i64>, known: &[String]) -> Result<HashMap<String, i64>, RunError> {
+        let mut sorted: Vec<(&String, &i64)> = given.iter().collect();
+        sorted.sort();
+        let mut out = HashMap::new();
+        for (name, value) in sorted {
+            if let Some((_, fixed)) = self.fixed_dims.iter().find(|(n, _)| n == name) {
+                if fixed != value {
+                    return Err(RunError::FixedDim { name: name.clone(), given: *value, fixed: *fixed });
+                }
+            } else if known.contains(name) {
+                out.insert(name.clone(), *value);
+            } else {
+                return Err(RunError::UnknownDim { entry: entry.to_string(), name: name.clone(), known: known.to_vec() });
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn entry_info(graph: &Graph) -> EntryInfo {
+    let params = graph
+        .params()
+        .iter()
+        .map(|p| {
+            let node = graph.node(*p);
+            let name = match &node.op {
+                Op::Param(n) => n.clone(),
+                other => other.name().to_string(),
+            };
+            (name, node.ty.clone())
+        })
+        .collect();
+    let outputs = graph.outputs().iter().map(|(n, v)| (n.clone(), graph.node(*v).ty.clone())).collect();
+    EntryInfo { name: graph.name.clone(), params, outputs }
+}
+
+/// `dim H = 8` or `dim H = -8`: the integer, if the value is an integer literal.
+fn int_literal(kind: &ExprKind) -> Option<i64> {
+    match kind {
+        ExprKind::Int(v) => Some(*v),
+        ExprKind::Unary(UnOp::Neg, inner) => int_literal(&inner.kind).map(|v| -v),
+        _ => None,
+    }
+}
+
+/// Accepts the declared dtype, or an f16/bf16 tensor for an f32 parameter (exact).
+fn widen(param: &str, tensor: Tensor, declared: DType) -> Result<Tensor, RunError> {
+    match (tensor.dtype, declared) {
+        (a, b) if a == b => Ok(tensor),
+        (DType::F16 | DType::BF16, DType::F32) => Ok(Tensor { dtype: DType::F32, ..tensor }),
+        (given, declared) => Err(RunError::InputDType { param: param.to_string(), given, declared }),
+    }
+}
+
+/// The candidate closest to `name` by edit distance (ignoring case), if close enough to be a
+/// likely typo: for "did you mean ...?" hints.
+pub fn suggest(name: &str, candidates: &[String]) -> Option<String> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(&name.to_lowercase(), &c.to_lowercase()), c))
+        // Short names: one edit at most (and none for one-letter names, where any letter is one edit away).
+        .filter(|(d, c)| *d <= [0, 0, 1, 1, 1].get(c.chars().count()).copied().unwrap_or(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c.clone())
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! The embedding API on small programs.
+
+use super::*;
+use attn_compiler::tensor::TensorData;
+
+const SRC: &str = "
+dim H = 2
+
+fn scale(x: f32[N], s: f32) -> f32[N] {
+    return x * s
+}
+
+fn pick(x: f32[B, S, H*Dh], seg: i32[B, S], m: bool[S]) -> (y: f32[B, S, H*Dh], n: f32[S]) {
+    return x + 1, where(m, cast(seg[0, :], f32), 0.0)
+}
+";
+
+fn program() -> Program {
+    Program::from_source(SRC, "t.attn").unwrap()
+}
+
+#[test]
+fn doc_example_runs() {
+    let program = Program::from_source("fn double(x: f32[N]) -> f32[N] { return x * 2 }", "double.attn").unwrap();
+    let x = Tensor::f32(vec![3], vec![1.0, 2.0, 3.0]).unwrap();
+    let outputs = program.run("double", [("x", x)], &RunOptions::default()).unwrap();
+    assert_eq!(outputs[0].0, "out");
+    assert_eq!(outputs[0].1.to_f64_vec(), vec![2.0, 4.0, 6.0]);
+}
+
+#[test]
+fn entries_and_default_entry() {
+    let p = program();
+    let entries = p.entries();
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["scale", "pick"]);
+    let pick = p.default_entry().unwrap();
+    assert_eq!(pick.name, "pick");
+    assert_eq!(pick.to_string(), "pick(x: f32[B, S, 2*Dh], seg: i32[B, S], m: bool[S]) -> (y: f32[B, S, 2*Dh], n: f32[S])");
+    assert_eq!(p.fixed_dims(), &[("H".to_string(), 2)]);
+    assert_eq!(p.entry_dims("pick").unwrap(), ["B", "Dh", "S"]);
+}
+
+#[test]
+fn inputs_in_any_order_and_f16_widens() {
+    let p = program();
+    let x = Tensor::new(DType::F16, vec![2], TensorData::F32(vec![1.0, 2.0])).unwrap();
+    let s = Tensor::f32(vec![], vec![3.0]).unwrap();
+    let out = p.run("scale", vec![("s".to_string(), s), ("x".to_string(), x)], &RunOptions::default()).unwrap();
+    assert_eq!(out[0].1.to_f64_vec(), vec![3.0, 6.0]);
+}
+
+#[test]
+fn input_name_errors() {
+    let p = program();
+    let x = || Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap();
+    let s = || Tensor::f32(vec![], vec![3.0]).unwrap();
+    let opts = RunOptions::default();
+    match p.run("scale", [("x", x())], &opts) {
+        Err(RunError::MissingInputs { names, .. }) => assert_eq!(names, ["s"]),
+        other => panic!("{other:?}"),
+    }
+    match p.run("scale", [("x", x()), ("ss", s())], &opts) {
+        Err(e @ RunError::UnexpectedInput { .. }) => assert!(e.to_string().contains("its parameters: x, s"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(p.run("scale", [("x", x()), ("x", x())], &opts), Err(RunError::DuplicateInput { .. })));
+    assert!(matches!(p.run("scal", [("x", x())], &opts), Err(RunError::UnknownEntry { .. })));
+    let i = Tensor::i32(vec![2], vec![1, 2]).unwrap();
+    assert!(matches!(p.run("scale", [("x", i), ("s", s())], &opts), Err(RunError::InputDType { .. })));
+}
+
+#[test]
+fn dims_are_checked_against_the_entry_and_the_file() {
+    let p = program();
+    let mut opts = RunOptions::default();
+    opts.dims.insert("Q".into(), 3);
+    assert!(matches!(p.random_inputs("pick", 0, &opts.dims), Err(RunError::UnknownDim { .. })));
+    let fixed = HashMap::from([("H".to_string(), 3)]);
+    assert!(matches!(p.random_inputs("pick", 0, &fixed), Err(RunError::FixedDim { fixed: 2, given: 3, .. })));
+    let same = HashMap::from([("H".to_string(), 2), ("S".to_string(), 5)]);
+    let inputs = p.random_inputs("pick", 0, &same).unwrap();
+    assert_eq!(inputs[0].1.shape, vec![8, 5, 16]);
+}
+
+#[test]
+fn random_inputs_run_and_are_deterministic() {
+    let p = program();
+    let dims = HashMap::new();
+    let a = p.random_inputs("pick", 42, &dims).unwrap();
+    assert_eq!(a, p.random_inputs("pick", 42, &dims).unwrap());
+    let names: Vec<&str> = a.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["x", "seg", "m"]);
+    let opts = RunOptions { dims: p.random_dims("pick", &dims).unwrap(), ..RunOptions::default() };
+    let out = p.run("pick", a.clone(), &opts).unwrap();
+    assert_eq!(out[0].0, "y");
+    assert_eq!(out[0].1.shape, vec![8, 8, 16]);
+    let expect_y: Vec<f64> = a[0].1.to_f64_vec().iter().map(|v| f64::from((*v as f32) + 1.0)).collect();
+    assert_eq!(out[0].1.to_f64_vec(), expect_y);
+}
+
+#[test]
+fn a_runtime_shape_mismatch_is_an_interp_error() {
+    let p = program();
+    let x = Tensor::f32(vec![1, 2, 3], vec![0.0; 6]).unwrap();
+    let seg = Tensor::i32(vec![1, 2], vec![0, 1]).unwrap();
+    let m = Tensor::new(DType::Bool, vec![2], TensorData::Bool(vec![true, false])).unwrap();
+    // 3 is not a multiple of H = 2.
+    let err = p.run("pick", [("x", x), ("seg", seg), ("m", m)], &RunOptions::default()).unwrap_err();
+    assert!(matches!(err, RunError::Interp(_)), "{err}");
+}
+
+#[test]
+fn compile_errors_keep_source_and_render() {
+    let err = Program::from_source("fn f(x: f32[N]) -> f32[N] {\n  return x + y\n}\n", "bad.attn").unwrap_err();
+    assert!(!err.diagnostics.is_empty());
+    assert!(err.to_string().starts_with("bad.attn: 1 error in the program"), "{err}");
+    let text = err.render(false);
+    assert!(text.contains("bad.attn:2:"), "{text}");
+}
+
+#[test]
+fn from_file_errors() {
+    let missing = std::env::temp_dir().join("attn-runtime-definitely-missing.attn");
+    assert!(matches!(Program::from_file(&missing), Err(LoadError::Unreadable { .. })));
+}
+
+#[test]
+fn typo_suggestions() {
+    let names = vec!["query".to_string(), "key".to_string(), "v".to_string()];
+    assert_eq!(suggest("qurey", &names), Some("query".into()));
+    assert_eq!(suggest("Key", &names), Some("key".into()));
+    assert_eq!(suggest("w", &names), None);
+    assert_eq!(suggest("zzzzzz", &names), None);
+}

@@ -1,0 +1,320 @@
+//! End-to-end tests of the `attnc` binary: exit codes, messages, and files written.
+
+use attn_runtime::io::{self, FileDType};
+use attn_runtime::{DType, Program, RunOptions, Stage, Tensor, TensorData, emit};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Causal attention plus a helper function; `attend` (the last one) is the default entry.
+const SRC: &str = "\
+fn scale(x: f32[N], s: f32) -> f32[N] {
+    return x * s
+}
+
+fn attend(q: f32[B, S, D], k: f32[B, S, D], v: f32[B, S, D], seg: i32[B, S]) -> (out: f32[B, S, D], w: f32[B, S, S]) {
+    let scores = q @ k.T / sqrt(D)
+    let (b, i, j) = indices(scores)
+    let w = softmax(where(seg[b, i] == seg[b, j] && j <= i, scores, -inf), axis = -1)
+    return w @ v, w
+}
+";
+
+const BAD: &str = "fn f(x: f32[N]) -> f32[N] {\n  return x + y\n}\n";
+
+/// A fresh directory for one test, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("attnc-cli-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("prog.attn"), SRC).unwrap();
+        std::fs::write(dir.join("bad.attn"), BAD).unwrap();
+        Dir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Runs attnc in this directory.
+    fn attnc(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_attnc")).args(args).current_dir(&self.0).output().unwrap()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn f32_tensor(shape: Vec<usize>, seed: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n).map(|i| (((i as u32 * 7 + seed * 13) % 17) as f32 - 8.0) / 4.0).collect();
+    Tensor::f32(shape, data).unwrap()
+}
+
+fn inputs() -> Vec<(String, Tensor)> {
+    vec![
+        ("q".into(), f32_tensor(vec![2, 5, 3], 1)),
+        ("k".into(), f32_tensor(vec![2, 5, 3], 2)),
+        ("v".into(), f32_tensor(vec![2, 5, 3], 3)),
+        ("seg".into(), Tensor::i32(vec![2, 5], vec![0, 0, 1, 1, 1, 0, 1, 2, 2, 3]).unwrap()),
+    ]
+}
+
+fn read_f32(path: &Path) -> Tensor {
+    io::convert("t", io::read_npy(path).unwrap(), DType::F32).unwrap()
+}
+
+#[test]
+fn check_ok_and_errors() {
+    let d = Dir::new();
+    let ok = d.attnc(&["check", "prog.attn"]);
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    assert_eq!(stdout(&ok).trim(), "ok: 2 functions");
+
+    let bad = d.attnc(&["check", "bad.attn"]);
+    assert_eq!(code(&bad), 1);
+    let err = stderr(&bad);
+    assert!(err.contains("bad.attn:2:14"), "{err}");
+    assert!(err.contains(&format!("error[{}]", attn_compiler::lower::codes::UNKNOWN_NAME)), "{err}");
+    assert!(err.contains("return x + y"), "{err}");
+    assert!(err.trim_end().ends_with("error: bad.attn has 1 error"), "{err}");
+    assert!(!err.contains('\u{1b}'), "colour when not a terminal: {err:?}");
+    assert!(stdout(&bad).is_empty());
+
+    let missing = d.attnc(&["check", "missing.attn"]);
+    assert_eq!(code(&missing), 3);
+    assert!(stderr(&missing).starts_with("error: cannot read missing.attn"), "{}", stderr(&missing));
+}
+
+#[test]
+fn run_random_inputs_to_out_dir_is_deterministic() {
+    let d = Dir::new();
+    let run = |seed: &str, dir: &str| d.attnc(&["run", "prog.attn", "--random-inputs", "--seed", seed, "--dim", "S=6", "--out-dir", dir]);
+    let a = run("1", "a/nested");
+    assert_eq!(code(&a), 0, "{}", stderr(&a));
+    let lines: Vec<String> = stdout(&a).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("out: f32[8, 6, 8] min="), "{}", lines[0]);
+    assert!(lines[1].starts_with("w: f32[8, 6, 6] min=0 max=1"), "{}", lines[1]);
+    let out = read_f32(&d.path("a/nested/out.npy"));
+    assert_eq!(out.shape, vec![8, 6, 8]);
+    let w = read_f32(&d.path("a/nested/w.npy"));
+    // Rows of softmax weights sum to 1 (each token sees at least itself).
+    for row in w.to_f64_vec().chunks(6) {
+        assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-5, "{row:?}");
+    }
+    let b = run("1", "b");
+    assert_eq!(stdout(&a), stdout(&b));
+    assert_eq!(std::fs::read(d.path("a/nested/out.npy")).unwrap(), std::fs::read(d.path("b/out.npy")).unwrap());
+    let c = run("2", "c");
+    assert_eq!(code(&c), 0);
+    assert_ne!(std::fs::read(d.path("b/out.npy")).unwrap(), std::fs::read(d.path("c/out.npy")).unwrap());
+}
+
+#[test]
+fn run_with_npy_inputs_matches_the_library() {
+    let d = Dir::new();
+    for (name, t) in inputs() {
+        io::write_npy(&d.path(&format!("{name}.npy")), &t).unwrap();
+    }
+    let o = d.attnc(&[
+        "run",
+        "prog.attn",
+        "--input",
+        "q=q.npy",
+        "--input",
+        "k=k.npy",
+        "--input",
+        "v=v.npy",
+        "--input",
+        "seg=seg.npy",
+        "--output",
+        "out=result.npy",
+        "--output",
+        "w=all.safetensors",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let program = Program::from_source(SRC, "prog.attn").unwrap();
+    let expected = program.run("attend", inputs(), &RunOptions::default()).unwrap();
+    assert_eq!(read_f32(&d.path("result.npy")), expected[0].1);
+    let st = io::read_safetensors(&d.path("all.safetensors")).unwrap();
+    assert_eq!(st.len(), 1);
+    assert_eq!(st[0].0, "w");
+    assert_eq!(io::convert("w", st[0].1.clone(), DType::F32).unwrap(), expected[1].1);
+    let summary = attn_runtime::report::summarize("out", &expected[0].1);
+    assert_eq!(stdout(&o).lines().next(), Some(summary.as_str()));
+}
+
+#[test]
+fn run_with_one_safetensors_file_for_all_inputs() {
+    let d = Dir::new();
+    let named = inputs();
+    let mut refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let extra = Tensor::f32(vec![1], vec![0.0]).unwrap();
+    refs.push(("unused", &extra));
+    io::write_safetensors(&d.path("in.safetensors"), &refs).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "in.safetensors", "--output", "outs.safetensors"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ignoring tensors that are no parameter: unused"), "{}", stderr(&o));
+    let outs = io::read_safetensors(&d.path("outs.safetensors")).unwrap();
+    let names: Vec<&str> = outs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["out", "w"]);
+    assert_eq!(outs[0].1.dtype, FileDType::F32);
+}
+
+#[test]
+fn random_inputs_fill_only_what_files_do_not_give() {
+    let d = Dir::new();
+    io::write_npy(&d.path("q.npy"), &f32_tensor(vec![2, 5, 3], 1)).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("out: f32[2, 5, 3]"), "{}", stdout(&o));
+}
+
+#[test]
+fn missing_and_unknown_inputs_are_command_line_errors() {
+    let d = Dir::new();
+    io::write_npy(&d.path("q.npy"), &f32_tensor(vec![2, 5, 3], 1)).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.npy"]);
+    assert_eq!(code(&o), 2);
+    let err = stderr(&o);
+    assert!(err.starts_with("error: missing inputs for `attend`: `k`, `v`, `seg`"), "{err}");
+    assert!(err.contains("--random-inputs"), "{err}");
+
+    let o = d.attnc(&["run", "prog.attn", "--input", "query=q.npy"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("`attend` has no parameter named `query`"), "{}", stderr(&o));
+
+    let o = d.attnc(&["run", "prog.attn", "--entry", "nope", "--random-inputs"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("no function named `nope` (the program has: scale, attend)"), "{}", stderr(&o));
+
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--dim", "X=3"]);
+    assert_eq!(code(&o), 2);
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--dim", "S"]);
+    assert_eq!(code(&o), 2);
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--output", "nope=x.npy"]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn bad_input_files_are_file_errors() {
+    let d = Dir::new();
+    std::fs::write(d.path("garbage.npy"), b"this is not numpy").unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=garbage.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).starts_with("error: garbage.npy: not a valid .npy file"), "{}", stderr(&o));
+
+    let good = io::encode_npy(&f32_tensor(vec![2, 5, 3], 1)).unwrap();
+    std::fs::write(d.path("short.npy"), &good[..good.len() - 4]).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=short.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
+
+    io::write_npy(&d.path("ints.npy"), &Tensor::i32(vec![2, 5, 3], vec![1; 30]).unwrap()).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=ints.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("`q` is declared f32 but the file holds i32"), "{}", stderr(&o));
+
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=absent.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 3);
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.csv", "--random-inputs"]);
+    assert_eq!(code(&o), 3);
+}
+
+#[test]
+fn shape_mismatch_is_a_runtime_error() {
+    let d = Dir::new();
+    io::write_npy(&d.path("q.npy"), &f32_tensor(vec![2, 5, 3], 1)).unwrap();
+    io::write_npy(&d.path("k.npy"), &f32_tensor(vec![2, 4, 3], 1)).unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.npy", "--input", "k=k.npy", "--random-inputs"]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+}
+
+#[test]
+fn unwritable_output_is_a_file_error() {
+    let d = Dir::new();
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--output", "out=no/such/dir/out.npy"]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("cannot write the file"), "{}", stderr(&o));
+    std::fs::write(d.path("plain"), b"").unwrap();
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--out-dir", "plain"]);
+    assert_eq!(code(&o), 3);
+}
+
+#[test]
+fn unavailable_target() {
+    let d = Dir::new();
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--target", "cuda"]);
+    assert_eq!(code(&o), 5);
+    assert!(stderr(&o).contains("not built yet"), "{}", stderr(&o));
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--target", "tpu"]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn build_emits_the_library_text() {
+    let d = Dir::new();
+    let o = d.attnc(&["build", "prog.attn", "--emit", "ir"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim_end(), emit(SRC, Stage::Ir).unwrap().trim_end());
+    let o = d.attnc(&["build", "prog.attn", "--emit", "ast", "-o", "ast.txt"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(d.path("ast.txt")).unwrap(), emit(SRC, Stage::Ast).unwrap());
+    let o = d.attnc(&["build", "prog.attn", "--emit", "dot", "--entry", "scale"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("digraph"), "{}", stdout(&o));
+    let o = d.attnc(&["build", "bad.attn"]);
+    assert_eq!(code(&o), 1);
+    let o = d.attnc(&["build", "prog.attn", "--emit", "clif"]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn help_everywhere_lists_exit_codes() {
+    let d = Dir::new();
+    for args in [&["--help"][..], &["check", "--help"], &["build", "--help"], &["run", "--help"]] {
+        let o = d.attnc(args);
+        assert_eq!(code(&o), 0, "{args:?}");
+        assert!(stdout(&o).contains("Exit codes:"), "{args:?}: {}", stdout(&o));
+    }
+    let o = d.attnc(&["run", "--help"]);
+    assert!(stdout(&o).contains("8 for every other dim"), "{}", stdout(&o));
+    let o = d.attnc(&["frobnicate"]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn bool_and_f16_outputs_are_written() {
+    let d = Dir::new();
+    std::fs::write(d.path("cmp.attn"), "fn cmp(x: f32[N]) -> (m: bool[N], h: f16[N]) {\n  return x > 0, cast(x, f16)\n}\n").unwrap();
+    io::write_npy(&d.path("x.npy"), &Tensor::f32(vec![3], vec![-1.0, 0.5, 2.0]).unwrap()).unwrap();
+    let o = d.attnc(&["run", "cmp.attn", "--input", "x.npy", "--out-dir", "o"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let m = io::read_npy(&d.path("o/m.npy")).unwrap();
+    assert_eq!(io::convert("m", m, DType::Bool).unwrap().data, TensorData::Bool(vec![false, true, true]));
+    let h = io::read_npy(&d.path("o/h.npy")).unwrap();
+    assert_eq!(h.dtype, FileDType::F16);
+}
