@@ -37,3 +37,22 @@ pub fn max_rel_error(actual: &[f64], expected: &[f64], floor: f64) -> f64 {
         .map(|(a, b)| if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() / b.abs().max(floor) })
         .fold(0.0, f64::max)
 }
+
+/// Tolerance for comparing two f32 computations of the same program in different orders (fused
+/// against unfused, a backend against the interpreter): normwise relative error, see
+/// [`normwise_error`].
+pub const F32_TOLERANCE: f64 = 1e-4;
+
+/// `max |a - b| / max |b|`: the error relative to the output's magnitude. Element-wise relative
+/// error is meaningless for outputs near zero (a weighted sum of random values), which is where
+/// f32 results computed in different orders differ most in relative terms.
+pub fn normwise_error(actual: &[f64], expected: &[f64]) -> f64 {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = actual
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() })
+        .fold(0.0f64, f64::max);
+    if diff == 0.0 { 0.0 } else { diff / scale.max(f64::MIN_POSITIVE) }
+}

@@ -5,6 +5,7 @@
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod opt;
 pub mod tensor;
 
 pub use attn_dsl::Diagnostic;
@@ -36,6 +37,9 @@ pub enum Stage {
     Ast,
     /// The graph IR of every function, before optimisation.
     Ir,
+    /// The optimised graph IR (flash ops fused), with each flash op's block classification as
+    /// comments.
+    Opt,
 }
 
 /// The canonical text of one stage for a program: what `attnc build --emit` prints, and what
@@ -45,5 +49,13 @@ pub fn emit(source: &str, stage: Stage) -> Result<String, Vec<Diagnostic>> {
     Ok(match stage {
         Stage::Ast => compiled.ast.to_string(),
         Stage::Ir => compiled.module.to_string(),
+        Stage::Opt => opt::optimized_text(&compiled.module).0,
     })
+}
+
+/// What the optimizer did to a program and why: rules fired, fusions made or refused (with the
+/// reason), cost-model decisions. The text `attnc explain` prints.
+pub fn explain(source: &str) -> Result<String, Vec<Diagnostic>> {
+    let compiled = compile(source)?;
+    Ok(opt::explain_text(&compiled.module))
 }

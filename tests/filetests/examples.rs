@@ -7,7 +7,7 @@ use attn_runtime::{Program, RunOptions, Target};
 use attn_tests::{attn_files, checks, repo_root};
 use std::collections::HashMap;
 
-const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "roundtrip", "run"];
+const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "opt", "explain", "roundtrip", "run", "opt-numerics"];
 
 #[test]
 fn examples() {
@@ -26,6 +26,15 @@ fn examples() {
                         Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
                     }
                 }
+                "opt" => match emit(&source, Stage::Opt) {
+                    Ok(text) => snaps.check(path, "opt", &text),
+                    Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
+                },
+                "explain" => match attn_compiler::explain(&source) {
+                    Ok(text) => snaps.check(path, "explain", &text),
+                    Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
+                },
+                "opt-numerics" => crate::optimizer::original_matches_optimized(&source, &name, &mut snaps),
                 "roundtrip" => roundtrip(&source, &name, &mut snaps),
                 "run" => run_interp(&source, &name, &mut snaps),
                 other => snaps.fail(format!("{name}: unknown check `{other}`")),
@@ -41,14 +50,17 @@ fn roundtrip(source: &str, name: &str, snaps: &mut Snapshots) {
     if let Err(errors) = verify_module(&compiled.module) {
         snaps.fail(format!("{name}: verifier: {errors:?}"));
     }
-    let text = compiled.module.to_string();
-    match text.parse::<Module>() {
-        Ok(back) => {
-            if back.to_string() != text {
-                snaps.fail(format!("{name}: IR text does not round-trip"));
+    let (optimized, _) = attn_compiler::opt::optimize_module(&compiled.module);
+    for (stage, module) in [("IR", &compiled.module), ("optimised IR", &optimized)] {
+        let text = module.to_string();
+        match text.parse::<Module>() {
+            Ok(back) => {
+                if back.to_string() != text {
+                    snaps.fail(format!("{name}: {stage} text does not round-trip"));
+                }
             }
+            Err(e) => snaps.fail(format!("{name}: {stage} text does not parse back: {e}")),
         }
-        Err(e) => snaps.fail(format!("{name}: IR text does not parse back: {e}")),
     }
 }
 

@@ -4,6 +4,8 @@
 //!   IR text round trip, verifier, and a run through the reference interpreter;
 //! - `diagnostics`: every `tests/cases/errors/*.attn` — the rendered diagnostics as snapshots;
 //! - `numerics`: the interpreter against values derived by hand;
+//! - `optimizer`: optimised graphs agree with the originals, at odd sizes and on random
+//!   score-modification and mask chains;
 //! - `robustness`: random bytes and token soups never panic the front end.
 //!
 //! Bless new snapshots with `cargo insta review` (or `INSTA_UPDATE=always cargo test`).
@@ -11,5 +13,6 @@
 mod diagnostics;
 mod examples;
 mod numerics;
+mod optimizer;
 mod robustness;
 mod snapshot;

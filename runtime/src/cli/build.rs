@@ -29,6 +29,9 @@ pub enum Emit {
     Ast,
     /// The graph IR in its canonical text form (every function, or the --entry one).
     Ir,
+    /// The optimised IR (softmax/matmul chains fused into flash ops), with each flash op's
+    /// block classification as comments.
+    Opt,
     /// One function's IR graph in Graphviz dot format.
     Dot,
 }
@@ -59,6 +62,14 @@ fn emit(program: &Program, kind: Emit, entry: Option<&str>) -> Result<String, Fa
         Emit::Ir => match entry {
             Some(name) => graph(name)?.to_string(),
             None => program.module().to_string(),
+        },
+        Emit::Opt => match entry {
+            Some(name) => {
+                let g = graph(name)?;
+                let o = attn_compiler::opt::optimize(g, &attn_compiler::opt::OptOptions::default());
+                format!("{}\n{}", o.graph, attn_compiler::opt::block_summary(&o.graph))
+            }
+            None => attn_compiler::opt::optimized_text(program.module()).0,
         },
         Emit::Dot => {
             let name = match entry {

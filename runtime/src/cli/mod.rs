@@ -108,6 +108,10 @@ pub enum Command {
     /// Compile a program and print (or write) one of its intermediate forms.
     #[command(after_help = EXIT_CODES)]
     Build(build::BuildArgs),
+    /// Explain what the optimizer does to a program: rules fired, attention fused or not and why,
+    /// cost-model choices.
+    #[command(after_help = EXIT_CODES)]
+    Explain(CheckArgs),
     /// Run an entry point on inputs from files or on seeded random inputs.
     #[command(long_about = run::LONG_ABOUT, after_help = EXIT_CODES)]
     Run(run::RunArgs),
@@ -127,6 +131,7 @@ pub fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Check(args) => check(args, color),
         Command::Build(args) => build::build(args, color),
+        Command::Explain(args) => explain(args, color),
         Command::Run(args) => run::run(args, color),
     };
     match result {
@@ -142,6 +147,12 @@ fn check(args: &CheckArgs, color: bool) -> Result<(), Failure> {
     let program = load(&args.file, color)?;
     let n = program.entries().len();
     print_line(&format!("ok: {n} function{}", if n == 1 { "" } else { "s" }));
+    Ok(())
+}
+
+fn explain(args: &CheckArgs, color: bool) -> Result<(), Failure> {
+    let program = load(&args.file, color)?;
+    print_line(attn_compiler::opt::explain_text(program.module()).trim_end_matches('\n'));
     Ok(())
 }
 

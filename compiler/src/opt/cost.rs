@@ -1,0 +1,98 @@
+//! The cost model: FLOPs plus bytes moved, with symbolic dims evaluated at representative
+//! sizes. A flash op moves O(S·D) bytes (no score matrix); the unfused chain moves O(S²).
+//!
+//! Representative sizes, unless the caller gives real ones: dims named like sequence lengths
+//! (first letter S, N, M, T or L) are 1024, batch-like `B` 2, head counts `H`/`G` 8, everything
+//! else (head widths, feature sizes, prefixes) 64. Only the ordering of costs matters.
+
+use super::lang::{EG, ENode};
+use crate::ir::{BinaryOp, Dim, Op, ScoreExpr, TensorType, infer};
+use egg::{CostFunction, Id};
+use std::collections::HashMap;
+
+/// Bytes per element moved (f32), and how many FLOPs one byte is worth.
+const BYTES: f64 = 4.0;
+const FLOPS_PER_BYTE: f64 = 1.0;
+
+/// Representative size of a dim name.
+pub fn representative(name: &str) -> i64 {
+    match name.chars().next() {
+        Some('S' | 'N' | 'M' | 'T' | 'L') => 1024,
+        Some('B') => 2,
+        Some('H' | 'G') => 8,
+        _ => 64,
+    }
+}
+
+/// The cost function handed to egg's extractor.
+pub struct Cost<'a> {
+    /// The e-graph (for operand types).
+    pub eg: &'a EG,
+    /// Dim sizes to evaluate shapes at.
+    pub env: HashMap<String, i64>,
+}
+
+impl Cost<'_> {
+    fn elems(&self, shape: &[Dim]) -> f64 {
+        shape.iter().map(|d| d.eval(&self.env).unwrap_or(64).max(0) as f64).product()
+    }
+
+    /// The node's own cost (without its operands).
+    pub fn own(&self, n: &ENode) -> f64 {
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_ref()).collect();
+        let Some(tys) = tys else { return f64::INFINITY };
+        let Ok(out) = infer(&n.op, &tys, n.ty.as_ref()) else { return f64::INFINITY };
+        let out_elems = self.elems(&out.shape);
+        let moved = |extra: f64| (out_elems + extra) * BYTES * FLOPS_PER_BYTE;
+        let ins: f64 = tys.iter().map(|t| self.elems(&t.shape)).sum();
+        match &n.op {
+            Op::Param(_) | Op::Const(_) | Op::DimValue(_) => 0.0,
+            Op::Iota { .. } | Op::Reshape => 1.0,
+            // A strided view for the backends, but not free: folding transposes must pay.
+            Op::Transpose { .. } => 1.0 + out_elems * 0.25,
+            // Division is several times slower than multiplication on every target.
+            Op::Binary(BinaryOp::Div | BinaryOp::Rem) => 4.0 * out_elems + moved(ins),
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Gather | Op::Slice { .. } | Op::Concat { .. } => {
+                out_elems + moved(ins)
+            }
+            Op::MatMul => {
+                let k = tys[0].shape.last().map_or(1.0, |d| self.elems(std::slice::from_ref(d)));
+                2.0 * out_elems * k + moved(ins)
+            }
+            Op::Reduce { .. } | Op::Softmax { .. } => 5.0 * ins + moved(ins),
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
+            Op::Flash(spec) => {
+                let q = &tys[0].shape;
+                let r = q.len();
+                let n_keys = self.elems(&tys[1].shape[r - 2..r - 1]);
+                let width = self.elems(&q[r - 1..]);
+                let rows = self.elems(&q[..r - 1]);
+                let per_score = expr_ops(&spec.score) + spec.mask.as_ref().map_or(0.0, expr_ops);
+                4.0 * rows * n_keys * width + rows * n_keys * (per_score + 4.0) + moved(ins)
+            }
+        }
+    }
+}
+
+/// Operation count of a score expression.
+fn expr_ops(e: &ScoreExpr) -> f64 {
+    let mut n = 0.0;
+    e.visit(&mut |s| {
+        if matches!(s, ScoreExpr::Unary(..) | ScoreExpr::Binary(..) | ScoreExpr::Select(..) | ScoreExpr::Load { .. }) {
+            n += 1.0;
+        }
+    });
+    n
+}
+
+impl CostFunction<ENode> for Cost<'_> {
+    type Cost = f64;
+
+    fn cost<C>(&mut self, enode: &ENode, mut costs: C) -> f64
+    where
+        C: FnMut(Id) -> f64,
+    {
+        let own = self.own(enode);
+        enode.args().iter().fold(own, |acc, c| acc + costs(*c))
+    }
+}

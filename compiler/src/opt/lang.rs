@@ -1,0 +1,207 @@
+//! The e-graph language: one e-node per IR op, and an analysis carrying each class's type.
+//!
+//! An [`ENode`] is an [`Op`] plus, for ops whose result the operands do not determine (param,
+//! const, reshape, cast, iota), the result type. Identity is the op's canonical text plus its
+//! children, so two nodes are equal exactly when they print alike.
+
+use crate::ir::{Graph, Op, TensorType, Value, infer};
+use egg::{Analysis, DidMerge, EGraph, Id, Language};
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// One e-node.
+#[derive(Clone, Debug)]
+pub struct ENode {
+    /// The operation.
+    pub op: Op,
+    /// The declared result type, for ops that carry one.
+    pub ty: Option<TensorType>,
+    key: Arc<str>,
+    children: Vec<Id>,
+}
+
+impl ENode {
+    /// A node; `ty` is kept only for ops whose result type the operands do not determine.
+    pub fn new(op: Op, ty: Option<TensorType>, children: Vec<Id>) -> ENode {
+        let ty = if carries_type(&op) { ty } else { None };
+        let mut key = op.name().to_string();
+        let attrs = op.attrs();
+        if !attrs.is_empty() {
+            let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            key.push_str(&format!("[{}]", parts.join(", ")));
+        }
+        if let Some(t) = &ty {
+            key.push_str(&format!(" : {t}"));
+        }
+        ENode { op, ty, key: key.into(), children }
+    }
+
+    /// The operand classes.
+    pub fn args(&self) -> &[Id] {
+        &self.children
+    }
+}
+
+/// Ops whose result type is part of their identity.
+fn carries_type(op: &Op) -> bool {
+    matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. })
+}
+
+impl PartialEq for ENode {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key && self.children == other.children
+    }
+}
+
+impl Eq for ENode {}
+
+impl Hash for ENode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+        self.children.hash(state);
+    }
+}
+
+impl PartialOrd for ENode {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ENode {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (&self.key, &self.children).cmp(&(&other.key, &other.children))
+    }
+}
+
+impl fmt::Display for ENode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key)
+    }
+}
+
+impl Language for ENode {
+    type Discriminant = Arc<str>;
+
+    fn discriminant(&self) -> Self::Discriminant {
+        self.key.clone()
+    }
+
+    fn matches(&self, other: &Self) -> bool {
+        self.key == other.key && self.children.len() == other.children.len()
+    }
+
+    fn children(&self) -> &[Id] {
+        &self.children
+    }
+
+    fn children_mut(&mut self) -> &mut [Id] {
+        &mut self.children
+    }
+}
+
+/// What is known about a class: its type, and its value when it is a scalar constant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Facts {
+    /// Result type (`None` only if a rule built an ill-typed node, which rules avoid).
+    pub ty: Option<TensorType>,
+    /// The constant value of a scalar constant class.
+    pub konst: Option<f64>,
+}
+
+/// The e-graph analysis: types via [`infer`], and scalar constants.
+#[derive(Clone, Debug, Default)]
+pub struct Types;
+
+/// The e-graph type used by the optimizer.
+pub type EG = EGraph<ENode, Types>;
+
+impl Analysis<ENode> for Types {
+    type Data = Facts;
+
+    fn make(egraph: &mut EG, enode: &ENode, _id: Id) -> Facts {
+        let tys: Option<Vec<&TensorType>> = enode.children.iter().map(|c| egraph[*c].data.ty.as_ref()).collect();
+        let ty = tys.and_then(|tys| infer(&enode.op, &tys, enode.ty.as_ref()).ok());
+        let konst = match &enode.op {
+            Op::Const(v) => Some(*v),
+            _ => None,
+        };
+        Facts { ty, konst }
+    }
+
+    fn merge(&mut self, a: &mut Facts, b: Facts) -> DidMerge {
+        let mut changed_a = false;
+        if a.ty.is_none() && b.ty.is_some() {
+            a.ty = b.ty.clone();
+            changed_a = true;
+        }
+        if a.konst.is_none() && b.konst.is_some() {
+            a.konst = b.konst;
+            changed_a = true;
+        }
+        DidMerge(changed_a, a.ty != b.ty || a.konst != b.konst)
+    }
+}
+
+/// A graph loaded into an e-graph.
+pub struct Loaded {
+    /// The e-graph.
+    pub egraph: EG,
+    /// Class of every graph value (indexed by `Value::index()`).
+    pub class_of: Vec<Id>,
+}
+
+/// Adds every node of `graph` to a fresh e-graph.
+pub fn load(graph: &Graph) -> Loaded {
+    let mut egraph = EG::default();
+    let mut class_of = vec![Id::from(0usize); graph.len()];
+    for v in graph.topo_order().unwrap_or_default() {
+        let node = graph.node(v);
+        let children = graph.operands(v).iter().map(|a| class_of[a.index()]).collect();
+        class_of[v.index()] = egraph.add(ENode::new(node.op.clone(), Some(node.ty.clone()), children));
+    }
+    egraph.rebuild();
+    Loaded { egraph, class_of }
+}
+
+/// Rebuilds a graph from an e-graph: `choose` picks the e-node to use for a class. Parameters
+/// come first in their original order; `outputs` name the classes to return.
+pub fn unload(name: &str, egraph: &EG, params: &[Id], outputs: &[(String, Id)], choose: &dyn Fn(Id) -> ENode) -> Result<Graph, String> {
+    let mut g = Graph::new(name);
+    let mut built: HashMap<Id, Value> = HashMap::new();
+    for p in params {
+        build(egraph, egraph.find(*p), choose, &mut g, &mut built, 0)?;
+    }
+    for (out, id) in outputs {
+        let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built, 0)?;
+        g.add_output(out.clone(), v);
+    }
+    Ok(g)
+}
+
+fn build(
+    egraph: &EG,
+    class: Id,
+    choose: &dyn Fn(Id) -> ENode,
+    g: &mut Graph,
+    built: &mut HashMap<Id, Value>,
+    depth: usize,
+) -> Result<Value, String> {
+    if let Some(v) = built.get(&class) {
+        return Ok(*v);
+    }
+    if depth > 10_000 {
+        return Err("extracted graph is too deep".into());
+    }
+    let node = choose(class);
+    let mut args = Vec::new();
+    for c in node.args() {
+        args.push(build(egraph, egraph.find(*c), choose, g, built, depth + 1)?);
+    }
+    let ty = egraph[class].data.ty.clone().ok_or_else(|| format!("class {class} has no type"))?;
+    let v = g.add(node.op.clone(), ty, &args);
+    built.insert(class, v);
+    Ok(v)
+}

@@ -1,0 +1,342 @@
+//! The optimizer: equality saturation over the graph IR with egg.
+//!
+//! A graph is loaded into an e-graph ([`lang`]), rewritten by named rules ([`rules`]: layout,
+//! algebra, association, flash fusion) under iteration, node and time limits, and extracted
+//! with a cost model ([`cost`]) back into a verified graph. A run that hits a limit still yields
+//! a valid graph; a result that fails verification falls back to the input (and says so).
+//! [`OptReport`] records what happened for `attnc explain`.
+
+pub mod cost;
+pub mod lang;
+pub mod rules;
+mod show;
+
+pub use show::{block_summary, explain_text, optimized_text};
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+use crate::ir::{Graph, Module, Op, verify};
+use cost::{Cost, representative};
+use egg::{Extractor, Id, Runner, SimpleScheduler};
+use lang::{EG, ENode, load, unload};
+use rules::fusion::FuseAttention;
+use rules::{Rule, to_rewrite};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Limits and sizes for one optimisation.
+#[derive(Clone, Debug)]
+pub struct OptOptions {
+    /// Maximum saturation iterations.
+    pub iter_limit: usize,
+    /// Maximum e-nodes.
+    pub node_limit: usize,
+    /// Wall-clock limit (a safety net; the node and iteration limits keep runs deterministic).
+    pub time_limit: Duration,
+    /// Dim sizes for the cost model; names not given use [`representative`] sizes.
+    pub sizes: HashMap<String, i64>,
+}
+
+impl Default for OptOptions {
+    fn default() -> Self {
+        OptOptions { iter_limit: 12, node_limit: 20_000, time_limit: Duration::from_secs(2), sizes: HashMap::new() }
+    }
+}
+
+/// What happened to one `weights @ v` site of the input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusionNote {
+    /// `%N` of the softmax (or sigmoid) in the input graph's text.
+    pub weights: usize,
+    /// The flash op's text when fused, or why not.
+    pub outcome: Result<String, String>,
+}
+
+/// What the optimizer did to one graph.
+#[derive(Clone, Debug, Default)]
+pub struct OptReport {
+    /// The graph's name.
+    pub graph: String,
+    /// Saturation iterations run.
+    pub iterations: usize,
+    /// Why saturation stopped (`saturated`, or the limit hit).
+    pub stop_reason: String,
+    /// E-graph size at the end.
+    pub egraph_nodes: usize,
+    /// E-classes at the end.
+    pub egraph_classes: usize,
+    /// Rule name → times it applied.
+    pub applied: BTreeMap<String, usize>,
+    /// One note per attention site.
+    pub fusions: Vec<FusionNote>,
+    /// Cost-model decisions worth telling (association choices).
+    pub decisions: Vec<String>,
+    /// Cost of the input and of the result, at the model's sizes.
+    pub cost: (f64, f64),
+    /// Set when the result failed verification and the input was kept.
+    pub fallback: Option<String>,
+    /// Wall time of the whole optimisation.
+    pub elapsed: Duration,
+}
+
+/// An optimised graph and its report.
+#[derive(Clone, Debug)]
+pub struct Optimized {
+    /// The result (verified).
+    pub graph: Graph,
+    /// What happened.
+    pub report: OptReport,
+}
+
+/// Optimises every graph of a module with default options.
+pub fn optimize_module(module: &Module) -> (Module, Vec<OptReport>) {
+    let mut out = Module::default();
+    let mut reports = Vec::new();
+    for g in &module.graphs {
+        let o = optimize(g, &OptOptions::default());
+        out.graphs.push(o.graph);
+        reports.push(o.report);
+    }
+    (out, reports)
+}
+
+/// The rules, in the order they are tried.
+pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
+    vec![
+        Arc::new(rules::layout::TransposeFold),
+        Arc::new(rules::layout::ReshapeFold),
+        Arc::new(rules::algebra::FoldConstants),
+        Arc::new(rules::algebra::Identities),
+        Arc::new(rules::algebra::DivToMul),
+        Arc::new(rules::algebra::ScaleIntoQuery),
+        Arc::new(rules::assoc::MatMulAssoc),
+        Arc::new(FuseAttention { pinned }),
+    ]
+}
+
+/// Optimises one graph.
+pub fn optimize(graph: &Graph, opts: &OptOptions) -> Optimized {
+    let start = Instant::now();
+    let loaded = load(graph);
+    let pinned = pinned_weights(graph, &loaded.class_of);
+    let rules = all_rules(pinned.clone());
+    optimize_with_rules(graph, opts, loaded, pinned, &rules, start)
+}
+
+/// Optimises with a given rule set (tests use single rules).
+pub(crate) fn optimize_with_rules(
+    graph: &Graph,
+    opts: &OptOptions,
+    loaded: lang::Loaded,
+    pinned: HashSet<Id>,
+    rules: &[Arc<dyn Rule>],
+    start: Instant,
+) -> Optimized {
+    let mut report = OptReport { graph: graph.name.clone(), ..OptReport::default() };
+    let rewrites: Vec<_> = rules.iter().filter_map(|r| to_rewrite(r.clone()).ok()).collect();
+    let class_of = loaded.class_of;
+    let runner = Runner::default()
+        .with_scheduler(SimpleScheduler)
+        .with_iter_limit(opts.iter_limit)
+        .with_node_limit(opts.node_limit)
+        .with_time_limit(opts.time_limit)
+        .with_egraph(loaded.egraph)
+        .run(&rewrites);
+    report.iterations = runner.iterations.len();
+    report.stop_reason = match &runner.stop_reason {
+        Some(egg::StopReason::Saturated) => "saturated".into(),
+        Some(egg::StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
+        Some(egg::StopReason::NodeLimit(n)) => format!("node limit ({n})"),
+        Some(egg::StopReason::TimeLimit(s)) => format!("time limit ({s} s)"),
+        Some(egg::StopReason::Other(s)) => s.clone(),
+        None => "not run".into(),
+    };
+    for it in &runner.iterations {
+        for (name, n) in &it.applied {
+            *report.applied.entry(name.to_string()).or_insert(0) += n;
+        }
+    }
+    let eg = &runner.egraph;
+    report.egraph_nodes = eg.total_number_of_nodes();
+    report.egraph_classes = eg.number_of_classes();
+
+    let mut env: HashMap<String, i64> = HashMap::new();
+    for v in graph.values() {
+        for d in &graph.node(v).ty.shape {
+            for s in d.symbols() {
+                let size = opts.sizes.get(&s).copied().unwrap_or_else(|| representative(&s));
+                env.insert(s, size);
+            }
+        }
+    }
+    let extractor = Extractor::new(eg, Cost { eg, env: env.clone() });
+    let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
+    let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
+    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c).clone()).map(|g| g.compact());
+    let optimized = match result {
+        Ok(g) => match verify(&g) {
+            Ok(()) if same_signature(graph, &g) => g,
+            Ok(()) => fallback(&mut report, graph, "the result changed the signature".into()),
+            Err(errors) => fallback(&mut report, graph, format!("the result failed verification: {}", errors[0])),
+        },
+        Err(e) => fallback(&mut report, graph, e),
+    };
+    let cost = Cost { eg, env };
+    report.cost = (tree_cost(&cost, graph), tree_cost_of_extraction(&cost, &extractor, eg, &outputs));
+    let fuse = FuseAttention { pinned };
+    report.fusions = attention_sites(graph)
+        .into_iter()
+        .map(|(w, mm)| {
+            let class = eg.find(class_of[mm.index()]);
+            let chosen = extractor.find_best_node(class);
+            let outcome = if let Op::Flash(_) = &chosen.op {
+                Ok(format!("{}", chosen))
+            } else {
+                let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
+                Err(reasons.into_iter().next().unwrap_or_else(|| "the cost model kept the unfused form".into()))
+            };
+            FusionNote { weights: crate::ir::value_numbers(graph)[w.index()], outcome }
+        })
+        .collect();
+    report.decisions = association_decisions(graph, eg, &class_of, &extractor);
+    report.elapsed = start.elapsed();
+    Optimized { graph: optimized, report }
+}
+
+fn fallback(report: &mut OptReport, graph: &Graph, why: String) -> Graph {
+    report.fallback = Some(why);
+    graph.clone()
+}
+
+fn same_signature(a: &Graph, b: &Graph) -> bool {
+    let sig = |g: &Graph| -> Vec<String> {
+        g.params().iter().chain(g.outputs().iter().map(|(_, v)| v)).map(|v| g.node(*v).ty.to_string()).collect()
+    };
+    sig(a) == sig(b) && a.outputs().iter().map(|(n, _)| n).eq(b.outputs().iter().map(|(n, _)| n))
+}
+
+/// Softmax/sigmoid weights whose value other nodes or outputs need, as e-classes.
+fn pinned_weights(graph: &Graph, class_of: &[Id]) -> HashSet<Id> {
+    let outputs: HashSet<_> = graph.outputs().iter().map(|(_, v)| *v).collect();
+    graph
+        .values()
+        .filter(|v| is_weights(&graph.node(*v).op))
+        .filter(|v| {
+            let users = graph.users(*v);
+            outputs.contains(v)
+                || users.len() != 1
+                || users.iter().any(|u| !matches!(graph.node(*u).op, Op::MatMul) || graph.operands(*u)[0] != *v)
+        })
+        .map(|v| class_of[v.index()])
+        .collect()
+}
+
+fn is_weights(op: &Op) -> bool {
+    matches!(op, Op::Softmax { .. } | Op::Unary(crate::ir::UnaryOp::Sigmoid))
+}
+
+/// `(weights, matmul)` pairs: every `weights @ v` of the input. Sigmoids count only when their
+/// operand comes from a matmul chain (sigmoid attention), not e.g. a gate.
+fn attention_sites(graph: &Graph) -> Vec<(crate::ir::Value, crate::ir::Value)> {
+    let mut out = Vec::new();
+    for v in graph.topo_order().unwrap_or_default() {
+        if !matches!(graph.node(v).op, Op::MatMul) {
+            continue;
+        }
+        let w = graph.operands(v)[0];
+        match graph.node(w).op {
+            Op::Softmax { .. } => out.push((w, v)),
+            Op::Unary(crate::ir::UnaryOp::Sigmoid) if graph.node(w).ty.rank() >= 2 => out.push((w, v)),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn tree_cost(cost: &Cost<'_>, graph: &Graph) -> f64 {
+    let l = load(graph);
+    let c = Cost { eg: &l.egraph, env: cost.env.clone() };
+    graph.values().map(|v| l.egraph[l.class_of[v.index()]].nodes.first().map_or(0.0, |n| c.own(n))).sum()
+}
+
+fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extractor<'_, Cost<'_>, ENode, lang::Types>, eg: &EG, outputs: &[(String, Id)]) -> f64 {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<Id> = outputs.iter().map(|(_, c)| eg.find(*c)).collect();
+    let mut total = 0.0;
+    while let Some(c) = stack.pop() {
+        if seen.insert(c) {
+            let n = ex.find_best_node(c);
+            total += cost.own(n);
+            stack.extend(n.args().iter().map(|a| eg.find(*a)));
+        }
+    }
+    total
+}
+
+/// For every matmul of the input with a matmul operand: which grouping was kept, with costs.
+fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extractor<'_, Cost<'_>, ENode, lang::Types>) -> Vec<String> {
+    let numbers = crate::ir::value_numbers(graph);
+    let mut out = Vec::new();
+    for v in graph.topo_order().unwrap_or_default() {
+        if !matches!(graph.node(v).op, Op::MatMul) {
+            continue;
+        }
+        let ops = graph.operands(v);
+        let chain = ops.iter().any(|o| matches!(graph.node(*o).op, Op::MatMul));
+        if !chain {
+            continue;
+        }
+        let class = eg.find(class_of[v.index()]);
+        let alternatives: Vec<&ENode> = eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)).collect();
+        if alternatives.len() < 2 {
+            continue;
+        }
+        let chosen = ex.find_best_node(class);
+        let describe = |n: &ENode| {
+            let left_is_product = eg[n.args()[0]].nodes.iter().any(|m| matches!(m.op, Op::MatMul));
+            if left_is_product { "(a @ b) @ c" } else { "a @ (b @ c)" }
+        };
+        let cost_of = |n: &ENode| ex.find_best_cost(eg.find(n.args()[0])) + ex.find_best_cost(eg.find(n.args()[1]));
+        let mut options: Vec<String> = alternatives
+            .iter()
+            .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost { eg, env: HashMap::new() }.own(n)))
+            .collect();
+        options.dedup();
+        out.push(format!("matmul %{}: kept {} ({})", numbers[v.index()], describe(chosen), options.join(", ")));
+    }
+    out
+}
+
+impl fmt::Display for OptReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "graph {}:", self.graph)?;
+        writeln!(
+            f,
+            "  e-graph: {} iterations, stopped: {}; {} nodes in {} classes",
+            self.iterations, self.stop_reason, self.egraph_nodes, self.egraph_classes
+        )?;
+        if self.applied.is_empty() {
+            writeln!(f, "  rules fired: none")?;
+        } else {
+            let fired: Vec<String> = self.applied.iter().map(|(r, n)| format!("{r} ×{n}")).collect();
+            writeln!(f, "  rules fired: {}", fired.join(", "))?;
+        }
+        for note in &self.fusions {
+            match &note.outcome {
+                Ok(flash) => writeln!(f, "  weights %{}: fused into {}", note.weights, flash)?,
+                Err(why) => writeln!(f, "  weights %{}: not fused: {}", note.weights, why)?,
+            }
+        }
+        for d in &self.decisions {
+            writeln!(f, "  {d}")?;
+        }
+        writeln!(f, "  cost (model units): {:.3e} before, {:.3e} after", self.cost.0, self.cost.1)?;
+        if let Some(why) = &self.fallback {
+            writeln!(f, "  kept the input graph: {why}")?;
+        }
+        Ok(())
+    }
+}

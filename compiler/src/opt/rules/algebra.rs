@@ -1,0 +1,210 @@
+//! Scalar algebra: constant folding, identities, and moving a scalar scale from the scores into
+//! the queries.
+
+use super::{Build, EG, Rule, konst, nodes_where, ty};
+use crate::ir::{BinaryOp, DType, Op, TensorType, UnaryOp};
+use egg::Id;
+
+/// `op(c1, c2) = c` for scalar constants (`0.5 * 2 = 1`, `sqrt(64) = 8`).
+#[derive(Clone)]
+pub struct FoldConstants;
+
+impl Rule for FoldConstants {
+    fn name(&self) -> &'static str {
+        "algebra/fold-constants"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let Some(t) = ty(eg, class) else { return vec![] };
+        if t.rank() != 0 || konst(eg, class).is_some() {
+            return vec![];
+        }
+        for n in eg[class].nodes.iter() {
+            let vals: Option<Vec<f64>> = n.args().iter().map(|a| konst(eg, *a)).collect();
+            let Some(vals) = vals else { continue };
+            let v = match (&n.op, vals.as_slice()) {
+                (Op::Unary(u), [x]) => crate::ir::scalar_unary(*u, *x),
+                (Op::Binary(b), [x, y]) => crate::ir::scalar_binary(*b, *x, *y),
+                (Op::Cast, [x]) => *x,
+                _ => continue,
+            };
+            let v = t.dtype.round(v);
+            return vec![Build::Node(Op::Const(v), Some(TensorType::scalar(t.dtype)), vec![])];
+        }
+        vec![]
+    }
+}
+
+/// `x * 1 = x`, `x / 1 = x`, `x + 0 = x`, `x - 0 = x` (when the result has `x`'s type).
+#[derive(Clone)]
+pub struct Identities;
+
+impl Rule for Identities {
+    fn name(&self) -> &'static str {
+        "algebra/identities"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let mut out = Vec::new();
+        let t = ty(eg, class);
+        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(_))) {
+            let Op::Binary(b) = n.op else { continue };
+            let (x, y) = (n.args()[0], n.args()[1]);
+            let keep = |v: Id, other: Id, unit: f64| konst(eg, other) == Some(unit) && ty(eg, v) == t;
+            match b {
+                BinaryOp::Mul if keep(x, y, 1.0) => out.push(Build::Class(x)),
+                BinaryOp::Mul if keep(y, x, 1.0) => out.push(Build::Class(y)),
+                BinaryOp::Div if keep(x, y, 1.0) => out.push(Build::Class(x)),
+                BinaryOp::Add if keep(x, y, 0.0) => out.push(Build::Class(x)),
+                BinaryOp::Add if keep(y, x, 0.0) => out.push(Build::Class(y)),
+                BinaryOp::Sub if keep(x, y, 0.0) => out.push(Build::Class(x)),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// `x / c = x * (1/c)` for a scalar constant `c`, and `x / sqrt(y) = x * rsqrt(y)` for a
+/// scalar `y`: a multiply is what the score modification and the backends want.
+#[derive(Clone)]
+pub struct DivToMul;
+
+impl Rule for DivToMul {
+    fn name(&self) -> &'static str {
+        "algebra/div-to-mul"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let mut out = Vec::new();
+        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(BinaryOp::Div))) {
+            let (x, y) = (n.args()[0], n.args()[1]);
+            let Some(yt) = ty(eg, y) else { continue };
+            if yt.rank() != 0 || !ty(eg, x).is_some_and(|t| t.dtype.is_float()) {
+                continue;
+            }
+            if let Some(c) = konst(eg, y).filter(|c| *c != 0.0 && c.is_finite()) {
+                let inv = Build::Node(Op::Const(1.0 / c), Some(TensorType::scalar(DType::F32)), vec![]);
+                out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), inv]));
+            }
+            for s in nodes_where(eg, y, |op| matches!(op, Op::Unary(UnaryOp::Sqrt))) {
+                let r = Build::op(Op::Unary(UnaryOp::Rsqrt), vec![Build::Class(s.args()[0])]);
+                out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), r]));
+            }
+        }
+        out
+    }
+}
+
+/// `(q @ kt) * c = (q * c) @ kt` for a scalar `c`: scaling the queries costs M·D multiplies
+/// instead of M·N. The cost model decides which form to keep.
+#[derive(Clone)]
+pub struct ScaleIntoQuery;
+
+impl Rule for ScaleIntoQuery {
+    fn name(&self) -> &'static str {
+        "algebra/scale-into-query"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let mut out = Vec::new();
+        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
+            for (m, c) in [(n.args()[0], n.args()[1]), (n.args()[1], n.args()[0])] {
+                if ty(eg, c).is_none_or(|t| t.rank() != 0) {
+                    continue;
+                }
+                for mm in nodes_where(eg, m, |op| matches!(op, Op::MatMul)) {
+                    let scaled = Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(mm.args()[0]), Build::Class(c)]);
+                    out.push(Build::op(Op::MatMul, vec![scaled, Build::Class(mm.args()[1])]));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::opt::tests::check_rule;
+
+    #[test]
+    fn constants_fold() {
+        check_rule(
+            &super::FoldConstants,
+            "graph t {
+               %0 = param[name=x] : f32[N]
+               %1 = const[value=64.0] : f32[]
+               %2 = sqrt %1 : f32[]
+               %3 = div %0, %2 : f32[N]
+               output out = %3
+             }",
+            "graph t {
+  %0 = param[name=x] : f32[N]
+  %1 = const[value=8.0] : f32[]
+  %2 = div %0, %1 : f32[N]
+  output out = %2
+}",
+        );
+    }
+
+    #[test]
+    fn multiply_by_one_is_identity() {
+        check_rule(
+            &super::Identities,
+            "graph t {
+               %0 = param[name=x] : f32[N]
+               %1 = const[value=1.0] : f32[]
+               %2 = mul %0, %1 : f32[N]
+               output out = %2
+             }",
+            "graph t {
+  %0 = param[name=x] : f32[N]
+  output out = %0
+}",
+        );
+    }
+
+    #[test]
+    fn division_by_sqrt_becomes_rsqrt() {
+        check_rule(
+            &super::DivToMul,
+            "graph t {
+               %0 = param[name=x] : f32[N]
+               %1 = dim[value=D] : i32[]
+               %2 = sqrt %1 : f32[]
+               %3 = div %0, %2 : f32[N]
+               output out = %3
+             }",
+            "graph t {
+  %0 = param[name=x] : f32[N]
+  %1 = dim[value=D] : i32[]
+  %2 = rsqrt %1 : f32[]
+  %3 = mul %0, %2 : f32[N]
+  output out = %3
+}",
+        );
+    }
+
+    #[test]
+    fn scale_moves_into_the_query() {
+        check_rule(
+            &super::ScaleIntoQuery,
+            "graph t {
+               %0 = param[name=q] : f32[S, D]
+               %1 = param[name=kt] : f32[D, S]
+               %2 = const[value=0.125] : f32[]
+               %3 = matmul %0, %1 : f32[S, S]
+               %4 = mul %3, %2 : f32[S, S]
+               output out = %4
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=kt] : f32[D, S]
+  %2 = const[value=0.125] : f32[]
+  %3 = mul %0, %2 : f32[S, D]
+  %4 = matmul %3, %1 : f32[S, S]
+  output out = %4
+}",
+        );
+    }
+}

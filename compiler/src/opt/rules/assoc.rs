@@ -1,0 +1,65 @@
+//! Matrix-product re-association, guarded: only chains whose regrouping type-checks, and the
+//! cost model (FLOPs and bytes at representative sizes) picks the grouping. This is what turns
+//! `(φ(Q) φ(K)ᵀ) V` into `φ(Q) (φ(K)ᵀ V)` (no S×S matrix) and chooses between Luong's
+//! `(Q W) Kᵀ` and `Q (W Kᵀ)`.
+
+use super::{Build, EG, Rule, nodes_where};
+use crate::ir::Op;
+use egg::Id;
+
+/// `(a @ b) @ c = a @ (b @ c)` in both directions.
+#[derive(Clone)]
+pub struct MatMulAssoc;
+
+impl Rule for MatMulAssoc {
+    fn name(&self) -> &'static str {
+        "assoc/matmul"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let mut out = Vec::new();
+        for n in nodes_where(eg, class, |op| matches!(op, Op::MatMul)) {
+            let (l, r) = (n.args()[0], n.args()[1]);
+            for inner in nodes_where(eg, l, |op| matches!(op, Op::MatMul)) {
+                let (a, b) = (inner.args()[0], inner.args()[1]);
+                let bc = Build::op(Op::MatMul, vec![Build::Class(b), Build::Class(r)]);
+                out.push(Build::op(Op::MatMul, vec![Build::Class(a), bc]));
+            }
+            for inner in nodes_where(eg, r, |op| matches!(op, Op::MatMul)) {
+                let (b, c) = (inner.args()[0], inner.args()[1]);
+                let ab = Build::op(Op::MatMul, vec![Build::Class(l), Build::Class(b)]);
+                out.push(Build::op(Op::MatMul, vec![ab, Build::Class(c)]));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::opt::tests::check_rule;
+
+    /// With S = 1024 and D = 64 the S×S product costs far more than the D×D one.
+    #[test]
+    fn linear_attention_avoids_the_s_by_s_product() {
+        check_rule(
+            &super::MatMulAssoc,
+            "graph t {
+               %0 = param[name=q] : f32[S, D]
+               %1 = param[name=kt] : f32[D, S]
+               %2 = param[name=v] : f32[S, D]
+               %3 = matmul %0, %1 : f32[S, S]
+               %4 = matmul %3, %2 : f32[S, D]
+               output out = %4
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=kt] : f32[D, S]
+  %2 = param[name=v] : f32[S, D]
+  %3 = matmul %1, %2 : f32[D, D]
+  %4 = matmul %0, %3 : f32[S, D]
+  output out = %4
+}",
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! Flash fusion: `matmul(softmax(F(matmul(q, kᵀ))), v)` becomes one `flash` op.
+//!
+//! `F` is any chain of element-wise ops on the scores whose other operands are scalars, tensors
+//! that broadcast along the score axes, positions (`iota`), dims and gathers from tables. It is
+//! translated into the op's score modification ([`ScoreExpr`]); `where(p, s, -inf)` and
+//! additive `where(p, 0, -inf)` masks become the mask predicate. Other tensors become extra
+//! operands read by index (`x0[h]`), never copied to S×S. `sigmoid` in place of `softmax`
+//! gives the un-normalised sigmoid variant.
+//!
+//! The rule refuses, with a reason `attnc explain` reports, when the weights are needed
+//! elsewhere (an output, another user): fusing would compute the scores twice.
+
+use super::{Build, EG, Rule, konst, ty};
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Op, ScoreExpr, TensorType, UnaryOp, Weights};
+use egg::Id;
+use std::collections::HashSet;
+
+/// The fusion rule. `pinned` are the classes of weights that other nodes or outputs use.
+pub struct FuseAttention {
+    /// Weight classes that must stay materialised.
+    pub pinned: HashSet<Id>,
+}
+
+impl Rule for FuseAttention {
+    fn name(&self) -> &'static str {
+        "fusion/flash-attention"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        self.fuse(eg, class).into_iter().filter_map(Result::ok).collect()
+    }
+}
+
+impl FuseAttention {
+    /// One result per `matmul(weights, v)` node of the class: the fused tree, or why not.
+    pub fn fuse(&self, eg: &EG, class: Id) -> Vec<Result<Build, String>> {
+        let mut out = Vec::new();
+        for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)) {
+            let (p, v) = (n.args()[0], n.args()[1]);
+            for pn in eg[p].nodes.iter() {
+                let weights = match &pn.op {
+                    Op::Softmax { axis } if ty(eg, p).is_some_and(|t| *axis + 1 == t.rank()) => Weights::Softmax,
+                    Op::Softmax { .. } => {
+                        out.push(Err("softmax is not over the key axis (the last one)".into()));
+                        continue;
+                    }
+                    Op::Unary(UnaryOp::Sigmoid) => Weights::Sigmoid,
+                    _ => continue,
+                };
+                if self.pinned.contains(&eg.find(p)) {
+                    out.push(
+                        Err("the attention weights are used elsewhere (an output or another op), so they must be materialised".into()),
+                    );
+                    continue;
+                }
+                out.push(fuse_one(eg, weights, pn.args()[0], v));
+            }
+        }
+        out
+    }
+}
+
+/// Builds the flash op for `weights(scores) @ v`.
+fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id) -> Result<Build, String> {
+    let st = ty(eg, scores).ok_or("untyped scores")?.clone();
+    let rank = st.rank();
+    if rank < 2 || !st.dtype.is_float() {
+        return Err("the scores are not a float matrix".into());
+    }
+    let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400 };
+    let expr = cx.convert(scores, 0).ok_or("the scores are not an element-wise function of one q @ kᵀ")?;
+    let (q, kt) = cx.leaf.ok_or("no q @ kᵀ product feeds the scores")?;
+    if !expr.uses_score() {
+        return Err("the scores do not depend on q @ kᵀ".into());
+    }
+    for t in [ty(eg, q), ty(eg, kt), ty(eg, v)] {
+        if t.is_none_or(|t| t.rank() != rank) {
+            return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
+        }
+    }
+    let (score, preds) = split_mask(expr);
+    let mask = preds.into_iter().reduce(|a, b| ScoreExpr::bin(BinaryOp::And, a, b));
+    let spec = FlashSpec { rank, weights, score, mask };
+    let mut args = vec![Build::Class(q), untranspose(eg, kt, rank), Build::Class(v)];
+    args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
+    Ok(Build::op(Op::Flash(Box::new(spec)), args))
+}
+
+/// `k` from `kᵀ`: the operand of a last-two-axes transpose if there is one, else a transpose.
+fn untranspose(eg: &EG, kt: Id, rank: usize) -> Build {
+    let mut swap: Vec<usize> = (0..rank).collect();
+    swap.swap(rank - 2, rank - 1);
+    for n in eg[kt].nodes.iter() {
+        if let Op::Transpose { perm } = &n.op
+            && *perm == swap
+        {
+            return Build::Class(n.args()[0]);
+        }
+    }
+    Build::op(Op::Transpose { perm: swap }, vec![Build::Class(kt)])
+}
+
+/// Translates score classes into a [`ScoreExpr`].
+struct Cx<'a> {
+    eg: &'a EG,
+    /// Shape of the score tensor.
+    shape: Vec<Dim>,
+    /// `(q, kᵀ)` once found.
+    leaf: Option<(Id, Id)>,
+    /// Classes read by `Load`.
+    extras: Vec<Id>,
+    /// Bounds the work on deep or shared sub-graphs.
+    budget: usize,
+}
+
+impl Cx<'_> {
+    fn convert(&mut self, class: Id, depth: usize) -> Option<ScoreExpr> {
+        if depth > 32 || self.budget == 0 {
+            return None;
+        }
+        self.budget -= 1;
+        let eg = self.eg;
+        let class = eg.find(class);
+        let t = ty(eg, class)?.clone();
+        // The q @ kᵀ product itself.
+        if t.shape == self.shape {
+            for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)) {
+                let pair = (eg.find(n.args()[0]), eg.find(n.args()[1]));
+                match self.leaf {
+                    None => {
+                        self.leaf = Some(pair);
+                        return Some(ScoreExpr::Score);
+                    }
+                    Some(l) if l == pair => return Some(ScoreExpr::Score),
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Some(c) = konst(eg, class) {
+            return Some(if t.dtype.is_float() { ScoreExpr::Float(c) } else { ScoreExpr::Int(c as i64) });
+        }
+        for n in eg[class].nodes.iter() {
+            let snapshot = (self.leaf, self.extras.len());
+            if let Some(e) = self.convert_node(n, &t, depth) {
+                return Some(e);
+            }
+            // A failed alternative must not leave a half-recorded leaf or extras behind.
+            (self.leaf, _) = (snapshot.0, ());
+            self.extras.truncate(snapshot.1);
+        }
+        self.load_whole(class, &t)
+    }
+
+    fn convert_node(&mut self, n: &super::super::lang::ENode, t: &TensorType, depth: usize) -> Option<ScoreExpr> {
+        let a = n.args();
+        Some(match &n.op {
+            Op::DimValue(d) => ScoreExpr::Dim(d.clone()),
+            Op::Iota { axis } => ScoreExpr::Pos(self.aligned(t, *axis)?),
+            Op::Unary(u) => ScoreExpr::Unary(*u, Box::new(self.convert(a[0], depth + 1)?)),
+            Op::Binary(b) => {
+                let x = self.convert(a[0], depth + 1)?;
+                let y = self.convert(a[1], depth + 1)?;
+                // Integer division in the graph is true division; keep the semantics exact.
+                ScoreExpr::bin(*b, x, y)
+            }
+            Op::Select => ScoreExpr::Select(
+                Box::new(self.convert(a[0], depth + 1)?),
+                Box::new(self.convert(a[1], depth + 1)?),
+                Box::new(self.convert(a[2], depth + 1)?),
+            ),
+            Op::Cast if t.dtype == DType::F32 => self.convert(a[0], depth + 1)?,
+            Op::Gather => {
+                let table = self.eg.find(a[0]);
+                let mut index = Vec::new();
+                for ix in &a[1..] {
+                    let e = self.convert(*ix, depth + 1)?;
+                    if e.uses_score() {
+                        return None;
+                    }
+                    index.push(e);
+                }
+                ScoreExpr::Load { input: self.extra(table), index }
+            }
+            _ => return None,
+        })
+    }
+
+    /// A tensor that broadcasts along the score axes, read per element.
+    fn load_whole(&mut self, class: Id, t: &TensorType) -> Option<ScoreExpr> {
+        if t.rank() == 0 || t.rank() > self.shape.len() {
+            return None;
+        }
+        let offset = self.shape.len() - t.rank();
+        let one = Dim::constant(1);
+        let mut index = Vec::new();
+        for (k, d) in t.shape.iter().enumerate() {
+            if *d == one {
+                index.push(ScoreExpr::Int(0));
+            } else if *d == self.shape[offset + k] {
+                index.push(ScoreExpr::Pos(offset + k));
+            } else {
+                return None;
+            }
+        }
+        Some(ScoreExpr::Load { input: self.extra(class), index })
+    }
+
+    /// Score axis of axis `axis` of a tensor of type `t` broadcast against the scores, if it
+    /// spans that axis.
+    fn aligned(&self, t: &TensorType, axis: usize) -> Option<usize> {
+        let offset = self.shape.len().checked_sub(t.rank())?;
+        (t.shape.get(axis)? == &self.shape[offset + axis]).then_some(offset + axis)
+    }
+
+    fn extra(&mut self, class: Id) -> usize {
+        match self.extras.iter().position(|e| *e == class) {
+            Some(k) => k,
+            None => {
+                self.extras.push(class);
+                self.extras.len() - 1
+            }
+        }
+    }
+}
+
+fn is_neg_inf(e: &ScoreExpr) -> bool {
+    matches!(e, ScoreExpr::Float(v) if *v == f64::NEG_INFINITY)
+}
+
+fn is_zero(e: &ScoreExpr) -> bool {
+    matches!(e, ScoreExpr::Float(v) if *v == 0.0) || matches!(e, ScoreExpr::Int(0))
+}
+
+/// Peels masks off the outside of a score expression: `where(p, e, -inf)`, `where(p, -inf, e)`
+/// and `e + where(p, 0, -inf)`, for predicates that do not read the score.
+pub fn split_mask(e: ScoreExpr) -> (ScoreExpr, Vec<ScoreExpr>) {
+    match e {
+        ScoreExpr::Select(p, a, b) if !p.uses_score() && is_neg_inf(&b) => {
+            let (inner, mut preds) = split_mask(*a);
+            preds.insert(0, *p);
+            (inner, preds)
+        }
+        ScoreExpr::Select(p, a, b) if !p.uses_score() && is_neg_inf(&a) => {
+            let (inner, mut preds) = split_mask(*b);
+            preds.insert(0, ScoreExpr::Unary(UnaryOp::Not, p));
+            (inner, preds)
+        }
+        ScoreExpr::Binary(BinaryOp::Add, x, y) => {
+            let additive = |m: &ScoreExpr| matches!(m, ScoreExpr::Select(p, z, n) if !p.uses_score() && is_zero(z) && is_neg_inf(n));
+            if additive(&y)
+                && let ScoreExpr::Select(p, _, _) = *y
+            {
+                let (inner, mut preds) = split_mask(*x);
+                preds.insert(0, *p);
+                (inner, preds)
+            } else if additive(&x)
+                && let ScoreExpr::Select(p, _, _) = *x
+            {
+                let (inner, mut preds) = split_mask(*y);
+                preds.insert(0, *p);
+                (inner, preds)
+            } else {
+                (ScoreExpr::Binary(BinaryOp::Add, x, y), Vec::new())
+            }
+        }
+        other => (other, Vec::new()),
+    }
+}

@@ -1,0 +1,110 @@
+//! Rewrite rules, one file per topic. Each rule is a named Rust function from an e-class to
+//! equivalent node trees ([`Build`]); [`to_rewrite`] adapts it to egg's searcher and applier.
+//! Every new node is type-checked with the IR's shape rules before it is added, so a rule can
+//! never put an ill-typed node into the e-graph.
+//!
+//! Following Cranelift's mid-end: no general commutativity or associativity; the one
+//! re-association rule (`assoc`) is guarded by types and decided by the cost model.
+
+pub mod algebra;
+pub mod assoc;
+pub mod fusion;
+pub mod layout;
+
+use super::lang::{EG, ENode, Types};
+use crate::ir::{Op, TensorType, infer};
+use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use std::sync::Arc;
+
+/// A tree of nodes to add: existing classes at the leaves.
+#[derive(Clone, Debug)]
+pub enum Build {
+    /// A class already in the e-graph.
+    Class(Id),
+    /// A new node over built operands; `ty` for ops that carry their result type.
+    Node(Op, Option<TensorType>, Vec<Build>),
+}
+
+impl Build {
+    /// A new node without a declared type.
+    pub fn op(op: Op, args: Vec<Build>) -> Build {
+        Build::Node(op, None, args)
+    }
+}
+
+/// A rewrite rule: proposes trees equal to `class`.
+pub trait Rule: Send + Sync {
+    /// `topic/name`, as reported by `attnc explain`.
+    fn name(&self) -> &'static str;
+    /// Trees equivalent to the class (empty: the rule does not apply).
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build>;
+}
+
+/// The type of a class.
+pub fn ty(eg: &EG, class: Id) -> Option<&TensorType> {
+    eg[class].data.ty.as_ref()
+}
+
+/// The scalar constant value of a class, if it is one.
+pub fn konst(eg: &EG, class: Id) -> Option<f64> {
+    eg[class].data.konst
+}
+
+/// Adds a tree, checking every new node's type; `None` (and nothing new is unioned) when a node
+/// would be ill-typed.
+fn add_build(eg: &mut EG, b: &Build) -> Option<Id> {
+    match b {
+        Build::Class(id) => Some(eg.find(*id)),
+        Build::Node(op, declared, args) => {
+            let mut ids = Vec::with_capacity(args.len());
+            for a in args {
+                ids.push(add_build(eg, a)?);
+            }
+            let tys: Option<Vec<&TensorType>> = ids.iter().map(|c| eg[*c].data.ty.as_ref()).collect();
+            infer(op, &tys?, declared.as_ref()).ok()?;
+            Some(eg.add(ENode::new(op.clone(), declared.clone(), ids)))
+        }
+    }
+}
+
+struct Adapter(Arc<dyn Rule>);
+
+impl Searcher<ENode, Types> for Adapter {
+    fn search_eclass_with_limit(&self, eg: &EG, eclass: Id, limit: usize) -> Option<SearchMatches<'_, ENode>> {
+        if limit == 0 || self.0.rewrite(eg, eclass).is_empty() {
+            return None;
+        }
+        Some(SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        Vec::new()
+    }
+}
+
+impl Applier<ENode, Types> for Adapter {
+    fn apply_one(&self, eg: &mut EG, eclass: Id, _: &Subst, _: Option<&PatternAst<ENode>>, _: Symbol) -> Vec<Id> {
+        let mut changed = Vec::new();
+        for b in self.0.rewrite(eg, eclass) {
+            // Never union classes of different types: a rule bug must not corrupt the graph.
+            if let Some(new) = add_build(eg, &b)
+                && eg[new].data.ty == eg[eclass].data.ty
+                && eg.union(eclass, new)
+            {
+                changed.push(eclass);
+            }
+        }
+        changed
+    }
+}
+
+/// An egg rewrite from a rule.
+pub fn to_rewrite(rule: Arc<dyn Rule>) -> Result<Rewrite<ENode, Types>, String> {
+    let name = rule.name();
+    Rewrite::new(name, Adapter(rule.clone()), Adapter(rule))
+}
+
+/// The nodes of a class whose op satisfies `f`.
+pub fn nodes_where<'a>(eg: &'a EG, class: Id, f: impl Fn(&Op) -> bool + 'a) -> impl Iterator<Item = &'a ENode> + 'a {
+    eg[class].nodes.iter().filter(move |n| f(&n.op))
+}

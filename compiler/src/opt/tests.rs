@@ -1,0 +1,76 @@
+//! Test helpers: one-line equivalence checks for single rules.
+
+use super::{OptOptions, optimize_with_rules};
+use crate::ir::Graph;
+use crate::opt::lang::load;
+use crate::opt::rules::Rule;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs one rule on `before` (IR text), extracts with the cost model, and compares the result's
+/// canonical text with `after`.
+pub(crate) fn check_rule<R: Rule + Clone + 'static>(rule: &R, before: &str, after: &str) {
+    let graph = Graph::parse(before).unwrap_or_else(|e| panic!("bad test input: {e}"));
+    let loaded = load(&graph);
+    let rules: Vec<Arc<dyn Rule>> = vec![Arc::new(rule.clone())];
+    let out = optimize_with_rules(&graph, &OptOptions::default(), loaded, HashSet::new(), &rules, Instant::now());
+    assert!(out.report.fallback.is_none(), "fallback: {:?}", out.report.fallback);
+    assert_eq!(out.graph.to_string(), after, "rule {} did not give the expected graph", rule.name());
+}
+
+const CAUSAL: &str = "graph causal {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = transpose[perm=[0, 1, 3, 2]] %1 : f32[B, H, D, S]
+  %4 = matmul %0, %3 : f32[B, H, S, S]
+  %5 = dim[value=D] : i32[]
+  %6 = sqrt %5 : f32[]
+  %7 = div %4, %6 : f32[B, H, S, S]
+  %8 = iota[axis=2] : i32[1, 1, S, 1]
+  %9 = iota[axis=3] : i32[1, 1, 1, S]
+  %10 = le %9, %8 : bool[1, 1, S, S]
+  %11 = const[value=-inf] : f32[]
+  %12 = select %10, %7, %11 : f32[B, H, S, S]
+  %13 = softmax[axis=3] %12 : f32[B, H, S, S]
+  %14 = matmul %13, %2 : f32[B, H, S, D]
+  output out = %14
+}";
+
+#[test]
+fn optimisation_is_deterministic() {
+    let g = Graph::parse(CAUSAL).unwrap();
+    let first = super::optimize(&g, &OptOptions::default()).graph.to_string();
+    for _ in 0..5 {
+        assert_eq!(super::optimize(&g, &OptOptions::default()).graph.to_string(), first);
+    }
+    assert!(first.contains("flash["), "{first}");
+}
+
+/// Hitting a limit is a stop reason, not an error: the result is still a verified graph.
+#[test]
+fn limits_still_give_a_valid_graph() {
+    let g = Graph::parse(CAUSAL).unwrap();
+    for opts in [
+        OptOptions { iter_limit: 1, ..OptOptions::default() },
+        OptOptions { node_limit: 18, ..OptOptions::default() },
+        OptOptions { time_limit: std::time::Duration::ZERO, ..OptOptions::default() },
+    ] {
+        let o = super::optimize(&g, &opts);
+        assert!(crate::ir::verify(&o.graph).is_ok());
+        assert!(o.report.fallback.is_none());
+        assert_ne!(o.report.stop_reason, "saturated", "{opts:?}");
+    }
+}
+
+/// Weights that are an output stay materialised; `explain` says why.
+#[test]
+fn weights_that_are_outputs_are_not_fused() {
+    let text = CAUSAL.replace("  output out = %14", "  output out = %14\n  output weights = %13");
+    let g = Graph::parse(&text).unwrap();
+    let o = super::optimize(&g, &OptOptions::default());
+    assert!(!o.graph.to_string().contains("flash["));
+    let report = o.report.to_string();
+    assert!(report.contains("not fused: the attention weights are used elsewhere"), "{report}");
+}
