@@ -159,3 +159,39 @@ fn alibi_bias_is_added_to_scores() {
     let got = out[0].1.to_f64_vec();
     assert!(max_rel_error(&got[4..6], &expected_row2, 1e-6) < 1e-6, "{:?} vs {expected_row2:?}", &got[4..6]);
 }
+
+/// Scalars are weakly typed: an f16 program stays f16 through `/ sqrt(D)` and `* 0.5`, and its
+/// result equals the f32 program's result rounded through f16 storage at each node.
+#[test]
+fn f16_programs_stay_f16_and_round_through_storage() {
+    let source = "fn f(q: f16[S, D], k: f16[S, D], v: f16[S, D]) -> f16[S, D] {
+        let s = q @ k.T / sqrt(D) * 0.5
+        return softmax(s) @ v
+    }";
+    let compiled = attn_compiler::compile(source).expect("compiles");
+    let ir = compiled.module.to_string();
+    assert!(!ir.contains("f32[S"), "scalars must not widen f16 tensors:\n{ir}");
+    let data: Vec<f32> = (0..12).map(|x| (x as f32 * 0.37).sin()).collect();
+    let t = |d: &[f32]| Tensor::new(attn_runtime::DType::F16, vec![4, 3], attn_runtime::TensorData::F32(d.to_vec())).expect("f16 tensor");
+    let out = run(source, vec![("q", t(&data)), ("k", t(&data)), ("v", t(&data))]);
+    assert_eq!(out[0].1.dtype, attn_runtime::DType::F16);
+    // Every stored value is an f16 value.
+    for x in out[0].1.to_f64_vec() {
+        assert_eq!(half::f16::from_f64(x).to_f64(), x);
+    }
+}
+
+/// `!=` on masks is their exclusive or, and `x[:, S-1]` selects the last column.
+#[test]
+fn mask_xor_and_dim_expression_index() {
+    let source = "fn f(x: f32[S, S]) -> (xor: f32[S, S], last: f32[S]) {
+        let (i, j) = indices(x)
+        let m = (j <= i) != (j >= i)
+        return where(m, 1.0, 0.0), x[:, S-1]
+    }";
+    let x: Vec<f32> = (0..9).map(|v| v as f32).collect();
+    let out = run(source, vec![("x", f32t(&[3, 3], &x))]);
+    // j <= i xor j >= i: true off the diagonal.
+    assert_eq!(out[0].1.to_f64_vec(), vec![0., 1., 1., 1., 0., 1., 1., 1., 0.]);
+    assert_eq!(out[1].1.to_f64_vec(), vec![2., 5., 8.]);
+}

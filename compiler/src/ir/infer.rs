@@ -3,12 +3,28 @@
 //! to re-check every node of a graph.
 
 use super::dim::Dim;
-use super::op::{Op, ReduceOp, UnaryOp};
+use super::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use super::types::{DType, TensorType, broadcast_shapes};
 
 fn shape_str(s: &[Dim]) -> String {
     let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
     format!("[{}]", parts.join(", "))
+}
+
+/// Promotion where a scalar (rank 0) operand is weakly typed, as in PyTorch: it does not widen
+/// a tensor of its own kind (`f16_tensor * 0.5` stays f16, `i32_tensor + 1` stays i32), but an
+/// integer tensor with a float scalar becomes f32. Tensors with axes promote by [`DType::promote`].
+pub fn weak_promote(x: &TensorType, y: &TensorType) -> DType {
+    let kind = |d: DType| match d {
+        DType::Bool => 0,
+        DType::I32 => 1,
+        _ => 2,
+    };
+    match (x.rank(), y.rank()) {
+        (0, r) if r > 0 && kind(x.dtype) <= kind(y.dtype) => y.dtype,
+        (r, 0) if r > 0 && kind(y.dtype) <= kind(x.dtype) => x.dtype,
+        _ => x.dtype.promote(y.dtype),
+    }
 }
 
 fn numeric(t: &TensorType, what: &str) -> Result<(), String> {
@@ -78,13 +94,16 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
                     return Err(format!("`{}` needs bool operands, found {} and {}", b.name(), x.dtype, y.dtype));
                 }
                 DType::Bool
+            } else if matches!(b, BinaryOp::Eq | BinaryOp::Ne) && x.dtype == DType::Bool && y.dtype == DType::Bool {
+                // Equality of masks (and so their exclusive or) is well defined.
+                DType::Bool
             } else {
                 numeric(x, "the left operand")?;
                 numeric(y, "the right operand")?;
-                let p = x.dtype.promote(y.dtype);
+                let p = weak_promote(x, y);
                 if b.is_comparison() {
                     DType::Bool
-                } else if matches!(b, super::op::BinaryOp::Div | super::op::BinaryOp::Pow) && !p.is_float() {
+                } else if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !p.is_float() {
                     DType::F32
                 } else {
                     p
@@ -102,7 +121,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
                 .ok_or_else(|| format!("branches {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
             let shape = broadcast_shapes(&c.shape, &s1)
                 .ok_or_else(|| format!("condition {} does not broadcast with branches {}", shape_str(&c.shape), shape_str(&s1)))?;
-            let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool { DType::Bool } else { a.dtype.promote(b.dtype) };
+            let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool { DType::Bool } else { weak_promote(a, b) };
             Ok(TensorType::new(dtype, shape))
         }
         Op::Cast => {

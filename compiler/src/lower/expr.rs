@@ -138,9 +138,10 @@ impl Cx<'_, '_> {
     fn index(&mut self, frame: &Frame, base: &Expr, items: &[IndexItem], span: Span) -> LResult<Value> {
         let x = self.tensor(frame, base)?;
         let rank = self.ty(x).rank();
+        // Static items (integers, dims, integer constants) select; tensor items gather.
         let all_static = items.iter().all(|it| match it {
             IndexItem::Slice { .. } => true,
-            IndexItem::Expr(e) => literal(e).is_some_and(|(_, int)| int),
+            IndexItem::Expr(e) => self.is_static_index(frame, e),
         });
         if items.len() > rank {
             return Err(self.error(Diagnostic::error(
@@ -199,6 +200,20 @@ impl Cx<'_, '_> {
         let ty = self.ty(cur).clone();
         let shape = ty.shape.iter().enumerate().filter(|(k, _)| !dropped.contains(k)).map(|(_, d)| d.clone()).collect();
         self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(cur, base.span)], span)
+    }
+
+    /// True for an index that is a dimension expression: integer literals, dims and integer
+    /// constants (not shadowed by a variable), and `+`, `-`, `*` of them.
+    fn is_static_index(&self, frame: &Frame, e: &Expr) -> bool {
+        match &e.kind {
+            ExprKind::Int(_) => true,
+            ExprKind::Name(n) => {
+                !frame.vars.contains_key(n) && (frame.dims.contains_key(n) || matches!(self.globals.consts.get(n), Some((_, true))))
+            }
+            ExprKind::Unary(UnOp::Neg, a) => self.is_static_index(frame, a),
+            ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => self.is_static_index(frame, a) && self.is_static_index(frame, b),
+            _ => false,
+        }
     }
 
     /// A slice bound: a dimension expression; a negative integer counts from the end.

@@ -46,6 +46,8 @@ pub mod codes {
     pub const DIM_CONFLICT: &str = "E0113";
     /// A tuple where a tensor is needed, or the reverse.
     pub const NOT_A_TENSOR: &str = "E0114";
+    /// A statement after `return`.
+    pub const UNREACHABLE: &str = "E0115";
 }
 
 /// Lowers a parsed file. Either every function lowers cleanly, or all diagnostics are returned.
@@ -293,6 +295,17 @@ impl Cx<'_, '_> {
                     }
                 }
                 Stmt::Return { values, span } => {
+                    if let Some(after) = def.body.iter().skip_while(|s| !std::ptr::eq(*s, stmt)).nth(1) {
+                        let after_span = match after {
+                            Stmt::Let { span, .. } | Stmt::Return { span, .. } => *span,
+                        };
+                        self.error(
+                            Diagnostic::error(codes::UNREACHABLE, "statement after `return`", after_span, "never runs")
+                                .with_label(*span, "the function returns here")
+                                .with_help("`return` must be the last statement of a function"),
+                        );
+                        failed = true;
+                    }
                     let n_declared = match &def.ret {
                         Ret::Single(_) => 1,
                         Ret::Named(ps) => ps.len(),

@@ -111,10 +111,20 @@ pub enum Command {
     /// Explain what the optimizer does to a program: rules fired, attention fused or not and why,
     /// cost-model choices.
     #[command(after_help = EXIT_CODES)]
-    Explain(CheckArgs),
+    Explain(ExplainArgs),
     /// Run an entry point on inputs from files or on seeded random inputs.
     #[command(long_about = run::LONG_ABOUT, after_help = EXIT_CODES)]
     Run(run::RunArgs),
+}
+
+/// `attnc explain FILE [--timing]`
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The .attn program.
+    pub file: PathBuf,
+    /// Also measure the optimizer: median wall time of 15 runs per function, and e-graph size.
+    #[arg(long)]
+    pub timing: bool,
 }
 
 /// `attnc check FILE`
@@ -150,9 +160,33 @@ fn check(args: &CheckArgs, color: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn explain(args: &CheckArgs, color: bool) -> Result<(), Failure> {
+fn explain(args: &ExplainArgs, color: bool) -> Result<(), Failure> {
     let program = load(&args.file, color)?;
     print_line(attn_compiler::opt::explain_text(program.module()).trim_end_matches('\n'));
+    if args.timing {
+        for g in &program.module().graphs {
+            let mut times = Vec::new();
+            let mut report = None;
+            for _ in 0..15 {
+                let start = std::time::Instant::now();
+                let o = attn_compiler::opt::optimize(g, &attn_compiler::opt::OptOptions::default());
+                times.push(start.elapsed());
+                report = Some(o.report);
+            }
+            times.sort();
+            let r = report.unwrap_or_default();
+            print_line(&format!(
+                "timing {}: median {:.2} ms over {} runs (min {:.2}, max {:.2}); e-graph {} nodes, {} classes",
+                g.name,
+                times[times.len() / 2].as_secs_f64() * 1e3,
+                times.len(),
+                times[0].as_secs_f64() * 1e3,
+                times[times.len() - 1].as_secs_f64() * 1e3,
+                r.egraph_nodes,
+                r.egraph_classes
+            ));
+        }
+    }
     Ok(())
 }
 

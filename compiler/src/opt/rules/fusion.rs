@@ -16,6 +16,7 @@ use egg::Id;
 use std::collections::HashSet;
 
 /// The fusion rule. `pinned` are the classes of weights that other nodes or outputs use.
+#[derive(Clone)]
 pub struct FuseAttention {
     /// Weight classes that must stay materialised.
     pub pinned: HashSet<Id>,
@@ -264,5 +265,109 @@ pub fn split_mask(e: ScoreExpr) -> (ScoreExpr, Vec<ScoreExpr>) {
             }
         }
         other => (other, Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FuseAttention;
+    use crate::opt::tests::check_rule;
+    use std::collections::HashSet;
+
+    fn rule() -> FuseAttention {
+        FuseAttention { pinned: HashSet::new() }
+    }
+
+    /// `softmax(where(j <= i, q @ kᵀ * c, -inf)) @ v` → `flash` with score `s * c`, mask `j <= i`.
+    #[test]
+    fn masked_softmax_attention_fuses() {
+        check_rule(
+            &rule(),
+            "graph t {
+               %0 = param[name=q] : f32[S, D]
+               %1 = param[name=k] : f32[S, D]
+               %2 = param[name=v] : f32[S, D]
+               %3 = transpose[perm=[1, 0]] %1 : f32[D, S]
+               %4 = matmul %0, %3 : f32[S, S]
+               %5 = const[value=0.5] : f32[]
+               %6 = mul %4, %5 : f32[S, S]
+               %7 = iota[axis=0] : i32[S, 1]
+               %8 = iota[axis=1] : i32[1, S]
+               %9 = le %8, %7 : bool[S, S]
+               %10 = const[value=-inf] : f32[]
+               %11 = select %9, %6, %10 : f32[S, S]
+               %12 = softmax[axis=1] %11 : f32[S, S]
+               %13 = matmul %12, %2 : f32[S, D]
+               output out = %13
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=k] : f32[S, D]
+  %2 = param[name=v] : f32[S, D]
+  %3 = flash[rank=2, weights=softmax, score=\"s * 0.5\", mask=\"j <= i\"] %0, %1, %2 : f32[S, D]
+  output out = %3
+}",
+        );
+    }
+
+    /// Sigmoid attention fuses into the variant without normalisation; a per-head bias table
+    /// becomes an extra operand read as `x0[h]`.
+    #[test]
+    fn sigmoid_attention_with_head_bias_fuses() {
+        check_rule(
+            &rule(),
+            "graph t {
+               %0 = param[name=q] : f32[H, S, D]
+               %1 = param[name=kt] : f32[H, D, S]
+               %2 = param[name=v] : f32[H, S, D]
+               %3 = param[name=bias] : f32[H, 1, 1]
+               %4 = matmul %0, %1 : f32[H, S, S]
+               %5 = add %4, %3 : f32[H, S, S]
+               %6 = sigmoid %5 : f32[H, S, S]
+               %7 = matmul %6, %2 : f32[H, S, D]
+               output out = %7
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[H, S, D]
+  %1 = param[name=kt] : f32[H, D, S]
+  %2 = param[name=v] : f32[H, S, D]
+  %3 = param[name=bias] : f32[H, 1, 1]
+  %4 = transpose[perm=[0, 2, 1]] %1 : f32[H, S, D]
+  %5 = flash[rank=3, weights=sigmoid, score=\"s + x0[b, 0, 0]\"] %0, %4, %2, %3 : f32[H, S, D]
+  output out = %5
+}",
+        );
+    }
+
+    /// An additive `-inf` mask becomes the mask predicate.
+    #[test]
+    fn additive_mask_becomes_the_predicate() {
+        check_rule(
+            &rule(),
+            "graph t {
+               %0 = param[name=q] : f32[S, D]
+               %1 = param[name=k] : f32[S, D]
+               %2 = param[name=v] : f32[S, D]
+               %3 = transpose[perm=[1, 0]] %1 : f32[D, S]
+               %4 = matmul %0, %3 : f32[S, S]
+               %5 = iota[axis=0] : i32[S, 1]
+               %6 = iota[axis=1] : i32[1, S]
+               %7 = le %6, %5 : bool[S, S]
+               %8 = const[value=0.0] : f32[]
+               %9 = const[value=-inf] : f32[]
+               %10 = select %7, %8, %9 : f32[S, S]
+               %11 = add %4, %10 : f32[S, S]
+               %12 = softmax[axis=1] %11 : f32[S, S]
+               %13 = matmul %12, %2 : f32[S, D]
+               output out = %13
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=k] : f32[S, D]
+  %2 = param[name=v] : f32[S, D]
+  %3 = flash[rank=2, weights=softmax, score=s, mask=\"j <= i\"] %0, %1, %2 : f32[S, D]
+  output out = %3
+}",
+        );
     }
 }
