@@ -211,7 +211,9 @@ impl Cx<'_, '_> {
                 !frame.vars.contains_key(n) && (frame.dims.contains_key(n) || matches!(self.globals.consts.get(n), Some((_, true))))
             }
             ExprKind::Unary(UnOp::Neg, a) => self.is_static_index(frame, a),
-            ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => self.is_static_index(frame, a) && self.is_static_index(frame, b),
+            ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => {
+                self.is_static_index(frame, a) && self.is_static_index(frame, b)
+            }
             _ => false,
         }
     }
