@@ -6,6 +6,7 @@
 //! type ([`Tensor`]) are re-exported here.
 
 pub mod io;
+pub mod kernels;
 mod program;
 pub mod random;
 pub mod report;

@@ -1,0 +1,198 @@
+//! Throughput of the dense microkernels on every instruction-set path this CPU runs, against
+//! the measured FMA peak. A benchmark, not a test:
+//!
+//! ```text
+//! cargo run --release -p attn-runtime --example kernel_bench [-- --quick]
+//! ```
+//!
+//! The peak comes from a loop of independent FMAs (12 chains, enough to cover latency on two
+//! ports). Each shape reports the median of many short (~1 ms) timed batches on one thread,
+//! and the median ratio to the peak loop timed right after each batch. The machine is
+//! shared: batches shorter than a scheduler time slice are mostly not preempted, so their
+//! median measures the kernel rather than the share of the CPU it got, and a peak taken next
+//! to each batch sees the same clock.
+
+use attn_runtime::kernels::{Gemm, Isa, KernelError, Layout, available_isas, exp_sum, sgemm_nn, sgemm_nt};
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Calls per batch so that one batch of `f` lasts about `batch_s`.
+fn calibrate(batch_s: f64, f: &mut impl FnMut()) -> usize {
+    f();
+    let start = Instant::now();
+    f();
+    let once = start.elapsed().as_secs_f64().max(1e-9);
+    ((batch_s / once) as usize).clamp(1, 1_000_000)
+}
+
+/// Seconds per call over one batch of `reps` calls.
+fn batch(reps: usize, f: &mut impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..reps {
+        f();
+    }
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+/// Median of a sample.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+
+    /// `iters` rounds of 12 independent 512-bit FMAs.
+    #[target_feature(enable = "avx512f")]
+    pub fn fma512(iters: usize) -> f32 {
+        let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        let mut acc = [_mm512_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for r in &mut acc {
+                *r = _mm512_fmadd_ps(*r, m, a);
+            }
+        }
+        acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+    }
+
+    /// `iters` rounds of 12 independent 256-bit FMAs.
+    #[target_feature(enable = "avx2,fma")]
+    pub fn fma256(iters: usize) -> f32 {
+        let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        let mut acc = [_mm256_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for r in &mut acc {
+                *r = _mm256_fmadd_ps(*r, m, a);
+            }
+        }
+        let mut out = [0.0f32; 8];
+        for v in acc {
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+            for (o, l) in out.iter_mut().zip(lanes) {
+                *o += l;
+            }
+        }
+        out.iter().sum()
+    }
+}
+
+/// Iterations of the peak loop per batch (about 0.3 ms at 512 bits).
+const PEAK_ITERS: usize = 200_000;
+
+/// One batch of the FMA peak loop of `isa`, in GFLOP/s (None on a path without one).
+fn fma_peak(isa: Isa) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let t = Instant::now();
+        // SAFETY (both arms): callers pass only paths this CPU supports.
+        let lanes = match isa {
+            Isa::Avx512 => {
+                black_box(unsafe { peak::fma512(black_box(PEAK_ITERS)) });
+                16
+            }
+            Isa::Avx2 => {
+                black_box(unsafe { peak::fma256(black_box(PEAK_ITERS)) });
+                8
+            }
+            Isa::Portable => return None,
+        };
+        Some((PEAK_ITERS * 12 * lanes * 2) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        None
+    }
+}
+
+/// The widest path's peak, the one percentages refer to.
+fn reference_peak() -> Option<f64> {
+    available_isas().into_iter().rev().find_map(fma_peak)
+}
+
+/// Median GFLOP/s of `f` (doing `flops` per call) and its median ratio to the FMA peak
+/// measured right after each batch, so both see the same load on this shared machine.
+fn measure(batches: usize, flops: f64, mut f: impl FnMut()) -> (f64, Option<f64>) {
+    let reps = calibrate(0.001, &mut f);
+    let mut rates = Vec::new();
+    let mut ratios = Vec::new();
+    for _ in 0..batches {
+        let rate = flops / batch(reps, &mut f) / 1e9;
+        rates.push(rate);
+        if let Some(peak) = reference_peak() {
+            ratios.push(rate / peak);
+        }
+    }
+    let ratio = (!ratios.is_empty()).then(|| median(ratios));
+    (median(rates), ratio)
+}
+
+/// GFLOP/s of one product shape on `isa`, and its fraction of the peak.
+fn gemm_rate(isa: Isa, layout: Layout, (m, n, k): (usize, usize, usize), batches: usize) -> Result<(f64, Option<f64>), KernelError> {
+    let mut g = Gemm::dense(layout, m, n, k);
+    g.isa = isa;
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01 - 0.08).collect();
+    let b: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+    let mut c = vec![0.0f32; m * n];
+    let run = match layout {
+        Layout::Nt => sgemm_nt,
+        Layout::Nn => sgemm_nn,
+    };
+    run(&g, &a, &b, &mut c)?;
+    Ok(measure(batches, 2.0 * (m * n * k) as f64, || {
+        let _ = run(&g, black_box(&a), black_box(&b), black_box(&mut c));
+    }))
+}
+
+fn main() -> Result<(), KernelError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let batches = if quick { 11 } else { 41 };
+    let isas = available_isas();
+    println!("dispatched path: {}", attn_runtime::kernels::isa());
+    for isa in &isas {
+        let mut peaks: Vec<f64> = (0..batches).filter_map(|_| fma_peak(*isa)).collect();
+        if !peaks.is_empty() {
+            peaks.sort_by(f64::total_cmp);
+            println!("FMA peak {isa:>8}: median {:6.1}, best {:6.1} GFLOP/s (one core)", peaks[peaks.len() / 2], peaks[peaks.len() - 1]);
+        }
+    }
+    let shapes: &[(&str, Layout, usize, usize, usize)] = &[
+        ("Q·Kᵀ", Layout::Nt, 64, 64, 64),
+        ("Q·Kᵀ", Layout::Nt, 64, 64, 128),
+        ("Q·Kᵀ", Layout::Nt, 128, 64, 128),
+        ("Q·Kᵀ", Layout::Nt, 128, 128, 64),
+        ("Q·Kᵀ", Layout::Nt, 128, 128, 128),
+        ("P·V", Layout::Nn, 64, 64, 64),
+        ("P·V", Layout::Nn, 64, 128, 128),
+        ("P·V", Layout::Nn, 128, 64, 256),
+        ("P·V", Layout::Nn, 128, 128, 128),
+        ("P·V", Layout::Nn, 128, 128, 1024),
+        ("proj", Layout::Nn, 1024, 512, 512),
+        ("proj", Layout::Nt, 1024, 512, 512),
+    ];
+    let peak_name = isas.last().map(|i| i.name()).unwrap_or("none");
+    println!("\nmedians of {batches} batches; %peak: ratio to the {peak_name} FMA loop timed right after each batch");
+    println!("{:<6} {:>2} {:>5} {:>5} {:>5}  {:>8}  {:>9}  {:>7}", "op", "", "m", "n", "k", "isa", "GFLOP/s", "%peak");
+    for &(name, layout, m, n, k) in shapes {
+        for isa in isas.iter().rev() {
+            let (rate, ratio) = gemm_rate(*isa, layout, (m, n, k), batches)?;
+            let pct = ratio.map(|r| format!("{:6.1}%", 100.0 * r)).unwrap_or_default();
+            let tag = if layout == Layout::Nt { "NT" } else { "NN" };
+            println!("{name:<6} {tag:>2} {m:>5} {n:>5} {k:>5}  {isa:>8}  {rate:9.1}  {pct:>7}");
+        }
+    }
+    println!("\nexp_sum (row of 128 scores):");
+    let x: Vec<f32> = (0..128).map(|i| -(i as f32) * 0.1).collect();
+    let mut y = vec![0.0f32; 128];
+    for isa in isas.iter().rev() {
+        let (rate, _) = measure(batches, 128.0, || {
+            let _ = black_box(exp_sum(*isa, black_box(&x), &mut y, 0.5));
+        });
+        println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 128.0 / rate);
+    }
+    Ok(())
+}

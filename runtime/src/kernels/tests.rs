@@ -1,0 +1,253 @@
+//! Kernel tests against f64 references, on every path this CPU can run.
+
+use super::*;
+
+/// Sizes that hit every tail: 0, 1, below/at/above a vector, a micro-tile and a panel.
+const SIZES: [usize; 11] = [0, 1, 3, 7, 17, 31, 33, 64, 65, 127, 130];
+
+/// Deterministic values in [-1, 1) (xorshift; no seed files, no external RNG state).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32) / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn vec(&mut self, len: usize) -> Vec<f32> {
+        (0..len).map(|_| self.next()).collect()
+    }
+}
+
+/// Sentinel written around and inside `C` before a call.
+const SENTINEL: f32 = 12345.5;
+
+/// Runs one product on `g.isa` and compares every element of `C`'s storage with an f64
+/// reference: the tile within tolerance, everything outside the tile untouched.
+fn check(layout: Layout, g: Gemm, rng: &mut Rng) {
+    let (b_rows, b_row) = match layout {
+        Layout::Nt => (g.n, g.k),
+        Layout::Nn => (g.k, g.n),
+    };
+    // Strides beyond the rows, with one spare element at the end of each buffer.
+    let a = rng.vec(g.m * g.lda + 1);
+    let b = rng.vec(b_rows * g.ldb + 1);
+    let mut c = vec![SENTINEL; g.m * g.ldc + 1];
+    let old: Vec<f32> = rng.vec(g.m * g.n);
+    for i in 0..g.m {
+        for j in 0..g.n {
+            // An overwritten C is never read: NaN there must not leak into the result.
+            c[i * g.ldc + j] = if g.accumulate { old[i * g.n + j] } else { f32::NAN };
+        }
+    }
+    let run = match layout {
+        Layout::Nt => sgemm_nt,
+        Layout::Nn => sgemm_nn,
+    };
+    run(&g, &a, &b, &mut c).unwrap();
+    assert!(b_row <= g.ldb);
+    for (idx, got) in c.iter().enumerate() {
+        let ldc = g.ldc.max(1);
+        let (i, j) = (idx / ldc, idx % ldc);
+        if i >= g.m || j >= g.n {
+            assert_eq!(*got, SENTINEL, "{layout:?} {g:?}: wrote outside C at {idx}");
+            continue;
+        }
+        let (mut sum, mut mag) = (0.0f64, 0.0f64);
+        for p in 0..g.k {
+            let bv = match layout {
+                Layout::Nt => b[j * g.ldb + p],
+                Layout::Nn => b[p * g.ldb + j],
+            };
+            let prod = a[i * g.lda + p] as f64 * bv as f64;
+            sum += prod;
+            mag += prod.abs();
+        }
+        let alpha = g.alpha as f64;
+        let prior = if g.accumulate { old[i * g.n + j] as f64 } else { 0.0 };
+        let want = alpha * sum + prior;
+        // f32 accumulation over k terms: error ≤ ~k·eps·Σ|a·b|.
+        let tol = (g.k as f64 + 2.0) * 1.2e-7 * (alpha.abs() * mag + prior.abs()) + 1e-30;
+        let err = (*got as f64 - want).abs();
+        assert!(err <= tol, "{layout:?} {g:?}: C[{i},{j}] = {got}, want {want} (err {err:e} > {tol:e})");
+    }
+}
+
+/// Every (m, n) pair of [`SIZES`] with a rotating k, padded strides, alpha and accumulate
+/// varied, on both layouts and every path.
+#[test]
+fn gemm_matches_f64_at_odd_shapes() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for isa in available_isas() {
+        for layout in [Layout::Nt, Layout::Nn] {
+            let mut case = 0usize;
+            for (im, &m) in SIZES.iter().enumerate() {
+                for (jn, &n) in SIZES.iter().enumerate() {
+                    let k = SIZES[(im * 3 + jn * 5 + 1) % SIZES.len()];
+                    case += 1;
+                    let mut g = Gemm::dense(layout, m, n, k);
+                    g.isa = isa;
+                    g.lda += case % 3;
+                    g.ldb += case % 5;
+                    g.ldc += case % 4;
+                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { -0.75 };
+                    g.accumulate = case % 3 == 1;
+                    check(layout, g, &mut rng);
+                }
+            }
+        }
+    }
+}
+
+/// Shapes that cross the cache blocks (k > KC, n > NC) and the attention tile shapes.
+#[test]
+fn gemm_matches_f64_across_blocks() {
+    let mut rng = Rng(42);
+    let shapes = [(3, 1100, 9), (5, 33, 600), (13, 70, 257), (64, 64, 64), (128, 128, 128), (65, 64, 1000)];
+    for isa in available_isas() {
+        for layout in [Layout::Nt, Layout::Nn] {
+            for (s, &(m, n, k)) in shapes.iter().enumerate() {
+                let mut g = Gemm::dense(layout, m, n, k);
+                g.isa = isa;
+                g.accumulate = s.is_multiple_of(2);
+                g.alpha = 0.5;
+                g.ldc += 3;
+                check(layout, g, &mut rng);
+            }
+        }
+    }
+}
+
+/// The C ABI entry points run the dispatched path and agree with the safe wrappers.
+#[test]
+fn c_abi_entry_points_match_wrappers() {
+    let mut rng = Rng(7);
+    let (m, n, k) = (9, 21, 13);
+    let a = rng.vec(m * k);
+    let b = rng.vec(n * k);
+    for (layout, entry) in
+        [(Layout::Nt, attnc_sgemm_nt as unsafe extern "C" fn(_, _, _, _, _, _, _, _, _, _, _)), (Layout::Nn, attnc_sgemm_nn)]
+    {
+        let ldb = if layout == Layout::Nt { k } else { n };
+        let mut want = vec![1.0; m * n];
+        let mut g = Gemm::dense(layout, m, n, k);
+        g.alpha = 2.0;
+        g.accumulate = true;
+        let run = if layout == Layout::Nt { sgemm_nt } else { sgemm_nn };
+        run(&g, &a, &b, &mut want).unwrap();
+        let mut got = vec![1.0; m * n];
+        // SAFETY: dense buffers of exactly the shapes passed.
+        unsafe { entry(m, n, k, a.as_ptr(), k, b.as_ptr(), ldb, got.as_mut_ptr(), n, 2.0, 1) };
+        assert_eq!(got, want);
+    }
+    let names: Vec<&str> = symbols().iter().map(|s| s.0).collect();
+    assert_eq!(names, ["attnc_sgemm_nt", "attnc_sgemm_nn", "attnc_exp_f32", "attnc_exp_sum_f32"]);
+    assert!(symbols().iter().all(|s| !s.1.is_null()));
+}
+
+#[test]
+fn wrappers_reject_bad_strides_and_short_slices() {
+    let g = Gemm { lda: 3, ..Gemm::dense(Layout::Nn, 2, 2, 4) };
+    assert_eq!(sgemm_nn(&g, &[0.0; 8], &[0.0; 8], &mut [0.0; 4]), Err(KernelError::LeadingDim { operand: "a", ld: 3, row: 4 }));
+    let g = Gemm::dense(Layout::Nt, 2, 3, 4);
+    assert_eq!(sgemm_nt(&g, &[0.0; 8], &[0.0; 11], &mut [0.0; 6]), Err(KernelError::TooShort { operand: "b", len: 11, need: 12 }));
+    assert_eq!(sgemm_nt(&g, &[0.0; 8], &[0.0; 12], &mut [0.0; 5]), Err(KernelError::TooShort { operand: "c", len: 5, need: 6 }));
+    // Empty shapes need no storage at all.
+    let g = Gemm::dense(Layout::Nt, 0, 5, 7);
+    assert_eq!(sgemm_nt(&g, &[], &[0.0; 35], &mut []), Ok(()));
+    assert_eq!(exp_sum(Isa::Portable, &[1.0, 2.0], &mut [0.0], 0.0), Err(KernelError::TooShort { operand: "y", len: 1, need: 2 }));
+}
+
+#[test]
+fn isa_names_round_trip_and_detection_is_consistent() {
+    for i in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+        assert_eq!(i.name().parse::<Isa>(), Ok(i));
+    }
+    assert!(matches!("sse9".parse::<Isa>(), Err(KernelError::UnknownIsa(_))));
+    assert_eq!(choose(Isa::Avx512, Some("avx2")), Isa::Avx2);
+    assert_eq!(choose(Isa::Avx512, Some(" Portable ")), Isa::Portable);
+    assert_eq!(choose(Isa::Avx2, Some("avx512")), Isa::Avx2, "never above what the CPU has");
+    assert_eq!(choose(Isa::Avx2, Some("sse9")), Isa::Avx2, "unknown values are ignored");
+    assert_eq!(choose(Isa::Avx512, None), Isa::Avx512);
+    assert!(isa().is_supported());
+    assert_eq!(available_isas().first(), Some(&Isa::Portable));
+    assert!(available_isas().contains(&isa()));
+}
+
+/// Distance in units in the last place between two non-negative floats (inf is one past MAX).
+fn ulps(a: f32, b: f32) -> u32 {
+    a.to_bits().abs_diff(b.to_bits())
+}
+
+/// `exp` within 2 ulp of the correctly rounded result over the whole useful range (subnormal
+/// results included), with the special values exact, on every path and every tail length.
+#[test]
+fn exp_matches_f64_over_wide_range() {
+    let mut x: Vec<f32> = (0..40_000).map(|i| -110.0 + i as f32 * 0.005).collect();
+    x.extend([
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        -100.0,
+        88.0,
+        88.72,
+        88.73,
+        -87.3,
+        -103.9,
+        -0.0,
+        1e-30,
+        -1e-8,
+        f32::MIN,
+        f32::MAX,
+    ]);
+    for isa in available_isas() {
+        for len in (0..=40).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            let sum = exp_sum(isa, xs, &mut y, 0.0).unwrap();
+            let mut want_sum = 0.0f64;
+            for (xi, yi) in xs.iter().zip(&y) {
+                let want = (*xi as f64).exp() as f32;
+                if xi.is_nan() {
+                    assert!(yi.is_nan(), "{isa}: exp(NaN) = {yi}");
+                    continue;
+                }
+                want_sum += want as f64;
+                assert!(ulps(*yi, want) <= 2, "{isa}: exp({xi}) = {yi:e}, want {want:e}");
+            }
+            if xs.iter().any(|v| v.is_nan()) {
+                assert!(sum.is_nan());
+            } else if want_sum.is_finite() {
+                assert!((sum as f64 - want_sum).abs() <= 1e-5 * want_sum + 1e-37, "{isa}: sum {sum} vs {want_sum}");
+            } else {
+                assert_eq!(sum, f32::INFINITY);
+            }
+        }
+    }
+}
+
+/// The shift is subtracted in f32 before `exp`, as the online softmax computes `exp(s - max)`;
+/// the C ABI works in place.
+#[test]
+fn exp_sum_shifts_and_runs_in_place() {
+    let x: Vec<f32> = (0..37).map(|i| i as f32 * 0.7 - 9.0).collect();
+    for isa in available_isas() {
+        let mut y = vec![0.0; x.len()];
+        let sum = exp_sum(isa, &x, &mut y, 3.5).unwrap();
+        let mut want_sum = 0.0;
+        for (xi, yi) in x.iter().zip(&y) {
+            let want = ((xi - 3.5) as f64).exp() as f32;
+            want_sum += want as f64;
+            assert!(ulps(*yi, want) <= 2, "{isa}: exp({xi} - 3.5) = {yi}, want {want}");
+        }
+        assert!((sum as f64 - want_sum).abs() <= 1e-6 * want_sum);
+    }
+    let mut buf = x.clone();
+    // SAFETY: `buf` holds `len` elements; the entry point allows x == y.
+    unsafe { attnc_exp_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+    for (xi, yi) in x.iter().zip(&buf) {
+        assert!(ulps(*yi, (*xi as f64).exp() as f32) <= 2);
+    }
+}
