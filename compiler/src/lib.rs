@@ -2,6 +2,7 @@
 //! ([`lower`]), and the reference interpreter ([`interp`]) that defines what every IR program
 //! computes. It does no IO.
 
+pub mod codegen;
 pub mod interp;
 pub mod ir;
 pub mod lower;
@@ -40,6 +41,12 @@ pub enum Stage {
     /// The optimised graph IR (flash ops fused), with each flash op's block classification as
     /// comments.
     Opt,
+    /// The Cranelift IR of every function the CPU backend generates for the optimised graphs,
+    /// each graph headed by its execution plan as comments.
+    Clif,
+    /// The CUDA C++ source the GPU backend emits for the optimised graphs (one translation
+    /// unit per function).
+    Cuda,
 }
 
 /// The canonical text of one stage for a program: what `attnc build --emit` prints, and what
@@ -50,6 +57,10 @@ pub fn emit(source: &str, stage: Stage) -> Result<String, Vec<Diagnostic>> {
         Stage::Ast => compiled.ast.to_string(),
         Stage::Ir => compiled.module.to_string(),
         Stage::Opt => opt::optimized_text(&compiled.module).0,
+        Stage::Clif => codegen::clif::emit_text(&opt::optimize_module(&compiled.module).0)
+            .map_err(|e| vec![Diagnostic::error("E0901", e.to_string(), attn_dsl::Span::new(0, 0), "while generating CPU code")])?,
+        Stage::Cuda => codegen::cuda::emit_module(&opt::optimize_module(&compiled.module).0)
+            .map_err(|e| vec![Diagnostic::error("E0902", e.to_string(), attn_dsl::Span::new(0, 0), "while generating CUDA code")])?,
     })
 }
 

@@ -5,6 +5,8 @@
 //! Depend on this crate only: the compiler's entry points ([`emit`], [`Stage`]) and the tensor
 //! type ([`Tensor`]) are re-exported here.
 
+pub mod cpu;
+pub mod cuda;
 pub mod io;
 pub mod kernels;
 mod program;

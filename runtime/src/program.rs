@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+use crate::cpu::{CpuError, CpuOptions, CpuProgram};
 use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
@@ -25,6 +26,7 @@ use attn_dsl::{Diagnostic, Severity};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 /// A program that did not compile: its diagnostics, with the source they point into.
@@ -173,9 +175,37 @@ pub enum RunError {
     /// Random inputs could not be made.
     #[error(transparent)]
     Random(#[from] RandomError),
-    /// The interpreter rejected the inputs or failed while running.
+    /// The interpreter rejected the inputs or failed while running. (The CPU target reports
+    /// input and dim mismatches with these errors too.)
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// The CPU target could not compile or run the entry.
+    #[error(transparent)]
+    Cpu(CpuError),
+    /// The CUDA target is unavailable here (no driver, device or NVRTC), or could not compile
+    /// or run the entry.
+    #[error(transparent)]
+    Cuda(crate::cuda::CudaError),
+}
+
+impl From<crate::cuda::CudaError> for RunError {
+    /// Input problems become [`RunError::Interp`], as on the interpreter.
+    fn from(e: crate::cuda::CudaError) -> RunError {
+        match e {
+            crate::cuda::CudaError::Input(e) => RunError::Interp(e),
+            e => RunError::Cuda(e),
+        }
+    }
+}
+
+impl From<CpuError> for RunError {
+    /// Input problems become [`RunError::Interp`], as on the interpreter.
+    fn from(e: CpuError) -> RunError {
+        match e {
+            CpuError::Input(e) => RunError::Interp(e),
+            e => RunError::Cpu(e),
+        }
+    }
 }
 
 fn plural(items: &[String]) -> &'static str {
@@ -186,6 +216,9 @@ fn quoted(items: &[String]) -> String {
     items.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
 }
 
+/// Entries compiled for the CPU target, by name and thread count (shared by clones).
+type CpuCache = Arc<Mutex<HashMap<(String, usize), Arc<CpuProgram>>>>;
+
 /// A compiled program, ready to run any of its entry points.
 #[derive(Clone, Debug)]
 pub struct Program {
@@ -193,6 +226,8 @@ pub struct Program {
     source: String,
     file_name: String,
     fixed_dims: Vec<(String, i64)>,
+    /// Entries compiled for the CPU target by [`Program::run`], by name and thread count.
+    cpu: CpuCache,
 }
 
 impl Program {
@@ -212,7 +247,7 @@ impl Program {
                 _ => None,
             })
             .collect();
-        Ok(Program { compiled, source: source.to_string(), file_name: file_name.to_string(), fixed_dims })
+        Ok(Program { compiled, source: source.to_string(), file_name: file_name.to_string(), fixed_dims, cpu: Arc::default() })
     }
 
     /// Reads and compiles a `.attn` file.
@@ -322,6 +357,17 @@ impl Program {
         inputs: impl IntoIterator<Item = (S, Tensor)>,
         opts: &RunOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_with(entry, inputs, opts, &CpuOptions::default())
+    }
+
+    /// [`Program::run`] with CPU options (thread count) for [`Target::Cpu`].
+    pub fn run_with<S: AsRef<str>>(
+        &self,
+        entry: &str,
+        inputs: impl IntoIterator<Item = (S, Tensor)>,
+        opts: &RunOptions,
+        cpu: &CpuOptions,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
         let graph = self.graph(entry)?;
         let info = entry_info(graph);
         let dims = self.check_dims(entry, &opts.dims, &self.entry_dims(entry)?)?;
@@ -349,8 +395,28 @@ impl Program {
         let tensors: Vec<Tensor> = slots.into_iter().flatten().collect();
         let results = match opts.target {
             Target::Interp => interp::run(graph, &tensors, &dims)?,
+            Target::Cpu => self.cpu_entry(entry, cpu)?.run_tensors(&tensors, &dims)?,
+            Target::Cuda => crate::cuda::run(graph, &tensors, &dims)?,
         };
         Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
+    }
+
+    /// Compiles an entry point to native code for the CPU (optimised, JIT-compiled): compile
+    /// once, then [`CpuProgram::run`] it many times on borrowed data.
+    pub fn compile_cpu(&self, entry: &str, opts: &CpuOptions) -> Result<CpuProgram, RunError> {
+        Ok(CpuProgram::compile(self.graph(entry)?, opts)?)
+    }
+
+    /// The entry compiled for [`Target::Cpu`] with `opts`, compiled on first use.
+    fn cpu_entry(&self, entry: &str, opts: &CpuOptions) -> Result<Arc<CpuProgram>, RunError> {
+        let mut cache = self.cpu.lock().map_err(|_| RunError::Cpu(CpuError::Internal("a previous compile panicked".into())))?;
+        let key = (entry.to_string(), opts.threads);
+        if let Some(c) = cache.get(&key) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(self.compile_cpu(entry, opts)?);
+        cache.insert(key, c.clone());
+        Ok(c)
     }
 
     /// Checks given dims against the entry and the file's `dim` items; returns the ones to pass

@@ -1,6 +1,5 @@
-//! Where a program runs. Only the reference interpreter exists so far; the names of the planned
-//! targets are reserved so that asking for one gives a clear "not built yet" error rather than
-//! "unknown target", and so that adding one is a new variant plus a match arm in
+//! Where a program runs: native code on the CPU (the default), an NVIDIA GPU, or the reference
+//! interpreter. Adding a target is a new variant plus a match arm in
 //! [`Program::run`](crate::Program::run).
 
 use std::fmt;
@@ -12,8 +11,14 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum Target {
     /// The reference interpreter (exact semantics, slow).
-    #[default]
     Interp,
+    /// Native code through Cranelift, multi-threaded ([`crate::cpu`]).
+    #[default]
+    Cpu,
+    /// CUDA kernels compiled with NVRTC for the GPU ([`crate::cuda`]); needs a driver, a
+    /// device (sm_80 or newer) and NVRTC at run time, else runs fail with
+    /// [`crate::cuda::CudaError::Unavailable`].
+    Cuda,
 }
 
 /// Every target name the command line knows, built or planned.
@@ -24,6 +29,8 @@ impl Target {
     pub fn name(self) -> &'static str {
         match self {
             Target::Interp => "interp",
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
         }
     }
 }
@@ -37,8 +44,8 @@ impl fmt::Display for Target {
 /// A target name that cannot be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum TargetError {
-    /// A planned target that this build does not have yet.
-    #[error("target `{0}` is not available: it is not built yet (available: interp)")]
+    /// A planned target that this build does not have (every known name is built today).
+    #[error("target `{0}` is not available in this build (available: interp, cpu, cuda)")]
     Unavailable(String),
     /// A name that is no target at all.
     #[error("unknown target `{0}` (known: {known})", known = TARGET_NAMES.join(", "))]
@@ -48,11 +55,12 @@ pub enum TargetError {
 impl FromStr for Target {
     type Err = TargetError;
 
-    /// `interp`; `cpu` and `cuda` are [`TargetError::Unavailable`] until their backends exist.
+    /// `interp`, `cpu` or `cuda` (whether a GPU is present is checked when running).
     fn from_str(s: &str) -> Result<Target, TargetError> {
         match s {
             "interp" => Ok(Target::Interp),
-            "cpu" | "cuda" => Err(TargetError::Unavailable(s.to_string())),
+            "cpu" => Ok(Target::Cpu),
+            "cuda" => Ok(Target::Cuda),
             _ => Err(TargetError::Unknown(s.to_string())),
         }
     }
@@ -65,10 +73,9 @@ mod tests {
     #[test]
     fn parses_names() {
         assert_eq!("interp".parse::<Target>(), Ok(Target::Interp));
-        assert_eq!("cuda".parse::<Target>(), Err(TargetError::Unavailable("cuda".into())));
-        assert_eq!("cpu".parse::<Target>(), Err(TargetError::Unavailable("cpu".into())));
+        assert_eq!("cuda".parse::<Target>(), Ok(Target::Cuda));
+        assert_eq!("cpu".parse::<Target>(), Ok(Target::Cpu));
         assert!(matches!("tpu".parse::<Target>(), Err(TargetError::Unknown(_))));
-        assert!("cuda".parse::<Target>().unwrap_err().to_string().contains("not built yet"));
-        assert_eq!(Target::default().to_string(), "interp");
+        assert_eq!(Target::default().to_string(), "cpu");
     }
 }

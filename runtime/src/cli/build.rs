@@ -34,6 +34,12 @@ pub enum Emit {
     Opt,
     /// One function's IR graph in Graphviz dot format.
     Dot,
+    /// The Cranelift IR the cpu target generates (every function, or the --entry one), each
+    /// graph headed by its execution plan.
+    Clif,
+    /// The CUDA C++ source the cuda target compiles with NVRTC (every function, or the --entry
+    /// one), from the optimised IR.
+    Cuda,
 }
 
 /// Runs `attnc build`.
@@ -77,6 +83,30 @@ fn emit(program: &Program, kind: Emit, entry: Option<&str>) -> Result<String, Fa
                 None => program.default_entry().map(|e| e.name).ok_or_else(|| Failure::new(Exit::Program, RunError::NoEntry))?,
             };
             attn_compiler::ir::to_dot(graph(&name)?)
+        }
+        Emit::Clif => {
+            let names: Vec<String> = match entry {
+                Some(name) => vec![graph(name)?.name.clone()],
+                None => program.module().graphs.iter().map(|g| g.name.clone()).collect(),
+            };
+            use attn_compiler::codegen::clif;
+            let mut text = String::new();
+            for name in names {
+                let optimized = attn_compiler::opt::optimize(graph(&name)?, &attn_compiler::opt::OptOptions::default()).graph;
+                let module = clif::compile(&optimized, &clif::TEXT_FEATURES).map_err(|e| Failure::new(Exit::Program, e))?;
+                clif::write_module(&mut text, &module);
+                text.push('\n');
+            }
+            text
+        }
+        Emit::Cuda => {
+            let mut module = attn_compiler::ir::Module::default();
+            match entry {
+                Some(name) => module.graphs.push(graph(name)?.clone()),
+                None => module.graphs.extend(program.module().graphs.iter().cloned()),
+            }
+            let optimized = attn_compiler::opt::optimize_module(&module).0;
+            attn_compiler::codegen::cuda::emit_module(&optimized).map_err(|e| Failure::new(Exit::Program, e))?
         }
     })
 }

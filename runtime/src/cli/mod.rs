@@ -1,6 +1,7 @@
 //! The `attnc` command line: argument definitions (clap derive), dispatch, and the mapping of
 //! every failure to one `error: ...` line and an exit code ([`Exit`]).
 
+mod bench;
 mod build;
 mod run;
 
@@ -115,6 +116,9 @@ pub enum Command {
     /// Run an entry point on inputs from files or on seeded random inputs.
     #[command(long_about = run::LONG_ABOUT, after_help = EXIT_CODES)]
     Run(run::RunArgs),
+    /// Time an entry point on random inputs: median time, GFLOP/s, fraction of FMA peak.
+    #[command(after_help = EXIT_CODES)]
+    Bench(bench::BenchArgs),
 }
 
 /// `attnc explain FILE [--timing]`
@@ -143,6 +147,7 @@ pub fn main() -> ExitCode {
         Command::Build(args) => build::build(args, color),
         Command::Explain(args) => explain(args, color),
         Command::Run(args) => run::run(args, color),
+        Command::Bench(args) => bench::bench(args, color),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

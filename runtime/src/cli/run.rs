@@ -54,8 +54,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
     /// Where to run.
-    #[arg(long, value_enum, default_value_t = TargetArg::Interp)]
+    #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
     pub target: TargetArg,
+    /// Threads for the cpu target (default: one per available core).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub threads: usize,
 }
 
 /// Target names accepted on the command line, built or not (see [`Target`]).
@@ -63,9 +66,9 @@ pub struct RunArgs {
 pub enum TargetArg {
     /// The reference interpreter.
     Interp,
-    /// Native code through Cranelift (not built yet).
+    /// Native code through Cranelift (the default).
     Cpu,
-    /// NVIDIA GPUs (not built yet).
+    /// NVIDIA GPUs (sm_80 or newer), through CUDA kernels compiled with NVRTC.
     Cuda,
 }
 
@@ -94,7 +97,8 @@ fn parse_named_path(s: &str) -> Result<NamedPath, String> {
     Ok(NamedPath { name, path: PathBuf::from(path) })
 }
 
-fn parse_dim(s: &str) -> Result<(String, i64), String> {
+/// Parses `NAME=N` (also used by `attnc bench`).
+pub fn parse_dim(s: &str) -> Result<(String, i64), String> {
     let (name, value) = s.split_once('=').ok_or("expected NAME=N, e.g. S=128")?;
     if !is_identifier(name) {
         return Err(format!("`{name}` is not a dim name"));
@@ -110,6 +114,10 @@ fn parse_dim(s: &str) -> Result<(String, i64), String> {
 pub fn run(args: &RunArgs, color: bool) -> Result<(), Failure> {
     let name = args.target.to_possible_value().map_or("interp".to_string(), |v| v.get_name().to_string());
     let target: Target = name.parse().map_err(|e: TargetError| Failure::new(Exit::Target, e))?;
+    if target == Target::Cuda {
+        // No driver, device or NVRTC: say so before reading any input.
+        attn_runtime::cuda::device_info().map_err(|e| Failure::new(Exit::Target, e))?;
+    }
     let program = load(&args.file, color)?;
     let entry = match &args.entry {
         Some(name) => program.entry(name).map_err(run_failure)?,
@@ -131,7 +139,8 @@ pub fn run(args: &RunArgs, color: bool) -> Result<(), Failure> {
         inputs.extend(random.into_iter().filter(|(n, _)| !given.contains(n)));
     }
     let opts = RunOptions { dims, target };
-    let outputs = program.run(&entry.name, inputs, &opts).map_err(|e| match e {
+    let cpu = attn_runtime::cpu::CpuOptions { threads: args.threads };
+    let outputs = program.run_with(&entry.name, inputs, &opts, &cpu).map_err(|e| match e {
         RunError::MissingInputs { .. } => Failure::new(Exit::Usage, format!("{e}; pass --input NAME=PATH or --random-inputs")),
         e => run_failure(e),
     })?;
@@ -152,6 +161,7 @@ fn run_failure(e: RunError) -> Failure {
         | RunError::FixedDim { .. } => Exit::Usage,
         RunError::NoEntry => Exit::Program,
         RunError::InputDType { .. } => Exit::File,
+        RunError::Cuda(attn_runtime::cuda::CudaError::Unavailable(_)) => Exit::Target,
         _ => Exit::Runtime,
     };
     Failure::new(exit, e)

@@ -1,0 +1,69 @@
+//! The calling contract between generated functions and the runtime: the signature of every
+//! step function and the external symbols (microkernels and scalar helpers) they call.
+//!
+//! Generated code names its callees by symbol (`ExternalName::testcase`), which reads well in
+//! `--emit clif`; the runtime resolves each name against the addresses it registers and checks
+//! that every name in [`IMPORTS`] is provided.
+
+use cranelift_codegen::ir::{AbiParam, Signature, types};
+use cranelift_codegen::isa::CallConv;
+
+/// An external function generated code may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Import {
+    /// Symbol name.
+    pub name: &'static str,
+    /// Parameter types, in order.
+    pub params: &'static [cranelift_codegen::ir::Type],
+    /// Result types.
+    pub returns: &'static [cranelift_codegen::ir::Type],
+}
+
+const I64: cranelift_codegen::ir::Type = types::I64;
+const I32: cranelift_codegen::ir::Type = types::I32;
+const F32: cranelift_codegen::ir::Type = types::F32;
+const F64: cranelift_codegen::ir::Type = types::F64;
+
+/// `C[m×n] (+)= alpha·A[m×k]·B[n×k]ᵀ`: `(m, n, k, a, lda, b, ldb, c, ldc, alpha, accumulate)`.
+pub const SGEMM_NT: Import =
+    Import { name: "attnc_sgemm_nt", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32], returns: &[] };
+/// `C[m×n] (+)= alpha·A[m×k]·B[k×n]`: same parameters as [`SGEMM_NT`].
+pub const SGEMM_NN: Import =
+    Import { name: "attnc_sgemm_nn", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32], returns: &[] };
+/// `y[i] = exp(x[i] - shift)`, returns `Σ y`: `(x, y, n, shift) -> sum`.
+pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I64, I64, F32], returns: &[F32] };
+/// Natural log in f64.
+pub const LOG: Import = Import { name: "attnc_log_f64", params: &[F64], returns: &[F64] };
+/// `x ** y` in f64.
+pub const POW: Import = Import { name: "attnc_pow_f64", params: &[F64, F64], returns: &[F64] };
+/// `a % b` with the sign of `b` (Python), NaN for `b = 0`.
+pub const REM_PY: Import = Import { name: "attnc_rem_py_f64", params: &[F64, F64], returns: &[F64] };
+/// `a - b·floor(a / b)`, 0 for `b = 0` (the flash expressions' `%`).
+pub const REM_FLOOR: Import = Import { name: "attnc_rem_floor_f64", params: &[F64, F64], returns: &[F64] };
+/// Rounds an f32 to the nearest f16 value (returned as f32).
+pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], returns: &[F32] };
+
+/// Every symbol generated code may import.
+pub const IMPORTS: &[Import] = &[SGEMM_NT, SGEMM_NN, EXP_SUM, LOG, POW, REM_PY, REM_FLOOR, ROUND_F16];
+
+impl Import {
+    /// The Cranelift signature under `call_conv`.
+    pub fn signature(&self, call_conv: CallConv) -> Signature {
+        let mut sig = Signature::new(call_conv);
+        sig.params.extend(self.params.iter().map(|t| AbiParam::new(*t)));
+        sig.returns.extend(self.returns.iter().map(|t| AbiParam::new(*t)));
+        sig
+    }
+}
+
+/// The signature of every step function:
+/// `fn(bufs: *const *mut u8, ints: *const i64, lo: i64, hi: i64, scratch: *mut u8)`.
+///
+/// `bufs[b]` is buffer `b`'s address, `ints[i]` the integer table, `lo..hi` the work items to
+/// run, `scratch` this thread's scratch memory (at least the size the runtime computes for the
+/// step, 64-byte aligned).
+pub fn step_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    sig.params.extend([AbiParam::new(I64); 5]);
+    sig
+}

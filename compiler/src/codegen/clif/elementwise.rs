@@ -1,0 +1,375 @@
+//! Fused element-wise kernels: one loop nest computes a whole chain of element-wise ops per
+//! output element, reading each input once and storing only the result.
+//!
+//! Work item = one row (every axis but the last). Inside a row the inner axis runs four
+//! elements at a time when every input steps by one element (or is broadcast) along it and the
+//! output is dense along it, with a scalar loop for the tail.
+
+use super::builder::Fx;
+use super::ops::{Kind, RemMode, Tv, kind_of};
+use super::plan::{Expr, View};
+use crate::ir::{DType, Dim};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use std::collections::HashMap;
+
+/// How an input moves along the kernel's inner axis.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Inner {
+    /// Broadcast: the same element for the whole row.
+    Zero,
+    /// Dense.
+    One,
+    /// A run-time stride (elements).
+    Stride(Value),
+}
+
+/// An input read at the kernel's (broadcast) index.
+struct Operand {
+    dtype: DType,
+    base: Value,
+    /// Stride per outer kernel axis (`None`: broadcast).
+    outer: Vec<Option<Value>>,
+    inner: Inner,
+}
+
+/// A gather table: read at computed, clamped indices.
+struct Table {
+    dtype: DType,
+    base: Value,
+    strides: Vec<Value>,
+    sizes: Vec<Value>,
+}
+
+/// What the expression evaluator sees at one element (or four).
+struct At<'c> {
+    /// Kernel index per outer axis (i64).
+    outer: &'c [Value],
+    /// Inner index (i64) of the first lane.
+    j: Value,
+    /// Row addresses of the operands (`None` for gather tables).
+    rows: &'c [Option<Value>],
+}
+
+struct Kernel<'k> {
+    rank: usize,
+    operands: Vec<Option<Operand>>,
+    tables: Vec<Option<Table>>,
+    dims: HashMap<Dim, Value>,
+    lane_iota: Option<Value>,
+    expr: &'k Expr,
+}
+
+/// Emits the kernel `out[idx] = expr(idx)`.
+pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
+    // A scalar kernel runs as one row of one element.
+    let shape: Vec<Dim> = if out.shape.is_empty() { vec![Dim::constant(1)] } else { out.shape.clone() };
+    let out_strides: Vec<Dim> = if out.strides.is_empty() { vec![Dim::constant(0)] } else { out.strides.clone() };
+    let rank = shape.len();
+    let (mut as_load, mut as_table) = (vec![false; inputs.len()], vec![false; inputs.len()]);
+    let mut dim_leaves = Vec::new();
+    scan(expr, &mut as_load, &mut as_table, &mut dim_leaves);
+
+    // Prologue: everything loop-invariant.
+    let dims: Vec<Value> = shape.iter().map(|d| fx.dim(d)).collect();
+    let out_view = View { shape: shape.clone(), strides: out_strides, ..out.clone() };
+    let (out_base, out_st) = fx.view_base(&out_view);
+    let mut operands = Vec::new();
+    let mut tables = Vec::new();
+    for (k, view) in inputs.iter().enumerate() {
+        operands.push(if as_load[k] { Some(operand(fx, view, &shape)) } else { None });
+        tables.push(if as_table[k] {
+            let (base, strides) = fx.view_base(view);
+            let sizes = fx.dims(&view.shape);
+            Some(Table { dtype: view.dtype, base, strides, sizes })
+        } else {
+            None
+        });
+    }
+    let mut dim_values = HashMap::new();
+    for d in dim_leaves {
+        let v = fx.dim(&d);
+        let v = fx.b.ins().ireduce(types::I32, v);
+        dim_values.insert(d, v);
+    }
+    let out_dense = out_view.unit_stride(rank - 1);
+    let vectorize = out_dense && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
+    let lane_iota = if vectorize {
+        let mut v = fx.b.ins().iconst(types::I32, 0);
+        v = fx.b.ins().splat(types::I32X4, v);
+        for lane in 1..4u8 {
+            let c = fx.b.ins().iconst(types::I32, i64::from(lane));
+            v = fx.b.ins().insertlane(v, c, lane);
+        }
+        Some(v)
+    } else {
+        None
+    };
+    let kernel = Kernel { rank, operands, tables, dims: dim_values, lane_iota, expr };
+    let inner = dims[rank - 1];
+    let out_inner = out_st[rank - 1];
+    let (lo, hi) = (fx.lo(), fx.hi());
+    // The outer index is unravelled once per call and then stepped like an odometer, which
+    // keeps divisions out of the row loop.
+    let first = fx.unravel(lo, &dims[..rank - 1]);
+    let index: Vec<_> = first.iter().map(|i| fx.var(types::I64, *i)).collect();
+    fx.for_range(lo, hi, |fx, _| {
+        let outer: Vec<Value> = index.iter().map(|v| fx.b.use_var(*v)).collect();
+        let rows: Vec<Option<Value>> = kernel
+            .operands
+            .iter()
+            .map(|o| {
+                o.as_ref().map(|o| {
+                    let mut off = fx.i64(0);
+                    for (i, s) in outer.iter().zip(&o.outer) {
+                        if let Some(s) = s {
+                            let t = fx.mul(*i, *s);
+                            off = fx.add(off, t);
+                        }
+                    }
+                    fx.elem_addr(o.base, off)
+                })
+            })
+            .collect();
+        let zero = fx.i64(0);
+        let out_off = fx.dot(zero, &outer, &out_st[..rank - 1]);
+        let out_row = fx.elem_addr(out_base, out_off);
+        let mut start = fx.i64(0);
+        if vectorize {
+            let mask = fx.i64(-4);
+            let vec_end = fx.b.ins().band(inner, mask);
+            fx.for_step(start, vec_end, 4, |fx, j| {
+                fx.lanes = 4;
+                let at = At { outer: &outer, j, rows: &rows };
+                let x = kernel.eval(fx, kernel.expr, &at);
+                let x = fx.round_to(x, out.dtype);
+                let x = store_form(fx, x);
+                let addr = fx.elem_addr(out_row, j);
+                fx.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
+                fx.lanes = 1;
+            });
+            start = vec_end;
+        }
+        fx.for_range(start, inner, |fx, j| {
+            let at = At { outer: &outer, j, rows: &rows };
+            let x = kernel.eval(fx, kernel.expr, &at);
+            let x = fx.round_to(x, out.dtype);
+            let x = store_form(fx, x);
+            let off = fx.mul(j, out_inner);
+            let addr = fx.elem_addr(out_row, off);
+            fx.store(x, addr);
+        });
+        // Next row: bump the last outer axis, carrying into earlier ones.
+        let mut carry = fx.i64(1);
+        for k in (0..rank - 1).rev() {
+            let t = fx.add(outer[k], carry);
+            let wrap = fx.b.ins().icmp(IntCC::Equal, t, dims[k]);
+            let zero = fx.i64(0);
+            let next = fx.b.ins().select(wrap, zero, t);
+            fx.b.def_var(index[k], next);
+            carry = fx.b.ins().uextend(types::I64, wrap);
+        }
+    });
+}
+
+/// Marks which inputs are loaded at the kernel index and which are gather tables, and collects
+/// the dims the expression reads.
+fn scan(e: &Expr, load: &mut [bool], table: &mut [bool], dims: &mut Vec<Dim>) {
+    match e {
+        Expr::Load(k) => load[*k] = true,
+        Expr::Dim(d) => {
+            if !dims.contains(d) {
+                dims.push(d.clone());
+            }
+        }
+        Expr::Const(..) | Expr::Iota { .. } => {}
+        Expr::Unary(_, a, _) | Expr::Cast(a, _) => scan(a, load, table, dims),
+        Expr::Binary(_, a, b, _) => {
+            scan(a, load, table, dims);
+            scan(b, load, table, dims);
+        }
+        Expr::Select(c, a, b, _) => {
+            scan(c, load, table, dims);
+            scan(a, load, table, dims);
+            scan(b, load, table, dims);
+        }
+        Expr::Gather(t, idx, _) => {
+            table[*t] = true;
+            for i in idx {
+                scan(i, load, table, dims);
+            }
+        }
+    }
+}
+
+/// The strides of `view` along the kernel's axes (right-aligned broadcast).
+fn operand(fx: &mut Fx, view: &View, shape: &[Dim]) -> Operand {
+    let (base, strides) = fx.view_base(view);
+    let rank = shape.len();
+    let lead = rank.saturating_sub(view.shape.len());
+    let axis_stride = |k: usize| -> Option<Value> {
+        let a = k.checked_sub(lead)?;
+        if view.shape.get(a)?.as_const() == Some(1) { None } else { strides.get(a).copied() }
+    };
+    let outer = (0..rank - 1).map(axis_stride).collect();
+    let inner = match axis_stride(rank - 1) {
+        None => Inner::Zero,
+        Some(s) => {
+            let a = rank - 1 - lead;
+            if view.strides.get(a).and_then(Dim::as_const) == Some(1) { Inner::One } else { Inner::Stride(s) }
+        }
+    };
+    Operand { dtype: view.dtype, base, outer, inner }
+}
+
+/// The memory form of a value: f32, i32, or bool as i32 0/1.
+fn store_form(fx: &mut Fx, x: Tv) -> Value {
+    match x.k {
+        Kind::F => x.v,
+        _ => fx.cvt_i(x),
+    }
+}
+
+/// Loads one element (or four consecutive ones, or one broadcast to four) of `dtype`.
+fn load_elem(fx: &mut Fx, dtype: DType, addr: Value, dense_lanes: bool) -> Tv {
+    let k = kind_of(dtype);
+    let mem_kind = if k == Kind::F { Kind::F } else { Kind::I };
+    let raw = if fx.lanes > 1 && dense_lanes {
+        let ty = fx.ty(mem_kind);
+        fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), addr, 0)
+    } else {
+        let ty = if mem_kind == Kind::F { types::F32 } else { types::I32 };
+        let s = fx.load(ty, addr);
+        fx.splat(mem_kind, s)
+    };
+    let x = Tv { v: raw, k: mem_kind };
+    if k == Kind::B { Tv { v: fx.cvt_b(x), k: Kind::B } } else { x }
+}
+
+impl Kernel<'_> {
+    fn eval(&self, fx: &mut Fx, e: &Expr, at: &At) -> Tv {
+        match e {
+            Expr::Load(k) => {
+                let (Some(o), Some(row)) = (&self.operands[*k], at.rows[*k]) else {
+                    return Tv { v: fx.fconst(f32::NAN), k: Kind::F };
+                };
+                match o.inner {
+                    Inner::Zero => load_elem(fx, o.dtype, row, false),
+                    Inner::One => {
+                        let addr = fx.elem_addr(row, at.j);
+                        load_elem(fx, o.dtype, addr, true)
+                    }
+                    Inner::Stride(s) => {
+                        let off = fx.mul(at.j, s);
+                        let addr = fx.elem_addr(row, off);
+                        load_elem(fx, o.dtype, addr, false)
+                    }
+                }
+            }
+            Expr::Const(c, dtype) => {
+                let c = dtype.round(*c);
+                let v = match kind_of(*dtype) {
+                    Kind::F => fx.fconst(c as f32),
+                    Kind::I => fx.iconst(c as i64),
+                    Kind::B => fx.bconst(c != 0.0),
+                };
+                Tv { v, k: kind_of(*dtype) }
+            }
+            Expr::Dim(d) => {
+                let s = self.dims.get(d).copied().unwrap_or_else(|| fx.b.ins().iconst(types::I32, 0));
+                Tv { v: fx.splat(Kind::I, s), k: Kind::I }
+            }
+            Expr::Iota { axis, rank, one } => {
+                let k = (axis + self.rank).checked_sub(*rank);
+                let v = match k {
+                    _ if *one => fx.iconst(0),
+                    Some(k) if k + 1 == self.rank => {
+                        let j = fx.b.ins().ireduce(types::I32, at.j);
+                        let j = fx.splat(Kind::I, j);
+                        match (fx.lanes > 1, self.lane_iota) {
+                            (true, Some(l)) => fx.b.ins().iadd(j, l),
+                            _ => j,
+                        }
+                    }
+                    Some(k) if k < at.outer.len() => {
+                        let i = fx.b.ins().ireduce(types::I32, at.outer[k]);
+                        fx.splat(Kind::I, i)
+                    }
+                    _ => fx.iconst(0),
+                };
+                Tv { v, k: Kind::I }
+            }
+            Expr::Unary(op, a, dtype) => {
+                let a = self.eval(fx, a, at);
+                let r = fx.unary(*op, a);
+                fx.round_to(r, *dtype)
+            }
+            Expr::Binary(op, a, b, dtype) => {
+                let a = self.eval(fx, a, at);
+                let b = self.eval(fx, b, at);
+                let r = fx.binary(*op, a, b, RemMode::Python);
+                fx.round_to(r, *dtype)
+            }
+            Expr::Select(c, a, b, dtype) => {
+                let c = self.eval(fx, c, at);
+                let a = self.eval(fx, a, at);
+                let b = self.eval(fx, b, at);
+                let r = fx.select(c, a, b);
+                fx.round_to(r, *dtype)
+            }
+            Expr::Cast(a, dtype) => {
+                let a = self.eval(fx, a, at);
+                fx.round_to(a, *dtype)
+            }
+            Expr::Gather(t, idx, dtype) => {
+                let idx: Vec<Value> = idx
+                    .iter()
+                    .map(|e| {
+                        let x = self.eval(fx, e, at);
+                        fx.cvt_i(x)
+                    })
+                    .collect();
+                self.gather(fx, *t, &idx, *dtype)
+            }
+        }
+    }
+
+    /// `table[idx...]` with each index clamped into its axis; lane by lane for vectors.
+    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value], dtype: DType) -> Tv {
+        let Some(table) = &self.tables[t] else { return Tv { v: fx.fconst(f32::NAN), k: Kind::F } };
+        let one = |fx: &mut Fx, idx: &[Value]| -> Value {
+            let mut off = fx.i64(0);
+            for ((i, s), n) in idx.iter().zip(&table.strides).zip(&table.sizes) {
+                let i = fx.b.ins().sextend(types::I64, *i);
+                let zero = fx.i64(0);
+                let one = fx.i64(1);
+                let top = fx.sub(*n, one);
+                let top = fx.max(top, zero);
+                let i = fx.min(i, top);
+                let i = fx.max(i, zero);
+                let t = fx.mul(i, *s);
+                off = fx.add(off, t);
+            }
+            let addr = fx.elem_addr(table.base, off);
+            let ty = if kind_of(table.dtype) == Kind::F { types::F32 } else { types::I32 };
+            fx.load(ty, addr)
+        };
+        let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
+        let v = if fx.lanes == 1 {
+            one(fx, idx)
+        } else {
+            let lanes = fx.lanes;
+            let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
+            for lane in 0..lanes {
+                let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
+                fx.lanes = 1;
+                let r = one(fx, &xs);
+                fx.lanes = lanes;
+                out = fx.b.ins().insertlane(out, r, lane);
+            }
+            out
+        };
+        let x = Tv { v, k: mem_kind };
+        if kind_of(dtype) == Kind::B { Tv { v: fx.cvt_b(x), k: Kind::B } } else { x }
+    }
+}

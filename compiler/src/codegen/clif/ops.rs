@@ -1,0 +1,526 @@
+//! Per-element arithmetic on typed values, shared by element-wise kernels and the flash score
+//! expressions: conversions, unary and binary ops, `where`, rounding to a storage type, and the
+//! transcendental functions (exp, tanh and friends inline; log, pow, erf through helpers).
+//!
+//! A value is a number (`F`: f32), an integer (`I`: i32) or a truth value (`B`). With
+//! [`Fx::lanes`] = 1 they are scalars (`B` is an `i8` 0/1); with 4 they are 128-bit vectors
+//! (`B` is an `i32x4` lane mask), which is how element-wise loops and the flash score loop run
+//! four elements at a time. Operations without a vector form run lane by lane.
+
+use super::abi::{self, Import};
+use super::builder::Fx;
+use crate::ir::{BinaryOp, DType, UnaryOp};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value, types};
+
+/// The class of a per-element value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// f32.
+    F,
+    /// i32.
+    I,
+    /// Truth value.
+    B,
+}
+
+/// A typed per-element value.
+#[derive(Clone, Copy, Debug)]
+pub struct Tv {
+    /// The Cranelift value.
+    pub v: Value,
+    /// Its class.
+    pub k: Kind,
+}
+
+/// How `%` treats signs and zero divisors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemMode {
+    /// The element-wise op: sign of the divisor (Python); `x % 0` is NaN (0 as an integer).
+    Python,
+    /// The flash expressions: `x - y·floor(x / y)`, 0 for `y = 0`.
+    Floor,
+}
+
+/// The class values of a dtype compute in.
+pub fn kind_of(dtype: DType) -> Kind {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Kind::F,
+        DType::I32 => Kind::I,
+        DType::Bool => Kind::B,
+    }
+}
+
+fn vec_flags() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
+}
+
+impl Fx<'_> {
+    /// The Cranelift type of a class at the current lane count.
+    pub fn ty(&self, k: Kind) -> Type {
+        match (k, self.lanes) {
+            (Kind::F, 1) => types::F32,
+            (Kind::I, 1) => types::I32,
+            (Kind::B, 1) => types::I8,
+            (Kind::F, _) => types::F32X4,
+            (Kind::I | Kind::B, _) => types::I32X4,
+        }
+    }
+
+    /// An f32 constant at the current lane count.
+    pub fn fconst(&mut self, x: f32) -> Value {
+        let s = self.b.ins().f32const(x);
+        if self.lanes == 1 { s } else { self.b.ins().splat(types::F32X4, s) }
+    }
+
+    /// An i32 constant at the current lane count.
+    pub fn iconst(&mut self, x: i64) -> Value {
+        let s = self.b.ins().iconst(types::I32, x);
+        if self.lanes == 1 { s } else { self.b.ins().splat(types::I32X4, s) }
+    }
+
+    /// A truth-value constant.
+    pub fn bconst(&mut self, x: bool) -> Value {
+        if self.lanes == 1 { self.b.ins().iconst(types::I8, i64::from(x)) } else { self.iconst(if x { -1 } else { 0 }) }
+    }
+
+    /// Broadcasts a scalar to the current lane count (identity for scalars).
+    pub fn splat(&mut self, k: Kind, scalar: Value) -> Value {
+        if self.lanes == 1 {
+            return scalar;
+        }
+        match k {
+            Kind::F => self.b.ins().splat(types::F32X4, scalar),
+            Kind::I => self.b.ins().splat(types::I32X4, scalar),
+            Kind::B => {
+                let wide = self.b.ins().sextend(types::I32, scalar);
+                let neg = self.b.ins().ineg(wide);
+                self.b.ins().splat(types::I32X4, neg)
+            }
+        }
+    }
+
+    /// Converts to f32.
+    pub fn cvt_f(&mut self, x: Tv) -> Value {
+        match x.k {
+            Kind::F => x.v,
+            Kind::I => {
+                let t = self.ty(Kind::F);
+                self.b.ins().fcvt_from_sint(t, x.v)
+            }
+            Kind::B => {
+                let (one, zero) = (self.fconst(1.0), self.fconst(0.0));
+                self.select_raw(x.v, one, zero)
+            }
+        }
+    }
+
+    /// Converts to i32 (floats truncate toward zero and saturate; NaN is 0).
+    pub fn cvt_i(&mut self, x: Tv) -> Value {
+        match x.k {
+            Kind::F => {
+                let t = self.ty(Kind::I);
+                self.b.ins().fcvt_to_sint_sat(t, x.v)
+            }
+            Kind::I => x.v,
+            Kind::B => {
+                if self.lanes == 1 {
+                    self.b.ins().uextend(types::I32, x.v)
+                } else {
+                    let one = self.iconst(1);
+                    self.b.ins().band(x.v, one)
+                }
+            }
+        }
+    }
+
+    /// Converts to a truth value (non-zero is true; NaN is true).
+    pub fn cvt_b(&mut self, x: Tv) -> Value {
+        match x.k {
+            Kind::F => {
+                let z = self.fconst(0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x.v, z)
+            }
+            Kind::I => {
+                let z = self.iconst(0);
+                self.b.ins().icmp(IntCC::NotEqual, x.v, z)
+            }
+            Kind::B => x.v,
+        }
+    }
+
+    /// Converts to class `k`.
+    pub fn cvt_kind(&mut self, x: Tv, k: Kind) -> Tv {
+        let v = match k {
+            Kind::F => self.cvt_f(x),
+            Kind::I => self.cvt_i(x),
+            Kind::B => self.cvt_b(x),
+        };
+        Tv { v, k }
+    }
+
+    /// Converts to `dtype`'s class and rounds to what `dtype` stores.
+    pub fn round_to(&mut self, x: Tv, dtype: DType) -> Tv {
+        let x = self.cvt_kind(x, kind_of(dtype));
+        match dtype {
+            DType::BF16 => Tv { v: self.round_bf16(x.v), k: Kind::F },
+            DType::F16 => Tv { v: self.lanewise_f32(abi::ROUND_F16, &[x.v]), k: Kind::F },
+            _ => x,
+        }
+    }
+
+    /// `c ? a : b` on raw values of one type (`c` a truth value).
+    pub fn select_raw(&mut self, c: Value, a: Value, b: Value) -> Value {
+        if self.lanes == 1 {
+            return self.b.ins().select(c, a, b);
+        }
+        let ty = self.b.func.dfg.value_type(a);
+        let mask = if ty == types::I32X4 { c } else { self.b.ins().bitcast(ty, vec_flags(), c) };
+        self.b.ins().bitselect(mask, a, b)
+    }
+
+    /// Calls a helper on every lane: f32 helpers directly, f64 helpers with widening.
+    fn lanewise(&mut self, f: Import, args: &[Value]) -> Value {
+        let wide = f.params.first() == Some(&types::F64);
+        let one = |fx: &mut Self, xs: &[Value]| -> Value {
+            let xs: Vec<Value> = xs.iter().map(|x| if wide { fx.b.ins().fpromote(types::F64, *x) } else { *x }).collect();
+            let r = fx.call(f, &xs)[0];
+            if wide { fx.b.ins().fdemote(types::F32, r) } else { r }
+        };
+        if self.lanes == 1 {
+            return one(self, args);
+        }
+        let mut out = self.fconst(0.0);
+        for lane in 0..self.lanes {
+            let xs: Vec<Value> = args.iter().map(|a| self.b.ins().extractlane(*a, lane)).collect();
+            let r = one(self, &xs);
+            out = self.b.ins().insertlane(out, r, lane);
+        }
+        out
+    }
+
+    fn lanewise_f32(&mut self, f: Import, args: &[Value]) -> Value {
+        self.lanewise(f, args)
+    }
+
+    /// Rounds f32 values to bf16 precision (nearest, ties to even; NaN stays NaN).
+    fn round_bf16(&mut self, x: Value) -> Value {
+        let ity = self.ty(Kind::I);
+        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        let bits = self.b.ins().bitcast(ity, fl, x);
+        let shifted = self.b.ins().ushr_imm_s(bits, 16);
+        let one = self.iconst(1);
+        let lsb = self.b.ins().band(shifted, one);
+        let bias = self.iconst(0x7FFF);
+        let t = self.b.ins().iadd(bits, bias);
+        let t = self.b.ins().iadd(t, lsb);
+        let mask = self.iconst(0xFFFF_0000u32 as i32 as i64);
+        let t = self.b.ins().band(t, mask);
+        let fty = self.ty(Kind::F);
+        let rounded = self.b.ins().bitcast(fty, fl, t);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.select_raw(nan, x, rounded)
+    }
+
+    /// `e^x` (f32, ≈1 ulp; underflows to 0 below -87.3, `inf` above 88.7, NaN stays NaN).
+    pub fn exp(&mut self, x: Value) -> Value {
+        let (hi, lo) = (self.fconst(88.72283), self.fconst(-87.33654));
+        let xc = self.b.ins().fmin(x, hi);
+        let xc = self.b.ins().fmax(xc, lo);
+        let log2e = self.fconst(std::f32::consts::LOG2_E);
+        let t = self.b.ins().fmul(xc, log2e);
+        let n = self.b.ins().nearest(t);
+        let (c1, c2) = (self.fconst(0.693_359_4), self.fconst(-2.121_944_4e-4));
+        let r = self.b.ins().fmul(n, c1);
+        let r = self.b.ins().fsub(xc, r);
+        let r2 = self.b.ins().fmul(n, c2);
+        let r = self.b.ins().fsub(r, r2);
+        let coeffs = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5e-1];
+        let mut p = self.fconst(coeffs[0]);
+        for c in &coeffs[1..] {
+            let cv = self.fconst(*c);
+            p = self.b.ins().fmul(p, r);
+            p = self.b.ins().fadd(p, cv);
+        }
+        let rr = self.b.ins().fmul(r, r);
+        p = self.b.ins().fmul(p, rr);
+        p = self.b.ins().fadd(p, r);
+        let one = self.fconst(1.0);
+        p = self.b.ins().fadd(p, one);
+        let ity = self.ty(Kind::I);
+        let ni = self.b.ins().fcvt_to_sint_sat(ity, n);
+        let bias = self.iconst(127);
+        let e = self.b.ins().iadd(ni, bias);
+        let e = self.b.ins().ishl_imm_s(e, 23);
+        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        let fty = self.ty(Kind::F);
+        let scale = self.b.ins().bitcast(fty, fl, e);
+        let y = self.b.ins().fmul(p, scale);
+        // Outside the clamped range: 0 below, inf above; NaN fails both tests and stays NaN.
+        let (inf, zero) = (self.fconst(f32::INFINITY), self.fconst(0.0));
+        let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+        let under = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
+        let y = self.select_raw(over, inf, y);
+        let y = self.select_raw(under, zero, y);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.select_raw(nan, x, y)
+    }
+
+    /// `1 / (1 + e^-x)`.
+    pub fn sigmoid(&mut self, x: Value) -> Value {
+        let nx = self.b.ins().fneg(x);
+        let e = self.exp(nx);
+        let one = self.fconst(1.0);
+        let d = self.b.ins().fadd(one, e);
+        self.b.ins().fdiv(one, d)
+    }
+
+    /// `tanh(x)`: an odd polynomial near 0, `1 - 2/(e^{2|x|} + 1)` with the sign elsewhere.
+    pub fn tanh(&mut self, x: Value) -> Value {
+        let ax = self.b.ins().fabs(x);
+        let two = self.fconst(2.0);
+        let t = self.b.ins().fmul(ax, two);
+        let e = self.exp(t);
+        let one = self.fconst(1.0);
+        let d = self.b.ins().fadd(e, one);
+        let q = self.b.ins().fdiv(two, d);
+        let big = self.b.ins().fsub(one, q);
+        // Copy x's sign onto |tanh|: clear the sign bit of `big`, or in x's.
+        let ity = self.ty(Kind::I);
+        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        let xb = self.b.ins().bitcast(ity, fl, x);
+        let signmask = self.iconst(i64::from(i32::MIN));
+        let sign = self.b.ins().band(xb, signmask);
+        let bb = self.b.ins().bitcast(ity, fl, big);
+        let signed = self.b.ins().bor(bb, sign);
+        let fty = self.ty(Kind::F);
+        let big = self.b.ins().bitcast(fty, fl, signed);
+        let z = self.b.ins().fmul(x, x);
+        let coeffs = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
+        let mut p = self.fconst(coeffs[0]);
+        for c in &coeffs[1..] {
+            let cv = self.fconst(*c);
+            p = self.b.ins().fmul(p, z);
+            p = self.b.ins().fadd(p, cv);
+        }
+        p = self.b.ins().fmul(p, z);
+        p = self.b.ins().fmul(p, x);
+        let small = self.b.ins().fadd(p, x);
+        let limit = self.fconst(0.625);
+        let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, limit);
+        self.select_raw(is_small, small, big)
+    }
+
+    /// `erf(x)` (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7, enough for GELU's
+    /// `1 + erf`), inline so GELU vectorises.
+    pub fn erf(&mut self, x: Value) -> Value {
+        let ax = self.b.ins().fabs(x);
+        let one = self.fconst(1.0);
+        let p = self.fconst(0.327_591_1);
+        let d = self.b.ins().fmul(ax, p);
+        let d = self.b.ins().fadd(one, d);
+        let t = self.b.ins().fdiv(one, d);
+        let coeffs = [1.061_405_4, -1.453_152, 1.421_413_8, -0.284_496_74, 0.254_829_6];
+        let mut poly = self.fconst(coeffs[0]);
+        for c in &coeffs[1..] {
+            let cv = self.fconst(*c);
+            poly = self.b.ins().fmul(poly, t);
+            poly = self.b.ins().fadd(poly, cv);
+        }
+        poly = self.b.ins().fmul(poly, t);
+        let x2 = self.b.ins().fmul(x, x);
+        let nx2 = self.b.ins().fneg(x2);
+        let e = self.exp(nx2);
+        let q = self.b.ins().fmul(poly, e);
+        let y = self.b.ins().fsub(one, q);
+        // Copy x's sign onto y (y ≥ 0).
+        let ity = self.ty(Kind::I);
+        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        let xb = self.b.ins().bitcast(ity, fl, x);
+        let signmask = self.iconst(i64::from(i32::MIN));
+        let sign = self.b.ins().band(xb, signmask);
+        let yb = self.b.ins().bitcast(ity, fl, y);
+        let signed = self.b.ins().bor(yb, sign);
+        let fty = self.ty(Kind::F);
+        let r = self.b.ins().bitcast(fty, fl, signed);
+        // NaN stays NaN.
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.select_raw(nan, x, r)
+    }
+
+    /// A unary op in its natural class (floats for transcendental functions).
+    pub fn unary(&mut self, op: UnaryOp, x: Tv) -> Tv {
+        let int = x.k != Kind::F;
+        match op {
+            UnaryOp::Not => {
+                let b = self.cvt_b(x);
+                let t = self.bconst(true);
+                Tv { v: self.b.ins().bxor(b, t), k: Kind::B }
+            }
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Floor if int => {
+                let v = self.cvt_i(x);
+                let v = match op {
+                    UnaryOp::Neg => self.b.ins().ineg(v),
+                    UnaryOp::Abs => self.b.ins().iabs(v),
+                    UnaryOp::Relu => {
+                        let z = self.iconst(0);
+                        self.b.ins().smax(v, z)
+                    }
+                    _ => v,
+                };
+                Tv { v, k: Kind::I }
+            }
+            _ => {
+                let v = self.cvt_f(x);
+                let r = match op {
+                    UnaryOp::Neg => self.b.ins().fneg(v),
+                    UnaryOp::Abs => self.b.ins().fabs(v),
+                    UnaryOp::Floor => self.b.ins().floor(v),
+                    UnaryOp::Relu => {
+                        let z = self.fconst(0.0);
+                        self.b.ins().fmax(v, z)
+                    }
+                    UnaryOp::Exp => self.exp(v),
+                    UnaryOp::Log => self.lanewise(abi::LOG, &[v]),
+                    UnaryOp::Sqrt => self.b.ins().sqrt(v),
+                    UnaryOp::Rsqrt => {
+                        let s = self.b.ins().sqrt(v);
+                        let one = self.fconst(1.0);
+                        self.b.ins().fdiv(one, s)
+                    }
+                    UnaryOp::Tanh => self.tanh(v),
+                    UnaryOp::Sigmoid => self.sigmoid(v),
+                    UnaryOp::Silu => {
+                        let s = self.sigmoid(v);
+                        self.b.ins().fmul(v, s)
+                    }
+                    UnaryOp::Gelu => {
+                        let c = self.fconst(std::f32::consts::FRAC_1_SQRT_2);
+                        let t = self.b.ins().fmul(v, c);
+                        let e = self.erf(t);
+                        let one = self.fconst(1.0);
+                        let e1 = self.b.ins().fadd(one, e);
+                        let half = self.fconst(0.5);
+                        let hx = self.b.ins().fmul(v, half);
+                        self.b.ins().fmul(hx, e1)
+                    }
+                    UnaryOp::Elu => {
+                        let e = self.exp(v);
+                        let one = self.fconst(1.0);
+                        let em1 = self.b.ins().fsub(e, one);
+                        let z = self.fconst(0.0);
+                        let pos = self.b.ins().fcmp(FloatCC::GreaterThan, v, z);
+                        self.select_raw(pos, v, em1)
+                    }
+                    UnaryOp::Not => v,
+                };
+                Tv { v: r, k: Kind::F }
+            }
+        }
+    }
+
+    /// A binary op in its natural class: comparisons and logic give truth values, `/` and `**`
+    /// floats, the rest integers when both sides are integers and floats otherwise.
+    pub fn binary(&mut self, op: BinaryOp, a: Tv, b: Tv, rem: RemMode) -> Tv {
+        let float = a.k == Kind::F || b.k == Kind::F;
+        if op.is_logical() {
+            let (x, y) = (self.cvt_b(a), self.cvt_b(b));
+            let v = if op == BinaryOp::And { self.b.ins().band(x, y) } else { self.b.ins().bor(x, y) };
+            return Tv { v, k: Kind::B };
+        }
+        if op.is_comparison() {
+            let v = if float {
+                let (x, y) = (self.cvt_f(a), self.cvt_f(b));
+                let cc = match op {
+                    BinaryOp::Lt => FloatCC::LessThan,
+                    BinaryOp::Le => FloatCC::LessThanOrEqual,
+                    BinaryOp::Gt => FloatCC::GreaterThan,
+                    BinaryOp::Ge => FloatCC::GreaterThanOrEqual,
+                    BinaryOp::Eq => FloatCC::Equal,
+                    _ => FloatCC::NotEqual,
+                };
+                self.b.ins().fcmp(cc, x, y)
+            } else {
+                let (x, y) = (self.cvt_i(a), self.cvt_i(b));
+                let cc = match op {
+                    BinaryOp::Lt => IntCC::SignedLessThan,
+                    BinaryOp::Le => IntCC::SignedLessThanOrEqual,
+                    BinaryOp::Gt => IntCC::SignedGreaterThan,
+                    BinaryOp::Ge => IntCC::SignedGreaterThanOrEqual,
+                    BinaryOp::Eq => IntCC::Equal,
+                    _ => IntCC::NotEqual,
+                };
+                self.b.ins().icmp(cc, x, y)
+            };
+            return Tv { v, k: Kind::B };
+        }
+        if float || matches!(op, BinaryOp::Div | BinaryOp::Pow) {
+            let (x, y) = (self.cvt_f(a), self.cvt_f(b));
+            let v = match op {
+                BinaryOp::Add => self.b.ins().fadd(x, y),
+                BinaryOp::Sub => self.b.ins().fsub(x, y),
+                BinaryOp::Mul => self.b.ins().fmul(x, y),
+                BinaryOp::Div => self.b.ins().fdiv(x, y),
+                BinaryOp::Min => self.b.ins().fmin(x, y),
+                BinaryOp::Max => self.b.ins().fmax(x, y),
+                BinaryOp::Pow => self.lanewise(abi::POW, &[x, y]),
+                _ => self.lanewise(if rem == RemMode::Python { abi::REM_PY } else { abi::REM_FLOOR }, &[x, y]),
+            };
+            return Tv { v, k: Kind::F };
+        }
+        let (x, y) = (self.cvt_i(a), self.cvt_i(b));
+        let v = match op {
+            BinaryOp::Add => self.b.ins().iadd(x, y),
+            BinaryOp::Sub => self.b.ins().isub(x, y),
+            BinaryOp::Mul => self.b.ins().imul(x, y),
+            BinaryOp::Min => self.b.ins().smin(x, y),
+            BinaryOp::Max => self.b.ins().smax(x, y),
+            _ => self.int_rem(x, y),
+        };
+        Tv { v, k: Kind::I }
+    }
+
+    /// Integer `%` with the sign of the divisor; 0 for a zero divisor (both modes agree there:
+    /// NaN stored as i32 is 0).
+    fn int_rem(&mut self, x: Value, y: Value) -> Value {
+        if self.lanes > 1 {
+            let mut out = self.iconst(0);
+            let saved = self.lanes;
+            for lane in 0..saved {
+                let (xs, ys) = (self.b.ins().extractlane(x, lane), self.b.ins().extractlane(y, lane));
+                self.lanes = 1;
+                let r = self.int_rem(xs, ys);
+                self.lanes = saved;
+                out = self.b.ins().insertlane(out, r, lane);
+            }
+            return out;
+        }
+        // Divide by 1 instead of 0 or of -1 (which traps for i32::MIN); both give remainder 0.
+        let zero = self.b.ins().iconst(types::I32, 0);
+        let one = self.b.ins().iconst(types::I32, 1);
+        let is_zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
+        let is_m1 = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+        let bad = self.b.ins().bor(is_zero, is_m1);
+        let safe = self.b.ins().select(bad, one, y);
+        let r = self.b.ins().srem(x, safe);
+        let r_neg = self.b.ins().icmp(IntCC::SignedLessThan, r, zero);
+        let y_neg = self.b.ins().icmp(IntCC::SignedLessThan, y, zero);
+        let differ = self.b.ins().bxor(r_neg, y_neg);
+        let nonzero = self.b.ins().icmp(IntCC::NotEqual, r, zero);
+        let fix = self.b.ins().band(differ, nonzero);
+        let ry = self.b.ins().iadd(r, y);
+        self.b.ins().select(fix, ry, r)
+    }
+
+    /// `where(c, a, b)` in the natural class of the branches.
+    pub fn select(&mut self, c: Tv, a: Tv, b: Tv) -> Tv {
+        let k = match (a.k, b.k) {
+            (Kind::B, Kind::B) => Kind::B,
+            (Kind::F, _) | (_, Kind::F) => Kind::F,
+            _ => Kind::I,
+        };
+        let c = self.cvt_b(c);
+        let (x, y) = (self.cvt_kind(a, k), self.cvt_kind(b, k));
+        Tv { v: self.select_raw(c, x.v, y.v), k }
+    }
+}

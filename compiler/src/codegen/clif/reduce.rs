@@ -1,0 +1,267 @@
+//! Kernels that combine many elements: reductions, softmax (when not fused into flash), layer
+//! and RMS norm. Sums accumulate in f64 like the reference interpreter; each work item walks
+//! its row in a fixed order, so results do not depend on how items are spread over threads.
+
+use super::builder::Fx;
+use super::ops::{Kind, Tv, kind_of};
+use super::plan::View;
+use crate::ir::{DType, ReduceOp};
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::Variable;
+
+/// Loads element `off` (i64 elements from `base`) of a buffer of `dtype` as f32 or i32.
+fn load(fx: &mut Fx, dtype: DType, base: Value, off: Value) -> Tv {
+    let addr = fx.elem_addr(base, off);
+    let k = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
+    let ty = if k == Kind::F { types::F32 } else { types::I32 };
+    Tv { v: fx.load(ty, addr), k }
+}
+
+/// Rounds `x` to `dtype` and stores it as element `off` of `base`.
+fn store(fx: &mut Fx, x: Tv, dtype: DType, base: Value, off: Value) {
+    let x = fx.round_to(x, dtype);
+    let v = if x.k == Kind::F { x.v } else { fx.cvt_i(x) };
+    let addr = fx.elem_addr(base, off);
+    fx.store(v, addr);
+}
+
+/// `out[w] = reduce(x[w, ...])` over `axes`, one output element per work item.
+pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &View) {
+    let rank = x.shape.len();
+    let (xb, xs) = fx.view_base(x);
+    let dims = fx.dims(&x.shape);
+    let (ob, _) = fx.view_base(out);
+    let kept: Vec<usize> = (0..rank).filter(|a| !axes.contains(a)).collect();
+    let kept_dims: Vec<Value> = kept.iter().map(|a| dims[*a]).collect();
+    let kept_strides: Vec<Value> = kept.iter().map(|a| xs[*a]).collect();
+    let count = {
+        let mut c = fx.i64(1);
+        for a in axes {
+            c = fx.mul(c, dims[*a]);
+        }
+        c
+    };
+    let int = kind_of(x.dtype) == Kind::I;
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let idx = fx.unravel(w, &kept_dims);
+        let zero = fx.i64(0);
+        let base = fx.dot(zero, &idx, &kept_strides);
+        let (acc_ty, init) = match (op, int) {
+            (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
+            (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
+            (ReduceOp::Max, false) => (types::F32, fx.f32(f32::NEG_INFINITY)),
+            (ReduceOp::Min, false) => (types::F32, fx.f32(f32::INFINITY)),
+            (ReduceOp::Max, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
+            (ReduceOp::Min, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MAX))),
+        };
+        let acc = fx.var(acc_ty, init);
+        nest(fx, axes, &dims, &xs, base, &mut |fx, off| {
+            let v = load(fx, x.dtype, xb, off);
+            let a = fx.b.use_var(acc);
+            let r = match (op, int) {
+                (ReduceOp::Sum | ReduceOp::Mean, false) => {
+                    let w = fx.b.ins().fpromote(types::F64, v.v);
+                    fx.b.ins().fadd(a, w)
+                }
+                (ReduceOp::Sum | ReduceOp::Mean, true) => {
+                    let w = fx.b.ins().sextend(types::I64, v.v);
+                    fx.b.ins().iadd(a, w)
+                }
+                (ReduceOp::Max, false) => fx.b.ins().fmax(a, v.v),
+                (ReduceOp::Min, false) => fx.b.ins().fmin(a, v.v),
+                (ReduceOp::Max, true) => fx.b.ins().smax(a, v.v),
+                (ReduceOp::Min, true) => fx.b.ins().smin(a, v.v),
+            };
+            fx.b.def_var(acc, r);
+        });
+        let a = fx.b.use_var(acc);
+        let result = match (op, int) {
+            (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
+            (ReduceOp::Sum, true) => {
+                let (lo, hi) = (fx.i64(i64::from(i32::MIN)), fx.i64(i64::from(i32::MAX)));
+                let c = fx.max(a, lo);
+                let c = fx.min(c, hi);
+                Tv { v: fx.b.ins().ireduce(types::I32, c), k: Kind::I }
+            }
+            (ReduceOp::Mean, _) => {
+                let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
+                let n = fx.b.ins().fcvt_from_sint(types::F64, count);
+                let m = fx.b.ins().fdiv(s, n);
+                let zero = fx.f64(0.0);
+                let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
+                let m = fx.b.ins().select(empty, zero, m);
+                Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
+            }
+            (_, false) => Tv { v: a, k: Kind::F },
+            (_, true) => Tv { v: a, k: Kind::I },
+        };
+        store(fx, result, out.dtype, ob, w);
+    });
+}
+
+/// Nested loops over `axes` (in order), calling `body` with each element's offset.
+fn nest(fx: &mut Fx, axes: &[usize], dims: &[Value], strides: &[Value], base: Value, body: &mut dyn FnMut(&mut Fx, Value)) {
+    match axes.split_first() {
+        None => body(fx, base),
+        Some((a, rest)) => {
+            let zero = fx.i64(0);
+            let (n, s) = (dims[*a], strides[*a]);
+            fx.for_range(zero, n, |fx, i| {
+                let t = fx.mul(i, s);
+                let off = fx.add(base, t);
+                nest(fx, rest, dims, strides, off, body);
+            });
+        }
+    }
+}
+
+/// Offsets of the row a work item addresses: every axis but `axis`, for `x` and dense `out`.
+fn row_offsets(fx: &mut Fx, w: Value, axis: usize, dims: &[Value], xs: &[Value], os: &[Value]) -> (Value, Value) {
+    let others: Vec<usize> = (0..dims.len()).filter(|a| *a != axis).collect();
+    let od: Vec<Value> = others.iter().map(|a| dims[*a]).collect();
+    let idx = fx.unravel(w, &od);
+    let zero = fx.i64(0);
+    let xo = fx.dot(zero, &idx, &others.iter().map(|a| xs[*a]).collect::<Vec<_>>());
+    let oo = fx.dot(zero, &idx, &others.iter().map(|a| os[*a]).collect::<Vec<_>>());
+    (xo, oo)
+}
+
+/// Softmax along `axis`, one row per work item; a row whose max is `-inf` gives zeros.
+pub fn emit_softmax(fx: &mut Fx, x: &View, axis: usize, out: &View) {
+    let (xb, xs) = fx.view_base(x);
+    let (ob, os) = fx.view_base(out);
+    let dims = fx.dims(&x.shape);
+    let (n, xstep, ostep) = (dims[axis], xs[axis], os[axis]);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
+        let zero = fx.i64(0);
+        let ninf = fx.f32(f32::NEG_INFINITY);
+        let max = fx.var(types::F32, ninf);
+        let at = |fx: &mut Fx, base: Value, step: Value, i: Value| {
+            let t = fx.mul(i, step);
+            fx.add(base, t)
+        };
+        fx.for_range(zero, n, |fx, i| {
+            let off = at(fx, xo, xstep, i);
+            let v = load(fx, x.dtype, xb, off);
+            let v = fx.cvt_f(v);
+            let m = fx.b.use_var(max);
+            let m = fx.b.ins().fmax(m, v);
+            fx.b.def_var(max, m);
+        });
+        let m = fx.b.use_var(max);
+        let masked = fx.feq(m, ninf);
+        fx.if_else(
+            masked,
+            |fx| {
+                let z = fx.f32(0.0);
+                fx.for_range(zero, n, |fx, i| {
+                    let off = at(fx, oo, ostep, i);
+                    store(fx, Tv { v: z, k: Kind::F }, out.dtype, ob, off);
+                });
+            },
+            |fx| {
+                let zero64 = fx.f64(0.0);
+                let sum = fx.var(types::F64, zero64);
+                fx.for_range(zero, n, |fx, i| {
+                    let off = at(fx, xo, xstep, i);
+                    let v = load(fx, x.dtype, xb, off);
+                    let v = fx.cvt_f(v);
+                    let d = fx.b.ins().fsub(v, m);
+                    let e = fx.exp(d);
+                    let ooff = at(fx, oo, ostep, i);
+                    let addr = fx.elem_addr(ob, ooff);
+                    fx.store(e, addr);
+                    let s = fx.b.use_var(sum);
+                    let e64 = fx.b.ins().fpromote(types::F64, e);
+                    let s = fx.b.ins().fadd(s, e64);
+                    fx.b.def_var(sum, s);
+                });
+                let s = fx.b.use_var(sum);
+                let s32 = fx.b.ins().fdemote(types::F32, s);
+                fx.for_range(zero, n, |fx, i| {
+                    let ooff = at(fx, oo, ostep, i);
+                    let addr = fx.elem_addr(ob, ooff);
+                    let e = fx.load(types::F32, addr);
+                    let p = fx.b.ins().fdiv(e, s32);
+                    store(fx, Tv { v: p, k: Kind::F }, out.dtype, ob, ooff);
+                });
+            },
+        );
+    });
+}
+
+/// Layer norm (`beta` given) or RMS norm over the last axis, in f64, one row per work item.
+pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) {
+    let rank = x.shape.len();
+    let (xb, xs) = fx.view_base(x);
+    let (ob, os) = fx.view_base(out);
+    let (gb, gs) = fx.view_base(gamma);
+    let bb = beta.map(|b| fx.view_base(b));
+    let dims = fx.dims(&x.shape);
+    let d = dims[rank - 1];
+    let (xstep, ostep) = (xs[rank - 1], os[rank - 1]);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (xo, oo) = row_offsets(fx, w, rank - 1, &dims, &xs, &os);
+        let zero = fx.i64(0);
+        let elem = |fx: &mut Fx, i: Value| -> Value {
+            let t = fx.mul(i, xstep);
+            let off = fx.add(xo, t);
+            let v = load(fx, x.dtype, xb, off);
+            let v = fx.cvt_f(v);
+            fx.b.ins().fpromote(types::F64, v)
+        };
+        let sum_of = |fx: &mut Fx, f: &dyn Fn(&mut Fx, Value) -> Value| -> Value {
+            let z = fx.f64(0.0);
+            let acc: Variable = fx.var(types::F64, z);
+            fx.for_range(zero, d, |fx, i| {
+                let v = f(fx, i);
+                let a = fx.b.use_var(acc);
+                let a = fx.b.ins().fadd(a, v);
+                fx.b.def_var(acc, a);
+            });
+            fx.b.use_var(acc)
+        };
+        let n = fx.b.ins().fcvt_from_sint(types::F64, d);
+        let mean = if beta.is_some() {
+            let s = sum_of(fx, &|fx, i| elem(fx, i));
+            fx.b.ins().fdiv(s, n)
+        } else {
+            fx.f64(0.0)
+        };
+        let var = sum_of(fx, &|fx, i| {
+            let v = elem(fx, i);
+            let c = fx.b.ins().fsub(v, mean);
+            fx.b.ins().fmul(c, c)
+        });
+        let var = fx.b.ins().fdiv(var, n);
+        let e = fx.f64(eps);
+        let var = fx.b.ins().fadd(var, e);
+        let denom = fx.b.ins().sqrt(var);
+        fx.for_range(zero, d, |fx, i| {
+            let v = elem(fx, i);
+            let c = fx.b.ins().fsub(v, mean);
+            let c = fx.b.ins().fdiv(c, denom);
+            let goff = fx.mul(i, gs[0]);
+            let g = load(fx, gamma.dtype, gb, goff);
+            let g = fx.cvt_f(g);
+            let g = fx.b.ins().fpromote(types::F64, g);
+            let mut y = fx.b.ins().fmul(c, g);
+            if let (Some(beta), Some((bb, bs))) = (beta, &bb) {
+                let boff = fx.mul(i, bs[0]);
+                let bv = load(fx, beta.dtype, *bb, boff);
+                let bv = fx.cvt_f(bv);
+                let bv = fx.b.ins().fpromote(types::F64, bv);
+                y = fx.b.ins().fadd(y, bv);
+            }
+            let y = fx.b.ins().fdemote(types::F32, y);
+            let t = fx.mul(i, ostep);
+            let ooff = fx.add(oo, t);
+            store(fx, Tv { v: y, k: Kind::F }, out.dtype, ob, ooff);
+        });
+    });
+}

@@ -1,0 +1,205 @@
+//! Compiles a flash op's score modification and mask predicate ([`ScoreExpr`]) to Cranelift
+//! instructions, evaluated per score element (or four at a time) inside the flash kernel's
+//! tile loop: no interpreter and no callback per element.
+//!
+//! Classes follow the reference semantics ([`ScoreExpr::eval`]): positions, integer constants
+//! and dims are integers, arithmetic on two integers stays integral, `/` and `**` are floats,
+//! comparisons and logic are truth values, loads have their operand's class.
+
+use super::builder::Fx;
+use super::ops::{Kind, RemMode, Tv, kind_of};
+use crate::ir::{DType, Dim, ScoreExpr};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use std::collections::HashMap;
+
+/// An extra operand as the expressions read it.
+pub struct Extra {
+    /// Element type.
+    pub dtype: DType,
+    /// Address of its first element.
+    pub base: Value,
+    /// Element stride per axis (i64).
+    pub strides: Vec<Value>,
+    /// Size per axis (i64).
+    pub sizes: Vec<Value>,
+}
+
+/// How often a sub-expression changes inside the flash kernel's loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Once per work item: constants, dims, batch positions and loads indexed by them.
+    Item,
+    /// Once per query row: also the row position `i`.
+    Row,
+    /// Per score: the score `s` or the key position `j`.
+    Elem,
+}
+
+/// The level of `e` in a score tensor of rank `rank`.
+pub fn level(e: &ScoreExpr, rank: usize) -> Level {
+    match e {
+        ScoreExpr::Score => Level::Elem,
+        ScoreExpr::Pos(k) if *k + 1 == rank => Level::Elem,
+        ScoreExpr::Pos(k) if *k + 2 == rank => Level::Row,
+        ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_) => Level::Item,
+        ScoreExpr::Load { index, .. } => index.iter().map(|x| level(x, rank)).max().unwrap_or(Level::Item),
+        ScoreExpr::Unary(_, a) => level(a, rank),
+        ScoreExpr::Binary(_, a, b) => level(a, rank).max(level(b, rank)),
+        ScoreExpr::Select(c, a, b) => level(c, rank).max(level(a, rank)).max(level(b, rank)),
+    }
+}
+
+/// Values of sub-expressions computed outside the score loop (scalars), by node address.
+pub type Hoisted = HashMap<*const ScoreExpr, Tv>;
+
+/// Evaluates (as scalars) every maximal sub-expression of `exprs` whose level is at most `at`
+/// and that is worth hoisting (not a bare constant or position), adding them to `env`'s cache.
+pub fn hoist(fx: &mut Fx, exprs: &[&ScoreExpr], rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+    fn walk(fx: &mut Fx, e: &ScoreExpr, rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+        let leaf = matches!(e, ScoreExpr::Score | ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_));
+        if leaf || env.hoisted.contains_key(&(e as *const ScoreExpr)) {
+            return;
+        }
+        if level(e, rank) <= at {
+            let saved = fx.lanes;
+            fx.lanes = 1;
+            let v = eval(fx, e, env);
+            fx.lanes = saved;
+            out.insert(e as *const ScoreExpr, v);
+            return;
+        }
+        match e {
+            ScoreExpr::Load { index, .. } => index.iter().for_each(|x| walk(fx, x, rank, at, env, out)),
+            ScoreExpr::Unary(_, a) => walk(fx, a, rank, at, env, out),
+            ScoreExpr::Binary(_, a, b) => {
+                walk(fx, a, rank, at, env, out);
+                walk(fx, b, rank, at, env, out);
+            }
+            ScoreExpr::Select(c, a, b) => {
+                walk(fx, c, rank, at, env, out);
+                walk(fx, a, rank, at, env, out);
+                walk(fx, b, rank, at, env, out);
+            }
+            _ => {}
+        }
+    }
+    for e in exprs {
+        walk(fx, e, rank, at, env, out);
+    }
+}
+
+/// Everything an expression can read at one score element.
+pub struct Env<'e> {
+    /// The raw (or alpha-scaled) score, if the expression may read it.
+    pub s: Option<Tv>,
+    /// Position per score axis (i32, at the current lane count).
+    pub pos: &'e [Value],
+    /// Dims the expressions mention, as i32 scalars (loaded in the prologue).
+    pub dims: &'e HashMap<Dim, Value>,
+    /// Extra operands.
+    pub extras: &'e [Extra],
+    /// Sub-expressions already computed outside the loop (scalars, broadcast when read).
+    pub hoisted: &'e Hoisted,
+}
+
+/// Every dim an expression mentions.
+pub fn dims_of(e: &ScoreExpr, out: &mut Vec<Dim>) {
+    e.visit(&mut |x| {
+        if let ScoreExpr::Dim(d) = x
+            && !out.contains(d)
+        {
+            out.push(d.clone());
+        }
+    });
+}
+
+/// Evaluates `e` at the current lane count.
+pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
+    if let Some(t) = env.hoisted.get(&(e as *const ScoreExpr)) {
+        return Tv { v: fx.splat(t.k, t.v), k: t.k };
+    }
+    match e {
+        ScoreExpr::Score => env.s.unwrap_or_else(|| Tv { v: fx.fconst(f32::NAN), k: Kind::F }),
+        ScoreExpr::Pos(k) => match env.pos.get(*k) {
+            Some(v) => Tv { v: *v, k: Kind::I },
+            None => Tv { v: fx.iconst(0), k: Kind::I },
+        },
+        ScoreExpr::Float(x) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+        ScoreExpr::Int(x) => match i32::try_from(*x) {
+            Ok(i) => Tv { v: fx.iconst(i64::from(i)), k: Kind::I },
+            // Too wide for i32: keep the magnitude as a float.
+            Err(_) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+        },
+        ScoreExpr::Dim(d) => {
+            let s = match env.dims.get(d) {
+                Some(v) => *v,
+                None => fx.b.ins().iconst(types::I32, 0),
+            };
+            Tv { v: fx.splat(Kind::I, s), k: Kind::I }
+        }
+        ScoreExpr::Load { input, index } => {
+            let idx: Vec<Value> = index
+                .iter()
+                .map(|x| {
+                    let t = eval(fx, x, env);
+                    fx.cvt_i(t)
+                })
+                .collect();
+            match env.extras.get(*input) {
+                Some(x) => load(fx, x, &idx),
+                None => Tv { v: fx.fconst(f32::NAN), k: Kind::F },
+            }
+        }
+        ScoreExpr::Unary(op, a) => {
+            let a = eval(fx, a, env);
+            fx.unary(*op, a)
+        }
+        ScoreExpr::Binary(op, a, b) => {
+            let a = eval(fx, a, env);
+            let b = eval(fx, b, env);
+            fx.binary(*op, a, b, RemMode::Floor)
+        }
+        ScoreExpr::Select(c, a, b) => {
+            let c = eval(fx, c, env);
+            let a = eval(fx, a, env);
+            let b = eval(fx, b, env);
+            fx.select(c, a, b)
+        }
+    }
+}
+
+/// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
+fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
+    let mem_kind = if kind_of(x.dtype) == Kind::F { Kind::F } else { Kind::I };
+    let one = |fx: &mut Fx, idx: &[Value]| -> Value {
+        let mut off = fx.i64(0);
+        for ((i, s), n) in idx.iter().zip(&x.strides).zip(&x.sizes) {
+            let i = fx.b.ins().sextend(types::I64, *i);
+            let (zero, one) = (fx.i64(0), fx.i64(1));
+            let top = fx.sub(*n, one);
+            let top = fx.max(top, zero);
+            let i = fx.min(i, top);
+            let i = fx.max(i, zero);
+            let t = fx.mul(i, *s);
+            off = fx.add(off, t);
+        }
+        let addr = fx.elem_addr(x.base, off);
+        fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
+    };
+    let v = if fx.lanes == 1 {
+        one(fx, idx)
+    } else {
+        let lanes = fx.lanes;
+        let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
+        for lane in 0..lanes {
+            let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
+            fx.lanes = 1;
+            let r = one(fx, &xs);
+            fx.lanes = lanes;
+            out = fx.b.ins().insertlane(out, r, lane);
+        }
+        out
+    };
+    let t = Tv { v, k: mem_kind };
+    if kind_of(x.dtype) == Kind::B { Tv { v: fx.cvt_b(t), k: Kind::B } } else { t }
+}

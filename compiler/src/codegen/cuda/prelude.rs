@@ -1,0 +1,97 @@
+//! The helpers every emitted program starts with. The source includes no header (NVRTC needs
+//! none of the CUDA toolkit's): half-precision conversions and tensor-core products are inline
+//! PTX, warp exchanges and barriers are the built-in intrinsics, and everything the kernels use
+//! from the device goes through a helper here, so that a test can swap this block for a host
+//! C++ emulation (the text between the two marker lines).
+
+/// First line of the replaceable helper block.
+pub const PRELUDE_BEGIN: &str = "// ---- attnc prelude begin ----";
+/// Last line of the replaceable helper block.
+pub const PRELUDE_END: &str = "// ---- attnc prelude end ----";
+
+/// Types every emitted program uses, before (and outside) the replaceable block.
+pub(super) const TYPES: &str = "\
+typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned char u8;
+";
+
+/// The device helpers (between the markers).
+pub(super) const PRELUDE: &str = r#"#define ATTNC_DEV __device__ __forceinline__
+#define ATTNC_INF __int_as_float(0x7f800000)
+#define ATTNC_NAN __int_as_float(0x7fffffff)
+#define ATTNC_DINF __longlong_as_double(0x7ff0000000000000LL)
+#define ATTNC_DNAN __longlong_as_double(0x7ff8000000000000LL)
+#define ATTNC_LOG2E 1.4426950408889634f
+ATTNC_DEV float attnc_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+ATTNC_DEV u16 attnc_f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+ATTNC_DEV float attnc_b2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+ATTNC_DEV u16 attnc_f2b(float f) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+ATTNC_DEV float attnc_rh(float x) { return attnc_h2f(attnc_f2h(x)); }
+ATTNC_DEV float attnc_rb(float x) { return attnc_b2f(attnc_f2b(x)); }
+// Two floats packed as f16x2 / bf16x2: `lo` in the low half (the lower column of a fragment).
+ATTNC_DEV unsigned attnc_pack_h(float lo, float hi) { unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+ATTNC_DEV unsigned attnc_pack_b(float lo, float hi) { unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+ATTNC_DEV unsigned attnc_pack_u16(u16 lo, u16 hi) { return (unsigned)lo | ((unsigned)hi << 16); }
+ATTNC_DEV unsigned attnc_ld_u32(const u16* p) { return *(const unsigned*)p; }
+// D = A * B + D for one warp: m16n8k16, A row-major f16/bf16 (4 regs), B column-major (2 regs),
+// f32 accumulators (4 regs). Fragment layouts: PTX ISA, "mma.m16n8k16" matrix fragments.
+ATTNC_DEV void attnc_mma_h(float* c, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+ATTNC_DEV void attnc_sync() { __syncthreads(); }
+ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
+#define ATTNC_SHARED __shared__
+#define ATTNC_DYN_SMEM extern __shared__ __align__(16) unsigned char attnc_smem[]
+#define ATTNC_KERNEL extern "C" __global__
+"#;
+
+/// Scalar maths shared by every backend's definition of the ops (after the replaceable block:
+/// plain C on top of the helpers, identical on the device and in a host emulation).
+pub(super) const MATH: &str = r#"struct __align__(16) attnc_u4 { unsigned x, y, z, w; };  // 8 halves, one 16-byte access
+ATTNC_DEV float attnc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ATTNC_DEV float attnc_silu(float x) { return x / (1.0f + expf(-x)); }
+ATTNC_DEV float attnc_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+ATTNC_DEV float attnc_elu(float x) { return x > 0.0f ? x : expm1f(x); }
+ATTNC_DEV float attnc_relu(float x) { return x != x ? x : (x > 0.0f ? x : 0.0f); }
+ATTNC_DEV float attnc_rsqrt(float x) { return 1.0f / sqrtf(x); }
+// min/max propagate NaN (as the interpreter and PyTorch do).
+ATTNC_DEV float attnc_fmin(float a, float b) { return (a != a || b != b) ? ATTNC_NAN : (a < b ? a : b); }
+ATTNC_DEV float attnc_fmax(float a, float b) { return (a != a || b != b) ? ATTNC_NAN : (a > b ? a : b); }
+ATTNC_DEV double attnc_dmin(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a < b ? a : b); }
+ATTNC_DEV double attnc_dmax(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a > b ? a : b); }
+// `%` with the sign of the divisor (Python), on floats and on ints (an int `% 0` is 0).
+ATTNC_DEV float attnc_frem(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+ATTNC_DEV i64 attnc_irem(i64 a, i64 b) { if (b == 0) return 0; i64 r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+// The flash score expressions' `%` (ir::flash::binary): 0 for a zero divisor.
+ATTNC_DEV float attnc_srem(float a, float b) { return b == 0.0f ? 0.0f : a - b * floorf(a / b); }
+ATTNC_DEV i64 attnc_sat32(i64 x) { return x < -2147483648LL ? -2147483648LL : (x > 2147483647LL ? 2147483647LL : x); }
+ATTNC_DEV i64 attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647LL : (x <= -2147483648.0f ? -2147483648LL : (i64)x)); }
+ATTNC_DEV i64 attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647LL : (x <= -2147483648.0 ? -2147483648LL : (i64)x)); }
+ATTNC_DEV i64 attnc_iabs(i64 x) { return x < 0 ? -x : x; }
+// An index clamped into [0, n - 1] (gather and flash loads clamp).
+ATTNC_DEV i64 attnc_clampi(i64 x, i64 n) { return x < 0 ? 0 : (x >= n ? n - 1 : x); }
+// A float index truncated toward zero, then clamped (NaN and negatives give 0).
+ATTNC_DEV i64 attnc_cidx(float x, i64 n) { return !(x > 0.0f) ? 0 : (x >= (float)n ? n - 1 : (i64)x); }
+ATTNC_DEV float attnc_warp_sum(float v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor(v, m); return v; }
+ATTNC_DEV double attnc_warp_sum_d(double v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_d(v, m); return v; }
+// Warp maxima: the `_n` forms propagate NaN; `attnc_warp_max` ignores it (as the flash reference's max does).
+ATTNC_DEV float attnc_warp_max(float v) { for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, attnc_shfl_xor(v, m)); return v; }
+ATTNC_DEV float attnc_warp_max_n(float v) { for (int m = 16; m > 0; m >>= 1) v = attnc_fmax(v, attnc_shfl_xor(v, m)); return v; }
+ATTNC_DEV double attnc_warp_max_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmax(v, attnc_shfl_xor_d(v, m)); return v; }
+ATTNC_DEV double attnc_warp_min_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmin(v, attnc_shfl_xor_d(v, m)); return v; }
+"#;
+
+/// The whole preamble of an emitted program.
+pub(super) fn preamble() -> String {
+    format!("{TYPES}{PRELUDE_BEGIN}\n{PRELUDE}{PRELUDE_END}\n{MATH}")
+}

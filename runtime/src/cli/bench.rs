@@ -1,0 +1,299 @@
+//! `attnc bench`: time an entry point on seeded random inputs and report the median time,
+//! useful GFLOP/s and the fraction of this machine's FMA peak.
+//!
+//! Useful FLOPs count the dense products the program needs: `2·M·N·D + 2·M·N·Dv` per batch
+//! index for each attention (flash) op, scaled by the fraction of score tiles its mask keeps
+//! (full tiles count whole, partially masked tiles half: about half for causal), plus
+//! `2·M·N·K` per matrix product. The FMA peak is measured by a short loop of independent
+//! fused multiply-adds on the widest vectors the CPU has, on every thread at once (or given
+//! with `--peak`).
+
+use super::{Exit, Failure, load, print_line};
+use attn_compiler::ir::{Graph, Op, tile_census};
+use attn_runtime::cpu::{CpuOptions, TensorRef, default_threads};
+use attn_runtime::{RunOptions, Target, Tensor};
+use clap::Args;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// `attnc bench FILE [options]`
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The .attn program.
+    pub file: PathBuf,
+    /// The function to time (default: the last one in the file).
+    #[arg(long, value_name = "NAME")]
+    pub entry: Option<String>,
+    /// The size of a dim (unset dims are 8). Repeatable.
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = super::run::parse_dim)]
+    pub dims: Vec<(String, i64)>,
+    /// Threads (default: one per available core).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub threads: usize,
+    /// Where to run: cpu, or interp (slow, for reference).
+    #[arg(long, default_value = "cpu", value_name = "TARGET")]
+    pub target: String,
+    /// Timed runs (the median is reported).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub iters: usize,
+    /// Untimed runs first.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub warmup: usize,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub seed: u64,
+    /// The FMA peak in GFLOP/s for the thread count (default: measured).
+    #[arg(long, value_name = "GFLOPS")]
+    pub peak: Option<f64>,
+    /// Also print one line of JSON (for scripts such as bench/compare.py).
+    #[arg(long)]
+    pub json: bool,
+    /// Write the inputs as DIR/NAME.npy (so other frameworks can be timed on the same data).
+    #[arg(long, value_name = "DIR")]
+    pub save_inputs: Option<PathBuf>,
+}
+
+/// Runs `attnc bench`.
+pub fn bench(args: &BenchArgs, color: bool) -> Result<(), Failure> {
+    let target: Target = args.target.parse().map_err(|e| Failure::new(Exit::Target, e))?;
+    let program = load(&args.file, color)?;
+    let entry = match &args.entry {
+        Some(name) => program.entry(name).map_err(|e| Failure::new(Exit::Usage, e))?,
+        None => program.default_entry().ok_or_else(|| Failure::new(Exit::Program, "the program defines no function"))?,
+    };
+    let given: HashMap<String, i64> = args.dims.iter().cloned().collect();
+    let dims = program.random_dims(&entry.name, &given).map_err(|e| Failure::new(Exit::Usage, e))?;
+    let inputs = program.random_inputs(&entry.name, args.seed, &dims).map_err(|e| Failure::new(Exit::Runtime, e))?;
+    if let Some(dir) = &args.save_inputs {
+        std::fs::create_dir_all(dir).map_err(|e| Failure::new(Exit::File, format!("cannot create {}: {e}", dir.display())))?;
+        for (name, tensor) in &inputs {
+            attn_runtime::io::write_npy(&dir.join(format!("{name}.npy")), tensor).map_err(|e| Failure::new(Exit::File, e))?;
+        }
+    }
+    let threads = if args.threads == 0 { default_threads() } else { args.threads };
+    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let iters = args.iters.max(1);
+    let runtime = |e: &dyn std::fmt::Display| Failure::new(Exit::Runtime, e.to_string());
+
+    let (times, graph, compile, stats) = match target {
+        Target::Cpu => {
+            let compiled = program.compile_cpu(&entry.name, &CpuOptions { threads }).map_err(|e| runtime(&e))?;
+            let refs: Vec<TensorRef> = tensors.iter().map(TensorRef::of).collect();
+            let mut times = Vec::with_capacity(iters);
+            for n in 0..args.warmup + iters {
+                let start = Instant::now();
+                compiled.run(&refs, &dims).map_err(|e| runtime(&e))?;
+                if n >= args.warmup {
+                    times.push(start.elapsed());
+                }
+            }
+            (times, compiled.graph().clone(), Some(compiled.compile_time()), compiled.alloc_stats())
+        }
+        Target::Cuda => {
+            // Kernel time only (CUDA events around the launches; inputs stay on the device), on
+            // the optimised graph so that useful FLOPs count what the mask skips.
+            let source = program.graph(&entry.name).map_err(|e| runtime(&e))?;
+            let unavailable = |e: attn_runtime::cuda::CudaError| match e {
+                attn_runtime::cuda::CudaError::Unavailable(_) => Failure::new(Exit::Target, e),
+                e => runtime(&e),
+            };
+            let (millis, _) = attn_runtime::cuda::bench(source, &tensors, &dims, args.warmup, iters).map_err(unavailable)?;
+            let times = millis.iter().map(|t| Duration::from_secs_f64(t / 1e3)).collect();
+            let graph = attn_compiler::opt::optimize(source, &attn_compiler::opt::OptOptions::default()).graph;
+            (times, graph, None, None)
+        }
+        _ => {
+            let opts = RunOptions { dims: dims.clone(), target };
+            let mut times = Vec::with_capacity(iters);
+            for n in 0..args.warmup + iters {
+                let named: Vec<(String, Tensor)> = inputs.clone();
+                let start = Instant::now();
+                program.run(&entry.name, named, &opts).map_err(|e| runtime(&e))?;
+                if n >= args.warmup {
+                    times.push(start.elapsed());
+                }
+            }
+            let graph = program.graph(&entry.name).map_err(|e| runtime(&e))?.clone();
+            (times, graph, None, None)
+        }
+    };
+    let mut sorted = times.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let shapes: Vec<Vec<usize>> = tensors.iter().map(|t| t.shape.clone()).collect();
+    let env = attn_compiler::interp::bind_dims(&graph, &shapes, &dims).map_err(|e| runtime(&e))?;
+    let flops = useful_flops(&graph, &env);
+    let gflops = flops / median.as_secs_f64() / 1e9;
+    let peak = match args.peak {
+        Some(p) => p,
+        None => fma_peak_gflops(threads),
+    };
+    let mut dim_list: Vec<(&String, &i64)> = dims.iter().collect();
+    dim_list.sort();
+    let dim_text: Vec<String> = dim_list.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    print_line(&format!("{} `{}` on {} with {threads} thread(s), {}", args.file.display(), entry.name, target, dim_text.join(" ")));
+    if let Some(c) = compile {
+        print_line(&format!("  compile:  {:.2} ms (source graph to native code)", ms(c)));
+    }
+    print_line(&format!("  median:   {:.3} ms  (min {:.3} ms, {} runs)", ms(median), ms(sorted[0]), sorted.len()));
+    print_line(&format!("  useful:   {:.3} GFLOP -> {:.1} GFLOP/s", flops / 1e9, gflops));
+    print_line(&format!("  FMA peak: {:.1} GFLOP/s on {threads} thread(s) -> {:.1}% of peak", peak, 100.0 * gflops / peak));
+    if let Some(s) = &stats {
+        print_line(&format!(
+            "  memory:   {:.2} MiB intermediates ({} buffers, largest {:.2} MiB), {:.1} KiB scratch per thread, {:.1} KiB tile tables",
+            s.arena_bytes as f64 / 1048576.0,
+            s.temps,
+            s.largest_temp_bytes as f64 / 1048576.0,
+            s.scratch_bytes_per_thread as f64 / 1024.0,
+            s.tile_table_bytes as f64 / 1024.0
+        ));
+    }
+    if args.json {
+        let extra = stats.as_ref().map_or(0, |s| s.extra_bytes(threads));
+        print_line(&format!(
+            "json: {{\"entry\": \"{}\", \"threads\": {threads}, \"median_ms\": {:.6}, \"min_ms\": {:.6}, \"gflop\": {:.6}, \"gflops\": {:.3}, \"peak_gflops\": {:.3}, \"compile_ms\": {:.3}, \"extra_bytes\": {extra}}}",
+            entry.name,
+            ms(median),
+            ms(sorted[0]),
+            flops / 1e9,
+            gflops,
+            peak,
+            compile.map_or(0.0, ms),
+        ));
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Useful FLOPs of one run of `graph` under the dims `env`.
+pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
+    let size = |d: &attn_compiler::ir::Dim| d.eval(env).unwrap_or(0) as f64;
+    let mut total = 0.0;
+    for v in graph.values() {
+        let node = graph.node(v);
+        let args = graph.operands(v);
+        match &node.op {
+            Op::MatMul => {
+                let a = &graph.node(args[0]).ty.shape;
+                let out = &node.ty.shape;
+                let r = out.len();
+                let batch: f64 = out[..r - 2].iter().map(size).product();
+                total += 2.0 * batch * size(&out[r - 2]) * size(&out[r - 1]) * size(&a[a.len() - 1]);
+            }
+            Op::Flash(spec) => {
+                let (q, k, vv) = (&graph.node(args[0]).ty.shape, &graph.node(args[1]).ty.shape, &graph.node(args[2]).ty.shape);
+                let r = q.len();
+                let batch_sizes: Vec<i64> = node.ty.shape[..r - 2].iter().map(|d| d.eval(env).unwrap_or(0)).collect();
+                let batch: f64 = batch_sizes.iter().map(|b| *b as f64).product();
+                let (m, n) = (size(&q[r - 2]), size(&k[r - 2]));
+                let dense = 2.0 * batch * m * n * (size(&q[r - 1]) + size(&vv[r - 1]));
+                let kept = match &spec.mask {
+                    None => 1.0,
+                    Some(mask) => {
+                        let [skip, full, partial] = tile_census(Some(mask), &batch_sizes, (m as i64, n as i64), (64, 64), env);
+                        let all = (skip + full + partial).max(1) as f64;
+                        (full as f64 + 0.5 * partial as f64) / all
+                    }
+                };
+                total += dense * kept;
+            }
+            _ => {}
+        }
+    }
+    total
+}
+
+/// Measures the FMA peak of `threads` threads running at once, in GFLOP/s.
+pub fn fma_peak_gflops(threads: usize) -> f64 {
+    let per_thread: Vec<f64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(fma_loop_gflops)).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0.0)).collect()
+    });
+    per_thread.iter().sum()
+}
+
+/// One thread's FMA throughput: 12 independent accumulators of the widest vectors, best of a
+/// few repetitions.
+fn fma_loop_gflops() -> f64 {
+    const ITERS: usize = 4_000_000;
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let (flops, sink) = fma_loop(ITERS);
+        let t = start.elapsed().as_secs_f64();
+        std::hint::black_box(sink);
+        best = best.max(flops / t / 1e9);
+    }
+    best
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fma_loop(iters: usize) -> (f64, f32) {
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was just detected.
+        return unsafe { fma512(iters) };
+    }
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { fma256(iters) };
+    }
+    fma_scalar(iters)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma_loop(iters: usize) -> (f64, f32) {
+    fma_scalar(iters)
+}
+
+fn fma_scalar(iters: usize) -> (f64, f32) {
+    let mut acc = [1.0f32; 8];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+    }
+    (2.0 * 8.0 * iters as f64, acc.iter().sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma512(iters: usize) -> (f64, f32) {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut sum = _mm512_setzero_ps();
+    for a in acc {
+        sum = _mm512_add_ps(sum, a);
+    }
+    (2.0 * 16.0 * 12.0 * iters as f64, _mm512_reduce_add_ps(sum))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fma256(iters: usize) -> (f64, f32) {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut sum = _mm256_setzero_ps();
+    for a in acc {
+        sum = _mm256_add_ps(sum, a);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    (2.0 * 8.0 * 12.0 * iters as f64, lanes.iter().sum())
+}

@@ -1,0 +1,41 @@
+//! Scalar helpers generated code calls for the rare operations that have no Cranelift
+//! instruction and are not worth inlining (log, pow, Python's `%`, f16 rounding). The hot
+//! transcendental functions (exp, tanh, sigmoid, erf) are inlined instead; the dense tile products
+//! and the softmax exp pass are the microkernels of [`crate::kernels`].
+
+/// Natural log.
+pub extern "C" fn attnc_log_f64(x: f64) -> f64 {
+    x.ln()
+}
+
+/// `x ** y`.
+pub extern "C" fn attnc_pow_f64(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+
+/// `a % b` with the sign of `b` (Python), NaN for `b = 0` (the element-wise `%`).
+pub extern "C" fn attnc_rem_py_f64(a: f64, b: f64) -> f64 {
+    let r = a % b;
+    if r != 0.0 && (r < 0.0) != (b < 0.0) { r + b } else { r }
+}
+
+/// `a - b·floor(a / b)`, 0 for `b = 0` (the flash expressions' `%`).
+pub extern "C" fn attnc_rem_floor_f64(a: f64, b: f64) -> f64 {
+    if b == 0.0 { 0.0 } else { a - b * (a / b).floor() }
+}
+
+/// The nearest f16 value of `x`, as f32.
+pub extern "C" fn attnc_round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// The helpers as `(symbol name, address)`, for the JIT to register.
+pub fn symbols() -> Vec<(&'static str, *const u8)> {
+    vec![
+        ("attnc_log_f64", attnc_log_f64 as *const u8),
+        ("attnc_pow_f64", attnc_pow_f64 as *const u8),
+        ("attnc_rem_py_f64", attnc_rem_py_f64 as *const u8),
+        ("attnc_rem_floor_f64", attnc_rem_floor_f64 as *const u8),
+        ("attnc_round_f16", attnc_round_f16 as *const u8),
+    ]
+}

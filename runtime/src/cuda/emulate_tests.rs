@@ -1,0 +1,239 @@
+//! The emitted kernels executed on the host ([`super::emulate`]) against the interpreter: every
+//! example as written and optimised at odd sizes, and the f16/bf16 tensor-core, sigmoid, GQA
+//! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
+//! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
+
+use super::emulate::{emulate, have_compiler};
+use super::host;
+use super::tests::{EVERY_OP, FLASH_GRAPHS};
+use crate::random::random_inputs;
+use attn_compiler::codegen::cuda::{DeviceLimits, emit_graph};
+use attn_compiler::interp::{bind_dims, run as interp_run};
+use attn_compiler::ir::{DType, Graph, Op, TensorType};
+use attn_compiler::opt::{OptOptions, optimize};
+use attn_compiler::tensor::Tensor;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+fn compiler_or_skip(test: &str) -> bool {
+    if have_compiler() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test}: g++ (C++20) is required in CI to emulate the CUDA kernels");
+    }
+    eprintln!("{test}: skipped: no g++ to emulate the CUDA kernels on the host");
+    false
+}
+
+/// Odd sizes for the dims the examples use (not multiples of any tile), 8 for the rest.
+fn sizes(graph: &Graph, over: &[(&str, i64)]) -> HashMap<String, i64> {
+    let base: &[(&str, i64)] =
+        &[("B", 2), ("H", 3), ("S", 37), ("T", 70), ("M", 19), ("N", 29), ("D", 24), ("Dv", 20), ("Dh", 6), ("G", 2), ("R", 2)];
+    let mut names = BTreeSet::new();
+    for p in graph.params() {
+        for d in &graph.node(*p).ty.shape {
+            names.extend(d.symbols());
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let v = over.iter().chain(base).find(|(k, _)| *k == n).map_or(8, |(_, v)| *v);
+            (n, v)
+        })
+        .collect()
+}
+
+/// Largest `|a - e| / max(|e|, floor)`, NaNs and infinities equal to themselves.
+fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
+    actual
+        .to_f64_vec()
+        .iter()
+        .zip(expected.to_f64_vec())
+        .map(|(a, e)| if *a == e || (a.is_nan() && e.is_nan()) { 0.0 } else { (a - e).abs() / e.abs().max(floor) })
+        .fold(0.0, f64::max)
+}
+
+/// Runs `device_graph`'s kernels on the host and the interpreter on `reference`; returns the
+/// largest relative error over the outputs.
+fn check(label: &str, reference: &Graph, device_graph: &Graph, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
+    let params: Vec<(String, TensorType)> = reference
+        .params()
+        .iter()
+        .map(|p| {
+            let n = reference.node(*p);
+            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
+        })
+        .collect();
+    let inputs: Vec<Tensor> = random_inputs(&params, seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
+    let expected = interp_run(reference, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
+    let program = emit_graph(device_graph).map_err(|e| e.to_string())?;
+    let limits = DeviceLimits { sm_count: 2, max_smem_per_block: 232_448 };
+    let prep = program.prepare(&env, &limits).map_err(|e| e.to_string())?;
+    let uploads: Vec<(usize, Vec<u8>)> = program.inputs.iter().zip(&inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
+    let out_bufs: Vec<usize> = program.outputs.iter().map(|(_, b)| *b).collect();
+    let bytes = emulate(&program, &prep, &uploads, &out_bufs, dir).map_err(|e| format!("{label}: {e}"))?;
+    let mut worst = 0.0f64;
+    for (((_, v), raw), exp) in reference.outputs().iter().zip(&bytes).zip(&expected) {
+        let ty = &reference.node(*v).ty;
+        let got = host::from_bytes(ty.dtype, exp.shape.clone(), raw).map_err(|e| e.to_string())?;
+        // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
+        // at least 1): an element that cancels to near zero carries the absolute rounding
+        // error of its large terms (chained products at width 48 reach magnitudes of 100).
+        let scale = exp.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+        worst = worst.max(max_rel(&got, exp, (0.1 * scale).max(1.0)));
+    }
+    Ok(worst)
+}
+
+fn work_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("attnc-emu-{}-{name}", std::process::id()))
+}
+
+/// Runs jobs on two threads (the machine is shared); returns failures.
+fn run_jobs(jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>>) -> Vec<String> {
+    let queue = std::sync::Mutex::new(jobs);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                loop {
+                    let job = queue.lock().ok().and_then(|mut q| q.pop());
+                    let Some(job) = job else { break };
+                    if let Err(e) = job()
+                        && let Ok(mut f) = failures.lock()
+                    {
+                        f.push(e);
+                    }
+                }
+            });
+        }
+    });
+    failures.into_inner().unwrap_or_default()
+}
+
+#[test]
+fn every_example_runs_emulated_like_the_interpreter() {
+    if !compiler_or_skip("every_example_runs_emulated_like_the_interpreter") {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
+        .collect();
+    files.sort();
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for path in files {
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        let compiled = attn_compiler::compile(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for g in compiled.module.graphs {
+            let opt = optimize(&g, &OptOptions::default()).graph;
+            for (kind, device) in [("ir", g.clone()), ("opt", opt)] {
+                let label = format!("{stem}/{} ({kind})", g.name);
+                let reference = g.clone();
+                let wd = work_dir(&format!("{stem}-{}-{kind}", g.name));
+                jobs.push(Box::new(move || {
+                    let env = sizes(&reference, &[]);
+                    let err = check(&label, &reference, &device, &env, 11, &wd)?;
+                    let _ = std::fs::remove_dir_all(&wd);
+                    // f32 throughout; sums in a different order than the f64 reference.
+                    if err > 1e-4 {
+                        return Err(format!("{label}: max relative error {err:e} > 1e-4"));
+                    }
+                    eprintln!("{label}: ok (max relative error {err:.1e})");
+                    Ok(())
+                }));
+            }
+        }
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn flash_kernels_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("flash_kernels_run_emulated_like_the_interpreter") {
+        return;
+    }
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
+        let g: Graph = text.parse().unwrap();
+        let dtype = g.node(g.params()[0]).ty.dtype;
+        // Head widths below, at and between the padded sizes; 70 keys = 2 tiles and a ragged one.
+        for (m, d) in [24i64, 64, 100, 160].into_iter().enumerate() {
+            let label = format!("{label} D={d}");
+            let g = g.clone();
+            let wd = work_dir(&format!("flash{n}-{m}"));
+            jobs.push(Box::new(move || {
+                let env = sizes(&g, &[("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)]);
+                let err = check(&label, &g, &g, &env, 5 + n as u64, &wd)?;
+                let _ = std::fs::remove_dir_all(&wd);
+                // f16: P and the output are rounded to f16 (2^-11 relative each) and scores
+                // accumulate in f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
+                let tol = match dtype {
+                    DType::F16 => 5e-3,
+                    DType::BF16 => 4e-2,
+                    _ => 1e-4,
+                };
+                if err > tol {
+                    return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
+                }
+                eprintln!("{label}: ok (max relative error {err:.1e})");
+                Ok(())
+            }));
+        }
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn every_op_runs_emulated_like_the_interpreter() {
+    if !compiler_or_skip("every_op_runs_emulated_like_the_interpreter") {
+        return;
+    }
+    let compiled = attn_compiler::compile(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    let env = sizes(&g, &[("S", 45), ("E", 40), ("F", 72)]);
+    let wd = work_dir("everyop");
+    let params: Vec<(String, TensorType)> = g
+        .params()
+        .iter()
+        .map(|p| {
+            let n = g.node(*p);
+            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
+        })
+        .collect();
+    let inputs: Vec<Tensor> = random_inputs(&params, 9, &env).unwrap().into_iter().map(|(_, t)| t).collect();
+    let expected = interp_run(&g, &inputs, &env).unwrap();
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(&g, &shapes, &env).unwrap();
+    let program = emit_graph(&g).unwrap();
+    assert!(program.source.contains("attnc_mma_b") && program.source.contains("attnc_mma_h"));
+    let prep = program.prepare(&env, &DeviceLimits { sm_count: 2, max_smem_per_block: 232_448 }).unwrap();
+    let uploads: Vec<(usize, Vec<u8>)> = program.inputs.iter().zip(&inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
+    let out_bufs: Vec<usize> = program.outputs.iter().map(|(_, b)| *b).collect();
+    let bytes = emulate(&program, &prep, &uploads, &out_bufs, &wd).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(&wd);
+    for (((name, v), raw), exp) in g.outputs().iter().zip(&bytes).zip(&expected) {
+        let dtype = g.node(*v).ty.dtype;
+        let got = host::from_bytes(dtype, exp.shape.clone(), raw).unwrap();
+        let scale = exp.to_f64_vec().iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let err = max_rel(&got, exp, (0.1 * scale).max(1.0));
+        // Integers and booleans exactly; f16 within a rounding of the output (2^-11 relative,
+        // with f32 products in between); bf16 (8 bits) and f32 as in the other tests.
+        let tol = match dtype {
+            DType::I32 | DType::Bool => 0.0,
+            DType::F16 => 2e-3,
+            DType::BF16 => 4e-2,
+            DType::F32 => 1e-4,
+        };
+        assert!(err <= tol, "output {name} ({dtype}): max relative error {err:e} > {tol:e}");
+    }
+}

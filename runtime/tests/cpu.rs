@@ -1,0 +1,418 @@
+//! The CPU target against the reference interpreter: every example at many sizes and thread
+//! counts, random score modifications and masks, memory bounds for fused attention, typed
+//! errors.
+
+use attn_compiler::interp;
+use attn_compiler::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, Op, ScoreExpr, TensorType, UnaryOp, Weights};
+use attn_runtime::cpu::{CpuError, CpuOptions, CpuProgram, TensorRef};
+use attn_runtime::{Program, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Every tolerance of this file.
+mod tol {
+    /// fp32 results: `max |got - want| ≤ FP32_REL · max |want|` (normwise relative error).
+    pub const FP32_REL: f64 = 1e-4;
+    /// The smallest `max |want|` the relative error is measured against (all-zero outputs).
+    pub const FLOOR: f64 = 1e-6;
+}
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+/// Compares outputs: floats within [`tol`], integers and bools exactly; NaN matches NaN.
+fn compare(got: &[Tensor], want: &[Tensor]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
+    }
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.shape != w.shape || g.dtype != w.dtype {
+            return Err(format!("output {k}: {:?} {:?}, expected {:?} {:?}", g.dtype, g.shape, w.dtype, w.shape));
+        }
+        let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
+        if !w.dtype.is_float() {
+            if let Some(i) = (0..gv.len()).find(|i| gv[*i] != wv[*i]) {
+                return Err(format!("output {k}: element {i} is {}, expected {}", gv[i], wv[i]));
+            }
+            continue;
+        }
+        let scale = wv.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(tol::FLOOR);
+        let mut worst = (0.0f64, 0usize);
+        for (i, (a, b)) in gv.iter().zip(&wv).enumerate() {
+            let err = if a.is_nan() && b.is_nan() || a == b {
+                0.0
+            } else if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
+                f64::INFINITY
+            } else {
+                (a - b).abs()
+            };
+            if err > worst.0 {
+                worst = (err, i);
+            }
+        }
+        if worst.0 > tol::FP32_REL * scale {
+            let i = worst.1;
+            return Err(format!(
+                "output {k}: element {i} is {}, expected {} (error {:.3e} of scale {scale:.3e})",
+                gv[i],
+                wv[i],
+                worst.0 / scale
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Dims for an example at sequence length `s` and width `d` (only the dims the entry uses).
+fn dims_for(program: &Program, entry: &str, s: i64, d: i64) -> HashMap<String, i64> {
+    let mut dims = HashMap::new();
+    for name in program.entry_dims(entry).expect("entry") {
+        let v = match name.as_str() {
+            "S" | "T" | "M" | "N" => s,
+            "D" | "Dv" | "Dq" | "Dk" => d,
+            "Dh" => (d / 8).max(1),
+            "B" => 1,
+            "H" | "G" | "R" => 2,
+            "A" => 8,
+            "F" => 16,
+            "P" => 5,
+            "C" => 4,
+            "Hh" => s.max(1),
+            "Ww" => 3,
+            _ => 2,
+        };
+        dims.insert(name, v);
+    }
+    dims
+}
+
+struct Case {
+    inputs: Vec<Tensor>,
+    dims: HashMap<String, i64>,
+    want: Vec<Tensor>,
+}
+
+fn case(program: &Program, entry: &str, s: i64, d: i64, seed: u64) -> Case {
+    let dims = program.random_dims(entry, &dims_for(program, entry, s, d)).expect("dims");
+    let inputs: Vec<Tensor> = program.random_inputs(entry, seed, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    let want = interp::run(program.graph(entry).expect("graph"), &inputs, &dims).expect("interpreter runs");
+    Case { inputs, dims, want }
+}
+
+/// Runs `c` with 1 and 2 threads; both must match the interpreter and each other bit for bit.
+fn check(compiled: &mut CpuProgram, c: &Case, what: &str, failures: &mut Vec<String>) {
+    let mut first: Option<Vec<Tensor>> = None;
+    for threads in [1, 2] {
+        compiled.set_threads(threads);
+        match compiled.run_tensors(&c.inputs, &c.dims) {
+            Ok(got) => {
+                if let Err(e) = compare(&got, &c.want) {
+                    failures.push(format!("{what}, {threads} thread(s): {e}"));
+                }
+                match &first {
+                    None => first = Some(got),
+                    Some(f) if *f != got => failures.push(format!("{what}: 1 and {threads} threads differ")),
+                    Some(_) => {}
+                }
+            }
+            Err(e) => failures.push(format!("{what}, {threads} thread(s): {e}")),
+        }
+    }
+}
+
+fn example_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(examples_dir())
+        .expect("examples")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.path().file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".attn")).map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_example_matches_the_interpreter() {
+    let names = example_names();
+    assert!(names.len() >= 21, "found {} examples", names.len());
+    let mut failures = Vec::new();
+    for name in &names {
+        let program = Program::from_file(examples_dir().join(format!("{name}.attn"))).expect("example compiles");
+        for entry in program.entries() {
+            let mut compiled = match program.compile_cpu(&entry.name, &CpuOptions { threads: 1 }) {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(format!("{name}/{}: {e}", entry.name));
+                    continue;
+                }
+            };
+            let mut sizes: Vec<(i64, i64)> = Vec::new();
+            for s in [1, 7, 63, 64, 65, 130] {
+                for d in [16, 64] {
+                    sizes.push((s, d));
+                }
+            }
+            sizes.extend([(7, 128), (65, 128)]);
+            for (n, (s, d)) in sizes.into_iter().enumerate() {
+                let c = case(&program, &entry.name, s, d, n as u64);
+                check(&mut compiled, &c, &format!("{name}/{} S={s} D={d}", entry.name), &mut failures);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
+}
+
+#[test]
+fn long_sequences_match_the_interpreter() {
+    // S = 1000 (and D = 128) for the attention patterns whose block structure matters.
+    let mut failures = Vec::new();
+    for (name, d) in [("sdpa", 128), ("causal", 64), ("alibi", 16), ("sliding_window", 16), ("document_mask", 16), ("decode", 128)] {
+        let program = Program::from_file(examples_dir().join(format!("{name}.attn"))).expect("example compiles");
+        let entry = program.default_entry().expect("entry").name;
+        let mut compiled = program.compile_cpu(&entry, &CpuOptions { threads: 1 }).expect("compiles");
+        let mut dims = dims_for(&program, &entry, 1000, d);
+        dims.insert("H".into(), 1);
+        let dims = program.random_dims(&entry, &dims).expect("dims");
+        let inputs: Vec<Tensor> = program.random_inputs(&entry, 7, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let want = interp::run(program.graph(&entry).expect("graph"), &inputs, &dims).expect("interpreter");
+        check(&mut compiled, &Case { inputs, dims, want }, &format!("{name} S=1000 D={d}"), &mut failures);
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
+}
+
+#[test]
+fn decode_splits_keys_and_merges_deterministically() {
+    // M = 1 with a long key range splits the keys (split-KV); any thread count gives the same bits.
+    let program = Program::from_file(examples_dir().join("decode.attn")).expect("compiles");
+    let dims = HashMap::from([("B".into(), 1), ("H".into(), 3), ("T".into(), 9000), ("D".into(), 16)]);
+    let inputs: Vec<Tensor> = program.random_inputs("decode", 3, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    let want = interp::run(program.graph("decode").expect("graph"), &inputs, &dims).expect("interpreter");
+    let mut compiled = program.compile_cpu("decode", &CpuOptions { threads: 1 }).expect("compiles");
+    let mut failures = Vec::new();
+    check(&mut compiled, &Case { inputs: inputs.clone(), dims: dims.clone(), want: want.clone() }, "decode T=9000", &mut failures);
+    compiled.set_threads(3);
+    let three = compiled.run_tensors(&inputs, &dims).expect("runs");
+    compiled.set_threads(1);
+    assert_eq!(three, compiled.run_tensors(&inputs, &dims).expect("runs"), "3 threads differ from 1");
+    assert!(compiled.alloc_stats().expect("stats").partial_bytes > 0, "the keys were not split");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Builds `flash(q, k, v, x0, x1)` with q `[B, H, M, D]`, k/v `[Bk, Hk, N, D]` (Bk, Hk: B/H
+/// or 1), x0 `f32[H]` and x1 `i32[B, N]`.
+fn flash_graph(spec: FlashSpec, kv_batch: (bool, bool)) -> Graph {
+    let d = |s: &str| Dim::sym(s);
+    let one = Dim::constant(1);
+    let mut g = Graph::new("f");
+    let f32t = |shape: Vec<Dim>| TensorType::new(DType::F32, shape);
+    let q = g.add(Op::Param("q".into()), f32t(vec![d("B"), d("H"), d("M"), d("D")]), &[]);
+    let kb = if kv_batch.0 { d("B") } else { one.clone() };
+    let kh = if kv_batch.1 { d("H") } else { one.clone() };
+    let k = g.add(Op::Param("k".into()), f32t(vec![kb.clone(), kh.clone(), d("N"), d("D")]), &[]);
+    let v = g.add(Op::Param("v".into()), f32t(vec![kb, kh, d("N"), d("D")]), &[]);
+    let x0 = g.add(Op::Param("x0".into()), f32t(vec![d("H")]), &[]);
+    let x1 = g.add(Op::Param("x1".into()), TensorType::new(DType::I32, vec![d("B"), d("N")]), &[]);
+    let out = g.add(Op::Flash(Box::new(spec)), f32t(vec![d("B"), d("H"), d("M"), d("D")]), &[q, k, v, x0, x1]);
+    g.add_output("out", out);
+    g
+}
+
+/// A random integer-valued position expression.
+fn int_expr(rng: &mut StdRng, depth: u32) -> ScoreExpr {
+    let leaf = |rng: &mut StdRng| match rng.random_range(0..5) {
+        0 => ScoreExpr::Pos(2),
+        1 => ScoreExpr::Pos(3),
+        2 => ScoreExpr::Int(rng.random_range(-20..40)),
+        3 => ScoreExpr::Load { input: 1, index: vec![ScoreExpr::Pos(0), ScoreExpr::Pos(rng.random_range(2..4))] },
+        _ => ScoreExpr::Pos(1),
+    };
+    if depth == 0 || rng.random_bool(0.3) {
+        return leaf(rng);
+    }
+    let op = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Min, BinaryOp::Max, BinaryOp::Rem][rng.random_range(0..6)];
+    let e = ScoreExpr::bin(op, int_expr(rng, depth - 1), int_expr(rng, depth - 1));
+    if rng.random_bool(0.2) { ScoreExpr::Unary(UnaryOp::Abs, Box::new(e)) } else { e }
+}
+
+/// A random mask predicate over positions and the i32 extra.
+fn mask_expr(rng: &mut StdRng, depth: u32) -> ScoreExpr {
+    if depth == 0 || rng.random_bool(0.4) {
+        let op = [BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge, BinaryOp::Eq, BinaryOp::Ne][rng.random_range(0..6)];
+        return ScoreExpr::bin(op, int_expr(rng, 2), int_expr(rng, 2));
+    }
+    match rng.random_range(0..3) {
+        0 => ScoreExpr::bin(BinaryOp::And, mask_expr(rng, depth - 1), mask_expr(rng, depth - 1)),
+        1 => ScoreExpr::bin(BinaryOp::Or, mask_expr(rng, depth - 1), mask_expr(rng, depth - 1)),
+        _ => ScoreExpr::Unary(UnaryOp::Not, Box::new(mask_expr(rng, depth - 1))),
+    }
+}
+
+/// A random score modification of `s`.
+fn score_expr(rng: &mut StdRng, depth: u32) -> ScoreExpr {
+    if depth == 0 || rng.random_bool(0.25) {
+        return match rng.random_range(0..6) {
+            0 | 1 => ScoreExpr::Score,
+            2 => ScoreExpr::Float(rng.random_range(-2.0..2.0)),
+            3 => ScoreExpr::Load { input: 0, index: vec![ScoreExpr::Pos(1)] },
+            4 => ScoreExpr::bin(BinaryOp::Div, int_expr(rng, 1), ScoreExpr::Float(16.0)),
+            _ => ScoreExpr::Dim(Dim::sym("D")),
+        };
+    }
+    match rng.random_range(0..8) {
+        0 => ScoreExpr::Unary(
+            [UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Abs, UnaryOp::Neg, UnaryOp::Relu][rng.random_range(0..5)],
+            Box::new(score_expr(rng, depth - 1)),
+        ),
+        1 => ScoreExpr::Select(Box::new(mask_expr(rng, 1)), Box::new(score_expr(rng, depth - 1)), Box::new(score_expr(rng, depth - 1))),
+        n => {
+            let op = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Min, BinaryOp::Max, BinaryOp::Add][n as usize - 2];
+            ScoreExpr::bin(op, score_expr(rng, depth - 1), score_expr(rng, depth - 1))
+        }
+    }
+}
+
+fn random_tensor(rng: &mut StdRng, shape: Vec<usize>) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::f32(shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()).expect("tensor")
+}
+
+#[test]
+fn random_score_mods_and_masks_match_the_interpreter() {
+    let mut rng = StdRng::seed_from_u64(2024);
+    let mut failures = Vec::new();
+    for case in 0..120 {
+        let s = ScoreExpr::bin(BinaryOp::Mul, ScoreExpr::Score, ScoreExpr::Float(0.3));
+        let score = if rng.random_bool(0.8) { ScoreExpr::bin(BinaryOp::Add, s, score_expr(&mut rng, 3)) } else { s };
+        let mask = if rng.random_bool(0.8) { Some(mask_expr(&mut rng, 2)) } else { None };
+        let weights = if rng.random_bool(0.8) { Weights::Softmax } else { Weights::Sigmoid };
+        let spec = FlashSpec { rank: 4, weights, score, mask };
+        let kv_batch = (rng.random_bool(0.5), rng.random_bool(0.5));
+        let g = flash_graph(spec.clone(), kv_batch);
+        let (b, h) = (rng.random_range(1..3usize), rng.random_range(1..4usize));
+        let (m, n, d) = (rng.random_range(1..150usize), rng.random_range(1..150usize), [1usize, 3, 16, 33][rng.random_range(0..4)]);
+        let kvs = vec![if kv_batch.0 { b } else { 1 }, if kv_batch.1 { h } else { 1 }, n, d];
+        let seg: Vec<i32> = (0..b * n).map(|i| ((i % n) / 17) as i32).collect();
+        let inputs = vec![
+            random_tensor(&mut rng, vec![b, h, m, d]),
+            random_tensor(&mut rng, kvs.clone()),
+            random_tensor(&mut rng, kvs),
+            random_tensor(&mut rng, vec![h]),
+            Tensor::i32(vec![b, n], seg).expect("seg"),
+        ];
+        let dims = HashMap::new();
+        let want = match interp::run(&g, &inputs, &dims) {
+            Ok(w) => w,
+            Err(e) => panic!("case {case}: the interpreter fails: {e}"),
+        };
+        let what = format!(
+            "case {case}: {} m={m} n={n} d={d} b={b} h={h} kv={kv_batch:?}",
+            Op::Flash(Box::new(spec)).attrs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        );
+        match CpuProgram::compile_graph(&g, &CpuOptions { threads: 1 + case % 2 }) {
+            Ok(mut c) => check(&mut c, &Case { inputs, dims, want }, &what, &mut failures),
+            Err(e) => failures.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
+}
+
+#[test]
+fn fused_attention_allocates_no_score_matrix() {
+    let program = Program::from_file(examples_dir().join("sdpa.attn")).expect("compiles");
+    let s = 8192usize;
+    let dims = HashMap::from([("B".into(), 1), ("H".into(), 1), ("S".into(), s as i64), ("D".into(), 16)]);
+    let inputs: Vec<Tensor> = program.random_inputs("sdpa", 1, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    let fused = program.compile_cpu("sdpa", &CpuOptions { threads: 2 }).expect("compiles");
+    let out = fused.run_tensors(&inputs, &dims).expect("runs");
+    assert_eq!(out[0].shape, [1, 1, s, 16]);
+    let stats = fused.alloc_stats().expect("stats");
+    let score_matrix = s * s * 4;
+    assert!(stats.largest_temp_bytes < score_matrix / 64, "{stats:?}");
+    assert!(stats.extra_bytes(2) < 2 << 20, "more than 2 MiB beyond inputs and outputs: {stats:?}");
+    // The unfused graph does need the matrix: the statistics see it.
+    let unfused = CpuProgram::compile_graph(program.graph("sdpa").expect("graph"), &CpuOptions { threads: 1 }).expect("compiles");
+    let stats = unfused.prepare(&inputs.iter().map(TensorRef::of).collect::<Vec<_>>(), &dims).expect("plans");
+    assert!(stats.largest_temp_bytes >= score_matrix, "{stats:?}");
+}
+
+#[test]
+fn mismatched_inputs_are_typed_errors() {
+    let program = Program::from_file(examples_dir().join("alibi.attn")).expect("compiles");
+    let c = program.compile_cpu("alibi", &CpuOptions::default()).expect("compiles");
+    let shape = [1usize, 2, 5, 4];
+    let data = vec![0.5f32; 40];
+    let slopes = vec![0.1f32; 2];
+    let ok = [TensorRef::f32(&shape, &data), TensorRef::f32(&shape, &data), TensorRef::f32(&shape, &data), TensorRef::f32(&[2], &slopes)];
+    assert!(c.run(&ok, &HashMap::new()).is_ok());
+    let input = |r: Result<Vec<Tensor>, CpuError>| match r {
+        Err(CpuError::Input(e)) => e,
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    assert!(matches!(input(c.run(&ok[..3], &HashMap::new())), interp::InterpError::InputCount { expected: 4, actual: 3 }));
+    let ints = vec![1i32; 40];
+    let wrong_dtype = [ok[0], TensorRef::i32(&shape, &ints), ok[2], ok[3]];
+    assert!(matches!(input(c.run(&wrong_dtype, &HashMap::new())), interp::InterpError::InputDType { .. }));
+    let short = [ok[0], TensorRef::f32(&shape, &data[..39]), ok[2], ok[3]];
+    assert!(matches!(input(c.run(&short, &HashMap::new())), interp::InterpError::InputData { .. }));
+    let other = [1usize, 2, 4, 5];
+    let mismatch = [ok[0], TensorRef::f32(&other, &data), ok[2], ok[3]];
+    assert!(matches!(input(c.run(&mismatch, &HashMap::new())), interp::InterpError::DimMismatch { .. }));
+    let rank = [1usize, 2, 20];
+    let bad_rank = [ok[0], TensorRef::f32(&rank, &data), ok[2], ok[3]];
+    assert!(matches!(input(c.run(&bad_rank, &HashMap::new())), interp::InterpError::InputRank { .. }));
+    let three = [3usize];
+    let slopes3 = vec![0.0f32; 3];
+    let wrong_h = [ok[0], ok[1], ok[2], TensorRef::f32(&three, &slopes3)];
+    assert!(matches!(input(c.run(&wrong_h, &HashMap::new())), interp::InterpError::DimMismatch { .. }));
+    // Owned tensors through the program API report the interpreter's errors too.
+    let t = Tensor::new(DType::F32, vec![2], TensorData::F32(vec![0.0; 2])).expect("tensor");
+    assert!(program.run("alibi", [("q", t)], &attn_runtime::RunOptions::default()).is_err());
+}
+
+#[test]
+fn compiled_programs_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CpuProgram>();
+    send_sync::<Program>();
+    // Two threads running one compiled entry at once take turns and both get the right answer.
+    let program = Program::from_file(examples_dir().join("sdpa.attn")).expect("compiles");
+    let compiled = program.compile_cpu("sdpa", &CpuOptions { threads: 1 }).expect("compiles");
+    let c = case(&program, "sdpa", 33, 16, 5);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let got = compiled.run_tensors(&c.inputs, &c.dims).expect("runs");
+                compare(&got, &c.want).expect("matches");
+            });
+        }
+    });
+}
+
+#[test]
+fn scores_jumping_far_above_the_running_max_are_handled() {
+    // Keys past the first tiles score ~100 higher than the early ones: the online softmax
+    // must rescale (and its lazy path, which skips taking tile maxima, must fall back).
+    let program = Program::from_file(examples_dir().join("sdpa.attn")).expect("compiles");
+    for (s, threads) in [(700usize, 1usize), (1300, 2)] {
+        let dims = HashMap::from([("B".into(), 1), ("H".into(), 2), ("S".into(), s as i64), ("D".into(), 16)]);
+        let mut inputs: Vec<Tensor> = program.random_inputs("sdpa", 11, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        if let TensorData::F32(k) = &mut inputs[1].data {
+            for (n, x) in k.iter_mut().enumerate() {
+                let j = (n / 16) % s;
+                if j >= 300 {
+                    *x = *x * 60.0 + 3.0;
+                }
+            }
+        }
+        if let TensorData::F32(q) = &mut inputs[0].data {
+            q.iter_mut().for_each(|x| *x = x.abs() + 0.5);
+        }
+        let want = interp::run(program.graph("sdpa").expect("graph"), &inputs, &dims).expect("interpreter");
+        let mut compiled = program.compile_cpu("sdpa", &CpuOptions { threads }).expect("compiles");
+        let mut failures = Vec::new();
+        check(&mut compiled, &Case { inputs, dims, want }, &format!("jumping scores S={s}"), &mut failures);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
