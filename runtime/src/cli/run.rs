@@ -325,7 +325,33 @@ fn plan_outputs(entry: &EntryInfo, args: &RunArgs) -> Result<OutputPlan, Failure
             ));
         }
     }
+    for (path, _) in &files {
+        check_writable(path)?;
+    }
+    if let Some(dir) = &args.out_dir {
+        // Created before the run, so that a bad directory costs nothing.
+        std::fs::create_dir_all(dir).map_err(|e| Failure::new(Exit::File, format!("cannot create directory {}: {e}", dir.display())))?;
+    }
     Ok(OutputPlan { files, dir: args.out_dir.clone() })
+}
+
+/// An output path whose directory is missing or read-only, or that names a directory, is
+/// reported before the program runs (nothing is created or overwritten yet).
+fn check_writable(path: &std::path::Path) -> Result<(), Failure> {
+    let fail = |why: &str| Err(Failure::new(Exit::File, format!("cannot write {}: {why}", path.display())));
+    if path.is_dir() {
+        return fail("it is a directory");
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(m) if !m.is_dir() => fail(&format!("{} is not a directory", parent.display())),
+        Ok(m) if m.permissions().readonly() => fail(&format!("{} is read-only", parent.display())),
+        Ok(_) => Ok(()),
+        Err(e) => fail(&format!("{}: {e}", parent.display())),
+    }
 }
 
 fn write_outputs(plan: &OutputPlan, outputs: &[(String, Tensor)]) -> Result<(), Failure> {
