@@ -12,13 +12,7 @@ use std::collections::HashMap;
 /// shapes taken from `given`. Returns the outputs in `graph.outputs()` order. Only nodes the
 /// outputs depend on are evaluated.
 pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Result<Vec<Tensor>, InterpError> {
-    let params = graph.params();
-    if inputs.len() != params.len() {
-        return Err(InterpError::InputCount { expected: params.len(), actual: inputs.len() });
-    }
-    for (p, t) in params.iter().zip(inputs) {
-        check_input(graph.node(*p), t)?;
-    }
+    check_inputs(graph, inputs)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(graph, &shapes, given)?;
     let order = graph.topo_order().ok_or_else(|| InterpError::Internal("the graph has a cycle".into()))?;
@@ -44,7 +38,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
     for (_, v) in graph.outputs() {
         is_output[v.index()] = true;
     }
-    let param_index: HashMap<Value, usize> = params.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    let param_index: HashMap<Value, usize> = graph.params().iter().enumerate().map(|(i, p)| (*p, i)).collect();
 
     let mut vals: Vec<Option<Val>> = vec![None; n];
     for (pos, v) in order.iter().enumerate() {
@@ -86,6 +80,19 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
             Tensor::from_f64(val.dtype, val.shape.clone(), &val.data).map_err(|e| InterpError::Internal(format!("output `{name}`: {e}")))
         })
         .collect()
+}
+
+/// Inputs must match the parameters in count, dtype and stored element count (shapes are
+/// checked by [`bind_dims`]). Every backend validates its inputs with this.
+pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), InterpError> {
+    let params = graph.params();
+    if inputs.len() != params.len() {
+        return Err(InterpError::InputCount { expected: params.len(), actual: inputs.len() });
+    }
+    for (p, t) in params.iter().zip(inputs) {
+        check_input(graph.node(*p), t)?;
+    }
+    Ok(())
 }
 
 /// An input must have its parameter's dtype and as many stored elements as its shape says (the

@@ -34,5 +34,5 @@ mod tests;
 
 pub use bind::bind_dims;
 pub use error::InterpError;
-pub use eval::run;
+pub use eval::{check_inputs, run};
 pub use value::MAX_ELEMENTS;

@@ -4,9 +4,9 @@
 use super::{CudaError, host, nvrtc};
 use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, Prepared, Smem, emit_graph};
 use attn_compiler::interp::{InterpError, bind_dims};
-use attn_compiler::ir::{Graph, Op};
+use attn_compiler::ir::Graph;
 use attn_compiler::opt::{OptOptions, optimize};
-use attn_compiler::tensor::{Tensor, TensorData};
+use attn_compiler::tensor::Tensor;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -216,35 +216,6 @@ impl Exec {
     }
 }
 
-/// Inputs must match the parameters in count, dtype and stored element count (shapes are
-/// checked while binding dims).
-fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), InterpError> {
-    let params = graph.params();
-    if inputs.len() != params.len() {
-        return Err(InterpError::InputCount { expected: params.len(), actual: inputs.len() });
-    }
-    for (p, t) in params.iter().zip(inputs) {
-        let node = graph.node(*p);
-        let param = match &node.op {
-            Op::Param(n) => n.clone(),
-            other => other.name().to_string(),
-        };
-        if t.dtype != node.ty.dtype {
-            return Err(InterpError::InputDType { param, expected: node.ty.dtype, actual: t.dtype });
-        }
-        let stored = match &t.data {
-            TensorData::F32(v) => v.len(),
-            TensorData::I32(v) => v.len(),
-            TensorData::Bool(v) => v.len(),
-        };
-        let expected = t.shape.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d));
-        if expected != Some(stored) {
-            return Err(InterpError::InputData { param, shape: t.shape.clone(), expected: expected.unwrap_or(usize::MAX), actual: stored });
-        }
-    }
-    Ok(())
-}
-
 /// Runs (and optionally times) a graph; see [`super::run`] and [`super::bench`].
 pub(super) fn run(
     graph: &Graph,
@@ -253,7 +224,7 @@ pub(super) fn run(
     timing: Option<(usize, usize)>,
 ) -> Result<(Vec<Tensor>, Vec<f64>), CudaError> {
     let gpu = gpu()?;
-    check_inputs(graph, inputs)?;
+    attn_compiler::interp::check_inputs(graph, inputs)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(graph, &shapes, given)?;
     let exec = gpu.exec_for(graph)?;
