@@ -394,7 +394,7 @@ impl ExprParser<'_> {
         }
     }
 
-    fn expect(&mut self, t: &str) -> Result<(), String> {
+    fn require(&mut self, t: &str) -> Result<(), String> {
         if self.eat(t) { Ok(()) } else { Err(format!("expected `{t}` at column {}", self.pos + 1)) }
     }
 
@@ -457,19 +457,19 @@ impl ExprParser<'_> {
     }
 
     fn args(&mut self) -> Result<Vec<ScoreExpr>, String> {
-        self.expect("(")?;
+        self.require("(")?;
         let mut out = vec![self.expr(0)?];
         while self.eat(",") {
             out.push(self.expr(0)?);
         }
-        self.expect(")")?;
+        self.require(")")?;
         Ok(out)
     }
 
     fn atom(&mut self) -> Result<ScoreExpr, String> {
         if self.eat("(") {
             let e = self.expr(0)?;
-            self.expect(")")?;
+            self.require(")")?;
             return Ok(e);
         }
         let at = self.pos;
@@ -496,23 +496,23 @@ impl ExprParser<'_> {
             return text.parse::<f64>().map(ScoreExpr::Float).map_err(|_| format!("bad number `{text}`"));
         }
         if let Some(n) = w.strip_prefix('x').and_then(|n| n.parse::<usize>().ok()) {
-            self.expect("[")?;
+            self.require("[")?;
             let mut index = vec![self.expr(0)?];
             while self.eat(",") {
                 index.push(self.expr(0)?);
             }
-            self.expect("]")?;
+            self.require("]")?;
             return Ok(ScoreExpr::Load { input: n, index });
         }
         if w == "dim" {
-            self.expect("(")?;
+            self.require("(")?;
             self.ws();
             let start = self.pos;
             while self.pos < self.s.len() && self.s[self.pos] != b')' {
                 self.pos += 1;
             }
             let text = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();
-            self.expect(")")?;
+            self.require(")")?;
             return Dim::parse(&text).map(ScoreExpr::Dim).ok_or_else(|| format!("bad dimension `{text}`"));
         }
         if w == "where" {

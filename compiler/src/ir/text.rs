@@ -287,7 +287,7 @@ impl<'a> Parser<'a> {
         self.error(self.pos, format!("expected {what}, found {}", self.found()))
     }
 
-    fn expect(&mut self, c: char, context: &str) -> PResult<()> {
+    fn require(&mut self, c: char, context: &str) -> PResult<()> {
         if self.eat(c) { Ok(()) } else { Err(self.expected(&format!("`{c}` {context}"))) }
     }
 
@@ -388,7 +388,7 @@ impl<'a> Parser<'a> {
 
     fn graph(&mut self) -> PResult<Graph> {
         let name = self.name("a graph name")?;
-        self.expect('{', "after the graph name")?;
+        self.require('{', "after the graph name")?;
         let mut graph = Graph::new(name);
         let mut defs: HashMap<&'a str, Value> = HashMap::new();
         loop {
@@ -406,7 +406,7 @@ impl<'a> Parser<'a> {
                         return Err(self.expected("`%N = ...`, `output NAME = %N` or `}`"));
                     }
                     let name = self.name("an output name")?;
-                    self.expect('=', &format!("after output `{name}`"))?;
+                    self.require('=', &format!("after output `{name}`"))?;
                     let v = self.operand(&defs)?;
                     graph.add_output(name, v);
                 }
@@ -425,7 +425,7 @@ impl<'a> Parser<'a> {
         if defs.contains_key(id) {
             return Err(self.error(at, format!("`{id}` is defined twice")));
         }
-        self.expect('=', &format!("after `{id}`"))?;
+        self.require('=', &format!("after `{id}`"))?;
         let (op_at, op_name) = self.word("an op name")?;
         let mut attrs: Vec<(String, Attr)> = Vec::new();
         let mut key_at = Vec::new();
@@ -435,11 +435,11 @@ impl<'a> Parser<'a> {
                 if attrs.iter().any(|(k, _)| k == key) {
                     return Err(self.error(at, format!("attribute `{key}` is given twice")));
                 }
-                self.expect('=', &format!("after attribute `{key}`"))?;
+                self.require('=', &format!("after attribute `{key}`"))?;
                 attrs.push((key.to_string(), self.attr_value(op_name, key)?));
                 key_at.push(at);
                 if !self.eat(',') {
-                    self.expect(']', "to close the attributes")?;
+                    self.require(']', "to close the attributes")?;
                     break;
                 }
             }
@@ -451,7 +451,7 @@ impl<'a> Parser<'a> {
                 args.push(self.operand(defs)?);
             }
         }
-        self.expect(':', "before the result type")?;
+        self.require(':', "before the result type")?;
         let ty = self.tensor_type()?;
         let op = Op::from_parts(op_name, &attrs).map_err(|m| self.error(op_at, m))?;
         let known = op.attrs();
@@ -473,13 +473,13 @@ impl<'a> Parser<'a> {
         let (at, name) = self.word("a type such as `f32[B, S]`")?;
         let dtype = DType::from_name(name)
             .ok_or_else(|| self.error(at, format!("unknown element type `{name}` (expected f32, f16, bf16, i32 or bool)")))?;
-        self.expect('[', &format!("after `{name}`"))?;
+        self.require('[', &format!("after `{name}`"))?;
         let mut shape = Vec::new();
         if !self.eat(']') {
             loop {
                 shape.push(self.dim("a dimension")?);
                 if !self.eat(',') {
-                    self.expect(']', "to close the shape")?;
+                    self.require(']', "to close the shape")?;
                     break;
                 }
             }
@@ -553,13 +553,13 @@ impl<'a> Parser<'a> {
 
     /// `[0, 2, 1]`
     fn list(&mut self, key: &str) -> PResult<Vec<usize>> {
-        self.expect('[', &format!("to start the list `{key}`"))?;
+        self.require('[', &format!("to start the list `{key}`"))?;
         let mut items = Vec::new();
         if !self.eat(']') {
             loop {
                 items.push(self.int(&format!("a non-negative integer in `{key}`"))?);
                 if !self.eat(',') {
-                    self.expect(']', &format!("to close the list `{key}`"))?;
+                    self.require(']', &format!("to close the list `{key}`"))?;
                     break;
                 }
             }

@@ -21,12 +21,12 @@ impl Parser<'_> {
                             break;
                         }
                     }
-                    self.expect(Token::RParen, "to close the pattern")?;
+                    self.require(Token::RParen, "to close the pattern")?;
                 } else {
                     names.push(self.ident("after `let`")?);
                 }
                 let ty = if self.eat(Token::Colon) { Some(self.type_expr()?) } else { None };
-                self.expect(Token::Assign, "in a `let` binding")?;
+                self.require(Token::Assign, "in a `let` binding")?;
                 let value = self.expr()?;
                 self.eat(Token::Semi);
                 Ok(Stmt::Let { span: start.to(value.span), names, ty, value })
@@ -176,7 +176,7 @@ impl Parser<'_> {
             Token::LParen => {
                 self.bump();
                 let inner = self.expr()?;
-                let end = self.expect(Token::RParen, "to close the parenthesis")?;
+                let end = self.require(Token::RParen, "to close the parenthesis")?;
                 return Ok(Expr { kind: inner.kind, span: span.to(end) });
             }
             Token::LBracket => {
@@ -188,7 +188,7 @@ impl Parser<'_> {
                         break;
                     }
                 }
-                let end = self.expect(Token::RBracket, "to close the list")?;
+                let end = self.require(Token::RBracket, "to close the list")?;
                 return Ok(Expr { kind: ExprKind::List(elems), span: span.to(end) });
             }
             _ => return Err(self.unexpected("expected an expression")),
@@ -214,7 +214,7 @@ impl Parser<'_> {
                 break;
             }
         }
-        self.expect(Token::RParen, "to close the argument list")?;
+        self.require(Token::RParen, "to close the argument list")?;
         Ok(args)
     }
 
@@ -238,7 +238,7 @@ impl Parser<'_> {
                 break;
             }
         }
-        self.expect(Token::RBracket, "to close the index")?;
+        self.require(Token::RBracket, "to close the index")?;
         Ok(items)
     }
 }

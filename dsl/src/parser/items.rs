@@ -39,7 +39,7 @@ impl Parser<'_> {
     fn const_def(&mut self) -> PResult<ConstDef> {
         let start = self.bump();
         let name = self.ident("after `dim`/`const`")?;
-        self.expect(Token::Assign, "after the name")?;
+        self.require(Token::Assign, "after the name")?;
         let value = self.expr()?;
         self.eat(Token::Semi);
         Ok(ConstDef { span: start.to(value.span), name, value })
@@ -48,11 +48,11 @@ impl Parser<'_> {
     fn fn_def(&mut self) -> PResult<FnDef> {
         let start = self.bump();
         let name = self.ident("after `fn`")?;
-        self.expect(Token::LParen, "to start the parameter list")?;
+        self.require(Token::LParen, "to start the parameter list")?;
         let params = self.params(Token::RParen)?;
-        self.expect(Token::Arrow, "and a result type after the parameters")?;
+        self.require(Token::Arrow, "and a result type after the parameters")?;
         let ret = if self.eat(Token::LParen) { Ret::Named(self.params(Token::RParen)?) } else { Ret::Single(self.type_expr()?) };
-        self.expect(Token::LBrace, "to start the function body")?;
+        self.require(Token::LBrace, "to start the function body")?;
         let body = self.block();
         let end = self.prev_span();
         Ok(FnDef { name, params, ret, body, span: start.to(end) })
@@ -63,14 +63,14 @@ impl Parser<'_> {
         let mut params = Vec::new();
         while self.peek() != close {
             let name = self.ident("for a parameter")?;
-            self.expect(Token::Colon, "between a parameter's name and its type")?;
+            self.require(Token::Colon, "between a parameter's name and its type")?;
             let ty = self.type_expr()?;
             params.push(Param { name, ty });
             if !self.eat(Token::Comma) {
                 break;
             }
         }
-        self.expect(close, "to close the list")?;
+        self.require(close, "to close the list")?;
         Ok(params)
     }
 
@@ -86,7 +86,7 @@ impl Parser<'_> {
                     break;
                 }
             }
-            span = span.to(self.expect(Token::RBracket, "to close the shape")?);
+            span = span.to(self.require(Token::RBracket, "to close the shape")?);
         }
         Ok(TypeExpr { dtype, dims, span })
     }

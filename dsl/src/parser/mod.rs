@@ -109,7 +109,7 @@ impl<'s> Parser<'s> {
         }
     }
 
-    fn expect(&mut self, tok: Token, context: &str) -> PResult<Span> {
+    fn require(&mut self, tok: Token, context: &str) -> PResult<Span> {
         if self.peek() == tok { Ok(self.bump()) } else { Err(self.unexpected(&format!("expected {} {context}", tok.describe()))) }
     }
 
