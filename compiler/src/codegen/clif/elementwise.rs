@@ -6,7 +6,7 @@
 //! output is dense along it, with a scalar loop for the tail.
 
 use super::builder::Fx;
-use super::ops::{Kind, RemMode, Tv, kind_of};
+use super::ops::{Kind, RemMode, Tv, clamped_load, kind_of};
 use super::plan::{Expr, View};
 use crate::ir::{DType, Dim};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -321,7 +321,7 @@ impl Kernel<'_> {
                 let a = self.eval(fx, a, at);
                 fx.round_to(a, *dtype)
             }
-            Expr::Gather(t, idx, dtype) => {
+            Expr::Gather(t, idx, _) => {
                 let idx: Vec<Value> = idx
                     .iter()
                     .map(|e| {
@@ -329,47 +329,15 @@ impl Kernel<'_> {
                         fx.cvt_i(x)
                     })
                     .collect();
-                self.gather(fx, *t, &idx, *dtype)
+                self.gather(fx, *t, &idx)
             }
         }
     }
 
     /// `table[idx...]` with each index clamped into its axis; lane by lane for vectors.
-    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value], dtype: DType) -> Tv {
+    /// A gather's dtype is its table's (`ir::infer`), so the table's layout is all it needs.
+    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value]) -> Tv {
         let Some(table) = &self.tables[t] else { return Tv { v: fx.fconst(f32::NAN), k: Kind::F } };
-        let one = |fx: &mut Fx, idx: &[Value]| -> Value {
-            let mut off = fx.i64(0);
-            for ((i, s), n) in idx.iter().zip(&table.strides).zip(&table.sizes) {
-                let i = fx.b.ins().sextend(types::I64, *i);
-                let zero = fx.i64(0);
-                let one = fx.i64(1);
-                let top = fx.sub(*n, one);
-                let top = fx.max(top, zero);
-                let i = fx.min(i, top);
-                let i = fx.max(i, zero);
-                let t = fx.mul(i, *s);
-                off = fx.add(off, t);
-            }
-            let addr = fx.elem_addr(table.base, off);
-            let ty = if kind_of(table.dtype) == Kind::F { types::F32 } else { types::I32 };
-            fx.load(ty, addr)
-        };
-        let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
-        let v = if fx.lanes == 1 {
-            one(fx, idx)
-        } else {
-            let lanes = fx.lanes;
-            let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
-            for lane in 0..lanes {
-                let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
-                fx.lanes = 1;
-                let r = one(fx, &xs);
-                fx.lanes = lanes;
-                out = fx.b.ins().insertlane(out, r, lane);
-            }
-            out
-        };
-        let x = Tv { v, k: mem_kind };
-        if kind_of(dtype) == Kind::B { Tv { v: fx.cvt_b(x), k: Kind::B } } else { x }
+        clamped_load(fx, table.dtype, table.base, &table.strides, &table.sizes, idx)
     }
 }

@@ -51,6 +51,44 @@ pub fn kind_of(dtype: DType) -> Kind {
     }
 }
 
+/// `x[idx...]` of a strided tensor with every index clamped into `[0, size-1]` (gather and
+/// extra-operand semantics), lane by lane when `fx` is vectorised. Bool tensors come back as
+/// masks.
+pub fn clamped_load(fx: &mut Fx, dtype: DType, base: Value, strides: &[Value], sizes: &[Value], idx: &[Value]) -> Tv {
+    let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
+    let one = |fx: &mut Fx, idx: &[Value]| -> Value {
+        let mut off = fx.i64(0);
+        for ((i, s), n) in idx.iter().zip(strides).zip(sizes) {
+            let i = fx.b.ins().sextend(types::I64, *i);
+            let (zero, one) = (fx.i64(0), fx.i64(1));
+            let top = fx.sub(*n, one);
+            let top = fx.max(top, zero);
+            let i = fx.min(i, top);
+            let i = fx.max(i, zero);
+            let t = fx.mul(i, *s);
+            off = fx.add(off, t);
+        }
+        let addr = fx.elem_addr(base, off);
+        fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
+    };
+    let v = if fx.lanes == 1 {
+        one(fx, idx)
+    } else {
+        let lanes = fx.lanes;
+        let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
+        for lane in 0..lanes {
+            let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
+            fx.lanes = 1;
+            let r = one(fx, &xs);
+            fx.lanes = lanes;
+            out = fx.b.ins().insertlane(out, r, lane);
+        }
+        out
+    };
+    let t = Tv { v, k: mem_kind };
+    if kind_of(dtype) == Kind::B { Tv { v: fx.cvt_b(t), k: Kind::B } } else { t }
+}
+
 fn vec_flags() -> MemFlagsData {
     MemFlagsData::new().with_endianness(Endianness::Little)
 }

@@ -7,7 +7,7 @@
 //! comparisons and logic are truth values, loads have their operand's class.
 
 use super::builder::Fx;
-use super::ops::{Kind, RemMode, Tv, kind_of};
+use super::ops::{Kind, RemMode, Tv, clamped_load};
 use crate::ir::{DType, Dim, ScoreExpr};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use std::collections::HashMap;
@@ -170,36 +170,5 @@ pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
 
 /// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
 fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
-    let mem_kind = if kind_of(x.dtype) == Kind::F { Kind::F } else { Kind::I };
-    let one = |fx: &mut Fx, idx: &[Value]| -> Value {
-        let mut off = fx.i64(0);
-        for ((i, s), n) in idx.iter().zip(&x.strides).zip(&x.sizes) {
-            let i = fx.b.ins().sextend(types::I64, *i);
-            let (zero, one) = (fx.i64(0), fx.i64(1));
-            let top = fx.sub(*n, one);
-            let top = fx.max(top, zero);
-            let i = fx.min(i, top);
-            let i = fx.max(i, zero);
-            let t = fx.mul(i, *s);
-            off = fx.add(off, t);
-        }
-        let addr = fx.elem_addr(x.base, off);
-        fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
-    };
-    let v = if fx.lanes == 1 {
-        one(fx, idx)
-    } else {
-        let lanes = fx.lanes;
-        let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
-        for lane in 0..lanes {
-            let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
-            fx.lanes = 1;
-            let r = one(fx, &xs);
-            fx.lanes = lanes;
-            out = fx.b.ins().insertlane(out, r, lane);
-        }
-        out
-    };
-    let t = Tv { v, k: mem_kind };
-    if kind_of(x.dtype) == Kind::B { Tv { v: fx.cvt_b(t), k: Kind::B } } else { t }
+    clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx)
 }
