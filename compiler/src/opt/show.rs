@@ -63,6 +63,6 @@ pub fn block_summary(g: &Graph) -> String {
 /// The `attnc explain` text: what every rule did and why each attention site was or was not
 /// fused.
 pub fn explain_text(module: &Module) -> String {
-    let (_, reports) = optimized_text(module);
-    reports.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n")
+    let reports: Vec<String> = module.graphs.iter().map(|g| optimize(g, &OptOptions::default()).report.to_string()).collect();
+    reports.join("\n")
 }

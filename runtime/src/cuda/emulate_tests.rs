@@ -27,9 +27,16 @@ fn compiler_or_skip(test: &str) -> bool {
 }
 
 /// Odd sizes for the dims the examples use (not multiples of any tile), 8 for the rest.
+const EMULATED_SIZES: &[(&str, i64)] =
+    &[("B", 2), ("H", 3), ("S", 37), ("T", 70), ("M", 19), ("N", 29), ("D", 24), ("Dv", 20), ("Dh", 6), ("G", 2), ("R", 2)];
+
 fn sizes(graph: &Graph, over: &[(&str, i64)]) -> HashMap<String, i64> {
-    let base: &[(&str, i64)] =
-        &[("B", 2), ("H", 3), ("S", 37), ("T", 70), ("M", 19), ("N", 29), ("D", 24), ("Dv", 20), ("Dh", 6), ("G", 2), ("R", 2)];
+    dims_with(graph, EMULATED_SIZES, over)
+}
+
+/// A size for every dim of `graph`'s parameters: `over`, else `base`, else 8. Shared with the
+/// device tests, which use larger sizes.
+pub(super) fn dims_with(graph: &Graph, base: &[(&str, i64)], over: &[(&str, i64)]) -> HashMap<String, i64> {
     let mut names = BTreeSet::new();
     for p in graph.params() {
         for d in &graph.node(*p).ty.shape {

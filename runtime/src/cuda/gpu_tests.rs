@@ -9,7 +9,7 @@ use crate::random::random_inputs;
 use attn_compiler::interp::run as interp_run;
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
 use attn_compiler::tensor::Tensor;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 fn enabled(test: &str) -> bool {
@@ -23,22 +23,12 @@ fn enabled(test: &str) -> bool {
     false
 }
 
+/// Sizes for the device tests: odd, and large enough to cross many tiles.
+const DEVICE_SIZES: &[(&str, i64)] =
+    &[("B", 2), ("H", 3), ("S", 130), ("T", 1000), ("M", 67), ("N", 129), ("D", 64), ("Dv", 40), ("Dh", 16), ("G", 2), ("R", 3)];
+
 fn sizes(graph: &Graph, over: &[(&str, i64)]) -> HashMap<String, i64> {
-    let base: &[(&str, i64)] =
-        &[("B", 2), ("H", 3), ("S", 130), ("T", 1000), ("M", 67), ("N", 129), ("D", 64), ("Dv", 40), ("Dh", 16), ("G", 2), ("R", 3)];
-    let mut names = BTreeSet::new();
-    for p in graph.params() {
-        for d in &graph.node(*p).ty.shape {
-            names.extend(d.symbols());
-        }
-    }
-    names
-        .into_iter()
-        .map(|n| {
-            let v = over.iter().chain(base).find(|(k, _)| *k == n).map_or(8, |(_, v)| *v);
-            (n, v)
-        })
-        .collect()
+    super::emulate_tests::dims_with(graph, DEVICE_SIZES, over)
 }
 
 /// Largest element-wise relative error, with a floor of a tenth of the tensor's largest
