@@ -25,19 +25,120 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes `expf` polynomial, highest degree first.
 const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
-/// `y[i] = exp(x[i] - shift)` for `i < n` on `isa`, returning the sum.
+/// `y[i] = exp(x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias` is
+/// null), returning the sum.
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless it
+/// is null; `isa` is supported.
+pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    unsafe {
+        match (isa, bias.is_null()) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, true) => exp_sum_avx512::<false>(x, bias, y, n, shift),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, false) => exp_sum_avx512::<true>(x, bias, y, n, shift),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, true) => exp_sum_avx2::<false>(x, bias, y, n, shift),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, false) => exp_sum_avx2::<true>(x, bias, y, n, shift),
+            _ => super::portable::exp_sum(x, bias, y, n, shift),
+        }
+    }
+}
+
+/// How far a tile's max may exceed the running max before the shift moves: below this the
+/// old shift is kept, so the accumulator needs no rescaling; `exp` of the excess stays below
+/// `e^8 ≈ 3000` per term, far from f32 overflow even summed over millions of keys.
+pub(super) const RESCALE_SLACK: f32 = 8.0;
+
+/// One online-softmax step over a row of `n` scores `x[i] (+ bias[i])`: picks the row's shift
+/// (`max`, kept unless the row's max passes it by [`RESCALE_SLACK`]), writes the unnormalised
+/// probabilities `y = exp(x + bias - shift)`, updates `max` and `sum`, and returns the factor the
+/// row's accumulator must be multiplied by (1 when the shift did not move, 0 on a first tile).
+/// A row with every score `-inf` (and no earlier kept key) gives `y = 0` and factor 1.
+///
+/// # Safety
+/// As [`exp_sum`]; `max` and `sum` are valid for reads and writes.
+pub(super) unsafe fn softmax_step(isa: Isa, x: *const f32, bias: *const f32, y: *mut f32, n: usize, max: *mut f32, sum: *mut f32) -> f32 {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        let tmax = row_max(isa, x, bias, n);
+        let old = *max;
+        let new = if old == f32::NEG_INFINITY || tmax > old + RESCALE_SLACK { tmax.max(old) } else { old };
+        if new == f32::NEG_INFINITY {
+            std::ptr::write_bytes(y, 0, n);
+            return 1.0;
+        }
+        let t = exp_sum(isa, x, bias, y, n, new);
+        let scale = if new == old { 1.0 } else { (old - new).exp() };
+        *max = new;
+        *sum = *sum * scale + t;
+        scale
+    }
+}
+
+/// `max(x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed over
+/// (they propagate through the `exp` pass instead).
+///
+/// # Safety
+/// As [`exp_sum`].
+unsafe fn row_max(isa: Isa, x: *const f32, bias: *const f32, n: usize) -> f32 {
+    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    unsafe {
+        match (isa, bias.is_null()) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, true) => row_max_avx512::<false>(x, bias, n),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, false) => row_max_avx512::<true>(x, bias, n),
+            _ => {
+                let mut m = f32::NEG_INFINITY;
+                for i in 0..n {
+                    let v = *x.add(i) + if bias.is_null() { 0.0 } else { *bias.add(i) };
+                    m = if v > m { v } else { m };
+                }
+                m
+            }
+        }
+    }
+}
+
+/// AVX-512 [`row_max`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, bias: *const f32, n: usize) -> f32 {
+    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i < n {
+        let k = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
+        // SAFETY: only the valid lanes of `i..n` are read.
+        unsafe {
+            let mut v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, x.add(i));
+            if BIAS {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias.add(i)));
+            }
+            // `max_ps` returns the second operand when either is NaN: the running max.
+            m = _mm512_max_ps(v, m);
+        }
+        i += 16;
+    }
+    _mm512_reduce_max_ps(m)
+}
+
+/// `y[i] = tanh(x[i])` for `i < n` on `isa`.
 ///
 /// # Safety
 /// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
-pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => exp_sum_avx512(x, y, n, shift),
+            Isa::Avx512 => tanh_avx512(x, y, n),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => exp_sum_avx2(x, y, n, shift),
-            _ => super::portable::exp_sum(x, y, n, shift),
+            Isa::Avx2 => tanh_avx2(x, y, n),
+            _ => super::portable::tanh(x, y, n),
         }
     }
 }
@@ -45,7 +146,7 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, y: *mut f32, n: usize, shi
 /// `exp` of 16 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn exp16(x: __m512) -> __m512 {
+pub(super) fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(_mm512_set1_ps(HI), _mm512_max_ps(_mm512_set1_ps(LO), x));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)));
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
@@ -58,17 +159,22 @@ fn exp16(x: __m512) -> __m512 {
     _mm512_scalef_ps(e, n)
 }
 
-/// AVX-512 `exp_sum`: full vectors, then one masked vector for the tail.
+/// AVX-512 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector
+/// for the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     let s = _mm512_set1_ps(shift);
     let mut sum = _mm512_setzero_ps();
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: `i + 16 ≤ n`.
         unsafe {
-            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), s));
+            let mut v = _mm512_loadu_ps(x.add(i));
+            if BIAS {
+                v = _mm512_add_ps(v, _mm512_loadu_ps(bias.add(i)));
+            }
+            let e = exp16(_mm512_sub_ps(v, s));
             _mm512_storeu_ps(y.add(i), e);
             sum = _mm512_add_ps(sum, e);
         }
@@ -78,7 +184,11 @@ unsafe fn exp_sum_avx512(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f3
         let m = ((1u32 << (n - i)) - 1) as __mmask16;
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x.add(i)), s));
+            let mut v = _mm512_maskz_loadu_ps(m, x.add(i));
+            if BIAS {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias.add(i)));
+            }
+            let e = exp16(_mm512_sub_ps(v, s));
             _mm512_mask_storeu_ps(y.add(i), m, e);
             sum = _mm512_mask_add_ps(sum, m, sum, e);
         }
@@ -114,17 +224,22 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(_mm256_mul_ps(e, pow2i(n1)), pow2i(n2))
 }
 
-/// AVX2 `exp_sum`: full vectors, then one masked vector for the tail.
+/// AVX2 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector for
+/// the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_avx2(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     let s = _mm256_set1_ps(shift);
     let mut sum = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: `i + 8 ≤ n`.
         unsafe {
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x.add(i)), s));
+            let mut v = _mm256_loadu_ps(x.add(i));
+            if BIAS {
+                v = _mm256_add_ps(v, _mm256_loadu_ps(bias.add(i)));
+            }
+            let e = exp8(_mm256_sub_ps(v, s));
             _mm256_storeu_ps(y.add(i), e);
             sum = _mm256_add_ps(sum, e);
         }
@@ -134,7 +249,11 @@ unsafe fn exp_sum_avx2(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 
         let m = super::x86_avx2::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x.add(i), m), s));
+            let mut v = _mm256_maskload_ps(x.add(i), m);
+            if BIAS {
+                v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m));
+            }
+            let e = exp8(_mm256_sub_ps(v, s));
             _mm256_maskstore_ps(y.add(i), m, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
         }
@@ -142,4 +261,84 @@ unsafe fn exp_sum_avx2(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 
     let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
     let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
     _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+}
+
+/// Below this `|x|`, `tanh` is the odd polynomial (the `exp` form would cancel).
+const TANH_SMALL: f32 = 0.625;
+/// Odd polynomial for `tanh` on `|x| < 0.625` (Cephes `tanhf`), highest degree first:
+/// `tanh(x) ≈ x + x·z·P(z)` with `z = x²`.
+const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
+
+/// `tanh` of 16 lanes: the odd polynomial near 0, `1 - 2/(e^{2|x|} + 1)` with the sign of `x`
+/// elsewhere (saturating to ±1; NaN stays NaN).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tanh16(x: __m512) -> __m512 {
+    let ax = _mm512_abs_ps(x);
+    let e = exp16(_mm512_add_ps(ax, ax));
+    let big = _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, _mm512_set1_ps(1.0))));
+    let z = _mm512_mul_ps(ax, ax);
+    let mut p = _mm512_set1_ps(TANH_P[0]);
+    for c in &TANH_P[1..] {
+        p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(*c));
+    }
+    let small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), ax, ax);
+    let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, _mm512_set1_ps(TANH_SMALL));
+    // |tanh| with x's sign bit (so tanh(-0) = -0).
+    let abs = _mm512_castps_si512(_mm512_mask_blend_ps(is_small, big, small));
+    let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
+    _mm512_castsi512_ps(_mm512_or_si512(abs, sign))
+}
+
+/// AVX-512 `tanh`: full vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tanh_avx512(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 ≤ n`.
+        unsafe { _mm512_storeu_ps(y.add(i), tanh16(_mm512_loadu_ps(x.add(i)))) };
+        i += 16;
+    }
+    if i < n {
+        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        // SAFETY: only the `n - i` valid lanes are read or written.
+        unsafe { _mm512_mask_storeu_ps(y.add(i), m, tanh16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
+    }
+}
+
+/// `tanh` of 8 lanes, as [`tanh16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn tanh8(x: __m256) -> __m256 {
+    let signbit = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+    let ax = _mm256_andnot_ps(signbit, x);
+    let e = exp8(_mm256_add_ps(ax, ax));
+    let big = _mm256_sub_ps(_mm256_set1_ps(1.0), _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, _mm256_set1_ps(1.0))));
+    let z = _mm256_mul_ps(ax, ax);
+    let mut p = _mm256_set1_ps(TANH_P[0]);
+    for c in &TANH_P[1..] {
+        p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(*c));
+    }
+    let small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), ax, ax);
+    let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(ax, _mm256_set1_ps(TANH_SMALL));
+    // |tanh| with x's sign bit (so tanh(-0) = -0).
+    _mm256_or_ps(_mm256_blendv_ps(big, small, is_small), _mm256_and_ps(x, signbit))
+}
+
+/// AVX2 `tanh`: full vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 ≤ n`.
+        unsafe { _mm256_storeu_ps(y.add(i), tanh8(_mm256_loadu_ps(x.add(i)))) };
+        i += 8;
+    }
+    if i < n {
+        let m = super::x86_avx2::lanes(n - i);
+        // SAFETY: only the `n - i` valid lanes are read or written.
+        unsafe { _mm256_maskstore_ps(y.add(i), m, tanh8(_mm256_maskload_ps(x.add(i), m))) };
+    }
 }

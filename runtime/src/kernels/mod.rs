@@ -19,7 +19,9 @@
 
 mod exp;
 mod gemm;
+mod gemv;
 mod portable;
+mod rows;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -229,6 +231,22 @@ pub fn sgemm_nn(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), Ker
     Ok(())
 }
 
+/// [`sgemm_nt`] by the few-rows kernel (any `m`; fastest for `m ≤ 4`, where it streams `B`).
+pub fn gemv_nt(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
+    g.check(Layout::Nt, a, b, c)?;
+    // SAFETY: as in `sgemm_nt`.
+    unsafe { gemv::run(g, Layout::Nt, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
+/// [`sgemm_nn`] by the few-rows kernel, as [`gemv_nt`].
+pub fn gemv_nn(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
+    g.check(Layout::Nn, a, b, c)?;
+    // SAFETY: as in `sgemm_nt`.
+    unsafe { gemv::run(g, Layout::Nn, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
 /// `y[i] = exp(x[i] - shift)` on `isa`, returning `Σ y` (accumulated in `f32`, lane-parallel).
 ///
 /// `exp(-inf) = 0`, NaN stays NaN, results below the smallest subnormal are 0 and above
@@ -241,7 +259,37 @@ pub fn exp_sum(isa: Isa, x: &[f32], y: &mut [f32], shift: f32) -> Result<f32, Ke
         return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
     }
     // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), y.as_mut_ptr(), x.len(), shift) })
+    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
+}
+
+/// One online-softmax step over the row `x (+ bias)` on `isa`, updating the running `(max, sum)`
+/// and writing the unnormalised probabilities to `y`; returns the factor the row's accumulator
+/// must be multiplied by. See [`attnc_softmax_step_f32`].
+pub fn softmax_step(isa: Isa, x: &[f32], bias: Option<&[f32]>, y: &mut [f32], state: &mut (f32, f32)) -> Result<f32, KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    for (operand, len) in [("bias", bias.map_or(x.len(), <[f32]>::len)), ("y", y.len())] {
+        if len < x.len() {
+            return Err(KernelError::TooShort { operand, len, need: x.len() });
+        }
+    }
+    let b = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+    // SAFETY: the slices hold `x.len()` elements, the path is supported, the state is two floats.
+    Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
+}
+
+/// `y[i] = tanh(x[i])` on `isa`; accurate to a few ulp, `±1` for large `|x|`, NaN stays NaN.
+pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    if y.len() < x.len() {
+        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
+    }
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    unsafe { exp::tanh(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
+    Ok(())
 }
 
 /// C ABI: `C[m×n] (+)= alpha · A[m×k] · B[n×k]ᵀ`, row-major with leading dimensions.
@@ -294,13 +342,61 @@ pub unsafe extern "C" fn attnc_sgemm_nn(
     unsafe { gemm::run(&g, Layout::Nn, a, b, c) }
 }
 
+/// C ABI: [`attnc_sgemm_nt`] for a few rows of `A` (decode's query rows against a key tile):
+/// `B` streamed once in place with prefetching, no packing.
+///
+/// # Safety
+/// As [`attnc_sgemm_nt`].
+#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+pub unsafe extern "C" fn attnc_gemv_nt(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    accumulate: u32,
+) {
+    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { gemv::run(&g, Layout::Nt, a, b, c) }
+}
+
+/// C ABI: [`attnc_sgemm_nn`] for a few rows of `A` (decode's probabilities against a value
+/// tile), as [`attnc_gemv_nt`].
+///
+/// # Safety
+/// As [`attnc_sgemm_nn`].
+#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+pub unsafe extern "C" fn attnc_gemv_nn(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    accumulate: u32,
+) {
+    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { gemv::run(&g, Layout::Nn, a, b, c) }
+}
+
 /// C ABI: `y[i] = exp(x[i])` for `i < n` (`x` and `y` may be the same buffer).
 ///
 /// # Safety
 /// `x` and `y` must address `n` valid elements (unused when `n = 0`).
 pub unsafe extern "C" fn attnc_exp_f32(x: *const f32, y: *mut f32, n: usize) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::exp_sum(isa(), x, y, n, 0.0) };
+    unsafe { exp::exp_sum(isa(), x, std::ptr::null(), y, n, 0.0) };
 }
 
 /// C ABI: `y[i] = exp(x[i] - shift)`, returning `Σ y`: one pass of the online softmax (scores
@@ -312,7 +408,67 @@ pub unsafe extern "C" fn attnc_exp_f32(x: *const f32, y: *mut f32, n: usize) {
 /// skip rows whose max is `-inf` (fully masked).
 pub unsafe extern "C" fn attnc_exp_sum_f32(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::exp_sum(isa(), x, y, n, shift) }
+    unsafe { exp::exp_sum(isa(), x, std::ptr::null(), y, n, shift) }
+}
+
+/// C ABI: one online-softmax step over a row of scores `x (+ bias)` (`bias` may be null):
+/// updates the row's running `max` and `sum`, writes the unnormalised probabilities to `y`
+/// (may be `x`), and returns the factor the row's accumulator must be scaled by. The shift
+/// moves only when a score passes it by more than 8, so most tiles need no rescaling.
+///
+/// # Safety
+/// As [`attnc_exp_f32`]; `bias` is null or addresses `n` elements; `max` and `sum` are valid.
+pub unsafe extern "C" fn attnc_softmax_step_f32(
+    x: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    max: *mut f32,
+    sum: *mut f32,
+) -> f32 {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { exp::softmax_step(isa(), x, bias, y, n, max, sum) }
+}
+
+/// C ABI: `y[i] = tanh(x[i])` for `i < n` (`x` and `y` may be the same buffer).
+///
+/// # Safety
+/// As [`attnc_exp_f32`].
+pub unsafe extern "C" fn attnc_tanh_f32(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { exp::tanh(isa(), x, y, n) }
+}
+
+/// C ABI: `y[i] = gelu(x[i])` (the exact, erf form) for `i < n` (`x` may be `y`).
+///
+/// # Safety
+/// As [`attnc_exp_f32`].
+pub unsafe extern "C" fn attnc_gelu_f32(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { rows::gelu(isa(), x, y, n) }
+}
+
+/// C ABI: layer norm (`rms = 0`) or RMS norm (`rms ≠ 0`) of one dense row of `n` elements,
+/// in f64: `(x - mean) / sqrt(var + eps) · gamma (+ beta)`; `beta` may be null.
+///
+/// # Safety
+/// `x`, `gamma` and `y` address `n` valid elements (`x` may be `y`), and so does a non-null `beta`.
+pub unsafe extern "C" fn attnc_norm_row_f32(x: *const f32, gamma: *const f32, beta: *const f32, y: *mut f32, n: usize, eps: f64, rms: u32) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { rows::norm_row(x, gamma, beta, y, n, eps, rms != 0) }
+}
+
+/// `y[i] = gelu(x[i])` on `isa`, the erf form within a few 1e-7 absolute of the exact one.
+pub fn gelu(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    if y.len() < x.len() {
+        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
+    }
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    unsafe { rows::gelu(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
+    Ok(())
 }
 
 /// The kernels' C ABI entry points as `(symbol name, address)`, for the JIT to register.
@@ -320,7 +476,13 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("attnc_sgemm_nt", attnc_sgemm_nt as *const u8),
         ("attnc_sgemm_nn", attnc_sgemm_nn as *const u8),
+        ("attnc_gemv_nt", attnc_gemv_nt as *const u8),
+        ("attnc_gemv_nn", attnc_gemv_nn as *const u8),
         ("attnc_exp_f32", attnc_exp_f32 as *const u8),
         ("attnc_exp_sum_f32", attnc_exp_sum_f32 as *const u8),
+        ("attnc_softmax_step_f32", attnc_softmax_step_f32 as *const u8),
+        ("attnc_tanh_f32", attnc_tanh_f32 as *const u8),
+        ("attnc_gelu_f32", attnc_gelu_f32 as *const u8),
+        ("attnc_norm_row_f32", attnc_norm_row_f32 as *const u8),
     ]
 }

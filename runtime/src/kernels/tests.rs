@@ -27,6 +27,17 @@ const SENTINEL: f32 = 12345.5;
 /// Runs one product on `g.isa` and compares every element of `C`'s storage with an f64
 /// reference: the tile within tolerance, everything outside the tile untouched.
 fn check(layout: Layout, g: Gemm, rng: &mut Rng) {
+    let run = match layout {
+        Layout::Nt => sgemm_nt,
+        Layout::Nn => sgemm_nn,
+    };
+    check_with(run, layout, g, rng);
+}
+
+type Product = fn(&Gemm, &[f32], &[f32], &mut [f32]) -> Result<(), KernelError>;
+
+/// [`check`] for the product `run`.
+fn check_with(run: Product, layout: Layout, g: Gemm, rng: &mut Rng) {
     let (b_rows, b_row) = match layout {
         Layout::Nt => (g.n, g.k),
         Layout::Nn => (g.k, g.n),
@@ -42,10 +53,6 @@ fn check(layout: Layout, g: Gemm, rng: &mut Rng) {
             c[i * g.ldc + j] = if g.accumulate { old[i * g.n + j] } else { f32::NAN };
         }
     }
-    let run = match layout {
-        Layout::Nt => sgemm_nt,
-        Layout::Nn => sgemm_nn,
-    };
     run(&g, &a, &b, &mut c).unwrap();
     assert!(b_row <= g.ldb);
     for (idx, got) in c.iter().enumerate() {
@@ -101,6 +108,31 @@ fn gemm_matches_f64_at_odd_shapes() {
     }
 }
 
+/// The few-rows kernels at every row count up to a block and past it, odd `n` and `k` (the
+/// 16-lane tails), padded strides, alpha and accumulate varied.
+#[test]
+fn gemv_matches_f64() {
+    let mut rng = Rng(0x5eed);
+    for isa in available_isas() {
+        for (layout, run) in [(Layout::Nt, gemv_nt as Product), (Layout::Nn, gemv_nn)] {
+            let mut case = 0usize;
+            for m in [0, 1, 2, 3, 4, 5, 9] {
+                for (n, k) in [(1, 1), (3, 17), (64, 128), (65, 64), (130, 31), (7, 0), (0, 5)] {
+                    case += 1;
+                    let mut g = Gemm::dense(layout, m, n, k);
+                    g.isa = isa;
+                    g.lda += case % 3;
+                    g.ldb += case % 5;
+                    g.ldc += case % 4;
+                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { 0.375 };
+                    g.accumulate = case % 3 == 1;
+                    check_with(run, layout, g, &mut rng);
+                }
+            }
+        }
+    }
+}
+
 /// Shapes that cross the cache blocks (k > KC, n > NC) and the attention tile shapes.
 #[test]
 fn gemm_matches_f64_across_blocks() {
@@ -143,7 +175,21 @@ fn c_abi_entry_points_match_wrappers() {
         assert_eq!(got, want);
     }
     let names: Vec<&str> = symbols().iter().map(|s| s.0).collect();
-    assert_eq!(names, ["attnc_sgemm_nt", "attnc_sgemm_nn", "attnc_exp_f32", "attnc_exp_sum_f32"]);
+    assert_eq!(
+        names,
+        [
+            "attnc_sgemm_nt",
+            "attnc_sgemm_nn",
+            "attnc_gemv_nt",
+            "attnc_gemv_nn",
+            "attnc_exp_f32",
+            "attnc_exp_sum_f32",
+            "attnc_softmax_step_f32",
+            "attnc_tanh_f32",
+            "attnc_gelu_f32",
+            "attnc_norm_row_f32"
+        ]
+    );
     assert!(symbols().iter().all(|s| !s.1.is_null()));
 }
 
@@ -249,5 +295,149 @@ fn exp_sum_shifts_and_runs_in_place() {
     unsafe { attnc_exp_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
     for (xi, yi) in x.iter().zip(&buf) {
         assert!(ulps(*yi, (*xi as f64).exp() as f32) <= 2);
+    }
+}
+
+/// A softmax step over tiles of one row, with and without a bias, on every path: the running
+/// state and rescaled accumulator give the same softmax as an f64 reference; the shift moves
+/// only past the slack; an all `-inf` first tile is skipped.
+#[test]
+fn softmax_step_is_an_online_softmax() {
+    let n = 37;
+    let tiles: Vec<Vec<f32>> = vec![
+        vec![f32::NEG_INFINITY; n],
+        (0..n).map(|i| (i as f32 * 0.7).sin() * 3.0).collect(),
+        (0..n).map(|i| (i as f32 * 0.3).cos() * 3.0 + 2.0).collect(),
+        (0..n).map(|i| i as f32 * 0.5 + 6.0).collect(),
+    ];
+    let bias: Vec<f32> = (0..n).map(|i| if i == 5 { f32::NEG_INFINITY } else { -(i as f32) * 0.25 }).collect();
+    let v: Vec<f64> = (0..n).map(|i| i as f64 - 11.0).collect();
+    for isa in available_isas() {
+        for with_bias in [false, true] {
+            for len in [0, 1, 16, 17, n] {
+                let (mut state, mut acc, mut all) = ((f32::NEG_INFINITY, 0.0f32), 0.0f64, Vec::new());
+                for t in &tiles {
+                    let mut y = vec![7.0; len];
+                    let b = with_bias.then(|| &bias[..len]);
+                    let old = state.0;
+                    let scale = softmax_step(isa, &t[..len], b, &mut y, &mut state).unwrap();
+                    assert!(
+                        state.0 == old || old == f32::NEG_INFINITY || state.0 > old + 8.0,
+                        "{isa}: shift moved from {old} to {}",
+                        state.0
+                    );
+                    acc = acc * scale as f64 + y.iter().zip(&v).map(|(p, v)| *p as f64 * v).sum::<f64>();
+                    all.extend((0..len).map(|k| t[k] as f64 + if with_bias { bias[k] as f64 } else { 0.0 }).zip(v.iter().copied()));
+                }
+                let m = all.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
+                let (num, den) = all.iter().fold((0.0, 0.0), |(n, d), (s, v)| (n + (s - m).exp() * v, d + (s - m).exp()));
+                if len == 0 {
+                    assert_eq!((state.0, state.1, acc), (f32::NEG_INFINITY, 0.0, 0.0));
+                    continue;
+                }
+                let got = acc / state.1 as f64;
+                assert!(
+                    (got - num / den).abs() <= 1e-5 * (num / den).abs().max(1.0),
+                    "{isa} bias={with_bias} len={len}: {got} vs {}",
+                    num / den
+                );
+            }
+        }
+    }
+    assert_eq!(
+        softmax_step(Isa::Portable, &[1.0; 4], Some(&[0.0; 3]), &mut [0.0; 4], &mut (0.0, 0.0)),
+        Err(KernelError::TooShort { operand: "bias", len: 3, need: 4 })
+    );
+}
+
+/// `tanh` within a few ulp of f64 across the polynomial/exp boundary, saturated far out, odd,
+/// NaN kept; every tail length on every path.
+#[test]
+fn tanh_matches_f64() {
+    let mut x: Vec<f32> = (-400..=400).map(|i| i as f32 * 0.0125).collect();
+    x.extend([
+        0.0,
+        -0.0,
+        0.624_999_9,
+        0.625,
+        -0.625,
+        9.0,
+        10.0,
+        20.0,
+        -40.0,
+        1e-30,
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]);
+    for isa in available_isas() {
+        for len in (0..=40).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            tanh(isa, xs, &mut y).unwrap();
+            for (xi, yi) in xs.iter().zip(&y) {
+                if xi.is_nan() {
+                    assert!(yi.is_nan(), "{isa}: tanh(NaN) = {yi}");
+                    continue;
+                }
+                let want = (*xi as f64).tanh() as f32;
+                assert!(ulps(*yi, want) <= 4, "{isa}: tanh({xi}) = {yi:e}, want {want:e}");
+            }
+        }
+    }
+    let mut buf = x.clone();
+    // SAFETY: `buf` holds `len` elements; the entry point allows x == y.
+    unsafe { attnc_tanh_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+    assert_eq!(buf[0], (-5.0f64).tanh() as f32);
+}
+
+/// GELU against the exact erf form in f64: absolute error within a few 1e-7 times `|x|`, the
+/// negative tail relatively accurate, every tail length on every path.
+#[test]
+fn gelu_matches_f64() {
+    let mut x: Vec<f32> = (-800..=800).map(|i| i as f32 * 0.0125).collect();
+    x.extend([-12.0, -9.0, 30.0, 0.0, -0.0, 1e-20]);
+    for isa in available_isas() {
+        for len in (0..=40).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            gelu(isa, xs, &mut y).unwrap();
+            for (xi, yi) in xs.iter().zip(&y) {
+                let v = *xi as f64;
+                let want = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+                let err = (*yi as f64 - want).abs();
+                assert!(err <= 4e-7 * v.abs().max(1.0) + 2e-6 * want.abs(), "{isa}: gelu({xi}) = {yi:e}, want {want:e}");
+            }
+        }
+    }
+}
+
+/// Layer and RMS norm rows against an f64 reference, in place and out of place, with and
+/// without a shift.
+#[test]
+fn norm_rows_match_f64() {
+    let mut rng = Rng(7);
+    for n in [1, 3, 8, 17, 64, 130] {
+        let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0 + 0.5).collect();
+        let (g, b) = (rng.vec(n), rng.vec(n));
+        for rms in [false, true] {
+            let mean = if rms { 0.0 } else { x.iter().map(|v| *v as f64).sum::<f64>() / n as f64 };
+            let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+            for with_beta in [false, true] {
+                let beta = if with_beta { b.as_ptr() } else { std::ptr::null() };
+                let mut y = x.clone();
+                // SAFETY: every buffer holds `n` elements; in place is allowed.
+                unsafe { attnc_norm_row_f32(y.as_ptr(), g.as_ptr(), beta, y.as_mut_ptr(), n, 1e-5, rms as u32) };
+                for i in 0..n {
+                    let mut want = (x[i] as f64 - mean) / (var + 1e-5).sqrt() * g[i] as f64;
+                    if with_beta {
+                        want += b[i] as f64;
+                    }
+                    assert!(ulps(y[i], want as f32) <= 1, "n={n} rms={rms}: {} vs {want}", y[i]);
+                }
+            }
+        }
     }
 }

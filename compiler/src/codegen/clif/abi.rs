@@ -30,8 +30,21 @@ pub const SGEMM_NT: Import =
 /// `C[m×n] (+)= alpha·A[m×k]·B[k×n]`: same parameters as [`SGEMM_NT`].
 pub const SGEMM_NN: Import =
     Import { name: "attnc_sgemm_nn", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32], returns: &[] };
+/// [`SGEMM_NT`] for a few rows of `A` (streams `B` in place): same parameters.
+pub const GEMV_NT: Import = Import { name: "attnc_gemv_nt", params: SGEMM_NT.params, returns: &[] };
+/// [`SGEMM_NN`] for a few rows of `A`: same parameters.
+pub const GEMV_NN: Import = Import { name: "attnc_gemv_nn", params: SGEMM_NN.params, returns: &[] };
 /// `y[i] = exp(x[i] - shift)`, returns `Σ y`: `(x, y, n, shift) -> sum`.
 pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I64, I64, F32], returns: &[F32] };
+/// One online-softmax step over a row of scores (plus an optional key bias): updates the row's
+/// running max and sum and returns the accumulator's scale: `(x, bias|0, y, n, &max, &sum) -> scale`.
+pub const SOFTMAX_STEP: Import = Import { name: "attnc_softmax_step_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[F32] };
+/// `y[i] = tanh(x[i])`: `(x, y, n)`.
+pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I64], returns: &[] };
+/// `y[i] = gelu(x[i])`: `(x, y, n)`.
+pub const GELU: Import = Import { name: "attnc_gelu_f32", params: &[I64, I64, I64], returns: &[] };
+/// Layer/RMS norm of one dense f32 row in f64: `(x, gamma, beta|0, y, n, eps, rms)`.
+pub const NORM_ROW: Import = Import { name: "attnc_norm_row_f32", params: &[I64, I64, I64, I64, I64, F64, I32], returns: &[] };
 /// Natural log in f64.
 pub const LOG: Import = Import { name: "attnc_log_f64", params: &[F64], returns: &[F64] };
 /// `x ** y` in f64.
@@ -44,7 +57,8 @@ pub const REM_FLOOR: Import = Import { name: "attnc_rem_floor_f64", params: &[F6
 pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], returns: &[F32] };
 
 /// Every symbol generated code may import.
-pub const IMPORTS: &[Import] = &[SGEMM_NT, SGEMM_NN, EXP_SUM, LOG, POW, REM_PY, REM_FLOOR, ROUND_F16];
+pub const IMPORTS: &[Import] =
+    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, POW, REM_PY, REM_FLOOR, ROUND_F16];
 
 impl Import {
     /// The Cranelift signature under `call_conv`.

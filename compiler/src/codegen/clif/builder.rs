@@ -163,16 +163,6 @@ impl<'a> Fx<'a> {
         self.b.ins().f64const(v)
     }
 
-    /// `a·b + c` on floats (one instruction where the target has FMA).
-    pub fn fmadd(&mut self, a: Value, b: Value, c: Value) -> Value {
-        if self.fma {
-            self.b.ins().fma(a, b, c)
-        } else {
-            let p = self.b.ins().fmul(a, b);
-            self.b.ins().fadd(p, c)
-        }
-    }
-
     /// `a * b` (i64).
     pub fn mul(&mut self, a: Value, b: Value) -> Value {
         self.b.ins().imul(a, b)

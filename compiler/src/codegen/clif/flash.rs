@@ -3,8 +3,8 @@
 //! Work item = (batch index, query block of `BlockM` rows, key split). For each key tile of
 //! `BlockN` keys in the split whose class (from the per-run tile table) is not Skip:
 //!
-//! 1. `S = alpha · Q_blk · K_tileᵀ` by the SGEMM microkernel into scratch (inline
-//!    matrix-vector loops in `gemv` for blocks of at most four rows: decode);
+//! 1. `S = alpha · Q_blk · K_tileᵀ` by the SGEMM microkernel into scratch (the few-rows
+//!    kernel, which streams K in place, for blocks of at most four rows: decode);
 //! 2. per row: the score modification and (for Partial tiles only) the mask, compiled inline,
 //!    four scores at a time, tracking the tile's row max; hoisted parts of the expressions
 //!    (per batch index, per row) are computed once outside the loop;
@@ -13,7 +13,7 @@
 //!    Plain unmasked scores after a row's first tile skip the max entirely (`exp(S - running
 //!    max)`, see [`Tile::unmasked_row`]). Sigmoid weights instead: `P = keep ? sigmoid(score)
 //!    : 0`;
-//! 4. `acc += P · V_tile` by the SGEMM microkernel (or `gemv`).
+//! 4. `acc += P · V_tile` by the SGEMM microkernel (or the few-rows kernel).
 //!
 //! Finally each row is divided by its sum (rows with no kept key give 0), or, when keys are
 //! split, the partial state (max, sum, acc) is stored for [`emit_merge`]. Sizes, strides and
@@ -22,7 +22,6 @@
 
 use super::abi;
 use super::builder::Fx;
-use super::gemv;
 use super::matmul::batch_strides;
 use super::ops::{Kind, Tv};
 use super::plan::{FlashKernel, Tuning};
@@ -31,6 +30,10 @@ use crate::ir::{DType, Dim, ScoreExpr, Weights};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use std::collections::HashMap;
+
+/// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
+/// and V in place instead of packing them.
+const FEW_ROWS: i64 = 4;
 
 /// Byte offsets of the regions of a flash kernel's per-thread scratch, and its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +46,8 @@ pub struct FlashScratch {
     pub max: usize,
     /// Running row sums, `BlockM` f32.
     pub sum: usize,
+    /// The key-position part of a separable score modification, `BlockN` f32.
+    pub bias: usize,
     /// Total bytes.
     pub total: usize,
 }
@@ -57,7 +62,8 @@ pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
     let acc = round64(bm * bn * 4);
     let max = acc + round64(bm * dv * 4);
     let sum = max + round64(bm * 4);
-    FlashScratch { tile: 0, acc, max, sum, total: sum + round64(bm * 4) }
+    let bias = sum + round64(bm * 4);
+    FlashScratch { tile: 0, acc, max, sum, bias, total: bias + round64(bn * 4) }
 }
 
 /// Values of the prologue both kernels share.
@@ -112,23 +118,11 @@ fn stp(fx: &mut Fx, x: Value, p: Value) {
     fx.b.ins().store(MemFlagsData::new().with_notrap(), x, p, 0);
 }
 
-/// `max(a, b)` as a compare and a select (the row max ignores NaN ordering subtleties; the
-/// NaN-propagating `fmax` costs several instructions per vector).
-fn max_fast(fx: &mut Fx, a: Value, b: Value) -> Value {
-    let gt = fx.b.ins().fcmp(FloatCC::GreaterThan, a, b);
-    fx.select_raw(gt, a, b)
-}
-
 /// Loads f32 lanes at element `c` of `base`.
 fn ld(fx: &mut Fx, base: Value, c: Value) -> Value {
     let addr = fx.elem_addr(base, c);
     let ty = fx.ty(Kind::F);
     fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), addr, 0)
-}
-
-/// [`st`] under another name (for scopes where `st` is a variable).
-fn st_(fx: &mut Fx, x: Value, base: Value, c: Value) {
-    st(fx, x, base, c);
 }
 
 /// Stores f32 lanes at element `c` of `base`.
@@ -206,10 +200,12 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
     let row_bytes = fx.b.ins().ishl_imm_s(c.bm, 2);
     let row_bytes = round(fx, row_bytes);
     let sum_off = fx.add(max_off, row_bytes);
+    let bias_off = fx.add(sum_off, row_bytes);
     let s_tile = scratch;
     let acc = fx.add(scratch, acc_off);
     let rmax = fx.add(scratch, max_off);
     let rsum = fx.add(scratch, sum_off);
+    let bias = fx.add(scratch, bias_off);
     let lane_iota = {
         let mut v = fx.b.ins().iconst(types::I32, 0);
         v = fx.b.ins().splat(types::I32X4, v);
@@ -223,7 +219,16 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     let one = fx.f32(1.0);
     let softmax = f.spec.weights == Weights::Softmax;
-    let plain_score = f.spec.score == ScoreExpr::Score;
+    // The separable part of a softmax score modification (see `score::Separated`) and whether
+    // it depends on the key position (otherwise it only shifts rows and drops out).
+    let sep = if softmax { score::separate(&f.spec.score, r) } else { None };
+    let sep_cols = sep.as_ref().is_some_and(|x| score::level(&x.sep, r) == Level::Elem);
+    // Scores read only through `tanh(s)` (soft-capping) get a row-wide tanh kernel first,
+    // unless the mask reads the raw score.
+    let mask_reads_s = f.spec.mask.as_ref().is_some_and(score::reads_score);
+    let staged = |e: &ScoreExpr| if mask_reads_s { None } else { score::tanh_staged(e) };
+    let score_full = staged(&f.spec.score);
+    let score_rest = sep.as_ref().and_then(|x| staged(&x.rest));
 
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
@@ -256,7 +261,35 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
             let env = Env { s: None, pos: &pos, dims: &dims, extras: &extras, hoisted: &none };
             let exprs: Vec<&ScoreExpr> = std::iter::once(&f.spec.score).chain(f.spec.mask.as_ref()).collect();
             score::hoist(fx, &exprs, r, Level::Item, &env, &mut item);
+            if let Some(x) = &sep {
+                score::hoist(fx, &[&x.sep], r, Level::Item, &env, &mut item);
+            }
         }
+        // Whether the separable split holds for every row of the block: `sep(i, i0)` finite
+        // for each row `i` (then its row part is finite at `i` and at `i0`).
+        let sep_ok = match &sep {
+            Some(x) => {
+                let yes = fx.b.ins().iconst(types::I8, 1);
+                let ok = fx.var(types::I8, yes);
+                let i0_32 = fx.b.ins().ireduce(types::I32, i0);
+                fx.for_range(zero, rows, |fx, rr| {
+                    let i = fx.add(i0, rr);
+                    let mut pos = b_pos.clone();
+                    pos.extend([fx.b.ins().ireduce(types::I32, i), i0_32]);
+                    let env = Env { s: None, pos: &pos, dims: &dims, extras: &extras, hoisted: &item };
+                    let t = score::eval(fx, &x.sep, &env);
+                    let t = fx.cvt_f(t);
+                    let d = fx.b.ins().fsub(t, t);
+                    let z = fx.f32(0.0);
+                    let finite = fx.b.ins().fcmp(FloatCC::Equal, d, z);
+                    let prev = fx.b.use_var(ok);
+                    let both = fx.b.ins().band(prev, finite);
+                    fx.b.def_var(ok, both);
+                });
+                fx.b.use_var(ok)
+            }
+            None => fx.b.ins().iconst(types::I8, 0),
+        };
         // Fresh running state.
         let ninf = fx.f32(f32::NEG_INFINITY);
         let fzero = fx.f32(0.0);
@@ -284,45 +317,80 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                 let krow = fx.mul(j0, k_rs);
                 let kk = fx.add(koff, krow);
                 let kp = fx.elem_addr(kb, kk);
-                let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rows, gemv::MAX_ROWS);
+                let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rows, FEW_ROWS);
+                let args = [rows, cols, d, qp, lda, kp, ldk, s_tile, bn, alpha, overwrite];
                 fx.if_else(
                     few,
-                    |fx| gemv::scores(fx, rows, cols, d, qp, lda, kp, ldk, s_tile, bn, alpha),
                     |fx| {
-                        fx.call(abi::SGEMM_NT, &[rows, cols, d, qp, lda, kp, ldk, s_tile, bn, alpha, overwrite]);
+                        fx.call(abi::GEMV_NT, &args);
+                    },
+                    |fx| {
+                        fx.call(abi::SGEMM_NT, &args);
                     },
                 );
                 let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
-                let qk = Recompute { q: qp, ldq: lda, k: kp, ldk, d, alpha };
-                let tile = Tile { f, s_tile, bn, cols, j0, i0, b_pos: &b_pos, dims: &dims, extras: &extras, lane_iota, item: &item };
-                fx.for_range(zero, rows, |fx, rr| {
-                    if softmax {
-                        let state = Running { max: rmax, sum: rsum, acc, dv: c.dv };
-                        if f.spec.mask.is_some() {
-                            fx.if_else(
-                                partial,
-                                |fx| tile.softmax_row(fx, rr, true, &state),
-                                |fx| tile.unmasked_row(fx, rr, plain_score, &state, &qk),
-                            );
-                        } else {
-                            tile.unmasked_row(fx, rr, plain_score, &state, &qk);
-                        }
-                    } else {
-                        if f.spec.mask.is_some() {
+                let tile = Tile {
+                    f,
+                    score: score_full.as_ref().unwrap_or(&f.spec.score),
+                    tanh: score_full.is_some(),
+                    bias: None,
+                    s_tile,
+                    bn,
+                    cols,
+                    j0,
+                    i0,
+                    b_pos: &b_pos,
+                    dims: &dims,
+                    extras: &extras,
+                    lane_iota,
+                    item: &item,
+                };
+                let state = Running { max: rmax, sum: rsum, acc, dv: c.dv };
+                let all_rows = |fx: &mut Fx, tile: &Tile| {
+                    fx.for_range(zero, rows, |fx, rr| {
+                        if softmax {
+                            if f.spec.mask.is_some() {
+                                fx.if_else(
+                                    partial,
+                                    |fx| tile.softmax_row(fx, rr, true, &state),
+                                    |fx| tile.softmax_row(fx, rr, false, &state),
+                                );
+                            } else {
+                                tile.softmax_row(fx, rr, false, &state);
+                            }
+                        } else if f.spec.mask.is_some() {
                             fx.if_else(partial, |fx| tile.sigmoid(fx, rr, true), |fx| tile.sigmoid(fx, rr, false));
                         } else {
                             tile.sigmoid(fx, rr, false);
                         }
-                    }
-                });
+                    });
+                };
+                match &sep {
+                    Some(x) => fx.if_else(
+                        sep_ok,
+                        |fx| {
+                            let bias = sep_cols.then(|| {
+                                tile.key_bias(fx, &x.sep, bias);
+                                bias
+                            });
+                            let score = score_rest.as_ref().unwrap_or(&x.rest);
+                            all_rows(fx, &Tile { score, tanh: score_rest.is_some(), bias, ..tile });
+                        },
+                        |fx| all_rows(fx, &tile),
+                    ),
+                    None => all_rows(fx, &tile),
+                }
                 let vrow = fx.mul(j0, v_rs);
                 let vv = fx.add(voff, vrow);
                 let vp = fx.elem_addr(vb, vv);
+                let args = [rows, c.dv, cols, s_tile, bn, vp, ldv, acc, c.dv, one, accumulate];
                 fx.if_else(
                     few,
-                    |fx| gemv::values(fx, rows, cols, c.dv, s_tile, bn, vp, ldv, acc),
                     |fx| {
-                        fx.call(abi::SGEMM_NN, &[rows, c.dv, cols, s_tile, bn, vp, ldv, acc, c.dv, one, accumulate]);
+                        fx.call(abi::GEMV_NN, &args);
+                    },
+                    |fx| {
+                        fx.call(abi::SGEMM_NN, &args);
                     },
                 );
             });
@@ -387,8 +455,16 @@ fn write_row(fx: &mut Fx, src: Value, dst: Value, n: Value, sum: Option<Value>, 
 }
 
 /// One Q·Kᵀ tile in scratch, and what its expressions need.
+#[derive(Clone, Copy)]
 struct Tile<'t> {
     f: &'t FlashKernel,
+    /// The score expression the rows evaluate: the op's, or the rest of a separated one (with
+    /// `tanh(s)` read as `s` when `tanh`).
+    score: &'t ScoreExpr,
+    /// Whether rows get `s = tanh(s)` by the kernel before `score` is evaluated.
+    tanh: bool,
+    /// The tile's key-position vector `sep(i0, j)` (separated scores only), added to `score`.
+    bias: Option<Value>,
     s_tile: Value,
     bn: Value,
     cols: Value,
@@ -410,145 +486,74 @@ struct Running {
     dv: Value,
 }
 
-/// What recomputing a row of the Q·Kᵀ tile needs.
-struct Recompute {
-    q: Value,
-    ldq: Value,
-    k: Value,
-    ldk: Value,
-    d: Value,
-    alpha: Value,
-}
-
-/// Largest sum of one tile row's `exp(s - running max)` the lazy path accepts without
-/// taking the tile's max (2^64: far from f32 overflow in the accumulator).
-const LAZY_LIMIT: f32 = 1.844_674_4e19;
-
 impl Tile<'_> {
-    /// Row `rr` the standard way: scores (mask applied when `masked`) and their max, then the
-    /// online-softmax update.
+    /// `bias[c] = sep(i0, j0 + c)` for the tile's columns.
+    fn key_bias(&self, fx: &mut Fx, sep: &ScoreExpr, bias: Value) {
+        fx.rows(self.cols, &[bias], &|fx, c, p| {
+            let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+            let i = fx.b.ins().ireduce(types::I32, self.i0);
+            pos.push(fx.splat(Kind::I, i));
+            pos.push(self.key_pos(fx, c));
+            let env = Env { s: None, pos: &pos, dims: self.dims, extras: self.extras, hoisted: self.item };
+            let x = score::eval(fx, sep, &env);
+            let x = fx.cvt_f(x);
+            stp(fx, x, p[0]);
+        });
+    }
+
+    /// The key position(s) `j0 + c` (one per lane), i32.
+    fn key_pos(&self, fx: &mut Fx, c: Value) -> Value {
+        let j = fx.add(self.j0, c);
+        let j = fx.b.ins().ireduce(types::I32, j);
+        let j = fx.splat(Kind::I, j);
+        if fx.lanes > 1 { fx.b.ins().iadd(j, self.lane_iota) } else { j }
+    }
+
+    /// Row `rr`: the score modification and, when `masked`, the mask applied in place (plain
+    /// unmasked scores are read as they are, with the key bias added by the kernel), then one
+    /// online-softmax step by the kernel, and the accumulator row rescaled if its shift moved.
     fn softmax_row(&self, fx: &mut Fx, rr: Value, masked: bool, st: &Running) {
-        let plain = self.f.spec.score == ScoreExpr::Score;
-        let tmax = self.scores(fx, rr, masked, plain);
-        self.online_softmax(fx, rr, tmax, st.max, st.sum, st.acc, st.dv);
-    }
-
-    /// Row `rr` of a tile without masked scores. For plain scores after the row's first tile,
-    /// the tile's max is not taken: probabilities are `exp(s - running max)` (softmax does
-    /// not depend on the shift), which skips a pass over the row. If a score exceeds the
-    /// running max so much that the row sum passes [`LAZY_LIMIT`], the row's scores are
-    /// recomputed and it takes the standard path.
-    fn unmasked_row(&self, fx: &mut Fx, rr: Value, plain: bool, st: &Running, qk: &Recompute) {
-        if !plain {
-            return self.softmax_row(fx, rr, false, st);
-        }
-        let old = ld(fx, st.max, rr);
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let first = fx.feq(old, ninf);
-        fx.if_else(
-            first,
-            |fx| self.softmax_row(fx, rr, false, st),
-            |fx| {
-                let row = self.row(fx, rr);
-                let sum = fx.call(abi::EXP_SUM, &[row, row, self.cols, old])[0];
-                let limit = fx.f32(LAZY_LIMIT);
-                let ok = fx.b.ins().fcmp(FloatCC::LessThanOrEqual, sum, limit);
-                fx.if_else(
-                    ok,
-                    |fx| {
-                        let l = ld(fx, st.sum, rr);
-                        let l = fx.b.ins().fadd(l, sum);
-                        st_(fx, l, st.sum, rr);
-                    },
-                    |fx| {
-                        let one = fx.i64(1);
-                        let qoff = fx.mul(rr, qk.ldq);
-                        let qrow = fx.elem_addr(qk.q, qoff);
-                        gemv::scores(fx, one, self.cols, qk.d, qrow, qk.ldq, qk.k, qk.ldk, row, self.bn, qk.alpha);
-                        self.softmax_row(fx, rr, false, st);
-                    },
-                );
-            },
-        );
-    }
-
-    /// The row's scores in place: score modification, and the mask when `masked`
-    /// (excluded scores become `-inf`). Returns the row's max.
-    fn scores(&self, fx: &mut Fx, rr: Value, masked: bool, plain: bool) -> Value {
         let row = self.row(fx, rr);
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let vninf = fx.b.ins().splat(types::F32X4, ninf);
-        let vacc = fx.var(types::F32X4, vninf);
-        let sacc = fx.var(types::F32, ninf);
-        let mut start = fx.i64(0);
-        if !masked && plain {
-            // Scores stay as they are: only the max, 16 at a time with four independent
-            // accumulators so the max's latency does not serialise the loop.
-            let accs: Vec<_> = (0..4).map(|_| fx.var(types::F32X4, vninf)).collect();
-            let m16 = fx.i64(-16);
-            let n16 = fx.b.ins().band(self.cols, m16);
-            let bytes = fx.b.ins().ishl_imm_s(n16, 2);
-            let end = fx.add(row, bytes);
-            fx.for_step(row, end, 64, |fx, p| {
-                fx.lanes = 4;
-                for (k, acc) in accs.iter().enumerate() {
-                    let x = fx.b.ins().load(types::F32X4, MemFlagsData::new().with_notrap(), p, 16 * k as i32);
-                    let a = fx.b.use_var(*acc);
-                    let m = max_fast(fx, a, x);
-                    fx.b.def_var(*acc, m);
-                }
-                fx.lanes = 1;
-            });
-            let vals: Vec<Value> = accs.iter().map(|a| fx.b.use_var(*a)).collect();
-            fx.lanes = 4;
-            let m01 = max_fast(fx, vals[0], vals[1]);
-            let m23 = max_fast(fx, vals[2], vals[3]);
-            let m = max_fast(fx, m01, m23);
-            fx.lanes = 1;
-            fx.b.def_var(vacc, m);
-            start = n16;
-        }
-        let mask = fx.i64(-4);
-        let vec_end = fx.b.ins().band(self.cols, mask);
-        let hoisted = if masked || !plain { self.row_hoisted(fx, rr) } else { Hoisted::new() };
-        // The element pointer is a loop variable (see `Fx::rows`).
-        let first = fx.elem_addr(row, start);
-        let pv = fx.var(types::I64, first);
-        let body = |fx: &mut Fx, c: Value| -> Value {
-            let p = fx.b.use_var(pv);
-            let s = ldp(fx, p);
-            let x = if masked || !plain {
-                let x = self.modified(fx, rr, c, s, masked, &hoisted);
-                stp(fx, x, p);
-                x
-            } else {
-                s
-            };
-            let next = fx.b.ins().iadd_imm_s(p, 4 * i64::from(fx.lanes));
-            fx.b.def_var(pv, next);
-            x
+        self.stage(fx, row);
+        let bias = if !masked && *self.score == ScoreExpr::Score {
+            self.bias.unwrap_or_else(|| fx.i64(0))
+        } else {
+            self.modify(fx, rr, masked);
+            fx.i64(0)
         };
-        fx.for_step(start, vec_end, 4, |fx, c| {
-            fx.lanes = 4;
-            let x = body(fx, c);
-            let m = fx.b.use_var(vacc);
-            let m = max_fast(fx, m, x);
-            fx.b.def_var(vacc, m);
-            fx.lanes = 1;
+        let maxp = fx.elem_addr(st.max, rr);
+        let sump = fx.elem_addr(st.sum, rr);
+        let scale = fx.call(abi::SOFTMAX_STEP, &[row, bias, row, self.cols, maxp, sump])[0];
+        let one = fx.f32(1.0);
+        let rescale = fx.b.ins().fcmp(FloatCC::NotEqual, scale, one);
+        fx.if_then(rescale, |fx| {
+            let off = fx.mul(rr, st.dv);
+            let arow = fx.elem_addr(st.acc, off);
+            fx.rows(st.dv, &[arow], &|fx, _, p| {
+                let x = ldp(fx, p[0]);
+                let s = fx.splat(Kind::F, scale);
+                let y = fx.b.ins().fmul(x, s);
+                stp(fx, y, p[0]);
+            });
         });
-        fx.for_range(vec_end, self.cols, |fx, c| {
-            let x = body(fx, c);
-            let m = fx.b.use_var(sacc);
-            let m = max_fast(fx, m, x);
-            fx.b.def_var(sacc, m);
-        });
-        let mut m = fx.b.use_var(sacc);
-        let v = fx.b.use_var(vacc);
-        for lane in 0..4u8 {
-            let x = fx.b.ins().extractlane(v, lane);
-            m = max_fast(fx, m, x);
+    }
+
+    /// The row-wide kernels the expression was staged with (`tanh`), in place on `row`.
+    fn stage(&self, fx: &mut Fx, row: Value) {
+        if self.tanh {
+            fx.call(abi::TANH, &[row, row, self.cols]);
         }
-        m
+    }
+
+    /// Row `rr`'s modified scores in place (`-inf` where masked out when `masked`).
+    fn modify(&self, fx: &mut Fx, rr: Value, masked: bool) {
+        let row = self.row(fx, rr);
+        let hoisted = self.row_hoisted(fx, rr);
+        fx.rows(self.cols, &[row], &|fx, c, p| {
+            let s = ldp(fx, p[0]);
+            let x = self.modified(fx, rr, c, s, masked, &hoisted);
+            stp(fx, x, p[0]);
+        });
     }
 
     /// The address of row `rr` of the tile.
@@ -565,7 +570,7 @@ impl Tile<'_> {
         pos.push(fx.b.ins().ireduce(types::I32, i));
         pos.push(fx.b.ins().iconst(types::I32, 0));
         let env = Env { s: None, pos: &pos, dims: self.dims, extras: self.extras, hoisted: self.item };
-        let exprs: Vec<&ScoreExpr> = std::iter::once(&self.f.spec.score).chain(self.f.spec.mask.as_ref()).collect();
+        let exprs: Vec<&ScoreExpr> = std::iter::once(self.score).chain(self.f.spec.mask.as_ref()).collect();
         let mut out = self.item.clone();
         score::hoist(fx, &exprs, self.f.q.shape.len(), Level::Row, &env, &mut out);
         out
@@ -577,16 +582,14 @@ impl Tile<'_> {
         let i = fx.add(self.i0, rr);
         let i = fx.b.ins().ireduce(types::I32, i);
         pos.push(fx.splat(Kind::I, i));
-        let j = fx.add(self.j0, c);
-        let j = fx.b.ins().ireduce(types::I32, j);
-        let mut j = fx.splat(Kind::I, j);
-        if fx.lanes > 1 {
-            j = fx.b.ins().iadd(j, self.lane_iota);
-        }
-        pos.push(j);
+        pos.push(self.key_pos(fx, c));
         let env = Env { s: Some(Tv { v: s, k: Kind::F }), pos: &pos, dims: self.dims, extras: self.extras, hoisted };
-        let x = score::eval(fx, &self.f.spec.score, &env);
-        let x = fx.cvt_f(x);
+        let x = score::eval(fx, self.score, &env);
+        let mut x = fx.cvt_f(x);
+        if let Some(b) = self.bias {
+            let bc = ld(fx, b, c);
+            x = fx.b.ins().fadd(x, bc);
+        }
         match (&self.f.spec.mask, masked) {
             (Some(m), true) => {
                 let keep = score::eval(fx, m, &env);
@@ -598,52 +601,10 @@ impl Tile<'_> {
         }
     }
 
-    /// Online-softmax update of row `rr` with the tile's scores (max `tmax`): the tile row
-    /// becomes its probabilities, the running sum and accumulator are rescaled.
-    #[allow(clippy::too_many_arguments)]
-    fn online_softmax(&self, fx: &mut Fx, rr: Value, tmax: Value, rmax: Value, rsum: Value, acc: Value, dv: Value) {
-        let row = self.row(fx, rr);
-        let old = ld(fx, rmax, rr);
-        let new = fx.b.ins().fmax(old, tmax);
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let empty = fx.feq(new, ninf);
-        fx.if_else(
-            empty,
-            |fx| {
-                // Nothing kept yet: this row contributes no weight.
-                fx.rows(self.cols, &[row], &|fx, _, p| {
-                    let z = fx.fconst(0.0);
-                    stp(fx, z, p[0]);
-                });
-            },
-            |fx| {
-                let sum = fx.call(abi::EXP_SUM, &[row, row, self.cols, new])[0];
-                let delta = fx.b.ins().fsub(old, new);
-                let scale = fx.exp(delta);
-                let l = ld(fx, rsum, rr);
-                let l = fx.b.ins().fmul(l, scale);
-                let l = fx.b.ins().fadd(l, sum);
-                st(fx, l, rsum, rr);
-                st(fx, new, rmax, rr);
-                let one = fx.f32(1.0);
-                let rescale = fx.b.ins().fcmp(FloatCC::NotEqual, scale, one);
-                fx.if_then(rescale, |fx| {
-                    let off = fx.mul(rr, dv);
-                    let arow = fx.elem_addr(acc, off);
-                    fx.rows(dv, &[arow], &|fx, _, p| {
-                        let x = ldp(fx, p[0]);
-                        let s = fx.splat(Kind::F, scale);
-                        let y = fx.b.ins().fmul(x, s);
-                        stp(fx, y, p[0]);
-                    });
-                });
-            },
-        );
-    }
-
     /// Sigmoid weights of row `rr` in place: `keep ? sigmoid(score) : 0`.
     fn sigmoid(&self, fx: &mut Fx, rr: Value, masked: bool) {
         let row = self.row(fx, rr);
+        self.stage(fx, row);
         let hoisted = self.row_hoisted(fx, rr);
         fx.rows(self.cols, &[row], &|fx, c, p| {
             let s = ldp(fx, p[0]);

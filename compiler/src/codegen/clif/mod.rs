@@ -7,13 +7,12 @@
 //! Files: `plan` (the data model), `lower` (graph → plan: fusion, views, outputs), `builder`
 //! (function scaffolding, loops), `ops` (typed per-element arithmetic and math), and one
 //! emitter per kernel kind: `elementwise`, `reduce`, `matmul`, `flash` (with `score`, the
-//! score-expression compiler, and `gemv`, the inline products for decode-sized blocks).
+//! score-expression compiler).
 
 pub mod abi;
 mod builder;
 mod elementwise;
 mod flash;
-mod gemv;
 mod lower;
 mod matmul;
 mod ops;

@@ -2,11 +2,12 @@
 //! and RMS norm. Sums accumulate in f64 like the reference interpreter; each work item walks
 //! its row in a fixed order, so results do not depend on how items are spread over threads.
 
+use super::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, kind_of};
 use super::plan::View;
 use crate::ir::{DType, ReduceOp};
-use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
 
@@ -205,8 +206,56 @@ pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: 
     let d = dims[rank - 1];
     let (xstep, ostep) = (xs[rank - 1], os[rank - 1]);
     let (lo, hi) = (fx.lo(), fx.hi());
+    // Dense f32 rows (the usual case) go to the row kernel; anything else runs the loops below.
+    let f32s = [Some(x), Some(gamma), beta, Some(out)].iter().flatten().all(|v| v.dtype == DType::F32);
+    let dense = if f32s {
+        let mut all = fx.b.ins().iconst(types::I8, 1);
+        let steps = [Some(xstep), Some(ostep), Some(gs[0]), bb.as_ref().map(|(_, s)| s[0])];
+        for s in steps.into_iter().flatten() {
+            let one = fx.b.ins().icmp_imm_s(IntCC::Equal, s, 1);
+            all = fx.b.ins().band(all, one);
+        }
+        Some(all)
+    } else {
+        None
+    };
+    let rms = fx.b.ins().iconst(types::I32, i64::from(beta.is_none()));
     fx.for_range(lo, hi, |fx, w| {
         let (xo, oo) = row_offsets(fx, w, rank - 1, &dims, &xs, &os);
+        let zero = fx.i64(0);
+        let Some(dense) = dense else {
+            return norm_loops(fx, x, gamma, beta, eps, out, (xb, xo, xstep), (ob, oo, ostep), d, (gb, &gs), bb.as_ref());
+        };
+        fx.if_else(
+            dense,
+            |fx| {
+                let xp = fx.elem_addr(xb, xo);
+                let op = fx.elem_addr(ob, oo);
+                let bp = bb.as_ref().map_or(zero, |(b, _)| *b);
+                let e = fx.f64(eps);
+                fx.call(abi::NORM_ROW, &[xp, gb, bp, op, d, e, rms]);
+            },
+            |fx| norm_loops(fx, x, gamma, beta, eps, out, (xb, xo, xstep), (ob, oo, ostep), d, (gb, &gs), bb.as_ref()),
+        );
+    });
+}
+
+/// One row of [`emit_norm`] as scalar f64 loops (any dtype, any strides).
+#[allow(clippy::too_many_arguments)]
+fn norm_loops(
+    fx: &mut Fx,
+    x: &View,
+    gamma: &View,
+    beta: Option<&View>,
+    eps: f64,
+    out: &View,
+    (xb, xo, xstep): (Value, Value, Value),
+    (ob, oo, ostep): (Value, Value, Value),
+    d: Value,
+    (gb, gs): (Value, &[Value]),
+    bb: Option<&(Value, Vec<Value>)>,
+) {
+    {
         let zero = fx.i64(0);
         let elem = |fx: &mut Fx, i: Value| -> Value {
             let t = fx.mul(i, xstep);
@@ -251,7 +300,7 @@ pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: 
             let g = fx.cvt_f(g);
             let g = fx.b.ins().fpromote(types::F64, g);
             let mut y = fx.b.ins().fmul(c, g);
-            if let (Some(beta), Some((bb, bs))) = (beta, &bb) {
+            if let (Some(beta), Some((bb, bs))) = (beta, bb) {
                 let boff = fx.mul(i, bs[0]);
                 let bv = load(fx, beta.dtype, *bb, boff);
                 let bv = fx.cvt_f(bv);
@@ -263,5 +312,5 @@ pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: 
             let ooff = fx.add(oo, t);
             store(fx, Tv { v: y, k: Kind::F }, out.dtype, ob, ooff);
         });
-    });
+    }
 }

@@ -8,7 +8,7 @@
 
 use super::builder::Fx;
 use super::ops::{Kind, RemMode, Tv, clamped_load};
-use crate::ir::{DType, Dim, ScoreExpr};
+use crate::ir::{BinaryOp, DType, Dim, ScoreExpr, UnaryOp};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use std::collections::HashMap;
 
@@ -171,4 +171,117 @@ pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
 /// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
 fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
     clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx)
+}
+
+/// A softmax score modification split as `score = rest + sep`, where `sep` (no `s`) is a sum
+/// of terms that each depend on the query position `i` or the key position `j` but never on
+/// both (after distributing products by factors free of both): `sep(i, j) = c(j) + r(i)`.
+///
+/// Softmax does not change when a row is shifted, so the flash kernel computes
+/// `rest + sep(i0, j)` with `i0` a fixed row of the query block: `sep(i0, j)` is one vector per
+/// key tile instead of an expression per score, and the row's shift `r(i) - r(i0)` drops out.
+/// That holds while `r` is finite, which the kernel checks per query block (falling back to the
+/// whole expression where it is not).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Separated {
+    /// The terms that read the score or depend on both positions.
+    pub rest: ScoreExpr,
+    /// The separable terms, as written (evaluated at `i = i0`).
+    pub sep: ScoreExpr,
+}
+
+/// Splits `score` (of a score tensor of rank `rank`) into [`Separated`] parts, or `None` when no
+/// top-level additive term is separable.
+pub fn separate(score: &ScoreExpr, rank: usize) -> Option<Separated> {
+    let mut terms = Vec::new();
+    flatten(score, false, &mut terms);
+    let (sep, rest): (Vec<_>, Vec<_>) = terms.into_iter().partition(|(_, t)| !reads_score(t) && separable(t, rank));
+    let sep = rebuild(sep)?;
+    let rest = rebuild(rest).unwrap_or(ScoreExpr::Float(0.0));
+    Some(Separated { rest, sep })
+}
+
+/// The top-level terms of a sum, with their signs (`true`: subtracted).
+fn flatten(e: &ScoreExpr, neg: bool, out: &mut Vec<(bool, ScoreExpr)>) {
+    match e {
+        ScoreExpr::Binary(BinaryOp::Add, a, b) => {
+            flatten(a, neg, out);
+            flatten(b, neg, out);
+        }
+        ScoreExpr::Binary(BinaryOp::Sub, a, b) => {
+            flatten(a, neg, out);
+            flatten(b, !neg, out);
+        }
+        ScoreExpr::Unary(UnaryOp::Neg, a) => flatten(a, !neg, out),
+        _ => out.push((neg, e.clone())),
+    }
+}
+
+/// The sum of signed terms, or `None` for no terms.
+fn rebuild(terms: Vec<(bool, ScoreExpr)>) -> Option<ScoreExpr> {
+    let mut it = terms.into_iter();
+    let (neg, first) = it.next()?;
+    let first = if neg { ScoreExpr::Unary(UnaryOp::Neg, Box::new(first)) } else { first };
+    Some(it.fold(first, |acc, (neg, t)| ScoreExpr::Binary(if neg { BinaryOp::Sub } else { BinaryOp::Add }, Box::new(acc), Box::new(t))))
+}
+
+/// Whether `e` reads the score `s`.
+pub fn reads_score(e: &ScoreExpr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| found |= matches!(x, ScoreExpr::Score));
+    found
+}
+
+/// Whether `e` reads the query position and whether it reads the key position.
+fn positions(e: &ScoreExpr, rank: usize) -> (bool, bool) {
+    let (mut i, mut j) = (false, false);
+    e.visit(&mut |x| {
+        if let ScoreExpr::Pos(k) = x {
+            i |= *k + 2 == rank;
+            j |= *k + 1 == rank;
+        }
+    });
+    (i, j)
+}
+
+/// Whether `e` is a sum of parts that each depend on at most one of `i`, `j`.
+fn separable(e: &ScoreExpr, rank: usize) -> bool {
+    let free = |x: &ScoreExpr| positions(x, rank) == (false, false);
+    match positions(e, rank) {
+        (false, _) | (_, false) => true,
+        _ => match e {
+            ScoreExpr::Binary(BinaryOp::Add | BinaryOp::Sub, a, b) => separable(a, rank) && separable(b, rank),
+            ScoreExpr::Unary(UnaryOp::Neg, a) => separable(a, rank),
+            ScoreExpr::Binary(BinaryOp::Mul, a, b) if free(a) => separable(b, rank),
+            ScoreExpr::Binary(BinaryOp::Mul | BinaryOp::Div, a, b) if free(b) => separable(a, rank),
+            _ => false,
+        },
+    }
+}
+
+/// `e` with every `tanh(s)` replaced by `s`, when `e` reads the score only through `tanh(s)`
+/// (soft-capping, `cap · tanh(s / cap)` with the division folded into the score scale): the
+/// flash kernel then applies `tanh` to whole rows with a 16-lane kernel first.
+pub fn tanh_staged(e: &ScoreExpr) -> Option<ScoreExpr> {
+    fn strip(e: &ScoreExpr, found: &mut bool) -> Option<ScoreExpr> {
+        Some(match e {
+            ScoreExpr::Unary(UnaryOp::Tanh, a) if **a == ScoreExpr::Score => {
+                *found = true;
+                ScoreExpr::Score
+            }
+            ScoreExpr::Score => return None,
+            ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_) => e.clone(),
+            ScoreExpr::Load { input, index } => {
+                ScoreExpr::Load { input: *input, index: index.iter().map(|x| strip(x, found)).collect::<Option<_>>()? }
+            }
+            ScoreExpr::Unary(op, a) => ScoreExpr::Unary(*op, Box::new(strip(a, found)?)),
+            ScoreExpr::Binary(op, a, b) => ScoreExpr::Binary(*op, Box::new(strip(a, found)?), Box::new(strip(b, found)?)),
+            ScoreExpr::Select(c, a, b) => {
+                ScoreExpr::Select(Box::new(strip(c, found)?), Box::new(strip(a, found)?), Box::new(strip(b, found)?))
+            }
+        })
+    }
+    let mut found = false;
+    let out = strip(e, &mut found)?;
+    found.then_some(out)
 }

@@ -70,3 +70,33 @@ fn score_scales_split_from_positions() {
     let (s, a) = lower::split_scale(&e("s * (j - i)"));
     assert_eq!((s, a), (e("s * (j - i)"), None));
 }
+
+#[test]
+fn separable_score_terms_split_from_the_rest() {
+    use crate::ir::parse_expr;
+    let e = |t: &str| parse_expr(t, 4).expect("parses");
+    let show = |x: &crate::ir::ScoreExpr| crate::ir::ShowExpr { expr: x, rank: 4 }.to_string();
+    let split = |t: &str| score::separate(&e(t), 4).map(|x| (show(&x.rest), show(&x.sep)));
+    // ALiBi: the bias term is separable as written (slope · j − slope · i).
+    assert_eq!(split("s + x0[h] * (j - i)"), Some(("s".into(), "x0[h] * (j - i)".into())));
+    // Key-padding bias and a row-only term; the relative-position gather is not separable.
+    assert_eq!(split("x0[b, j] - s * 2.0 + i"), Some(("-(s * 2.0)".into(), "x0[b, j] + i".into())));
+    assert_eq!(split("s + x0[h, min(max(j - i, -16), 16) + 16]"), None);
+    assert_eq!(split("s + (j - i) * (j - i)"), None);
+    assert_eq!(split("s"), None);
+    // Dividing by a position-free factor keeps separability; by a position, not.
+    assert!(split("s + (j - i) / dim(S)").is_some());
+    assert_eq!(split("s + (j - i) / j"), None);
+}
+
+#[test]
+fn soft_capping_stages_tanh() {
+    use crate::ir::parse_expr;
+    let e = |t: &str| parse_expr(t, 4).expect("parses");
+    assert_eq!(score::tanh_staged(&e("50.0 * tanh(s)")), Some(e("50.0 * s")));
+    assert_eq!(score::tanh_staged(&e("tanh(s) + x0[h] * j")), Some(e("s + x0[h] * j")));
+    // The raw score read elsewhere, or tanh of something else: no staging.
+    assert_eq!(score::tanh_staged(&e("tanh(s) + s")), None);
+    assert_eq!(score::tanh_staged(&e("tanh(s * 2.0)")), None);
+    assert_eq!(score::tanh_staged(&e("s")), None);
+}

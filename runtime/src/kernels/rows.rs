@@ -1,0 +1,122 @@
+//! Whole-row kernels for the unfused element-wise and normalisation steps that dominate a
+//! transformer block outside its matmuls: GELU (16 lanes with a vectorised `erfc`) and layer
+//! / RMS norm (f64 sums, as the reference interpreter).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::Isa;
+
+/// Abramowitz & Stegun 7.1.26: `erfc(z) ≈ t·P(t)·e^{-z²}`, `t = 1/(1 + p·z)` for `z ≥ 0`
+/// (absolute error below 1.5e-7).
+const ERFC_P: f32 = 0.327_591_1;
+/// Its polynomial, highest degree first (`P(t) = a1 + a2 t + … + a5 t⁴`).
+const ERFC_A: [f32; 5] = [1.061_405_4, -1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6];
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+
+/// `y[i] = gelu(x[i]) = x/2 · (1 + erf(x/√2))` for `i < n` on `isa`. Negative inputs use
+/// `1 + erf(-z) = erfc(z)` directly, so the far negative tail keeps its relative accuracy.
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+pub(super) unsafe fn gelu(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => gelu_avx512(x, y, n),
+            _ => {
+                for i in 0..n {
+                    *y.add(i) = gelu_scalar(*x.add(i));
+                }
+            }
+        }
+    }
+}
+
+/// The scalar formula (portable and AVX2 paths).
+fn gelu_scalar(x: f32) -> f32 {
+    let z = x.abs() * FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + ERFC_P * z);
+    let p = ERFC_A.iter().fold(0.0, |acc, a| acc * t + a);
+    let erfc = t * p * (-z * z).exp();
+    let one_plus_erf = if x < 0.0 { erfc } else { 2.0 - erfc };
+    0.5 * x * one_plus_erf
+}
+
+/// GELU of 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gelu16(x: __m512) -> __m512 {
+    let z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(FRAC_1_SQRT_2));
+    let t = _mm512_div_ps(_mm512_set1_ps(1.0), _mm512_fmadd_ps(z, _mm512_set1_ps(ERFC_P), _mm512_set1_ps(1.0)));
+    let mut p = _mm512_set1_ps(ERFC_A[0]);
+    for a in &ERFC_A[1..] {
+        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(*a));
+    }
+    let e = super::exp::exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z));
+    let erfc = _mm512_mul_ps(_mm512_mul_ps(t, p), e);
+    let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+    let one_plus_erf = _mm512_mask_blend_ps(negative, _mm512_sub_ps(_mm512_set1_ps(2.0), erfc), erfc);
+    _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), one_plus_erf)
+}
+
+/// AVX-512 `gelu`: full vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_avx512(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 ≤ n`.
+        unsafe { _mm512_storeu_ps(y.add(i), gelu16(_mm512_loadu_ps(x.add(i)))) };
+        i += 16;
+    }
+    if i < n {
+        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        // SAFETY: only the `n - i` valid lanes are read or written.
+        unsafe { _mm512_mask_storeu_ps(y.add(i), m, gelu16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
+    }
+}
+
+/// Sums `f(x[i])` over a row in f64 with eight independent accumulators (so the adds
+/// pipeline and the compiler can vectorise them).
+fn sum8(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += f(f64::from(*v));
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|v| f(f64::from(*v))).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// Layer norm (`rms = false`: `(x - mean) / sqrt(var + eps) · gamma + beta`) or RMS norm
+/// (`rms = true`: `x / sqrt(mean(x²) + eps) · gamma`, `beta` unused) of one row of `n`
+/// elements, in f64 as the reference interpreter; `beta` may be null for no shift.
+///
+/// # Safety
+/// `x`, `gamma` and `y` address `n` elements (`x` may be `y`), and so does `beta` unless null.
+pub(super) unsafe fn norm_row(x: *const f32, gamma: *const f32, beta: *const f32, y: *mut f32, n: usize, eps: f64, rms: bool) {
+    if n == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract; the slice is last used before anything is written.
+    let xs = unsafe { std::slice::from_raw_parts(x, n) };
+    let count = n as f64;
+    let mean = if rms { 0.0 } else { sum8(xs, |v| v) / count };
+    let var = sum8(xs, |v| (v - mean) * (v - mean)) / count;
+    // One division per row: `(x - mean) · (1/σ)` is within an f64 ulp of `(x - mean) / σ`.
+    let inv = 1.0 / (var + eps).sqrt();
+    for i in 0..n {
+        // SAFETY: `i < n` for every pointer; `x[i]` is read before `y[i]` is written.
+        unsafe {
+            let mut v = (f64::from(*x.add(i)) - mean) * inv * f64::from(*gamma.add(i));
+            if !beta.is_null() {
+                v += f64::from(*beta.add(i));
+            }
+            *y.add(i) = v as f32;
+        }
+    }
+}
