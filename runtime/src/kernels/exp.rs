@@ -25,25 +25,25 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes `expf` polynomial, highest degree first.
 const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
-/// `y[i] = exp(x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias` is
-/// null), returning the sum.
+/// `y[i] = exp(scale·x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias`
+/// is null), returning the sum.
 ///
 /// # Safety
 /// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless it
 /// is null; `isa` is supported.
-pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match (isa, bias.is_null()) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => exp_sum_avx512::<false>(x, bias, y, n, shift),
+            (Isa::Avx512, true) => exp_sum_avx512::<false>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => exp_sum_avx512::<true>(x, bias, y, n, shift),
+            (Isa::Avx512, false) => exp_sum_avx512::<true>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => exp_sum_avx2::<false>(x, bias, y, n, shift),
+            (Isa::Avx2, true) => exp_sum_avx2::<false>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => exp_sum_avx2::<true>(x, bias, y, n, shift),
-            _ => super::portable::exp_sum(x, bias, y, n, shift),
+            (Isa::Avx2, false) => exp_sum_avx2::<true>(x, scale, bias, y, n, shift),
+            _ => super::portable::exp_sum(x, scale, bias, y, n, shift),
         }
     }
 }
@@ -53,25 +53,35 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, bias: *const f32, y: *mut 
 /// `e^8 ≈ 3000` per term, far from f32 overflow even summed over millions of keys.
 pub(super) const RESCALE_SLACK: f32 = 8.0;
 
-/// One online-softmax step over a row of `n` scores `x[i] (+ bias[i])`: picks the row's shift
+/// One online-softmax step over a row of `n` scores `scale·x[i] (+ bias[i])`: picks the row's shift
 /// (`max`, kept unless the row's max passes it by [`RESCALE_SLACK`]), writes the unnormalised
-/// probabilities `y = exp(x + bias - shift)`, updates `max` and `sum`, and returns the factor the
+/// probabilities `y = exp(scale·x + bias - shift)`, updates `max` and `sum`, and returns the factor the
 /// row's accumulator must be multiplied by (1 when the shift did not move, 0 on a first tile).
 /// A row with every score `-inf` (and no earlier kept key) gives `y = 0` and factor 1.
 ///
 /// # Safety
 /// As [`exp_sum`]; `max` and `sum` are valid for reads and writes.
-pub(super) unsafe fn softmax_step(isa: Isa, x: *const f32, bias: *const f32, y: *mut f32, n: usize, max: *mut f32, sum: *mut f32) -> f32 {
+#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
+pub(super) unsafe fn softmax_step(
+    isa: Isa,
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    max: *mut f32,
+    sum: *mut f32,
+) -> f32 {
     // SAFETY: forwarded from the caller's contract.
     unsafe {
-        let tmax = row_max(isa, x, bias, n);
+        let tmax = row_max(isa, x, scale, bias, n);
         let old = *max;
         let new = if old == f32::NEG_INFINITY || tmax > old + RESCALE_SLACK { tmax.max(old) } else { old };
         if new == f32::NEG_INFINITY {
             std::ptr::write_bytes(y, 0, n);
             return 1.0;
         }
-        let t = exp_sum(isa, x, bias, y, n, new);
+        let t = exp_sum(isa, x, scale, bias, y, n, new);
         let scale = if new == old { 1.0 } else { (old - new).exp() };
         *max = new;
         *sum = *sum * scale + t;
@@ -79,23 +89,23 @@ pub(super) unsafe fn softmax_step(isa: Isa, x: *const f32, bias: *const f32, y: 
     }
 }
 
-/// `max(x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed over
+/// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed over
 /// (they propagate through the `exp` pass instead).
 ///
 /// # Safety
 /// As [`exp_sum`].
-unsafe fn row_max(isa: Isa, x: *const f32, bias: *const f32, n: usize) -> f32 {
+unsafe fn row_max(isa: Isa, x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match (isa, bias.is_null()) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => row_max_avx512::<false>(x, bias, n),
+            (Isa::Avx512, true) => row_max_avx512::<false>(x, scale, bias, n),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => row_max_avx512::<true>(x, bias, n),
+            (Isa::Avx512, false) => row_max_avx512::<true>(x, scale, bias, n),
             _ => {
                 let mut m = f32::NEG_INFINITY;
                 for i in 0..n {
-                    let v = *x.add(i) + if bias.is_null() { 0.0 } else { *bias.add(i) };
+                    let v = scale * *x.add(i) + if bias.is_null() { 0.0 } else { *bias.add(i) };
                     m = if v > m { v } else { m };
                 }
                 m
@@ -107,14 +117,15 @@ unsafe fn row_max(isa: Isa, x: *const f32, bias: *const f32, n: usize) -> f32 {
 /// AVX-512 [`row_max`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, bias: *const f32, n: usize) -> f32 {
+unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
+    let sc = _mm512_set1_ps(scale);
     let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut i = 0;
     while i < n {
         let k = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
         // SAFETY: only the valid lanes of `i..n` are read.
         unsafe {
-            let mut v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, x.add(i));
+            let mut v = _mm512_mask_mul_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, _mm512_maskz_loadu_ps(k, x.add(i)), sc);
             if BIAS {
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias.add(i)));
             }
@@ -163,14 +174,15 @@ pub(super) fn exp16(x: __m512) -> __m512 {
 /// for the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+    let sc = _mm512_set1_ps(scale);
     let s = _mm512_set1_ps(shift);
     let mut sum = _mm512_setzero_ps();
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: `i + 16 ≤ n`.
         unsafe {
-            let mut v = _mm512_loadu_ps(x.add(i));
+            let mut v = _mm512_mul_ps(_mm512_loadu_ps(x.add(i)), sc);
             if BIAS {
                 v = _mm512_add_ps(v, _mm512_loadu_ps(bias.add(i)));
             }
@@ -184,7 +196,7 @@ unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, bias: *const f32, y: *
         let m = ((1u32 << (n - i)) - 1) as __mmask16;
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let mut v = _mm512_maskz_loadu_ps(m, x.add(i));
+            let mut v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x.add(i)), sc);
             if BIAS {
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias.add(i)));
             }
@@ -228,14 +240,15 @@ fn exp8(x: __m256) -> __m256 {
 /// the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+    let sc = _mm256_set1_ps(scale);
     let s = _mm256_set1_ps(shift);
     let mut sum = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: `i + 8 ≤ n`.
         unsafe {
-            let mut v = _mm256_loadu_ps(x.add(i));
+            let mut v = _mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sc);
             if BIAS {
                 v = _mm256_add_ps(v, _mm256_loadu_ps(bias.add(i)));
             }
@@ -249,7 +262,7 @@ unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mu
         let m = super::x86_avx2::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let mut v = _mm256_maskload_ps(x.add(i), m);
+            let mut v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sc);
             if BIAS {
                 v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m));
             }
@@ -263,6 +276,8 @@ unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, bias: *const f32, y: *mu
     _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
 }
 
+/// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.
+const TANH_BIG: f32 = 9.5;
 /// Below this `|x|`, `tanh` is the odd polynomial (the `exp` form would cancel).
 const TANH_SMALL: f32 = 0.625;
 /// Odd polynomial for `tanh` on `|x| < 0.625` (Cephes `tanhf`), highest degree first:
@@ -275,8 +290,15 @@ const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_
 #[target_feature(enable = "avx512f")]
 fn tanh16(x: __m512) -> __m512 {
     let ax = _mm512_abs_ps(x);
-    let e = exp16(_mm512_add_ps(ax, ax));
-    let big = _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, _mm512_set1_ps(1.0))));
+    // Past |x| = 9.5, tanh rounds to 1 in f32; clamping keeps `e` finite for the reciprocal.
+    // (`min_ps` returns its second operand for NaN: the NaN.)
+    let e = exp16(_mm512_min_ps(_mm512_set1_ps(2.0 * TANH_BIG), _mm512_add_ps(ax, ax)));
+    // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (≈ 1 ulp; a division
+    // costs ten times as much here).
+    let d = _mm512_add_ps(e, _mm512_set1_ps(1.0));
+    let r = _mm512_rcp14_ps(d);
+    let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0)), r);
+    let big = _mm512_fnmadd_ps(_mm512_set1_ps(2.0), r, _mm512_set1_ps(1.0));
     let z = _mm512_mul_ps(ax, ax);
     let mut p = _mm512_set1_ps(TANH_P[0]);
     for c in &TANH_P[1..] {

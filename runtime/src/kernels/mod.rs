@@ -259,13 +259,20 @@ pub fn exp_sum(isa: Isa, x: &[f32], y: &mut [f32], shift: f32) -> Result<f32, Ke
         return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
     }
     // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
+    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), 1.0, std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
 }
 
-/// One online-softmax step over the row `x (+ bias)` on `isa`, updating the running `(max, sum)`
+/// One online-softmax step over the row `scale·x (+ bias)` on `isa`, updating the running `(max, sum)`
 /// and writing the unnormalised probabilities to `y`; returns the factor the row's accumulator
 /// must be multiplied by. See [`attnc_softmax_step_f32`].
-pub fn softmax_step(isa: Isa, x: &[f32], bias: Option<&[f32]>, y: &mut [f32], state: &mut (f32, f32)) -> Result<f32, KernelError> {
+pub fn softmax_step(
+    isa: Isa,
+    x: &[f32],
+    scale: f32,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    state: &mut (f32, f32),
+) -> Result<f32, KernelError> {
     if !isa.is_supported() {
         return Err(KernelError::Unsupported(isa));
     }
@@ -276,7 +283,7 @@ pub fn softmax_step(isa: Isa, x: &[f32], bias: Option<&[f32]>, y: &mut [f32], st
     }
     let b = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
     // SAFETY: the slices hold `x.len()` elements, the path is supported, the state is two floats.
-    Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
+    Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), scale, b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
 }
 
 /// `y[i] = tanh(x[i])` on `isa`; accurate to a few ulp, `±1` for large `|x|`, NaN stays NaN.
@@ -396,7 +403,7 @@ pub unsafe extern "C" fn attnc_gemv_nn(
 /// `x` and `y` must address `n` valid elements (unused when `n = 0`).
 pub unsafe extern "C" fn attnc_exp_f32(x: *const f32, y: *mut f32, n: usize) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::exp_sum(isa(), x, std::ptr::null(), y, n, 0.0) };
+    unsafe { exp::exp_sum(isa(), x, 1.0, std::ptr::null(), y, n, 0.0) };
 }
 
 /// C ABI: `y[i] = exp(x[i] - shift)`, returning `Σ y`: one pass of the online softmax (scores
@@ -408,18 +415,20 @@ pub unsafe extern "C" fn attnc_exp_f32(x: *const f32, y: *mut f32, n: usize) {
 /// skip rows whose max is `-inf` (fully masked).
 pub unsafe extern "C" fn attnc_exp_sum_f32(x: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::exp_sum(isa(), x, std::ptr::null(), y, n, shift) }
+    unsafe { exp::exp_sum(isa(), x, 1.0, std::ptr::null(), y, n, shift) }
 }
 
-/// C ABI: one online-softmax step over a row of scores `x (+ bias)` (`bias` may be null):
+/// C ABI: one online-softmax step over a row of scores `scale·x (+ bias)` (`bias` may be null):
 /// updates the row's running `max` and `sum`, writes the unnormalised probabilities to `y`
 /// (may be `x`), and returns the factor the row's accumulator must be scaled by. The shift
 /// moves only when a score passes it by more than 8, so most tiles need no rescaling.
 ///
 /// # Safety
 /// As [`attnc_exp_f32`]; `bias` is null or addresses `n` elements; `max` and `sum` are valid.
+#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
 pub unsafe extern "C" fn attnc_softmax_step_f32(
     x: *const f32,
+    scale: f32,
     bias: *const f32,
     y: *mut f32,
     n: usize,
@@ -427,7 +436,7 @@ pub unsafe extern "C" fn attnc_softmax_step_f32(
     sum: *mut f32,
 ) -> f32 {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::softmax_step(isa(), x, bias, y, n, max, sum) }
+    unsafe { exp::softmax_step(isa(), x, scale, bias, y, n, max, sum) }
 }
 
 /// C ABI: `y[i] = tanh(x[i])` for `i < n` (`x` and `y` may be the same buffer).

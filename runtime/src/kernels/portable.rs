@@ -41,19 +41,19 @@ impl Kernel for Portable {
     }
 }
 
-/// `y[i] = exp(x[i] + bias[i] - shift)` (no bias when `bias` is null) with the standard
+/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (no bias when `bias` is null) with the standard
 /// library's `exp`, returning the sum.
 ///
 /// # Safety
 /// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless it
 /// is null.
-pub(super) unsafe fn exp_sum(x: *const f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+pub(super) unsafe fn exp_sum(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     let mut sum = 0.0f32;
     for i in 0..n {
         // SAFETY: `i < n`.
         unsafe {
             let b = if bias.is_null() { 0.0 } else { *bias.add(i) };
-            let e = (*x.add(i) + b - shift).exp();
+            let e = (scale * *x.add(i) + b - shift).exp();
             *y.add(i) = e;
             sum += e;
         }

@@ -298,7 +298,8 @@ fn exp_sum_shifts_and_runs_in_place() {
     }
 }
 
-/// A softmax step over tiles of one row, with and without a bias, on every path: the running
+/// A softmax step over tiles of one row, with and without a bias and a score factor, on every
+/// path: the running
 /// state and rescaled accumulator give the same softmax as an f64 reference; the shift moves
 /// only past the slack; an all `-inf` first tile is skipped.
 #[test]
@@ -313,21 +314,23 @@ fn softmax_step_is_an_online_softmax() {
     let bias: Vec<f32> = (0..n).map(|i| if i == 5 { f32::NEG_INFINITY } else { -(i as f32) * 0.25 }).collect();
     let v: Vec<f64> = (0..n).map(|i| i as f64 - 11.0).collect();
     for isa in available_isas() {
-        for with_bias in [false, true] {
+        for (with_bias, factor) in [(false, 1.0f32), (true, 1.0), (true, 0.5)] {
             for len in [0, 1, 16, 17, n] {
                 let (mut state, mut acc, mut all) = ((f32::NEG_INFINITY, 0.0f32), 0.0f64, Vec::new());
                 for t in &tiles {
                     let mut y = vec![7.0; len];
                     let b = with_bias.then(|| &bias[..len]);
                     let old = state.0;
-                    let scale = softmax_step(isa, &t[..len], b, &mut y, &mut state).unwrap();
+                    let scale = softmax_step(isa, &t[..len], factor, b, &mut y, &mut state).unwrap();
                     assert!(
                         state.0 == old || old == f32::NEG_INFINITY || state.0 > old + 8.0,
                         "{isa}: shift moved from {old} to {}",
                         state.0
                     );
                     acc = acc * scale as f64 + y.iter().zip(&v).map(|(p, v)| *p as f64 * v).sum::<f64>();
-                    all.extend((0..len).map(|k| t[k] as f64 + if with_bias { bias[k] as f64 } else { 0.0 }).zip(v.iter().copied()));
+                    all.extend(
+                        (0..len).map(|k| (factor * t[k]) as f64 + if with_bias { bias[k] as f64 } else { 0.0 }).zip(v.iter().copied()),
+                    );
                 }
                 let m = all.iter().map(|x| x.0).fold(f64::NEG_INFINITY, f64::max);
                 let (num, den) = all.iter().fold((0.0, 0.0), |(n, d), (s, v)| (n + (s - m).exp() * v, d + (s - m).exp()));
@@ -345,7 +348,7 @@ fn softmax_step_is_an_online_softmax() {
         }
     }
     assert_eq!(
-        softmax_step(Isa::Portable, &[1.0; 4], Some(&[0.0; 3]), &mut [0.0; 4], &mut (0.0, 0.0)),
+        softmax_step(Isa::Portable, &[1.0; 4], 1.0, Some(&[0.0; 3]), &mut [0.0; 4], &mut (0.0, 0.0)),
         Err(KernelError::TooShort { operand: "bias", len: 3, need: 4 })
     );
 }

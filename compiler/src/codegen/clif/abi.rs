@@ -36,9 +36,10 @@ pub const GEMV_NT: Import = Import { name: "attnc_gemv_nt", params: SGEMM_NT.par
 pub const GEMV_NN: Import = Import { name: "attnc_gemv_nn", params: SGEMM_NN.params, returns: &[] };
 /// `y[i] = exp(x[i] - shift)`, returns `Σ y`: `(x, y, n, shift) -> sum`.
 pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I64, I64, F32], returns: &[F32] };
-/// One online-softmax step over a row of scores (plus an optional key bias): updates the row's
-/// running max and sum and returns the accumulator's scale: `(x, bias|0, y, n, &max, &sum) -> scale`.
-pub const SOFTMAX_STEP: Import = Import { name: "attnc_softmax_step_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[F32] };
+/// One online-softmax step over a row of scores `factor·x` (plus an optional key bias): updates
+/// the row's running max and sum and returns the accumulator's scale:
+/// `(x, factor, bias|0, y, n, &max, &sum) -> scale`.
+pub const SOFTMAX_STEP: Import = Import { name: "attnc_softmax_step_f32", params: &[I64, F32, I64, I64, I64, I64, I64], returns: &[F32] };
 /// `y[i] = tanh(x[i])`: `(x, y, n)`.
 pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.

@@ -509,21 +509,34 @@ impl Tile<'_> {
         if fx.lanes > 1 { fx.b.ins().iadd(j, self.lane_iota) } else { j }
     }
 
-    /// Row `rr`: the score modification and, when `masked`, the mask applied in place (plain
-    /// unmasked scores are read as they are, with the key bias added by the kernel), then one
-    /// online-softmax step by the kernel, and the accumulator row rescaled if its shift moved.
+    /// Row `rr`: the score modification and, when `masked`, the mask applied in place (unmasked
+    /// scores that are `s` or `c · s` are read as they are, the factor and the key bias applied
+    /// by the kernel), then one online-softmax step by the kernel, and the accumulator row
+    /// rescaled if its shift moved.
     fn softmax_row(&self, fx: &mut Fx, rr: Value, masked: bool, st: &Running) {
         let row = self.row(fx, rr);
         self.stage(fx, row);
-        let bias = if !masked && *self.score == ScoreExpr::Score {
-            self.bias.unwrap_or_else(|| fx.i64(0))
-        } else {
-            self.modify(fx, rr, masked);
-            fx.i64(0)
+        let direct = if masked { None } else { score::score_factor(self.score, self.f.q.shape.len()) };
+        let (factor, bias) = match direct {
+            Some(factor) => {
+                let factor = match factor {
+                    Some(c) => {
+                        let env = Env { s: None, pos: self.b_pos, dims: self.dims, extras: self.extras, hoisted: self.item };
+                        let t = score::eval(fx, c, &env);
+                        fx.cvt_f(t)
+                    }
+                    None => fx.f32(1.0),
+                };
+                (factor, self.bias.unwrap_or_else(|| fx.i64(0)))
+            }
+            None => {
+                self.modify(fx, rr, masked);
+                (fx.f32(1.0), fx.i64(0))
+            }
         };
         let maxp = fx.elem_addr(st.max, rr);
         let sump = fx.elem_addr(st.sum, rr);
-        let scale = fx.call(abi::SOFTMAX_STEP, &[row, bias, row, self.cols, maxp, sump])[0];
+        let scale = fx.call(abi::SOFTMAX_STEP, &[row, factor, bias, row, self.cols, maxp, sump])[0];
         let one = fx.f32(1.0);
         let rescale = fx.b.ins().fcmp(FloatCC::NotEqual, scale, one);
         fx.if_then(rescale, |fx| {

@@ -285,3 +285,17 @@ pub fn tanh_staged(e: &ScoreExpr) -> Option<ScoreExpr> {
     let out = strip(e, &mut found)?;
     found.then_some(out)
 }
+
+/// `Some(None)` when `e` is the score itself, `Some(Some(c))` when it is `c · s` or `s · c` with
+/// `c` the same for the whole work item (batch positions, dims, constants): the softmax kernel
+/// then reads the raw scores and applies `c` itself.
+pub fn score_factor(e: &ScoreExpr, rank: usize) -> Option<Option<&ScoreExpr>> {
+    match e {
+        ScoreExpr::Score => Some(None),
+        ScoreExpr::Binary(BinaryOp::Mul, a, b) => match (&**a, &**b) {
+            (ScoreExpr::Score, c) | (c, ScoreExpr::Score) if level(c, rank) == Level::Item => Some(Some(c)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
