@@ -114,13 +114,19 @@ fn check(compiled: &mut CpuProgram, c: &Case, what: &str, failures: &mut Vec<Str
                 }
                 match &first {
                     None => first = Some(got),
-                    Some(f) if *f != got => failures.push(format!("{what}: 1 and {threads} threads differ")),
+                    Some(f) if !same_bits(f, &got) => failures.push(format!("{what}: 1 and {threads} threads differ")),
                     Some(_) => {}
                 }
             }
             Err(e) => failures.push(format!("{what}, {threads} thread(s): {e}")),
         }
     }
+}
+
+/// Whether two runs' outputs are identical bit for bit (NaN included).
+fn same_bits(a: &[Tensor], b: &[Tensor]) -> bool {
+    let bits = |t: &Tensor| t.to_f64_vec().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.shape == y.shape && x.dtype == y.dtype && bits(x) == bits(y))
 }
 
 fn example_names() -> Vec<String> {
@@ -397,7 +403,7 @@ fn compiled_programs_can_be_shared_across_threads() {
 #[test]
 fn scores_jumping_far_above_the_running_max_are_handled() {
     // Keys past the first tiles score ~100 higher than the early ones: the online softmax
-    // must rescale (and its lazy path, which skips taking tile maxima, must fall back).
+    // must move its shift (it keeps it while a tile's max stays within the slack) and rescale.
     let program = Program::from_file(examples_dir().join("sdpa.attn")).expect("compiles");
     for (s, threads) in [(700usize, 1usize), (1300, 2)] {
         let dims = HashMap::from([("B".into(), 1), ("H".into(), 2), ("S".into(), s as i64), ("D".into(), 16)]);
@@ -419,4 +425,38 @@ fn scores_jumping_far_above_the_running_max_are_handled() {
         check(&mut compiled, &Case { inputs, dims, want }, &format!("jumping scores S={s}"), &mut failures);
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
+}
+
+/// Separable score terms (ALiBi's `x0[h] · (j - i)`, a key bias, a row-only term) take the
+/// key-vector path only where the row part is finite: infinite and NaN slopes must give what
+/// the interpreter gives (NaN where it has NaN), through the whole-expression fallback.
+#[test]
+fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
+    let parse = |t: &str| attn_compiler::ir::parse_expr(t, 4).expect("parses");
+    let slopes = [0.5f32, f32::INFINITY, f32::NAN, f32::NEG_INFINITY, -0.25];
+    let mut failures = Vec::new();
+    for (score, mask) in [
+        ("s + x0[h] * (j - i)", Some("j <= i")),
+        ("s * 0.5 + x0[h] * j - x0[h] * i", None),
+        ("s + x0[h] * i", Some("j <= i")),
+        ("s - x0[h] * (i + j) + x1[b, j]", None),
+    ] {
+        let spec = FlashSpec { rank: 4, weights: Weights::Softmax, score: parse(score), mask: mask.map(parse) };
+        let g = flash_graph(spec, (true, true));
+        let mut rng = StdRng::seed_from_u64(5);
+        let (b, h, m, n, d) = (1, slopes.len(), 70, 90, 16);
+        let seg: Vec<i32> = (0..b * n).map(|i| (i % 7) as i32).collect();
+        let inputs = vec![
+            random_tensor(&mut rng, vec![b, h, m, d]),
+            random_tensor(&mut rng, vec![b, h, n, d]),
+            random_tensor(&mut rng, vec![b, h, n, d]),
+            Tensor::f32(vec![h], slopes.to_vec()).expect("slopes"),
+            Tensor::i32(vec![b, n], seg).expect("seg"),
+        ];
+        let dims = HashMap::new();
+        let want = interp::run(&g, &inputs, &dims).expect("interpreter");
+        let mut c = CpuProgram::compile_graph(&g, &CpuOptions { threads: 1 }).expect("compiles");
+        check(&mut c, &Case { inputs, dims, want }, score, &mut failures);
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
