@@ -4,9 +4,9 @@
 //! share memory).
 
 use super::CpuError;
-use attn_compiler::codegen::clif::{BufferKind, IntValue, Kernel, Plan, Tuning, flash_scratch};
+use attn_compiler::codegen::clif::{BufferKind, CHUNK_COLS, CHUNK_ROWS, IntValue, Kernel, Plan, Tuning, flash_scratch, tile_entry_bytes};
 use attn_compiler::interp::{InterpError, MAX_ELEMENTS};
-use attn_compiler::ir::{Dim, TileClass, classify_tile};
+use attn_compiler::ir::{Dim, ScoreExpr, TileClass, classify_tile};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -154,7 +154,8 @@ fn flash_blocks(m: i64, batch: i64, masked: bool) -> (i64, i64) {
     }
     let forced = std::env::var("ATTNC_FLASH_BLOCKS").ok().and_then(|s| {
         let (a, b) = s.split_once(',')?;
-        Some((a.trim().parse::<i64>().ok()?.max(1), b.trim().parse::<i64>().ok()?.max(1)))
+        // Key tiles stay within what a chunk's key extent (one byte) can describe.
+        Some((a.trim().parse::<i64>().ok()?.max(1), b.trim().parse::<i64>().ok()?.clamp(1, 255 * CHUNK_COLS)))
     });
     let items = |bm: i64| batch.saturating_mul((m + bm - 1) / bm);
     forced.unwrap_or(if masked {
@@ -173,6 +174,30 @@ fn flash_blocks(m: i64, batch: i64, masked: bool) -> (i64, i64) {
 /// Fewest work items (batch × query blocks) the large unmasked blocks must leave, so that up to
 /// this many threads stay busy.
 const MIN_ITEMS: i64 = 8;
+
+/// The keys of the tile `cols` the query rows `rows` can keep, as `[lo, hi)` in units of
+/// [`CHUNK_COLS`] from `cols.0`: every key before `lo` and from `hi` on is masked for these
+/// rows. Binary searches: a masked prefix or suffix stays masked as it shrinks.
+fn key_span(mask: Option<&ScoreExpr>, batch: &[i64], rows: (i64, i64), cols: (i64, i64), env: &HashMap<String, i64>) -> (u8, u8) {
+    let units = (cols.1 - cols.0 + CHUNK_COLS - 1) / CHUNK_COLS;
+    let at = |u: i64| (cols.0 + u * CHUNK_COLS).min(cols.1);
+    let skip = |range: (i64, i64)| classify_tile(mask, batch, rows, range, env) == TileClass::Skip;
+    // Smallest `hi` with `[at(hi), end)` masked.
+    let (mut lo, mut hi) = (0, units);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if skip((at(mid), cols.1)) { hi = mid } else { lo = mid + 1 }
+    }
+    let end = lo;
+    // Largest `lo ≤ end` with `[start, at(lo))` masked.
+    let (mut lo, mut hi) = (0, end);
+    while lo < hi {
+        let mid = (lo + hi + 1) / 2;
+        if skip((cols.0, at(mid))) { lo = mid } else { hi = mid - 1 }
+    }
+    let byte = |u: i64| u8::try_from(u).unwrap_or(u8::MAX);
+    (byte(lo), byte(end))
+}
 
 /// Keys per split for decode-like shapes (few query rows): splitting lets every thread work on
 /// one head's long key range, and the merge is cheap.
@@ -249,21 +274,33 @@ impl ShapeState {
                     ] {
                         tuning.insert((s, p), v);
                     }
-                    // The tile table: one class per (query block, key tile), for every batch index.
-                    let table_len = count(ch.nqb * ch.nkb, "flash tile table")?;
+                    // The tile table: per (query block, key tile), for every batch index, the
+                    // class and, for partial tiles, each row chunk's key extent.
+                    let entry = tile_entry_bytes(ch.bm as usize);
+                    let table_len = count(ch.nqb * ch.nkb, "flash tile table")?.saturating_mul(entry);
                     let tiles = AlignedBuf::new(table_len)?;
                     let mask = f.spec.mask.as_ref();
                     for qb in 0..ch.nqb {
                         for kb in 0..ch.nkb {
                             let rows = (qb * ch.bm, ((qb + 1) * ch.bm).min(m));
                             let cols = (kb * ch.bn, ((kb + 1) * ch.bn).min(n));
-                            let class = match classify_tile(mask, &batch_sizes, rows, cols, env) {
-                                TileClass::Skip => 0u8,
+                            let class = classify_tile(mask, &batch_sizes, rows, cols, env);
+                            let mut bytes = vec![0u8; entry];
+                            bytes[0] = match class {
+                                TileClass::Skip => 0,
                                 TileClass::Full => 1,
                                 TileClass::Partial => 2,
                             };
-                            // SAFETY: `qb * nkb + kb < nqb * nkb = table_len`.
-                            unsafe { *tiles.as_ptr().add((qb * ch.nkb + kb) as usize) = class };
+                            if class == TileClass::Partial {
+                                for (c, b) in bytes[1..].chunks_exact_mut(2).enumerate() {
+                                    let r0 = rows.0 + (c * CHUNK_ROWS) as i64;
+                                    let chunk = (r0.min(rows.1), (r0 + CHUNK_ROWS as i64).min(rows.1));
+                                    (b[0], b[1]) = key_span(mask, &batch_sizes, chunk, cols, env);
+                                }
+                            }
+                            let at = (qb * ch.nkb + kb) as usize * entry;
+                            // SAFETY: `at + entry ≤ nqb · nkb · entry = table_len`.
+                            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), tiles.as_ptr().add(at), entry) };
                         }
                     }
                     stats.tile_table_bytes += tiles.len();

@@ -31,6 +31,19 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use std::collections::HashMap;
 
+/// Rows per chunk of a partially masked tile (see [`tile_entry_bytes`]).
+pub const CHUNK_ROWS: usize = 32;
+/// The unit of a chunk's key extent in the tile table.
+pub const CHUNK_COLS: i64 = 16;
+
+/// Bytes per (query block, key tile) entry of a flash op's tile table for query blocks of `bm`
+/// rows: the tile's class (0 skip, 1 full, 2 partial), then for a partial tile two bytes per
+/// chunk of [`CHUNK_ROWS`] rows: the span `[lo, hi)` of the tile's keys the chunk's rows can
+/// keep, in units of [`CHUNK_COLS`] (every key outside it is masked for those rows).
+pub fn tile_entry_bytes(bm: usize) -> usize {
+    1 + 2 * bm.div_ceil(CHUNK_ROWS)
+}
+
 /// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
 /// and V in place instead of packing them.
 const FEW_ROWS: i64 = 4;
@@ -152,6 +165,12 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
     let kps = fx.tuning(f.step, Tuning::KeysPerSplit);
     let nkb = fx.tuning(f.step, Tuning::KeyBlocks);
     let tiles = fx.buf(f.tiles);
+    let chunk_rows = fx.i64(CHUNK_ROWS as i64);
+    let entry_bytes = {
+        let t = fx.ceil_div(c.bm, chunk_rows);
+        let t = fx.b.ins().ishl_imm_s(t, 1);
+        fx.b.ins().iadd_imm_s(t, 1)
+    };
     let extras: Vec<Extra> = f
         .extras
         .iter()
@@ -310,6 +329,7 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
             let cols = fx.min(bn, kleft);
             let tix = fx.mul(qblk, nkb);
             let tix = fx.add(tix, kbi);
+            let tix = fx.mul(tix, entry_bytes);
             let taddr = fx.add(tiles, tix);
             let class = fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0);
             let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
@@ -317,17 +337,9 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                 let krow = fx.mul(j0, k_rs);
                 let kk = fx.add(koff, krow);
                 let kp = fx.elem_addr(kb, kk);
-                let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rows, FEW_ROWS);
-                let args = [rows, cols, d, qp, lda, kp, ldk, s_tile, bn, alpha, overwrite];
-                fx.if_else(
-                    few,
-                    |fx| {
-                        fx.call(abi::GEMV_NT, &args);
-                    },
-                    |fx| {
-                        fx.call(abi::SGEMM_NT, &args);
-                    },
-                );
+                let vrow = fx.mul(j0, v_rs);
+                let vv = fx.add(voff, vrow);
+                let vp = fx.elem_addr(vb, vv);
                 let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
                 let tile = Tile {
                     f,
@@ -346,24 +358,80 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                     item: &item,
                 };
                 let state = Running { max: rmax, sum: rsum, acc, dv: c.dv };
-                let all_rows = |fx: &mut Fx, tile: &Tile| {
-                    fx.for_range(zero, rows, |fx, rr| {
+                // Rows `r0..r0 + rc` against the tile's first `cc` keys: Q·Kᵀ, weights (the mask
+                // tested when `masked`), P·V.
+                let span = |fx: &mut Fx, tile: &Tile, r0: Value, rc: Value, c0: Value, cc: Value, masked: bool| {
+                    let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
+                    let qoff = fx.mul(r0, lda);
+                    let qrow = fx.elem_addr(qp, qoff);
+                    let soff = fx.mul(r0, bn);
+                    let soff = fx.add(soff, c0);
+                    let srow = fx.elem_addr(s_tile, soff);
+                    let koff = fx.mul(c0, ldk);
+                    let kp = fx.elem_addr(kp, koff);
+                    let voff = fx.mul(c0, ldv);
+                    let vp = fx.elem_addr(vp, voff);
+                    let aoff = fx.mul(r0, c.dv);
+                    let arow = fx.elem_addr(acc, aoff);
+                    let products = |fx: &mut Fx, small: abi::Import, big: abi::Import, args: &[Value]| {
+                        fx.if_else(
+                            few,
+                            |fx| {
+                                fx.call(small, args);
+                            },
+                            |fx| {
+                                fx.call(big, args);
+                            },
+                        );
+                    };
+                    products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, d, qrow, lda, kp, ldk, srow, bn, alpha, overwrite]);
+                    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
+                    let t = Tile {
+                        cols: cc,
+                        j0: fx.add(tile.j0, c0),
+                        s_tile: fx.elem_addr(tile.s_tile, c0),
+                        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
+                        ..*tile
+                    };
+                    let r1 = fx.add(r0, rc);
+                    fx.for_range(r0, r1, |fx, rr| {
                         if softmax {
-                            if f.spec.mask.is_some() {
-                                fx.if_else(
-                                    partial,
-                                    |fx| tile.softmax_row(fx, rr, true, &state),
-                                    |fx| tile.softmax_row(fx, rr, false, &state),
-                                );
-                            } else {
-                                tile.softmax_row(fx, rr, false, &state);
-                            }
-                        } else if f.spec.mask.is_some() {
-                            fx.if_else(partial, |fx| tile.sigmoid(fx, rr, true), |fx| tile.sigmoid(fx, rr, false));
+                            t.softmax_row(fx, rr, masked, &state);
                         } else {
-                            tile.sigmoid(fx, rr, false);
+                            t.sigmoid(fx, rr, masked);
                         }
                     });
+                    products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, c.dv, cc, srow, bn, vp, ldv, arow, c.dv, one, accumulate]);
+                };
+                // Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span of
+                // keys its rows can keep (from the tile table): a diagonal tile does about half
+                // the work of a full one, a window's edge tiles only their band.
+                let body = |fx: &mut Fx, tile: &Tile| {
+                    if f.spec.mask.is_none() {
+                        return span(fx, tile, zero, rows, zero, cols, false);
+                    }
+                    fx.if_else(
+                        partial,
+                        |fx| {
+                            let chunks = fx.ceil_div(rows, chunk_rows);
+                            fx.for_range(zero, chunks, |fx, ch| {
+                                let r0 = fx.mul(ch, chunk_rows);
+                                let left = fx.sub(rows, r0);
+                                let rc = fx.min(chunk_rows, left);
+                                let two = fx.b.ins().ishl_imm_s(ch, 1);
+                                let at = fx.add(taddr, two);
+                                let lo = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), at, 1);
+                                let hi = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), at, 2);
+                                let c0 = fx.b.ins().imul_imm_s(lo, CHUNK_COLS);
+                                let c1 = fx.b.ins().imul_imm_s(hi, CHUNK_COLS);
+                                let c1 = fx.min(c1, cols);
+                                let cc = fx.sub(c1, c0);
+                                let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cc, 0);
+                                fx.if_then(any, |fx| span(fx, tile, r0, rc, c0, cc, true));
+                            });
+                        },
+                        |fx| span(fx, tile, zero, rows, zero, cols, false),
+                    );
                 };
                 match &sep {
                     Some(x) => fx.if_else(
@@ -374,25 +442,12 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                                 bias
                             });
                             let score = score_rest.as_ref().unwrap_or(&x.rest);
-                            all_rows(fx, &Tile { score, tanh: score_rest.is_some(), bias, ..tile });
+                            body(fx, &Tile { score, tanh: score_rest.is_some(), bias, ..tile });
                         },
-                        |fx| all_rows(fx, &tile),
+                        |fx| body(fx, &tile),
                     ),
-                    None => all_rows(fx, &tile),
+                    None => body(fx, &tile),
                 }
-                let vrow = fx.mul(j0, v_rs);
-                let vv = fx.add(voff, vrow);
-                let vp = fx.elem_addr(vb, vv);
-                let args = [rows, c.dv, cols, s_tile, bn, vp, ldv, acc, c.dv, one, accumulate];
-                fx.if_else(
-                    few,
-                    |fx| {
-                        fx.call(abi::GEMV_NN, &args);
-                    },
-                    |fx| {
-                        fx.call(abi::SGEMM_NN, &args);
-                    },
-                );
             });
         });
         // Results: final rows, or the partial state for the merge step.

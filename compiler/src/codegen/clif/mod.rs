@@ -20,7 +20,7 @@ pub mod plan;
 mod reduce;
 mod score;
 
-pub use flash::{FlashScratch, flash_scratch};
+pub use flash::{CHUNK_COLS, CHUNK_ROWS, FlashScratch, flash_scratch, tile_entry_bytes};
 pub use plan::{Buffer, BufferKind, Check, IntValue, Kernel, Plan, Step, Tuning, View};
 
 use crate::ir::{Graph, Module};
