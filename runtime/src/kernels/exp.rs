@@ -290,15 +290,6 @@ const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_
 #[target_feature(enable = "avx512f")]
 fn tanh16(x: __m512) -> __m512 {
     let ax = _mm512_abs_ps(x);
-    // Past |x| = 9.5, tanh rounds to 1 in f32; clamping keeps `e` finite for the reciprocal.
-    // (`min_ps` returns its second operand for NaN: the NaN.)
-    let e = exp16(_mm512_min_ps(_mm512_set1_ps(2.0 * TANH_BIG), _mm512_add_ps(ax, ax)));
-    // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (≈ 1 ulp; a division
-    // costs ten times as much here).
-    let d = _mm512_add_ps(e, _mm512_set1_ps(1.0));
-    let r = _mm512_rcp14_ps(d);
-    let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0)), r);
-    let big = _mm512_fnmadd_ps(_mm512_set1_ps(2.0), r, _mm512_set1_ps(1.0));
     let z = _mm512_mul_ps(ax, ax);
     let mut p = _mm512_set1_ps(TANH_P[0]);
     for c in &TANH_P[1..] {
@@ -306,10 +297,25 @@ fn tanh16(x: __m512) -> __m512 {
     }
     let small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), ax, ax);
     let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, _mm512_set1_ps(TANH_SMALL));
+    // Soft-capped scores are mostly well inside the polynomial's range: skip the `exp` path
+    // when every lane is (NaN lanes compare false and take it).
+    let abs = if is_small == 0xffff {
+        small
+    } else {
+        // Past |x| = 9.5, tanh rounds to 1 in f32; clamping keeps `e` finite for the
+        // reciprocal. (`min_ps` returns its second operand for NaN: the NaN.)
+        let e = exp16(_mm512_min_ps(_mm512_set1_ps(2.0 * TANH_BIG), _mm512_add_ps(ax, ax)));
+        // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (≈ 1 ulp; a
+        // division costs ten times as much here).
+        let d = _mm512_add_ps(e, _mm512_set1_ps(1.0));
+        let r = _mm512_rcp14_ps(d);
+        let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0)), r);
+        let big = _mm512_fnmadd_ps(_mm512_set1_ps(2.0), r, _mm512_set1_ps(1.0));
+        _mm512_mask_blend_ps(is_small, big, small)
+    };
     // |tanh| with x's sign bit (so tanh(-0) = -0).
-    let abs = _mm512_castps_si512(_mm512_mask_blend_ps(is_small, big, small));
     let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
-    _mm512_castsi512_ps(_mm512_or_si512(abs, sign))
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(abs), sign))
 }
 
 /// AVX-512 `tanh`: full vectors, then one masked vector for the tail.
