@@ -56,11 +56,9 @@ impl Drop for Code {
     }
 }
 
-/// What generated code may assume on this host: its calling convention and whether it has
-/// fused multiply-add.
+/// What generated code may assume on this host: its calling convention.
 pub fn features(isa: &OwnedTargetIsa) -> Features {
-    let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
-    Features { call_conv: isa.default_call_conv(), fma }
+    Features { call_conv: isa.default_call_conv() }
 }
 
 /// Compiles every function of `m` to machine code.

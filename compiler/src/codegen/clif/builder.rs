@@ -37,8 +37,6 @@ pub struct Fx<'a> {
     funcs: HashMap<&'static str, FuncRef>,
     /// Lanes per value in [`super::ops`]: 1 (scalars) or 4 (128-bit vectors).
     pub lanes: u8,
-    /// The target has fused multiply-add.
-    pub fma: bool,
 }
 
 /// Starts a step function named `name`.
@@ -56,7 +54,7 @@ impl<'a> Fx<'a> {
         b.seal_block(entry);
         let p = b.block_params(entry);
         let args = [p[0], p[1], p[2], p[3], p[4]];
-        Fx { b, plan, call_conv, entry, args, ints: HashMap::new(), bufs: HashMap::new(), funcs: HashMap::new(), lanes: 1, fma: false }
+        Fx { b, plan, call_conv, entry, args, ints: HashMap::new(), bufs: HashMap::new(), funcs: HashMap::new(), lanes: 1 }
     }
 
     /// Returns and finishes the function.

@@ -87,13 +87,11 @@ pub struct CpuModule {
 pub struct Features {
     /// The calling convention of step functions (the host's default).
     pub call_conv: CallConv,
-    /// Fused multiply-add instructions exist (else a multiply and an add).
-    pub fma: bool,
 }
 
-/// The features [`emit_text`] assumes: System V calls (x86-64 Linux), no FMA, so the listing
-/// is the same on every machine.
-pub const TEXT_FEATURES: Features = Features { call_conv: CallConv::SystemV, fma: false };
+/// The features [`emit_text`] assumes: System V calls (x86-64 Linux), so the listing is the
+/// same on every machine.
+pub const TEXT_FEATURES: Features = Features { call_conv: CallConv::SystemV };
 
 /// Compiles a verified graph for a machine with `features`.
 pub fn compile(graph: &Graph, features: &Features) -> Result<CpuModule, CodegenError> {
@@ -112,7 +110,6 @@ pub fn compile(graph: &Graph, features: &Features) -> Result<CpuModule, CodegenE
         let mut func = new_function(&name, call_conv);
         {
             let mut fx = Fx::new(&mut func, &mut ctx, &mut plan, call_conv);
-            fx.fma = features.fma;
             match &kernel {
                 Kernel::Elementwise { out, inputs, expr } => elementwise::emit(&mut fx, out, inputs, expr),
                 Kernel::MatMul { a, b, c, b_transposed } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
