@@ -299,103 +299,77 @@ pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// C ABI: `C[m×n] (+)= alpha · A[m×k] · B[n×k]ᵀ`, row-major with leading dimensions.
-///
-/// `accumulate != 0` adds into `C`, otherwise `C` is overwritten without being read.
-///
-/// # Safety
-/// For non-empty shapes the pointers must address `(m-1)·lda + k`, `(n-1)·ldb + k` and
-/// `(m-1)·ldc + n` valid elements, with `lda ≥ k`, `ldb ≥ k`, `ldc ≥ n`; `C` must not overlap
-/// `A` or `B`. Pointers are not read when the shape makes their operand empty.
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-pub unsafe extern "C" fn attnc_sgemm_nt(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { gemm::run(&g, Layout::Nt, a, b, c) }
+/// Defines a C ABI product entry point `fn(m, n, k, a, lda, b, ldb, c, ldc, alpha,
+/// accumulate)` that runs `$driver::run` with layout `$layout` on the dispatched path.
+macro_rules! product_entry {
+    ($(#[$doc:meta])* $name:ident, $driver:ident, $layout:expr) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+        pub unsafe extern "C" fn $name(
+            m: usize,
+            n: usize,
+            k: usize,
+            a: *const f32,
+            lda: usize,
+            b: *const f32,
+            ldb: usize,
+            c: *mut f32,
+            ldc: usize,
+            alpha: f32,
+            accumulate: u32,
+        ) {
+            let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { $driver::run(&g, $layout, a, b, c) }
+        }
+    };
 }
 
-/// C ABI: `C[m×n] (+)= alpha · A[m×k] · B[k×n]`, row-major with leading dimensions.
-///
-/// # Safety
-/// As [`attnc_sgemm_nt`], with `B` holding `(k-1)·ldb + n` elements and `ldb ≥ n`.
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-pub unsafe extern "C" fn attnc_sgemm_nn(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { gemm::run(&g, Layout::Nn, a, b, c) }
-}
+product_entry!(
+    /// C ABI: `C[m×n] (+)= alpha · A[m×k] · B[n×k]ᵀ`, row-major with leading dimensions.
+    ///
+    /// `accumulate != 0` adds into `C`, otherwise `C` is overwritten without being read.
+    ///
+    /// # Safety
+    /// For non-empty shapes the pointers must address `(m-1)·lda + k`, `(n-1)·ldb + k` and
+    /// `(m-1)·ldc + n` valid elements, with `lda ≥ k`, `ldb ≥ k`, `ldc ≥ n`; `C` must not
+    /// overlap `A` or `B`. Pointers are not read when the shape makes their operand empty.
+    attnc_sgemm_nt,
+    gemm,
+    Layout::Nt
+);
 
-/// C ABI: [`attnc_sgemm_nt`] for a few rows of `A` (decode's query rows against a key tile):
-/// `B` streamed once in place with prefetching, no packing.
-///
-/// # Safety
-/// As [`attnc_sgemm_nt`].
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-pub unsafe extern "C" fn attnc_gemv_nt(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { gemv::run(&g, Layout::Nt, a, b, c) }
-}
+product_entry!(
+    /// C ABI: `C[m×n] (+)= alpha · A[m×k] · B[k×n]`, row-major with leading dimensions.
+    ///
+    /// # Safety
+    /// As [`attnc_sgemm_nt`], with `B` holding `(k-1)·ldb + n` elements and `ldb ≥ n`.
+    attnc_sgemm_nn,
+    gemm,
+    Layout::Nn
+);
 
-/// C ABI: [`attnc_sgemm_nn`] for a few rows of `A` (decode's probabilities against a value
-/// tile), as [`attnc_gemv_nt`].
-///
-/// # Safety
-/// As [`attnc_sgemm_nn`].
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-pub unsafe extern "C" fn attnc_gemv_nn(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { gemv::run(&g, Layout::Nn, a, b, c) }
-}
+product_entry!(
+    /// C ABI: [`attnc_sgemm_nt`] for a few rows of `A` (decode's query rows against a key
+    /// tile): `B` streamed once in place with prefetching, no packing.
+    ///
+    /// # Safety
+    /// As [`attnc_sgemm_nt`].
+    attnc_gemv_nt,
+    gemv,
+    Layout::Nt
+);
+
+product_entry!(
+    /// C ABI: [`attnc_sgemm_nn`] for a few rows of `A` (decode's probabilities against a
+    /// value tile), as [`attnc_gemv_nt`].
+    ///
+    /// # Safety
+    /// As [`attnc_sgemm_nn`].
+    attnc_gemv_nn,
+    gemv,
+    Layout::Nn
+);
 
 /// C ABI: `y[i] = exp(x[i])` for `i < n` (`x` and `y` may be the same buffer).
 ///

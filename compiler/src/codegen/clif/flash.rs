@@ -358,8 +358,8 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                     item: &item,
                 };
                 let state = Running { max: rmax, sum: rsum, acc, dv: c.dv };
-                // Rows `r0..r0 + rc` against the tile's first `cc` keys: Q·Kᵀ, weights (the mask
-                // tested when `masked`), P·V.
+                // Rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc`: Q·Kᵀ, weights (the
+                // mask tested when `masked`), P·V.
                 let span = |fx: &mut Fx, tile: &Tile, r0: Value, rc: Value, c0: Value, cc: Value, masked: bool| {
                     let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
                     let qoff = fx.mul(r0, lda);
