@@ -241,23 +241,16 @@ pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Text form
 
+/// The infix spelling and binding strength of `b` (higher binds tighter).
 fn infix(b: BinaryOp) -> Option<(&'static str, u8)> {
-    Some(match b {
-        BinaryOp::Or => ("||", 0),
-        BinaryOp::And => ("&&", 1),
-        BinaryOp::Eq => ("==", 2),
-        BinaryOp::Ne => ("!=", 2),
-        BinaryOp::Lt => ("<", 2),
-        BinaryOp::Le => ("<=", 2),
-        BinaryOp::Gt => (">", 2),
-        BinaryOp::Ge => (">=", 2),
-        BinaryOp::Add => ("+", 3),
-        BinaryOp::Sub => ("-", 3),
-        BinaryOp::Mul => ("*", 4),
-        BinaryOp::Div => ("/", 4),
-        BinaryOp::Rem => ("%", 4),
-        BinaryOp::Pow | BinaryOp::Min | BinaryOp::Max => return None,
-    })
+    let prec = match b {
+        BinaryOp::Or => 0,
+        BinaryOp::And => 1,
+        BinaryOp::Add | BinaryOp::Sub => 3,
+        BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem => 4,
+        _ => 2,
+    };
+    b.symbol().map(|s| (s, prec))
 }
 
 /// Displays a [`ScoreExpr`] with the position names of a score tensor of rank `rank`.

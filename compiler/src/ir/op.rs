@@ -84,6 +84,27 @@ impl BinaryOp {
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or)
     }
+
+    /// The infix spelling shared by flash expression text and C (`None` for `**`, `min`,
+    /// `max`, which are calls).
+    pub fn symbol(self) -> Option<&'static str> {
+        Some(match self {
+            BinaryOp::Or => "||",
+            BinaryOp::And => "&&",
+            BinaryOp::Eq => "==",
+            BinaryOp::Ne => "!=",
+            BinaryOp::Lt => "<",
+            BinaryOp::Le => "<=",
+            BinaryOp::Gt => ">",
+            BinaryOp::Ge => ">=",
+            BinaryOp::Add => "+",
+            BinaryOp::Sub => "-",
+            BinaryOp::Mul => "*",
+            BinaryOp::Div => "/",
+            BinaryOp::Rem => "%",
+            BinaryOp::Pow | BinaryOp::Min | BinaryOp::Max => return None,
+        })
+    }
 }
 
 /// Reductions.

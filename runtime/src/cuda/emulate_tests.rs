@@ -5,7 +5,7 @@
 
 use super::emulate::{emulate, have_compiler};
 use super::host;
-use super::tests::{EVERY_OP, FLASH_GRAPHS};
+use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
 use crate::random::random_inputs;
 use attn_compiler::codegen::cuda::{DeviceLimits, emit_graph};
 use attn_compiler::interp::{bind_dims, run as interp_run};
@@ -127,14 +127,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
     if !compiler_or_skip("every_example_runs_emulated_like_the_interpreter") {
         return;
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
-        .collect();
-    files.sort();
+    let files = examples();
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();

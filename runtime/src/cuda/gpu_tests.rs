@@ -4,13 +4,12 @@
 //! kernels; and the compile cache (a second run compiles nothing).
 
 use super::exec::gpu;
-use super::tests::FLASH_GRAPHS;
+use super::tests::{FLASH_GRAPHS, examples};
 use crate::random::random_inputs;
 use attn_compiler::interp::run as interp_run;
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 fn enabled(test: &str) -> bool {
     if std::env::var("ATTNC_GPU_TESTS").is_ok_and(|v| v == "1") {
@@ -72,14 +71,7 @@ fn every_example_on_the_gpu_matches_the_interpreter() {
     if !enabled("every_example_on_the_gpu_matches_the_interpreter") {
         return;
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
-        .collect();
-    files.sort();
+    let files = examples();
     let mut failures = Vec::new();
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();

@@ -28,7 +28,8 @@ fn nvrtc_or_skip(test: &str) -> Option<()> {
     }
 }
 
-fn examples() -> Vec<PathBuf> {
+/// The example programs, sorted.
+pub(super) fn examples() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "attn")).collect())

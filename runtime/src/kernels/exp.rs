@@ -122,7 +122,7 @@ unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *con
     let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut i = 0;
     while i < n {
-        let k = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as __mmask16 };
+        let k = super::x86_avx512::lanes(n - i);
         // SAFETY: only the valid lanes of `i..n` are read.
         unsafe {
             let mut v = _mm512_mask_mul_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, _mm512_maskz_loadu_ps(k, x.add(i)), sc);
@@ -193,7 +193,7 @@ unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *con
         i += 16;
     }
     if i < n {
-        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        let m = super::x86_avx512::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
             let mut v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x.add(i)), sc);
@@ -329,7 +329,7 @@ unsafe fn tanh_avx512(x: *const f32, y: *mut f32, n: usize) {
         i += 16;
     }
     if i < n {
-        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        let m = super::x86_avx512::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe { _mm512_mask_storeu_ps(y.add(i), m, tanh16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
     }

@@ -8,6 +8,8 @@
 use std::arch::x86_64::*;
 
 use super::gemm::Layout;
+#[cfg(target_arch = "x86_64")]
+use super::x86_avx512::lanes;
 use super::{Gemm, Isa};
 
 /// Rows of `A` handled together (accumulators: `ROWS` per key pair for `Nt`, `ROWS · 4` for
@@ -120,12 +122,6 @@ fn prefetch(p: *const f32, bytes: usize) {
     for off in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
     }
-}
-
-/// The mask of the first `n` of 16 lanes (`n ≥ 16`: all).
-#[cfg(target_arch = "x86_64")]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 }
 }
 
 /// AVX-512 `Nt`: two keys at a time, `rows × 2` independent dot-product chains over `k` in

@@ -72,7 +72,7 @@ unsafe fn gelu_avx512(x: *const f32, y: *mut f32, n: usize) {
         i += 16;
     }
     if i < n {
-        let m = ((1u32 << (n - i)) - 1) as __mmask16;
+        let m = super::x86_avx512::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe { _mm512_mask_storeu_ps(y.add(i), m, gelu16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
     }

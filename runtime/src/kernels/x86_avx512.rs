@@ -162,9 +162,9 @@ fn transpose16(r: &mut [__m512; 16]) {
     }
 }
 
-/// Bit mask of the first `n` of 16 lanes.
+/// Bit mask of the first `n` of 16 lanes (all for `n ≥ 16`).
 #[inline(always)]
-fn lanes(n: usize) -> __mmask16 {
+pub(super) fn lanes(n: usize) -> __mmask16 {
     if n >= 16 { 0xffff } else { ((1u32 << n) - 1) as __mmask16 }
 }
 

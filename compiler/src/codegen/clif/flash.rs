@@ -112,6 +112,28 @@ fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
     Common { bdims, m, dv, bm, nqb, splits, out, out_bs, out_rs: ost[r - 2], partials, prow }
 }
 
+/// One query block of a flash op, from its index over (batch index, query block).
+struct QueryBlock {
+    /// Query block number.
+    qblk: Value,
+    /// Batch position per batch axis.
+    bidx: Vec<Value>,
+    /// First query row.
+    i0: Value,
+    /// Rows in the block (the last one may be short).
+    rows: Value,
+}
+
+fn query_block(fx: &mut Fx, c: &Common, t: Value) -> QueryBlock {
+    let qblk = fx.b.ins().urem(t, c.nqb);
+    let bi = fx.b.ins().udiv(t, c.nqb);
+    let bidx = fx.unravel(bi, &c.bdims);
+    let i0 = fx.mul(qblk, c.bm);
+    let left = fx.sub(c.m, i0);
+    let rows = fx.min(c.bm, left);
+    QueryBlock { qblk, bidx, i0, rows }
+}
+
 /// Address of the `Dv + 2` floats of partial row `r` of flash work item `w`.
 fn partial_row(fx: &mut Fx, c: &Common, w: Value, r: Value) -> Value {
     let t = fx.mul(w, c.bm);
@@ -253,13 +275,8 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
     fx.for_range(lo, hi, |fx, w| {
         let sp = fx.b.ins().urem(w, c.splits);
         let t = fx.b.ins().udiv(w, c.splits);
-        let qblk = fx.b.ins().urem(t, c.nqb);
-        let bi = fx.b.ins().udiv(t, c.nqb);
-        let bidx = fx.unravel(bi, &c.bdims);
+        let QueryBlock { qblk, bidx, i0, rows } = query_block(fx, &c, t);
         let zero = fx.i64(0);
-        let i0 = fx.mul(qblk, c.bm);
-        let left = fx.sub(c.m, i0);
-        let rows = fx.min(c.bm, left);
         let qoff = fx.dot(zero, &bidx, &q_bs);
         let qrow = fx.mul(i0, q_rs);
         let qoff = fx.add(qoff, qrow);
@@ -309,6 +326,21 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
             }
             None => fx.b.ins().iconst(types::I8, 0),
         };
+        // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
+        let score_factor = |fx: &mut Fx, e: &ScoreExpr| {
+            score::score_factor(e, r).map(|c| match c {
+                Some(c) => {
+                    let env = Env { s: None, pos: &b_pos, dims: &dims, extras: &extras, hoisted: &item };
+                    let t = score::eval(fx, c, &env);
+                    fx.cvt_f(t)
+                }
+                None => fx.f32(1.0),
+            })
+        };
+        let full_score = score_full.as_ref().unwrap_or(&f.spec.score);
+        let full_factor = score_factor(fx, full_score);
+        let rest_score = sep.as_ref().map(|x| score_rest.as_ref().unwrap_or(&x.rest));
+        let rest_factor = rest_score.and_then(|e| score_factor(fx, e));
         // Fresh running state.
         let ninf = fx.f32(f32::NEG_INFINITY);
         let fzero = fx.f32(0.0);
@@ -343,8 +375,9 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                 let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
                 let tile = Tile {
                     f,
-                    score: score_full.as_ref().unwrap_or(&f.spec.score),
+                    score: full_score,
                     tanh: score_full.is_some(),
+                    factor: full_factor,
                     bias: None,
                     s_tile,
                     bn,
@@ -441,8 +474,8 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
                                 tile.key_bias(fx, &x.sep, bias);
                                 bias
                             });
-                            let score = score_rest.as_ref().unwrap_or(&x.rest);
-                            body(fx, &Tile { score, tanh: score_rest.is_some(), bias, ..tile });
+                            let score = rest_score.unwrap_or(&x.rest);
+                            body(fx, &Tile { score, tanh: score_rest.is_some(), factor: rest_factor, bias, ..tile });
                         },
                         |fx| body(fx, &tile),
                     ),
@@ -518,6 +551,9 @@ struct Tile<'t> {
     score: &'t ScoreExpr,
     /// Whether rows get `s = tanh(s)` by the kernel before `score` is evaluated.
     tanh: bool,
+    /// `c` when `score` is `c · s` or `s` (1): the softmax kernel then reads unmasked rows as
+    /// they are and applies `c` itself.
+    factor: Option<Value>,
     /// The tile's key-position vector `sep(i0, j)` (separated scores only), added to `score`.
     bias: Option<Value>,
     s_tile: Value,
@@ -571,20 +607,9 @@ impl Tile<'_> {
     fn softmax_row(&self, fx: &mut Fx, rr: Value, masked: bool, st: &Running) {
         let row = self.row(fx, rr);
         self.stage(fx, row);
-        let direct = if masked { None } else { score::score_factor(self.score, self.f.q.shape.len()) };
-        let (factor, bias) = match direct {
-            Some(factor) => {
-                let factor = match factor {
-                    Some(c) => {
-                        let env = Env { s: None, pos: self.b_pos, dims: self.dims, extras: self.extras, hoisted: self.item };
-                        let t = score::eval(fx, c, &env);
-                        fx.cvt_f(t)
-                    }
-                    None => fx.f32(1.0),
-                };
-                (factor, self.bias.unwrap_or_else(|| fx.i64(0)))
-            }
-            None => {
+        let (factor, bias) = match self.factor {
+            Some(factor) if !masked => (factor, self.bias.unwrap_or_else(|| fx.i64(0))),
+            _ => {
                 self.modify(fx, rr, masked);
                 (fx.f32(1.0), fx.i64(0))
             }
@@ -689,13 +714,8 @@ pub fn emit_merge(fx: &mut Fx, f: &FlashKernel) {
     let softmax = f.spec.weights == Weights::Softmax;
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
-        let qblk = fx.b.ins().urem(w, c.nqb);
-        let bi = fx.b.ins().udiv(w, c.nqb);
-        let bidx = fx.unravel(bi, &c.bdims);
+        let QueryBlock { bidx, i0, rows, .. } = query_block(fx, &c, w);
         let zero = fx.i64(0);
-        let i0 = fx.mul(qblk, c.bm);
-        let left = fx.sub(c.m, i0);
-        let rows = fx.min(c.bm, left);
         let ooff = fx.dot(zero, &bidx, &c.out_bs);
         let first = fx.mul(w, c.splits);
         let end = fx.add(first, c.splits);

@@ -291,19 +291,11 @@ pub(super) fn unary(u: UnaryOp, x: &str, from: DType, to: DType) -> String {
 /// A binary op on compute-type operands, giving dtype `to` (comparisons compare in the
 /// promoted type of the operands).
 pub(super) fn binary(b: BinaryOp, x: &str, xt: DType, y: &str, yt: DType, to: DType) -> String {
+    let op = b.symbol().unwrap_or_default();
     if b.is_logical() {
-        let op = if b == BinaryOp::And { "&&" } else { "||" };
         return format!("({} {op} {})", convert(x, xt, DType::Bool), convert(y, yt, DType::Bool));
     }
     if b.is_comparison() {
-        let op = match b {
-            BinaryOp::Lt => "<",
-            BinaryOp::Le => "<=",
-            BinaryOp::Gt => ">",
-            BinaryOp::Ge => ">=",
-            BinaryOp::Eq => "==",
-            _ => "!=",
-        };
         let p = xt.promote(yt);
         return if p.is_float() {
             format!("({} {op} {})", to_float(x, xt), to_float(y, yt))

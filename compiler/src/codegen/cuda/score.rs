@@ -97,17 +97,7 @@ pub(super) fn mask_c(e: &ScoreExpr, cx: &ScoreCtx) -> String {
         ScoreExpr::Binary(BinaryOp::And, x, y) => format!("({} && {})", mask_c(x, cx), mask_c(y, cx)),
         ScoreExpr::Binary(BinaryOp::Or, x, y) => format!("({} || {})", mask_c(x, cx), mask_c(y, cx)),
         ScoreExpr::Unary(UnaryOp::Not, x) => format!("(!{})", mask_c(x, cx)),
-        ScoreExpr::Binary(b, x, y) if b.is_comparison() => {
-            let op = match b {
-                BinaryOp::Lt => "<",
-                BinaryOp::Le => "<=",
-                BinaryOp::Gt => ">",
-                BinaryOp::Ge => ">=",
-                BinaryOp::Eq => "==",
-                _ => "!=",
-            };
-            format!("({} {op} {})", f(x), f(y))
-        }
+        ScoreExpr::Binary(b, x, y) if b.is_comparison() => format!("({} {} {})", f(x), b.symbol().unwrap_or_default(), f(y)),
         other => format!("({} != 0.0f)", f(other)),
     }
 }
