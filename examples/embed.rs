@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3. Generate native code for one entry (optimised: the attention becomes one fused
     //    flash kernel). Threads: 0 = one per core.
     let alibi = program.compile_cpu("alibi", &CpuOptions { threads: 0 })?;
-    println!("compiled in {:.1} ms, {} step(s)", alibi.compile_time().as_secs_f64() * 1e3, alibi.plan().steps.len());
+    println!("compiled in {:.1} ms, {} step(s)", alibi.compile_time().as_secs_f64() * 1e3, alibi.schedule().steps.len());
 
     // 4. Run it many times. Inputs are borrowed (`TensorRef`), never copied; every size is
     //    accepted without recompiling (dims are read off the input shapes).

@@ -12,6 +12,8 @@ pub mod kernels;
 mod program;
 pub mod random;
 pub mod report;
+#[cfg(test)]
+mod semantics_tests;
 mod target;
 
 pub use attn_compiler::ir::{DType, TensorType};

@@ -7,7 +7,7 @@ use attn_runtime::{Program, RunOptions, Target};
 use attn_tests::{attn_files, checks, repo_root};
 use std::collections::HashMap;
 
-const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "opt", "explain", "roundtrip", "run", "opt-numerics"];
+const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "opt", "schedule", "explain", "roundtrip", "run", "opt-numerics"];
 
 #[test]
 fn examples() {
@@ -26,10 +26,13 @@ fn examples() {
                         Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
                     }
                 }
-                "opt" => match emit(&source, Stage::Opt) {
-                    Ok(text) => snaps.check(path, "opt", &text),
-                    Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
-                },
+                "opt" | "schedule" => {
+                    let stage = if check == "opt" { Stage::Opt } else { Stage::Schedule };
+                    match emit(&source, stage) {
+                        Ok(text) => snaps.check(path, &check, &text),
+                        Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
+                    }
+                }
                 "explain" => match attn_compiler::explain(&source) {
                     Ok(text) => snaps.check(path, "explain", &text),
                     Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),

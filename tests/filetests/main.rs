@@ -1,7 +1,8 @@
 //! attnc's filetests: the one integration-test binary.
 //!
-//! - `examples`: every `examples/*.attn` — AST and IR text as insta snapshots beside the file,
-//!   IR text round trip, verifier, and a run through the reference interpreter;
+//! - `examples`: every `examples/*.attn` — AST, IR, optimised IR and schedule text as insta
+//!   snapshots beside the file, IR text round trip, verifier, and a run through the reference
+//!   interpreter;
 //! - `cpu`: the Cranelift IR the CPU target generates for a few examples, as snapshots;
 //! - `cuda`: the CUDA source the GPU target emits for a few examples, as snapshots;
 //! - `diagnostics`: every `tests/cases/errors/*.attn` — the rendered diagnostics as snapshots;

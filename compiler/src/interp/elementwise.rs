@@ -1,11 +1,12 @@
 //! Element-wise ops and the ops that make values from nothing: constants, dim values, iota,
 //! unary and binary maths, comparisons and logic, `where`, casts.
 //!
-//! Operands enter the f64 arithmetic exactly as stored; only the result is rounded (to the
-//! node's dtype, by [`Val::new`]). Bools are 0/1; any non-zero operand counts as true.
+//! Every scalar op is [`crate::ir::semantics`]' definition: each element is loaded as a value
+//! of its dtype's class, the op computed there, and the result stored as the node's dtype.
 
 use super::InterpError;
-use super::value::{Val, broadcast, broadcast_strides, element_count, nan_max, nan_min, row_major_strides, walk};
+use super::value::{Val, broadcast, broadcast_strides, element_count, row_major_strides, walk};
+use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, UnaryOp};
 
 /// A tensor of the given shape with every element `value` (constants and dim values).
@@ -29,85 +30,30 @@ pub(super) fn iota(dtype: DType, shape: Vec<usize>, axis: usize, node: &str) -> 
     Ok(Val::new(dtype, shape, data))
 }
 
-/// The scalar function of a unary op.
-fn unary_fn(op: UnaryOp) -> fn(f64) -> f64 {
-    match op {
-        UnaryOp::Neg => |x| -x,
-        UnaryOp::Not => |x| truth(x == 0.0),
-        UnaryOp::Exp => f64::exp,
-        UnaryOp::Log => f64::ln,
-        UnaryOp::Sqrt => f64::sqrt,
-        UnaryOp::Rsqrt => |x| 1.0 / x.sqrt(),
-        UnaryOp::Tanh => f64::tanh,
-        UnaryOp::Sigmoid => sigmoid,
-        // NaN stays NaN (as in PyTorch) instead of becoming 0.
-        UnaryOp::Relu => |x| if x.is_nan() { x } else { x.max(0.0) },
-        UnaryOp::Gelu => |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
-        UnaryOp::Silu => |x| x * sigmoid(x),
-        UnaryOp::Elu => |x| if x > 0.0 { x } else { x.exp_m1() },
-        UnaryOp::Abs => f64::abs,
-        UnaryOp::Floor => f64::floor,
-    }
-}
-
-/// A bool as 0/1.
-fn truth(b: bool) -> f64 {
-    f64::from(u8::from(b))
-}
-
-/// The logistic function `1 / (1 + e^-x)`.
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `a % b` with the sign of `b`, as Python. A zero divisor gives NaN (0 once stored as i32).
-fn python_rem(a: f64, b: f64) -> f64 {
-    let r = a % b;
-    if r != 0.0 && (r < 0.0) != (b < 0.0) { r + b } else { r }
-}
-
-/// The scalar function of a binary op.
-fn binary_fn(op: BinaryOp) -> fn(f64, f64) -> f64 {
-    match op {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Rem => python_rem,
-        BinaryOp::Pow => f64::powf,
-        BinaryOp::Min => nan_min,
-        BinaryOp::Max => nan_max,
-        BinaryOp::Lt => |a, b| truth(a < b),
-        BinaryOp::Le => |a, b| truth(a <= b),
-        BinaryOp::Gt => |a, b| truth(a > b),
-        BinaryOp::Ge => |a, b| truth(a >= b),
-        BinaryOp::Eq => |a, b| truth(a == b),
-        BinaryOp::Ne => |a, b| truth(a != b),
-        BinaryOp::And => |a, b| truth(a != 0.0 && b != 0.0),
-        BinaryOp::Or => |a, b| truth(a != 0.0 || b != 0.0),
-    }
-}
-
-/// Applies `f` to every element of `x`.
+/// Applies `op` to every element of `x` by [`semantics::unary`], storing results as `dtype`.
 pub(super) fn unary(op: UnaryOp, x: &Val, dtype: DType) -> Val {
-    let f = unary_fn(op);
-    Val::new(dtype, x.shape.clone(), x.data.iter().map(|v| f(*v)).collect())
+    let data = x.data.iter().map(|v| semantics::unary(op, Scalar::load(x.dtype, *v)).store(dtype)).collect();
+    Val::new(dtype, x.shape.clone(), data)
 }
 
-/// Applies a binary op to two broadcast operands.
+/// Applies a binary op to two broadcast operands by [`semantics::binary`].
 pub(super) fn binary(op: BinaryOp, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
-    let f = binary_fn(op);
-    broadcast_map([a, b], dtype, node, |[x, y]| f(x, y))
+    let (ta, tb) = (a.dtype, b.dtype);
+    broadcast_map([a, b], dtype, node, |[x, y]| semantics::binary(op, Scalar::load(ta, x), Scalar::load(tb, y)).store(dtype))
 }
 
-/// `where(cond, a, b)` over three broadcast operands.
+/// `where(cond, a, b)` over three broadcast operands by [`semantics::select`].
 pub(super) fn select(cond: &Val, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
-    broadcast_map([cond, a, b], dtype, node, |[c, x, y]| if c != 0.0 { x } else { y })
+    let (tc, ta, tb) = (cond.dtype, a.dtype, b.dtype);
+    broadcast_map([cond, a, b], dtype, node, |[c, x, y]| {
+        semantics::select(Scalar::load(tc, c), Scalar::load(ta, x), Scalar::load(tb, y)).store(dtype)
+    })
 }
 
-/// Converts to `dtype` (rounding does it all: float to i32 truncates, to bool is `!= 0`).
+/// Converts to `dtype` (float to i32 truncates and saturates, to bool is `!= 0`).
 pub(super) fn cast(x: &Val, dtype: DType) -> Val {
-    Val::new(dtype, x.shape.clone(), x.data.clone())
+    let data = x.data.iter().map(|v| Scalar::load(x.dtype, *v).store(dtype)).collect();
+    Val::new(dtype, x.shape.clone(), data)
 }
 
 /// Broadcasts `N` operands numpy-style and applies `f` element by element.

@@ -4,6 +4,7 @@
 use super::bind::{bind_dims, eval_dim, eval_shape, node_label};
 use super::value::Val;
 use super::{InterpError, elementwise as ew, reduce, shape_ops};
+use crate::ir::semantics::{Scalar, wrap_i32};
 use crate::ir::{Arity, Graph, Node, Op, Value};
 use crate::tensor::{Tensor, TensorData};
 use std::collections::HashMap;
@@ -134,7 +135,7 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
     match &node.op {
         Op::Param(_) => Err(InterpError::Internal(format!("{label}: a parameter outside the parameter list"))),
         Op::Const(c) => ew::fill(dtype, shape, *c, label),
-        Op::DimValue(d) => ew::fill(dtype, shape, eval_dim(d, env)? as f64, label),
+        Op::DimValue(d) => ew::fill(dtype, shape, Scalar::I(wrap_i32(eval_dim(d, env)?)).store(dtype), label),
         Op::Iota { axis } => ew::iota(dtype, shape, *axis, label),
         Op::Unary(u) => Ok(ew::unary(*u, args[0], dtype)),
         Op::Binary(b) => ew::binary(*b, args[0], args[1], dtype, label),

@@ -1,9 +1,12 @@
-//! `flash` by its definition: scores row by row, score modification, mask, softmax (or sigmoid)
-//! and the weighted sum of values, in f64. It never materialises more than one row of scores.
+//! `flash` by its definition: scores row by row, score modification and mask by the scalar
+//! semantics of [`crate::ir::semantics`], softmax (or sigmoid) and the weighted sum of values
+//! in f64. It never materialises more than one row of scores. A key whose weight is 0 adds
+//! nothing, even where its value is inf or NaN.
 
 use super::InterpError;
 use super::value::{Val, row_major_strides};
-use crate::ir::{DType, FlashSpec, Weights};
+use crate::ir::semantics::{Scalar, max_f, unary_f};
+use crate::ir::{DType, FlashSpec, UnaryOp, Weights};
 use std::collections::HashMap;
 
 pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
@@ -23,17 +26,17 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
     let mut out = vec![0.0; batch_count * m * dv];
     let (kst, vst) = (row_major_strides(&k.shape), row_major_strides(&v.shape));
     let extra_strides: Vec<Vec<usize>> = extras.iter().map(|x| row_major_strides(&x.shape)).collect();
-    let load = |input: usize, idx: &[i64]| -> f64 {
-        let Some(x) = extras.get(input) else { return f64::NAN };
+    let load = |input: usize, idx: &[i64]| -> Scalar {
+        let Some(x) = extras.get(input) else { return Scalar::F(f64::NAN) };
         let mut off = 0;
         for (axis, ix) in idx.iter().enumerate() {
             let size = x.shape.get(axis).copied().unwrap_or(1);
             if size == 0 {
-                return f64::NAN;
+                return Scalar::F(f64::NAN);
             }
             off += (*ix).clamp(0, size as i64 - 1) as usize * extra_strides[input][axis];
         }
-        x.data.get(off).copied().unwrap_or(f64::NAN)
+        Scalar::load(x.dtype, x.data.get(off).copied().unwrap_or(f64::NAN))
     };
     let mut pos = vec![0i64; r];
     let mut scores = vec![0.0; n];
@@ -61,13 +64,14 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
                 let s: f64 = qrow.iter().zip(krow).map(|(a, c)| a * c).sum();
                 // The unfused graph stores the raw scores as f32; so does the reference.
                 let s = DType::F32.round(s);
-                scores[j] = spec.score.eval(s, &pos, env, &load);
-                keep[j] = spec.mask.as_ref().is_none_or(|mk| mk.eval(s, &pos, env, &load) != 0.0);
+                scores[j] = spec.score.eval(s, &pos, env, &load).as_f();
+                keep[j] = spec.mask.as_ref().is_none_or(|mk| mk.eval(s, &pos, env, &load).as_b());
             }
             let orow = &mut out[(b * m + i) * dv..(b * m + i + 1) * dv];
             let weights: Vec<f64> = match spec.weights {
                 Weights::Softmax => {
-                    let max = (0..n).filter(|j| keep[*j]).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
+                    // NaN-propagating: a kept NaN (or +inf) score makes the row NaN.
+                    let max = (0..n).filter(|j| keep[*j]).map(|j| scores[j]).fold(f64::NEG_INFINITY, max_f);
                     if max == f64::NEG_INFINITY {
                         continue;
                     }
@@ -75,7 +79,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
                     let z: f64 = e.iter().sum();
                     e.into_iter().map(|x| x / z).collect()
                 }
-                Weights::Sigmoid => (0..n).map(|j| if keep[j] { 1.0 / (1.0 + (-scores[j]).exp()) } else { 0.0 }).collect(),
+                Weights::Sigmoid => (0..n).map(|j| if keep[j] { unary_f(UnaryOp::Sigmoid, scores[j]) } else { 0.0 }).collect(),
             };
             for (j, w) in weights.iter().enumerate() {
                 if *w == 0.0 {

@@ -3,14 +3,14 @@
 //!
 //! Semantics:
 //! - Tensors are row-major; element-wise ops broadcast numpy-style.
-//! - Values are held as f64. Each node's result is rounded to the node's dtype (f32, f16 or
-//!   bf16 rounding; i32 truncates and saturates, NaN becomes 0; bool is 0/1), so every stored
-//!   value is exactly representable in its dtype. Arithmetic, sums and matmul accumulation
-//!   happen in f64 on the stored operand values.
-//! - Softmax is `exp(x - max) / sum`; a row whose max is `-inf` gives all zeros.
+//! - Every scalar op (element-wise nodes, and a flash op's score modification and mask) is
+//!   [`crate::ir::semantics`]' definition: elements compute as f32, i32 or truth values, and
+//!   each node's result is stored in the node's dtype (f32, f16 or bf16 rounding; i32; 0/1).
+//! - Sums, means, norms, softmax denominators and matmul accumulate in f64 on the stored values.
+//! - Softmax is `exp(x - max) / sum` with the NaN-propagating max; a row whose max is `-inf`
+//!   gives all zeros.
 //! - Reductions over an empty axis: sum 0, mean 0 (not NaN), max `-inf`, min `inf`. Max and
 //!   min (reductions and the binary ops) propagate NaN.
-//! - `%` has the sign of the divisor (Python); an integer `% 0` gives 0.
 //! - Gather clamps each index into its axis; slicing outside an axis is an error.
 //!
 //! Dims: [`bind_dims`] binds every symbolic dim from the input shapes and given values; [`run`]

@@ -2,7 +2,8 @@
 //! batched matrix product. All sums accumulate in f64.
 
 use super::InterpError;
-use super::value::{Val, broadcast, broadcast_strides, element_count, nan_max, nan_min, row_major_strides, split_at_axis, walk};
+use super::value::{Val, broadcast, broadcast_strides, element_count, row_major_strides, split_at_axis, walk};
+use crate::ir::semantics::{max_f, min_f, wrap_i32};
 use crate::ir::{DType, ReduceOp};
 
 fn bad(node: &str, reason: String) -> InterpError {
@@ -31,8 +32,8 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
     };
     let combine: fn(f64, f64) -> f64 = match op {
         ReduceOp::Sum | ReduceOp::Mean => |acc, v| acc + v,
-        ReduceOp::Max => nan_max,
-        ReduceOp::Min => nan_min,
+        ReduceOp::Max => max_f,
+        ReduceOp::Min => min_f,
     };
     let mut acc = vec![init; n];
     let mut i = 0;
@@ -44,6 +45,12 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
         let count: usize = axes.iter().map(|a| x.shape[*a]).product();
         for v in &mut acc {
             *v = if count == 0 { 0.0 } else { *v / count as f64 };
+        }
+    }
+    if dtype == DType::I32 && op == ReduceOp::Sum {
+        // Integer sums wrap, like every integer op (exact in f64 below 2^53).
+        for v in &mut acc {
+            *v = f64::from(wrap_i32(*v as i64));
         }
     }
     let shape = if keepdim { kept } else { x.shape.iter().enumerate().filter(|(k, _)| !axes.contains(k)).map(|(_, d)| *d).collect() };
@@ -61,7 +68,7 @@ pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<
     for o in 0..outer {
         for j in 0..inner {
             let at = |i: usize| (o * n + i) * inner + j;
-            let max = (0..n).fold(f64::NEG_INFINITY, |m, i| nan_max(m, x.data[at(i)]));
+            let max = (0..n).fold(f64::NEG_INFINITY, |m, i| max_f(m, x.data[at(i)]));
             if max == f64::NEG_INFINITY {
                 continue;
             }

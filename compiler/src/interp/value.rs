@@ -103,16 +103,6 @@ pub(super) fn split_at_axis(shape: &[usize], axis: usize) -> (usize, usize, usiz
     (outer, shape[axis], inner)
 }
 
-/// `max` that propagates NaN (as PyTorch's `maximum` and `max` reduction do).
-pub(super) fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
-}
-
-/// `min` that propagates NaN.
-pub(super) fn nan_min(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

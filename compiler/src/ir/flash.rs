@@ -17,6 +17,7 @@
 
 use super::dim::Dim;
 use super::op::{BinaryOp, UnaryOp};
+use super::semantics::{self, Class, Scalar};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -138,103 +139,47 @@ impl ScoreExpr {
         }
     }
 
-    /// Evaluates in f64 (the reference semantics; backends compute in f32). `pos` holds the
-    /// element's index along every score axis; `load(input, index)` reads an extra operand.
-    pub fn eval(&self, s: f64, pos: &[i64], env: &HashMap<String, i64>, load: &dyn Fn(usize, &[i64]) -> f64) -> f64 {
+    /// Evaluates the expression at one score element by the scalar semantics of
+    /// [`super::semantics`] (the reference every backend follows). `s` is the raw score (an
+    /// f32 value), `pos` the element's index along every score axis, `env` the dims, and
+    /// `load(input, index)` reads an extra operand at indices already clamped by the caller.
+    pub fn eval(&self, s: f64, pos: &[i64], env: &HashMap<String, i64>, load: &dyn Fn(usize, &[i64]) -> Scalar) -> Scalar {
         let ev = |e: &ScoreExpr| e.eval(s, pos, env, load);
         match self {
-            ScoreExpr::Score => s,
-            ScoreExpr::Pos(k) => pos.get(*k).copied().unwrap_or(0) as f64,
-            ScoreExpr::Float(v) => *v,
-            ScoreExpr::Int(v) => *v as f64,
-            ScoreExpr::Dim(d) => d.eval(env).unwrap_or(0) as f64,
+            ScoreExpr::Score => Scalar::F(s),
+            ScoreExpr::Pos(k) => Scalar::I(semantics::wrap_i32(pos.get(*k).copied().unwrap_or(0))),
+            ScoreExpr::Float(v) => Scalar::float(*v),
+            ScoreExpr::Int(v) => int_literal(*v),
+            ScoreExpr::Dim(d) => Scalar::I(semantics::wrap_i32(d.eval(env).unwrap_or(0))),
             ScoreExpr::Load { input, index } => {
-                let idx: Vec<i64> = index.iter().map(|e| ev(e) as i64).collect();
+                let idx: Vec<i64> = index.iter().map(|e| i64::from(ev(e).as_i())).collect();
                 load(*input, &idx)
             }
-            ScoreExpr::Unary(u, a) => unary(*u, ev(a)),
-            ScoreExpr::Binary(b, x, y) => binary(*b, ev(x), ev(y)),
-            ScoreExpr::Select(c, a, b) => {
-                if ev(c) != 0.0 {
-                    ev(a)
-                } else {
-                    ev(b)
-                }
-            }
+            ScoreExpr::Unary(u, a) => semantics::unary(*u, ev(a)),
+            ScoreExpr::Binary(b, x, y) => semantics::binary(*b, ev(x), ev(y)),
+            ScoreExpr::Select(c, a, b) => semantics::select(ev(c), ev(a), ev(b)),
+        }
+    }
+
+    /// The class of the expression's value; `load` gives each extra operand's class.
+    pub fn class(&self, load: &dyn Fn(usize) -> Class) -> Class {
+        match self {
+            ScoreExpr::Score | ScoreExpr::Float(_) => Class::Float,
+            ScoreExpr::Pos(_) | ScoreExpr::Dim(_) => Class::Int,
+            ScoreExpr::Int(v) => int_literal(*v).class(),
+            ScoreExpr::Load { input, .. } => load(*input),
+            ScoreExpr::Unary(u, a) => semantics::unary_class(*u, a.class(load)),
+            ScoreExpr::Binary(b, x, y) => semantics::binary_class(*b, x.class(load), y.class(load)),
+            ScoreExpr::Select(_, a, b) => semantics::select_class(a.class(load), b.class(load)),
         }
     }
 }
 
-/// Scalar semantics of a unary op (shared with the interpreter's definition).
-pub fn unary(u: UnaryOp, x: f64) -> f64 {
-    match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Not => f64::from(u8::from(x == 0.0)),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Relu => {
-            if x.is_nan() {
-                x
-            } else {
-                x.max(0.0)
-            }
-        }
-        UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
-        UnaryOp::Silu => x / (1.0 + (-x).exp()),
-        UnaryOp::Elu => {
-            if x > 0.0 {
-                x
-            } else {
-                x.exp_m1()
-            }
-        }
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Floor => x.floor(),
-    }
-}
-
-/// Scalar semantics of a binary op (bool results are 0/1).
-pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
-    let truth = |c: bool| f64::from(u8::from(c));
-    match b {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Rem => {
-            if y == 0.0 {
-                0.0
-            } else {
-                x - y * (x / y).floor()
-            }
-        }
-        BinaryOp::Pow => x.powf(y),
-        BinaryOp::Min => {
-            if x.is_nan() || y.is_nan() {
-                f64::NAN
-            } else {
-                x.min(y)
-            }
-        }
-        BinaryOp::Max => {
-            if x.is_nan() || y.is_nan() {
-                f64::NAN
-            } else {
-                x.max(y)
-            }
-        }
-        BinaryOp::Lt => truth(x < y),
-        BinaryOp::Le => truth(x <= y),
-        BinaryOp::Gt => truth(x > y),
-        BinaryOp::Ge => truth(x >= y),
-        BinaryOp::Eq => truth(x == y),
-        BinaryOp::Ne => truth(x != y),
-        BinaryOp::And => truth(x != 0.0 && y != 0.0),
-        BinaryOp::Or => truth(x != 0.0 || y != 0.0),
+/// An integer literal of a score expression: an i32 when it fits, else the nearest f32.
+pub fn int_literal(v: i64) -> Scalar {
+    match i32::try_from(v) {
+        Ok(i) => Scalar::I(i),
+        Err(_) => Scalar::float(v as f64),
     }
 }
 

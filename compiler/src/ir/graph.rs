@@ -3,6 +3,7 @@
 
 use super::op::Op;
 use super::types::TensorType;
+use attn_dsl::Span;
 use petgraph::Direction;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
@@ -11,13 +12,17 @@ use std::collections::BTreeSet;
 /// A value: the result of one node.
 pub type Value = NodeIndex;
 
-/// An operation and the type of its result.
+/// An operation, the type of its result, and where in the source it comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     /// What it computes.
     pub op: Op,
     /// Shape and dtype of the result.
     pub ty: TensorType,
+    /// The source expression it was lowered from (kept through optimisation where the
+    /// optimizer's result has an equivalent in the input), for messages; not part of the text
+    /// form.
+    pub span: Option<Span>,
 }
 
 /// One function's dataflow graph. Edges point from operand to user; an edge's weight is the
@@ -41,7 +46,7 @@ impl Graph {
     /// the parameter list.
     pub fn add(&mut self, op: Op, ty: TensorType, args: &[Value]) -> Value {
         let is_param = matches!(op, Op::Param(_));
-        let v = self.g.add_node(Node { op, ty });
+        let v = self.g.add_node(Node { op, ty, span: None });
         for (slot, a) in args.iter().enumerate() {
             self.g.add_edge(*a, v, slot as u32);
         }
@@ -49,6 +54,11 @@ impl Graph {
             self.params.push(v);
         }
         v
+    }
+
+    /// Records the source span of a value's node.
+    pub fn set_span(&mut self, v: Value, span: Option<Span>) {
+        self.g[v].span = span;
     }
 
     /// Declares a named output.
@@ -168,7 +178,9 @@ impl Graph {
             }
             let args: Vec<Value> = self.operands(v).iter().filter_map(|a| map[a.index()]).collect();
             let node = self.node(v).clone();
-            map[v.index()] = Some(out.add(node.op, node.ty, &args));
+            let nv = out.add(node.op, node.ty, &args);
+            out.set_span(nv, node.span);
+            map[v.index()] = Some(nv);
         }
         for (name, v) in &self.outputs {
             if let Some(nv) = map[v.index()] {

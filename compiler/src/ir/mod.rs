@@ -8,6 +8,7 @@ mod flash;
 mod graph;
 mod infer;
 mod op;
+pub mod semantics;
 mod text;
 mod tiles;
 mod types;
@@ -15,7 +16,7 @@ mod verify;
 
 pub use dim::{Dim, Monomial};
 pub use dot::to_dot;
-pub use flash::{FlashSpec, ScoreExpr, ShowExpr, Weights, binary as scalar_binary, parse_expr, position_names, unary as scalar_unary};
+pub use flash::{FlashSpec, ScoreExpr, ShowExpr, Weights, int_literal, parse_expr, position_names};
 pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, Op, ReduceOp, UnaryOp};

@@ -7,8 +7,9 @@
 //! test, anything else is partial. For predicates built from differences of positions (causal,
 //! sliding window, prefix-LM) the bounds are attained, so the classification is exact.
 
-use super::flash::{ScoreExpr, binary};
+use super::flash::{ScoreExpr, int_literal};
 use super::op::{BinaryOp, UnaryOp};
+use super::semantics::{self, Class, Scalar};
 use std::collections::HashMap;
 
 /// What a tile needs.
@@ -68,116 +69,194 @@ impl Iv {
     }
 }
 
-/// Bounds an expression given an inclusive range per score position.
-fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Iv {
+/// The bounds of a value and its class ([`semantics`]).
+#[derive(Clone, Copy, Debug)]
+struct Bound {
+    iv: Iv,
+    class: Class,
+}
+
+impl Bound {
+    fn new(iv: Iv, class: Class) -> Bound {
+        // An integer interval outside the i32 range could have wrapped: nothing is known.
+        let wraps = class == Class::Int && (iv.lo < f64::from(i32::MIN) || iv.hi > f64::from(i32::MAX));
+        Bound { iv: if wraps { ANY } else { iv }, class }
+    }
+
+    fn any(class: Class) -> Bound {
+        Bound { iv: ANY, class }
+    }
+
+    fn truth(t: Option<bool>) -> Bound {
+        Bound { iv: Iv::from_truth(t), class: Class::Bool }
+    }
+
+    /// The interval as values of `class`: int endpoints become f32 (rounding is monotone, so
+    /// the rounded endpoints bound the rounded values).
+    fn as_class(self, class: Class) -> Iv {
+        if class == Class::Float && self.class != Class::Float {
+            let f = |v: f64| if v.is_finite() { Scalar::I(v as i32).as_f() } else { v };
+            Iv { lo: f(self.iv.lo), hi: f(self.iv.hi) }
+        } else {
+            self.iv
+        }
+    }
+}
+
+/// Bounds an expression given an inclusive range per score position. Endpoints are computed
+/// with the expression's own semantics (f32 rounding, which is monotone), so the bounds hold
+/// for the values the backends compute.
+fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Bound {
+    let int = |v: i64| Bound::new(Iv::point(v as f64), Class::Int);
     match e {
-        ScoreExpr::Score | ScoreExpr::Load { .. } => ANY,
-        ScoreExpr::Pos(k) => ranges.get(*k).map_or(ANY, |(lo, hi)| Iv { lo: *lo as f64, hi: *hi as f64 }),
-        ScoreExpr::Float(v) => Iv::point(*v),
-        ScoreExpr::Int(v) => Iv::point(*v as f64),
-        ScoreExpr::Dim(d) => d.eval(env).map_or(ANY, |v| Iv::point(v as f64)),
-        ScoreExpr::Unary(u, a) => {
-            let a = bound(a, ranges, env);
-            match u {
-                UnaryOp::Neg => Iv { lo: -a.hi, hi: -a.lo },
-                UnaryOp::Not => Iv::from_truth(a.truth().map(|t| !t)),
-                UnaryOp::Abs => {
-                    if a.lo >= 0.0 {
-                        a
-                    } else if a.hi <= 0.0 {
-                        Iv { lo: -a.hi, hi: -a.lo }
-                    } else {
-                        Iv { lo: 0.0, hi: a.hi.max(-a.lo) }
-                    }
-                }
-                // Monotone non-decreasing functions map endpoints to endpoints.
-                UnaryOp::Exp
-                | UnaryOp::Tanh
-                | UnaryOp::Sigmoid
-                | UnaryOp::Relu
-                | UnaryOp::Floor
-                | UnaryOp::Elu
-                | UnaryOp::Sqrt
-                | UnaryOp::Log => {
-                    let f = |x: f64| super::flash::unary(*u, x);
-                    let (lo, hi) = (f(a.lo), f(a.hi));
-                    if lo.is_nan() || hi.is_nan() { ANY } else { Iv { lo, hi } }
-                }
-                _ => ANY,
-            }
+        ScoreExpr::Score => Bound::any(Class::Float),
+        ScoreExpr::Load { .. } => Bound::any(Class::Float),
+        ScoreExpr::Pos(k) => {
+            ranges.get(*k).map_or(Bound::any(Class::Int), |(lo, hi)| Bound::new(Iv { lo: *lo as f64, hi: *hi as f64 }, Class::Int))
         }
-        ScoreExpr::Binary(b, x, y) => {
-            let (x, y) = (bound(x, ranges, env), bound(y, ranges, env));
-            let truth = |t: Option<bool>| Iv::from_truth(t);
-            match b {
-                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max => Iv::corners(x, y, |p, q| binary(*b, p, q)),
-                BinaryOp::Div => {
-                    if y.lo > 0.0 || y.hi < 0.0 {
-                        Iv::corners(x, y, |p, q| p / q)
-                    } else {
-                        ANY
-                    }
-                }
-                BinaryOp::Lt => truth(if x.hi < y.lo {
-                    Some(true)
-                } else if x.lo >= y.hi {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::Le => truth(if x.hi <= y.lo {
-                    Some(true)
-                } else if x.lo > y.hi {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::Gt => truth(if x.lo > y.hi {
-                    Some(true)
-                } else if x.hi <= y.lo {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::Ge => truth(if x.lo >= y.hi {
-                    Some(true)
-                } else if x.hi < y.lo {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::Eq => truth(if x.lo == x.hi && y.lo == y.hi && x.lo == y.lo {
-                    Some(true)
-                } else if x.hi < y.lo || y.hi < x.lo {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::Ne => truth(if x.hi < y.lo || y.hi < x.lo {
-                    Some(true)
-                } else if x.lo == x.hi && y.lo == y.hi && x.lo == y.lo {
-                    Some(false)
-                } else {
-                    None
-                }),
-                BinaryOp::And => truth(match (x.truth(), y.truth()) {
-                    (Some(false), _) | (_, Some(false)) => Some(false),
-                    (Some(true), Some(true)) => Some(true),
-                    _ => None,
-                }),
-                BinaryOp::Or => truth(match (x.truth(), y.truth()) {
-                    (Some(true), _) | (_, Some(true)) => Some(true),
-                    (Some(false), Some(false)) => Some(false),
-                    _ => None,
-                }),
-                BinaryOp::Rem | BinaryOp::Pow => ANY,
-            }
-        }
-        ScoreExpr::Select(c, a, b) => match bound(c, ranges, env).truth() {
-            Some(true) => bound(a, ranges, env),
-            Some(false) => bound(b, ranges, env),
-            None => Iv::hull(bound(a, ranges, env), bound(b, ranges, env)),
+        ScoreExpr::Float(v) => Bound::new(Iv::point(Scalar::float(*v).as_f()), Class::Float),
+        ScoreExpr::Int(v) => match int_literal(*v) {
+            Scalar::I(i) => int(i64::from(i)),
+            other => Bound::new(Iv::point(other.as_f()), Class::Float),
         },
+        ScoreExpr::Dim(d) => d.eval(env).map_or(Bound::any(Class::Int), int),
+        ScoreExpr::Unary(u, a) => bound_unary(*u, bound(a, ranges, env)),
+        ScoreExpr::Binary(b, x, y) => bound_binary(*b, bound(x, ranges, env), bound(y, ranges, env)),
+        ScoreExpr::Select(c, a, b) => {
+            let (a, b) = (bound(a, ranges, env), bound(b, ranges, env));
+            let class = semantics::select_class(a.class, b.class);
+            match bound(c, ranges, env).iv.truth() {
+                Some(true) => Bound::new(a.as_class(class), class),
+                Some(false) => Bound::new(b.as_class(class), class),
+                None => Bound::new(Iv::hull(a.as_class(class), b.as_class(class)), class),
+            }
+        }
+    }
+}
+
+fn bound_unary(u: UnaryOp, a: Bound) -> Bound {
+    let class = semantics::unary_class(u, a.class);
+    let x = a.as_class(class);
+    let iv = match u {
+        UnaryOp::Not => return Bound::truth(a.iv.truth().map(|t| !t)),
+        UnaryOp::Neg => Iv { lo: -x.hi, hi: -x.lo },
+        UnaryOp::Abs => {
+            if x.lo >= 0.0 {
+                x
+            } else if x.hi <= 0.0 {
+                Iv { lo: -x.hi, hi: -x.lo }
+            } else {
+                Iv { lo: 0.0, hi: x.hi.max(-x.lo) }
+            }
+        }
+        // Monotone non-decreasing functions map endpoints to endpoints.
+        UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu | UnaryOp::Floor | UnaryOp::Elu | UnaryOp::Sqrt | UnaryOp::Log => {
+            let f = |v: f64| semantics::unary(u, if class == Class::Float { Scalar::F(v) } else { Scalar::I(v as i32) }).as_f();
+            let (lo, hi) = (f(x.lo), f(x.hi));
+            if lo.is_nan() || hi.is_nan() { ANY } else { Iv { lo, hi } }
+        }
+        _ => ANY,
+    };
+    Bound::new(iv, class)
+}
+
+fn bound_binary(b: BinaryOp, x: Bound, y: Bound) -> Bound {
+    if b.is_logical() {
+        return Bound::truth(match (b, x.iv.truth(), y.iv.truth()) {
+            (BinaryOp::And, Some(false), _) | (BinaryOp::And, _, Some(false)) => Some(false),
+            (BinaryOp::And, Some(true), Some(true)) => Some(true),
+            (BinaryOp::Or, Some(true), _) | (BinaryOp::Or, _, Some(true)) => Some(true),
+            (BinaryOp::Or, Some(false), Some(false)) => Some(false),
+            _ => None,
+        });
+    }
+    let operands = if x.class == Class::Float || y.class == Class::Float { Class::Float } else { Class::Int };
+    let (p, q) = (x.as_class(operands), y.as_class(operands));
+    if b.is_comparison() {
+        return Bound::truth(compare(b, p, q));
+    }
+    let class = semantics::binary_class(b, x.class, y.class);
+    // Integer endpoints are exact in f64 (and checked against wrapping by `Bound::new`); float
+    // endpoints follow the op's f32 rounding.
+    let apply = |v: f64, w: f64| if class == Class::Float { semantics::binary_f(b, v, w) } else { exact(b, v, w) };
+    let iv = match b {
+        BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max => Iv::corners(p, q, apply),
+        BinaryOp::Div if q.lo > 0.0 || q.hi < 0.0 => Iv::corners(p, q, apply),
+        _ => ANY,
+    };
+    Bound::new(iv, class)
+}
+
+/// `a op b` exactly (integer endpoints).
+fn exact(b: BinaryOp, a: f64, c: f64) -> f64 {
+    match b {
+        BinaryOp::Add => a + c,
+        BinaryOp::Sub => a - c,
+        BinaryOp::Mul => a * c,
+        BinaryOp::Min => a.min(c),
+        _ => a.max(c),
+    }
+}
+
+/// Whether `x op y` holds for all (`Some(true)`), none (`Some(false)`) or some values.
+fn compare(b: BinaryOp, x: Iv, y: Iv) -> Option<bool> {
+    let point_eq = x.lo == x.hi && y.lo == y.hi && x.lo == y.lo;
+    let apart = x.hi < y.lo || y.hi < x.lo;
+    match b {
+        BinaryOp::Lt => {
+            if x.hi < y.lo {
+                Some(true)
+            } else if x.lo >= y.hi {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        BinaryOp::Le => {
+            if x.hi <= y.lo {
+                Some(true)
+            } else if x.lo > y.hi {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        BinaryOp::Gt => {
+            if x.lo > y.hi {
+                Some(true)
+            } else if x.hi <= y.lo {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        BinaryOp::Ge => {
+            if x.lo >= y.hi {
+                Some(true)
+            } else if x.hi < y.lo {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        BinaryOp::Eq => {
+            if point_eq {
+                Some(true)
+            } else if apart {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        _ => {
+            if apart {
+                Some(true)
+            } else if point_eq {
+                Some(false)
+            } else {
+                None
+            }
+        }
     }
 }
 
@@ -198,7 +277,7 @@ pub fn classify_tile(
     let mut ranges: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
     ranges.push((rows.0, rows.1 - 1));
     ranges.push((cols.0, cols.1 - 1));
-    match bound(mask, &ranges, env).truth() {
+    match bound(mask, &ranges, env).iv.truth() {
         Some(true) => TileClass::Full,
         Some(false) => TileClass::Skip,
         None => TileClass::Partial,
@@ -234,7 +313,7 @@ mod tests {
         let (mut any_true, mut any_false) = (false, false);
         for i in rows.0..rows.1 {
             for j in cols.0..cols.1 {
-                let v = mask.eval(0.0, &[0, 0, i, j], env, &|_, _| 0.0) != 0.0;
+                let v = mask.eval(0.0, &[0, 0, i, j], env, &|_, _| Scalar::F(0.0)).as_b();
                 any_true |= v;
                 any_false |= !v;
             }

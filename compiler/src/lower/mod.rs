@@ -189,7 +189,9 @@ impl Cx<'_, '_> {
         match infer(&op, &tys, declared.as_ref()) {
             Ok(ty) => {
                 let args: Vec<Value> = operands.iter().map(|(v, _)| *v).collect();
-                Ok(self.g.add(op, ty, &args))
+                let v = self.g.add(op, ty, &args);
+                self.g.set_span(v, Some(span));
+                Ok(v)
             }
             Err(msg) => {
                 let mut d = Diagnostic::error(codes::TYPE_MISMATCH, msg, span, format!("in this `{}`", op_label(&op)));
@@ -234,6 +236,7 @@ impl Cx<'_, '_> {
             match self.declare_type(&p.ty, &mut frame.dims) {
                 Ok(ty) => {
                     let v = self.g.add(Op::Param(p.name.name.clone()), ty, &[]);
+                    self.g.set_span(v, Some(p.name.span));
                     frame.vars.insert(p.name.name.clone(), (v, p.ty.span));
                 }
                 Err(Reported) => params_ok = false,

@@ -5,6 +5,7 @@
 //! children, so two nodes are equal exactly when they print alike.
 
 use crate::ir::{Graph, Op, TensorType, Value, infer};
+use attn_dsl::Span;
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 use std::collections::HashMap;
 use std::fmt;
@@ -168,7 +169,15 @@ pub fn load(graph: &Graph) -> Loaded {
 
 /// Rebuilds a graph from an e-graph: `choose` picks the e-node to use for a class. Parameters
 /// come first in their original order; `outputs` name the classes to return.
-pub fn unload(name: &str, egraph: &EG, params: &[Id], outputs: &[(String, Id)], choose: &dyn Fn(Id) -> ENode) -> Result<Graph, String> {
+/// `spans` gives the source span of each (canonical) class that has one.
+pub fn unload(
+    name: &str,
+    egraph: &EG,
+    params: &[Id],
+    outputs: &[(String, Id)],
+    choose: &dyn Fn(Id) -> ENode,
+    spans: &HashMap<Id, Span>,
+) -> Result<Graph, String> {
     let mut g = Graph::new(name);
     let mut built: HashMap<Id, Value> = HashMap::new();
     for p in params {
@@ -178,7 +187,22 @@ pub fn unload(name: &str, egraph: &EG, params: &[Id], outputs: &[(String, Id)], 
         let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built, 0)?;
         g.add_output(out.clone(), v);
     }
+    for (class, v) in &built {
+        g.set_span(*v, spans.get(class).copied());
+    }
     Ok(g)
+}
+
+/// The source span of every class of the loaded graph that has one (the first node's, in
+/// topological order, of each class).
+pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> HashMap<Id, Span> {
+    let mut out = HashMap::new();
+    for v in graph.topo_order().unwrap_or_default() {
+        if let Some(span) = graph.node(v).span {
+            out.entry(egraph.find(class_of[v.index()])).or_insert(span);
+        }
+    }
+    out
 }
 
 fn build(

@@ -11,7 +11,7 @@ pub mod lang;
 pub mod rules;
 mod show;
 
-pub use show::{block_summary, explain_text, optimized_text};
+pub use show::block_summary;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -78,6 +78,9 @@ pub struct OptReport {
     pub cost: (f64, f64),
     /// Set when the result failed verification and the input was kept.
     pub fallback: Option<String>,
+    /// Rules that could not be built and were skipped (a compiler bug; tests treat it as an
+    /// error).
+    pub warnings: Vec<String>,
     /// Wall time of the whole optimisation.
     pub elapsed: Duration,
 }
@@ -136,7 +139,13 @@ pub(crate) fn optimize_with_rules(
     start: Instant,
 ) -> Optimized {
     let mut report = OptReport { graph: graph.name.clone(), ..OptReport::default() };
-    let rewrites: Vec<_> = rules.iter().filter_map(|r| to_rewrite(r.clone()).ok()).collect();
+    let mut rewrites = Vec::with_capacity(rules.len());
+    for r in rules {
+        match to_rewrite(r.clone()) {
+            Ok(rw) => rewrites.push(rw),
+            Err(e) => report.warnings.push(format!("rule `{}` could not be built and was skipped: {e}", r.name())),
+        }
+    }
     let class_of = loaded.class_of;
     let runner = Runner::default()
         .with_scheduler(SimpleScheduler)
@@ -175,7 +184,8 @@ pub(crate) fn optimize_with_rules(
     let extractor = Extractor::new(eg, Cost { eg, env: env.clone() });
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
-    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c).clone()).map(|g| g.compact());
+    let spans = lang::class_spans(graph, eg, &class_of);
+    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c).clone(), &spans).map(|g| g.compact());
     let optimized = match result {
         Ok(g) => match verify(&g) {
             Ok(()) if same_signature(graph, &g) => g,
@@ -336,6 +346,9 @@ impl fmt::Display for OptReport {
         writeln!(f, "  cost (model units): {:.3e} before, {:.3e} after", self.cost.0, self.cost.1)?;
         if let Some(why) = &self.fallback {
             writeln!(f, "  kept the input graph: {why}")?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "  warning: {w}")?;
         }
         Ok(())
     }

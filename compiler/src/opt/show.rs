@@ -1,31 +1,13 @@
-//! Text for people: the optimised IR with each flash op's block classification as comments
-//! (the IR reader skips them), and the `explain` report.
+//! Text for people: each flash op's block classification as comments after the optimised IR
+//! (the IR reader skips them).
 
 use super::cost::representative;
-use super::{OptOptions, OptReport, optimize};
-use crate::ir::{Graph, Module, Op, tile_census, value_numbers};
+use crate::ir::{Graph, Op, tile_census, value_numbers};
 use std::collections::HashMap;
 use std::fmt::Write;
 
 /// Tile size the classification summary is shown at.
 const TILE: i64 = 64;
-
-/// Optimises every graph and returns the canonical text of the result, each graph followed by
-/// one comment line per flash op, plus the reports.
-pub fn optimized_text(module: &Module) -> (String, Vec<OptReport>) {
-    let mut text = String::new();
-    let mut reports = Vec::new();
-    for (n, g) in module.graphs.iter().enumerate() {
-        let o = optimize(g, &OptOptions::default());
-        if n > 0 {
-            text.push('\n');
-        }
-        let _ = writeln!(text, "{}", o.graph);
-        text.push_str(&block_summary(&o.graph));
-        reports.push(o.report);
-    }
-    (text, reports)
-}
 
 /// `# %N: …` lines classifying the 64×64 tiles of every flash op at representative sizes.
 pub fn block_summary(g: &Graph) -> String {
@@ -58,11 +40,4 @@ pub fn block_summary(g: &Graph) -> String {
         );
     }
     out
-}
-
-/// The `attnc explain` text: what every rule did and why each attention site was or was not
-/// fused.
-pub fn explain_text(module: &Module) -> String {
-    let reports: Vec<String> = module.graphs.iter().map(|g| optimize(g, &OptOptions::default()).report.to_string()).collect();
-    reports.join("\n")
 }

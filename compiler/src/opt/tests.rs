@@ -74,3 +74,10 @@ fn weights_that_are_outputs_are_not_fused() {
     let report = o.report.to_string();
     assert!(report.contains("not fused: the attention weights are used elsewhere"), "{report}");
 }
+
+#[test]
+fn every_rule_builds() {
+    for rule in super::all_rules(Default::default()) {
+        assert!(super::rules::to_rewrite(rule.clone()).is_ok(), "rule `{}` does not build", rule.name());
+    }
+}

@@ -73,51 +73,8 @@ pub fn bench(args: &BenchArgs, color: bool) -> Result<(), Failure> {
     }
     let threads = if args.threads == 0 { default_threads() } else { args.threads };
     let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let iters = args.iters.max(1);
+    let Measured { times, graph, compile, stats } = measure(&program, &entry.name, target, args, threads, &inputs, &dims)?;
     let runtime = |e: &dyn std::fmt::Display| Failure::new(Exit::Runtime, e.to_string());
-
-    let (times, graph, compile, stats) = match target {
-        Target::Cpu => {
-            let compiled = program.compile_cpu(&entry.name, &CpuOptions { threads }).map_err(|e| runtime(&e))?;
-            let refs: Vec<TensorRef> = tensors.iter().map(TensorRef::of).collect();
-            let mut times = Vec::with_capacity(iters);
-            for n in 0..args.warmup + iters {
-                let start = Instant::now();
-                compiled.run(&refs, &dims).map_err(|e| runtime(&e))?;
-                if n >= args.warmup {
-                    times.push(start.elapsed());
-                }
-            }
-            (times, compiled.graph().clone(), Some(compiled.compile_time()), compiled.alloc_stats())
-        }
-        Target::Cuda => {
-            // Kernel time only (CUDA events around the launches; inputs stay on the device), on
-            // the optimised graph so that useful FLOPs count what the mask skips.
-            let source = program.graph(&entry.name).map_err(|e| runtime(&e))?;
-            let unavailable = |e: attn_runtime::cuda::CudaError| match e {
-                attn_runtime::cuda::CudaError::Unavailable(_) => Failure::new(Exit::Target, e),
-                e => runtime(&e),
-            };
-            let (millis, _) = attn_runtime::cuda::bench(source, &tensors, &dims, args.warmup, iters).map_err(unavailable)?;
-            let times = millis.iter().map(|t| Duration::from_secs_f64(t / 1e3)).collect();
-            let graph = attn_compiler::opt::optimize(source, &attn_compiler::opt::OptOptions::default()).graph;
-            (times, graph, None, None)
-        }
-        _ => {
-            let opts = RunOptions { dims: dims.clone(), target };
-            let mut times = Vec::with_capacity(iters);
-            for n in 0..args.warmup + iters {
-                let named: Vec<(String, Tensor)> = inputs.clone();
-                let start = Instant::now();
-                program.run(&entry.name, named, &opts).map_err(|e| runtime(&e))?;
-                if n >= args.warmup {
-                    times.push(start.elapsed());
-                }
-            }
-            let graph = program.graph(&entry.name).map_err(|e| runtime(&e))?.clone();
-            (times, graph, None, None)
-        }
-    };
     let mut sorted = times.clone();
     sorted.sort();
     let median = sorted[sorted.len() / 2];
@@ -163,6 +120,71 @@ pub fn bench(args: &BenchArgs, color: bool) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+/// What timing an entry gave.
+struct Measured {
+    /// The timed runs.
+    times: Vec<Duration>,
+    /// The graph that ran (optimised for the compiled targets), for counting useful FLOPs.
+    graph: attn_compiler::ir::Graph,
+    /// Source graph to native code (CPU).
+    compile: Option<Duration>,
+    /// What the run holds (CPU).
+    stats: Option<attn_runtime::cpu::AllocStats>,
+}
+
+/// Times `entry` on `target`: `args.warmup` untimed runs, then `args.iters` timed ones.
+fn measure(
+    program: &attn_runtime::Program,
+    entry: &str,
+    target: Target,
+    args: &BenchArgs,
+    threads: usize,
+    inputs: &[(String, Tensor)],
+    dims: &HashMap<String, i64>,
+) -> Result<Measured, Failure> {
+    let iters = args.iters.max(1);
+    let runtime = |e: &dyn std::fmt::Display| Failure::new(Exit::Runtime, e.to_string());
+    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let timed = |run: &mut dyn FnMut() -> Result<(), Failure>| -> Result<Vec<Duration>, Failure> {
+        let mut times = Vec::with_capacity(iters);
+        for n in 0..args.warmup + iters {
+            let start = Instant::now();
+            run()?;
+            if n >= args.warmup {
+                times.push(start.elapsed());
+            }
+        }
+        Ok(times)
+    };
+    match target {
+        Target::Cpu => {
+            let compiled = program.compile_cpu(entry, &CpuOptions { threads }).map_err(|e| runtime(&e))?;
+            let refs: Vec<TensorRef> = tensors.iter().map(TensorRef::of).collect();
+            let times = timed(&mut || compiled.run(&refs, dims).map(|_| ()).map_err(|e| runtime(&e)))?;
+            Ok(Measured { times, graph: compiled.graph().clone(), compile: Some(compiled.compile_time()), stats: compiled.alloc_stats() })
+        }
+        Target::Cuda => {
+            // Kernel time only (CUDA events around the launches; inputs stay on the device), on
+            // the optimised graph so that useful FLOPs count what the mask skips.
+            let source = program.graph(entry).map_err(|e| runtime(&e))?;
+            let unavailable = |e: attn_runtime::cuda::CudaError| match e {
+                attn_runtime::cuda::CudaError::Unavailable(_) => Failure::new(Exit::Target, e),
+                e => runtime(&e),
+            };
+            let (millis, _) = attn_runtime::cuda::bench(source, &tensors, dims, args.warmup, iters).map_err(unavailable)?;
+            let times = millis.iter().map(|t| Duration::from_secs_f64(t / 1e3)).collect();
+            let graph = attn_compiler::Compiler::for_target(attn_compiler::schedule::Target::Cuda).optimize(source).graph;
+            Ok(Measured { times, graph, compile: None, stats: None })
+        }
+        _ => {
+            let opts = RunOptions { dims: dims.clone(), target };
+            let times = timed(&mut || program.run(entry, inputs.to_vec(), &opts).map(|_| ()).map_err(|e| runtime(&e)))?;
+            let graph = program.graph(entry).map_err(|e| runtime(&e))?.clone();
+            Ok(Measured { times, graph, compile: None, stats: None })
+        }
+    }
 }
 
 fn ms(d: Duration) -> f64 {

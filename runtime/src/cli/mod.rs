@@ -167,14 +167,15 @@ fn check(args: &CheckArgs, color: bool) -> Result<(), Failure> {
 
 fn explain(args: &ExplainArgs, color: bool) -> Result<(), Failure> {
     let program = load(&args.file, color)?;
-    print_line(attn_compiler::opt::explain_text(program.module()).trim_end_matches('\n'));
+    let compiler = attn_runtime::cpu::cpu_compiler();
+    print_line(compiler.explain(program.compiled(), None).map_err(|e| Failure::new(Exit::Usage, e))?.trim_end_matches('\n'));
     if args.timing {
         for g in &program.module().graphs {
             let mut times = Vec::new();
             let mut report = None;
             for _ in 0..15 {
                 let start = std::time::Instant::now();
-                let o = attn_compiler::opt::optimize(g, &attn_compiler::opt::OptOptions::default());
+                let o = compiler.optimize(g);
                 times.push(start.elapsed());
                 report = Some(o.report);
             }
@@ -204,7 +205,7 @@ pub fn load(path: &std::path::Path, color: bool) -> Result<Program, Failure> {
     }
 }
 
-fn compile_failure(err: &CompileError, color: bool) -> Failure {
+pub(crate) fn compile_failure(err: &CompileError, color: bool) -> Failure {
     let mut stderr = std::io::stderr().lock();
     // Ignore write errors: a closed stderr must not turn into a panic.
     let _ = write!(stderr, "{}", err.render(color));

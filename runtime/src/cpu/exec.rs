@@ -1,10 +1,9 @@
-//! Runs a plan's steps on a scoped thread pool: every thread walks the steps in order, claims
+//! Runs a schedule's steps on a scoped thread pool: every thread walks the steps in order, claims
 //! chunks of each step's work items from a shared counter, and waits at a barrier before the
 //! next step. A work item's result never depends on which thread runs it or how items are
 //! chunked, so outputs are bit-identical for any thread count.
 
 use super::jit::StepFn;
-use attn_compiler::codegen::clif::Plan;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -45,54 +44,15 @@ fn chunk(items: i64, threads: usize) -> i64 {
     (items / (threads as i64 * 4)).max(1)
 }
 
-/// Flushes subnormal results and inputs to zero on this thread until dropped (x86-64: the
-/// MXCSR FTZ and DAZ bits). Softmax probabilities of far-away or heavily biased keys land in
-/// the subnormal range, where every multiply takes a microcode assist (measured 5× slower
-/// ALiBi attention); their contribution is below f32 resolution anyway.
-struct FlushDenormals {
-    #[cfg(target_arch = "x86_64")]
-    saved: u32,
-}
-
-impl FlushDenormals {
-    fn new() -> FlushDenormals {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let mut saved = 0u32;
-            // SAFETY: reads and writes this thread's MXCSR; only the FTZ (bit 15) and DAZ
-            // (bit 6) bits change.
-            unsafe {
-                std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack));
-                let flushed = saved | (1 << 15) | (1 << 6);
-                std::arch::asm!("ldmxcsr [{}]", in(reg) &flushed, options(nostack));
-            }
-            FlushDenormals { saved }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        FlushDenormals {}
-    }
-}
-
-impl Drop for FlushDenormals {
-    fn drop(&mut self) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: restores the value read in `new`.
-        unsafe {
-            std::arch::asm!("ldmxcsr [{}]", in(reg) &self.saved, options(nostack));
-        }
-    }
-}
-
-/// Runs every step of `plan` with `threads` threads (≥ 1).
-pub fn run(plan: &Plan, funcs: &[StepFn], ints: &[i64], args: Args, threads: usize) {
-    let _flush = FlushDenormals::new();
-    let items: Vec<i64> = plan.steps.iter().map(|s| ints.get(s.work).copied().unwrap_or(0)).collect();
+/// Runs every step (`funcs[s]` over `items[s]` work items, in order) with `threads` threads
+/// (≥ 1).
+pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) {
     let most = items.iter().copied().max().unwrap_or(0);
     let threads = threads.clamp(1, most.max(1) as usize);
     if threads == 1 {
-        for (s, step) in plan.steps.iter().enumerate() {
-            if items[s] > 0 {
-                args.call(funcs[step.func], 0, items[s], 0);
+        for (f, n) in funcs.iter().zip(items) {
+            if *n > 0 {
+                args.call(*f, 0, *n, 0);
             }
         }
         return;
@@ -100,8 +60,7 @@ pub fn run(plan: &Plan, funcs: &[StepFn], ints: &[i64], args: Args, threads: usi
     let counters: Vec<AtomicI64> = items.iter().map(|_| AtomicI64::new(0)).collect();
     let barrier = Barrier::new(threads);
     let worker = |t: usize| {
-        let _flush = FlushDenormals::new();
-        for (s, step) in plan.steps.iter().enumerate() {
+        for (s, f) in funcs.iter().enumerate() {
             let n = items[s];
             if n > 0 {
                 let size = chunk(n, threads);
@@ -111,7 +70,7 @@ pub fn run(plan: &Plan, funcs: &[StepFn], ints: &[i64], args: Args, threads: usi
                         break;
                     }
                     let hi = (lo + size).min(n);
-                    args.call(funcs[step.func], lo, hi, t);
+                    args.call(*f, lo, hi, t);
                 }
             }
             barrier.wait();

@@ -3,6 +3,8 @@
 //! transcendental functions (exp, tanh, sigmoid, erf) are inlined instead; the dense tile products
 //! and the softmax exp pass are the microkernels of [`crate::kernels`].
 
+use attn_compiler::ir::semantics;
+
 /// Natural log.
 pub extern "C" fn attnc_log_f64(x: f64) -> f64 {
     x.ln()
@@ -13,15 +15,9 @@ pub extern "C" fn attnc_pow_f64(x: f64, y: f64) -> f64 {
     x.powf(y)
 }
 
-/// `a % b` with the sign of `b` (Python), NaN for `b = 0` (the element-wise `%`).
-pub extern "C" fn attnc_rem_py_f64(a: f64, b: f64) -> f64 {
-    let r = a % b;
-    if r != 0.0 && (r < 0.0) != (b < 0.0) { r + b } else { r }
-}
-
-/// `a - b·floor(a / b)`, 0 for `b = 0` (the flash expressions' `%`).
-pub extern "C" fn attnc_rem_floor_f64(a: f64, b: f64) -> f64 {
-    if b == 0.0 { 0.0 } else { a - b * (a / b).floor() }
+/// Float `a % b`: [`semantics::rem_f`] (the sign of `b`, NaN for `b = 0`).
+pub extern "C" fn attnc_rem_f64(a: f64, b: f64) -> f64 {
+    semantics::rem_f(a, b)
 }
 
 /// The nearest f16 value of `x`, as f32.
@@ -34,8 +30,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("attnc_log_f64", attnc_log_f64 as *const u8),
         ("attnc_pow_f64", attnc_pow_f64 as *const u8),
-        ("attnc_rem_py_f64", attnc_rem_py_f64 as *const u8),
-        ("attnc_rem_floor_f64", attnc_rem_floor_f64 as *const u8),
+        ("attnc_rem_f64", attnc_rem_f64 as *const u8),
         ("attnc_round_f16", attnc_round_f16 as *const u8),
     ]
 }

@@ -1,6 +1,7 @@
-//! The CPU target: an entry point optimised, lowered to Cranelift IR
-//! ([`attn_compiler::codegen::clif`]), JIT-compiled once, and run many times on the caller's
-//! memory with a thread pool.
+//! The CPU target: an entry point compiled by the pipeline ([`attn_compiler::Compiler`]:
+//! optimised, scheduled for the CPU, rendered as Cranelift IR), JIT-compiled once, and run many
+//! times on the caller's memory with a thread pool. Each new run shape is prepared once
+//! ([`attn_compiler::schedule::prepare()`]) and reused.
 //!
 //! ```no_run
 //! use attn_runtime::Program;
@@ -20,8 +21,8 @@
 //! # }
 //! ```
 //!
-//! Files: `jit` (Cranelift JIT and symbols), `shape` (per-shape integer table, tile tables and
-//! buffer arena), `exec` (the thread pool), `helpers` (scalar helper functions).
+//! Files: `jit` (Cranelift JIT and symbols), `shape` (the prepared schedule and the memory of one
+//! run shape), `exec` (the thread pool), `helpers` (scalar helper functions).
 
 mod exec;
 mod helpers;
@@ -30,11 +31,12 @@ mod shape;
 
 pub use shape::AllocStats;
 
-use attn_compiler::codegen::clif::{self, BufferKind, CodegenError, CpuModule, Plan};
+use attn_compiler::codegen::clif::{self, CodegenError, CpuModule};
 use attn_compiler::interp::{InterpError, bind_dims};
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
-use attn_compiler::opt::{OptOptions, optimize};
+use attn_compiler::schedule::{BufferKind, CpuIsa, CpuPolicy, Policy, Schedule, ScheduleError, schedule};
 use attn_compiler::tensor::{Tensor, TensorData};
+use attn_compiler::{Compiler, PipelineError, Planned};
 use shape::{AlignedBuf, ShapeState};
 use std::collections::HashMap;
 use std::fmt;
@@ -50,7 +52,10 @@ pub enum CpuError {
     /// messages.
     #[error(transparent)]
     Input(InterpError),
-    /// The code generator cannot compile the graph.
+    /// The graph cannot be scheduled.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// The code generator cannot render the schedule.
     #[error(transparent)]
     Codegen(#[from] CodegenError),
     /// Cranelift could not build or finalise the machine code.
@@ -72,6 +77,38 @@ pub enum CpuError {
 pub struct CpuOptions {
     /// Threads to run with; 0 means one per available core.
     pub threads: usize,
+}
+
+impl From<PipelineError> for CpuError {
+    fn from(e: PipelineError) -> CpuError {
+        match e {
+            PipelineError::Schedule(e) => CpuError::Schedule(e),
+            PipelineError::Cpu(e) => CpuError::Codegen(e),
+            other => CpuError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// The CPU's block policy on this machine: the kernels' ISA, and the tuning knobs
+/// `ATTNC_FLASH_BLOCKS=BM,BN` and `ATTNC_MATMUL_ROWS=N` when set (every choice computes the
+/// same result).
+pub fn cpu_policy() -> CpuPolicy {
+    let isa = match crate::kernels::isa() {
+        crate::kernels::Isa::Avx512 => CpuIsa::Avx512,
+        crate::kernels::Isa::Avx2 => CpuIsa::Avx2,
+        crate::kernels::Isa::Portable => CpuIsa::Portable,
+    };
+    let flash_blocks = std::env::var("ATTNC_FLASH_BLOCKS").ok().and_then(|s| {
+        let (a, b) = s.split_once(',')?;
+        Some((a.trim().parse::<i64>().ok()?, b.trim().parse::<i64>().ok()?))
+    });
+    let matmul_rows = std::env::var("ATTNC_MATMUL_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok());
+    CpuPolicy { isa, flash_blocks, matmul_rows }
+}
+
+/// The pipeline for this machine's CPU.
+pub fn cpu_compiler() -> Compiler {
+    Compiler::new(Policy::Cpu(cpu_policy()))
 }
 
 /// The number of threads `threads = 0` stands for: the available cores.
@@ -140,6 +177,7 @@ type Bound = (Vec<Option<Vec<u32>>>, HashMap<String, i64>);
 pub struct CpuProgram {
     graph: Graph,
     module: CpuModule,
+    policy: Policy,
     code: jit::Code,
     threads: usize,
     state: Mutex<Option<ShapeState>>,
@@ -149,31 +187,42 @@ pub struct CpuProgram {
 
 impl fmt::Debug for CpuProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CpuProgram").field("entry", &self.graph.name).field("steps", &self.module.plan.steps.len()).finish()
+        f.debug_struct("CpuProgram").field("entry", &self.graph.name).field("steps", &self.module.schedule.steps.len()).finish()
     }
 }
 
 impl CpuProgram {
-    /// Optimises `graph` (fusing attention into flash ops), generates code and JIT-compiles it.
+    /// Compiles `graph` with this machine's pipeline ([`cpu_compiler`]: optimize, schedule,
+    /// render) and JIT-compiles it.
     pub fn compile(graph: &Graph, opts: &CpuOptions) -> Result<CpuProgram, CpuError> {
         let start = Instant::now();
-        let graph = optimize(graph, &OptOptions::default()).graph;
-        CpuProgram::compile_unoptimized(&graph, opts, start)
+        let compiler = cpu_compiler();
+        let planned = compiler.plan(graph)?;
+        CpuProgram::from_planned(&compiler, planned, opts, start)
     }
 
-    /// Generates code for `graph` as it is (no optimisation) and JIT-compiles it.
+    /// JIT-compiles an entry the pipeline `compiler` (for the CPU) has planned.
+    pub fn from_planned(compiler: &Compiler, planned: Planned, opts: &CpuOptions, start: Instant) -> Result<CpuProgram, CpuError> {
+        let Planned { optimized, schedule } = planned;
+        CpuProgram::jit(optimized.graph, schedule, compiler.policy, opts, start)
+    }
+
+    /// Schedules and renders `graph` as it is (no optimisation) and JIT-compiles it.
     pub fn compile_graph(graph: &Graph, opts: &CpuOptions) -> Result<CpuProgram, CpuError> {
-        CpuProgram::compile_unoptimized(graph, opts, Instant::now())
+        let policy = Policy::Cpu(cpu_policy());
+        let schedule = schedule(graph, &policy)?;
+        CpuProgram::jit(graph.clone(), schedule, policy, opts, Instant::now())
     }
 
-    fn compile_unoptimized(graph: &Graph, opts: &CpuOptions, start: Instant) -> Result<CpuProgram, CpuError> {
+    fn jit(graph: Graph, schedule: Schedule, policy: Policy, opts: &CpuOptions, start: Instant) -> Result<CpuProgram, CpuError> {
         let isa = jit::host_isa()?;
-        let module = clif::compile(graph, &jit::features(&isa))?;
+        let module = clif::compile(&schedule, &jit::features(&isa))?;
         let code = jit::compile(isa, &module)?;
         let threads = if opts.threads == 0 { default_threads() } else { opts.threads };
         Ok(CpuProgram {
-            graph: graph.clone(),
+            graph,
             module,
+            policy,
             code,
             threads,
             state: Mutex::new(None),
@@ -187,9 +236,9 @@ impl CpuProgram {
         &self.graph
     }
 
-    /// The execution plan.
-    pub fn plan(&self) -> &Plan {
-        &self.module.plan
+    /// The schedule the code renders.
+    pub fn schedule(&self) -> &Schedule {
+        &self.module.schedule
     }
 
     /// The generated code, as [`attnc build --emit clif`] prints it.
@@ -287,9 +336,9 @@ impl CpuProgram {
     fn state<'s>(&self, guard: &'s mut Option<ShapeState>, env: &HashMap<String, i64>) -> Result<&'s ShapeState, CpuError> {
         let mut key: Vec<(String, i64)> = env.iter().map(|(k, v)| (k.clone(), *v)).collect();
         key.sort();
-        if guard.as_ref().is_none_or(|s| s.key != key) {
+        if guard.as_ref().is_none_or(|s| s.prepared.key != key) {
             *guard = None;
-            *guard = Some(ShapeState::new(&self.module.plan, env)?);
+            *guard = Some(ShapeState::new(&self.module.schedule, env, &self.policy)?);
         }
         guard.as_ref().ok_or_else(|| CpuError::Internal("no shape state".into()))
     }
@@ -312,15 +361,16 @@ impl CpuProgram {
         let (owned, env) = self.bind(inputs, dims)?;
         let mut guard = self.state.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
         let state = self.state(&mut guard, &env)?;
-        let plan = &self.module.plan;
+        let plan = &self.module.schedule;
+        let prepared = &state.prepared;
 
         // Outputs: fresh memory per run, handed to the caller as is.
         let mut outs: Vec<TensorData> = plan
             .outputs
             .iter()
             .map(|b| match plan.buffers[*b].dtype {
-                DType::I32 | DType::Bool => TensorData::I32(vec![0; state.elems[*b]]),
-                _ => TensorData::F32(vec![0.0; state.elems[*b]]),
+                DType::I32 | DType::Bool => TensorData::I32(vec![0; prepared.elems[*b]]),
+                _ => TensorData::F32(vec![0.0; prepared.elems[*b]]),
             })
             .collect();
         let mut bufs: Vec<*mut u8> = vec![std::ptr::null_mut(); plan.buffers.len()];
@@ -337,7 +387,7 @@ impl CpuProgram {
                     TensorData::I32(v) => v.as_mut_ptr() as *mut u8,
                     TensorData::Bool(v) => v.as_mut_ptr() as *mut u8,
                 },
-                BufferKind::Temp => match state.offsets[b] {
+                BufferKind::Temp => match prepared.arena[b] {
                     // SAFETY: `place` keeps every offset plus size within the arena.
                     Some(o) => unsafe { state.arena.as_ptr().add(o) },
                     None => state.arena.as_ptr(),
@@ -349,13 +399,14 @@ impl CpuProgram {
         }
         let threads = self.threads.max(1);
         let mut scratch = self.scratch.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
-        let need = state.scratch_bytes * threads;
+        let need = prepared.scratch_bytes * threads;
         if scratch.as_ref().is_none_or(|s| s.len() < need) {
             *scratch = Some(AlignedBuf::new(need)?);
         }
         let scratch_ptr = scratch.as_ref().map_or(std::ptr::null_mut(), |s| s.as_ptr());
-        let args = exec::Args { bufs: bufs.as_ptr(), ints: state.ints.as_ptr(), scratch: scratch_ptr, scratch_bytes: state.scratch_bytes };
-        exec::run(plan, &self.code.funcs, &state.ints, args, threads);
+        let args =
+            exec::Args { bufs: bufs.as_ptr(), ints: prepared.ints.as_ptr(), scratch: scratch_ptr, scratch_bytes: prepared.scratch_bytes };
+        exec::run(&prepared.work(plan), &self.code.funcs, args, threads);
         drop(scratch);
         drop(guard);
 

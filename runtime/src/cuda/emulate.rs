@@ -9,7 +9,13 @@
 //! GPU. What it cannot check: real hardware timing, memory ordering beyond barriers, and the
 //! PTX instructions themselves (conversions and `mma` are emulated from their specifications).
 
-use attn_compiler::codegen::cuda::{CudaProgram, PRELUDE_BEGIN, PRELUDE_END, Prepared};
+use super::host;
+use attn_compiler::Compiler;
+use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, emit, launches};
+use attn_compiler::ir::Graph;
+use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare, schedule};
+use attn_compiler::tensor::Tensor;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -35,7 +41,7 @@ const HOST_PRELUDE: &str = r#"#include <cmath>
 #define ATTNC_DYN_SMEM unsigned char* attnc_smem = attnc_emu::dyn_smem
 struct attnc_dim3 { unsigned x = 0, y = 0, z = 0; };
 namespace attnc_emu {
-struct Warp { std::barrier<>* bar; float f[32]; double d[32]; unsigned a[32][4]; unsigned b[32][2]; };
+struct Warp { std::barrier<>* bar; float f[32]; double d[32]; long long ll[32]; unsigned a[32][4]; unsigned b[32][2]; };
 inline attnc_dim3 grid, block;
 inline thread_local attnc_dim3 tid, bid;
 inline unsigned char* dyn_smem = nullptr;
@@ -53,6 +59,7 @@ inline Warp* warps = nullptr;
 #define ATTNC_LOG2E 1.4426950408889634f
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 static inline double __longlong_as_double(long long u) { double f; std::memcpy(&f, &u, 8); return f; }
 ATTNC_DEV float attnc_h2f(u16 h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 ATTNC_DEV u16 attnc_f2h(float f) { _Float16 x = (_Float16)f; u16 h; std::memcpy(&h, &x, 2); return h; }
@@ -78,6 +85,10 @@ ATTNC_DEV float attnc_shfl_xor(float v, int m) {
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   w.d[l] = v; w.bar->arrive_and_wait(); double r = w.d[l ^ m]; w.bar->arrive_and_wait(); return r;
+}
+ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
+  auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
+  w.ll[l] = v; w.bar->arrive_and_wait(); long long r = w.ll[l ^ m]; w.bar->arrive_and_wait(); return r;
 }
 ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
@@ -146,27 +157,29 @@ fn host_source(program: &CudaProgram) -> Result<String, String> {
     Ok(format!("{}{}{}", &src[..begin], HOST_PRELUDE, &src[end + PRELUDE_END.len()..]))
 }
 
-/// Runs a prepared program on the host: `inputs` are (buffer, bytes) uploads, `outputs` the
-/// buffers to read back. Work happens in `dir`. Returns the bytes of each output buffer.
-pub(super) fn emulate(
-    program: &CudaProgram,
-    prep: &Prepared,
-    inputs: &[(usize, Vec<u8>)],
-    outputs: &[usize],
-    dir: &Path,
-) -> Result<Vec<Vec<u8>>, String> {
+/// A prepared run to emulate: the buffers' bytes, the launches, the uploads (inputs and tile
+/// tables as (buffer, bytes)) and the buffers to read back.
+pub(super) struct Run<'a> {
+    pub prep: &'a Prepared,
+    pub buffer_bytes: &'a [usize],
+    pub launches: &'a [ReadyLaunch],
+    pub uploads: Vec<(usize, Vec<u8>)>,
+    pub outputs: &'a [usize],
+}
+
+/// Runs a prepared program on the host. Work happens in `dir`. Returns the bytes of each output
+/// buffer.
+pub(super) fn emulate(program: &CudaProgram, run: &Run, dir: &Path) -> Result<Vec<Vec<u8>>, String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let mut src = host_source(program)?;
-    let defines: String = prep.defines.iter().map(|(k, v)| format!("#define {k} {v}\n")).collect();
+    let defines: String = run.prep.defines.iter().map(|(k, v)| format!("#define {k} {v}\n")).collect();
     src = format!("{defines}{src}");
     let _ = writeln!(src, "\nint main(int argc, char** argv) {{\n  if (argc < 2) return 2;\n  std::string dir = argv[1];");
     let _ = writeln!(src, "  std::vector<std::vector<unsigned char>> mem;");
-    for bytes in &prep.buffer_bytes {
+    for bytes in run.buffer_bytes {
         let _ = writeln!(src, "  mem.emplace_back({bytes});");
     }
-    let mut uploads: Vec<(usize, Vec<u8>)> = inputs.to_vec();
-    uploads.extend(prep.tables.iter().cloned());
-    for (buf, bytes) in &uploads {
+    for (buf, bytes) in &run.uploads {
         std::fs::write(dir.join(format!("b{buf}.in")), bytes).map_err(|e| e.to_string())?;
         let _ = writeln!(
             src,
@@ -174,18 +187,17 @@ pub(super) fn emulate(
             n = bytes.len()
         );
     }
-    let mut args: Vec<String> = (0..prep.buffer_bytes.len()).map(|b| format!("(void*)mem[{b}].data()")).collect();
-    args.extend(prep.dims.iter().map(|d| format!("(i64){d}LL")));
-    args.extend(prep.scalars.iter().map(|s| format!("(i64){s}LL")));
+    let mut args: Vec<String> = (0..run.buffer_bytes.len()).map(|b| format!("(void*)mem[{b}].data()")).collect();
+    args.extend(run.prep.ints.iter().map(|t| format!("(i64){t}LL")));
     let args = args.join(", ");
-    for l in &prep.launches {
+    for l in run.launches {
         let _ = writeln!(
             src,
             "  attnc_emu_launch({}, {}, {}, {}, {}, [&] {{ {}({args}); }});",
             l.grid[0], l.grid[1], l.grid[2], l.block[0], l.smem_bytes, l.kernel
         );
     }
-    for buf in outputs {
+    for buf in run.outputs {
         let _ = writeln!(
             src,
             "  {{ FILE* f = std::fopen((dir + \"/b{buf}.out\").c_str(), \"wb\"); if (!f) return 5; std::fwrite(mem[{buf}].data(), 1, mem[{buf}].size(), f); std::fclose(f); }}"
@@ -230,10 +242,72 @@ pub(super) fn emulate(
     if !status.success() {
         return Err(format!("{} failed ({status}); AddressSanitizer's report is above", exe.display()));
     }
-    outputs.iter().map(|b| std::fs::read(dir.join(format!("b{b}.out"))).map_err(|e| e.to_string())).collect()
+    run.outputs.iter().map(|b| std::fs::read(dir.join(format!("b{b}.out"))).map_err(|e| e.to_string())).collect()
 }
 
 /// Whether a host C++20 compiler is available (`g++`).
-pub(super) fn have_compiler() -> bool {
+fn have_compiler() -> bool {
     Command::new("g++").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// Whether the emulation can run: a host C++20 compiler, else skip (printing why), except
+/// under `CI=true`, where its absence fails the test.
+pub(crate) fn compiler_or_skip(test: &str) -> bool {
+    if have_compiler() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test}: g++ (C++20) is required in CI to emulate the CUDA kernels");
+    }
+    eprintln!("{test}: skipped: no g++ to emulate the CUDA kernels on the host");
+    false
+}
+
+/// The device policy of the emulation (a small device: few SMs, so decodes split little).
+fn policy() -> Policy {
+    Policy::Cuda(CudaPolicy { sm_count: 2, max_smem_per_block: 232_448 })
+}
+
+/// A graph as the device runs it: scheduled as written, or compiled by the pipeline.
+pub(crate) enum Device<'a> {
+    /// Scheduled without optimisation.
+    AsWritten(&'a Graph),
+    /// Optimised and scheduled by the pipeline.
+    Compiled(&'a Graph),
+}
+
+pub(crate) fn device_graph(d: Device) -> Result<Schedule, String> {
+    match d {
+        Device::AsWritten(g) => schedule(g, &policy()).map_err(|e| e.to_string()),
+        Device::Compiled(g) => Compiler::new(policy()).plan(g).map(|p| p.schedule).map_err(|e| e.to_string()),
+    }
+}
+
+/// Runs a schedule's kernels on the host on `inputs` (in parameter order) with dims `env`;
+/// returns the outputs in output order.
+pub(crate) fn emulate_schedule(
+    s: &Result<Schedule, String>,
+    inputs: &[Tensor],
+    env: &HashMap<String, i64>,
+    dir: &Path,
+) -> Result<Vec<Tensor>, String> {
+    let s = s.as_ref().map_err(Clone::clone)?;
+    let program = emit(s).map_err(|e| e.to_string())?;
+    let prep = prepare(s, env, &policy()).map_err(|e| e.to_string())?;
+    let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
+    let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;
+    let mut uploads: Vec<(usize, Vec<u8>)> = s.params.iter().zip(inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
+    uploads.extend(prep.tables.iter().cloned());
+    let raw = emulate(&program, &Run { prep: &prep, buffer_bytes: &bytes, launches: &ready, uploads, outputs: &s.outputs }, dir)?;
+    s.outputs
+        .iter()
+        .zip(raw)
+        .map(|(b, raw)| host::from_bytes(s.buffers[*b].dtype, output_shape(s, *b, env)?, &raw).map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// The (flat) shape of an output buffer under `env`.
+fn output_shape(s: &Schedule, buf: usize, env: &HashMap<String, i64>) -> Result<Vec<usize>, String> {
+    let elems = attn_compiler::schedule::eval(&s.buffers[buf].elems, env).map_err(|e| e.to_string())?;
+    Ok(vec![usize::try_from(elems).map_err(|e| e.to_string())?])
 }

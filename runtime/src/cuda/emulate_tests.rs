@@ -3,28 +3,15 @@
 //! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
 //! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
 
-use super::emulate::{emulate, have_compiler};
-use super::host;
+use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
 use crate::random::random_inputs;
-use attn_compiler::codegen::cuda::{DeviceLimits, emit_graph};
+use attn_compiler::codegen::cuda::emit;
 use attn_compiler::interp::{bind_dims, run as interp_run};
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
-use attn_compiler::opt::{OptOptions, optimize};
 use attn_compiler::tensor::Tensor;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-
-fn compiler_or_skip(test: &str) -> bool {
-    if have_compiler() {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{test}: g++ (C++20) is required in CI to emulate the CUDA kernels");
-    }
-    eprintln!("{test}: skipped: no g++ to emulate the CUDA kernels on the host");
-    false
-}
 
 /// Odd sizes for the dims the examples use (not multiples of any tile), 8 for the rest.
 const EMULATED_SIZES: &[(&str, i64)] =
@@ -62,9 +49,9 @@ fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs `device_graph`'s kernels on the host and the interpreter on `reference`; returns the
-/// largest relative error over the outputs.
-fn check(label: &str, reference: &Graph, device_graph: &Graph, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
+/// Runs `device`'s kernels on the host and the interpreter on `reference`; returns the largest
+/// relative error over the outputs.
+fn check(label: &str, reference: &Graph, device: Device, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
     let params: Vec<(String, TensorType)> = reference
         .params()
         .iter()
@@ -77,21 +64,14 @@ fn check(label: &str, reference: &Graph, device_graph: &Graph, env: &HashMap<Str
     let expected = interp_run(reference, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
-    let program = emit_graph(device_graph).map_err(|e| e.to_string())?;
-    let limits = DeviceLimits { sm_count: 2, max_smem_per_block: 232_448 };
-    let prep = program.prepare(&env, &limits).map_err(|e| e.to_string())?;
-    let uploads: Vec<(usize, Vec<u8>)> = program.inputs.iter().zip(&inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
-    let out_bufs: Vec<usize> = program.outputs.iter().map(|(_, b)| *b).collect();
-    let bytes = emulate(&program, &prep, &uploads, &out_bufs, dir).map_err(|e| format!("{label}: {e}"))?;
+    let got = emulate_schedule(&device_graph(device), &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
     let mut worst = 0.0f64;
-    for (((_, v), raw), exp) in reference.outputs().iter().zip(&bytes).zip(&expected) {
-        let ty = &reference.node(*v).ty;
-        let got = host::from_bytes(ty.dtype, exp.shape.clone(), raw).map_err(|e| e.to_string())?;
+    for (got, exp) in got.iter().zip(&expected) {
         // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
         // at least 1): an element that cancels to near zero carries the absolute rounding
         // error of its large terms (chained products at width 48 reach magnitudes of 100).
         let scale = exp.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-        worst = worst.max(max_rel(&got, exp, (0.1 * scale).max(1.0)));
+        worst = worst.max(max_rel(got, exp, (0.1 * scale).max(1.0)));
     }
     Ok(worst)
 }
@@ -133,14 +113,14 @@ fn every_example_runs_emulated_like_the_interpreter() {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let compiled = attn_compiler::compile(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for g in compiled.module.graphs {
-            let opt = optimize(&g, &OptOptions::default()).graph;
-            for (kind, device) in [("ir", g.clone()), ("opt", opt)] {
+            for kind in ["ir", "opt"] {
                 let label = format!("{stem}/{} ({kind})", g.name);
                 let reference = g.clone();
                 let wd = work_dir(&format!("{stem}-{}-{kind}", g.name));
                 jobs.push(Box::new(move || {
                     let env = sizes(&reference, &[]);
-                    let err = check(&label, &reference, &device, &env, 11, &wd)?;
+                    let device = if kind == "ir" { Device::AsWritten(&reference) } else { Device::Compiled(&reference) };
+                    let err = check(&label, &reference, device, &env, 11, &wd)?;
                     let _ = std::fs::remove_dir_all(&wd);
                     // f32 throughout; sums in a different order than the f64 reference.
                     if err > 1e-4 {
@@ -172,7 +152,7 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
             let wd = work_dir(&format!("flash{n}-{m}"));
             jobs.push(Box::new(move || {
                 let env = sizes(&g, &[("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)]);
-                let err = check(&label, &g, &g, &env, 5 + n as u64, &wd)?;
+                let err = check(&label, &g, Device::AsWritten(&g), &env, 5 + n as u64, &wd)?;
                 let _ = std::fs::remove_dir_all(&wd);
                 // f16: P and the output are rounded to f16 (2^-11 relative each) and scores
                 // accumulate in f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
@@ -214,18 +194,15 @@ fn every_op_runs_emulated_like_the_interpreter() {
     let expected = interp_run(&g, &inputs, &env).unwrap();
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(&g, &shapes, &env).unwrap();
-    let program = emit_graph(&g).unwrap();
-    assert!(program.source.contains("attnc_mma_b") && program.source.contains("attnc_mma_h"));
-    let prep = program.prepare(&env, &DeviceLimits { sm_count: 2, max_smem_per_block: 232_448 }).unwrap();
-    let uploads: Vec<(usize, Vec<u8>)> = program.inputs.iter().zip(&inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
-    let out_bufs: Vec<usize> = program.outputs.iter().map(|(_, b)| *b).collect();
-    let bytes = emulate(&program, &prep, &uploads, &out_bufs, &wd).unwrap_or_else(|e| panic!("{e}"));
+    let s = device_graph(Device::AsWritten(&g));
+    let source = emit(s.as_ref().unwrap()).unwrap().source;
+    assert!(source.contains("attnc_mma_b") && source.contains("attnc_mma_h"));
+    let got = emulate_schedule(&s, &inputs, &env, &wd).unwrap_or_else(|e| panic!("{e}"));
     let _ = std::fs::remove_dir_all(&wd);
-    for (((name, v), raw), exp) in g.outputs().iter().zip(&bytes).zip(&expected) {
+    for (((name, v), got), exp) in g.outputs().iter().zip(&got).zip(&expected) {
         let dtype = g.node(*v).ty.dtype;
-        let got = host::from_bytes(dtype, exp.shape.clone(), raw).unwrap();
         let scale = exp.to_f64_vec().iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        let err = max_rel(&got, exp, (0.1 * scale).max(1.0));
+        let err = max_rel(got, exp, (0.1 * scale).max(1.0));
         // Integers and booleans exactly; f16 within a rounding of the output (2^-11 relative,
         // with f32 products in between); bf16 (8 bits) and f32 as in the other tests.
         let tol = match dtype {

@@ -2,10 +2,11 @@
 //! buffers, uploads, launches and downloads.
 
 use super::{CudaError, host, nvrtc};
-use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, Prepared, Smem, emit_graph};
+use attn_compiler::Compiler;
+use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, launches};
 use attn_compiler::interp::{InterpError, bind_dims};
 use attn_compiler::ir::Graph;
-use attn_compiler::opt::{OptOptions, optimize};
+use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};
 use attn_compiler::tensor::Tensor;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -40,13 +41,14 @@ pub(super) struct Gpu {
 /// `-D` head-width macros and their values: one compiled module per distinct list.
 type Defines = Vec<(String, i64)>;
 
-/// One graph on the device: its program, loaded modules (per head-width specialisation), and
-/// the buffers kept between runs.
+/// One graph on the device: its schedule and rendered program, loaded modules (per head-width
+/// specialisation), and the buffers kept between runs.
 struct Exec {
+    schedule: Schedule,
     program: CudaProgram,
     modules: HashMap<Defines, Loaded>,
     buffers: Vec<Option<CudaSlice<u8>>>,
-    /// The (defines, dims) the tile tables on the device were computed for.
+    /// The (defines, integer table) the tile tables on the device were computed for.
     tables_for: Option<(Defines, Vec<i64>)>,
 }
 
@@ -106,23 +108,29 @@ impl Gpu {
         self.cache.compiles()
     }
 
-    /// Limits for `prepare`: dynamic shared memory leaves 1 KiB for the kernels' static arrays
-    /// (the SIMT flash kernel has 512 bytes).
-    fn limits(&self) -> DeviceLimits {
-        DeviceLimits { sm_count: self.info.sm_count, max_smem_per_block: self.info.max_smem_per_block.saturating_sub(1024) }
+    /// The block policy for this device.
+    fn policy(&self) -> Policy {
+        Policy::Cuda(CudaPolicy { sm_count: self.info.sm_count, max_smem_per_block: self.limits().max_smem_per_block })
     }
 
-    /// The executable for a graph (optimised and emitted on first use), keyed by its IR text.
+    /// Launch limits: dynamic shared memory leaves 1 KiB for the kernels' static arrays (the
+    /// SIMT flash kernel has 512 bytes).
+    fn limits(&self) -> DeviceLimits {
+        DeviceLimits { max_smem_per_block: self.info.max_smem_per_block.saturating_sub(1024) }
+    }
+
+    /// The executable for a graph (compiled by the pipeline on first use), keyed by its IR text.
     fn exec_for(&self, graph: &Graph) -> Result<Arc<Mutex<Exec>>, CudaError> {
         let key = graph.to_string();
         let mut programs = self.programs.lock().map_err(|_| poisoned())?;
         if let Some(e) = programs.get(&key) {
             return Ok(e.clone());
         }
-        let optimized = optimize(graph, &OptOptions::default()).graph;
-        let program = emit_graph(&optimized)?;
-        let buffers = program.buffers.iter().map(|_| None).collect();
-        let exec = Arc::new(Mutex::new(Exec { program, modules: HashMap::new(), buffers, tables_for: None }));
+        let compiler = Compiler::new(self.policy());
+        let planned = compiler.plan(graph).map_err(CudaError::from)?;
+        let program = compiler.render_cuda(&planned).map_err(CudaError::from)?;
+        let buffers = planned.schedule.buffers.iter().map(|_| None).collect();
+        let exec = Arc::new(Mutex::new(Exec { schedule: planned.schedule, program, modules: HashMap::new(), buffers, tables_for: None }));
         programs.insert(key, exec.clone());
         Ok(exec)
     }
@@ -142,11 +150,11 @@ impl Exec {
                 gpu.cache.get(&self.program.source, &arch, defines).map_err(|log| CudaError::Compile { arch: arch.clone(), log })?;
             let module = gpu.ctx.load_module(Ptx::from_binary(image.as_ref().clone())).map_err(driver("loading the compiled module"))?;
             let mut functions = HashMap::new();
-            for l in &self.program.launches {
-                if functions.contains_key(&l.kernel) {
+            for l in &self.program.kernels {
+                if functions.contains_key(&l.name) {
                     continue;
                 }
-                let f = module.load_function(&l.kernel).map_err(driver("finding a kernel in the module"))?;
+                let f = module.load_function(&l.name).map_err(driver("finding a kernel in the module"))?;
                 if l.smem != Smem::None {
                     // Dynamic plus static shared memory may not exceed the opt-in limit.
                     let fixed = f.shared_size_bytes().map_err(driver("reading a kernel's static shared memory"))?;
@@ -154,7 +162,7 @@ impl Exec {
                     f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max)
                         .map_err(driver("allowing a kernel its shared memory"))?;
                 }
-                functions.insert(l.kernel.clone(), f);
+                functions.insert(l.name.clone(), f);
             }
             self.modules.insert(defines.to_vec(), Loaded { _module: module, functions });
         }
@@ -180,13 +188,13 @@ impl Exec {
     }
 
     /// Launches every kernel of the prepared run, in order, on the stream.
-    fn launch_all(&self, gpu: &Gpu, loaded: &Loaded, prep: &Prepared) -> Result<(), CudaError> {
+    fn launch_all(&self, gpu: &Gpu, loaded: &Loaded, prep: &Prepared, ready: &[ReadyLaunch]) -> Result<(), CudaError> {
         let mut ptrs = Vec::with_capacity(self.buffers.len());
         for i in 0..self.buffers.len() {
             let (p, _guard) = self.buffer(i)?.device_ptr(&gpu.stream);
             ptrs.push(p);
         }
-        for l in &prep.launches {
+        for l in ready {
             let f = loaded
                 .functions
                 .get(&l.kernel)
@@ -195,11 +203,8 @@ impl Exec {
             for p in &ptrs {
                 args.arg(p);
             }
-            for d in &prep.dims {
-                args.arg(d);
-            }
-            for s in &prep.scalars {
-                args.arg(s);
+            for t in &prep.ints {
+                args.arg(t);
             }
             let cfg = LaunchConfig {
                 grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
@@ -207,7 +212,7 @@ impl Exec {
                 shared_mem_bytes: l.smem_bytes,
             };
             // SAFETY: the arguments are exactly the kernels' `ATTNC_ARGS` (one device pointer per
-            // buffer, then the dims and scalars as 64-bit integers), and every buffer is at least
+            // buffer, then the integer table as 64-bit integers), and every buffer is at least
             // as large as `prepare` computed for these dims, which bounds every index the
             // kernels form.
             unsafe { args.launch(cfg) }.map_err(driver("launching a kernel"))?;
@@ -229,12 +234,14 @@ pub(super) fn run(
     let env = bind_dims(graph, &shapes, given)?;
     let exec = gpu.exec_for(graph)?;
     let mut ex = exec.lock().map_err(|_| poisoned())?;
-    let prep = ex.program.prepare(&env, &gpu.limits())?;
-    ex.ensure_buffers(gpu, &prep.buffer_bytes)?;
+    let prep = prepare(&ex.schedule, &env, &gpu.policy())?;
+    let bytes = buffer_bytes(&ex.schedule, &prep)?;
+    let ready = launches(&ex.program, &ex.schedule, &prep, &gpu.limits())?;
+    ex.ensure_buffers(gpu, &bytes)?;
     ex.module(gpu, &prep.defines)?;
 
     // Inputs in, at the program's boundary.
-    for (t, buf) in inputs.iter().zip(ex.program.inputs.clone()) {
+    for (t, buf) in inputs.iter().zip(ex.schedule.params.clone()) {
         let bytes = host::to_bytes(t);
         if bytes.is_empty() {
             continue;
@@ -242,7 +249,7 @@ pub(super) fn run(
         let slot = ex.buffers.get_mut(buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
         gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying an input to the device"))?;
     }
-    let table_key = (prep.defines.clone(), prep.dims.clone());
+    let table_key = (prep.defines.clone(), prep.ints.clone());
     if ex.tables_for.as_ref() != Some(&table_key) {
         for (buf, bytes) in &prep.tables {
             if bytes.is_empty() {
@@ -254,11 +261,11 @@ pub(super) fn run(
         ex.tables_for = Some(table_key);
     }
     let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
-    ex.launch_all(gpu, loaded, &prep)?;
+    ex.launch_all(gpu, loaded, &prep, &ready)?;
 
     // Outputs out.
     let mut outputs = Vec::new();
-    for ((_, v), (_, buf)) in graph.outputs().iter().zip(&ex.program.outputs) {
+    for ((_, v), buf) in graph.outputs().iter().zip(&ex.schedule.outputs) {
         let ty = &graph.node(*v).ty;
         let shape = ty
             .shape
@@ -285,14 +292,14 @@ pub(super) fn run(
     let mut times = Vec::new();
     if let Some((warmup, iters)) = timing {
         for _ in 0..warmup {
-            ex.launch_all(gpu, loaded, &prep)?;
+            ex.launch_all(gpu, loaded, &prep, &ready)?;
         }
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         for _ in 0..iters {
             let start = gpu.ctx.new_event(flags).map_err(driver("creating an event"))?;
             let end = gpu.ctx.new_event(flags).map_err(driver("creating an event"))?;
             start.record(&gpu.stream).map_err(driver("recording an event"))?;
-            ex.launch_all(gpu, loaded, &prep)?;
+            ex.launch_all(gpu, loaded, &prep, &ready)?;
             end.record(&gpu.stream).map_err(driver("recording an event"))?;
             end.synchronize().map_err(driver("running the kernels"))?;
             times.push(f64::from(start.elapsed_ms(&end).map_err(driver("reading an event"))?));

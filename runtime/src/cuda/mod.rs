@@ -1,13 +1,15 @@
 //! The CUDA target: runs a graph on an NVIDIA GPU (sm_80 or newer) through cudarc.
 //!
-//! A graph is optimised (flash fusion), emitted as CUDA C++
-//! ([`attn_compiler::codegen::cuda`]), compiled by NVRTC to a cubin for the device's
+//! A graph is compiled by the pipeline for the CUDA target (optimised, scheduled with the
+//! device's block policy, rendered as CUDA C++ by [`attn_compiler::codegen::cuda`]), compiled
+//! by NVRTC to a cubin for the device's
 //! architecture (cached in memory and on disk, see [`nvrtc`]), loaded, and launched kernel by
 //! kernel on one stream. Per process and per graph the device buffers are kept and reused
 //! across runs (grown when a run needs more); host↔device copies happen only for the inputs
-//! and outputs. Launch grids, split-KV counts and tile tables come from the run's dims, so a
-//! new sequence length recompiles nothing (a new head width does: it is a compile-time
-//! constant of the flash kernels).
+//! and outputs. Each run's dims prepare the schedule ([`attn_compiler::schedule::prepare()`]):
+//! the integer table the kernels read, split-KV counts, tile tables and launch grids, so a new
+//! sequence length recompiles nothing (a new head width does: it is a compile-time constant of
+//! the flash kernels, see docs/cuda.md).
 //!
 //! Everything is loaded dynamically: without a driver, a device or NVRTC, [`device_info`] and
 //! [`run`] return [`CudaError::Unavailable`] (checked before any driver or NVRTC call, so this
@@ -18,7 +20,7 @@ mod host;
 pub mod nvrtc;
 
 #[cfg(test)]
-mod emulate;
+pub(crate) mod emulate;
 #[cfg(test)]
 mod emulate_tests;
 #[cfg(test)]
@@ -26,9 +28,11 @@ mod gpu_tests;
 #[cfg(test)]
 mod tests;
 
-use attn_compiler::codegen::cuda::{CudaEmitError, PrepareError};
+use attn_compiler::PipelineError;
+use attn_compiler::codegen::cuda::{CudaEmitError, LaunchError};
 use attn_compiler::interp::InterpError;
 use attn_compiler::ir::Graph;
+use attn_compiler::schedule::{PrepareError, ScheduleError};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 use thiserror::Error;
@@ -42,12 +46,18 @@ pub enum CudaError {
     /// No driver, no device, no NVRTC, or a GPU older than sm_80.
     #[error("the CUDA target is not available: {0}")]
     Unavailable(String),
-    /// The graph could not be turned into CUDA source.
+    /// The graph could not be scheduled for the GPU.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// The schedule could not be rendered as CUDA source.
     #[error(transparent)]
     Emit(#[from] CudaEmitError),
-    /// These dims cannot run on this device (head too wide, too much shared memory, ...).
+    /// These dims cannot run (a head too wide, a slice outside its axis, ...).
     #[error("cannot run on the GPU: {0}")]
     Prepare(#[from] PrepareError),
+    /// These dims cannot be launched on this device (too much shared memory).
+    #[error("cannot run on the GPU: {0}")]
+    Launch(#[from] LaunchError),
     /// The inputs do not fit the graph (count, dtype, shape, dims).
     #[error(transparent)]
     Input(#[from] InterpError),
@@ -67,6 +77,16 @@ pub enum CudaError {
         /// The driver's error.
         error: String,
     },
+}
+
+impl From<PipelineError> for CudaError {
+    fn from(e: PipelineError) -> CudaError {
+        match e {
+            PipelineError::Schedule(e) => CudaError::Schedule(e),
+            PipelineError::Cuda(e) => CudaError::Emit(e),
+            other => CudaError::Driver { what: "compiling".into(), error: other.to_string() },
+        }
+    }
 }
 
 /// The device the CUDA target would use, or why there is none. Cheap after the first call.

@@ -7,9 +7,10 @@
 //! compile tests print that they skipped and why, except under `CI=true`, where they fail.
 
 use super::{CudaError, nvrtc};
-use attn_compiler::codegen::cuda::{CudaProgram, emit_graph};
+use attn_compiler::Compiler;
+use attn_compiler::codegen::cuda::{CudaProgram, emit};
 use attn_compiler::ir::Graph;
-use attn_compiler::opt::{OptOptions, optimize};
+use attn_compiler::schedule::{CudaPolicy, Kernel, Policy, Schedule, Variant, schedule};
 use std::path::{Path, PathBuf};
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
@@ -38,17 +39,32 @@ pub(super) fn examples() -> Vec<PathBuf> {
     files
 }
 
-/// Every graph of every example, as written and optimised, with a label.
+fn cuda() -> Policy {
+    Policy::Cuda(CudaPolicy::default())
+}
+
+/// A graph scheduled for CUDA as written and rendered.
+fn render(g: &Graph) -> (Schedule, CudaProgram) {
+    let s = schedule(g, &cuda()).unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    let p = emit(&s).unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    (s, p)
+}
+
+/// Every graph of every example, as written and compiled by the pipeline, with a label.
 fn example_programs() -> Vec<(String, CudaProgram)> {
+    let compiler = Compiler::new(cuda());
     let mut out = Vec::new();
     for path in examples() {
         let src = std::fs::read_to_string(&path).expect("readable example");
         let stem = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-        let compiled = attn_compiler::compile(&src).unwrap_or_else(|d| panic!("{stem}: {}", d[0]));
+        let compiled = compiler.front(&src).unwrap_or_else(|d| panic!("{stem}: {}", d[0]));
         for g in &compiled.module.graphs {
-            out.push((format!("{stem}/{}", g.name), emit_graph(g).unwrap_or_else(|e| panic!("{stem}: {e}"))));
-            let opt = optimize(g, &OptOptions::default()).graph;
-            out.push((format!("{stem}/{} (optimised)", g.name), emit_graph(&opt).unwrap_or_else(|e| panic!("{stem} optimised: {e}"))));
+            out.push((format!("{stem}/{}", g.name), render(g).1));
+            let planned = compiler.plan(g).unwrap_or_else(|e| panic!("{stem}: {e}"));
+            out.push((
+                format!("{stem}/{} (optimised)", g.name),
+                compiler.render_cuda(&planned).unwrap_or_else(|e| panic!("{stem} optimised: {e}")),
+            ));
         }
     }
     out
@@ -113,7 +129,7 @@ fn every_example_compiles_with_nvrtc() {
     let mut jobs: Vec<_> = example_programs().into_iter().map(|(l, p)| (l, p.source, Vec::new())).collect();
     assert!(jobs.len() >= 42, "expected every example twice, got {}", jobs.len());
     let every_op = attn_compiler::compile(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
-    jobs.push(("every op".to_string(), emit_graph(&every_op.module.graphs[0]).expect("emits").source, Vec::new()));
+    jobs.push(("every op".to_string(), render(&every_op.module.graphs[0]).1.source, Vec::new()));
     let (failures, spills) = compile_all(jobs);
     if !spills.is_empty() {
         eprintln!("kernels that spill registers:\n  {}", spills.join("\n  "));
@@ -209,9 +225,17 @@ fn flash_kernels_compile_for_every_head_width() {
     let mut jobs = Vec::new();
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
-        let p = emit_graph(&g).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (s, p) = render(&g);
         for hd in (32..=256).step_by(32) {
-            let defines: Vec<(String, i64)> = p.head_dims.iter().map(|h| (h.macro_name.clone(), hd)).collect();
+            let mut defines = Vec::new();
+            for (n, step) in s.steps.iter().enumerate() {
+                if let Kernel::Flash(f) = &step.kernel {
+                    defines.push((format!("ATTNC_HD_{n}"), hd));
+                    if f.variant == Variant::TensorCore {
+                        defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
+                    }
+                }
+            }
             jobs.push((format!("{label} HD={hd}"), p.source.clone(), defines));
         }
     }

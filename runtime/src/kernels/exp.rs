@@ -78,15 +78,31 @@ pub(super) unsafe fn softmax_step(
         let old = *max;
         let new = if old == f32::NEG_INFINITY || tmax > old + RESCALE_SLACK { tmax.max(old) } else { old };
         if new == f32::NEG_INFINITY {
-            std::ptr::write_bytes(y, 0, n);
+            // No score above -inf: the row stays empty unless a NaN score makes it NaN (the
+            // maximum passes NaN over; the semantics make a row with a kept NaN score NaN).
+            let mut nan = false;
+            for i in 0..n {
+                let v = scale * *x.add(i) + if bias.is_null() { 0.0 } else { *bias.add(i) };
+                nan |= v.is_nan();
+                *y.add(i) = if v.is_nan() { v } else { 0.0 };
+            }
+            if nan {
+                *sum = f32::NAN;
+            }
             return 1.0;
         }
         let t = exp_sum(isa, x, scale, bias, y, n, new);
-        let scale = if new == old { 1.0 } else { (old - new).exp() };
+        // A factor below the smallest normal is 0 (see `flush16`).
+        let scale = if new == old { 1.0 } else { flush((old - new).exp()) };
         *max = new;
         *sum = *sum * scale + t;
         scale
     }
+}
+
+/// `x`, or 0 below the smallest normal f32.
+fn flush(x: f32) -> f32 {
+    if x < f32::MIN_POSITIVE { 0.0 } else { x }
 }
 
 /// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed over
@@ -167,7 +183,16 @@ pub(super) fn exp16(x: __m512) -> __m512 {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
     }
     let e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(e, n)
+    flush16(_mm512_scalef_ps(e, n))
+}
+
+/// Lanes below the smallest normal f32 become 0 (NaN stays). Probabilities that small are below
+/// f32 resolution against any softmax sum (≥ 1); multiplying subnormals takes a microcode
+/// assist on x86, which made heavily biased attention several times slower.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn flush16(y: __m512) -> __m512 {
+    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(f32::MIN_POSITIVE)), y)
 }
 
 /// AVX-512 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector
@@ -233,7 +258,9 @@ fn exp8(x: __m256) -> __m256 {
     let ni = _mm256_cvtps_epi32(n);
     let n1 = _mm256_srai_epi32::<1>(ni);
     let n2 = _mm256_sub_epi32(ni, n1);
-    _mm256_mul_ps(_mm256_mul_ps(e, pow2i(n1)), pow2i(n2))
+    let y = _mm256_mul_ps(_mm256_mul_ps(e, pow2i(n1)), pow2i(n2));
+    // Below the smallest normal: 0, as [`flush16`].
+    _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(f32::MIN_POSITIVE)))
 }
 
 /// AVX2 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector for

@@ -50,16 +50,14 @@ pub const NORM_ROW: Import = Import { name: "attnc_norm_row_f32", params: &[I64,
 pub const LOG: Import = Import { name: "attnc_log_f64", params: &[F64], returns: &[F64] };
 /// `x ** y` in f64.
 pub const POW: Import = Import { name: "attnc_pow_f64", params: &[F64, F64], returns: &[F64] };
-/// `a % b` with the sign of `b` (Python), NaN for `b = 0`.
-pub const REM_PY: Import = Import { name: "attnc_rem_py_f64", params: &[F64, F64], returns: &[F64] };
-/// `a - b·floor(a / b)`, 0 for `b = 0` (the flash expressions' `%`).
-pub const REM_FLOOR: Import = Import { name: "attnc_rem_floor_f64", params: &[F64, F64], returns: &[F64] };
+/// Float `a % b` ([`crate::ir::semantics::rem_f`]: the sign of `b`, NaN for `b = 0`).
+pub const REM: Import = Import { name: "attnc_rem_f64", params: &[F64, F64], returns: &[F64] };
 /// Rounds an f32 to the nearest f16 value (returned as f32).
 pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], returns: &[F32] };
 
 /// Every symbol generated code may import.
 pub const IMPORTS: &[Import] =
-    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, POW, REM_PY, REM_FLOOR, ROUND_F16];
+    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, POW, REM, ROUND_F16];
 
 impl Import {
     /// The Cranelift signature under `call_conv`.

@@ -3,11 +3,13 @@
 //!
 //! Emitters load every integer and address they need in the entry block (the "prologue")
 //! before opening loops, so those values dominate every use; [`Fx::int`] only caches values
-//! loaded there.
+//! loaded there. Every integer comes from the schedule's integer table; a value the table lacks
+//! is a code generator bug, recorded by [`Fx::fail`] and reported by the caller.
 
 use super::abi::{Import, step_signature};
-use super::plan::{IntValue, Plan, Tuning, View};
+use super::ops::{Kind, Tv};
 use crate::ir::Dim;
+use crate::schedule::{IntValue, Schedule, Tuning, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     Block, ExtFuncData, ExternalName, FuncRef, Function, InstBuilder, MemFlagsData, Type, UserFuncName, Value, types,
@@ -26,8 +28,10 @@ pub fn mem() -> MemFlagsData {
 pub struct Fx<'a> {
     /// The Cranelift builder.
     pub b: FunctionBuilder<'a>,
-    /// The plan, whose integer table grows as emitters ask for values.
-    pub plan: &'a mut Plan,
+    /// The schedule being rendered.
+    pub schedule: &'a Schedule,
+    /// What could not be rendered (a code generator bug when not empty).
+    pub failures: Vec<String>,
     call_conv: CallConv,
     entry: Block,
     /// `bufs`, `ints`, `lo`, `hi`, `scratch`.
@@ -46,7 +50,7 @@ pub fn new_function(name: &str, call_conv: CallConv) -> Function {
 
 impl<'a> Fx<'a> {
     /// Opens the entry block of `func`.
-    pub fn new(func: &'a mut Function, ctx: &'a mut FunctionBuilderContext, plan: &'a mut Plan, call_conv: CallConv) -> Fx<'a> {
+    pub fn new(func: &'a mut Function, ctx: &'a mut FunctionBuilderContext, schedule: &'a Schedule, call_conv: CallConv) -> Fx<'a> {
         let mut b = FunctionBuilder::new(func, ctx);
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -54,7 +58,18 @@ impl<'a> Fx<'a> {
         b.seal_block(entry);
         let p = b.block_params(entry);
         let args = [p[0], p[1], p[2], p[3], p[4]];
-        Fx { b, plan, call_conv, entry, args, ints: HashMap::new(), bufs: HashMap::new(), funcs: HashMap::new(), lanes: 1 }
+        Fx {
+            b,
+            schedule,
+            failures: Vec::new(),
+            call_conv,
+            entry,
+            args,
+            ints: HashMap::new(),
+            bufs: HashMap::new(),
+            funcs: HashMap::new(),
+            lanes: 1,
+        }
     }
 
     /// Returns and finishes the function.
@@ -86,9 +101,15 @@ impl<'a> Fx<'a> {
         self.b.current_block() == Some(self.entry)
     }
 
-    /// An entry of the integer table (i64).
-    pub fn int(&mut self, v: IntValue) -> Value {
-        let slot = self.plan.int(v);
+    /// Records that something could not be rendered; returns a placeholder value of class F
+    /// (the function is discarded: [`super::compile`] reports the failure).
+    pub fn fail(&mut self, what: impl Into<String>) -> Tv {
+        self.failures.push(what.into());
+        Tv { v: self.fconst(0.0), k: Kind::F }
+    }
+
+    /// Loads slot `slot` of the integer table (i64).
+    fn slot(&mut self, slot: usize) -> Value {
         if let Some(x) = self.ints.get(&slot) {
             return *x;
         }
@@ -98,6 +119,39 @@ impl<'a> Fx<'a> {
             self.ints.insert(slot, x);
         }
         x
+    }
+
+    /// An entry of the integer table (i64). A dim the table lacks is formed from its symbols'
+    /// entries.
+    pub fn int(&mut self, v: IntValue) -> Value {
+        if let Some(slot) = self.schedule.slot(&v) {
+            return self.slot(slot);
+        }
+        match v {
+            IntValue::Dim(d) => self.dim_from_symbols(&d),
+            IntValue::Tuning { step, param } => {
+                self.failures.push(format!("the schedule has no {param:?} for step {step}"));
+                self.b.ins().iconst(types::I64, 0)
+            }
+        }
+    }
+
+    /// `Σ coef · Π symbol` from the symbols' table entries.
+    fn dim_from_symbols(&mut self, d: &Dim) -> Value {
+        let mut total = self.b.ins().iconst(types::I64, 0);
+        for (mono, coef) in d.terms() {
+            let mut term = self.b.ins().iconst(types::I64, coef);
+            for name in mono {
+                let Some(slot) = self.schedule.slot(&IntValue::Dim(Dim::sym(name))) else {
+                    self.failures.push(format!("the schedule has no entry for dim `{name}`"));
+                    continue;
+                };
+                let x = self.slot(slot);
+                term = self.b.ins().imul(term, x);
+            }
+            total = self.b.ins().iadd(total, term);
+        }
+        total
     }
 
     /// A dim's run-time value (i64).
@@ -319,6 +373,17 @@ impl<'a> Fx<'a> {
         };
         let inst = self.b.ins().call(f, args);
         self.b.inst_results(inst).to_vec()
+    }
+
+    /// The i32x4 vector `[0, 1, 2, 3]` (lane offsets of a four-lane loop).
+    pub fn lane_iota(&mut self) -> Value {
+        let mut v = self.b.ins().iconst(types::I32, 0);
+        v = self.b.ins().splat(types::I32X4, v);
+        for lane in 1..4u8 {
+            let x = self.b.ins().iconst(types::I32, i64::from(lane));
+            v = self.b.ins().insertlane(v, x, lane);
+        }
+        v
     }
 
     /// `x == y` on f32 values.

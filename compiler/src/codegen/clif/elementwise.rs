@@ -7,9 +7,9 @@
 
 use super::abi;
 use super::builder::Fx;
-use super::ops::{Kind, RemMode, Tv, clamped_load, kind_of};
-use super::plan::{Expr, View};
+use super::ops::{Kind, Tv, clamped_load, kind_of};
 use crate::ir::{DType, Dim, UnaryOp};
+use crate::schedule::{Expr, View};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use std::collections::HashMap;
@@ -59,10 +59,44 @@ struct Kernel<'k> {
     dims: HashMap<Dim, Value>,
     lane_iota: Option<Value>,
     expr: &'k Expr,
+    /// The output's dtype, first element and strides.
+    out_dtype: DType,
+    out_base: Value,
+    out_strides: Vec<Value>,
+    /// The size of each axis.
+    sizes: Vec<Value>,
+    /// A whole-row kernel computing the expression from input `.1`, when one does.
+    row_kernel: Option<(abi::Import, usize)>,
 }
 
-/// Emits the kernel `out[idx] = expr(idx)`.
+/// Emits the kernel `out[idx] = expr(idx)`: one row (every axis but the last) per work item.
 pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
+    let k = prologue(fx, out, inputs, expr);
+    let rank = k.rank;
+    let (lo, hi) = (fx.lo(), fx.hi());
+    // The outer index is unravelled once per call and then stepped like an odometer, which
+    // keeps divisions out of the row loop.
+    let first = fx.unravel(lo, &k.sizes[..rank - 1]);
+    let index: Vec<_> = first.iter().map(|i| fx.var(types::I64, *i)).collect();
+    fx.for_range(lo, hi, |fx, _| {
+        let outer: Vec<Value> = index.iter().map(|v| fx.b.use_var(*v)).collect();
+        k.row(fx, &outer);
+        // Next row: bump the last outer axis, carrying into earlier ones.
+        let mut carry = fx.i64(1);
+        for a in (0..rank - 1).rev() {
+            let t = fx.add(outer[a], carry);
+            let wrap = fx.b.ins().icmp(IntCC::Equal, t, k.sizes[a]);
+            let zero = fx.i64(0);
+            let next = fx.b.ins().select(wrap, zero, t);
+            fx.b.def_var(index[a], next);
+            carry = fx.b.ins().uextend(types::I64, wrap);
+        }
+    });
+}
+
+/// Everything loop-invariant: sizes, the output, the inputs' strides, the dims the expression
+/// reads, and whether rows run four lanes at a time (or by a row kernel).
+fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
     // A scalar kernel runs as one row of one element.
     let shape: Vec<Dim> = if out.shape.is_empty() { vec![Dim::constant(1)] } else { out.shape.clone() };
     let out_strides: Vec<Dim> = if out.strides.is_empty() { vec![Dim::constant(0)] } else { out.strides.clone() };
@@ -70,42 +104,27 @@ pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
     let (mut as_load, mut as_table) = (vec![false; inputs.len()], vec![false; inputs.len()]);
     let mut dim_leaves = Vec::new();
     scan(expr, &mut as_load, &mut as_table, &mut dim_leaves);
-
-    // Prologue: everything loop-invariant.
-    let dims: Vec<Value> = shape.iter().map(|d| fx.dim(d)).collect();
+    let sizes: Vec<Value> = shape.iter().map(|d| fx.dim(d)).collect();
     let out_view = View { shape: shape.clone(), strides: out_strides, ..out.clone() };
     let (out_base, out_st) = fx.view_base(&out_view);
     let mut operands = Vec::new();
     let mut tables = Vec::new();
     for (k, view) in inputs.iter().enumerate() {
-        operands.push(if as_load[k] { Some(operand(fx, view, &shape)) } else { None });
-        tables.push(if as_table[k] {
+        operands.push(as_load[k].then(|| operand(fx, view, &shape)));
+        tables.push(as_table[k].then(|| {
             let (base, strides) = fx.view_base(view);
             let sizes = fx.dims(&view.shape);
-            Some(Table { dtype: view.dtype, base, strides, sizes })
-        } else {
-            None
-        });
+            Table { dtype: view.dtype, base, strides, sizes }
+        }));
     }
-    let mut dim_values = HashMap::new();
+    let mut dims = HashMap::new();
     for d in dim_leaves {
         let v = fx.dim(&d);
         let v = fx.b.ins().ireduce(types::I32, v);
-        dim_values.insert(d, v);
+        dims.insert(d, v);
     }
-    let out_dense = out_view.unit_stride(rank - 1);
-    let vectorize = out_dense && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
-    let lane_iota = if vectorize {
-        let mut v = fx.b.ins().iconst(types::I32, 0);
-        v = fx.b.ins().splat(types::I32X4, v);
-        for lane in 1..4u8 {
-            let c = fx.b.ins().iconst(types::I32, i64::from(lane));
-            v = fx.b.ins().insertlane(v, c, lane);
-        }
-        Some(v)
-    } else {
-        None
-    };
+    let vectorize = out_view.unit_stride(rank - 1) && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
+    let lane_iota = vectorize.then(|| fx.lane_iota());
     // A lone GELU of a dense f32 row (a transformer's FFN activation) calls the row kernel:
     // 16 lanes with a vectorised erfc instead of four.
     let row_kernel = match expr {
@@ -117,17 +136,15 @@ pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
         },
         _ => None,
     };
-    let kernel = Kernel { rank, operands, tables, dims: dim_values, lane_iota, expr };
-    let inner = dims[rank - 1];
-    let out_inner = out_st[rank - 1];
-    let (lo, hi) = (fx.lo(), fx.hi());
-    // The outer index is unravelled once per call and then stepped like an odometer, which
-    // keeps divisions out of the row loop.
-    let first = fx.unravel(lo, &dims[..rank - 1]);
-    let index: Vec<_> = first.iter().map(|i| fx.var(types::I64, *i)).collect();
-    fx.for_range(lo, hi, |fx, _| {
-        let outer: Vec<Value> = index.iter().map(|v| fx.b.use_var(*v)).collect();
-        let rows: Vec<Option<Value>> = kernel
+    Kernel { rank, operands, tables, dims, lane_iota, expr, out_dtype: out.dtype, out_base, out_strides: out_st, sizes, row_kernel }
+}
+
+impl Kernel<'_> {
+    /// One row at outer index `outer`: a row kernel, or four lanes at a time where the layout
+    /// allows, then one at a time.
+    fn row(&self, fx: &mut Fx, outer: &[Value]) {
+        let rank = self.rank;
+        let rows: Vec<Option<Value>> = self
             .operands
             .iter()
             .map(|o| {
@@ -144,50 +161,43 @@ pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
             })
             .collect();
         let zero = fx.i64(0);
-        let out_off = fx.dot(zero, &outer, &out_st[..rank - 1]);
-        let out_row = fx.elem_addr(out_base, out_off);
+        let out_off = fx.dot(zero, outer, &self.out_strides[..rank - 1]);
+        let out_row = fx.elem_addr(self.out_base, out_off);
+        let inner = self.sizes[rank - 1];
         let mut start = fx.i64(0);
-        if let Some((kernel_fn, k)) = row_kernel {
+        if let Some((kernel_fn, k)) = self.row_kernel {
             // The whole dense row by a 16-lane kernel.
             if let Some(row) = rows[k] {
                 fx.call(kernel_fn, &[row, out_row, inner]);
             }
             start = inner;
-        } else if vectorize {
+        } else if self.lane_iota.is_some() {
             let mask = fx.i64(-4);
             let vec_end = fx.b.ins().band(inner, mask);
             fx.for_step(start, vec_end, 4, |fx, j| {
                 fx.lanes = 4;
-                let at = At { outer: &outer, j, rows: &rows };
-                let x = kernel.eval(fx, kernel.expr, &at);
-                let x = fx.round_to(x, out.dtype);
-                let x = store_form(fx, x);
+                let x = self.element(fx, &At { outer, j, rows: &rows });
                 let addr = fx.elem_addr(out_row, j);
                 fx.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
                 fx.lanes = 1;
             });
             start = vec_end;
         }
+        let out_inner = self.out_strides[rank - 1];
         fx.for_range(start, inner, |fx, j| {
-            let at = At { outer: &outer, j, rows: &rows };
-            let x = kernel.eval(fx, kernel.expr, &at);
-            let x = fx.round_to(x, out.dtype);
-            let x = store_form(fx, x);
+            let x = self.element(fx, &At { outer, j, rows: &rows });
             let off = fx.mul(j, out_inner);
             let addr = fx.elem_addr(out_row, off);
             fx.store(x, addr);
         });
-        // Next row: bump the last outer axis, carrying into earlier ones.
-        let mut carry = fx.i64(1);
-        for k in (0..rank - 1).rev() {
-            let t = fx.add(outer[k], carry);
-            let wrap = fx.b.ins().icmp(IntCC::Equal, t, dims[k]);
-            let zero = fx.i64(0);
-            let next = fx.b.ins().select(wrap, zero, t);
-            fx.b.def_var(index[k], next);
-            carry = fx.b.ins().uextend(types::I64, wrap);
-        }
-    });
+    }
+
+    /// The expression at `at`, in its memory form.
+    fn element(&self, fx: &mut Fx, at: &At) -> Value {
+        let x = self.eval(fx, self.expr, at);
+        let x = fx.round_to(x, self.out_dtype);
+        store_form(fx, x)
+    }
 }
 
 /// Marks which inputs are loaded at the kernel index and which are gather tables, and collects
@@ -269,7 +279,7 @@ impl Kernel<'_> {
         match e {
             Expr::Load(k) => {
                 let (Some(o), Some(row)) = (&self.operands[*k], at.rows[*k]) else {
-                    return Tv { v: fx.fconst(f32::NAN), k: Kind::F };
+                    return fx.fail(format!("input {k} is read but was not loaded"));
                 };
                 match o.inner {
                     Inner::Zero => load_elem(fx, o.dtype, row, false),
@@ -293,10 +303,10 @@ impl Kernel<'_> {
                 };
                 Tv { v, k: kind_of(*dtype) }
             }
-            Expr::Dim(d) => {
-                let s = self.dims.get(d).copied().unwrap_or_else(|| fx.b.ins().iconst(types::I32, 0));
-                Tv { v: fx.splat(Kind::I, s), k: Kind::I }
-            }
+            Expr::Dim(d) => match self.dims.get(d).copied() {
+                Some(s) => Tv { v: fx.splat(Kind::I, s), k: Kind::I },
+                None => fx.fail(format!("dim {d} was not loaded")),
+            },
             Expr::Iota { axis, rank, one } => {
                 let k = (axis + self.rank).checked_sub(*rank);
                 let v = match k {
@@ -325,7 +335,7 @@ impl Kernel<'_> {
             Expr::Binary(op, a, b, dtype) => {
                 let a = self.eval(fx, a, at);
                 let b = self.eval(fx, b, at);
-                let r = fx.binary(*op, a, b, RemMode::Python);
+                let r = fx.binary(*op, a, b);
                 fx.round_to(r, *dtype)
             }
             Expr::Select(c, a, b, dtype) => {
@@ -355,7 +365,7 @@ impl Kernel<'_> {
     /// `table[idx...]` with each index clamped into its axis; lane by lane for vectors.
     /// A gather's dtype is its table's (`ir::infer`), so the table's layout is all it needs.
     fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value]) -> Tv {
-        let Some(table) = &self.tables[t] else { return Tv { v: fx.fconst(f32::NAN), k: Kind::F } };
+        let Some(table) = &self.tables[t] else { return fx.fail(format!("gather table {t} was not loaded")) };
         clamped_load(fx, table.dtype, table.base, &table.strides, &table.sizes, idx)
     }
 }

@@ -1,7 +1,10 @@
 //! The flash-attention kernel, generated per flash op, and the merge step for split keys.
 //!
-//! Work item = (batch index, query block of `BlockM` rows, key split). For each key tile of
-//! `BlockN` keys in the split whose class (from the per-run tile table) is not Skip:
+//! It renders the schedule's [`FlashKernel`] with its analyses ([`crate::schedule::FlashAnalysis`]:
+//! the scale on the Q·Kᵀ product, separable terms, staged `tanh`, per-item factor), block sizes
+//! and scratch layout from the integer table. Work item = (batch index, query block of `BlockM`
+//! rows, key split). For each key tile of `BlockN` keys in the split whose class (from the
+//! per-run tile table) is not Skip:
 //!
 //! 1. `S = alpha · Q_blk · K_tileᵀ` by the SGEMM microkernel into scratch (the few-rows
 //!    kernel, which streams K in place, for blocks of at most four rows: decode);
@@ -10,9 +13,7 @@
 //!    (per batch index, per row) are computed once outside the loop;
 //! 3. online softmax: new running max, `P = exp(S - max)` and its row sum by the exp
 //!    microkernel, the running sum and accumulator rescaled by `exp(old max - new max)`.
-//!    Plain unmasked scores after a row's first tile skip the max entirely (`exp(S - running
-//!    max)`, see [`Tile::unmasked_row`]). Sigmoid weights instead: `P = keep ? sigmoid(score)
-//!    : 0`;
+//!    Sigmoid weights instead: `P = keep ? sigmoid(score) : 0`;
 //! 4. `acc += P · V_tile` by the SGEMM microkernel (or the few-rows kernel).
 //!
 //! Finally each row is divided by its sum (rows with no kept key give 0), or, when keys are
@@ -24,60 +25,17 @@ use super::abi;
 use super::builder::Fx;
 use super::matmul::batch_strides;
 use super::ops::{Kind, Tv};
-use super::plan::{FlashKernel, Tuning};
-use super::score::{self, Env, Extra, Hoisted, Level};
+use super::score::{self, Env, Extra, Hoisted};
 use crate::ir::{DType, Dim, ScoreExpr, Weights};
+use crate::schedule::tiles::{CHUNK_COLS, CHUNK_ROWS};
+use crate::schedule::{FlashKernel, Level, Tuning};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use std::collections::HashMap;
 
-/// Rows per chunk of a partially masked tile (see [`tile_entry_bytes`]).
-pub const CHUNK_ROWS: usize = 32;
-/// The unit of a chunk's key extent in the tile table.
-pub const CHUNK_COLS: i64 = 16;
-
-/// Bytes per (query block, key tile) entry of a flash op's tile table for query blocks of `bm`
-/// rows: the tile's class (0 skip, 1 full, 2 partial), then for a partial tile two bytes per
-/// chunk of [`CHUNK_ROWS`] rows: the span `[lo, hi)` of the tile's keys the chunk's rows can
-/// keep, in units of [`CHUNK_COLS`] (every key outside it is masked for those rows).
-pub fn tile_entry_bytes(bm: usize) -> usize {
-    1 + 2 * bm.div_ceil(CHUNK_ROWS)
-}
-
 /// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
 /// and V in place instead of packing them.
 const FEW_ROWS: i64 = 4;
-
-/// Byte offsets of the regions of a flash kernel's per-thread scratch, and its size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlashScratch {
-    /// The score/probability tile, `BlockM × BlockN` f32.
-    pub tile: usize,
-    /// The output accumulator, `BlockM × Dv` f32.
-    pub acc: usize,
-    /// Running row maxima, `BlockM` f32.
-    pub max: usize,
-    /// Running row sums, `BlockM` f32.
-    pub sum: usize,
-    /// The key-position part of a separable score modification, `BlockN` f32.
-    pub bias: usize,
-    /// Total bytes.
-    pub total: usize,
-}
-
-fn round64(x: usize) -> usize {
-    x.div_ceil(64) * 64
-}
-
-/// The scratch layout for block sizes `bm × bn` and value width `dv` (the generated code
-/// computes the same offsets).
-pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
-    let acc = round64(bm * bn * 4);
-    let max = acc + round64(bm * dv * 4);
-    let sum = max + round64(bm * 4);
-    let bias = sum + round64(bm * 4);
-    FlashScratch { tile: 0, acc, max, sum, bias, total: bias + round64(bn * 4) }
-}
 
 /// Values of the prologue both kernels share.
 struct Common {
@@ -166,33 +124,69 @@ fn st(fx: &mut Fx, x: Value, base: Value, c: Value) {
     fx.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
 }
 
-/// Emits the flash kernel.
-pub fn emit(fx: &mut Fx, f: &FlashKernel) {
-    let r = f.q.shape.len();
+/// A flash operand (q, k or v) in the prologue.
+struct Operand {
+    /// Its first element.
+    base: Value,
+    /// Element stride between rows.
+    row: Value,
+    /// Element strides of the batch axes.
+    batch: Vec<Value>,
+}
+
+fn operand(fx: &mut Fx, view: &crate::schedule::View, batch: &[Dim]) -> Operand {
+    let r = view.shape.len();
+    let (base, strides) = fx.view_base(view);
+    let batch = batch_strides(fx, view, &strides, batch);
+    Operand { base, row: strides[r - 2], batch }
+}
+
+/// The scratch regions of a thread (the layout [`crate::schedule::prepare()`] computes).
+struct Scratch {
+    tile: Value,
+    acc: Value,
+    max: Value,
+    sum: Value,
+    bias: Value,
+}
+
+/// Everything the flash kernel's loops read, loaded in the prologue.
+struct Prologue<'f> {
+    f: &'f FlashKernel,
+    c: Common,
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    /// Keys, q/k width, and the leading dimensions of q, k, v for the products.
+    n: Value,
+    d: Value,
+    lda: Value,
+    ldk: Value,
+    ldv: Value,
+    bn: Value,
+    kps: Value,
+    nkb: Value,
+    tiles: Value,
+    entry_bytes: Value,
+    extras: Vec<Extra>,
+    dims: HashMap<Dim, Value>,
+    /// The scale of the Q·Kᵀ product.
+    alpha: Value,
+    scratch: Scratch,
+    lane_iota: Value,
+}
+
+fn prologue<'f>(fx: &mut Fx, f: &'f FlashKernel) -> Prologue<'f> {
     let c = common(fx, f);
-    let batch: Vec<Dim> = f.out.shape[..r - 2].to_vec();
-    let (qb, qst) = fx.view_base(&f.q);
-    let (kb, kst) = fx.view_base(&f.k);
-    let (vb, vst) = fx.view_base(&f.v);
-    let q_bs = batch_strides(fx, &f.q, &qst, &batch);
-    let k_bs = batch_strides(fx, &f.k, &kst, &batch);
-    let v_bs = batch_strides(fx, &f.v, &vst, &batch);
-    let n = fx.dim(&f.k.shape[r - 2]);
-    let d = fx.dim(&f.q.shape[r - 1]);
-    let (q_rs, k_rs, v_rs) = (qst[r - 2], kst[r - 2], vst[r - 2]);
-    let lda = fx.max(q_rs, d);
-    let ldk = fx.max(k_rs, d);
-    let ldv = fx.max(v_rs, c.dv);
-    let bn = fx.tuning(f.step, Tuning::BlockN);
-    let kps = fx.tuning(f.step, Tuning::KeysPerSplit);
-    let nkb = fx.tuning(f.step, Tuning::KeyBlocks);
+    let batch = f.batch().to_vec();
+    let (q, k, v) = (operand(fx, &f.q, &batch), operand(fx, &f.k, &batch), operand(fx, &f.v, &batch));
+    let (_, n, d, _) = f.sizes();
+    let (n, d) = (fx.dim(&n), fx.dim(&d));
+    let (lda, ldk, ldv) = (fx.max(q.row, d), fx.max(k.row, d), fx.max(v.row, c.dv));
+    let step = f.step;
+    let [bn, kps, nkb, entry_bytes] =
+        [Tuning::BlockN, Tuning::KeysPerSplit, Tuning::KeyBlocks, Tuning::TileEntryBytes].map(|t| fx.tuning(step, t));
     let tiles = fx.buf(f.tiles);
-    let chunk_rows = fx.i64(CHUNK_ROWS as i64);
-    let entry_bytes = {
-        let t = fx.ceil_div(c.bm, chunk_rows);
-        let t = fx.b.ins().ishl_imm_s(t, 1);
-        fx.b.ins().iadd_imm_s(t, 1)
-    };
     let extras: Vec<Extra> = f
         .extras
         .iter()
@@ -202,21 +196,13 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
             Extra { dtype: x.dtype, base, strides, sizes }
         })
         .collect();
-    let mut dim_list = Vec::new();
-    score::dims_of(&f.spec.score, &mut dim_list);
-    if let Some(m) = &f.spec.mask {
-        score::dims_of(m, &mut dim_list);
-    }
-    if let Some(a) = &f.alpha {
-        score::dims_of(a, &mut dim_list);
-    }
     let mut dims = HashMap::new();
-    for dd in dim_list {
+    for dd in crate::schedule::score_dims(f) {
         let v = fx.dim(&dd);
         let v = fx.b.ins().ireduce(types::I32, v);
         dims.insert(dd, v);
     }
-    let alpha = match &f.alpha {
+    let alpha = match &f.analysis.alpha {
         Some(a) => {
             let none = Hoisted::new();
             let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
@@ -225,301 +211,325 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
         }
         None => fx.f32(1.0),
     };
-    // Scratch regions, as `flash_scratch` lays them out.
-    let scratch = fx.scratch();
-    let round = |fx: &mut Fx, x: Value| {
-        let t = fx.b.ins().iadd_imm_s(x, 63);
-        fx.b.ins().band_imm_s(t, -64)
+    let base = fx.scratch();
+    let [acc, max, sum, bias] = [Tuning::ScratchAcc, Tuning::ScratchMax, Tuning::ScratchSum, Tuning::ScratchBias].map(|t| {
+        let off = fx.tuning(step, t);
+        fx.add(base, off)
+    });
+    let scratch = Scratch { tile: base, acc, max, sum, bias };
+    let lane_iota = fx.lane_iota();
+    Prologue { f, c, q, k, v, n, d, lda, ldk, ldv, bn, kps, nkb, tiles, entry_bytes, extras, dims, alpha, scratch, lane_iota }
+}
+
+/// One work item: a query block's rows against one key split.
+struct Item {
+    block: QueryBlock,
+    /// The query block's first row of q.
+    qp: Value,
+    /// Offsets of the batch index's k and v.
+    koff: Value,
+    voff: Value,
+    /// The split's keys.
+    kstart: Value,
+    kend: Value,
+    /// Batch positions (i32).
+    b_pos: Vec<Value>,
+    /// Score and mask parts computed once per work item.
+    hoisted: Hoisted,
+    /// Whether the separable split holds for every row of the block.
+    sep_ok: Value,
+    /// The per-item factors of the staged score and of the separated rest.
+    factor: Option<Value>,
+    rest_factor: Option<Value>,
+}
+
+/// Emits the flash kernel: work item = (batch index, query block of `BlockM` rows, key
+/// split); for each key tile of the split that the tile table does not skip, Q·Kᵀ, the
+/// weights, and P·V into the running state; then the rows (or the split's partial state).
+pub fn emit(fx: &mut Fx, f: &FlashKernel) {
+    let p = prologue(fx, f);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let item = item(fx, &p, w);
+        let ninf = fx.f32(f32::NEG_INFINITY);
+        let fzero = fx.f32(0.0);
+        let zero = fx.i64(0);
+        fx.for_range(zero, item.block.rows, |fx, rr| {
+            st(fx, ninf, p.scratch.max, rr);
+            st(fx, fzero, p.scratch.sum, rr);
+        });
+        let acc_n = fx.mul(item.block.rows, p.c.dv);
+        fx.rows(acc_n, &[p.scratch.acc], &|fx, _, ptr| {
+            let z = fx.fconst(0.0);
+            stp(fx, z, ptr[0]);
+        });
+        let kb0 = fx.b.ins().udiv(item.kstart, p.bn);
+        let kb1 = fx.ceil_div(item.kend, p.bn);
+        fx.for_range(kb0, kb1, |fx, kbi| key_tile(fx, &p, &item, kbi));
+        finish(fx, &p, &item, w);
+    });
+}
+
+/// Decodes work item `w`, hoists its item-level score parts and checks the separable split.
+fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
+    let (f, r) = (p.f, p.f.spec.rank);
+    let sp = fx.b.ins().urem(w, p.c.splits);
+    let t = fx.b.ins().udiv(w, p.c.splits);
+    let block = query_block(fx, &p.c, t);
+    let zero = fx.i64(0);
+    let qoff = fx.dot(zero, &block.bidx, &p.q.batch);
+    let qrow = fx.mul(block.i0, p.q.row);
+    let qoff = fx.add(qoff, qrow);
+    let qp = fx.elem_addr(p.q.base, qoff);
+    let koff = fx.dot(zero, &block.bidx, &p.k.batch);
+    let voff = fx.dot(zero, &block.bidx, &p.v.batch);
+    let kstart = fx.mul(sp, p.kps);
+    let kend = fx.add(kstart, p.kps);
+    let kend = fx.min(kend, p.n);
+    let b_pos: Vec<Value> = block.bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
+    let mut hoisted = Hoisted::new();
+    {
+        let mut pos = b_pos.clone();
+        let z = fx.b.ins().iconst(types::I32, 0);
+        pos.extend([z, z]);
+        let none = Hoisted::new();
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &none };
+        let mut exprs: Vec<&ScoreExpr> = std::iter::once(&f.analysis.score).chain(f.spec.mask.as_ref()).collect();
+        exprs.extend(f.analysis.separated.as_ref().map(|(x, _)| &x.sep));
+        score::hoist(fx, &exprs, r, Level::Item, &env, &mut hoisted);
+    }
+    let sep_ok = separable_ok(fx, p, &block, &b_pos, &hoisted);
+    // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
+    let factor_of = |fx: &mut Fx, staged: &crate::schedule::StagedScore| {
+        staged.factor.as_ref().map(|c| match c {
+            Some(c) => {
+                let env = Env { s: None, pos: &b_pos, dims: &p.dims, extras: &p.extras, hoisted: &hoisted };
+                let t = score::eval(fx, c, &env);
+                fx.cvt_f(t)
+            }
+            None => fx.f32(1.0),
+        })
     };
-    let tile_bytes = fx.mul(c.bm, bn);
-    let tile_bytes = fx.b.ins().ishl_imm_s(tile_bytes, 2);
-    let acc_off = round(fx, tile_bytes);
-    let acc_bytes = fx.mul(c.bm, c.dv);
-    let acc_bytes = fx.b.ins().ishl_imm_s(acc_bytes, 2);
-    let acc_bytes = round(fx, acc_bytes);
-    let max_off = fx.add(acc_off, acc_bytes);
-    let row_bytes = fx.b.ins().ishl_imm_s(c.bm, 2);
-    let row_bytes = round(fx, row_bytes);
-    let sum_off = fx.add(max_off, row_bytes);
-    let bias_off = fx.add(sum_off, row_bytes);
-    let s_tile = scratch;
-    let acc = fx.add(scratch, acc_off);
-    let rmax = fx.add(scratch, max_off);
-    let rsum = fx.add(scratch, sum_off);
-    let bias = fx.add(scratch, bias_off);
-    let lane_iota = {
-        let mut v = fx.b.ins().iconst(types::I32, 0);
-        v = fx.b.ins().splat(types::I32X4, v);
-        for lane in 1..4u8 {
-            let x = fx.b.ins().iconst(types::I32, i64::from(lane));
-            v = fx.b.ins().insertlane(v, x, lane);
+    let factor = factor_of(fx, &f.analysis.staged);
+    let rest_factor = f.analysis.separated.as_ref().and_then(|(_, rest)| factor_of(fx, rest));
+    Item { block, qp, koff, voff, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
+}
+
+/// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
+/// row `i` (then its row part is finite at `i` and at `i0`). False without a split.
+fn separable_ok(fx: &mut Fx, p: &Prologue, block: &QueryBlock, b_pos: &[Value], hoisted: &Hoisted) -> Value {
+    let Some((x, _)) = &p.f.analysis.separated else { return fx.b.ins().iconst(types::I8, 0) };
+    let yes = fx.b.ins().iconst(types::I8, 1);
+    let ok = fx.var(types::I8, yes);
+    let i0_32 = fx.b.ins().ireduce(types::I32, block.i0);
+    let zero = fx.i64(0);
+    fx.for_range(zero, block.rows, |fx, rr| {
+        let i = fx.add(block.i0, rr);
+        let mut pos = b_pos.to_vec();
+        pos.extend([fx.b.ins().ireduce(types::I32, i), i0_32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted };
+        let t = score::eval(fx, &x.sep, &env);
+        let t = fx.cvt_f(t);
+        let d = fx.b.ins().fsub(t, t);
+        let z = fx.f32(0.0);
+        let finite = fx.b.ins().fcmp(FloatCC::Equal, d, z);
+        let prev = fx.b.use_var(ok);
+        let both = fx.b.ins().band(prev, finite);
+        fx.b.def_var(ok, both);
+    });
+    fx.b.use_var(ok)
+}
+
+/// The key tile `kbi` of a work item, unless the tile table skips it.
+fn key_tile(fx: &mut Fx, p: &Prologue, it: &Item, kbi: Value) {
+    let j0 = fx.mul(kbi, p.bn);
+    let kleft = fx.sub(it.kend, j0);
+    let cols = fx.min(p.bn, kleft);
+    let tix = fx.mul(it.block.qblk, p.nkb);
+    let tix = fx.add(tix, kbi);
+    let tix = fx.mul(tix, p.entry_bytes);
+    let taddr = fx.add(p.tiles, tix);
+    let class = fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0);
+    let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
+    fx.if_then(run, |fx| {
+        let krow = fx.mul(j0, p.k.row);
+        let kk = fx.add(it.koff, krow);
+        let kp = fx.elem_addr(p.k.base, kk);
+        let vrow = fx.mul(j0, p.v.row);
+        let vv = fx.add(it.voff, vrow);
+        let vp = fx.elem_addr(p.v.base, vv);
+        let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
+        let a = &p.f.analysis;
+        let tile = Tile {
+            f: p.f,
+            score: &a.staged.expr,
+            tanh: a.staged.tanh,
+            factor: it.factor,
+            bias: None,
+            s_tile: p.scratch.tile,
+            bn: p.bn,
+            cols,
+            j0,
+            i0: it.block.i0,
+            b_pos: &it.b_pos,
+            dims: &p.dims,
+            extras: &p.extras,
+            lane_iota: p.lane_iota,
+            item: &it.hoisted,
+        };
+        let at = TileAt { partial, taddr, kp, vp };
+        match &a.separated {
+            Some((x, rest)) => fx.if_else(
+                it.sep_ok,
+                |fx| {
+                    let bias = a.key_bias.then(|| {
+                        tile.key_bias(fx, &x.sep, p.scratch.bias);
+                        p.scratch.bias
+                    });
+                    let rest_tile = Tile { score: &rest.expr, tanh: rest.tanh, factor: it.rest_factor, bias, ..tile };
+                    tile_body(fx, p, it, &rest_tile, &at);
+                },
+                |fx| tile_body(fx, p, it, &tile, &at),
+            ),
+            None => tile_body(fx, p, it, &tile, &at),
         }
-        v
+    });
+}
+
+/// Where a running key tile is: its class, its tile-table entry and its first K and V rows.
+struct TileAt {
+    partial: Value,
+    taddr: Value,
+    kp: Value,
+    vp: Value,
+}
+
+/// A tile's rows. Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span
+/// of keys its rows can keep (from the tile table): a diagonal tile does about half the work of
+/// a full one, a window's edge tiles only their band.
+fn tile_body(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
+    let zero = fx.i64(0);
+    let rows = it.block.rows;
+    if p.f.spec.mask.is_none() {
+        return span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false);
+    }
+    fx.if_else(
+        at.partial,
+        |fx| {
+            let chunk_rows = fx.i64(CHUNK_ROWS as i64);
+            let chunks = fx.ceil_div(rows, chunk_rows);
+            fx.for_range(zero, chunks, |fx, ch| {
+                let r0 = fx.mul(ch, chunk_rows);
+                let left = fx.sub(rows, r0);
+                let rc = fx.min(chunk_rows, left);
+                let two = fx.b.ins().ishl_imm_s(ch, 1);
+                let e = fx.add(at.taddr, two);
+                let lo = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 1);
+                let hi = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 2);
+                let c0 = fx.b.ins().imul_imm_s(lo, CHUNK_COLS);
+                let c1 = fx.b.ins().imul_imm_s(hi, CHUNK_COLS);
+                let c1 = fx.min(c1, tile.cols);
+                let cc = fx.sub(c1, c0);
+                let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cc, 0);
+                fx.if_then(any, |fx| span(fx, p, it, tile, at, (r0, rc), (c0, cc), true));
+            });
+        },
+        |fx| span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false),
+    );
+}
+
+/// Rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc`: Q·Kᵀ, the weights (the mask
+/// tested when `masked`), P·V. Blocks of at most [`FEW_ROWS`] rows use the few-rows products.
+#[allow(clippy::too_many_arguments)]
+fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc): (Value, Value), (c0, cc): (Value, Value), masked: bool) {
+    let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
+    let qoff = fx.mul(r0, p.lda);
+    let qrow = fx.elem_addr(it.qp, qoff);
+    let soff = fx.mul(r0, p.bn);
+    let soff = fx.add(soff, c0);
+    let srow = fx.elem_addr(p.scratch.tile, soff);
+    let koff = fx.mul(c0, p.ldk);
+    let kp = fx.elem_addr(at.kp, koff);
+    let voff = fx.mul(c0, p.ldv);
+    let vp = fx.elem_addr(at.vp, voff);
+    let aoff = fx.mul(r0, p.c.dv);
+    let arow = fx.elem_addr(p.scratch.acc, aoff);
+    let products = |fx: &mut Fx, small: abi::Import, big: abi::Import, args: &[Value]| {
+        fx.if_else(
+            few,
+            |fx| {
+                fx.call(small, args);
+            },
+            |fx| {
+                fx.call(big, args);
+            },
+        );
     };
     let overwrite = fx.b.ins().iconst(types::I32, 0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     let one = fx.f32(1.0);
-    let softmax = f.spec.weights == Weights::Softmax;
-    // The separable part of a softmax score modification (see `score::Separated`) and whether
-    // it depends on the key position (otherwise it only shifts rows and drops out).
-    let sep = if softmax { score::separate(&f.spec.score, r) } else { None };
-    let sep_cols = sep.as_ref().is_some_and(|x| score::level(&x.sep, r) == Level::Elem);
-    // Scores read only through `tanh(s)` (soft-capping) get a row-wide tanh kernel first,
-    // unless the mask reads the raw score.
-    let mask_reads_s = f.spec.mask.as_ref().is_some_and(score::reads_score);
-    let staged = |e: &ScoreExpr| if mask_reads_s { None } else { score::tanh_staged(e) };
-    let score_full = staged(&f.spec.score);
-    let score_rest = sep.as_ref().and_then(|x| staged(&x.rest));
-
-    let (lo, hi) = (fx.lo(), fx.hi());
-    fx.for_range(lo, hi, |fx, w| {
-        let sp = fx.b.ins().urem(w, c.splits);
-        let t = fx.b.ins().udiv(w, c.splits);
-        let QueryBlock { qblk, bidx, i0, rows } = query_block(fx, &c, t);
-        let zero = fx.i64(0);
-        let qoff = fx.dot(zero, &bidx, &q_bs);
-        let qrow = fx.mul(i0, q_rs);
-        let qoff = fx.add(qoff, qrow);
-        let qp = fx.elem_addr(qb, qoff);
-        let koff = fx.dot(zero, &bidx, &k_bs);
-        let voff = fx.dot(zero, &bidx, &v_bs);
-        let kstart = fx.mul(sp, kps);
-        let kend = fx.add(kstart, kps);
-        let kend = fx.min(kend, n);
-        let b_pos: Vec<Value> = bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
-        // Parts of the score and mask that depend on the batch position only.
-        let mut item = Hoisted::new();
-        {
-            let mut pos = b_pos.clone();
-            let z = fx.b.ins().iconst(types::I32, 0);
-            pos.extend([z, z]);
-            let none = Hoisted::new();
-            let env = Env { s: None, pos: &pos, dims: &dims, extras: &extras, hoisted: &none };
-            let exprs: Vec<&ScoreExpr> = std::iter::once(&f.spec.score).chain(f.spec.mask.as_ref()).collect();
-            score::hoist(fx, &exprs, r, Level::Item, &env, &mut item);
-            if let Some(x) = &sep {
-                score::hoist(fx, &[&x.sep], r, Level::Item, &env, &mut item);
-            }
+    products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]);
+    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
+    let t = Tile {
+        cols: cc,
+        j0: fx.add(tile.j0, c0),
+        s_tile: fx.elem_addr(tile.s_tile, c0),
+        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
+        ..*tile
+    };
+    let state = Running { max: p.scratch.max, sum: p.scratch.sum, acc: p.scratch.acc, dv: p.c.dv };
+    let softmax = p.f.spec.weights == Weights::Softmax;
+    let r1 = fx.add(r0, rc);
+    fx.for_range(r0, r1, |fx, rr| {
+        if softmax {
+            t.softmax_row(fx, rr, masked, &state);
+        } else {
+            t.sigmoid(fx, rr, masked);
         }
-        // Whether the separable split holds for every row of the block: `sep(i, i0)` finite
-        // for each row `i` (then its row part is finite at `i` and at `i0`).
-        let sep_ok = match &sep {
-            Some(x) => {
-                let yes = fx.b.ins().iconst(types::I8, 1);
-                let ok = fx.var(types::I8, yes);
-                let i0_32 = fx.b.ins().ireduce(types::I32, i0);
-                fx.for_range(zero, rows, |fx, rr| {
-                    let i = fx.add(i0, rr);
-                    let mut pos = b_pos.clone();
-                    pos.extend([fx.b.ins().ireduce(types::I32, i), i0_32]);
-                    let env = Env { s: None, pos: &pos, dims: &dims, extras: &extras, hoisted: &item };
-                    let t = score::eval(fx, &x.sep, &env);
-                    let t = fx.cvt_f(t);
-                    let d = fx.b.ins().fsub(t, t);
-                    let z = fx.f32(0.0);
-                    let finite = fx.b.ins().fcmp(FloatCC::Equal, d, z);
-                    let prev = fx.b.use_var(ok);
-                    let both = fx.b.ins().band(prev, finite);
-                    fx.b.def_var(ok, both);
-                });
-                fx.b.use_var(ok)
-            }
-            None => fx.b.ins().iconst(types::I8, 0),
-        };
-        // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
-        let score_factor = |fx: &mut Fx, e: &ScoreExpr| {
-            score::score_factor(e, r).map(|c| match c {
-                Some(c) => {
-                    let env = Env { s: None, pos: &b_pos, dims: &dims, extras: &extras, hoisted: &item };
-                    let t = score::eval(fx, c, &env);
-                    fx.cvt_f(t)
-                }
-                None => fx.f32(1.0),
-            })
-        };
-        let full_score = score_full.as_ref().unwrap_or(&f.spec.score);
-        let full_factor = score_factor(fx, full_score);
-        let rest_score = sep.as_ref().map(|x| score_rest.as_ref().unwrap_or(&x.rest));
-        let rest_factor = rest_score.and_then(|e| score_factor(fx, e));
-        // Fresh running state.
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let fzero = fx.f32(0.0);
-        fx.for_range(zero, rows, |fx, rr| {
-            st(fx, ninf, rmax, rr);
-            st(fx, fzero, rsum, rr);
-        });
-        let acc_n = fx.mul(rows, c.dv);
-        fx.rows(acc_n, &[acc], &|fx, _, p| {
-            let z = fx.fconst(0.0);
-            stp(fx, z, p[0]);
-        });
-        let kb0 = fx.b.ins().udiv(kstart, bn);
-        let kb1 = fx.ceil_div(kend, bn);
-        fx.for_range(kb0, kb1, |fx, kbi| {
-            let j0 = fx.mul(kbi, bn);
-            let kleft = fx.sub(kend, j0);
-            let cols = fx.min(bn, kleft);
-            let tix = fx.mul(qblk, nkb);
-            let tix = fx.add(tix, kbi);
-            let tix = fx.mul(tix, entry_bytes);
-            let taddr = fx.add(tiles, tix);
-            let class = fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0);
-            let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
-            fx.if_then(run, |fx| {
-                let krow = fx.mul(j0, k_rs);
-                let kk = fx.add(koff, krow);
-                let kp = fx.elem_addr(kb, kk);
-                let vrow = fx.mul(j0, v_rs);
-                let vv = fx.add(voff, vrow);
-                let vp = fx.elem_addr(vb, vv);
-                let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
-                let tile = Tile {
-                    f,
-                    score: full_score,
-                    tanh: score_full.is_some(),
-                    factor: full_factor,
-                    bias: None,
-                    s_tile,
-                    bn,
-                    cols,
-                    j0,
-                    i0,
-                    b_pos: &b_pos,
-                    dims: &dims,
-                    extras: &extras,
-                    lane_iota,
-                    item: &item,
-                };
-                let state = Running { max: rmax, sum: rsum, acc, dv: c.dv };
-                // Rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc`: Q·Kᵀ, weights (the
-                // mask tested when `masked`), P·V.
-                let span = |fx: &mut Fx, tile: &Tile, r0: Value, rc: Value, c0: Value, cc: Value, masked: bool| {
-                    let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
-                    let qoff = fx.mul(r0, lda);
-                    let qrow = fx.elem_addr(qp, qoff);
-                    let soff = fx.mul(r0, bn);
-                    let soff = fx.add(soff, c0);
-                    let srow = fx.elem_addr(s_tile, soff);
-                    let koff = fx.mul(c0, ldk);
-                    let kp = fx.elem_addr(kp, koff);
-                    let voff = fx.mul(c0, ldv);
-                    let vp = fx.elem_addr(vp, voff);
-                    let aoff = fx.mul(r0, c.dv);
-                    let arow = fx.elem_addr(acc, aoff);
-                    let products = |fx: &mut Fx, small: abi::Import, big: abi::Import, args: &[Value]| {
-                        fx.if_else(
-                            few,
-                            |fx| {
-                                fx.call(small, args);
-                            },
-                            |fx| {
-                                fx.call(big, args);
-                            },
-                        );
-                    };
-                    products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, d, qrow, lda, kp, ldk, srow, bn, alpha, overwrite]);
-                    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
-                    let t = Tile {
-                        cols: cc,
-                        j0: fx.add(tile.j0, c0),
-                        s_tile: fx.elem_addr(tile.s_tile, c0),
-                        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
-                        ..*tile
-                    };
-                    let r1 = fx.add(r0, rc);
-                    fx.for_range(r0, r1, |fx, rr| {
-                        if softmax {
-                            t.softmax_row(fx, rr, masked, &state);
-                        } else {
-                            t.sigmoid(fx, rr, masked);
-                        }
-                    });
-                    products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, c.dv, cc, srow, bn, vp, ldv, arow, c.dv, one, accumulate]);
-                };
-                // Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span of
-                // keys its rows can keep (from the tile table): a diagonal tile does about half
-                // the work of a full one, a window's edge tiles only their band.
-                let body = |fx: &mut Fx, tile: &Tile| {
-                    if f.spec.mask.is_none() {
-                        return span(fx, tile, zero, rows, zero, cols, false);
-                    }
-                    fx.if_else(
-                        partial,
-                        |fx| {
-                            let chunks = fx.ceil_div(rows, chunk_rows);
-                            fx.for_range(zero, chunks, |fx, ch| {
-                                let r0 = fx.mul(ch, chunk_rows);
-                                let left = fx.sub(rows, r0);
-                                let rc = fx.min(chunk_rows, left);
-                                let two = fx.b.ins().ishl_imm_s(ch, 1);
-                                let at = fx.add(taddr, two);
-                                let lo = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), at, 1);
-                                let hi = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), at, 2);
-                                let c0 = fx.b.ins().imul_imm_s(lo, CHUNK_COLS);
-                                let c1 = fx.b.ins().imul_imm_s(hi, CHUNK_COLS);
-                                let c1 = fx.min(c1, cols);
-                                let cc = fx.sub(c1, c0);
-                                let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cc, 0);
-                                fx.if_then(any, |fx| span(fx, tile, r0, rc, c0, cc, true));
-                            });
-                        },
-                        |fx| span(fx, tile, zero, rows, zero, cols, false),
-                    );
-                };
-                match &sep {
-                    Some(x) => fx.if_else(
-                        sep_ok,
-                        |fx| {
-                            let bias = sep_cols.then(|| {
-                                tile.key_bias(fx, &x.sep, bias);
-                                bias
-                            });
-                            let score = rest_score.unwrap_or(&x.rest);
-                            body(fx, &Tile { score, tanh: score_rest.is_some(), factor: rest_factor, bias, ..tile });
-                        },
-                        |fx| body(fx, &tile),
-                    ),
-                    None => body(fx, &tile),
-                }
-            });
-        });
-        // Results: final rows, or the partial state for the merge step.
-        let single = fx.b.ins().icmp_imm_s(IntCC::Equal, c.splits, 1);
-        fx.if_else(
-            single,
-            |fx| {
-                let ooff = fx.dot(zero, &bidx, &c.out_bs);
-                fx.for_range(zero, rows, |fx, rr| {
-                    let i = fx.add(i0, rr);
-                    let orow = fx.mul(i, c.out_rs);
-                    let orow = fx.add(ooff, orow);
-                    let op = fx.elem_addr(c.out, orow);
-                    let arow = fx.mul(rr, c.dv);
-                    let ap = fx.elem_addr(acc, arow);
-                    let lsum = ld(fx, rsum, rr);
-                    write_row(fx, ap, op, c.dv, if softmax { Some(lsum) } else { None }, f.out.dtype);
-                });
-            },
-            |fx| {
-                fx.for_range(zero, rows, |fx, rr| {
-                    let pr = partial_row(fx, &c, w, rr);
-                    let mx = ld(fx, rmax, rr);
-                    let sm = ld(fx, rsum, rr);
-                    fx.store(mx, pr);
-                    let one_e = fx.i64(1);
-                    st(fx, sm, pr, one_e);
-                    let two = fx.i64(2);
-                    let dst = fx.elem_addr(pr, two);
-                    let arow = fx.mul(rr, c.dv);
-                    let ap = fx.elem_addr(acc, arow);
-                    fx.rows(c.dv, &[ap, dst], &|fx, _, p| {
-                        let x = ldp(fx, p[0]);
-                        stp(fx, x, p[1]);
-                    });
-                });
-            },
-        );
     });
+    products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, cc, srow, p.bn, vp, p.ldv, arow, p.c.dv, one, accumulate]);
+}
+
+/// The work item's results: its rows divided by their sums (rows with no kept key give 0), or,
+/// when keys are split, its partial state (`max, sum, acc`) for the merge step.
+fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
+    let (c, rows, zero) = (&p.c, it.block.rows, fx.i64(0));
+    let softmax = p.f.spec.weights == Weights::Softmax;
+    let single = fx.b.ins().icmp_imm_s(IntCC::Equal, c.splits, 1);
+    fx.if_else(
+        single,
+        |fx| {
+            let ooff = fx.dot(zero, &it.block.bidx, &c.out_bs);
+            fx.for_range(zero, rows, |fx, rr| {
+                let i = fx.add(it.block.i0, rr);
+                let orow = fx.mul(i, c.out_rs);
+                let orow = fx.add(ooff, orow);
+                let op = fx.elem_addr(c.out, orow);
+                let arow = fx.mul(rr, c.dv);
+                let ap = fx.elem_addr(p.scratch.acc, arow);
+                let lsum = ld(fx, p.scratch.sum, rr);
+                write_row(fx, ap, op, c.dv, if softmax { Some(lsum) } else { None }, p.f.out.dtype);
+            });
+        },
+        |fx| {
+            fx.for_range(zero, rows, |fx, rr| {
+                let pr = partial_row(fx, c, w, rr);
+                let mx = ld(fx, p.scratch.max, rr);
+                let sm = ld(fx, p.scratch.sum, rr);
+                fx.store(mx, pr);
+                let one_e = fx.i64(1);
+                st(fx, sm, pr, one_e);
+                let two = fx.i64(2);
+                let dst = fx.elem_addr(pr, two);
+                let arow = fx.mul(rr, c.dv);
+                let ap = fx.elem_addr(p.scratch.acc, arow);
+                fx.rows(c.dv, &[ap, dst], &|fx, _, ptr| {
+                    let x = ldp(fx, ptr[0]);
+                    stp(fx, x, ptr[1]);
+                });
+            });
+        },
+    );
 }
 
 /// `dst[c] = src[c] / sum` (or `src[c]` when `sum` is `None`), 0 where `sum` is 0, rounded to

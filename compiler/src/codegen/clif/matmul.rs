@@ -6,8 +6,8 @@
 use super::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv};
-use super::plan::{Tuning, View};
 use crate::ir::{DType, Dim};
+use crate::schedule::{Tuning, View};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 
 /// Strides of `view`'s batch axes (all but the last two) aligned to `batch` (right-aligned;

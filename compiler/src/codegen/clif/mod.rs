@@ -1,29 +1,23 @@
-//! The Cranelift CPU backend's code generator: a verified [`Graph`] becomes an execution
-//! [`Plan`] (buffers, an integer table, ordered steps) plus one Cranelift IR [`Function`] per
-//! step. It does no IO and owns no executable memory: the runtime JIT-compiles the functions,
-//! provides the microkernel and helper symbols ([`abi::IMPORTS`]), sizes buffers per run shape
-//! and calls the steps from its thread pool.
+//! The Cranelift CPU backend's code generator: it renders a [`Schedule`] for the CPU as one
+//! Cranelift IR [`Function`] per step, and decides nothing the schedule has not decided. It does
+//! no IO and owns no executable memory: the runtime JIT-compiles the functions, provides the
+//! microkernel and helper symbols ([`abi::IMPORTS`]), prepares the schedule per run shape
+//! ([`crate::schedule::prepare()`]) and calls the steps from its thread pool.
 //!
-//! Files: `plan` (the data model), `lower` (graph → plan: fusion, views, outputs), `builder`
-//! (function scaffolding, loops), `ops` (typed per-element arithmetic and math), and one
-//! emitter per kernel kind: `elementwise`, `reduce`, `matmul`, `flash` (with `score`, the
-//! score-expression compiler).
+//! Files: `builder` (function scaffolding, loops, the integer table), `ops` (typed per-element
+//! arithmetic and math, following [`crate::ir::semantics`]), and one renderer per kernel kind:
+//! `elementwise`, `reduce`, `matmul`, `flash` (with `score`, the score-expression compiler).
 
 pub mod abi;
 mod builder;
 mod elementwise;
 mod flash;
-mod lower;
 mod matmul;
 mod ops;
-pub mod plan;
 mod reduce;
 mod score;
 
-pub use flash::{CHUNK_COLS, CHUNK_ROWS, FlashScratch, flash_scratch, tile_entry_bytes};
-pub use plan::{Buffer, BufferKind, Check, IntValue, Kernel, Plan, Step, Tuning, View};
-
-use crate::ir::{Graph, Module};
+use crate::schedule::{IntValue, Kernel, Schedule};
 use builder::{Fx, new_function};
 use cranelift_codegen::ir::Function;
 use cranelift_codegen::isa::CallConv;
@@ -32,33 +26,29 @@ use cranelift_frontend::FunctionBuilderContext;
 use std::fmt::Write;
 use thiserror::Error;
 
-/// Why a graph could not be compiled for the CPU.
+/// Why a schedule could not be rendered for the CPU.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CodegenError {
-    /// The graph has a cycle.
-    #[error("graph `{graph}` has a cycle")]
-    Cycle {
+    /// The schedule is not for the CPU.
+    #[error("schedule `{graph}` is for {target}, not the cpu target")]
+    Target {
         /// The graph.
         graph: String,
+        /// The schedule's target.
+        target: String,
     },
-    /// The graph does not verify (the code generator only takes verified graphs).
-    #[error("graph `{graph}` is not valid IR: {errors}")]
-    Invalid {
+    /// A step that could not be rendered (a code generator bug): which, and why.
+    #[error("graph `{graph}`: step {step} ({label}): {reason}")]
+    Render {
         /// The graph.
         graph: String,
-        /// The verifier's findings.
-        errors: String,
-    },
-    /// A node the backend cannot lower as it stands.
-    #[error("graph `{graph}`: %{value} ({op}): {reason}")]
-    Unsupported {
-        /// The graph.
-        graph: String,
-        /// The node's `%N`.
-        value: usize,
-        /// The op's name.
-        op: String,
-        /// Why.
+        /// The step.
+        step: usize,
+        /// The step's label (`%N op`).
+        label: String,
+        /// The source expression of the step's node, when known.
+        span: Option<attn_dsl::Span>,
+        /// What was missing.
         reason: String,
     },
     /// A generated function failed Cranelift's verifier (a code generator bug).
@@ -73,12 +63,12 @@ pub enum CodegenError {
     },
 }
 
-/// A graph compiled to a plan and Cranelift IR.
+/// A schedule rendered as Cranelift IR.
 #[derive(Clone, Debug)]
 pub struct CpuModule {
     /// What to run, in what order, on which buffers.
-    pub plan: Plan,
-    /// One function per step (`plan.steps[i].func` indexes this).
+    pub schedule: Schedule,
+    /// One function per step, in step order.
     pub functions: Vec<Function>,
 }
 
@@ -89,74 +79,55 @@ pub struct Features {
     pub call_conv: CallConv,
 }
 
-/// The features [`emit_text`] assumes: System V calls (x86-64 Linux), so the listing is the
+/// The features listings (`--emit clif`, snapshots) assume: System V calls (x86-64 Linux), so a listing is the
 /// same on every machine.
 pub const TEXT_FEATURES: Features = Features { call_conv: CallConv::SystemV };
 
-/// Compiles a verified graph for a machine with `features`.
-pub fn compile(graph: &Graph, features: &Features) -> Result<CpuModule, CodegenError> {
-    let call_conv = features.call_conv;
-    if let Err(errors) = crate::ir::verify(graph) {
-        let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-        return Err(CodegenError::Invalid { graph: graph.name.clone(), errors: errors.join("; ") });
+/// Renders a CPU schedule as one function per step for a machine with `features`.
+pub fn compile(schedule: &Schedule, features: &Features) -> Result<CpuModule, CodegenError> {
+    if schedule.target != crate::schedule::Target::Cpu {
+        return Err(CodegenError::Target { graph: schedule.name.clone(), target: schedule.target.name().to_string() });
     }
-    let mut plan = lower::lower(graph)?;
+    let call_conv = features.call_conv;
     let mut ctx = FunctionBuilderContext::new();
     let flags = settings::Flags::new(settings::builder());
-    let mut functions = Vec::with_capacity(plan.steps.len());
-    for s in 0..plan.steps.len() {
-        let kernel = plan.steps[s].kernel.clone();
-        let name = format!("{}_{s}_{}", graph.name, kernel_name(&kernel));
+    let mut functions = Vec::with_capacity(schedule.steps.len());
+    for (s, step) in schedule.steps.iter().enumerate() {
+        let name = format!("{}_{s}_{}", schedule.name, step.kernel.name());
         let mut func = new_function(&name, call_conv);
-        {
-            let mut fx = Fx::new(&mut func, &mut ctx, &mut plan, call_conv);
-            match &kernel {
-                Kernel::Elementwise { out, inputs, expr } => elementwise::emit(&mut fx, out, inputs, expr),
-                Kernel::MatMul { a, b, c, b_transposed } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
-                Kernel::Reduce { x, op, axes, out } => reduce::emit_reduce(&mut fx, x, *op, axes, out),
-                Kernel::Softmax { x, axis, out } => reduce::emit_softmax(&mut fx, x, *axis, out),
-                Kernel::Norm { x, gamma, beta, eps, out } => reduce::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
-                Kernel::Flash(f) => flash::emit(&mut fx, f),
-                Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),
-            }
-            fx.finish();
+        let mut fx = Fx::new(&mut func, &mut ctx, schedule, call_conv);
+        match &step.kernel {
+            Kernel::Elementwise { out, inputs, expr } => elementwise::emit(&mut fx, out, inputs, expr),
+            Kernel::MatMul { a, b, c, b_transposed, .. } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
+            Kernel::Reduce { x, op, axes, out } => reduce::emit_reduce(&mut fx, x, *op, axes, out),
+            Kernel::Softmax { x, axis, out } => reduce::emit_softmax(&mut fx, x, *axis, out),
+            Kernel::Norm { x, gamma, beta, eps, out } => reduce::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
+            Kernel::Flash(f) => flash::emit(&mut fx, f),
+            Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),
+        }
+        let failures = std::mem::take(&mut fx.failures);
+        fx.finish();
+        if !failures.is_empty() {
+            return Err(CodegenError::Render {
+                graph: schedule.name.clone(),
+                step: s,
+                label: step.label.clone(),
+                span: step.span,
+                reason: failures.join("; "),
+            });
         }
         if let Err(errors) = cranelift_codegen::verify_function(&func, &flags) {
-            return Err(CodegenError::Verify { graph: graph.name.clone(), function: name, errors: errors.to_string() });
+            return Err(CodegenError::Verify { graph: schedule.name.clone(), function: name, errors: errors.to_string() });
         }
         functions.push(func);
     }
-    Ok(CpuModule { plan, functions })
+    Ok(CpuModule { schedule: schedule.clone(), functions })
 }
 
-/// A short name for a kernel kind (part of function names).
-pub fn kernel_name(k: &Kernel) -> &'static str {
-    match k {
-        Kernel::Elementwise { .. } => "elementwise",
-        Kernel::MatMul { .. } => "matmul",
-        Kernel::Reduce { .. } => "reduce",
-        Kernel::Softmax { .. } => "softmax",
-        Kernel::Norm { .. } => "norm",
-        Kernel::Flash(_) => "flash",
-        Kernel::FlashMerge(_) => "flash_merge",
-    }
-}
-
-/// The Cranelift IR text of every generated function of every graph of `module`, each graph
-/// headed by its plan (integer table, buffers, steps) as comments: what `attnc build --emit
-/// clif` prints.
-pub fn emit_text(module: &Module) -> Result<String, CodegenError> {
-    let mut out = String::new();
-    for g in &module.graphs {
-        let m = compile(g, &TEXT_FEATURES)?;
-        write_module(&mut out, &m);
-    }
-    Ok(out)
-}
-
-/// Appends one compiled graph's listing to `out`.
+/// The listing of one rendered schedule, headed by its integer table and buffers as comments:
+/// what `attnc build --emit clif` prints per function.
 pub fn write_module(out: &mut String, m: &CpuModule) {
-    let p = &m.plan;
+    let p = &m.schedule;
     let _ = writeln!(out, "; graph {}", p.name);
     for (i, v) in p.ints.iter().enumerate() {
         let text = match v {
@@ -164,23 +135,6 @@ pub fn write_module(out: &mut String, m: &CpuModule) {
             IntValue::Tuning { step, param } => format!("{param:?} of step {step}"),
         };
         let _ = writeln!(out, ";   ints[{i}] = {text}");
-    }
-    for (i, b) in p.buffers.iter().enumerate() {
-        let kind = match &b.kind {
-            BufferKind::Param(k) => format!("param {k}"),
-            BufferKind::Output(k) => format!("output {k}"),
-            BufferKind::Temp => "temp".to_string(),
-            BufferKind::TileTable { step } => format!("tile table of step {step}"),
-            BufferKind::Partials { step } => format!("partial states of step {step}"),
-        };
-        match b.kind {
-            BufferKind::TileTable { .. } | BufferKind::Partials { .. } => {
-                let _ = writeln!(out, ";   bufs[{i}] = {kind} (%{}), sized per run", b.value);
-            }
-            _ => {
-                let _ = writeln!(out, ";   bufs[{i}] = {kind}: %{} {}[{}]", b.value, b.dtype, b.elems);
-            }
-        }
     }
     for (i, s) in p.steps.iter().enumerate() {
         let _ = writeln!(out, ";   step {i}: {} over ints[{}] items", s.label, s.work);

@@ -1,6 +1,6 @@
 //! Per-element arithmetic on typed values, shared by element-wise kernels and the flash score
 //! expressions: conversions, unary and binary ops, `where`, rounding to a storage type, and the
-//! transcendental functions (exp, tanh and friends inline; log, pow, erf through helpers).
+//! transcendental functions (exp, tanh, GELU's erfc, expm1 inline; log and pow through helpers).
 //!
 //! A value is a number (`F`: f32), an integer (`I`: i32) or a truth value (`B`). With
 //! [`Fx::lanes`] = 1 they are scalars (`B` is an `i8` 0/1); with 4 they are 128-bit vectors
@@ -31,15 +31,6 @@ pub struct Tv {
     pub v: Value,
     /// Its class.
     pub k: Kind,
-}
-
-/// How `%` treats signs and zero divisors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RemMode {
-    /// The element-wise op: sign of the divisor (Python); `x % 0` is NaN (0 as an integer).
-    Python,
-    /// The flash expressions: `x - y·floor(x / y)`, 0 for `y = 0`.
-    Floor,
 }
 
 /// The class values of a dtype compute in.
@@ -313,7 +304,32 @@ impl Fx<'_> {
         self.b.ins().fdiv(one, d)
     }
 
-    /// `tanh(x)`: an odd polynomial near 0, `1 - 2/(e^{2|x|} + 1)` with the sign elsewhere.
+    /// `x`'s sign bit on the non-negative `abs` (so that `f(-0) = -0` for odd `f`).
+    fn with_sign_of(&mut self, abs: Value, x: Value) -> Value {
+        let ity = self.ty(Kind::I);
+        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        let xb = self.b.ins().bitcast(ity, fl, x);
+        let signmask = self.iconst(i64::from(i32::MIN));
+        let sign = self.b.ins().band(xb, signmask);
+        let ab = self.b.ins().bitcast(ity, fl, abs);
+        let signed = self.b.ins().bor(ab, sign);
+        let fty = self.ty(Kind::F);
+        self.b.ins().bitcast(fty, fl, signed)
+    }
+
+    /// A polynomial in `x`, coefficients highest degree first (Horner).
+    fn horner(&mut self, x: Value, coeffs: &[f32]) -> Value {
+        let mut p = self.fconst(coeffs[0]);
+        for c in &coeffs[1..] {
+            let cv = self.fconst(*c);
+            p = self.b.ins().fmul(p, x);
+            p = self.b.ins().fadd(p, cv);
+        }
+        p
+    }
+
+    /// `tanh(x)`: an odd polynomial in `|x|` below 0.625, `1 - 2/(e^{2|x|} + 1)` above, with
+    /// `x`'s sign on the result (so `tanh(-0) = -0`).
     pub fn tanh(&mut self, x: Value) -> Value {
         let ax = self.b.ins().fabs(x);
         let two = self.fconst(2.0);
@@ -323,67 +339,67 @@ impl Fx<'_> {
         let d = self.b.ins().fadd(e, one);
         let q = self.b.ins().fdiv(two, d);
         let big = self.b.ins().fsub(one, q);
-        // Copy x's sign onto |tanh|: clear the sign bit of `big`, or in x's.
-        let ity = self.ty(Kind::I);
-        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
-        let xb = self.b.ins().bitcast(ity, fl, x);
-        let signmask = self.iconst(i64::from(i32::MIN));
-        let sign = self.b.ins().band(xb, signmask);
-        let bb = self.b.ins().bitcast(ity, fl, big);
-        let signed = self.b.ins().bor(bb, sign);
-        let fty = self.ty(Kind::F);
-        let big = self.b.ins().bitcast(fty, fl, signed);
-        let z = self.b.ins().fmul(x, x);
-        let coeffs = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
-        let mut p = self.fconst(coeffs[0]);
-        for c in &coeffs[1..] {
-            let cv = self.fconst(*c);
-            p = self.b.ins().fmul(p, z);
-            p = self.b.ins().fadd(p, cv);
-        }
-        p = self.b.ins().fmul(p, z);
-        p = self.b.ins().fmul(p, x);
-        let small = self.b.ins().fadd(p, x);
+        let z = self.b.ins().fmul(ax, ax);
+        let p = self.horner(z, &[-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1]);
+        let p = self.b.ins().fmul(p, z);
+        let p = self.b.ins().fmul(p, ax);
+        let small = self.b.ins().fadd(p, ax);
         let limit = self.fconst(0.625);
         let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, limit);
-        self.select_raw(is_small, small, big)
+        let abs = self.select_raw(is_small, small, big);
+        self.with_sign_of(abs, x)
     }
 
-    /// `erf(x)` (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7, enough for GELU's
-    /// `1 + erf`), inline so GELU vectorises.
-    pub fn erf(&mut self, x: Value) -> Value {
-        let ax = self.b.ins().fabs(x);
+    /// `erfc(z)` for `z ≥ 0` (Abramowitz & Stegun 7.1.26: `t·P(t)·e^{-z²}` with
+    /// `t = 1/(1 + p·z)`), as the GELU row kernel computes it.
+    fn erfc_pos(&mut self, z: Value) -> Value {
         let one = self.fconst(1.0);
         let p = self.fconst(0.327_591_1);
-        let d = self.b.ins().fmul(ax, p);
+        let d = self.b.ins().fmul(z, p);
         let d = self.b.ins().fadd(one, d);
         let t = self.b.ins().fdiv(one, d);
-        let coeffs = [1.061_405_4, -1.453_152, 1.421_413_8, -0.284_496_74, 0.254_829_6];
-        let mut poly = self.fconst(coeffs[0]);
-        for c in &coeffs[1..] {
-            let cv = self.fconst(*c);
-            poly = self.b.ins().fmul(poly, t);
-            poly = self.b.ins().fadd(poly, cv);
-        }
-        poly = self.b.ins().fmul(poly, t);
+        let poly = self.horner(t, &[1.061_405_4, -1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6]);
+        let poly = self.b.ins().fmul(poly, t);
+        let z2 = self.b.ins().fmul(z, z);
+        let nz2 = self.b.ins().fneg(z2);
+        let e = self.exp(nz2);
+        self.b.ins().fmul(poly, e)
+    }
+
+    /// `gelu(x) = x/2 · (1 + erf(x/√2))`, with `1 + erf(-z) = erfc(z)` taken directly for
+    /// negative `x` so the far negative tail keeps its relative accuracy (as the row kernel).
+    fn gelu(&mut self, x: Value) -> Value {
+        let c = self.fconst(std::f32::consts::FRAC_1_SQRT_2);
+        let ax = self.b.ins().fabs(x);
+        let z = self.b.ins().fmul(ax, c);
+        let erfc = self.erfc_pos(z);
+        let two = self.fconst(2.0);
+        let upper = self.b.ins().fsub(two, erfc);
+        let zero = self.fconst(0.0);
+        let negative = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+        let one_plus_erf = self.select_raw(negative, erfc, upper);
+        let half = self.fconst(0.5);
+        let hx = self.b.ins().fmul(x, half);
+        self.b.ins().fmul(hx, one_plus_erf)
+    }
+
+    /// `elu(x)`: `x` for `x ≥ 0` (so `elu(-0) = -0`), `expm1(x)` below: a Taylor polynomial
+    /// for `x > -0.5` (no cancellation), `e^x - 1` further out.
+    fn elu(&mut self, x: Value) -> Value {
+        let e = self.exp(x);
+        let one = self.fconst(1.0);
+        let em1 = self.b.ins().fsub(e, one);
+        let inv_fact = [1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5];
+        let p = self.horner(x, &inv_fact);
         let x2 = self.b.ins().fmul(x, x);
-        let nx2 = self.b.ins().fneg(x2);
-        let e = self.exp(nx2);
-        let q = self.b.ins().fmul(poly, e);
-        let y = self.b.ins().fsub(one, q);
-        // Copy x's sign onto y (y ≥ 0).
-        let ity = self.ty(Kind::I);
-        let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
-        let xb = self.b.ins().bitcast(ity, fl, x);
-        let signmask = self.iconst(i64::from(i32::MIN));
-        let sign = self.b.ins().band(xb, signmask);
-        let yb = self.b.ins().bitcast(ity, fl, y);
-        let signed = self.b.ins().bor(yb, sign);
-        let fty = self.ty(Kind::F);
-        let r = self.b.ins().bitcast(fty, fl, signed);
-        // NaN stays NaN.
-        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.select_raw(nan, x, r)
+        let p = self.b.ins().fmul(p, x2);
+        let small = self.b.ins().fadd(p, x);
+        let limit = self.fconst(-0.5);
+        let near = self.b.ins().fcmp(FloatCC::GreaterThan, x, limit);
+        let m1 = self.select_raw(near, small, em1);
+        let zero = self.fconst(0.0);
+        let keep = self.b.ins().fcmp(FloatCC::GreaterThanOrEqual, x, zero);
+        self.select_raw(keep, x, m1)
     }
 
     /// A unary op in its natural class (floats for transcendental functions).
@@ -432,24 +448,8 @@ impl Fx<'_> {
                         let s = self.sigmoid(v);
                         self.b.ins().fmul(v, s)
                     }
-                    UnaryOp::Gelu => {
-                        let c = self.fconst(std::f32::consts::FRAC_1_SQRT_2);
-                        let t = self.b.ins().fmul(v, c);
-                        let e = self.erf(t);
-                        let one = self.fconst(1.0);
-                        let e1 = self.b.ins().fadd(one, e);
-                        let half = self.fconst(0.5);
-                        let hx = self.b.ins().fmul(v, half);
-                        self.b.ins().fmul(hx, e1)
-                    }
-                    UnaryOp::Elu => {
-                        let e = self.exp(v);
-                        let one = self.fconst(1.0);
-                        let em1 = self.b.ins().fsub(e, one);
-                        let z = self.fconst(0.0);
-                        let pos = self.b.ins().fcmp(FloatCC::GreaterThan, v, z);
-                        self.select_raw(pos, v, em1)
-                    }
+                    UnaryOp::Gelu => self.gelu(v),
+                    UnaryOp::Elu => self.elu(v),
                     UnaryOp::Not => v,
                 };
                 Tv { v: r, k: Kind::F }
@@ -459,7 +459,7 @@ impl Fx<'_> {
 
     /// A binary op in its natural class: comparisons and logic give truth values, `/` and `**`
     /// floats, the rest integers when both sides are integers and floats otherwise.
-    pub fn binary(&mut self, op: BinaryOp, a: Tv, b: Tv, rem: RemMode) -> Tv {
+    pub fn binary(&mut self, op: BinaryOp, a: Tv, b: Tv) -> Tv {
         let float = a.k == Kind::F || b.k == Kind::F;
         if op.is_logical() {
             let (x, y) = (self.cvt_b(a), self.cvt_b(b));
@@ -502,7 +502,7 @@ impl Fx<'_> {
                 BinaryOp::Min => self.b.ins().fmin(x, y),
                 BinaryOp::Max => self.b.ins().fmax(x, y),
                 BinaryOp::Pow => self.lanewise(abi::POW, &[x, y]),
-                _ => self.lanewise(if rem == RemMode::Python { abi::REM_PY } else { abi::REM_FLOOR }, &[x, y]),
+                _ => self.lanewise(abi::REM, &[x, y]),
             };
             return Tv { v, k: Kind::F };
         }
@@ -518,8 +518,8 @@ impl Fx<'_> {
         Tv { v, k: Kind::I }
     }
 
-    /// Integer `%` with the sign of the divisor; 0 for a zero divisor (both modes agree there:
-    /// NaN stored as i32 is 0).
+    /// Integer `%` with the sign of the divisor; 0 for a zero divisor and for `i32::MIN % -1`
+    /// ([`crate::ir::semantics::rem_i`]).
     fn int_rem(&mut self, x: Value, y: Value) -> Value {
         if self.lanes > 1 {
             let mut out = self.iconst(0);

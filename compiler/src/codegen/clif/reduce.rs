@@ -5,8 +5,8 @@
 use super::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, kind_of};
-use super::plan::View;
 use crate::ir::{DType, ReduceOp};
+use crate::schedule::View;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
@@ -80,12 +80,8 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
         let a = fx.b.use_var(acc);
         let result = match (op, int) {
             (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
-            (ReduceOp::Sum, true) => {
-                let (lo, hi) = (fx.i64(i64::from(i32::MIN)), fx.i64(i64::from(i32::MAX)));
-                let c = fx.max(a, lo);
-                let c = fx.min(c, hi);
-                Tv { v: fx.b.ins().ireduce(types::I32, c), k: Kind::I }
-            }
+            // Integer sums wrap, like every integer op.
+            (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
             (ReduceOp::Mean, _) => {
                 let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
                 let n = fx.b.ins().fcvt_from_sint(types::F64, count);

@@ -1,32 +1,77 @@
-//! Small pieces of C text: dims as 64-bit integer expressions, literals, storage and compute
-//! types, loads, stores and conversions between the compute types.
+//! Small pieces of C text: integers of the schedule's table, literals, storage types, loads,
+//! stores, and offsets of strided views.
 //!
-//! Compute types: every float dtype computes in `float` (f16/bf16 results are rounded back to
-//! their storage precision after each node, as the interpreter does), `i32` computes in `i64`
-//! (saturated to the i32 range after each node, as the interpreter's rounding does), `bool` is
-//! `bool`.
+//! Values compute in the C type of their class ([`crate::ir::semantics::Class`]): `float` for
+//! every float dtype (f16/bf16 results are rounded back to their storage precision when
+//! stored), `int` for i32 (with wrapping arithmetic helpers), `bool` for truth values. Offsets
+//! and sizes are `i64`.
 
+use super::CudaEmitError;
+use crate::ir::semantics::Class;
 use crate::ir::{DType, Dim};
+use crate::schedule::{IntValue, Schedule, Tuning, View};
 
-/// The C name of a dim symbol (a kernel parameter).
-pub(super) fn dim_var(name: &str) -> String {
-    format!("d_{name}")
+/// Integers of a schedule as C expressions over the kernel parameters `t0, t1, ...` (the
+/// integer table).
+pub(super) struct Ints<'s> {
+    pub schedule: &'s Schedule,
 }
 
-/// A dim polynomial as an `i64` C expression over the dim parameters.
-pub(super) fn cdim(d: &Dim) -> String {
-    if let Some(c) = d.as_const() {
-        return int_lit(c);
-    }
-    let mut terms = Vec::new();
-    for (mono, coef) in d.terms() {
-        let mut factors: Vec<String> = mono.iter().map(|n| dim_var(n)).collect();
-        if mono.is_empty() || coef != 1 {
-            factors.insert(0, int_lit(coef));
+impl Ints<'_> {
+    /// A dim as an `i64` expression: a literal, its table entry, or a polynomial of its
+    /// symbols' entries.
+    pub fn dim(&self, d: &Dim) -> Result<String, CudaEmitError> {
+        if let Some(c) = d.as_const() {
+            return Ok(int_lit(c));
         }
-        terms.push(factors.join(" * "));
+        if let Some(slot) = self.schedule.slot(&IntValue::Dim(d.clone())) {
+            return Ok(format!("t{slot}"));
+        }
+        let mut terms = Vec::new();
+        for (mono, coef) in d.terms() {
+            let mut factors = Vec::new();
+            for name in mono {
+                let slot = self.schedule.slot(&IntValue::Dim(Dim::sym(name))).ok_or_else(|| self.missing(format!("dim `{name}`")))?;
+                factors.push(format!("t{slot}"));
+            }
+            if mono.is_empty() || coef != 1 {
+                factors.insert(0, int_lit(coef));
+            }
+            terms.push(factors.join(" * "));
+        }
+        Ok(format!("({})", terms.join(" + ")))
     }
-    format!("({})", terms.join(" + "))
+
+    /// A tuning value of a step.
+    pub fn tuning(&self, step: usize, param: Tuning) -> Result<String, CudaEmitError> {
+        let slot = self.schedule.tuning(step, param).ok_or_else(|| self.missing(format!("{param:?} of step {step}")))?;
+        Ok(format!("t{slot}"))
+    }
+
+    fn missing(&self, what: String) -> CudaEmitError {
+        CudaEmitError::Render {
+            graph: self.schedule.name.clone(),
+            step: None,
+            span: None,
+            reason: format!("the schedule has no integer for {what}"),
+        }
+    }
+
+    /// `Σ idx[a] · strides[a]` (+ the view's offset) as an `i64` expression over the view's
+    /// axes, skipping axes of stride 0 or size 1.
+    pub fn offset(&self, view: &View, idx: &[String]) -> Result<String, CudaEmitError> {
+        let mut terms = Vec::new();
+        if view.offset.as_const() != Some(0) {
+            terms.push(self.dim(&view.offset)?);
+        }
+        for ((i, s), n) in idx.iter().zip(&view.strides).zip(&view.shape) {
+            if s.as_const() == Some(0) || n.as_const() == Some(1) || i == "0LL" {
+                continue;
+            }
+            terms.push(if s.as_const() == Some(1) { i.clone() } else { format!("{i} * {}", self.dim(s)?) });
+        }
+        Ok(if terms.is_empty() { "0LL".to_string() } else { terms.join(" + ") })
+    }
 }
 
 /// An `i64` literal.
@@ -54,7 +99,18 @@ pub(super) fn float_lit(v: f64) -> String {
     }
 }
 
-/// A `double` literal (finite values only; used for epsilons).
+/// An `int` literal (an i32 value).
+pub(super) fn i32_lit(v: i32) -> String {
+    if v == i32::MIN {
+        "(-2147483647 - 1)".to_string()
+    } else if v < 0 {
+        format!("({v})")
+    } else {
+        v.to_string()
+    }
+}
+
+/// A `double` literal (finite values; used for epsilons).
 pub(super) fn double_lit(v: f64) -> String {
     if v.is_nan() {
         "ATTNC_DNAN".to_string()
@@ -67,12 +123,12 @@ pub(super) fn double_lit(v: f64) -> String {
     }
 }
 
-/// The C type a value of `dtype` is computed in.
-pub(super) fn ctype(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => "float",
-        DType::I32 => "i64",
-        DType::Bool => "bool",
+/// The C type values of a class compute in.
+pub(super) fn ctype(class: Class) -> &'static str {
+    match class {
+        Class::Float => "float",
+        Class::Int => "int",
+        Class::Bool => "bool",
     }
 }
 
@@ -101,34 +157,29 @@ pub(super) fn ptr(buf: usize, dtype: DType, writable: bool) -> String {
     format!("(({konst}{}*)b{buf})", storage(dtype))
 }
 
-/// Loads element `offset` of buffer `buf` (stored as `dtype`) into its compute type.
-pub(super) fn load(buf: usize, dtype: DType, offset: &str) -> String {
-    load_ptr(&ptr(buf, dtype, false), dtype, offset)
-}
-
-/// Loads element `offset` through a typed pointer expression into its compute type.
+/// Loads element `offset` through a typed pointer expression as a value of the dtype's class.
 pub(super) fn load_ptr(p: &str, dtype: DType, offset: &str) -> String {
     match dtype {
         DType::F32 => format!("{p}[{offset}]"),
         DType::F16 => format!("attnc_h2f({p}[{offset}])"),
         DType::BF16 => format!("attnc_b2f({p}[{offset}])"),
-        DType::I32 => format!("((i64){p}[{offset}])"),
+        DType::I32 => format!("{p}[{offset}]"),
         DType::Bool => format!("({p}[{offset}] != 0)"),
     }
 }
 
-/// Stores a compute-type value (already rounded to `dtype`) at element `offset` of `buf`.
-pub(super) fn store(buf: usize, dtype: DType, offset: &str, value: &str) -> String {
-    store_ptr(&ptr(buf, dtype, true), dtype, offset, value)
+/// Loads element `offset` of buffer `buf` (stored as `dtype`) as a value of its class.
+pub(super) fn load(buf: usize, dtype: DType, offset: &str) -> String {
+    load_ptr(&ptr(buf, dtype, false), dtype, offset)
 }
 
-/// Stores through a typed pointer expression.
-pub(super) fn store_ptr(p: &str, dtype: DType, offset: &str, value: &str) -> String {
+/// Stores a value of `dtype`'s class (already rounded to `dtype`) at element `offset` of `buf`.
+pub(super) fn store(buf: usize, dtype: DType, offset: &str, value: &str) -> String {
+    let p = ptr(buf, dtype, true);
     match dtype {
-        DType::F32 => format!("{p}[{offset}] = {value};"),
+        DType::F32 | DType::I32 => format!("{p}[{offset}] = {value};"),
         DType::F16 => format!("{p}[{offset}] = attnc_f2h({value});"),
         DType::BF16 => format!("{p}[{offset}] = attnc_f2b({value});"),
-        DType::I32 => format!("{p}[{offset}] = (int)({value});"),
         DType::Bool => format!("{p}[{offset}] = ({value}) ? 1 : 0;"),
     }
 }
@@ -142,91 +193,43 @@ pub(super) fn round_to(dtype: DType, x: &str) -> String {
     }
 }
 
-/// Converts a compute-type expression of dtype `from` to the compute type of `to`, rounding as
-/// the interpreter's store would (float→int truncates and saturates, NaN→0; →bool is `!= 0`).
-pub(super) fn convert(x: &str, from: DType, to: DType) -> String {
-    use DType::*;
-    match (from, to) {
-        (a, b) if a == b => x.to_string(),
-        (F32 | F16 | BF16, F32 | F16 | BF16) => round_to(to, x),
-        (I32, F32 | F16 | BF16) => round_to(to, &format!("((float)({x}))")),
-        (Bool, F32 | F16 | BF16) => format!("(({x}) ? 1.0f : 0.0f)"),
-        (F32 | F16 | BF16, I32) => format!("attnc_f2i({x})"),
-        (Bool, I32) => format!("((i64)({x}))"),
-        (F32 | F16 | BF16, Bool) => format!("(({x}) != 0.0f)"),
-        (I32, Bool) => format!("(({x}) != 0LL)"),
-        _ => x.to_string(),
+/// Splits linear index `lin` into one index per axis of `shape` (row-major), pushing the
+/// statements into `body` and returning the index names `{prefix}{axis}` (`0LL` for axes of
+/// size 1).
+pub(super) fn delinearize(
+    ints: &Ints,
+    body: &mut Vec<String>,
+    lin: &str,
+    shape: &[Dim],
+    prefix: &str,
+) -> Result<Vec<String>, CudaEmitError> {
+    let rank = shape.len();
+    if rank == 0 {
+        return Ok(Vec::new());
     }
-}
-
-/// Converts a compute-type expression to `float` (for arithmetic in float).
-pub(super) fn to_float(x: &str, from: DType) -> String {
-    match from {
-        DType::F32 | DType::F16 | DType::BF16 => x.to_string(),
-        DType::I32 => format!("((float)({x}))"),
-        DType::Bool => format!("(({x}) ? 1.0f : 0.0f)"),
-    }
-}
-
-/// Converts a compute-type expression to `double` (reductions accumulate in double).
-pub(super) fn to_double(x: &str, from: DType) -> String {
-    match from {
-        DType::Bool => format!("(({x}) ? 1.0 : 0.0)"),
-        _ => format!("((double)({x}))"),
-    }
-}
-
-/// Converts a `double` to the compute type of `to`, rounding to its storage.
-pub(super) fn from_double(x: &str, to: DType) -> String {
-    match to {
-        DType::F32 => format!("((float)({x}))"),
-        DType::F16 => format!("attnc_rh((float)({x}))"),
-        DType::BF16 => format!("attnc_rb((float)({x}))"),
-        DType::I32 => format!("attnc_d2i({x})"),
-        DType::Bool => format!("(({x}) != 0.0)"),
-    }
-}
-
-/// Converts a compute-type expression to `i64` (bool as 0/1).
-pub(super) fn to_int(x: &str, from: DType) -> String {
-    match from {
-        DType::I32 => x.to_string(),
-        DType::Bool => format!("((i64)({x}))"),
-        _ => format!("attnc_f2i({x})"),
-    }
-}
-
-/// Row-major strides of a symbolic shape.
-pub(super) fn row_major(shape: &[Dim]) -> Vec<Dim> {
-    let mut strides = vec![Dim::constant(1); shape.len()];
-    for k in (0..shape.len().saturating_sub(1)).rev() {
-        strides[k] = strides[k + 1].mul(&shape[k + 1]);
-    }
-    strides
-}
-
-/// `Σ idx[a] * strides[a]` (+ `base`) as an `i64` expression, dropping zero terms.
-pub(super) fn offset(idx: &[String], strides: &[Dim], base: &Dim) -> String {
-    let mut terms = Vec::new();
-    if base.as_const() != Some(0) {
-        terms.push(cdim(base));
-    }
-    for (i, s) in idx.iter().zip(strides) {
-        if s.as_const() == Some(0) || i == "0" || i == "0LL" {
+    let rest = format!("{prefix}r_");
+    body.push(format!("i64 {rest} = {lin};"));
+    let mut names = vec![String::new(); rank];
+    for a in (1..rank).rev() {
+        let n = format!("{prefix}{a}");
+        if shape[a].as_const() == Some(1) {
+            names[a] = "0LL".to_string();
             continue;
         }
-        if s.as_const() == Some(1) {
-            terms.push(i.clone());
-        } else {
-            terms.push(format!("{i} * {}", cdim(s)));
-        }
+        let size = ints.dim(&shape[a])?;
+        body.push(format!("const i64 {n} = {rest} % {size}; {rest} /= {size};"));
+        names[a] = n;
     }
-    if terms.is_empty() { "0LL".to_string() } else { terms.join(" + ") }
+    let n0 = format!("{prefix}0");
+    body.push(format!("const i64 {n0} = {rest};"));
+    names[0] = n0;
+    Ok(names)
 }
 
-/// True for a dim that is the constant 1 (a broadcast axis).
-pub(super) fn is_one(d: &Dim) -> bool {
-    d.as_const() == Some(1)
+/// Indents every line by `n` spaces.
+pub(super) fn indent(lines: &[String], n: usize) -> Vec<String> {
+    let pad = " ".repeat(n);
+    lines.iter().map(|l| if l.is_empty() { l.clone() } else { format!("{pad}{l}") }).collect()
 }
 
 #[cfg(test)]
@@ -234,19 +237,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dims_and_literals() {
-        assert_eq!(cdim(&Dim::constant(8)), "8LL");
-        assert_eq!(cdim(&Dim::parse("H*D").unwrap()), "(d_D * d_H)");
-        assert_eq!(cdim(&Dim::parse("2*S+1").unwrap()), "(1LL + 2LL * d_S)");
+    fn literals() {
         assert_eq!(float_lit(0.125), "1.25e-1f");
         assert_eq!(float_lit(-2.0), "(-2e0f)");
         assert_eq!(float_lit(f64::NEG_INFINITY), "(-ATTNC_INF)");
         assert_eq!(int_lit(-3), "(-3LL)");
+        assert_eq!(i32_lit(i32::MIN), "(-2147483647 - 1)");
         assert_eq!(double_lit(1e-5), "1e-5");
-        let shape = [Dim::sym("B"), Dim::sym("S"), Dim::constant(4)];
-        let strides = row_major(&shape);
-        assert_eq!(strides[0], Dim::parse("4*S").unwrap());
-        let idx = ["i0".to_string(), "i1".to_string(), "i2".to_string()];
-        assert_eq!(offset(&idx, &strides, &Dim::constant(0)), "i0 * (4LL * d_S) + i1 * 4LL + i2");
     }
 }

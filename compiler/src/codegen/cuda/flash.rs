@@ -1,629 +1,635 @@
-//! Flash attention kernels for one `flash` node: online softmax (or sigmoid weights) over key
-//! tiles staged in shared memory, the score modification and mask inlined, fully masked tiles
-//! skipped through a host-filled tile table, K/V batch axes of size 1 read with stride 0 (GQA
-//! and MQA without copies). Three shapes:
+//! Flash attention kernels, rendered from the schedule's [`FlashKernel`] (its variant, views,
+//! analyses) and the integer table: online softmax (or sigmoid weights) over key tiles staged
+//! in shared memory, the score modification and mask inlined ([`super::score`]), fully masked
+//! tiles skipped through the tile table, K/V batch axes of size 1 read with stride 0 (GQA and
+//! MQA without copies), and the position-free scale applied to `q · k` (`alpha`). Work item =
+//! (batch index, query block, key split), as on the CPU. Three variants:
 //!
-//! - `mma`: q, k, v all f16 or all bf16. 4 warps, 64 query rows per block (16 per warp), key
-//!   tiles of 64 (32 above head width 128); S = QKᵀ and O += PV on tensor cores with
-//!   `mma.sync.m16n8k16` (f32 accumulation), P rounded to the input type as FlashAttention-2
-//!   does; row statistics in registers, reduced over the 4 lanes that share a row.
-//! - `simt`: any other dtypes, computed in f32. 4 warps × 4 query rows, key tiles of 32 (one
-//!   key per lane); each warp keeps its rows' O in registers (lane `l` owns columns `l + 32t`).
-//! - `decode` (query length a constant ≤ 4): split-KV. Each warp takes a contiguous range of
-//!   key chunks for all query rows, reading K/V rows coalesced; partial (O, max, sum) go to a
-//!   scratch buffer and a merge kernel combines them. The split count is a run-time scalar.
+//! - `TensorCore`: q, k, v all f16 or all bf16. 4 warps, 64 query rows per block (16 per
+//!   warp), key tiles of `ATTNC_BN_{step}`; S = QKᵀ and O += PV with `mma.sync.m16n8k16` (f32
+//!   accumulation), P rounded to the input type as FlashAttention-2 does; row statistics in
+//!   registers, reduced over the 4 lanes that share a row.
+//! - `Simt`: any other dtypes, in f32. 4 warps × 4 query rows, key tiles of 32 (one key per
+//!   lane); each warp keeps its rows' O in registers (lane `l` owns columns `l + 32t`).
+//! - `SplitKv` (constant query length ≤ 4): each warp takes one work item's key split for all
+//!   query rows, reading K/V rows coalesced, and writes the rows (one split) or the split's
+//!   partial state (`max, sum, acc`) that the merge kernel combines.
 //!
-//! Head widths are padded to `HD_` (a macro per flash op, a multiple of 32 up to 256); loads
-//! beyond the real width read 0.
+//! Head widths are padded to `ATTNC_HD_{step}` (a multiple of 32 up to 256, set at compile
+//! time from the run's dims); loads beyond the real width read 0.
 
-use super::cexpr::{cdim, is_one, load_ptr, offset, ptr, store, to_float};
-use super::expr::Gen;
-use super::pointwise::delinearize;
-use super::score::{Extra, ScoreCtx, mask_c, score_c};
-use super::view::{View, view_of};
-use super::{BufferSize, Builder, Grid, HeadDim, Launch, Smem, SplitKv, TileSize, TileTable, pad_head_dim};
-use crate::ir::{DType, Dim, FlashSpec, Value, Weights};
+use super::cexpr::{Ints, delinearize, indent, load_ptr, ptr, round_to, storage, store};
+use super::ops::{self, Lines};
+use super::score::{ScoreCtx, score_lines};
+use super::{CudaEmitError, KernelSource, Smem};
+use crate::ir::semantics::Class;
+use crate::ir::{Dim, Weights};
+use crate::schedule::policy::{CUDA_FLASH_THREADS, CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_ROW_WARPS, CUDA_SIMT_ROWS, CUDA_THREADS};
+use crate::schedule::{FlashKernel, Tuning, Variant, View};
 
-/// The largest constant query length that uses the split-KV decode kernel.
-const DECODE_MAX_ROWS: i64 = 4;
-
-/// Everything the three kernel shapes share.
-struct Common<'a> {
-    v: Value,
-    spec: &'a FlashSpec,
-    q: Value,
-    kview: View,
-    vview: View,
-    kdt: DType,
-    vdt: DType,
-    extras: Vec<Extra>,
+/// What every flash kernel reads, as C names and expressions.
+struct Flash<'a> {
+    ints: &'a Ints<'a>,
+    f: &'a FlashKernel,
+    softmax: bool,
     batch: Vec<Dim>,
-    m: Dim,
-    n: Dim,
-    d: Dim,
-    dv: Dim,
-    out_dt: DType,
-    out_buf: usize,
-    hd: usize,
-    table: Option<usize>,
 }
 
-/// Emits the kernels of flash node `v` into buffer `buf`.
-pub(super) fn emit(b: &mut Builder, v: Value, buf: usize, spec: &FlashSpec) -> Result<(), String> {
-    let g = b.g;
-    let ops = g.operands(v);
-    let [q, k, vv, extra_ops @ ..] = ops.as_slice() else { return Err("flash needs q, k and v".into()) };
-    let view =
-        |w: Value| view_of(g, w, &b.bufs).map_err(|x| format!("operand %{} is not a strided view of a buffer (%{})", w.index(), x.index()));
-    let (kview, vview) = (view(*k)?, view(*vv)?);
-    let mut extras = Vec::new();
-    for x in extra_ops {
-        let node = g.node(*x);
-        extras.push(Extra { view: view(*x)?, shape: node.ty.shape.clone(), dtype: node.ty.dtype });
+impl<'a> Flash<'a> {
+    fn new(ints: &'a Ints<'a>, f: &'a FlashKernel) -> Flash<'a> {
+        Flash { ints, f, softmax: f.spec.weights == Weights::Softmax, batch: f.batch().to_vec() }
     }
-    let qt = &g.node(*q).ty;
-    let r = qt.rank();
-    if r < 2 {
-        return Err("flash needs rank 2 or more".into());
+
+    fn tuning(&self, t: Tuning) -> Result<String, CudaEmitError> {
+        self.ints.tuning(self.f.step, t)
     }
-    let (kt, vt) = (&g.node(*k).ty, &g.node(*vv).ty);
-    let (d, dv) = (qt.shape[r - 1].clone(), vt.shape[r - 1].clone());
-    for w in [&d, &dv] {
-        if let Some(c) = w.as_const()
-            && pad_head_dim(c).is_none()
-        {
-            return Err(format!("head width {c} is above the 256 the CUDA kernels support"));
+
+    /// Sizes, the scale, the K/V/table pointers: before the work-item loop.
+    fn head(&self) -> Result<Vec<String>, CudaEmitError> {
+        let (m, n, d, dv) = self.f.sizes();
+        let i = self.ints;
+        let (k, v) = (&self.f.k, &self.f.v);
+        let mut l = Lines::new("a");
+        let ctx = ScoreCtx { ints: i, s: None, pos: &[], extras: &self.f.extras };
+        let alpha = match &self.f.analysis.alpha {
+            Some(a) => ops::convert(&ctx.eval(&mut l, a)?, Class::Float),
+            None => "1.0f".to_string(),
+        };
+        let mut out = l.lines;
+        out.push(format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", i.dim(&m)?, i.dim(&n)?, i.dim(&d)?, i.dim(&dv)?));
+        out.push(format!("const float alpha_ = {alpha};"));
+        out.push(format!(
+            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
+            self.tuning(Tuning::QueryBlocks)?,
+            self.tuning(Tuning::KeyBlocks)?,
+            self.tuning(Tuning::TileEntryBytes)?
+        ));
+        out.push(format!("const i64 splits_ = {}, kps_ = {};", self.tuning(Tuning::Splits)?, self.tuning(Tuning::KeysPerSplit)?));
+        out.push(format!("const {}* __restrict__ K_ = {};", storage(k.dtype), ptr(k.buf, k.dtype, false)));
+        out.push(format!("const {}* __restrict__ V_ = {};", storage(v.dtype), ptr(v.buf, v.dtype, false)));
+        out.push(format!("const u8* __restrict__ tbl_ = {};", ptr(self.f.tiles, crate::ir::DType::Bool, false)));
+        Ok(out)
+    }
+
+    /// Work item `w_` decoded: split `sp_`, query block `qb_`, batch position `p*`, and the
+    /// batch offsets of q, k, v and the output.
+    fn item(&self, out: &mut Vec<String>) -> Result<Vec<String>, CudaEmitError> {
+        out.push("const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = t_ % nqb_, bz_ = t_ / nqb_;".into());
+        let p = delinearize(self.ints, out, "bz_", &self.batch, "p")?;
+        for (name, view) in [("qoff_", &self.f.q), ("koff_", &self.f.k), ("voff_", &self.f.v), ("ooff_", &self.f.out)] {
+            let strides = view.batch_strides(&self.batch);
+            let bview = View { shape: self.batch.clone(), strides, ..view.clone() };
+            out.push(format!("const i64 {name} = {};", self.ints.offset(&bview, &p)?));
         }
+        out.push("(void)sp_; (void)koff_; (void)voff_;".into());
+        Ok(p)
     }
-    let hd = b.head_dims.len();
-    b.head_dims.push(HeadDim { macro_name: format!("ATTNC_HD_{hd}"), qk: d.clone(), v: dv.clone(), node: b.label(v) });
-    let m = qt.shape[r - 2].clone();
-    let mut c = Common {
-        v,
-        spec,
-        q: *q,
-        kview,
-        vview,
-        kdt: kt.dtype,
-        vdt: vt.dtype,
-        extras,
-        batch: qt.shape[..r - 2].to_vec(),
-        m: m.clone(),
-        n: kt.shape[r - 2].clone(),
-        d,
-        dv,
-        out_dt: g.node(v).ty.dtype,
-        out_buf: buf,
-        hd,
-        table: None,
-    };
-    // Broadcast batch axes of k and v read with stride 0.
-    for (view, shape) in [(&mut c.kview, &kt.shape), (&mut c.vview, &vt.shape)] {
-        for (stride, size) in view.strides.iter_mut().zip(&shape[..r - 2]) {
-            if is_one(size) {
-                *stride = Dim::constant(0);
-            }
-        }
+
+    /// The element offset of row `row`, column `col` of a view within the batch index whose
+    /// offset is `base`.
+    fn at(&self, view: &View, base: &str, row: &str, col: &str) -> Result<String, CudaEmitError> {
+        let r = view.shape.len();
+        let (rs, cs) = (&view.strides[r - 2], &view.strides[r - 1]);
+        let term = |i: &str, s: &Dim| -> Result<String, CudaEmitError> {
+            Ok(if s.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", self.ints.dim(s)?) })
+        };
+        Ok(format!("{base} + {} + {}", term(row, rs)?, term(col, cs)?))
     }
-    let decode = m.as_const().is_some_and(|rows| (1..=DECODE_MAX_ROWS).contains(&rows));
-    let mma = !decode && qt.dtype == kt.dtype && kt.dtype == vt.dtype && matches!(kt.dtype, DType::F16 | DType::BF16);
-    let (tile_rows, tile_cols) = if decode {
-        (TileSize::Fixed(m.as_const().unwrap_or(1) as u32), TileSize::Fixed(32))
-    } else if mma {
-        (TileSize::Fixed(64), TileSize::ByHeadDim { head_dim: hd, narrow: 64, wide: 32 })
-    } else {
-        (TileSize::Fixed(16), TileSize::Fixed(32))
-    };
-    if let Some(mask) = &spec.mask {
-        let n_table = b.tables.len();
-        b.tables.push(TileTable { mask: mask.clone(), batch: c.batch.clone(), rows: c.m.clone(), cols: c.n.clone(), tile_rows, tile_cols });
-        c.table = Some(b.add_buffer(DType::Bool, BufferSize::Table(n_table), format!("{} tile table", b.label(v))));
+
+    /// A K or V element (as float) at key row `j`, column `col`.
+    fn kv(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
+        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
+        let raw = ops::CVal { text: load_ptr(p, view.dtype, &self.at(view, base, j, col)?), class: Class::of(view.dtype) };
+        Ok(ops::convert(&raw, Class::Float))
     }
-    if decode {
-        emit_decode(b, &c);
-    } else if mma {
-        emit_mma(b, &c, tile_rows);
-    } else {
-        emit_simt(b, &c, tile_rows);
+
+    /// A raw K or V element (storage type) for the tensor-core path, which copies halves.
+    fn kv_raw(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
+        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
+        Ok(format!("{p}[{}]", self.at(view, base, j, col)?))
     }
-    Ok(())
-}
 
-/// Shared kernel head: sizes, batch loop opening, batch index and K/V offsets.
-fn head(c: &Common, body: &mut Vec<String>) -> Vec<String> {
-    body.push(format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", cdim(&c.m), cdim(&c.n), cdim(&c.d), cdim(&c.dv)));
-    body.push(format!("const i64 nb_ = {};", cdim(&Dim::product(&c.batch))));
-    body.push(format!("const {}* __restrict__ K_ = {};", super::cexpr::storage(c.kdt), ptr(c.kview.buf, c.kdt, false)));
-    body.push(format!("const {}* __restrict__ V_ = {};", super::cexpr::storage(c.vdt), ptr(c.vview.buf, c.vdt, false)));
-    if let Some(t) = c.table {
-        body.push(format!("const u8* __restrict__ tbl_ = {};", ptr(t, DType::Bool, false)));
+    /// `x_ = q[row, col]` as a float, 0 outside the matrix.
+    fn q(&self, row: &str, col: &str) -> Result<Vec<String>, CudaEmitError> {
+        let q = &self.f.q;
+        let raw = ops::CVal { text: super::cexpr::load(q.buf, q.dtype, &self.at(q, "qoff_", row, col)?), class: Class::of(q.dtype) };
+        Ok(vec!["float x_ = 0.0f;".into(), format!("if ({row} < M_ && {col} < D_) x_ = {};", ops::convert(&raw, Class::Float))])
     }
-    body.push("for (i64 bz_ = blockIdx.y; bz_ < nb_; bz_ += gridDim.y) {".into());
-    let p = delinearize(body, "bz_", &c.batch, "p");
-    let kb = &c.kview.strides[..c.batch.len()];
-    let vb = &c.vview.strides[..c.batch.len()];
-    body.push(format!("  const i64 koff_ = {};", offset(&p, kb, &c.kview.offset)));
-    body.push(format!("  const i64 voff_ = {};", offset(&p, vb, &c.vview.offset)));
-    p
-}
 
-/// `K_` / `V_` element loads (as float) at key row `j` and column `col`.
-fn kv_load(c: &Common, which: char, j: &str, col: &str) -> String {
-    let (view, dt, base, p) = if which == 'k' { (&c.kview, c.kdt, "koff_", "K_") } else { (&c.vview, c.vdt, "voff_", "V_") };
-    let r = view.strides.len();
-    let off = format!("{base} + {}", offset(&[j.to_string(), col.to_string()], &view.strides[r - 2..], &Dim::constant(0)));
-    to_float(&load_ptr(p, dt, &off), dt)
-}
-
-/// Raw K/V element (storage type) for the tensor-core path, which copies halves unconverted.
-fn kv_raw(c: &Common, which: char, j: &str, col: &str) -> String {
-    let (view, base, p) = if which == 'k' { (&c.kview, "koff_", "K_") } else { (&c.vview, "voff_", "V_") };
-    let r = view.strides.len();
-    format!("{p}[{base} + {}]", offset(&[j.to_string(), col.to_string()], &view.strides[r - 2..], &Dim::constant(0)))
-}
-
-/// Statements loading q at (batch, row, col) as a float into `x_` when in range.
-fn q_load(b: &Builder, c: &Common, p: &[String], row: &str, col: &str, indent: &str) -> Vec<String> {
-    let mut idx = p.to_vec();
-    idx.push(row.to_string());
-    idx.push(col.to_string());
-    let mut sg = Gen::new(b.g, &b.bufs, "q");
-    let x = sg.value(c.q, &idx);
-    let qdt = b.g.node(c.q).ty.dtype;
-    let mut out = vec![format!("{indent}float x_ = 0.0f;"), format!("{indent}if ({row} < M_ && {col} < D_) {{")];
-    out.extend(sg.lines.iter().map(|l| format!("{indent}  {l}")));
-    out.push(format!("{indent}  x_ = {};", to_float(&x, qdt)));
-    out.push(format!("{indent}}}"));
-    out
-}
-
-/// The score and mask of element (i, j) as statements defining `sc_` and updating `keep_`
-/// (which must already hold `j_ < N_`); `cls` is the tile class variable.
-fn score_lines(c: &Common, p: &[String], i: &str, j: &str, s: &str, indent: &str) -> Vec<String> {
-    let mut pos = p.to_vec();
-    pos.push(i.to_string());
-    pos.push(j.to_string());
-    let cx = ScoreCtx { s, pos: &pos, extras: &c.extras };
-    let mut out = vec![format!("{indent}const float sc_ = {};", score_c(&c.spec.score, &cx))];
-    if let Some(mask) = &c.spec.mask {
-        out.push(format!("{indent}if (cls_ == 2 && keep_) keep_ = {};", mask_c(mask, &cx)));
+    /// The score statements (`sc_`, `keep_`) at rows `i`, keys `j`, raw product `s`.
+    fn score(&self, p: &[String], i: &str, j: &str, s: &str) -> Result<Vec<String>, CudaEmitError> {
+        let mut pos = p.to_vec();
+        pos.push(i.to_string());
+        pos.push(j.to_string());
+        let ctx = ScoreCtx { ints: self.ints, s: Some(s), pos: &pos, extras: &self.f.extras };
+        score_lines(&ctx, &self.f.analysis.score, self.f.spec.mask.as_ref(), "sc")
     }
-    out
-}
 
-fn class_line(c: &Common, index: &str) -> String {
-    match c.table {
-        Some(_) => format!("const int cls_ = tbl_[{index}];"),
-        None => "const int cls_ = 1;".to_string(),
+    /// The class of key tile `kt` of the query block (0 skip, 1 full, 2 partial).
+    fn class_line(kt: &str) -> String {
+        format!("const int cls_ = tbl_[(qb_ * nkb_ + {kt}) * entry_];")
+    }
+
+    /// Stores `value` (a float) at output row `i`, column `col` (rounded to the output's type).
+    fn store_out(&self, i: &str, col: &str, value: &str) -> Result<String, CudaEmitError> {
+        let o = &self.f.out;
+        Ok(store(o.buf, o.dtype, &self.at(o, "ooff_", i, col)?, &round_to(o.dtype, value)))
+    }
+
+    /// The loop over work items, one per block, around `item` (which may use block barriers:
+    /// every thread of a block takes the same items).
+    fn blocks(&self, items: &str, pre: Vec<String>, item: Vec<String>) -> Vec<String> {
+        let mut body = pre;
+        body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
+        body.extend(indent(&item, 2));
+        body.push("}".into());
+        body
     }
 }
 
-fn wrap(b: &Builder, c: &Common, name: &str, launch_bound: u32, what: &str, body: &[String]) -> String {
-    let node = b.g.node(c.v);
-    let mask = c.spec.mask.as_ref().map_or(String::new(), |m| format!(", mask {}", crate::ir::ShowExpr { expr: m, rank: c.spec.rank }));
-    format!(
-        "// {} = flash ({what}) : {}; weights {}, score {}{mask}\nATTNC_KERNEL void __launch_bounds__({launch_bound}) {name}(ATTNC_ARGS) {{\n{}\n}}\n",
-        b.label(c.v),
-        node.ty,
-        c.spec.weights.name(),
-        crate::ir::ShowExpr { expr: &c.spec.score, rank: c.spec.rank },
-        body.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
-    )
+/// The kernel of a flash step.
+pub(super) fn emit(ints: &Ints, items: &str, f: &FlashKernel) -> Result<KernelSource, CudaEmitError> {
+    let fl = Flash::new(ints, f);
+    match f.variant {
+        Variant::TensorCore => tensor_core(&fl, items),
+        Variant::SplitKv => split_kv(&fl, items),
+        _ => simt(&fl, items),
+    }
 }
 
 /// The SIMT kernel (f32 compute, any storage types).
-fn emit_simt(b: &mut Builder, c: &Common, tile_rows: TileSize) {
-    let name = b.kernel_name(c.v, "flash_simt");
-    let softmax = c.spec.weights == Weights::Softmax;
-    let mut body = vec![
+fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let (rows, keys) = (CUDA_SIMT_ROWS, CUDA_LANE_KEYS);
+    let mut pre = vec![
         "ATTNC_DYN_SMEM;".to_string(),
         "ATTNC_SHARED float Ps_[4][32];  // one row of weights per warp, read back as broadcasts".into(),
-        format!("constexpr int HD_ = ATTNC_HD_{};", c.hd),
-        "constexpr int HDP_ = HD_ + 1;".into(),
-        "constexpr int T_ = HD_ / 32;".into(),
-        "float* Qs_ = (float*)attnc_smem;  // [16][HD_]".into(),
-        "float* Ks_ = Qs_ + 16 * HD_;      // [32][HD_ + 1]".into(),
-        "float* Vs_ = Ks_ + 32 * HDP_;     // [32][HD_]".into(),
+        format!("constexpr int HD_ = ATTNC_HD_{step}, HDP_ = HD_ + 1, T_ = HD_ / 32;"),
+        format!("float* Qs_ = (float*)attnc_smem;  // [{rows}][HD_]"),
+        format!("float* Ks_ = Qs_ + {rows} * HD_;      // [{keys}][HD_ + 1]"),
+        format!("float* Vs_ = Ks_ + {keys} * HDP_;     // [{keys}][HD_]"),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5;".into(),
     ];
-    let p = head(c, &mut body);
-    body.push("  const i64 ntn_ = (N_ + 31) / 32;".into());
-    body.push("  const i64 q0_ = (i64)blockIdx.x * 16;".into());
-    body.push("  attnc_sync();".into());
-    body.push("  for (int e_ = tid_; e_ < 16 * HD_; e_ += 128) {".into());
-    body.push("    const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
-    body.extend(q_load(b, c, &p, "qi_", "qc_", "    "));
-    body.push("    Qs_[e_] = x_;".into());
-    body.push("  }".into());
-    body.push("  float o_[4][T_], m_[4], l_[4];".into());
-    body.push("  #pragma unroll".into());
-    body.push("  for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
-    body.push("    m_[rr_] = -ATTNC_INF; l_[rr_] = 0.0f;".into());
-    body.push("    #pragma unroll".into());
-    body.push("    for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] = 0.0f;".into());
-    body.push("  }".into());
-    body.push("  for (i64 kt_ = 0; kt_ < ntn_; ++kt_) {".into());
-    body.push(format!("    {}", class_line(c, "(i64)blockIdx.x * ntn_ + kt_")));
-    body.push("    if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into());
-    body.push("    const i64 k0_ = kt_ * 32;".into());
-    body.push("    attnc_sync();".into());
-    body.push("    for (int e_ = tid_; e_ < 32 * HD_; e_ += 128) {".into());
-    body.push("      const int r_ = e_ / HD_, cc_ = e_ % HD_;".into());
-    body.push("      const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
-    body.push("      const bool in_ = jr_ < N_;".into());
-    body.push(format!("      Ks_[r_ * HDP_ + cc_] = (in_ && c64_ < D_) ? {} : 0.0f;", kv_load(c, 'k', "jr_", "c64_")));
-    body.push(format!("      Vs_[r_ * HD_ + cc_] = (in_ && c64_ < DV_) ? {} : 0.0f;", kv_load(c, 'v', "jr_", "c64_")));
-    body.push("    }".into());
-    body.push("    attnc_sync();".into());
-    body.push("    const i64 j_ = k0_ + lane_;".into());
-    body.push("    #pragma unroll".into());
-    body.push("    for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
-    body.push("      const int r_ = warp_ * 4 + rr_;".into());
-    body.push("      const i64 i_ = q0_ + r_;".into());
-    body.push("      float s_ = 0.0f;".into());
-    body.push("      #pragma unroll 8".into());
-    body.push("      for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into());
-    body.push("      bool keep_ = j_ < N_;".into());
-    body.extend(score_lines(c, &p, "i_", "j_", "s_", "      "));
-    if softmax {
-        body.push("      const float x_ = keep_ ? sc_ : -ATTNC_INF;".into());
-        body.push("      const float mn_ = fmaxf(m_[rr_], attnc_warp_max(x_));".into());
-        body.push("      const float scale_ = mn_ == -ATTNC_INF ? 1.0f : expf(m_[rr_] - mn_);".into());
-        body.push("      const float p_ = (keep_ && mn_ != -ATTNC_INF) ? expf(x_ - mn_) : 0.0f;".into());
-        body.push("      l_[rr_] = l_[rr_] * scale_ + p_;".into());
-        body.push("      m_[rr_] = mn_;".into());
-        body.push("      #pragma unroll".into());
-        body.push("      for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] *= scale_;".into());
+    pre.extend(fl.head()?);
+    let mut it = Vec::new();
+    let p = fl.item(&mut it)?;
+    it.push(format!("const i64 q0_ = qb_ * {rows};"));
+    it.push("attnc_sync();".into());
+    it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
+    it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    it.push("  Qs_[e_] = x_;".into());
+    it.push("}".into());
+    it.push("float o_[4][T_], m_[4], l_[4];".into());
+    it.push("#pragma unroll".into());
+    it.push(
+        "for (int rr_ = 0; rr_ < 4; ++rr_) { m_[rr_] = -ATTNC_INF; l_[rr_] = 0.0f; for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] = 0.0f; }"
+            .into(),
+    );
+    it.push(format!("for (i64 kt_ = 0; kt_ < (N_ + {keys} - 1) / {keys}; ++kt_) {{"));
+    let mut tile = vec![
+        Flash::class_line("kt_"),
+        "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
+        format!("const i64 k0_ = kt_ * {keys};"),
+        "attnc_sync();".into(),
+        format!("for (int e_ = tid_; e_ < {keys} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+        "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
+        "  const i64 jr_ = k0_ + r_, c64_ = cc_;".into(),
+        "  const bool in_ = jr_ < N_;".into(),
+        format!("  Ks_[r_ * HDP_ + cc_] = (in_ && c64_ < D_) ? {} : 0.0f;", fl.kv('k', "jr_", "c64_")?),
+        format!("  Vs_[r_ * HD_ + cc_] = (in_ && c64_ < DV_) ? {} : 0.0f;", fl.kv('v', "jr_", "c64_")?),
+        "}".into(),
+        "attnc_sync();".into(),
+        "const i64 j_ = k0_ + lane_;".into(),
+        "#pragma unroll".into(),
+        "for (int rr_ = 0; rr_ < 4; ++rr_) {".into(),
+        "  const int r_ = warp_ * 4 + rr_;".into(),
+        "  const i64 i_ = q0_ + r_;".into(),
+        "  float s_ = 0.0f;".into(),
+        "  #pragma unroll 8".into(),
+        "  for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
+        "  s_ *= alpha_;".into(),
+        "  bool keep_ = j_ < N_;".into(),
+    ];
+    tile.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 2));
+    tile.extend(indent(&simt_weights(fl.softmax), 2));
+    tile.push("}".into());
+    it.extend(indent(&tile, 2));
+    it.push("}".into());
+    it.push("#pragma unroll".into());
+    it.push("for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
+    it.push("  const i64 i_ = q0_ + warp_ * 4 + rr_;".into());
+    it.push(if fl.softmax {
+        "  const float lt_ = attnc_warp_sum(l_[rr_]), inv_ = lt_ == 0.0f ? 0.0f : 1.0f / lt_;".into()
     } else {
-        body.push("      const float p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
-    }
-    body.push("      Ps_[warp_][lane_] = p_;".into());
-    body.push("      attnc_syncwarp();".into());
-    body.push("      for (int jj_ = 0; jj_ < 32; ++jj_) {".into());
-    body.push("        const float pj_ = Ps_[warp_][jj_];".into());
-    body.push("        if (pj_ == 0.0f) continue;  // masked keys contribute nothing, even against inf/NaN values".into());
-    body.push("        #pragma unroll".into());
-    body.push("        for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] += pj_ * Vs_[jj_ * HD_ + lane_ + 32 * t_];".into());
-    body.push("      }".into());
-    body.push("      attnc_syncwarp();  // before the next row overwrites Ps_".into());
-    body.push("    }".into());
-    body.push("  }".into());
-    body.push("  #pragma unroll".into());
-    body.push("  for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
-    body.push("    const i64 i_ = q0_ + warp_ * 4 + rr_;".into());
-    if softmax {
-        body.push("    const float lt_ = attnc_warp_sum(l_[rr_]);".into());
-        body.push("    const float inv_ = lt_ == 0.0f ? 0.0f : 1.0f / lt_;".into());
-    } else {
-        body.push("    const float inv_ = 1.0f;".into());
-    }
-    body.push("    #pragma unroll".into());
-    body.push("    for (int t_ = 0; t_ < T_; ++t_) {".into());
-    body.push("      const i64 col_ = lane_ + 32 * t_;".into());
-    let st = store(c.out_buf, c.out_dt, "(bz_ * M_ + i_) * DV_ + col_", &super::cexpr::round_to(c.out_dt, "(o_[rr_][t_] * inv_)"));
-    body.push(format!("      if (i_ < M_ && col_ < DV_) {st}"));
-    body.push("    }".into());
-    body.push("  }".into());
-    body.push("}".into());
-    let text = wrap(b, c, &name, 128, "SIMT f32", &body);
-    b.kernels.push(text);
-    b.launches.push(Launch {
-        kernel: name,
-        grid: Grid::Flash { batch: Dim::product(&c.batch), m: c.m.clone(), tile_rows },
-        block: 128,
-        smem: Smem::FlashSimt(c.hd),
+        "  const float inv_ = 1.0f;".into()
     });
+    it.push("  #pragma unroll".into());
+    it.push("  for (int t_ = 0; t_ < T_; ++t_) {".into());
+    it.push("    const i64 col_ = lane_ + 32 * t_;".into());
+    it.push(format!("    if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[rr_][t_] * inv_)")?));
+    it.push("  }".into());
+    it.push("}".into());
+    let body = fl.blocks(items, pre, it);
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashSimt(fl.f.step), body })
+}
+
+/// One row's weights and its update of the running state (SIMT).
+fn simt_weights(softmax: bool) -> Vec<String> {
+    let mut out: Vec<String> = if softmax {
+        [
+            "const float x_ = keep_ ? sc_ : -ATTNC_INF;",
+            "const float mn_ = attnc_fmax(m_[rr_], attnc_warp_max(x_));  // NaN-propagating: a kept NaN makes the row NaN",
+            "const float scale_ = mn_ == -ATTNC_INF ? 1.0f : expf(m_[rr_] - mn_);",
+            "const float p_ = (keep_ && mn_ != -ATTNC_INF) ? expf(x_ - mn_) : 0.0f;",
+            "l_[rr_] = l_[rr_] * scale_ + p_;",
+            "m_[rr_] = mn_;",
+            "#pragma unroll",
+            "for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] *= scale_;",
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        vec!["const float p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into()]
+    };
+    out.extend(
+        [
+            "Ps_[warp_][lane_] = p_;",
+            "attnc_syncwarp();",
+            "for (int jj_ = 0; jj_ < 32; ++jj_) {",
+            "  const float pj_ = Ps_[warp_][jj_];",
+            "  if (pj_ == 0.0f) continue;  // keys with no weight add nothing",
+            "  #pragma unroll",
+            "  for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] += pj_ * Vs_[jj_ * HD_ + lane_ + 32 * t_];",
+            "}",
+            "attnc_syncwarp();  // before the next row overwrites Ps_",
+        ]
+        .map(String::from),
+    );
+    out
 }
 
 /// The tensor-core kernel (q, k, v all f16 or all bf16).
-fn emit_mma(b: &mut Builder, c: &Common, tile_rows: TileSize) {
-    let name = b.kernel_name(c.v, "flash_mma");
-    let softmax = c.spec.weights == Weights::Softmax;
-    let (mma, conv, pack) =
-        if c.kdt == DType::BF16 { ("attnc_mma_b", "attnc_f2b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_f2h", "attnc_pack_h") };
-    let mut body = vec![
+fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let rows = CUDA_MMA_ROWS;
+    let bf16 = fl.f.k.dtype == crate::ir::DType::BF16;
+    let (mma, conv, pack) = if bf16 { ("attnc_mma_b", "attnc_f2b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_f2h", "attnc_pack_h") };
+    let mut pre = vec![
         "ATTNC_DYN_SMEM;".to_string(),
-        format!("constexpr int HD_ = ATTNC_HD_{};", c.hd),
-        "constexpr int BN_ = HD_ <= 128 ? 64 : 32;  // keys per tile".into(),
-        "constexpr int LD_ = HD_ + 8;               // shared row stride (halves), skews banks".into(),
-        "constexpr int NT_ = BN_ / 8, DT_ = HD_ / 8;".into(),
+        format!("constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step};  // head width; keys per tile"),
+        "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
         "u16* Qs_ = (u16*)attnc_smem;  // [64][LD_]".into(),
-        "u16* Ks_ = Qs_ + 64 * LD_;    // [BN_][LD_]".into(),
+        format!("u16* Ks_ = Qs_ + {rows} * LD_;    // [BN_][LD_]"),
         "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
     ];
-    let p = head(c, &mut body);
-    body.push("  const i64 ntn_ = (N_ + BN_ - 1) / BN_;".into());
-    body.push("  const i64 q0_ = (i64)blockIdx.x * 64;".into());
-    {
-        let (kr, vr) = (c.kview.strides.len() - 2, c.vview.strides.len() - 2);
-        let aligned = |s: &Dim| format!("{} % 8 == 0", cdim(s));
-        body.push(format!(
-            "  const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
-            aligned(&c.kview.strides[kr]),
-            aligned(&c.vview.strides[vr])
-        ));
-        body.push("  (void)vec_;".into());
-    }
-    body.push("  const i64 ri0_ = q0_ + warp_ * 16 + g_, ri1_ = ri0_ + 8;  // this lane's two rows".into());
-    body.push("  attnc_sync();".into());
-    body.push("  for (int e_ = tid_; e_ < 64 * HD_; e_ += 128) {".into());
-    body.push("    const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
-    body.extend(q_load(b, c, &p, "qi_", "qc_", "    "));
-    body.push(format!("    Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
-    body.push("  }".into());
-    body.push("  float o_[DT_][4];".into());
-    body.push("  #pragma unroll".into());
-    body.push("  for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] = 0.0f; o_[t_][1] = 0.0f; o_[t_][2] = 0.0f; o_[t_][3] = 0.0f; }".into());
-    body.push("  float m0_ = -ATTNC_INF, m1_ = -ATTNC_INF, l0_ = 0.0f, l1_ = 0.0f;".into());
-    body.push("  for (i64 kt_ = 0; kt_ < ntn_; ++kt_) {".into());
-    body.push(format!("    {}", class_line(c, "(i64)blockIdx.x * ntn_ + kt_")));
-    body.push("    if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into());
-    body.push("    const i64 k0_ = kt_ * BN_;".into());
-    body.push("    attnc_sync();".into());
-    let (kr, vr) = (c.kview.strides.len() - 2, c.vview.strides.len() - 2);
-    let contiguous = c.kview.strides[kr + 1].as_const() == Some(1) && c.vview.strides[vr + 1].as_const() == Some(1);
-    if contiguous {
-        // Rows contiguous in memory: 16-byte loads when every row start is 16-byte aligned.
-        body.push("    if (vec_) {".into());
-        body.push("      for (int e_ = tid_; e_ < BN_ * (HD_ / 8); e_ += 128) {".into());
-        body.push("        const int r_ = e_ / (HD_ / 8), cc_ = (e_ % (HD_ / 8)) * 8;".into());
-        body.push("        const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
-        body.push("        attnc_u4 kz_ = {0u, 0u, 0u, 0u}, vz_ = {0u, 0u, 0u, 0u};".into());
-        body.push(format!("        if (jr_ < N_ && c64_ < D_) kz_ = *(const attnc_u4*)&{};", kv_raw(c, 'k', "jr_", "c64_")));
-        body.push(format!("        if (jr_ < N_ && c64_ < DV_) vz_ = *(const attnc_u4*)&{};", kv_raw(c, 'v', "jr_", "c64_")));
-        body.push("        *(attnc_u4*)(Ks_ + r_ * LD_ + cc_) = kz_;".into());
-        body.push("        *(attnc_u4*)(Vs_ + r_ * LD_ + cc_) = vz_;".into());
-        body.push("      }".into());
-        body.push("    } else {".into());
-    }
-    body.push("    for (int e_ = tid_; e_ < BN_ * HD_; e_ += 128) {".into());
-    body.push("      const int r_ = e_ / HD_, cc_ = e_ % HD_;".into());
-    body.push("      const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
-    body.push("      const bool in_ = jr_ < N_;".into());
-    body.push(format!("      Ks_[r_ * LD_ + cc_] = (in_ && c64_ < D_) ? {} : (u16)0;", kv_raw(c, 'k', "jr_", "c64_")));
-    body.push(format!("      Vs_[r_ * LD_ + cc_] = (in_ && c64_ < DV_) ? {} : (u16)0;", kv_raw(c, 'v', "jr_", "c64_")));
-    body.push("    }".into());
-    if contiguous {
-        body.push("    }".into());
-    }
-    body.push("    attnc_sync();".into());
-    body.push("    float s_[NT_][4];".into());
-    body.push("    #pragma unroll".into());
-    body.push(
-        "    for (int nt_ = 0; nt_ < NT_; ++nt_) { s_[nt_][0] = 0.0f; s_[nt_][1] = 0.0f; s_[nt_][2] = 0.0f; s_[nt_][3] = 0.0f; }".into(),
-    );
-    body.push("    #pragma unroll".into());
-    body.push("    for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {".into());
-    body.push("      const u16* qa_ = Qs_ + (warp_ * 16 + g_) * LD_ + ks_ * 16 + tg_ * 2;".into());
-    body.push("      const unsigned a_[4] = {attnc_ld_u32(qa_), attnc_ld_u32(qa_ + 8 * LD_), attnc_ld_u32(qa_ + 8), attnc_ld_u32(qa_ + 8 * LD_ + 8)};".into());
-    body.push("      #pragma unroll".into());
-    body.push("      for (int nt_ = 0; nt_ < NT_; ++nt_) {".into());
-    body.push("        const u16* kb_ = Ks_ + (nt_ * 8 + g_) * LD_ + ks_ * 16 + tg_ * 2;".into());
-    body.push("        const unsigned bb_[2] = {attnc_ld_u32(kb_), attnc_ld_u32(kb_ + 8)};".into());
-    body.push(format!("        {mma}(s_[nt_], a_, bb_);"));
-    body.push("      }".into());
-    body.push("    }".into());
-    body.push("    // Accumulator element e of n-tile nt: row e < 2 ? ri0_ : ri1_, key k0_ + 8 nt + 2 tg_ + (e & 1).".into());
-    body.push("    float mx0_ = -ATTNC_INF, mx1_ = -ATTNC_INF;".into());
-    body.push("    #pragma unroll".into());
-    body.push("    for (int nt_ = 0; nt_ < NT_; ++nt_) {".into());
-    body.push("      #pragma unroll".into());
-    body.push("      for (int e_ = 0; e_ < 4; ++e_) {".into());
-    body.push("        const i64 i_ = e_ < 2 ? ri0_ : ri1_;".into());
-    body.push("        const i64 j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".into());
-    body.push("        const float s_e_ = s_[nt_][e_];".into());
-    body.push("        bool keep_ = j_ < N_;".into());
-    body.extend(score_lines(c, &p, "i_", "j_", "s_e_", "        "));
-    if softmax {
-        body.push("        const float x_ = keep_ ? sc_ : -ATTNC_INF;".into());
-        body.push("        s_[nt_][e_] = x_;".into());
-        body.push("        if (e_ < 2) mx0_ = fmaxf(mx0_, x_); else mx1_ = fmaxf(mx1_, x_);".into());
+    pre.extend(fl.head()?);
+    let mut it = Vec::new();
+    let p = fl.item(&mut it)?;
+    it.push(format!("const i64 q0_ = qb_ * {rows};"));
+    it.push("const i64 ri0_ = q0_ + warp_ * 16 + g_, ri1_ = ri0_ + 8;  // this lane's two rows".into());
+    it.push("attnc_sync();".into());
+    it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
+    it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    it.push(format!("  Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
+    it.push("}".into());
+    it.push("float o_[DT_][4];".into());
+    it.push("#pragma unroll".into());
+    it.push("for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] = 0.0f; o_[t_][1] = 0.0f; o_[t_][2] = 0.0f; o_[t_][3] = 0.0f; }".into());
+    it.push("float m0_ = -ATTNC_INF, m1_ = -ATTNC_INF, l0_ = 0.0f, l1_ = 0.0f;".into());
+    it.push("for (i64 kt_ = 0; kt_ < (N_ + BN_ - 1) / BN_; ++kt_) {".into());
+    let mut tile = vec![
+        Flash::class_line("kt_"),
+        "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
+        "const i64 k0_ = kt_ * BN_;".into(),
+        "attnc_sync();".into(),
+    ];
+    tile.extend(mma_stage_kv(fl)?);
+    tile.extend(mma_scores(mma));
+    tile.push("#pragma unroll".into());
+    tile.push("for (int nt_ = 0; nt_ < NT_; ++nt_) {".into());
+    tile.push("  #pragma unroll".into());
+    tile.push("  for (int e_ = 0; e_ < 4; ++e_) {".into());
+    tile.push("    const i64 i_ = e_ < 2 ? ri0_ : ri1_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".into());
+    tile.push("    const float s_e_ = s_[nt_][e_] * alpha_;".into());
+    tile.push("    bool keep_ = j_ < N_;".into());
+    tile.extend(indent(&fl.score(&p, "i_", "j_", "s_e_")?, 4));
+    if fl.softmax {
+        tile.push("    const float x_ = keep_ ? sc_ : -ATTNC_INF;".into());
+        tile.push("    s_[nt_][e_] = x_;".into());
+        tile.push("    if (e_ < 2) mx0_ = attnc_fmax(mx0_, x_); else mx1_ = attnc_fmax(mx1_, x_);".into());
     } else {
-        body.push("        s_[nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+        tile.push("    s_[nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
     }
-    body.push("      }".into());
-    body.push("    }".into());
-    if softmax {
-        body.push("    // Row maxima over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).".into());
-        body.push("    mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 1)); mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 2));".into());
-        body.push("    mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 1)); mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 2));".into());
-        body.push("    const float mn0_ = fmaxf(m0_, mx0_), mn1_ = fmaxf(m1_, mx1_);".into());
-        body.push("    const float sc0_ = mn0_ == -ATTNC_INF ? 1.0f : expf(m0_ - mn0_);".into());
-        body.push("    const float sc1_ = mn1_ == -ATTNC_INF ? 1.0f : expf(m1_ - mn1_);".into());
-        body.push("    m0_ = mn0_; m1_ = mn1_; l0_ *= sc0_; l1_ *= sc1_;".into());
-        body.push("    #pragma unroll".into());
-        body.push("    for (int nt_ = 0; nt_ < NT_; ++nt_) {".into());
-        body.push("      #pragma unroll".into());
-        body.push("      for (int e_ = 0; e_ < 4; ++e_) {".into());
-        body.push("        const float mn_ = e_ < 2 ? mn0_ : mn1_;".into());
-        body.push("        const float x_ = s_[nt_][e_];".into());
-        body.push("        const float p_ = (x_ == -ATTNC_INF || mn_ == -ATTNC_INF) ? 0.0f : expf(x_ - mn_);".into());
-        body.push("        s_[nt_][e_] = p_;".into());
-        body.push("        if (e_ < 2) l0_ += p_; else l1_ += p_;".into());
-        body.push("      }".into());
-        body.push("    }".into());
-        body.push("    #pragma unroll".into());
-        body.push(
-            "    for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] *= sc0_; o_[t_][1] *= sc0_; o_[t_][2] *= sc1_; o_[t_][3] *= sc1_; }".into(),
-        );
+    tile.push("  }".into());
+    tile.push("}".into());
+    if fl.softmax {
+        tile.extend(MMA_SOFTMAX.lines().map(String::from));
     }
-    body.push("    // O += P V: P's accumulator layout is the A-fragment layout of two adjacent n-tiles.".into());
-    body.push("    #pragma unroll".into());
-    body.push("    for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into());
-    body.push(format!("      const unsigned pa_[4] = {{{pack}(s_[2 * kk_][0], s_[2 * kk_][1]), {pack}(s_[2 * kk_][2], s_[2 * kk_][3]),"));
-    body.push(format!(
-        "                               {pack}(s_[2 * kk_ + 1][0], s_[2 * kk_ + 1][1]), {pack}(s_[2 * kk_ + 1][2], s_[2 * kk_ + 1][3])}};"
-    ));
-    body.push("      #pragma unroll".into());
-    body.push("      for (int t_ = 0; t_ < DT_; ++t_) {".into());
-    body.push("        const u16* vb_ = Vs_ + (kk_ * 16 + tg_ * 2) * LD_ + t_ * 8 + g_;".into());
-    body.push("        const unsigned bb_[2] = {attnc_pack_u16(vb_[0], vb_[LD_]), attnc_pack_u16(vb_[8 * LD_], vb_[9 * LD_])};".into());
-    body.push(format!("        {mma}(o_[t_], pa_, bb_);"));
-    body.push("      }".into());
-    body.push("    }".into());
-    body.push("  }".into());
-    if softmax {
-        body.push("  l0_ += attnc_shfl_xor(l0_, 1); l0_ += attnc_shfl_xor(l0_, 2);".into());
-        body.push("  l1_ += attnc_shfl_xor(l1_, 1); l1_ += attnc_shfl_xor(l1_, 2);".into());
-        body.push("  const float inv0_ = l0_ == 0.0f ? 0.0f : 1.0f / l0_, inv1_ = l1_ == 0.0f ? 0.0f : 1.0f / l1_;".into());
-    } else {
-        body.push("  const float inv0_ = 1.0f, inv1_ = 1.0f;".into());
-    }
-    body.push("  #pragma unroll".into());
-    body.push("  for (int t_ = 0; t_ < DT_; ++t_) {".into());
-    body.push("    #pragma unroll".into());
-    body.push("    for (int e_ = 0; e_ < 4; ++e_) {".into());
-    body.push("      const i64 i_ = e_ < 2 ? ri0_ : ri1_;".into());
-    body.push("      const i64 col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
-    let st = store(
-        c.out_buf,
-        c.out_dt,
-        "(bz_ * M_ + i_) * DV_ + col_",
-        &super::cexpr::round_to(c.out_dt, "(o_[t_][e_] * (e_ < 2 ? inv0_ : inv1_))"),
-    );
-    body.push(format!("      if (i_ < M_ && col_ < DV_) {st}"));
-    body.push("    }".into());
-    body.push("  }".into());
-    body.push("}".into());
-    let what = if c.kdt == DType::BF16 { "tensor cores, bf16" } else { "tensor cores, f16" };
-    let text = wrap(b, c, &name, 128, what, &body);
-    b.kernels.push(text);
-    b.launches.push(Launch {
-        kernel: name,
-        grid: Grid::Flash { batch: Dim::product(&c.batch), m: c.m.clone(), tile_rows },
-        block: 128,
-        smem: Smem::FlashMma(c.hd),
-    });
+    tile.extend(mma_pv(mma, pack));
+    it.extend(indent(&tile, 2));
+    it.push("}".into());
+    it.extend(mma_finish(fl)?);
+    let body = fl.blocks(items, pre, it);
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
 }
 
-/// Split-KV decode kernel plus the merge kernel.
-fn emit_decode(b: &mut Builder, c: &Common) {
-    let rows = c.m.as_const().unwrap_or(1);
-    let softmax = c.spec.weights == Weights::Softmax;
-    let split = b.splits.len();
-    b.splits.push(SplitKv { batch: Dim::product(&c.batch), rows: c.m.clone(), keys: c.n.clone(), width: c.dv.clone() });
-    let part = b.add_buffer(DType::F32, BufferSize::Partials(split), format!("{} split-KV partials", b.label(c.v)));
-    let name = b.kernel_name(c.v, "flash_decode");
-    let mut body = vec![
-        format!("constexpr int HD_ = ATTNC_HD_{}, T_ = HD_ / 32, MR_ = {rows};", c.hd),
-        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;".into(),
-        format!("const i64 ns_ = s{split};  // warps splitting the keys"),
-        "const i64 split_ = (i64)blockIdx.x * 4 + warp_;".into(),
-        "if (split_ >= ns_) return;  // the whole warp; this kernel has no block barrier".into(),
-        format!("float* __restrict__ part_ = {};", ptr(part, DType::F32, true)),
-    ];
-    let p = head(c, &mut body);
-    body.push("  const i64 nch_ = (N_ + 31) / 32, per_ = (nch_ + ns_ - 1) / ns_;".into());
-    body.push("  const i64 ch0_ = split_ * per_, ch1_ = ch0_ + per_ < nch_ ? ch0_ + per_ : nch_;".into());
-    body.push("  float q_[MR_][T_], o_[MR_][T_], m_[MR_], l_[MR_];".into());
-    body.push("  for (int r_ = 0; r_ < MR_; ++r_) {".into());
-    body.push("    m_[r_] = -ATTNC_INF; l_[r_] = 0.0f;".into());
-    body.push("    for (int t_ = 0; t_ < T_; ++t_) {".into());
-    body.push("      const i64 qi_ = r_, qc_ = lane_ + 32 * t_;".into());
-    body.extend(q_load(b, c, &p, "qi_", "qc_", "      "));
-    body.push("      q_[r_][t_] = x_; o_[r_][t_] = 0.0f;".into());
-    body.push("    }".into());
-    body.push("  }".into());
-    body.push("  for (i64 ch_ = ch0_; ch_ < ch1_; ++ch_) {".into());
-    body.push(format!("    {}", class_line(c, "ch_")));
-    body.push("    if (cls_ == 0) continue;".into());
-    body.push("    for (int jj_ = 0; jj_ < 32; ++jj_) {".into());
-    body.push("      const i64 j_ = ch_ * 32 + jj_;".into());
-    body.push("      if (j_ >= N_) break;".into());
-    body.push("      float k_[T_], v_[T_];".into());
-    body.push("      #pragma unroll".into());
-    body.push("      for (int t_ = 0; t_ < T_; ++t_) {".into());
-    body.push("        const i64 c64_ = lane_ + 32 * t_;".into());
-    body.push(format!("        k_[t_] = c64_ < D_ ? {} : 0.0f;", kv_load(c, 'k', "j_", "c64_")));
-    body.push(format!("        v_[t_] = c64_ < DV_ ? {} : 0.0f;", kv_load(c, 'v', "j_", "c64_")));
-    body.push("      }".into());
-    body.push("      #pragma unroll".into());
-    body.push("      for (int r_ = 0; r_ < MR_; ++r_) {".into());
-    body.push("        float s_ = 0.0f;".into());
-    body.push("        #pragma unroll".into());
-    body.push("        for (int t_ = 0; t_ < T_; ++t_) s_ += q_[r_][t_] * k_[t_];".into());
-    body.push("        s_ = attnc_warp_sum(s_);".into());
-    body.push("        const i64 i_ = r_;".into());
-    body.push("        bool keep_ = true;".into());
-    body.extend(score_lines(c, &p, "i_", "j_", "s_", "        "));
-    body.push("        if (!keep_) continue;".into());
-    if softmax {
-        body.push("        const float mn_ = fmaxf(m_[r_], sc_);".into());
-        body.push("        if (mn_ == -ATTNC_INF) continue;".into());
-        body.push("        const float scale_ = expf(m_[r_] - mn_), p_ = expf(sc_ - mn_);".into());
-        body.push("        l_[r_] = l_[r_] * scale_ + p_;".into());
-        body.push("        m_[r_] = mn_;".into());
-        body.push("        #pragma unroll".into());
-        body.push("        for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] = o_[r_][t_] * scale_ + p_ * v_[t_];".into());
-    } else {
-        body.push("        const float w_ = attnc_sigmoid(sc_);".into());
-        body.push("        #pragma unroll".into());
-        body.push("        for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] += w_ * v_[t_];".into());
+/// K and V tiles into shared memory as raw halves (16-byte copies where rows are aligned).
+fn mma_stage_kv(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let (k, v) = (&fl.f.k, &fl.f.v);
+    let (kr, vr) = (k.strides.len() - 2, v.strides.len() - 2);
+    let mut out = Vec::new();
+    let contiguous = k.strides[kr + 1].as_const() == Some(1) && v.strides[vr + 1].as_const() == Some(1);
+    if contiguous {
+        let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
+        out.push(format!(
+            "const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
+            aligned(&k.strides[kr])?,
+            aligned(&v.strides[vr])?
+        ));
+        out.push("if (vec_) {".into());
+        out.push("  for (int e_ = tid_; e_ < BN_ * (HD_ / 8); e_ += 128) {".into());
+        out.push("    const int r_ = e_ / (HD_ / 8), cc_ = (e_ % (HD_ / 8)) * 8;".into());
+        out.push("    const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
+        out.push("    attnc_u4 kz_ = {0u, 0u, 0u, 0u}, vz_ = {0u, 0u, 0u, 0u};".into());
+        out.push(format!("    if (jr_ < N_ && c64_ < D_) kz_ = *(const attnc_u4*)&{};", fl.kv_raw('k', "jr_", "c64_")?));
+        out.push(format!("    if (jr_ < N_ && c64_ < DV_) vz_ = *(const attnc_u4*)&{};", fl.kv_raw('v', "jr_", "c64_")?));
+        out.push("    *(attnc_u4*)(Ks_ + r_ * LD_ + cc_) = kz_;".into());
+        out.push("    *(attnc_u4*)(Vs_ + r_ * LD_ + cc_) = vz_;".into());
+        out.push("  }".into());
+        out.push("} else {".into());
     }
-    body.push("      }".into());
-    body.push("    }".into());
-    body.push("  }".into());
-    body.push("  // Partials: [batch, MR_, ns_, DV_ + 2] = (unnormalised O, running max, running sum).".into());
-    body.push("  for (int r_ = 0; r_ < MR_; ++r_) {".into());
-    body.push("    const i64 base_ = ((bz_ * MR_ + r_) * ns_ + split_) * (DV_ + 2);".into());
-    body.push("    for (int t_ = 0; t_ < T_; ++t_) {".into());
-    body.push("      const i64 col_ = lane_ + 32 * t_;".into());
-    body.push("      if (col_ < DV_) part_[base_ + col_] = o_[r_][t_];".into());
-    body.push("    }".into());
-    body.push("    if (lane_ == 0) { part_[base_ + DV_] = m_[r_]; part_[base_ + DV_ + 1] = l_[r_]; }".into());
-    body.push("  }".into());
-    body.push("}".into());
-    let text = wrap(b, c, &name, 128, "split-KV decode", &body);
-    b.kernels.push(text);
-    b.launches.push(Launch { kernel: name, grid: Grid::Decode { batch: Dim::product(&c.batch), split }, block: 128, smem: Smem::None });
+    out.push("for (int e_ = tid_; e_ < BN_ * HD_; e_ += 128) {".into());
+    out.push("  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into());
+    out.push("  const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
+    out.push("  const bool in_ = jr_ < N_;".into());
+    out.push(format!("  Ks_[r_ * LD_ + cc_] = (in_ && c64_ < D_) ? {} : (u16)0;", fl.kv_raw('k', "jr_", "c64_")?));
+    out.push(format!("  Vs_[r_ * LD_ + cc_] = (in_ && c64_ < DV_) ? {} : (u16)0;", fl.kv_raw('v', "jr_", "c64_")?));
+    out.push("}".into());
+    if contiguous {
+        out.push("}".into());
+    }
+    out.push("attnc_sync();".into());
+    Ok(out)
+}
 
-    // Merge: one warp per (batch, row).
-    let name = b.kernel_name(c.v, "flash_merge");
-    let total_rows = Dim::product(&c.batch).mul(&c.m);
+/// S = Q Kᵀ for the warp's 16 rows on tensor cores.
+fn mma_scores(mma: &str) -> Vec<String> {
+    format!(
+        "float s_[NT_][4];
+#pragma unroll
+for (int nt_ = 0; nt_ < NT_; ++nt_) {{ s_[nt_][0] = 0.0f; s_[nt_][1] = 0.0f; s_[nt_][2] = 0.0f; s_[nt_][3] = 0.0f; }}
+#pragma unroll
+for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
+  const u16* qa_ = Qs_ + (warp_ * 16 + g_) * LD_ + ks_ * 16 + tg_ * 2;
+  const unsigned a_[4] = {{attnc_ld_u32(qa_), attnc_ld_u32(qa_ + 8 * LD_), attnc_ld_u32(qa_ + 8), attnc_ld_u32(qa_ + 8 * LD_ + 8)}};
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; ++nt_) {{
+    const u16* kb_ = Ks_ + (nt_ * 8 + g_) * LD_ + ks_ * 16 + tg_ * 2;
+    const unsigned bb_[2] = {{attnc_ld_u32(kb_), attnc_ld_u32(kb_ + 8)}};
+    {mma}(s_[nt_], a_, bb_);
+  }}
+}}
+// Accumulator element e of n-tile nt: row e < 2 ? ri0_ : ri1_, key k0_ + 8 nt + 2 tg_ + (e & 1).
+float mx0_ = -ATTNC_INF, mx1_ = -ATTNC_INF;"
+    )
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+/// The online-softmax update of the tensor-core kernel (row maxima over the 4 lanes of a row).
+const MMA_SOFTMAX: &str = "// Row maxima over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
+mx0_ = attnc_fmax(mx0_, attnc_shfl_xor(mx0_, 1)); mx0_ = attnc_fmax(mx0_, attnc_shfl_xor(mx0_, 2));
+mx1_ = attnc_fmax(mx1_, attnc_shfl_xor(mx1_, 1)); mx1_ = attnc_fmax(mx1_, attnc_shfl_xor(mx1_, 2));
+const float mn0_ = attnc_fmax(m0_, mx0_), mn1_ = attnc_fmax(m1_, mx1_);
+const float sc0_ = mn0_ == -ATTNC_INF ? 1.0f : expf(m0_ - mn0_);
+const float sc1_ = mn1_ == -ATTNC_INF ? 1.0f : expf(m1_ - mn1_);
+m0_ = mn0_; m1_ = mn1_; l0_ *= sc0_; l1_ *= sc1_;
+#pragma unroll
+for (int nt_ = 0; nt_ < NT_; ++nt_) {
+  #pragma unroll
+  for (int e_ = 0; e_ < 4; ++e_) {
+    const float mn_ = e_ < 2 ? mn0_ : mn1_, x_ = s_[nt_][e_];
+    const float p_ = (x_ == -ATTNC_INF || mn_ == -ATTNC_INF) ? 0.0f : expf(x_ - mn_);
+    s_[nt_][e_] = p_;
+    if (e_ < 2) l0_ += p_; else l1_ += p_;
+  }
+}
+#pragma unroll
+for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] *= sc0_; o_[t_][1] *= sc0_; o_[t_][2] *= sc1_; o_[t_][3] *= sc1_; }";
+
+/// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
+/// n-tiles.
+fn mma_pv(mma: &str, pack: &str) -> Vec<String> {
+    format!(
+        "#pragma unroll
+for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
+  const unsigned pa_[4] = {{{pack}(s_[2 * kk_][0], s_[2 * kk_][1]), {pack}(s_[2 * kk_][2], s_[2 * kk_][3]),
+                           {pack}(s_[2 * kk_ + 1][0], s_[2 * kk_ + 1][1]), {pack}(s_[2 * kk_ + 1][2], s_[2 * kk_ + 1][3])}};
+  #pragma unroll
+  for (int t_ = 0; t_ < DT_; ++t_) {{
+    const u16* vb_ = Vs_ + (kk_ * 16 + tg_ * 2) * LD_ + t_ * 8 + g_;
+    const unsigned bb_[2] = {{attnc_pack_u16(vb_[0], vb_[LD_]), attnc_pack_u16(vb_[8 * LD_], vb_[9 * LD_])}};
+    {mma}(o_[t_], pa_, bb_);
+  }}
+}}"
+    )
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+/// The tensor-core kernel's rows: sums over the 4 lanes of a row, then the output.
+fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = Vec::new();
+    if fl.softmax {
+        out.push("l0_ += attnc_shfl_xor(l0_, 1); l0_ += attnc_shfl_xor(l0_, 2);".into());
+        out.push("l1_ += attnc_shfl_xor(l1_, 1); l1_ += attnc_shfl_xor(l1_, 2);".into());
+        out.push("const float inv0_ = l0_ == 0.0f ? 0.0f : 1.0f / l0_, inv1_ = l1_ == 0.0f ? 0.0f : 1.0f / l1_;".into());
+    } else {
+        out.push("const float inv0_ = 1.0f, inv1_ = 1.0f;".into());
+    }
+    out.push("#pragma unroll".into());
+    out.push("for (int t_ = 0; t_ < DT_; ++t_) {".into());
+    out.push("  #pragma unroll".into());
+    out.push("  for (int e_ = 0; e_ < 4; ++e_) {".into());
+    out.push("    const i64 i_ = e_ < 2 ? ri0_ : ri1_, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
+    out.push(format!("    if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[t_][e_] * (e_ < 2 ? inv0_ : inv1_))")?));
+    out.push("  }".into());
+    out.push("}".into());
+    Ok(out)
+}
+
+/// The split-KV decode kernel: one warp per work item (four per block).
+fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let (m, _, _, _) = fl.f.sizes();
+    let rows = m.as_const().unwrap_or(1).max(1);
+    let warps = i64::from(CUDA_FLASH_THREADS / 32);
+    let mut body = vec![
+        format!("constexpr int HD_ = ATTNC_HD_{step}, T_ = HD_ / 32, MR_ = {rows};"),
+        "const int lane_ = threadIdx.x & 31;".into(),
+        format!("float* __restrict__ part_ = {};", ptr(fl.f.partials, crate::ir::DType::F32, true)),
+    ];
+    body.extend(fl.head()?);
+    body.push(format!("for (i64 w_ = (i64)blockIdx.x * {warps} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {warps}) {{"));
+    let mut it = Vec::new();
+    let p = fl.item(&mut it)?;
+    it.push("const i64 j0_ = sp_ * kps_, j1_ = j0_ + kps_ < N_ ? j0_ + kps_ : N_;".into());
+    it.push("float q_[MR_][T_], o_[MR_][T_], m_[MR_], l_[MR_];".into());
+    it.push("for (int r_ = 0; r_ < MR_; ++r_) {".into());
+    it.push("  m_[r_] = -ATTNC_INF; l_[r_] = 0.0f;".into());
+    it.push("  for (int t_ = 0; t_ < T_; ++t_) {".into());
+    it.push("    const i64 qi_ = qb_ * MR_ + r_, qc_ = lane_ + 32 * t_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 4));
+    it.push("    q_[r_][t_] = x_; o_[r_][t_] = 0.0f;".into());
+    it.push("  }".into());
+    it.push("}".into());
+    it.push(format!("for (i64 kc_ = j0_; kc_ < j1_; kc_ += {CUDA_LANE_KEYS}) {{"));
+    let mut chunk = vec![
+        Flash::class_line(&format!("kc_ / {CUDA_LANE_KEYS}")),
+        "if (cls_ == 0) continue;".into(),
+        format!("for (int jj_ = 0; jj_ < {CUDA_LANE_KEYS}; ++jj_) {{"),
+        "  const i64 j_ = kc_ + jj_;".into(),
+        "  if (j_ >= j1_) break;".into(),
+        "  float k_[T_], v_[T_];".into(),
+        "  #pragma unroll".into(),
+        "  for (int t_ = 0; t_ < T_; ++t_) {".into(),
+        "    const i64 c64_ = lane_ + 32 * t_;".into(),
+        format!("    k_[t_] = c64_ < D_ ? {} : 0.0f;", fl.kv('k', "j_", "c64_")?),
+        format!("    v_[t_] = c64_ < DV_ ? {} : 0.0f;", fl.kv('v', "j_", "c64_")?),
+        "  }".into(),
+        "  #pragma unroll".into(),
+        "  for (int r_ = 0; r_ < MR_; ++r_) {".into(),
+        "    float s_ = 0.0f;".into(),
+        "    #pragma unroll".into(),
+        "    for (int t_ = 0; t_ < T_; ++t_) s_ += q_[r_][t_] * k_[t_];".into(),
+        "    s_ = attnc_warp_sum(s_) * alpha_;".into(),
+        "    const i64 i_ = qb_ * MR_ + r_;".into(),
+        "    bool keep_ = true;".into(),
+    ];
+    chunk.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 4));
+    chunk.push("    if (!keep_) continue;".into());
+    chunk.extend(indent(&decode_weights(fl.softmax), 4));
+    chunk.push("  }".into());
+    chunk.push("}".into());
+    it.extend(indent(&chunk, 2));
+    it.push("}".into());
+    it.extend(decode_finish(fl)?);
+    body.extend(indent(&it, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: warps, smem: Smem::None, body })
+}
+
+/// One key's weight and its update of a decode row's state.
+fn decode_weights(softmax: bool) -> Vec<String> {
+    let lines: &[&str] = if softmax {
+        &[
+            "const float mn_ = attnc_fmax(m_[r_], sc_);",
+            "if (mn_ == -ATTNC_INF) continue;",
+            "const float scale_ = expf(m_[r_] - mn_), p_ = expf(sc_ - mn_);",
+            "l_[r_] = l_[r_] * scale_ + p_;",
+            "m_[r_] = mn_;",
+            "#pragma unroll",
+            "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] = o_[r_][t_] * scale_ + p_ * v_[t_];",
+        ]
+    } else {
+        &["const float w_ = attnc_sigmoid(sc_);", "#pragma unroll", "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] += w_ * v_[t_];"]
+    };
+    lines.iter().map(|s| s.to_string()).collect()
+}
+
+/// A decode item's rows (one split), or its partial state (`max, sum, acc` per row) for the
+/// merge.
+fn decode_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let inv = if fl.softmax { "(l_[r_] == 0.0f ? 0.0f : 1.0f / l_[r_])" } else { "1.0f" };
+    let mut out = vec![
+        "for (int r_ = 0; r_ < MR_; ++r_) {".to_string(),
+        "  const i64 i_ = qb_ * MR_ + r_;".into(),
+        "  if (i_ >= M_) break;".into(),
+        "  if (splits_ == 1) {".into(),
+        format!("    const float inv_ = {inv};"),
+        "    for (int t_ = 0; t_ < T_; ++t_) {".into(),
+        "      const i64 col_ = lane_ + 32 * t_;".into(),
+    ];
+    out.push(format!("      if (col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[r_][t_] * inv_)")?));
+    out.extend(
+        [
+            "    }",
+            "    continue;",
+            "  }",
+            "  float* pr_ = part_ + (w_ * MR_ + r_) * (DV_ + 2);",
+            "  for (int t_ = 0; t_ < T_; ++t_) {",
+            "    const i64 col_ = lane_ + 32 * t_;",
+            "    if (col_ < DV_) pr_[2 + col_] = o_[r_][t_];",
+            "  }",
+            "  if (lane_ == 0) { pr_[0] = m_[r_]; pr_[1] = l_[r_]; }",
+            "}",
+        ]
+        .map(String::from),
+    );
+    Ok(out)
+}
+
+/// The merge of split-key partial states: one warp per (batch index, query block).
+pub(super) fn emit_merge(ints: &Ints, items: &str, f: &FlashKernel) -> Result<KernelSource, CudaEmitError> {
+    let fl = Flash::new(ints, f);
+    let (m, _, _, dv) = f.sizes();
     let mut body = vec![
         "const int lane_ = threadIdx.x & 31;".to_string(),
-        format!("const i64 DV_ = {}, ns_ = s{split}, rows_ = {};", cdim(&c.dv), cdim(&total_rows)),
-        format!("const float* __restrict__ part_ = {};", ptr(part, DType::F32, false)),
-        "for (i64 row_ = (i64)blockIdx.x * 8 + (threadIdx.x >> 5); row_ < rows_; row_ += (i64)gridDim.x * 8) {".into(),
-        "  const float* pr_ = part_ + row_ * ns_ * (DV_ + 2);".into(),
+        format!("const i64 M_ = {}, DV_ = {}, bm_ = {};", ints.dim(&m)?, ints.dim(&dv)?, fl.tuning(Tuning::BlockM)?),
+        format!("const i64 nqb_ = {}, splits_ = {};", fl.tuning(Tuning::QueryBlocks)?, fl.tuning(Tuning::Splits)?),
+        format!("const float* __restrict__ part_ = {};", ptr(f.partials, crate::ir::DType::F32, false)),
+        format!(
+            "for (i64 w_ = (i64)blockIdx.x * {CUDA_ROW_WARPS} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {CUDA_ROW_WARPS}) {{"
+        ),
     ];
-    if softmax {
-        body.push("  float mx_ = -ATTNC_INF;".into());
-        body.push("  for (i64 s_ = lane_; s_ < ns_; s_ += 32) mx_ = fmaxf(mx_, pr_[s_ * (DV_ + 2) + DV_]);".into());
-        body.push("  mx_ = attnc_warp_max(mx_);".into());
-        body.push("  float L_ = 0.0f;".into());
-        body.push("  if (mx_ != -ATTNC_INF) {".into());
-        body.push("    for (i64 s_ = lane_; s_ < ns_; s_ += 32) {".into());
-        body.push("      const float ms_ = pr_[s_ * (DV_ + 2) + DV_];".into());
-        body.push("      if (ms_ != -ATTNC_INF) L_ += expf(ms_ - mx_) * pr_[s_ * (DV_ + 2) + DV_ + 1];".into());
-        body.push("    }".into());
-        body.push("  }".into());
-        body.push("  L_ = attnc_warp_sum(L_);".into());
-        body.push("  for (i64 col_ = lane_; col_ < DV_; col_ += 32) {".into());
-        body.push("    float acc_ = 0.0f;".into());
-        body.push("    if (mx_ != -ATTNC_INF) {".into());
-        body.push("      for (i64 s_ = 0; s_ < ns_; ++s_) {".into());
-        body.push("        const float ms_ = pr_[s_ * (DV_ + 2) + DV_];".into());
-        body.push("        if (ms_ != -ATTNC_INF) acc_ += expf(ms_ - mx_) * pr_[s_ * (DV_ + 2) + col_];".into());
-        body.push("      }".into());
-        body.push("    }".into());
-        let y = super::cexpr::round_to(c.out_dt, "(L_ == 0.0f ? 0.0f : acc_ / L_)");
-        body.push(format!("    {}", store(c.out_buf, c.out_dt, "row_ * DV_ + col_", &y)));
-        body.push("  }".into());
+    let mut it = vec!["const i64 qb_ = w_ % nqb_, bz_ = w_ / nqb_;".to_string()];
+    let p = delinearize(ints, &mut it, "bz_", &fl.batch, "p")?;
+    let strides = f.out.batch_strides(&fl.batch);
+    let bview = View { shape: fl.batch.clone(), strides, ..f.out.clone() };
+    it.push(format!("const i64 ooff_ = {};", ints.offset(&bview, &p)?));
+    it.push("for (i64 r_ = 0; r_ < bm_ && qb_ * bm_ + r_ < M_; ++r_) {".into());
+    it.push("  const i64 i_ = qb_ * bm_ + r_;".into());
+    it.push("  const float* row_ = part_ + (w_ * splits_ * bm_ + r_) * (DV_ + 2);  // split s at row_ + s * bm_ * (DV_ + 2)".into());
+    it.push("  const i64 ps_ = bm_ * (DV_ + 2);".into());
+    let mut row = Vec::new();
+    if fl.softmax {
+        row.extend(
+            [
+                "float mx_ = -ATTNC_INF;",
+                "for (i64 s_ = lane_; s_ < splits_; s_ += 32) mx_ = attnc_fmax(mx_, row_[s_ * ps_]);",
+                "mx_ = attnc_warp_max(mx_);",
+                "float L_ = 0.0f;",
+                "for (i64 s_ = lane_; s_ < splits_; s_ += 32) {",
+                "  const float ms_ = row_[s_ * ps_];",
+                "  if (ms_ != -ATTNC_INF) L_ += expf(ms_ - mx_) * row_[s_ * ps_ + 1];",
+                "}",
+                "L_ = attnc_warp_sum(L_);",
+                "for (i64 col_ = lane_; col_ < DV_; col_ += 32) {",
+                "  float acc_ = 0.0f;",
+                "  for (i64 s_ = 0; s_ < splits_; ++s_) {",
+                "    const float ms_ = row_[s_ * ps_];",
+                "    if (ms_ != -ATTNC_INF) acc_ += expf(ms_ - mx_) * row_[s_ * ps_ + 2 + col_];",
+                "  }",
+            ]
+            .map(String::from),
+        );
+        row.push(format!("  {}", fl.store_out("i_", "col_", "(L_ == 0.0f ? 0.0f : acc_ / L_)")?));
+        row.push("}".into());
     } else {
-        body.push("  for (i64 col_ = lane_; col_ < DV_; col_ += 32) {".into());
-        body.push("    float acc_ = 0.0f;".into());
-        body.push("    for (i64 s_ = 0; s_ < ns_; ++s_) acc_ += pr_[s_ * (DV_ + 2) + col_];".into());
-        body.push(format!("    {}", store(c.out_buf, c.out_dt, "row_ * DV_ + col_", &super::cexpr::round_to(c.out_dt, "acc_"))));
-        body.push("  }".into());
+        row.push("for (i64 col_ = lane_; col_ < DV_; col_ += 32) {".into());
+        row.push("  float acc_ = 0.0f;".into());
+        row.push("  for (i64 s_ = 0; s_ < splits_; ++s_) acc_ += row_[s_ * ps_ + 2 + col_];".into());
+        row.push(format!("  {}", fl.store_out("i_", "col_", "acc_")?));
+        row.push("}".into());
     }
+    it.extend(indent(&row, 2));
+    it.push("}".into());
+    body.extend(indent(&it, 2));
     body.push("}".into());
-    let text = format!(
-        "// {} = flash: merge of the split-KV partials\nATTNC_KERNEL void __launch_bounds__(256) {name}(ATTNC_ARGS) {{\n{}\n}}\n",
-        b.label(c.v),
-        body.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
-    );
-    b.kernels.push(text);
-    b.launches.push(Launch { kernel: name, grid: Grid::Rows(total_rows), block: 256, smem: Smem::None });
+    Ok(KernelSource { threads: CUDA_THREADS, items_per_block: CUDA_ROW_WARPS, smem: Smem::None, body })
 }

@@ -48,6 +48,7 @@ ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) {
 }
 ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV void attnc_sync() { __syncthreads(); }
 ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
 #define ATTNC_SHARED __shared__
@@ -55,38 +56,45 @@ ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
 #define ATTNC_KERNEL extern "C" __global__
 "#;
 
-/// Scalar maths shared by every backend's definition of the ops (after the replaceable block:
-/// plain C on top of the helpers, identical on the device and in a host emulation).
+/// Scalar maths of [`crate::ir::semantics`] (after the replaceable block: plain C on top of the
+/// helpers, identical on the device and in a host emulation).
 pub(super) const MATH: &str = r#"struct __align__(16) attnc_u4 { unsigned x, y, z, w; };  // 8 halves, one 16-byte access
 ATTNC_DEV float attnc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-ATTNC_DEV float attnc_silu(float x) { return x / (1.0f + expf(-x)); }
-ATTNC_DEV float attnc_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-ATTNC_DEV float attnc_elu(float x) { return x > 0.0f ? x : expm1f(x); }
+ATTNC_DEV float attnc_silu(float x) { return x * attnc_sigmoid(x); }
+// x/2 * erfc(-x/sqrt 2): no cancellation in the negative tail.
+ATTNC_DEV float attnc_gelu(float x) { return (x * 0.5f) * erfcf(-x * 0.70710678118654752f); }
+ATTNC_DEV float attnc_elu(float x) { return x >= 0.0f ? x : expm1f(x); }
 ATTNC_DEV float attnc_relu(float x) { return x != x ? x : (x > 0.0f ? x : 0.0f); }
-ATTNC_DEV float attnc_rsqrt(float x) { return 1.0f / sqrtf(x); }
-// min/max propagate NaN (as the interpreter and PyTorch do).
-ATTNC_DEV float attnc_fmin(float a, float b) { return (a != a || b != b) ? ATTNC_NAN : (a < b ? a : b); }
-ATTNC_DEV float attnc_fmax(float a, float b) { return (a != a || b != b) ? ATTNC_NAN : (a > b ? a : b); }
+// min/max propagate NaN and order -0 < +0 (for equal values the and/or of the bits).
+ATTNC_DEV float attnc_fmax(float a, float b) {
+  return (a != a || b != b) ? ATTNC_NAN : (a > b ? a : (b > a ? b : __int_as_float(__float_as_int(a) & __float_as_int(b))));
+}
+ATTNC_DEV float attnc_fmin(float a, float b) {
+  return (a != a || b != b) ? ATTNC_NAN : (a < b ? a : (b < a ? b : __int_as_float(__float_as_int(a) | __float_as_int(b))));
+}
 ATTNC_DEV double attnc_dmin(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a < b ? a : b); }
 ATTNC_DEV double attnc_dmax(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a > b ? a : b); }
-// `%` with the sign of the divisor (Python), on floats and on ints (an int `% 0` is 0).
+// `%` with the sign of the divisor (Python): NaN for a float zero divisor; 0 for an integer one
+// and for INT_MIN % -1.
 ATTNC_DEV float attnc_frem(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
-ATTNC_DEV i64 attnc_irem(i64 a, i64 b) { if (b == 0) return 0; i64 r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-// The flash score expressions' `%` (ir::flash::binary): 0 for a zero divisor.
-ATTNC_DEV float attnc_srem(float a, float b) { return b == 0.0f ? 0.0f : a - b * floorf(a / b); }
-ATTNC_DEV i64 attnc_sat32(i64 x) { return x < -2147483648LL ? -2147483648LL : (x > 2147483647LL ? 2147483647LL : x); }
-ATTNC_DEV i64 attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647LL : (x <= -2147483648.0f ? -2147483648LL : (i64)x)); }
-ATTNC_DEV i64 attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647LL : (x <= -2147483648.0 ? -2147483648LL : (i64)x)); }
-ATTNC_DEV i64 attnc_iabs(i64 x) { return x < 0 ? -x : x; }
+ATTNC_DEV int attnc_irem(int a, int b) { if (b == 0 || b == -1) return 0; int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+// Integer arithmetic wraps modulo 2^32.
+ATTNC_DEV int attnc_iadd(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+ATTNC_DEV int attnc_isub(int a, int b) { return (int)((unsigned)a - (unsigned)b); }
+ATTNC_DEV int attnc_imul(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+ATTNC_DEV int attnc_ineg(int a) { return (int)(0u - (unsigned)a); }
+ATTNC_DEV int attnc_iabs(int a) { return a < 0 ? attnc_ineg(a) : a; }
+ATTNC_DEV int attnc_wrap(i64 x) { return (int)(unsigned)(unsigned long long)x; }
+// Float to int: truncates toward zero, saturates, NaN is 0.
+ATTNC_DEV int attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647 : (x <= -2147483648.0f ? (-2147483647 - 1) : (int)x)); }
+ATTNC_DEV int attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647 : (x <= -2147483648.0 ? (-2147483647 - 1) : (int)x)); }
 // An index clamped into [0, n - 1] (gather and flash loads clamp).
 ATTNC_DEV i64 attnc_clampi(i64 x, i64 n) { return x < 0 ? 0 : (x >= n ? n - 1 : x); }
-// A float index truncated toward zero, then clamped (NaN and negatives give 0).
-ATTNC_DEV i64 attnc_cidx(float x, i64 n) { return !(x > 0.0f) ? 0 : (x >= (float)n ? n - 1 : (i64)x); }
 ATTNC_DEV float attnc_warp_sum(float v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor(v, m); return v; }
 ATTNC_DEV double attnc_warp_sum_d(double v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_d(v, m); return v; }
-// Warp maxima: the `_n` forms propagate NaN; `attnc_warp_max` ignores it (as the flash reference's max does).
-ATTNC_DEV float attnc_warp_max(float v) { for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, attnc_shfl_xor(v, m)); return v; }
-ATTNC_DEV float attnc_warp_max_n(float v) { for (int m = 16; m > 0; m >>= 1) v = attnc_fmax(v, attnc_shfl_xor(v, m)); return v; }
+ATTNC_DEV long long attnc_warp_sum_ll(long long v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_ll(v, m); return v; }
+// Warp maxima and minima propagate NaN.
+ATTNC_DEV float attnc_warp_max(float v) { for (int m = 16; m > 0; m >>= 1) v = attnc_fmax(v, attnc_shfl_xor(v, m)); return v; }
 ATTNC_DEV double attnc_warp_max_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmax(v, attnc_shfl_xor_d(v, m)); return v; }
 ATTNC_DEV double attnc_warp_min_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmin(v, attnc_shfl_xor_d(v, m)); return v; }
 "#;

@@ -1,167 +1,181 @@
-//! Row kernels: reductions, softmax, layer norm and RMS norm. One warp per row (8 rows per
-//! block, grid-stride over rows); the lanes stride over the row's elements, which are read
-//! through the inlined producer expression (so `softmax(scale * s + bias)` reads `s` only),
-//! and combine with warp shuffles. Sums and statistics accumulate in double, as the
-//! interpreter does in f64.
+//! Row kernels: reductions, softmax, layer norm and RMS norm. A work item is one output element
+//! (reductions) or one row (softmax, norms), taken by one warp ([`CUDA_ROW_WARPS`] per block);
+//! the lanes stride over the row's elements through the operand's strided view and combine with
+//! warp shuffles. Float sums and statistics accumulate in double, as the interpreter does in
+//! f64; integer sums in 64 bits, wrapped to i32 at the end.
 
-use super::cexpr::{cdim, double_lit, from_double, is_one, store, to_double, to_float};
-use super::expr::Gen;
-use super::pointwise::delinearize;
-use super::{Builder, Grid, Launch, Smem};
-use crate::ir::{DType, Dim, Op, ReduceOp, Value};
+use super::cexpr::{Ints, delinearize, double_lit, indent, load, round_to, store};
+use super::ops::{self, CVal};
+use super::{CudaEmitError, KernelSource, Smem};
+use crate::ir::semantics::Class;
+use crate::ir::{DType, Dim, ReduceOp};
+use crate::schedule::View;
+use crate::schedule::policy::{CUDA_ROW_WARPS, CUDA_THREADS};
 
-/// Emits the kernel of a reduce, softmax, layernorm or rmsnorm node.
-pub(super) fn emit(b: &mut Builder, v: Value, buf: usize) {
-    let node = b.g.node(v).clone();
-    let ops = b.g.operands(v);
-    let x = ops[0];
-    let in_shape = b.g.node(x).ty.shape.clone();
-    let in_dt = b.g.node(x).ty.dtype;
-    let rank = in_shape.len();
-    // Which input axes form a row, and which index the rows.
-    let inner_axes: Vec<usize> = match &node.op {
-        Op::Reduce { axes, .. } => axes.clone(),
-        Op::Softmax { axis } => vec![*axis],
-        _ => vec![rank.saturating_sub(1)],
-    };
-    let outer_axes: Vec<usize> = (0..rank).filter(|a| !inner_axes.contains(a)).collect();
-    let outer_shape: Vec<Dim> = outer_axes.iter().map(|a| in_shape[*a].clone()).collect();
-    let inner_shape: Vec<Dim> = inner_axes.iter().map(|a| in_shape[*a].clone()).collect();
-    let rows = Dim::product(&outer_shape);
-    let count = Dim::product(&inner_shape);
-    let out_dt = node.ty.dtype;
-
+/// The loop over a row kernel's work items, one per warp, around `item`.
+fn rows(items: &str, item: Vec<String>) -> KernelSource {
     let mut body = vec![
         "const int lane_ = threadIdx.x & 31;".to_string(),
-        format!("const i64 rows_ = {};", cdim(&rows)),
-        format!("const i64 n_ = {};", cdim(&count)),
-        "for (i64 row_ = (i64)blockIdx.x * 8 + (threadIdx.x >> 5); row_ < rows_; row_ += (i64)gridDim.x * 8) {".to_string(),
+        format!(
+            "for (i64 w_ = (i64)blockIdx.x * {CUDA_ROW_WARPS} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {CUDA_ROW_WARPS}) {{"
+        ),
     ];
-    let outer_idx = delinearize(&mut body, "row_", &outer_shape, "o");
-    // The full input index for element `e_` of the row.
-    let full_index = |body: &mut Vec<String>, indent: &str| -> Vec<String> {
-        let mut inner = Vec::new();
+    body.extend(indent(&item, 2));
+    body.push("}".into());
+    KernelSource { threads: CUDA_THREADS, items_per_block: CUDA_ROW_WARPS, smem: Smem::None, body }
+}
+
+/// `x` at the full index whose `outer` axes come from the item and `inner` axes from element
+/// `e_` of the row.
+struct Row<'a> {
+    ints: &'a Ints<'a>,
+    x: &'a View,
+    outer: Vec<usize>,
+    outer_idx: Vec<String>,
+    inner: Vec<usize>,
+}
+
+impl Row<'_> {
+    /// Statements binding element `e_`'s value (as float, or int for integer reductions) to
+    /// `v_`; the loop over the row's `n_` elements is the caller's.
+    fn element(&self, class: Class) -> Result<Vec<String>, CudaEmitError> {
         let mut lines = Vec::new();
-        if inner_shape.len() == 1 {
-            inner.push("e_".to_string());
-        } else {
-            inner = delinearize(&mut lines, "e_", &inner_shape, "r");
+        let shape: Vec<Dim> = self.inner.iter().map(|a| self.x.shape[*a].clone()).collect();
+        let inner_idx = if shape.len() == 1 { vec!["e_".to_string()] } else { delinearize(self.ints, &mut lines, "e_", &shape, "r")? };
+        let mut idx = vec!["0LL".to_string(); self.x.shape.len()];
+        for (k, a) in self.outer.iter().enumerate() {
+            idx[*a] = self.outer_idx[k].clone();
         }
-        body.extend(lines.into_iter().map(|l| format!("{indent}{l}")));
-        let mut idx = vec!["0LL".to_string(); rank];
-        for (k, a) in outer_axes.iter().enumerate() {
-            idx[*a] = if is_one(&in_shape[*a]) { "0LL".into() } else { outer_idx[k].clone() };
+        for (k, a) in self.inner.iter().enumerate() {
+            idx[*a] = inner_idx[k].clone();
         }
-        for (k, a) in inner_axes.iter().enumerate() {
-            idx[*a] = inner[k].clone();
-        }
-        idx
-    };
-    // One pass over the row: `each(x)` is the statement run for every element value.
-    let pass = |body: &mut Vec<String>, prefix: &str, extra: &[Value], each: &dyn Fn(&str, &[String]) -> String| {
-        body.push("  for (i64 e_ = lane_; e_ < n_; e_ += 32) {".to_string());
-        let idx = full_index(body, "  ");
-        let mut sg = Gen::new(b.g, &b.bufs, prefix);
-        let xv = sg.value(x, &idx);
-        let mut extras = Vec::new();
-        for w in extra {
-            extras.push(sg.value(*w, &["e_".to_string()]));
-        }
-        body.extend(sg.lines.iter().map(|l| format!("    {l}")));
-        body.push(format!("    {}", each(&xv, &extras)));
-        body.push("  }".to_string());
-    };
-
-    match &node.op {
-        Op::Reduce { op, .. } => {
-            let (init, combine, fin) = match op {
-                ReduceOp::Sum | ReduceOp::Mean => ("0.0", "acc_ += {x};", "attnc_warp_sum_d(acc_)"),
-                ReduceOp::Max => ("(-ATTNC_DINF)", "acc_ = attnc_dmax(acc_, {x});", "attnc_warp_max_d(acc_)"),
-                ReduceOp::Min => ("ATTNC_DINF", "acc_ = attnc_dmin(acc_, {x});", "attnc_warp_min_d(acc_)"),
-            };
-            body.push(format!("  double acc_ = {init};"));
-            pass(&mut body, "a", &[], &|xv, _| combine.replace("{x}", &to_double(xv, in_dt)));
-            body.push(format!("  acc_ = {fin};"));
-            if *op == ReduceOp::Mean {
-                body.push("  acc_ = n_ == 0 ? 0.0 : acc_ / (double)n_;".to_string());
-            }
-            body.push(format!("  if (lane_ == 0) {{ {} }}", store(buf, out_dt, "row_", &from_double("acc_", out_dt))));
-        }
-        Op::Softmax { .. } => {
-            body.push("  float mx_ = -ATTNC_INF;".to_string());
-            pass(&mut body, "a", &[], &|xv, _| format!("mx_ = attnc_fmax(mx_, {});", to_float(xv, in_dt)));
-            body.push("  mx_ = attnc_warp_max_n(mx_);".to_string());
-            body.push("  float sum_ = 0.0f;".to_string());
-            body.push("  if (mx_ != -ATTNC_INF) {".to_string());
-            pass(&mut body, "b", &[], &|xv, _| format!("sum_ += expf({} - mx_);", to_float(xv, in_dt)));
-            body.push("  }".to_string());
-            body.push("  sum_ = attnc_warp_sum(sum_);".to_string());
-            let out = out_index(&mut body, &outer_axes, &inner_axes, &in_shape);
-            let write = |xv: &str, _: &[String]| {
-                let y = format!("(mx_ == -ATTNC_INF ? 0.0f : expf({} - mx_) / sum_)", to_float(xv, in_dt));
-                store(buf, out_dt, &out, &from_float(&y, out_dt))
-            };
-            pass(&mut body, "c", &[], &write);
-        }
-        Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
-            let layer = matches!(node.op, Op::LayerNorm { .. });
-            body.push("  double s_ = 0.0;".to_string());
-            if layer {
-                pass(&mut body, "a", &[], &|xv, _| format!("s_ += {};", to_double(xv, in_dt)));
-                body.push("  const double mean_ = attnc_warp_sum_d(s_) / (double)n_;".to_string());
-                body.push("  double q_ = 0.0;".to_string());
-                pass(&mut body, "b", &[], &|xv, _| format!("{{ const double d_ = {} - mean_; q_ += d_ * d_; }}", to_double(xv, in_dt)));
-                body.push(format!("  const double den_ = sqrt(attnc_warp_sum_d(q_) / (double)n_ + {});", double_lit(*eps)));
-            } else {
-                pass(&mut body, "a", &[], &|xv, _| format!("{{ const double d_ = {}; s_ += d_ * d_; }}", to_double(xv, in_dt)));
-                body.push(format!("  const double den_ = sqrt(attnc_warp_sum_d(s_) / (double)n_ + {});", double_lit(*eps)));
-            }
-            let params: Vec<Value> = ops[1..].to_vec();
-            let pdt: Vec<DType> = params.iter().map(|p| b.g.node(*p).ty.dtype).collect();
-            let write = |xv: &str, ps: &[String]| {
-                let xd = to_double(xv, in_dt);
-                let y = if layer {
-                    format!("({xd} - mean_) / den_ * {} + {}", to_double(&ps[0], pdt[0]), to_double(&ps[1], pdt[1]))
-                } else {
-                    format!("{xd} / den_ * {}", to_double(&ps[0], pdt[0]))
-                };
-                store(buf, out_dt, "row_ * n_ + e_", &from_double(&y, out_dt))
-            };
-            pass(&mut body, "c", &params, &write);
-        }
-        _ => {}
+        let raw = CVal { text: load(self.x.buf, self.x.dtype, &self.ints.offset(self.x, &idx)?), class: Class::of(self.x.dtype) };
+        lines.push(format!("const {} v_ = {};", super::cexpr::ctype(class), ops::convert(&raw, class)));
+        Ok(lines)
     }
-    body.push("}".to_string());
-    let name = b.kernel_name(v, node.op.name());
-    let text = format!(
-        "// {} = {} : {} (one warp per row)\nATTNC_KERNEL void __launch_bounds__(256) {name}(ATTNC_ARGS) {{\n{}\n}}\n",
-        b.label(v),
-        node.op.name(),
-        node.ty,
-        body.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
-    );
-    b.kernels.push(text);
-    b.launches.push(Launch { kernel: name, grid: Grid::Rows(rows), block: 256, smem: Smem::None });
+
+    /// `for (e_ over the row) { v_ = x[...]; each }` with lanes striding the row.
+    fn pass(&self, class: Class, each: &str) -> Result<Vec<String>, CudaEmitError> {
+        let mut out = vec!["for (i64 e_ = lane_; e_ < n_; e_ += 32) {".to_string()];
+        out.extend(indent(&self.element(class)?, 2));
+        out.push(format!("  {each}"));
+        out.push("}".into());
+        Ok(out)
+    }
 }
 
-/// The output offset of element `e_` of a softmax row: the input's row-major position (the
-/// output has the input's shape). Emits `out_` and returns its name.
-fn out_index(body: &mut Vec<String>, outer: &[usize], inner: &[usize], shape: &[Dim]) -> String {
-    // offset = Σ idx[a] * stride[a] with idx[outer] from the row and idx[axis] = e_.
-    let strides = super::cexpr::row_major(shape);
-    let mut terms = Vec::new();
-    for (k, a) in outer.iter().enumerate() {
-        if !is_one(&shape[*a]) {
-            terms.push(format!("o{k} * {}", cdim(&strides[*a])));
-        }
-    }
-    let base = if terms.is_empty() { "0LL".to_string() } else { terms.join(" + ") };
-    body.push(format!("  const i64 base_ = {base};"));
-    let axis = inner.first().copied().unwrap_or(0);
-    format!("base_ + e_ * {}", cdim(&strides[axis]))
+/// Splits `x`'s axes into the item's (`outer`) and the row's (`inner`), and binds the item's
+/// index from `w_`.
+fn row<'a>(ints: &'a Ints<'a>, x: &'a View, inner: Vec<usize>, item: &mut Vec<String>) -> Result<Row<'a>, CudaEmitError> {
+    let outer: Vec<usize> = (0..x.shape.len()).filter(|a| !inner.contains(a)).collect();
+    let outer_shape: Vec<Dim> = outer.iter().map(|a| x.shape[*a].clone()).collect();
+    let inner_shape: Vec<Dim> = inner.iter().map(|a| x.shape[*a].clone()).collect();
+    item.push(format!("const i64 n_ = {};", ints.dim(&Dim::product(&inner_shape))?));
+    let outer_idx = delinearize(ints, item, "w_", &outer_shape, "o")?;
+    Ok(Row { ints, x, outer, outer_idx, inner })
 }
 
-/// Rounds a float expression to a float dtype's storage precision.
-fn from_float(x: &str, to: DType) -> String {
-    super::cexpr::round_to(to, x)
+/// The kernel of a reduction step: one output element per item.
+pub(super) fn reduce(ints: &Ints, items: &str, x: &View, op: ReduceOp, axes: &[usize], out: &View) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let r = row(ints, x, axes.to_vec(), &mut item)?;
+    let int = Class::of(x.dtype) == Class::Int;
+    let (acc_ty, init, combine, finish, class) = match (op, int) {
+        (ReduceOp::Sum | ReduceOp::Mean, true) => ("long long", "0", "acc_ += v_;", "acc_ = attnc_warp_sum_ll(acc_);", Class::Int),
+        (ReduceOp::Sum | ReduceOp::Mean, false) => ("double", "0.0", "acc_ += (double)v_;", "acc_ = attnc_warp_sum_d(acc_);", Class::Float),
+        (ReduceOp::Max, _) => {
+            ("double", "(-ATTNC_DINF)", "acc_ = attnc_dmax(acc_, (double)v_);", "acc_ = attnc_warp_max_d(acc_);", Class::Float)
+        }
+        (ReduceOp::Min, _) => {
+            ("double", "ATTNC_DINF", "acc_ = attnc_dmin(acc_, (double)v_);", "acc_ = attnc_warp_min_d(acc_);", Class::Float)
+        }
+    };
+    // Integer max and min are exact in double.
+    let class = if int && matches!(op, ReduceOp::Max | ReduceOp::Min) { Class::Int } else { class };
+    item.push(format!("{acc_ty} acc_ = {init};"));
+    item.extend(r.pass(class, combine)?);
+    item.push(finish.to_string());
+    let value = match (op, int, out.dtype) {
+        (ReduceOp::Mean, _, _) => CVal::float("(float)(n_ == 0 ? 0.0 : (double)acc_ / (double)n_)"),
+        (ReduceOp::Sum, true, _) => CVal::int("attnc_wrap(acc_)"),
+        (_, true, _) => CVal::int("(int)acc_"),
+        (_, false, _) => CVal::float("(float)acc_"),
+    };
+    let off = ints.offset(out, &delinearize(ints, &mut item, "w_", &out.shape, "q")?)?;
+    item.push(format!("if (lane_ == 0) {{ {} }}", store(out.buf, out.dtype, &off, &ops::store_value(&value, out.dtype))));
+    Ok(rows(items, item))
+}
+
+/// The kernel of a softmax step: one row per item; a row whose max is `-inf` gives zeros; the
+/// max propagates NaN.
+pub(super) fn softmax(ints: &Ints, items: &str, x: &View, axis: usize, out: &View) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let r = row(ints, x, vec![axis], &mut item)?;
+    item.push("float mx_ = -ATTNC_INF;".into());
+    item.extend(r.pass(Class::Float, "mx_ = attnc_fmax(mx_, v_);")?);
+    item.push("mx_ = attnc_warp_max(mx_);".into());
+    item.push("float sum_ = 0.0f;".into());
+    item.push("if (mx_ != -ATTNC_INF) {".into());
+    item.extend(indent(&r.pass(Class::Float, "sum_ += expf(v_ - mx_);")?, 2));
+    item.push("}".into());
+    item.push("sum_ = attnc_warp_sum(sum_);".into());
+    // The output has x's shape: the same index on out's view.
+    let o = Row { ints, x: out, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
+    let y = round_to(out.dtype, "(mx_ == -ATTNC_INF ? 0.0f : expf(v_ - mx_) / sum_)");
+    item.push("for (i64 e_ = lane_; e_ < n_; e_ += 32) {".into());
+    item.extend(indent(&r.element(Class::Float)?, 2));
+    item.push(format!("  {}", store_at(&o, out.dtype, &y)?));
+    item.push("}".into());
+    Ok(rows(items, item))
+}
+
+/// A store of `value` into `o`'s view at element `e_` of the row.
+fn store_at(o: &Row, dtype: DType, value: &str) -> Result<String, CudaEmitError> {
+    let mut idx = vec!["0LL".to_string(); o.x.shape.len()];
+    for (k, a) in o.outer.iter().enumerate() {
+        idx[*a] = o.outer_idx[k].clone();
+    }
+    idx[o.inner[0]] = "e_".into();
+    Ok(store(o.x.buf, dtype, &o.ints.offset(o.x, &idx)?, value))
+}
+
+/// The kernel of a layer norm (`beta` given) or RMS norm step over the last axis, in double.
+pub(super) fn norm(
+    ints: &Ints,
+    items: &str,
+    x: &View,
+    gamma: &View,
+    beta: Option<&View>,
+    eps: f64,
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let last = x.shape.len() - 1;
+    let mut item = Vec::new();
+    let r = row(ints, x, vec![last], &mut item)?;
+    item.push("double s_ = 0.0;".into());
+    if beta.is_some() {
+        item.extend(r.pass(Class::Float, "s_ += (double)v_;")?);
+        item.push("const double mean_ = attnc_warp_sum_d(s_) / (double)n_;".into());
+        item.push("double q_ = 0.0;".into());
+        item.extend(r.pass(Class::Float, "{ const double d_ = (double)v_ - mean_; q_ += d_ * d_; }")?);
+        item.push(format!("const double den_ = sqrt(attnc_warp_sum_d(q_) / (double)n_ + {});", double_lit(eps)));
+    } else {
+        item.push("const double mean_ = 0.0;".into());
+        item.extend(r.pass(Class::Float, "{ const double d_ = (double)v_; s_ += d_ * d_; }")?);
+        item.push(format!("const double den_ = sqrt(attnc_warp_sum_d(s_) / (double)n_ + {});", double_lit(eps)));
+    }
+    let param = |p: &View| -> Result<String, CudaEmitError> {
+        let raw = CVal { text: load(p.buf, p.dtype, &ints.offset(p, &["e_".to_string()])?), class: Class::of(p.dtype) };
+        Ok(format!("(double){}", ops::convert(&raw, Class::Float)))
+    };
+    let mut y = format!("((double)v_ - mean_) / den_ * {}", param(gamma)?);
+    if let Some(b) = beta {
+        y = format!("{y} + {}", param(b)?);
+    }
+    let o = Row { ints, x: out, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
+    item.push("for (i64 e_ = lane_; e_ < n_; e_ += 32) {".into());
+    item.extend(indent(&r.element(Class::Float)?, 2));
+    item.push(format!("  {}", store_at(&o, out.dtype, &round_to(out.dtype, &format!("(float)({y})")))?));
+    item.push("}".into());
+    Ok(rows(items, item))
 }

@@ -1,103 +1,87 @@
-//! Flash score modifications and mask predicates as C `float` expressions, with the scalar
-//! semantics of [`crate::ir::ScoreExpr::eval`] (computed in f32, as the reference allows):
-//! booleans are 0/1, loads from extra operands clamp their indices.
+//! Flash score modifications and mask predicates as C, with the classes and meaning of
+//! [`crate::ir::semantics`] (as [`ScoreExpr::eval`] and the CPU renderer have them): positions,
+//! integer literals and dims are ints, loads have their operand's class and clamp their
+//! indices.
 
-use super::cexpr::{cdim, float_lit, load, offset, to_float};
-use super::view::View;
-use crate::ir::{BinaryOp, DType, Dim, ScoreExpr, UnaryOp};
+use super::CudaEmitError;
+use super::cexpr::{Ints, float_lit, load};
+use super::ops::{self, CVal, Lines};
+use crate::ir::semantics::{Class, Scalar};
+use crate::ir::{ScoreExpr, int_literal};
+use crate::schedule::View;
 
-/// An extra operand of a flash op, as the score expressions read it.
-pub(super) struct Extra {
-    /// Where it lives.
-    pub view: View,
-    /// Its shape (for clamping).
-    pub shape: Vec<Dim>,
-    /// Its dtype.
-    pub dtype: DType,
-}
-
-/// What a score expression refers to in the kernel.
+/// What a score expression refers to in a kernel.
 pub(super) struct ScoreCtx<'a> {
-    /// The raw score `s` (a float expression).
-    pub s: &'a str,
+    /// The integer table.
+    pub ints: &'a Ints<'a>,
+    /// The score `s` (a float expression), where the expression may read it.
+    pub s: Option<&'a str>,
     /// One `i64` expression per score axis (batch axes, then `i`, then `j`).
     pub pos: &'a [String],
     /// The extra operands.
-    pub extras: &'a [Extra],
+    pub extras: &'a [View],
 }
 
-/// The expression as C text of type `float`.
-pub(super) fn score_c(e: &ScoreExpr, cx: &ScoreCtx) -> String {
-    let f = |x: &ScoreExpr| score_c(x, cx);
-    let truth = |c: String| format!("(({c}) ? 1.0f : 0.0f)");
-    match e {
-        ScoreExpr::Score => cx.s.to_string(),
-        ScoreExpr::Pos(k) => cx.pos.get(*k).map_or_else(|| "0.0f".to_string(), |p| format!("((float){p})")),
-        ScoreExpr::Float(v) => float_lit(*v),
-        ScoreExpr::Int(v) => float_lit(*v as f64),
-        ScoreExpr::Dim(d) => format!("((float){})", cdim(d)),
-        ScoreExpr::Load { input, index } => match cx.extras.get(*input) {
-            None => "ATTNC_NAN".to_string(),
-            Some(x) => {
-                let idx: Vec<String> =
-                    index.iter().zip(&x.shape).map(|(ie, size)| format!("attnc_cidx({}, {})", f(ie), cdim(size))).collect();
-                let off = offset(&idx, &x.view.strides, &x.view.offset);
-                to_float(&load(x.view.buf, x.dtype, &off), x.dtype)
+impl ScoreCtx<'_> {
+    fn fail(&self, reason: String) -> CudaEmitError {
+        CudaEmitError::Render { graph: self.ints.schedule.name.clone(), step: None, span: None, reason }
+    }
+
+    /// The value of `e` (statements into `l`).
+    pub fn eval(&self, l: &mut Lines, e: &ScoreExpr) -> Result<CVal, CudaEmitError> {
+        Ok(match e {
+            ScoreExpr::Score => CVal::float(self.s.ok_or_else(|| self.fail("the score `s` is read where no score exists".into()))?),
+            ScoreExpr::Pos(k) => {
+                let p = self.pos.get(*k).ok_or_else(|| self.fail(format!("position {k} is not known here")))?;
+                CVal::int(format!("attnc_wrap({p})"))
             }
-        },
-        ScoreExpr::Unary(u, a) => {
-            let a = f(a);
-            match u {
-                UnaryOp::Neg => format!("(-{a})"),
-                UnaryOp::Not => truth(format!("{a} == 0.0f")),
-                UnaryOp::Exp => format!("expf({a})"),
-                UnaryOp::Log => format!("logf({a})"),
-                UnaryOp::Sqrt => format!("sqrtf({a})"),
-                UnaryOp::Rsqrt => format!("attnc_rsqrt({a})"),
-                UnaryOp::Tanh => format!("tanhf({a})"),
-                UnaryOp::Sigmoid => format!("attnc_sigmoid({a})"),
-                UnaryOp::Relu => format!("attnc_relu({a})"),
-                UnaryOp::Gelu => format!("attnc_gelu({a})"),
-                UnaryOp::Silu => format!("attnc_silu({a})"),
-                UnaryOp::Elu => format!("attnc_elu({a})"),
-                UnaryOp::Abs => format!("fabsf({a})"),
-                UnaryOp::Floor => format!("floorf({a})"),
+            ScoreExpr::Float(v) => CVal::float(float_lit(*v)),
+            ScoreExpr::Int(v) => match int_literal(*v) {
+                Scalar::I(i) => Lines::constant(f64::from(i), Class::Int),
+                other => CVal::float(float_lit(other.as_f())),
+            },
+            ScoreExpr::Dim(d) => CVal::int(format!("attnc_wrap({})", self.ints.dim(d)?)),
+            ScoreExpr::Load { input, index } => {
+                let x = self.extras.get(*input).ok_or_else(|| self.fail(format!("extra operand x{input} does not exist")))?;
+                let mut idx = Vec::new();
+                for (k, ie) in index.iter().enumerate() {
+                    let i = self.eval(l, ie)?;
+                    let size = x.shape.get(k).map_or(Ok("1LL".to_string()), |d| self.ints.dim(d))?;
+                    idx.push(format!("attnc_clampi((i64){}, {size})", ops::convert(&i, Class::Int)));
+                }
+                l.bind(load(x.buf, x.dtype, &self.ints.offset(x, &idx)?), Class::of(x.dtype))
             }
-        }
-        ScoreExpr::Binary(b, x, y) => {
-            let (x, y) = (f(x), f(y));
-            match b {
-                BinaryOp::Add => format!("({x} + {y})"),
-                BinaryOp::Sub => format!("({x} - {y})"),
-                BinaryOp::Mul => format!("({x} * {y})"),
-                BinaryOp::Div => format!("({x} / {y})"),
-                BinaryOp::Rem => format!("attnc_srem({x}, {y})"),
-                BinaryOp::Pow => format!("powf({x}, {y})"),
-                BinaryOp::Min => format!("attnc_fmin({x}, {y})"),
-                BinaryOp::Max => format!("attnc_fmax({x}, {y})"),
-                BinaryOp::Lt => truth(format!("{x} < {y}")),
-                BinaryOp::Le => truth(format!("{x} <= {y}")),
-                BinaryOp::Gt => truth(format!("{x} > {y}")),
-                BinaryOp::Ge => truth(format!("{x} >= {y}")),
-                BinaryOp::Eq => truth(format!("{x} == {y}")),
-                BinaryOp::Ne => truth(format!("{x} != {y}")),
-                BinaryOp::And => truth(format!("{x} != 0.0f && {y} != 0.0f")),
-                BinaryOp::Or => truth(format!("{x} != 0.0f || {y} != 0.0f")),
+            ScoreExpr::Unary(u, a) => {
+                let a = self.eval(l, a)?;
+                ops::unary(l, *u, &a)
             }
-        }
-        ScoreExpr::Select(c, a, b) => format!("(({}) != 0.0f ? {} : {})", f(c), f(a), f(b)),
+            ScoreExpr::Binary(b, x, y) => {
+                let (x, y) = (self.eval(l, x)?, self.eval(l, y)?);
+                ops::binary(l, *b, &x, &y)
+            }
+            ScoreExpr::Select(c, a, b) => {
+                let (c, a, b) = (self.eval(l, c)?, self.eval(l, a)?, self.eval(l, b)?);
+                ops::select(l, &c, &a, &b)
+            }
+        })
     }
 }
 
-/// A mask predicate as a C `bool` expression.
-pub(super) fn mask_c(e: &ScoreExpr, cx: &ScoreCtx) -> String {
-    // Comparisons and logic at the top level become C conditions directly (no 0/1 detour).
-    let f = |x: &ScoreExpr| score_c(x, cx);
-    match e {
-        ScoreExpr::Binary(BinaryOp::And, x, y) => format!("({} && {})", mask_c(x, cx), mask_c(y, cx)),
-        ScoreExpr::Binary(BinaryOp::Or, x, y) => format!("({} || {})", mask_c(x, cx), mask_c(y, cx)),
-        ScoreExpr::Unary(UnaryOp::Not, x) => format!("(!{})", mask_c(x, cx)),
-        ScoreExpr::Binary(b, x, y) if b.is_comparison() => format!("({} {} {})", f(x), b.symbol().unwrap_or_default(), f(y)),
-        other => format!("({} != 0.0f)", f(other)),
+/// Statements defining `sc_` (the modified score, float) and, for a partial tile of a masked
+/// op, narrowing `keep_` (which must already hold whether the key exists). `cls_` is the tile's
+/// class.
+pub(super) fn score_lines(cx: &ScoreCtx, score: &ScoreExpr, mask: Option<&ScoreExpr>, prefix: &str) -> Result<Vec<String>, CudaEmitError> {
+    let mut l = Lines::new(prefix);
+    let sc = cx.eval(&mut l, score)?;
+    let mut out = l.lines;
+    out.push(format!("const float sc_ = {};", ops::convert(&sc, Class::Float)));
+    if let Some(mask) = mask {
+        let mut l = Lines::new(&format!("{prefix}m"));
+        let keep = cx.eval(&mut l, mask)?;
+        out.push("if (cls_ == 2 && keep_) {".into());
+        out.extend(l.lines.iter().map(|s| format!("  {s}")));
+        out.push(format!("  keep_ = {};", ops::convert(&keep, Class::Bool)));
+        out.push("}".into());
     }
+    Ok(out)
 }

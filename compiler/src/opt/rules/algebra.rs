@@ -2,6 +2,7 @@
 //! the queries.
 
 use super::{Build, EG, Rule, konst, nodes_where, ty};
+use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, Op, TensorType, UnaryOp};
 use egg::Id;
 
@@ -20,15 +21,16 @@ impl Rule for FoldConstants {
             return vec![];
         }
         for n in eg[class].nodes.iter() {
-            let vals: Option<Vec<f64>> = n.args().iter().map(|a| konst(eg, *a)).collect();
+            // Each constant as a value of its own type's class.
+            let vals: Option<Vec<Scalar>> = n.args().iter().map(|a| Some(Scalar::load(ty(eg, *a)?.dtype, konst(eg, *a)?))).collect();
             let Some(vals) = vals else { continue };
             let v = match (&n.op, vals.as_slice()) {
-                (Op::Unary(u), [x]) => crate::ir::scalar_unary(*u, *x),
-                (Op::Binary(b), [x, y]) => crate::ir::scalar_binary(*b, *x, *y),
+                (Op::Unary(u), [x]) => semantics::unary(*u, *x),
+                (Op::Binary(b), [x, y]) => semantics::binary(*b, *x, *y),
                 (Op::Cast, [x]) => *x,
                 _ => continue,
             };
-            let v = t.dtype.round(v);
+            let v = v.store(t.dtype);
             return vec![Build::Node(Op::Const(v), Some(TensorType::scalar(t.dtype)), vec![])];
         }
         vec![]

@@ -1,6 +1,7 @@
-//! Graph → [`Plan`]: decides which values live in memory and which are computed inline,
-//! turns layout ops into views, groups element-wise chains into one kernel each, and lists the
-//! steps in order.
+//! Graph → [`Schedule`]: decides which values live in memory and which are computed inline,
+//! turns layout ops into views, groups element-wise chains into one kernel each, lists the
+//! steps in order, picks each tiled kernel's variant for the target, analyses the flash ops,
+//! and registers every integer a renderer reads.
 //!
 //! Rules:
 //! - Element-wise ops (unary, binary, select, cast, constants, dim values, iota, gather) are
@@ -13,8 +14,9 @@
 //! - An output is written by the step that computes it when that step's buffer is dense and
 //!   wholly the output's; otherwise it is copied.
 
-use super::CodegenError;
-use super::plan::{Buffer, BufferKind, Check, Expr, FlashKernel, Kernel, Plan, Step, Tuning, View, row_major};
+use super::flash::FlashAnalysis;
+use super::policy::{CUDA_MAX_HEAD, Policy, Target};
+use super::{Buffer, BufferKind, Check, Expr, FlashKernel, IntValue, Kernel, Schedule, ScheduleError, Step, Tuning, View, row_major};
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, Op, ScoreExpr, Value, value_numbers};
 
 /// Where a value lives.
@@ -28,19 +30,21 @@ enum Place {
 
 struct Lowering<'g> {
     g: &'g Graph,
-    plan: Plan,
+    policy: &'g Policy,
+    plan: Schedule,
     place: Vec<Option<Place>>,
     numbers: Vec<usize>,
     /// Query scalings folded into flash ops (see [`folded_scales`]).
     folded: Vec<Option<(Value, ScoreExpr)>>,
 }
 
-/// Builds the plan of a graph (which must verify).
-pub fn lower(g: &Graph) -> Result<Plan, CodegenError> {
-    let order = g.topo_order().ok_or_else(|| CodegenError::Cycle { graph: g.name.clone() })?;
+/// Builds the schedule of a graph (which must verify).
+pub fn lower(g: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
+    let order = g.topo_order().ok_or_else(|| ScheduleError::Invalid { graph: g.name.clone(), reason: "the graph has a cycle".into() })?;
     let mut l = Lowering {
         g,
-        plan: Plan { name: g.name.clone(), ..Plan::default() },
+        policy,
+        plan: Schedule::new(&g.name, policy.target()),
         place: vec![None; g.len()],
         numbers: value_numbers(g),
         folded: Vec::new(),
@@ -66,6 +70,7 @@ pub fn lower(g: &Graph) -> Result<Plan, CodegenError> {
         l.place[v.index()] = Some(Place::View(view));
     }
     l.outputs()?;
+    register_ints(&mut l.plan);
     Ok(l.plan)
 }
 
@@ -169,9 +174,10 @@ impl Lowering<'_> {
         format!("%{} {}", self.numbers[v.index()], self.g.node(v).op.name())
     }
 
-    fn unsupported(&self, v: Value, reason: impl Into<String>) -> CodegenError {
-        CodegenError::Unsupported {
+    fn unsupported(&self, v: Value, reason: impl Into<String>) -> ScheduleError {
+        ScheduleError::Unsupported {
             graph: self.g.name.clone(),
+            span: self.g.node(v).span,
             value: self.numbers[v.index()],
             op: self.g.node(v).op.name().to_string(),
             reason: reason.into(),
@@ -189,20 +195,22 @@ impl Lowering<'_> {
         View::contiguous(buf, dtype, shape.to_vec())
     }
 
-    /// Appends a step running `kernel`; its work count is `work` (a dim) or a tuning value.
-    fn step(&mut self, kernel: Kernel, label: String, work: Result<Dim, Tuning>) -> usize {
+    /// Appends a step running `kernel`, with its work-item count and the tuning values the
+    /// target's kernel reads in the integer table.
+    fn step(&mut self, kernel: Kernel, label: String, v: Value) -> usize {
         let index = self.plan.steps.len();
-        let work = match work {
-            Ok(d) => self.plan.dim(&d),
-            Err(t) => self.plan.tuning(index, t),
-        };
+        let span = self.g.node(v).span;
+        let work = self.plan.int(IntValue::Tuning { step: index, param: Tuning::Items });
+        for t in self.policy.tunings(&kernel) {
+            self.plan.int(IntValue::Tuning { step: index, param: *t });
+        }
         let (reads, writes) = touches(&kernel);
-        self.plan.steps.push(Step { func: index, work, kernel, label, reads, writes });
+        self.plan.steps.push(Step { work, kernel, label, span, reads, writes });
         index
     }
 
     /// The view of a value that is in memory, materialising an inline value if needed.
-    fn view(&mut self, v: Value) -> Result<View, CodegenError> {
+    fn view(&mut self, v: Value) -> Result<View, ScheduleError> {
         match &self.place[v.index()] {
             Some(Place::View(view)) => Ok(view.clone()),
             Some(Place::Inline) => {
@@ -221,14 +229,13 @@ impl Lowering<'_> {
         }
         let out = self.temp(v, dtype, &view.shape);
         let expr = if view.dtype == dtype { Expr::Load(0) } else { Expr::Cast(Box::new(Expr::Load(0)), dtype) };
-        let rows = rows_of(&out.shape);
         let label = format!("{} (copy)", self.label(v));
-        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr }, label, Ok(rows));
+        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr }, label, v);
         out
     }
 
     /// Builds the expression of `v` for a kernel, adding its loads to `inputs`.
-    fn expr(&mut self, v: Value, inputs: &mut Vec<View>) -> Result<Expr, CodegenError> {
+    fn expr(&mut self, v: Value, inputs: &mut Vec<View>) -> Result<Expr, ScheduleError> {
         let load = |view: View, inputs: &mut Vec<View>| match inputs.iter().position(|x| *x == view) {
             Some(i) => i,
             None => {
@@ -242,7 +249,7 @@ impl Lowering<'_> {
         let node = self.g.node(v).clone();
         let args = self.g.operands(v);
         let dtype = node.ty.dtype;
-        let sub = |l: &mut Self, k: usize, inputs: &mut Vec<View>| -> Result<Box<Expr>, CodegenError> {
+        let sub = |l: &mut Self, k: usize, inputs: &mut Vec<View>| -> Result<Box<Expr>, ScheduleError> {
             let a = *args.get(k).ok_or_else(|| l.unsupported(v, "missing operand"))?;
             Ok(Box::new(l.expr(a, inputs)?))
         };
@@ -274,7 +281,7 @@ impl Lowering<'_> {
     }
 
     /// Stores an element-wise value in a new dense temporary.
-    fn elementwise_root(&mut self, v: Value) -> Result<View, CodegenError> {
+    fn elementwise_root(&mut self, v: Value) -> Result<View, ScheduleError> {
         let ty = self.g.node(v).ty.clone();
         // Compute the expression as if `v` were inline, whatever its place says.
         self.place[v.index()] = Some(Place::Inline);
@@ -282,12 +289,12 @@ impl Lowering<'_> {
         let expr = self.expr(v, &mut inputs)?;
         let out = self.temp(v, ty.dtype, &ty.shape);
         let label = self.label(v);
-        self.step(Kernel::Elementwise { out: out.clone(), inputs, expr }, label, Ok(rows_of(&ty.shape)));
+        self.step(Kernel::Elementwise { out: out.clone(), inputs, expr }, label, v);
         Ok(out)
     }
 
     /// Lowers one materialised node; returns where its value is.
-    fn node(&mut self, v: Value) -> Result<View, CodegenError> {
+    fn node(&mut self, v: Value) -> Result<View, ScheduleError> {
         let node = self.g.node(v).clone();
         let args = self.g.operands(v);
         let ty = node.ty.clone();
@@ -332,7 +339,7 @@ impl Lowering<'_> {
                     let mut inputs = Vec::new();
                     let expr = self.expr(a, &mut inputs)?;
                     let expr = if self.g.node(a).ty.dtype == ty.dtype { expr } else { Expr::Cast(Box::new(expr), ty.dtype) };
-                    self.step(Kernel::Elementwise { out: dst, inputs, expr }, label.clone(), Ok(rows_of(&part)));
+                    self.step(Kernel::Elementwise { out: dst, inputs, expr }, label.clone(), v);
                 }
                 Ok(out)
             }
@@ -348,7 +355,8 @@ impl Lowering<'_> {
                 let b_transposed = b.dtype == b_float && !b.unit_stride(rank_b - 1) && b.unit_stride(rank_b - 2);
                 let b = if b_transposed { b } else { self.dense_if(v, b, b_float, |x| x.unit_stride(rank_b - 1)) };
                 let c = self.temp(v, float, &ty.shape);
-                self.step(Kernel::MatMul { a, b, c: c.clone(), b_transposed }, label, Err(Tuning::Items));
+                let variant = self.policy.matmul_variant(a.dtype, b.dtype);
+                self.step(Kernel::MatMul { a, b, c: c.clone(), b_transposed, variant }, label, v);
                 Ok(c)
             }
             Op::Reduce { op, axes, keepdim } => {
@@ -356,15 +364,14 @@ impl Lowering<'_> {
                 let kept: Vec<Dim> =
                     x.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
                 let out = self.temp(v, ty.dtype, &kept);
-                self.step(Kernel::Reduce { x, op: *op, axes: axes.clone(), out: out.clone() }, label, Ok(Dim::product(&kept)));
+                self.step(Kernel::Reduce { x, op: *op, axes: axes.clone(), out: out.clone() }, label, v);
                 let _ = keepdim;
                 Ok(View::contiguous(out.buf, ty.dtype, ty.shape.clone()))
             }
             Op::Softmax { axis } => {
                 let x = self.view(args[0])?;
                 let out = self.temp(v, ty.dtype, &ty.shape);
-                let rows: Vec<Dim> = ty.shape.iter().enumerate().filter(|(k, _)| k != axis).map(|(_, d)| d.clone()).collect();
-                self.step(Kernel::Softmax { x, axis: *axis, out: out.clone() }, label, Ok(Dim::product(&rows)));
+                self.step(Kernel::Softmax { x, axis: *axis, out: out.clone() }, label, v);
                 Ok(out)
             }
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
@@ -373,7 +380,7 @@ impl Lowering<'_> {
                 let beta = if matches!(node.op, Op::LayerNorm { .. }) { Some(self.view(args[2])?) } else { None };
                 let out = self.temp(v, ty.dtype, &ty.shape);
                 let kernel = Kernel::Norm { x, gamma, beta, eps: *eps, out: out.clone() };
-                self.step(kernel, label, Ok(rows_of(&ty.shape)));
+                self.step(kernel, label, v);
                 Ok(out)
             }
             Op::Flash(spec) => self.flash(v, spec, &args, label),
@@ -381,7 +388,7 @@ impl Lowering<'_> {
         }
     }
 
-    fn flash(&mut self, v: Value, spec: &FlashSpec, args: &[Value], label: String) -> Result<View, CodegenError> {
+    fn flash(&mut self, v: Value, spec: &FlashSpec, args: &[Value], label: String) -> Result<View, ScheduleError> {
         let ty = self.g.node(v).ty.clone();
         if args.len() < 3 {
             return Err(self.unsupported(v, "flash needs q, k and v"));
@@ -404,34 +411,29 @@ impl Lowering<'_> {
         for a in &args[3..] {
             extras.push(self.view(*a)?);
         }
-        let out = self.temp(v, ty.dtype, &ty.shape);
-        let tiles = self.buffer(BufferKind::TileTable { step: self.plan.steps.len() }, DType::I32, Dim::constant(0), v);
-        let partials = self.buffer(BufferKind::Partials { step: self.plan.steps.len() }, DType::F32, Dim::constant(0), v);
-        let (score, alpha) = split_scale(&spec.score);
-        let alpha = match (alpha, q_scale) {
-            (Some(a), Some(c)) => Some(ScoreExpr::bin(BinaryOp::Mul, a, c)),
-            (a, c) => a.or(c),
-        };
         let [q, k, vv]: [View; 3] = qkv.try_into().map_err(|_| self.unsupported(v, "flash needs q, k and v"))?;
-        let kernel = FlashKernel {
-            spec: FlashSpec { score, ..spec.clone() },
-            q,
-            k,
-            v: vv,
-            extras,
-            out: out.clone(),
-            step: self.plan.steps.len(),
-            tiles,
-            partials,
-            alpha,
-        };
-        self.step(Kernel::Flash(Box::new(kernel.clone())), label.clone(), Err(Tuning::Items));
-        self.step(Kernel::FlashMerge(Box::new(kernel)), format!("{label} (merge)"), Err(Tuning::Items));
+        let r = q.shape.len();
+        if self.policy.target() == Target::Cuda {
+            for w in [&q.shape[r - 1], &vv.shape[r - 1]] {
+                if let Some(c) = w.as_const().filter(|c| *c > CUDA_MAX_HEAD) {
+                    return Err(self.unsupported(v, format!("head width {c} is above the {CUDA_MAX_HEAD} the CUDA kernels support")));
+                }
+            }
+        }
+        let out = self.temp(v, ty.dtype, &ty.shape);
+        let step = self.plan.steps.len();
+        let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
+        let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
+        let variant = self.policy.flash_variant([q.dtype, k.dtype, vv.dtype], q.shape[r - 2].as_const());
+        let analysis = FlashAnalysis::of(spec, q_scale);
+        let kernel = FlashKernel { spec: spec.clone(), q, k, v: vv, extras, out: out.clone(), step, tiles, partials, variant, analysis };
+        self.step(Kernel::Flash(Box::new(kernel.clone())), label.clone(), v);
+        self.step(Kernel::FlashMerge(Box::new(kernel)), format!("{label} (merge)"), v);
         Ok(out)
     }
 
     /// Makes every output a dense buffer of its own.
-    fn outputs(&mut self) -> Result<(), CodegenError> {
+    fn outputs(&mut self) -> Result<(), ScheduleError> {
         for (i, (_, v)) in self.g.outputs().to_vec().into_iter().enumerate() {
             let view = self.view(v)?;
             let ty = self.g.node(v).ty.clone();
@@ -445,18 +447,10 @@ impl Lowering<'_> {
             let buf = self.buffer(BufferKind::Output(i), ty.dtype, Dim::product(&ty.shape), v);
             let out = View::contiguous(buf, ty.dtype, ty.shape.clone());
             let label = format!("{} (output copy)", self.label(v));
-            self.step(Kernel::Elementwise { out, inputs: vec![view], expr: Expr::Load(0) }, label, Ok(rows_of(&ty.shape)));
+            self.step(Kernel::Elementwise { out, inputs: vec![view], expr: Expr::Load(0) }, label, v);
             self.plan.outputs.push(buf);
         }
         Ok(())
-    }
-}
-
-/// Work items of an element-wise kernel: the product of all axes but the last.
-fn rows_of(shape: &[Dim]) -> Dim {
-    match shape.split_last() {
-        Some((_, rest)) => Dim::product(rest),
-        None => Dim::constant(1),
     }
 }
 
@@ -482,16 +476,56 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
     }
 }
 
-/// Splits a softmax score `s * c` (or `s / c`, `c * s`) with a position-free `c` into the
-/// plain score and `c`, so the scale rides on the Q·Kᵀ product (for either kind of weights).
-pub(super) fn split_scale(score: &ScoreExpr) -> (ScoreExpr, Option<ScoreExpr>) {
-    let constant = |e: &ScoreExpr| !e.any(&|x| matches!(x, ScoreExpr::Score | ScoreExpr::Pos(_) | ScoreExpr::Load { .. }));
-    match score {
-        ScoreExpr::Binary(BinaryOp::Mul, a, b) if **a == ScoreExpr::Score && constant(b) => (ScoreExpr::Score, Some((**b).clone())),
-        ScoreExpr::Binary(BinaryOp::Mul, a, b) if **b == ScoreExpr::Score && constant(a) => (ScoreExpr::Score, Some((**a).clone())),
-        ScoreExpr::Binary(BinaryOp::Div, a, b) if **a == ScoreExpr::Score && constant(b) => {
-            (ScoreExpr::Score, Some(ScoreExpr::bin(BinaryOp::Div, ScoreExpr::Float(1.0), (**b).clone())))
+/// Registers every integer a renderer may read: the dims of every view, buffer, check and
+/// expression, and every dim symbol on its own (so that any polynomial of them can be formed).
+fn register_ints(plan: &mut Schedule) {
+    let mut dims: Vec<Dim> = Vec::new();
+    let mut add = |d: &Dim| {
+        if d.as_const().is_none() && !dims.contains(d) {
+            dims.push(d.clone());
         }
-        _ => (score.clone(), None),
+    };
+    let view = |v: &View, add: &mut dyn FnMut(&Dim)| {
+        add(&v.offset);
+        v.shape.iter().chain(&v.strides).for_each(&mut *add);
+    };
+    for b in &plan.buffers {
+        add(&b.elems);
+    }
+    for c in &plan.checks {
+        for d in [&c.start, &c.end, &c.size] {
+            add(d);
+        }
+    }
+    for s in &plan.steps {
+        match &s.kernel {
+            Kernel::Elementwise { out, inputs, expr } => {
+                view(out, &mut add);
+                inputs.iter().for_each(|v| view(v, &mut add));
+                expr.visit(&mut |e| {
+                    if let Expr::Dim(d) = e {
+                        add(d);
+                    }
+                });
+            }
+            Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
+            Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => [x, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::Norm { x, gamma, beta, out, .. } => {
+                [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))
+            }
+            Kernel::Flash(f) | Kernel::FlashMerge(f) => {
+                [&f.q, &f.k, &f.v, &f.out].into_iter().chain(&f.extras).for_each(|v| view(v, &mut add));
+                super::score_dims(f).iter().for_each(&mut add);
+            }
+        }
+    }
+    let mut symbols: Vec<String> = dims.iter().flat_map(|d| d.symbols()).collect();
+    symbols.sort();
+    symbols.dedup();
+    for s in symbols {
+        plan.int(IntValue::Dim(Dim::sym(&s)));
+    }
+    for d in dims {
+        plan.int(IntValue::Dim(d));
     }
 }

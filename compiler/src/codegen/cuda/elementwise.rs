@@ -1,0 +1,116 @@
+//! Element-wise kernels: a work item is [`CUDA_ELEMENTS`] consecutive output elements, one per
+//! thread; each thread computes its element's whole expression from the inputs' strided views
+//! (broadcast axes read with stride 0) and stores it.
+
+use super::cexpr::{Ints, delinearize, load};
+use super::ops::{self, CVal, Lines};
+use super::{CudaEmitError, KernelSource};
+use crate::ir::semantics::Class;
+use crate::ir::{DType, Dim};
+use crate::schedule::policy::{CUDA_ELEMENTS, CUDA_THREADS};
+use crate::schedule::{Expr, View};
+
+/// The kernel of an element-wise step.
+pub(super) fn emit(ints: &Ints, items: &str, out: &View, inputs: &[View], expr: &Expr) -> Result<KernelSource, CudaEmitError> {
+    let mut body = vec![format!("const i64 n_ = {};", ints.dim(&Dim::product(&out.shape))?)];
+    body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
+    body.push(format!("  const i64 e_ = w_ * {CUDA_ELEMENTS}LL + threadIdx.x;"));
+    body.push("  if (e_ >= n_) continue;".into());
+    let mut inner = Vec::new();
+    let idx = delinearize(ints, &mut inner, "e_", &out.shape, "i")?;
+    let mut l = Lines::new("x");
+    let value = Eval { ints, inputs, idx: &idx }.eval(&mut l, expr)?;
+    inner.extend(l.lines);
+    inner.push(super::cexpr::store(out.buf, out.dtype, &ints.offset(out, &idx)?, &ops::store_value(&value, out.dtype)));
+    body.extend(super::cexpr::indent(&inner, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_THREADS, items_per_block: 1, smem: super::Smem::None, body })
+}
+
+/// Evaluates an element-wise expression at the kernel's index.
+struct Eval<'a> {
+    ints: &'a Ints<'a>,
+    inputs: &'a [View],
+    /// The output's index, one expression per axis.
+    idx: &'a [String],
+}
+
+impl Eval<'_> {
+    /// The index of a view of lower or equal rank broadcast to the kernel's index (aligned at
+    /// the right; size-1 axes read at 0).
+    fn broadcast(&self, view: &View) -> Vec<String> {
+        let lead = self.idx.len().saturating_sub(view.shape.len());
+        view.shape
+            .iter()
+            .enumerate()
+            .map(|(a, d)| if d.as_const() == Some(1) { "0LL".into() } else { self.idx[a + lead].clone() })
+            .collect()
+    }
+
+    fn input(&self, k: usize) -> Result<&View, CudaEmitError> {
+        self.inputs.get(k).ok_or_else(|| CudaEmitError::Render {
+            graph: self.ints.schedule.name.clone(),
+            step: None,
+            span: None,
+            reason: format!("the expression reads input {k}, which the kernel lacks"),
+        })
+    }
+
+    fn eval(&self, l: &mut Lines, e: &Expr) -> Result<CVal, CudaEmitError> {
+        Ok(match e {
+            Expr::Load(k) => {
+                let v = self.input(*k)?;
+                let off = self.ints.offset(v, &self.broadcast(v))?;
+                l.bind(load(v.buf, v.dtype, &off), Class::of(v.dtype))
+            }
+            Expr::Const(c, dtype) => Lines::constant(dtype.round(*c), Class::of(*dtype)),
+            Expr::Dim(d) => CVal::int(format!("attnc_wrap({})", self.ints.dim(d)?)),
+            Expr::Iota { axis, rank, one } => {
+                let k = (axis + self.idx.len()).checked_sub(*rank);
+                match k.and_then(|k| self.idx.get(k)) {
+                    Some(i) if !*one => CVal::int(format!("((int){i})")),
+                    _ => CVal::int("0"),
+                }
+            }
+            Expr::Unary(op, a, dtype) => {
+                let a = self.eval(l, a)?;
+                let r = ops::unary(l, *op, &a);
+                stored(l, &r, *dtype)
+            }
+            Expr::Binary(op, a, b, dtype) => {
+                let (a, b) = (self.eval(l, a)?, self.eval(l, b)?);
+                let r = ops::binary(l, *op, &a, &b);
+                stored(l, &r, *dtype)
+            }
+            Expr::Select(c, a, b, dtype) => {
+                let (c, a, b) = (self.eval(l, c)?, self.eval(l, a)?, self.eval(l, b)?);
+                let r = ops::select(l, &c, &a, &b);
+                stored(l, &r, *dtype)
+            }
+            Expr::Cast(a, dtype) => {
+                let a = self.eval(l, a)?;
+                stored(l, &a, *dtype)
+            }
+            Expr::Gather(t, idx, _) => {
+                let table = self.input(*t)?;
+                let mut sub = Vec::new();
+                for (k, e) in idx.iter().enumerate() {
+                    let i = self.eval(l, e)?;
+                    let size = table.shape.get(k).map_or(Ok("1LL".to_string()), |d| self.ints.dim(d))?;
+                    sub.push(format!("attnc_clampi((i64){}, {size})", ops::convert(&i, Class::Int)));
+                }
+                let off = self.ints.offset(table, &sub)?;
+                l.bind(load(table.buf, table.dtype, &off), Class::of(table.dtype))
+            }
+        })
+    }
+}
+
+/// A node's value as stored in its dtype (rounded to f16/bf16, converted to its class).
+fn stored(l: &mut Lines, x: &CVal, dtype: DType) -> CVal {
+    let class = Class::of(dtype);
+    if x.class == class && !matches!(dtype, DType::F16 | DType::BF16) {
+        return x.clone();
+    }
+    l.bind(ops::store_value(x, dtype), class)
+}

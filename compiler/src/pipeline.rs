@@ -1,0 +1,242 @@
+//! One pipeline, one word per stage:
+//!
+//! ```text
+//! source ─parse─► AST ─lower─► IR ─verify─► IR ─optimize─► IR ─schedule─► Schedule ─render─► CPU code | CUDA source
+//! ```
+//!
+//! *Compiling* means running all of it. [`Compiler`] carries every option (optimizer limits,
+//! target and block policy) and runs each stage once; the command line, the runtime, the
+//! tests and the benchmarks all go through it. The runtime then *prepares* a schedule for the
+//! run's dims ([`crate::schedule::prepare()`]) and *runs* it.
+
+use crate::codegen::{clif, cuda};
+use crate::ir::{Graph, Module, verify_module};
+use crate::opt::{OptOptions, Optimized, optimize};
+use crate::schedule::{CpuPolicy, CudaPolicy, Policy, Schedule, ScheduleError, Target, schedule};
+use attn_dsl::{Diagnostic, Span};
+use std::fmt::Write;
+use thiserror::Error;
+
+/// A program through the front end (parse, lower, verify): its syntax tree and IR.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The syntax tree.
+    pub ast: attn_dsl::ast::File,
+    /// One IR graph per function.
+    pub module: Module,
+}
+
+/// A stage of the pipeline whose canonical text [`Compiler::emit`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The syntax tree, printed back as fully parenthesised source.
+    Ast,
+    /// The graph IR of every function, before optimisation.
+    Ir,
+    /// The optimised graph IR (flash ops fused), with each flash op's block classification as
+    /// comments.
+    Opt,
+    /// The schedule of every optimised graph for the compiler's target.
+    Schedule,
+    /// The Cranelift IR of every step the CPU target renders, headed by its integer table.
+    Clif,
+    /// The CUDA C++ source of every optimised graph (one translation unit per function).
+    Cuda,
+}
+
+/// Why the middle or a renderer failed on a graph that passed the front end.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PipelineError {
+    /// No function of that name.
+    #[error("no function named `{name}` (the program has: {})", available.join(", "))]
+    UnknownEntry {
+        /// The name asked for.
+        name: String,
+        /// The functions the program has.
+        available: Vec<String>,
+    },
+    /// The graph could not be scheduled.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// The CPU renderer failed.
+    #[error(transparent)]
+    Cpu(#[from] clif::CodegenError),
+    /// The CUDA renderer failed.
+    #[error(transparent)]
+    Cuda(#[from] cuda::CudaEmitError),
+}
+
+impl PipelineError {
+    /// The source expression the failure is about, when known.
+    pub fn span(&self) -> Option<Span> {
+        match self {
+            PipelineError::Schedule(ScheduleError::Unsupported { span, .. }) => *span,
+            PipelineError::Cpu(clif::CodegenError::Render { span, .. }) => *span,
+            PipelineError::Cuda(cuda::CudaEmitError::Render { span, .. }) => *span,
+            _ => None,
+        }
+    }
+
+    /// The failure as a diagnostic with its code (`E0901` CPU renderer, `E0902` CUDA renderer,
+    /// `E0903` scheduling, `E0904` no such entry), pointing at the op's source expression when
+    /// known.
+    pub fn diagnostic(&self) -> Diagnostic {
+        let (code, what) = match self {
+            PipelineError::UnknownEntry { .. } => ("E0904", "no such function"),
+            PipelineError::Schedule(_) => ("E0903", "this cannot be scheduled"),
+            PipelineError::Cpu(_) => ("E0901", "the CPU code generator cannot compile this"),
+            PipelineError::Cuda(_) => ("E0902", "the CUDA code generator cannot compile this"),
+        };
+        Diagnostic::error(code, self.to_string(), self.span().unwrap_or(Span::new(0, 0)), what)
+    }
+}
+
+/// One entry point through the middle: optimised and scheduled.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// The optimised graph and what the optimizer did.
+    pub optimized: Optimized,
+    /// How it runs on the compiler's target.
+    pub schedule: Schedule,
+}
+
+/// The pipeline and its options.
+#[derive(Clone, Debug, Default)]
+pub struct Compiler {
+    /// The optimizer's limits and cost-model sizes.
+    pub opt: OptOptions,
+    /// The target and its block policy.
+    pub policy: Policy,
+}
+
+impl Compiler {
+    /// A compiler for `policy`'s target with default optimizer options.
+    pub fn new(policy: Policy) -> Compiler {
+        Compiler { opt: OptOptions::default(), policy }
+    }
+
+    /// A compiler for `target` with its default policy.
+    pub fn for_target(target: Target) -> Compiler {
+        Compiler::new(match target {
+            Target::Cpu => Policy::Cpu(CpuPolicy::default()),
+            Target::Cuda => Policy::Cuda(CudaPolicy::default()),
+        })
+    }
+
+    /// The target schedules are made for.
+    pub fn target(&self) -> Target {
+        self.policy.target()
+    }
+
+    /// The front end: parse, lower (type and shape checking) and verify. On failure every
+    /// diagnostic found is returned (parse errors first; type errors only when the file parsed).
+    pub fn front(&self, source: &str) -> Result<Compiled, Vec<Diagnostic>> {
+        let (ast, diags) = attn_dsl::parse(source);
+        if !diags.is_empty() {
+            return Err(diags);
+        }
+        let module = crate::lower::lower(&ast)?;
+        if let Err(errors) = verify_module(&module) {
+            let what = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+            return Err(vec![Diagnostic::error(
+                "E0900",
+                format!("internal error: the lowered IR does not verify: {what}"),
+                Span::new(0, 0),
+                "while lowering",
+            )]);
+        }
+        Ok(Compiled { ast, module })
+    }
+
+    /// Optimises one graph.
+    pub fn optimize(&self, graph: &Graph) -> Optimized {
+        optimize(graph, &self.opt)
+    }
+
+    /// The middle for one graph: optimize, then schedule for the compiler's target.
+    pub fn plan(&self, graph: &Graph) -> Result<Planned, PipelineError> {
+        let optimized = self.optimize(graph);
+        let schedule = schedule(&optimized.graph, &self.policy)?;
+        Ok(Planned { optimized, schedule })
+    }
+
+    /// Renders a CPU schedule as Cranelift IR for a machine with `features`.
+    pub fn render_cpu(&self, planned: &Planned, features: &clif::Features) -> Result<clif::CpuModule, PipelineError> {
+        Ok(clif::compile(&planned.schedule, features)?)
+    }
+
+    /// Renders a CUDA schedule as CUDA C++ source.
+    pub fn render_cuda(&self, planned: &Planned) -> Result<cuda::CudaProgram, PipelineError> {
+        Ok(cuda::emit(&planned.schedule)?)
+    }
+
+    /// The graphs `entry` names: that function, or every function.
+    fn graphs<'m>(module: &'m Module, entry: Option<&str>) -> Result<Vec<&'m Graph>, PipelineError> {
+        match entry {
+            None => Ok(module.graphs.iter().collect()),
+            Some(name) => match module.graphs.iter().find(|g| g.name == name) {
+                Some(g) => Ok(vec![g]),
+                None => Err(PipelineError::UnknownEntry {
+                    name: name.to_string(),
+                    available: module.graphs.iter().map(|g| g.name.clone()).collect(),
+                }),
+            },
+        }
+    }
+
+    /// The canonical text of one stage, for every function or the `entry` one: what
+    /// `attnc build --emit` prints and what users snapshot-test. `Clif` and `Cuda` render for
+    /// their own target whatever the compiler's.
+    pub fn emit(&self, compiled: &Compiled, stage: Stage, entry: Option<&str>) -> Result<String, PipelineError> {
+        let graphs = Compiler::graphs(&compiled.module, entry)?;
+        let mut out = String::new();
+        match stage {
+            Stage::Ast => out = compiled.ast.to_string(),
+            Stage::Ir => {
+                for (n, g) in graphs.iter().enumerate() {
+                    let _ = writeln!(out, "{}{g}", if n > 0 { "\n" } else { "" });
+                }
+            }
+            Stage::Opt => {
+                for (n, g) in graphs.iter().enumerate() {
+                    let o = self.optimize(g);
+                    let _ = write!(out, "{}{}\n{}", if n > 0 { "\n" } else { "" }, o.graph, crate::opt::block_summary(&o.graph));
+                }
+            }
+            Stage::Schedule => {
+                for (n, g) in graphs.iter().enumerate() {
+                    let _ = write!(out, "{}{}", if n > 0 { "\n" } else { "" }, self.plan(g)?.schedule);
+                }
+            }
+            Stage::Clif => {
+                let cpu = self.retarget(Target::Cpu);
+                for g in graphs {
+                    let module = cpu.render_cpu(&cpu.plan(g)?, &clif::TEXT_FEATURES)?;
+                    clif::write_module(&mut out, &module);
+                    out.push('\n');
+                }
+            }
+            Stage::Cuda => {
+                let gpu = self.retarget(Target::Cuda);
+                for (n, g) in graphs.iter().enumerate() {
+                    let program = gpu.render_cuda(&gpu.plan(g)?)?;
+                    let _ = write!(out, "{}// ===== graph {} =====\n{}", if n > 0 { "\n" } else { "" }, program.graph, program.source);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// This compiler's options for `target` (its own policy when it is for that target).
+    pub fn retarget(&self, target: Target) -> Compiler {
+        if self.target() == target { self.clone() } else { Compiler { opt: self.opt.clone(), ..Compiler::for_target(target) } }
+    }
+
+    /// What the optimizer did to every function (or the `entry` one) and why: rules fired,
+    /// fusions made or refused (with the reason), cost-model decisions. What `attnc explain`
+    /// prints.
+    pub fn explain(&self, compiled: &Compiled, entry: Option<&str>) -> Result<String, PipelineError> {
+        let graphs = Compiler::graphs(&compiled.module, entry)?;
+        Ok(graphs.iter().map(|g| self.optimize(g).report.to_string()).collect::<Vec<_>>().join("\n"))
+    }
+}

@@ -1,0 +1,518 @@
+//! The schedule: how a verified, optimised graph runs, decided once for every backend.
+//!
+//! The optimizer decides *what* is computed (flash ops, algebra); the schedule decides *how*:
+//! which values live in memory and which are computed inline by their users, the strided views
+//! that make transposes, slices and reshapes free, the kernels and the order of the steps that
+//! run them, the flash ops with their score analyses ([`FlashAnalysis`]), and the per-target
+//! choices of [`policy`] (kernel variants; block sizes and work decompositions, resolved per
+//! run by [`prepare()`]). The Cranelift and CUDA code generators only render a schedule; the
+//! runtimes only [`prepare()`] it for the run's dims and launch it.
+//!
+//! Everything here is symbolic: sizes and strides are [`Dim`] polynomials and per-run choices
+//! are [`Tuning`] values, gathered in one integer table ([`Schedule::ints`]) that generated code
+//! reads at run time. Nothing is recompiled when a size changes.
+//!
+//! Files: `lower` (graph → schedule), `flash` (score analyses), `policy` (per-target choices),
+//! `prepare` (dims → launch-time plan), `tiles` (the tile-table format), `text` (the text form
+//! `attnc build --emit schedule` prints).
+
+mod flash;
+mod lower;
+pub mod policy;
+mod prepare;
+mod text;
+pub mod tiles;
+
+pub use flash::{
+    FlashAnalysis, Level, Separated, StagedScore, dims_of, level, reads_score, score_factor, separate, split_scale, tanh_staged,
+};
+pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
+pub use prepare::{FlashScratch, PrepareError, Prepared, eval, flash_scratch, prepare};
+
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScoreExpr, UnaryOp};
+use attn_dsl::Span;
+use thiserror::Error;
+
+/// Why a graph could not be scheduled.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ScheduleError {
+    /// The graph does not verify, or has a cycle (only verified graphs are scheduled).
+    #[error("graph `{graph}` is not valid IR: {reason}")]
+    Invalid {
+        /// The graph.
+        graph: String,
+        /// The verifier's findings.
+        reason: String,
+    },
+    /// A node no kernel can compute as it stands.
+    #[error("graph `{graph}`: %{value} ({op}): {reason}")]
+    Unsupported {
+        /// The graph.
+        graph: String,
+        /// The source expression of the node, when known.
+        span: Option<Span>,
+        /// The node's `%N`.
+        value: usize,
+        /// The op's name.
+        op: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Index of a buffer in [`Schedule::buffers`]; generated code finds its address by this index.
+pub type BufSlot = usize;
+
+/// Index of an integer in [`Schedule::ints`]; generated code reads it from the integer table.
+pub type IntSlot = usize;
+
+/// A run-time integer: a symbolic dim, or a value [`prepare()`] chooses per run shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IntValue {
+    /// A dim polynomial evaluated in the run's dim environment.
+    Dim(Dim),
+    /// A tuning value of step `step`, chosen per run shape by the target's [`Policy`].
+    Tuning {
+        /// The step it belongs to.
+        step: usize,
+        /// Which value.
+        param: Tuning,
+    },
+}
+
+/// Values [`prepare()`] chooses per run shape; generated code handles any choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tuning {
+    /// Work items of the step (what one item is depends on the kernel and target: [`policy`]).
+    Items,
+    /// Query rows per flash work item (≥ 1).
+    BlockM,
+    /// Keys per flash tile (≥ 1).
+    BlockN,
+    /// Key splits per query block (≥ 1; > 1 writes partial states that the merge combines).
+    Splits,
+    /// Keys per split, a multiple of `BlockN`.
+    KeysPerSplit,
+    /// Query blocks: `ceil(M / BlockM)`.
+    QueryBlocks,
+    /// Key tiles: `ceil(N / BlockN)` (the tile table's row length).
+    KeyBlocks,
+    /// Bytes per tile-table entry ([`tiles::entry_bytes`] of `BlockM`).
+    TileEntryBytes,
+    /// Byte offset of the flash output accumulator in a thread's scratch (CPU).
+    ScratchAcc,
+    /// Byte offset of the running row maxima in a thread's scratch (CPU).
+    ScratchMax,
+    /// Byte offset of the running row sums in a thread's scratch (CPU).
+    ScratchSum,
+    /// Byte offset of the key-position bias vector in a thread's scratch (CPU).
+    ScratchBias,
+    /// Rows of `C` per matmul work item (CPU).
+    MatMulRows,
+}
+
+/// What a buffer holds and who provides its memory.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BufferKind {
+    /// Input `i` (the caller's memory, read only).
+    Param(usize),
+    /// Output `i` (returned to the caller).
+    Output(usize),
+    /// An intermediate, placed in the per-shape arena.
+    Temp,
+    /// A flash step's tile table ([`tiles`]), filled by [`prepare()`].
+    TileTable {
+        /// The flash step.
+        step: usize,
+    },
+    /// A flash step's partial softmax states when keys are split: per work item and row,
+    /// `max, sum, acc[Dv]` as f32.
+    Partials {
+        /// The flash step.
+        step: usize,
+    },
+}
+
+/// One buffer. Its element count is symbolic, except for tile tables and partial states, which
+/// [`prepare()`] sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Buffer {
+    /// Who provides it.
+    pub kind: BufferKind,
+    /// Element type (tile tables are bytes, partial states f32).
+    pub dtype: DType,
+    /// Element count.
+    pub elems: Dim,
+    /// The IR value it holds (`%N`), for messages and listings.
+    pub value: usize,
+}
+
+/// A strided window onto a buffer: element `(i0, i1, ...)` is at
+/// `offset + Σ i_k · strides[k]` (in elements).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct View {
+    /// The buffer.
+    pub buf: BufSlot,
+    /// Element type.
+    pub dtype: DType,
+    /// First element.
+    pub offset: Dim,
+    /// Size per axis.
+    pub shape: Vec<Dim>,
+    /// Element stride per axis.
+    pub strides: Vec<Dim>,
+}
+
+impl View {
+    /// A dense row-major view of a whole buffer.
+    pub fn contiguous(buf: BufSlot, dtype: DType, shape: Vec<Dim>) -> View {
+        let strides = row_major(&shape);
+        View { buf, dtype, offset: Dim::constant(0), shape, strides }
+    }
+
+    /// True when the strides are the row-major strides of the shape (axes of size 1 excepted).
+    pub fn is_contiguous(&self) -> bool {
+        let dense = row_major(&self.shape);
+        self.strides.iter().zip(&dense).zip(&self.shape).all(|((s, d), n)| s == d || n.as_const() == Some(1))
+    }
+
+    /// True when stepping along `axis` moves one element (or the axis has size 1).
+    pub fn unit_stride(&self, axis: usize) -> bool {
+        self.strides[axis].as_const() == Some(1) || self.shape[axis].as_const() == Some(1)
+    }
+
+    /// The strides of the view's batch axes (all but the last two) aligned to `batch`
+    /// (right-aligned; broadcast and size-1 axes step 0).
+    pub fn batch_strides(&self, batch: &[Dim]) -> Vec<Dim> {
+        let own = self.shape.len().saturating_sub(2);
+        let lead = batch.len().saturating_sub(own);
+        (0..batch.len())
+            .map(|t| match t.checked_sub(lead) {
+                Some(a) if self.shape[a].as_const() != Some(1) => self.strides[a].clone(),
+                _ => Dim::constant(0),
+            })
+            .collect()
+    }
+}
+
+/// Row-major strides of a shape.
+pub fn row_major(shape: &[Dim]) -> Vec<Dim> {
+    let mut strides = vec![Dim::constant(1); shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1].mul(&shape[k + 1]);
+    }
+    strides
+}
+
+/// A scalar expression evaluated per element of an element-wise kernel's output, with the
+/// meaning of [`crate::ir::semantics`].
+///
+/// Sub-expressions of lower rank broadcast numpy-style (aligned at the right); a size-1 axis
+/// does not depend on its index.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// An element of input `k` of the kernel ([`Kernel::Elementwise::inputs`]).
+    Load(usize),
+    /// A constant of the given type.
+    Const(f64, DType),
+    /// The run-time size of a dim, as i32.
+    Dim(Dim),
+    /// The index along `axis` of a node of `rank` axes (`one`: that axis has size 1, so 0).
+    Iota {
+        /// Axis of the node.
+        axis: usize,
+        /// Rank of the node.
+        rank: usize,
+        /// The axis has size 1.
+        one: bool,
+    },
+    /// Element-wise unary op; the result has type `.2`.
+    Unary(UnaryOp, Box<Expr>, DType),
+    /// Element-wise binary op; the result has type `.3`.
+    Binary(BinaryOp, Box<Expr>, Box<Expr>, DType),
+    /// `where(c, a, b)` of type `.3`.
+    Select(Box<Expr>, Box<Expr>, Box<Expr>, DType),
+    /// Conversion to a type.
+    Cast(Box<Expr>, DType),
+    /// `table[idx...]` with clamped indices; `table` is input `.0`.
+    Gather(usize, Vec<Expr>, DType),
+}
+
+impl Expr {
+    /// The dtype of the expression's value; `input` gives each input's dtype.
+    pub fn dtype(&self, input: &dyn Fn(usize) -> DType) -> DType {
+        match self {
+            Expr::Load(k) => input(*k),
+            Expr::Const(_, t) | Expr::Unary(_, _, t) | Expr::Binary(_, _, _, t) | Expr::Select(_, _, _, t) | Expr::Cast(_, t) => *t,
+            Expr::Gather(_, _, t) => *t,
+            Expr::Dim(_) | Expr::Iota { .. } => DType::I32,
+        }
+    }
+
+    /// Calls `f` on every sub-expression, parents first.
+    pub fn visit(&self, f: &mut dyn FnMut(&Expr)) {
+        f(self);
+        match self {
+            Expr::Unary(_, a, _) | Expr::Cast(a, _) => a.visit(f),
+            Expr::Binary(_, a, b, _) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Select(c, a, b, _) => {
+                c.visit(f);
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Gather(_, idx, _) => idx.iter().for_each(|e| e.visit(f)),
+            Expr::Load(_) | Expr::Const(..) | Expr::Dim(_) | Expr::Iota { .. } => {}
+        }
+    }
+}
+
+/// What a step computes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Kernel {
+    /// `out[idx] = expr(idx)` over `out`'s shape.
+    Elementwise {
+        /// Where results go (any strides).
+        out: View,
+        /// The loads the expression refers to, each broadcast to `out`'s shape.
+        inputs: Vec<View>,
+        /// The expression.
+        expr: Expr,
+    },
+    /// Batched `C = A @ B` with broadcast batch axes.
+    MatMul {
+        /// `[..., M, K]`, unit stride along K.
+        a: View,
+        /// `[..., K, N]`, unit stride along N (`nn`) or along K (`nt`).
+        b: View,
+        /// `[batch..., M, N]`, dense.
+        c: View,
+        /// B is read transposed: unit stride along K.
+        b_transposed: bool,
+        /// How the target computes the product.
+        variant: Variant,
+    },
+    /// A reduction over `axes` of `x` into dense `out` (keepdim layout).
+    Reduce {
+        /// The operand.
+        x: View,
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes.
+        axes: Vec<usize>,
+        /// Dense result.
+        out: View,
+    },
+    /// Softmax along `axis`.
+    Softmax {
+        /// The operand.
+        x: View,
+        /// Normalised axis.
+        axis: usize,
+        /// Dense result, `x`'s shape.
+        out: View,
+    },
+    /// Layer norm (`beta` given) or RMS norm over the last axis.
+    Norm {
+        /// The operand.
+        x: View,
+        /// Scale, `[D]`.
+        gamma: View,
+        /// Shift, `[D]` (layer norm only).
+        beta: Option<View>,
+        /// Added to the variance (or mean square).
+        eps: f64,
+        /// Dense result.
+        out: View,
+    },
+    /// Fused attention.
+    Flash(Box<FlashKernel>),
+    /// Combines the partial states of a split flash step.
+    FlashMerge(Box<FlashKernel>),
+}
+
+impl Kernel {
+    /// A short name for the kernel kind (part of generated function names).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kernel::Elementwise { .. } => "elementwise",
+            Kernel::MatMul { .. } => "matmul",
+            Kernel::Reduce { .. } => "reduce",
+            Kernel::Softmax { .. } => "softmax",
+            Kernel::Norm { .. } => "norm",
+            Kernel::Flash(_) => "flash",
+            Kernel::FlashMerge(_) => "flash_merge",
+        }
+    }
+}
+
+/// The operands, layout and analyses of a flash step (shared by its merge step).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlashKernel {
+    /// The op as the graph has it: score modification, mask, weights.
+    pub spec: FlashSpec,
+    /// `[..b, M, D]`, unit stride along D.
+    pub q: View,
+    /// `[..b', N, D]`, unit stride along D.
+    pub k: View,
+    /// `[..b', N, Dv]`, unit stride along Dv.
+    pub v: View,
+    /// Extra operands the expressions load from.
+    pub extras: Vec<View>,
+    /// Dense `[..b, M, Dv]` result.
+    pub out: View,
+    /// The step index of the flash step (its tuning values are keyed by it).
+    pub step: usize,
+    /// Tile classes ([`tiles`]).
+    pub tiles: BufSlot,
+    /// Partial states when keys are split.
+    pub partials: BufSlot,
+    /// How the target computes it.
+    pub variant: Variant,
+    /// What the score modification allows.
+    pub analysis: FlashAnalysis,
+}
+
+impl FlashKernel {
+    /// The batch axes of the score tensor (the output's).
+    pub fn batch(&self) -> &[Dim] {
+        let r = self.out.shape.len();
+        &self.out.shape[..r.saturating_sub(2)]
+    }
+
+    /// Query rows, keys, q/k width and v width.
+    pub fn sizes(&self) -> (Dim, Dim, Dim, Dim) {
+        let r = self.q.shape.len();
+        (self.q.shape[r - 2].clone(), self.k.shape[r - 2].clone(), self.q.shape[r - 1].clone(), self.v.shape[r - 1].clone())
+    }
+}
+
+/// A bound checked before running (slices must lie inside their axis).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// `%N (slice)`.
+    pub node: String,
+    /// The axis.
+    pub axis: usize,
+    /// First index.
+    pub start: Dim,
+    /// One past the last.
+    pub end: Dim,
+    /// The axis' size.
+    pub size: Dim,
+}
+
+/// One step: a kernel run over `0..ints[work]` work items.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The slot holding the number of work items.
+    pub work: IntSlot,
+    /// What it computes.
+    pub kernel: Kernel,
+    /// `%N op`, for listings.
+    pub label: String,
+    /// The source expression of the step's node, when known (for messages).
+    pub span: Option<Span>,
+    /// Buffers it reads.
+    pub reads: Vec<BufSlot>,
+    /// Buffers it writes.
+    pub writes: Vec<BufSlot>,
+}
+
+/// The schedule of one graph for one target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// The entry point's name.
+    pub name: String,
+    /// The target it is for.
+    pub target: Target,
+    /// Every buffer.
+    pub buffers: Vec<Buffer>,
+    /// The integer table: every dim and tuning value generated code reads.
+    pub ints: Vec<IntValue>,
+    /// Steps in execution order.
+    pub steps: Vec<Step>,
+    /// The buffer of each output, in output order.
+    pub outputs: Vec<BufSlot>,
+    /// The buffer of each parameter, in parameter order.
+    pub params: Vec<BufSlot>,
+    /// Bounds to check per run shape.
+    pub checks: Vec<Check>,
+}
+
+impl Schedule {
+    /// An empty schedule.
+    fn new(name: &str, target: Target) -> Schedule {
+        Schedule {
+            name: name.to_string(),
+            target,
+            buffers: Vec::new(),
+            ints: Vec::new(),
+            steps: Vec::new(),
+            outputs: Vec::new(),
+            params: Vec::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// The slot of an integer, if the table has it.
+    pub fn slot(&self, v: &IntValue) -> Option<IntSlot> {
+        self.ints.iter().position(|x| x == v)
+    }
+
+    /// The slot of a tuning value of a step, if the table has it.
+    pub fn tuning(&self, step: usize, param: Tuning) -> Option<IntSlot> {
+        self.slot(&IntValue::Tuning { step, param })
+    }
+
+    /// The slot of an integer, adding it if new.
+    fn int(&mut self, v: IntValue) -> IntSlot {
+        if let Some(i) = self.slot(&v) {
+            return i;
+        }
+        self.ints.push(v);
+        self.ints.len() - 1
+    }
+
+    /// For each temporary buffer, the first and last step that touches it (inclusive); `None`
+    /// for buffers no step touches and for non-temporaries.
+    pub fn lifetimes(&self) -> Vec<Option<(usize, usize)>> {
+        let mut out: Vec<Option<(usize, usize)>> = vec![None; self.buffers.len()];
+        for (s, step) in self.steps.iter().enumerate() {
+            for b in step.reads.iter().chain(&step.writes) {
+                if self.buffers[*b].kind != BufferKind::Temp {
+                    continue;
+                }
+                out[*b] = Some(match out[*b] {
+                    None => (s, s),
+                    Some((a, _)) => (a, s),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Schedules a verified graph for `policy`'s target.
+pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
+    if let Err(errors) = crate::ir::verify(graph) {
+        let reason: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        return Err(ScheduleError::Invalid { graph: graph.name.clone(), reason: reason.join("; ") });
+    }
+    lower::lower(graph, policy)
+}
+
+/// Every dim a score expression reads, for [`FlashKernel`]s.
+pub(crate) fn score_dims(f: &FlashKernel) -> Vec<Dim> {
+    let mut out = Vec::new();
+    let exprs: Vec<&ScoreExpr> = std::iter::once(&f.spec.score).chain(f.spec.mask.as_ref()).chain(f.analysis.alpha.as_ref()).collect();
+    for e in exprs {
+        dims_of(e, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,287 @@
+//! Per-target choices, in one place: which kernel variant computes a matrix product or a flash
+//! op, how a step's work splits into work items, and the block sizes of the tiled kernels. The
+//! schedule records the variants ([`Variant`]); [`super::prepare()`] applies the rest per run
+//! shape. Every choice is a function of the shape and the target only (never of the thread
+//! count), so results are identical for any number of threads.
+//!
+//! What one work item is, per kernel:
+//!
+//! | kernel | CPU | CUDA |
+//! |---|---|---|
+//! | element-wise | a row (all axes but the last) | [`CUDA_ELEMENTS`] consecutive elements, one per thread |
+//! | matmul | `MatMulRows` rows of `C` of one batch index | a [`CUDA_MATMUL_TILE`]² tile of `C` |
+//! | reduce | one output element | one output element (a warp) |
+//! | softmax, norm | one row | one row (a warp) |
+//! | flash | (batch index, query block, key split) | the same |
+//! | flash merge | (batch index, query block) | the same |
+
+use super::{Kernel, Tuning};
+use crate::ir::DType;
+
+/// Which kind of machine a schedule is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Native code through Cranelift plus the dense microkernels.
+    Cpu,
+    /// CUDA kernels for NVIDIA GPUs.
+    Cuda,
+}
+
+impl Target {
+    /// The target's name (as `--target` spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+        }
+    }
+}
+
+/// How a target computes a tiled kernel (matmul, flash).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The CPU's tiles on the SGEMM microkernels (few-row products for decode shapes).
+    Tiled,
+    /// CUDA f32 SIMT kernels (any storage types).
+    Simt,
+    /// CUDA tensor cores (`mma.sync.m16n8k16`, f32 accumulation): f16 or bf16 operands.
+    TensorCore,
+    /// CUDA split-KV decode: warps split the keys of a few query rows; a merge combines them.
+    SplitKv,
+}
+
+impl Variant {
+    /// The variant's name in listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Tiled => "tiled",
+            Variant::Simt => "simt",
+            Variant::TensorCore => "tensor-core",
+            Variant::SplitKv => "split-kv",
+        }
+    }
+}
+
+/// The vector extension the CPU kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CpuIsa {
+    /// 512-bit vectors.
+    Avx512,
+    /// 256-bit vectors with FMA.
+    Avx2,
+    /// Plain Rust for any target.
+    Portable,
+}
+
+/// The CPU's block policy. The overrides are tuning knobs (`ATTNC_FLASH_BLOCKS`,
+/// `ATTNC_MATMUL_ROWS`, read by the runtime); every choice computes the same result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuPolicy {
+    /// The kernels' ISA.
+    pub isa: CpuIsa,
+    /// Query rows and keys per flash tile for prefill shapes, instead of the defaults.
+    pub flash_blocks: Option<(i64, i64)>,
+    /// Rows per matmul work item, instead of the default.
+    pub matmul_rows: Option<i64>,
+}
+
+impl Default for CpuPolicy {
+    fn default() -> CpuPolicy {
+        CpuPolicy { isa: CpuIsa::Avx512, flash_blocks: None, matmul_rows: None }
+    }
+}
+
+/// The CUDA device's limits that choices depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaPolicy {
+    /// Streaming multiprocessors (sizes the split-KV count).
+    pub sm_count: u32,
+    /// Largest dynamic shared memory one block may use, in bytes.
+    pub max_smem_per_block: u32,
+}
+
+impl Default for CudaPolicy {
+    /// An A100-like device (108 SMs, 163 KiB of shared memory per block).
+    fn default() -> CudaPolicy {
+        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912 }
+    }
+}
+
+/// A target and its block policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// The CPU.
+    Cpu(CpuPolicy),
+    /// A CUDA GPU.
+    Cuda(CudaPolicy),
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy::Cpu(CpuPolicy::default())
+    }
+}
+
+impl Policy {
+    /// The target.
+    pub fn target(&self) -> Target {
+        match self {
+            Policy::Cpu(_) => Target::Cpu,
+            Policy::Cuda(_) => Target::Cuda,
+        }
+    }
+
+    /// The variant of a matrix product of operands of these dtypes.
+    pub fn matmul_variant(&self, a: DType, b: DType) -> Variant {
+        match self {
+            Policy::Cpu(_) => Variant::Tiled,
+            Policy::Cuda(_) if a == b && matches!(a, DType::F16 | DType::BF16) => Variant::TensorCore,
+            Policy::Cuda(_) => Variant::Simt,
+        }
+    }
+
+    /// The variant of a flash op with q, k, v of these dtypes and `rows` query rows when that is
+    /// a constant.
+    pub fn flash_variant(&self, dtypes: [DType; 3], rows: Option<i64>) -> Variant {
+        match self {
+            Policy::Cpu(_) => Variant::Tiled,
+            Policy::Cuda(_) if rows.is_some_and(|m| (1..=CUDA_DECODE_MAX_ROWS).contains(&m)) => Variant::SplitKv,
+            Policy::Cuda(_) if dtypes.iter().all(|d| *d == dtypes[0]) && matches!(dtypes[0], DType::F16 | DType::BF16) => {
+                Variant::TensorCore
+            }
+            Policy::Cuda(_) => Variant::Simt,
+        }
+    }
+
+    /// The tuning values a step of `kernel` reads (besides `Items`, which every step has).
+    pub fn tunings(&self, kernel: &Kernel) -> &'static [Tuning] {
+        const FLASH: &[Tuning] = &[
+            Tuning::BlockM,
+            Tuning::BlockN,
+            Tuning::Splits,
+            Tuning::KeysPerSplit,
+            Tuning::QueryBlocks,
+            Tuning::KeyBlocks,
+            Tuning::TileEntryBytes,
+        ];
+        const CPU_FLASH: &[Tuning] = &[
+            Tuning::BlockM,
+            Tuning::BlockN,
+            Tuning::Splits,
+            Tuning::KeysPerSplit,
+            Tuning::QueryBlocks,
+            Tuning::KeyBlocks,
+            Tuning::TileEntryBytes,
+            Tuning::ScratchAcc,
+            Tuning::ScratchMax,
+            Tuning::ScratchSum,
+            Tuning::ScratchBias,
+        ];
+        match (self, kernel) {
+            (Policy::Cpu(_), Kernel::MatMul { .. }) => &[Tuning::MatMulRows],
+            (Policy::Cpu(_), Kernel::Flash(_)) => CPU_FLASH,
+            (_, Kernel::Flash(_)) => FLASH,
+            _ => &[],
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CPU's block sizes
+
+/// Fewest work items (batch × query blocks) the large unmasked flash blocks must leave, so that
+/// up to this many threads stay busy.
+pub const MIN_ITEMS: i64 = 8;
+
+/// Keys per split for decode-like shapes (few query rows): splitting lets every thread work on
+/// one head's long key range, and the merge is cheap.
+pub const CPU_SPLIT_KEYS: i64 = 2048;
+
+impl CpuPolicy {
+    /// Query rows per flash work item and keys per tile. Without a mask, large tiles amortise
+    /// the per-row softmax bookkeeping and the packing of each K tile (once per query block):
+    /// 512-row blocks ran 5–8% faster than 128-row ones at S = 1024–4096 (`attnc bench
+    /// examples/sdpa.attn`, D = 64 and 128, 1 and 2 threads, AVX-512), so they are used wherever
+    /// they still leave at least [`MIN_ITEMS`] work items. With a mask, small tiles skip more of
+    /// the masked area. Decode shapes (few query rows) take every row at once and long key tiles.
+    pub fn flash_blocks(&self, m: i64, batch: i64, masked: bool) -> (i64, i64) {
+        if m <= 16 {
+            return (m.max(1), 256);
+        }
+        // Key tiles stay within what a chunk's key extent (one byte) can describe.
+        let forced = self.flash_blocks.map(|(a, b)| (a.max(1), b.clamp(1, 255 * super::tiles::CHUNK_COLS)));
+        let items = |bm: i64| batch.saturating_mul((m + bm - 1) / bm);
+        forced.unwrap_or(if masked {
+            // Long masked rows: fewer K packs outweigh the larger diagonal tiles (7% at S = 4096,
+            // D = 128; even at S = 2048, worse at 1024).
+            if m >= 4096 && items(256) >= MIN_ITEMS { (256, 256) } else { (128, 128) }
+        } else if m >= 512 && items(512) >= MIN_ITEMS {
+            (512, 256)
+        } else if m >= 128 {
+            (128, 256)
+        } else {
+            (64, 256)
+        })
+    }
+
+    /// Key splits for `m` query rows over `n` keys.
+    pub fn flash_splits(&self, m: i64, n: i64) -> i64 {
+        if m <= 16 && n >= 2 * CPU_SPLIT_KEYS { (n + CPU_SPLIT_KEYS - 1) / CPU_SPLIT_KEYS } else { 1 }
+    }
+
+    /// Rows of C per matmul work item: half of the rows (two items per matrix, or more across a
+    /// batch) but at least 64 and at most 512, so that `B`, which the microkernel packs per call,
+    /// is packed a few times rather than once per 64 rows (512-row items made
+    /// `transformer_block.attn` at S = 1024 7–8% faster than 256-row ones on 1 and 2 threads).
+    pub fn matmul_rows(&self, m: i64) -> i64 {
+        self.matmul_rows.unwrap_or(((m + 1) / 2).clamp(64, 512)).clamp(1, m.max(1))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA kernels' shapes. The CUDA renderer builds its kernels around these numbers and
+// `prepare` sizes launches, work items and tile tables with them.
+
+/// Threads per block of every CUDA kernel except the flash ones.
+pub const CUDA_THREADS: u32 = 256;
+/// Elements per work item (one per thread) of an element-wise kernel.
+pub const CUDA_ELEMENTS: i64 = 256;
+/// Rows and columns of `C` per matmul work item.
+pub const CUDA_MATMUL_TILE: i64 = 64;
+/// Warps per block of the row kernels (reduce, softmax, norm, flash merge): one row each.
+pub const CUDA_ROW_WARPS: i64 = 8;
+/// Threads per block of the flash kernels (4 warps).
+pub const CUDA_FLASH_THREADS: u32 = 128;
+/// Query rows per block of the SIMT flash kernel (4 warps × 4 rows).
+pub const CUDA_SIMT_ROWS: i64 = 16;
+/// Keys per tile of the SIMT flash kernel and per chunk of the split-KV decode (one per lane).
+pub const CUDA_LANE_KEYS: i64 = 32;
+/// Query rows per block of the tensor-core flash kernel (4 warps × 16 rows).
+pub const CUDA_MMA_ROWS: i64 = 64;
+/// The largest constant query length that uses the split-KV decode kernel.
+pub const CUDA_DECODE_MAX_ROWS: i64 = 4;
+/// The widest head the CUDA flash kernels hold in registers.
+pub const CUDA_MAX_HEAD: i64 = 256;
+
+/// A head width rounded up to a multiple of 32 (the CUDA kernels zero-pad), or `None` above
+/// [`CUDA_MAX_HEAD`].
+pub fn cuda_pad_head(width: i64) -> Option<i64> {
+    let padded = (width.max(1) + 31) / 32 * 32;
+    (padded <= CUDA_MAX_HEAD).then_some(padded)
+}
+
+/// Keys per tile of the tensor-core flash kernel for a padded head width: 64, or 32 above 128
+/// (so that the tiles stay within registers and shared memory).
+pub fn cuda_mma_keys(head: i64) -> i64 {
+    if head <= 128 { 64 } else { 32 }
+}
+
+impl CudaPolicy {
+    /// Key splits of a split-KV decode: enough warps to cover the device about 8 times over,
+    /// at most one per chunk of [`CUDA_LANE_KEYS`] keys.
+    pub fn decode_splits(&self, batch: i64, n: i64) -> i64 {
+        let chunks = (n + CUDA_LANE_KEYS - 1) / CUDA_LANE_KEYS;
+        let target = i64::from(self.sm_count.max(1)) * 32;
+        ((target + batch.max(1) - 1) / batch.max(1)).clamp(1, chunks.max(1))
+    }
+}

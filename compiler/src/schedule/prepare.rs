@@ -1,0 +1,391 @@
+//! From a schedule and one set of dim values to the launch-time plan ([`Prepared`]): the
+//! integer table's values (dims, block sizes, work items, scratch layout), buffer sizes, tile
+//! tables, the placement of intermediates in one arena, and the CUDA kernels' compile-time
+//! values. Pure arithmetic on the host, shared by the CPU and CUDA runtimes and the tests.
+
+use super::policy::{
+    CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_ROWS, CUDA_SIMT_ROWS, CpuPolicy, CudaPolicy, Policy, cuda_mma_keys,
+    cuda_pad_head,
+};
+use super::{BufSlot, BufferKind, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
+use crate::interp::MAX_ELEMENTS;
+use crate::ir::Dim;
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// Why a schedule cannot run with these dims on this target.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PrepareError {
+    /// A dim the schedule uses has no value.
+    #[error("dimension `{0}` has no value")]
+    UnboundDim(String),
+    /// A dim evaluates to a negative size.
+    #[error("`{dim}` evaluates to {value}, a negative size")]
+    Negative {
+        /// The dim.
+        dim: String,
+        /// Its value.
+        value: i64,
+    },
+    /// A dim expression overflows 64-bit arithmetic.
+    #[error("{0} overflows")]
+    Overflow(String),
+    /// A slice reaches outside its axis.
+    #[error("{node}: the slice {start}..{end} of axis {axis} is outside 0..{size}")]
+    OutOfRange {
+        /// `%N slice`.
+        node: String,
+        /// The axis.
+        axis: usize,
+        /// First index.
+        start: i64,
+        /// One past the last.
+        end: i64,
+        /// The axis' size.
+        size: i64,
+    },
+    /// A buffer with more elements than any target holds.
+    #[error("{what} would have {elements} elements (the limit is {limit})")]
+    TooLarge {
+        /// The buffer.
+        what: String,
+        /// Its element count.
+        elements: i64,
+        /// The limit.
+        limit: usize,
+    },
+    /// A flash op whose head is wider than the CUDA kernels support.
+    #[error("flash step {step}: head width {width} is above the 256 the CUDA kernels support")]
+    HeadDim {
+        /// The flash step.
+        step: usize,
+        /// The width.
+        width: i64,
+    },
+    /// The schedule lacks a value its kernels read (a compiler bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A schedule made concrete for one set of dims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prepared {
+    /// The dims it was prepared for, sorted (a cache key).
+    pub key: Vec<(String, i64)>,
+    /// The integer table's values, in [`Schedule::ints`] order.
+    pub ints: Vec<i64>,
+    /// Elements of each buffer (bytes for tile tables, floats for partial states).
+    pub elems: Vec<usize>,
+    /// The tile tables to upload: (buffer, contents).
+    pub tables: Vec<(BufSlot, Vec<u8>)>,
+    /// Byte offset of each temporary in one arena of [`Prepared::arena_bytes`] (4-byte
+    /// elements, 64-byte aligned, placed by lifetime); `None` for other buffers.
+    pub arena: Vec<Option<usize>>,
+    /// Bytes of the arena.
+    pub arena_bytes: usize,
+    /// Scratch bytes each CPU thread needs (the largest flash tile).
+    pub scratch_bytes: usize,
+    /// CUDA: the kernels' compile-time values (`-D` macros): padded head widths and key tiles.
+    pub defines: Vec<(String, i64)>,
+}
+
+impl Prepared {
+    /// Work items of each step.
+    pub fn work(&self, schedule: &Schedule) -> Vec<i64> {
+        schedule.steps.iter().map(|s| self.ints.get(s.work).copied().unwrap_or(0)).collect()
+    }
+}
+
+/// Evaluates a dim with checked arithmetic.
+pub fn eval(d: &Dim, env: &HashMap<String, i64>) -> Result<i64, PrepareError> {
+    let overflow = || PrepareError::Overflow(format!("dimension {d}"));
+    let mut total: i64 = 0;
+    for (mono, coef) in d.terms() {
+        let mut term = coef;
+        for name in mono {
+            let v = env.get(name).ok_or_else(|| PrepareError::UnboundDim(name.clone()))?;
+            term = term.checked_mul(*v).ok_or_else(overflow)?;
+        }
+        total = total.checked_add(term).ok_or_else(overflow)?;
+    }
+    Ok(total)
+}
+
+/// A size: a non-negative dim.
+fn size(d: &Dim, env: &HashMap<String, i64>) -> Result<i64, PrepareError> {
+    let v = eval(d, env)?;
+    if v < 0 {
+        return Err(PrepareError::Negative { dim: d.to_string(), value: v });
+    }
+    Ok(v)
+}
+
+fn product(dims: &[Dim], env: &HashMap<String, i64>) -> Result<i64, PrepareError> {
+    dims.iter()
+        .try_fold(1i64, |acc, d| acc.checked_mul(size(d, env)?).ok_or_else(|| PrepareError::Overflow(format!("the product of {dims:?}"))))
+}
+
+fn count(n: i64, what: &str) -> Result<usize, PrepareError> {
+    match usize::try_from(n) {
+        Ok(v) if v <= MAX_ELEMENTS => Ok(v),
+        _ => Err(PrepareError::TooLarge { what: what.to_string(), elements: n, limit: MAX_ELEMENTS }),
+    }
+}
+
+fn ceil_div(a: i64, b: i64) -> i64 {
+    if a <= 0 { 0 } else { (a + b.max(1) - 1) / b.max(1) }
+}
+
+/// Byte offsets of the regions of a CPU flash kernel's per-thread scratch, and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashScratch {
+    /// The score/probability tile, `BlockM × BlockN` f32.
+    pub tile: usize,
+    /// The output accumulator, `BlockM × Dv` f32.
+    pub acc: usize,
+    /// Running row maxima, `BlockM` f32.
+    pub max: usize,
+    /// Running row sums, `BlockM` f32.
+    pub sum: usize,
+    /// The key-position part of a separable score, `BlockN` f32.
+    pub bias: usize,
+    /// Total bytes.
+    pub total: usize,
+}
+
+/// The scratch layout for blocks of `bm × bn` and value width `dv` (64-byte aligned regions).
+pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
+    let round = |x: usize| x.div_ceil(64) * 64;
+    let acc = round(bm * bn * 4);
+    let max = acc + round(bm * dv * 4);
+    let sum = max + round(bm * 4);
+    let bias = sum + round(bm * 4);
+    FlashScratch { tile: 0, acc, max, sum, bias, total: bias + round(bn * 4) }
+}
+
+/// What a flash step works on, per run.
+struct FlashBlocks {
+    bm: i64,
+    bn: i64,
+    splits: i64,
+    kps: i64,
+    nqb: i64,
+    nkb: i64,
+    batch: i64,
+}
+
+/// Everything one run of `schedule` with dims `env` needs on `policy`'s target.
+pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy) -> Result<Prepared, PrepareError> {
+    let mut key: Vec<(String, i64)> = env.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    key.sort();
+    for c in &schedule.checks {
+        let (start, end, size) = (eval(&c.start, env)?, eval(&c.end, env)?, eval(&c.size, env)?);
+        if !(0 <= start && start <= end && end <= size) {
+            return Err(PrepareError::OutOfRange { node: c.node.clone(), axis: c.axis, start, end, size });
+        }
+    }
+    let mut p = Preparing { env, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };
+    for (s, step) in schedule.steps.iter().enumerate() {
+        let items = p.step(s, &step.kernel)?;
+        p.tuning.insert((s, Tuning::Items), items);
+    }
+    let mut ints = Vec::with_capacity(schedule.ints.len());
+    for v in &schedule.ints {
+        ints.push(match v {
+            IntValue::Dim(d) => eval(d, env)?,
+            IntValue::Tuning { step, param } => p
+                .tuning
+                .get(&(*step, *param))
+                .copied()
+                .ok_or_else(|| PrepareError::Internal(format!("no {param:?} chosen for step {step}")))?,
+        });
+    }
+    let mut prepared = p.prepared;
+    prepared.ints = ints;
+    for (b, buf) in schedule.buffers.iter().enumerate() {
+        if !matches!(buf.kind, BufferKind::TileTable { .. } | BufferKind::Partials { .. }) {
+            prepared.elems[b] = count(size(&buf.elems, env)?, &format!("buffer of %{}", buf.value))?;
+        }
+    }
+    (prepared.arena, prepared.arena_bytes) = place(schedule, &prepared.elems);
+    Ok(prepared)
+}
+
+impl Prepared {
+    fn default_for(key: Vec<(String, i64)>, schedule: &Schedule) -> Prepared {
+        let n = schedule.buffers.len();
+        Prepared {
+            key,
+            ints: Vec::new(),
+            elems: vec![0; n],
+            tables: Vec::new(),
+            arena: vec![None; n],
+            arena_bytes: 0,
+            scratch_bytes: 0,
+            defines: Vec::new(),
+        }
+    }
+}
+
+struct Preparing<'a> {
+    env: &'a HashMap<String, i64>,
+    policy: &'a Policy,
+    tuning: HashMap<(usize, Tuning), i64>,
+    prepared: Prepared,
+}
+
+impl Preparing<'_> {
+    fn set(&mut self, step: usize, values: &[(Tuning, i64)]) {
+        for (t, v) in values {
+            self.tuning.insert((step, *t), *v);
+        }
+    }
+
+    /// Sets step `s`'s tuning values; returns its work items.
+    fn step(&mut self, s: usize, kernel: &Kernel) -> Result<i64, PrepareError> {
+        let env = self.env;
+        let rows = |shape: &[Dim]| product(&shape[..shape.len().saturating_sub(1)], env);
+        Ok(match (kernel, self.policy) {
+            (Kernel::Elementwise { out, .. }, Policy::Cpu(_)) => rows(&out.shape)?,
+            (Kernel::Elementwise { out, .. }, Policy::Cuda(_)) => ceil_div(product(&out.shape, env)?, CUDA_ELEMENTS),
+            (Kernel::MatMul { c, .. }, policy) => {
+                let r = c.shape.len();
+                let (m, n, batch) = (size(&c.shape[r - 2], env)?, size(&c.shape[r - 1], env)?, product(&c.shape[..r - 2], env)?);
+                match policy {
+                    Policy::Cpu(cpu) => {
+                        let mb = cpu.matmul_rows(m);
+                        self.set(s, &[(Tuning::MatMulRows, mb)]);
+                        batch.saturating_mul(ceil_div(m, mb))
+                    }
+                    Policy::Cuda(_) => batch.saturating_mul(ceil_div(m, CUDA_MATMUL_TILE)).saturating_mul(ceil_div(n, CUDA_MATMUL_TILE)),
+                }
+            }
+            (Kernel::Reduce { out, .. }, _) => product(&out.shape, env)?,
+            (Kernel::Softmax { x, axis, .. }, _) => {
+                let others: Vec<Dim> = x.shape.iter().enumerate().filter(|(k, _)| k != axis).map(|(_, d)| d.clone()).collect();
+                product(&others, env)?
+            }
+            (Kernel::Norm { out, .. }, _) => rows(&out.shape)?,
+            (Kernel::Flash(f), _) => self.flash(s, f)?,
+            (Kernel::FlashMerge(f), _) => {
+                let get = |t| self.tuning.get(&(f.step, t)).copied().unwrap_or(0);
+                let (splits, items) = (get(Tuning::Splits), get(Tuning::Items));
+                if splits > 1 { items / splits } else { 0 }
+            }
+        })
+    }
+
+    /// Block sizes, tile table, partial states and scratch of flash step `s`; its work items.
+    fn flash(&mut self, s: usize, f: &FlashKernel) -> Result<i64, PrepareError> {
+        let env = self.env;
+        let (m, n, d, dv) = f.sizes();
+        let (m, n, d, dv) = (size(&m, env)?, size(&n, env)?, size(&d, env)?, size(&dv, env)?);
+        let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
+        let batch = product(f.batch(), env)?;
+        let blocks = match self.policy {
+            Policy::Cpu(cpu) => cpu_blocks(cpu, m, n, batch, f.spec.mask.is_some()),
+            Policy::Cuda(cuda) => self.cuda_blocks(cuda, s, f, (m, n, d, dv), batch)?,
+        };
+        let FlashBlocks { bm, bn, splits, kps, nqb, nkb, batch } = blocks;
+        let entry = tiles::entry_bytes(bm as usize) as i64;
+        self.set(
+            s,
+            &[
+                (Tuning::BlockM, bm),
+                (Tuning::BlockN, bn),
+                (Tuning::Splits, splits),
+                (Tuning::KeysPerSplit, kps),
+                (Tuning::QueryBlocks, nqb),
+                (Tuning::KeyBlocks, nkb),
+                (Tuning::TileEntryBytes, entry),
+            ],
+        );
+        let cpu = matches!(self.policy, Policy::Cpu(_));
+        let table = tiles::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, env);
+        count(table.len() as i64, "a flash tile table")?;
+        self.prepared.elems[f.tiles] = table.len();
+        self.prepared.tables.push((f.tiles, table));
+        let partial_floats = if splits > 1 { batch * nqb * splits * bm * (dv + 2) } else { 0 };
+        self.prepared.elems[f.partials] = count(partial_floats, "flash partial states")?;
+        if cpu {
+            let layout = flash_scratch(bm as usize, bn as usize, dv as usize);
+            let offset = |x: usize| x as i64;
+            self.set(
+                s,
+                &[
+                    (Tuning::ScratchAcc, offset(layout.acc)),
+                    (Tuning::ScratchMax, offset(layout.max)),
+                    (Tuning::ScratchSum, offset(layout.sum)),
+                    (Tuning::ScratchBias, offset(layout.bias)),
+                ],
+            );
+            self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);
+        }
+        Ok(batch.saturating_mul(nqb).saturating_mul(splits))
+    }
+
+    /// The CUDA kernels' blocks, and their compile-time values (`ATTNC_HD_{step}`, the padded
+    /// head width; `ATTNC_BN_{step}`, the tensor-core key tile).
+    fn cuda_blocks(
+        &mut self,
+        cuda: &CudaPolicy,
+        s: usize,
+        f: &FlashKernel,
+        (m, n, d, dv): (i64, i64, i64, i64),
+        batch: i64,
+    ) -> Result<FlashBlocks, PrepareError> {
+        let width = d.max(dv);
+        let head = cuda_pad_head(width).ok_or(PrepareError::HeadDim { step: s, width })?;
+        self.prepared.defines.push((format!("ATTNC_HD_{s}"), head));
+        let (bm, bn, splits) = match f.variant {
+            Variant::TensorCore => {
+                let bn = cuda_mma_keys(head);
+                self.prepared.defines.push((format!("ATTNC_BN_{s}"), bn));
+                (CUDA_MMA_ROWS, bn, 1)
+            }
+            Variant::SplitKv => (m.max(1), CUDA_LANE_KEYS, cuda.decode_splits(batch, n)),
+            _ => (CUDA_SIMT_ROWS, CUDA_LANE_KEYS, 1),
+        };
+        Ok(blocks(bm, bn, splits, m, n, batch))
+    }
+}
+
+/// The CPU's blocks for `m` query rows over `n` keys.
+fn cpu_blocks(cpu: &CpuPolicy, m: i64, n: i64, batch: i64, masked: bool) -> FlashBlocks {
+    let (bm, bn) = cpu.flash_blocks(m, batch, masked);
+    blocks(bm, bn, cpu.flash_splits(m, n), m, n, batch)
+}
+
+/// Blocks of `bm × bn` with `splits` key splits (each a whole number of key tiles).
+fn blocks(bm: i64, bn: i64, splits: i64, m: i64, n: i64, batch: i64) -> FlashBlocks {
+    let kps = (ceil_div(ceil_div(n, splits), bn) * bn).max(bn);
+    FlashBlocks { bm, bn, splits, kps, nqb: ceil_div(m, bm), nkb: ceil_div(n, bn), batch }
+}
+
+/// Places every temporary in one arena: first fit by offset among the buffers whose lifetimes
+/// overlap, 64-byte aligned, 4 bytes per element. Returns byte offsets and the arena's size.
+fn place(schedule: &Schedule, elems: &[usize]) -> (Vec<Option<usize>>, usize) {
+    let life = schedule.lifetimes();
+    let mut order: Vec<usize> = (0..schedule.buffers.len()).filter(|b| life[*b].is_some()).collect();
+    order.sort_by_key(|b| (life[*b].map(|l| l.0), std::cmp::Reverse(elems[*b])));
+    let mut placed: Vec<(usize, usize, (usize, usize))> = Vec::new();
+    let mut out = vec![None; schedule.buffers.len()];
+    for b in order {
+        let Some((first, last)) = life[b] else { continue };
+        let size = (elems[b] * 4).div_ceil(64) * 64;
+        let mut busy: Vec<(usize, usize)> =
+            placed.iter().filter(|(_, _, (f, l))| *f <= last && first <= *l).map(|(o, s, _)| (*o, *s)).collect();
+        busy.sort();
+        let mut at = 0usize;
+        for (o, s) in busy {
+            if at + size <= o {
+                break;
+            }
+            at = at.max(o + s);
+        }
+        placed.push((at, size, (first, last)));
+        out[b] = Some(at);
+    }
+    let bytes = out.iter().zip(elems).filter_map(|(o, n)| o.map(|o| o + n * 4)).max().unwrap_or(0);
+    (out, bytes)
+}

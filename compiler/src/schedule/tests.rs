@@ -1,0 +1,170 @@
+//! Scheduling decisions, checked on small programs: what is fused, what is a view, what the
+//! flash analyses find, and that every example schedules for both targets.
+
+use super::*;
+use crate::ir::{ScoreExpr, ShowExpr, parse_expr};
+
+fn examples() -> Vec<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("examples dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "attn"))
+        .map(|p| (p.display().to_string(), std::fs::read_to_string(&p).expect("readable")))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The kernel kinds of the last graph's steps, and how many temporaries the schedule holds.
+fn plan_of(src: &str, optimise: bool) -> (Vec<&'static str>, usize) {
+    let compiled = crate::compile(src).expect("compiles");
+    let module = if optimise { crate::opt::optimize_module(&compiled.module).0 } else { compiled.module };
+    let g = module.graphs.last().expect("a graph");
+    let s = schedule(g, &Policy::default()).expect("schedules");
+    let kinds = s.steps.iter().map(|s| s.kernel.name()).collect();
+    let temps = s.buffers.iter().filter(|b| b.kind == BufferKind::Temp).count();
+    (kinds, temps)
+}
+
+#[test]
+fn every_example_schedules_for_every_target() {
+    for (name, src) in examples() {
+        let compiled = crate::compile(&src).unwrap_or_else(|_| panic!("{name} compiles"));
+        let (opt, _) = crate::opt::optimize_module(&compiled.module);
+        for g in compiled.module.graphs.iter().chain(&opt.graphs) {
+            for policy in [Policy::Cpu(CpuPolicy::default()), Policy::Cuda(CudaPolicy::default())] {
+                let s = schedule(g, &policy).unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(s.outputs.len(), g.outputs().len(), "{name}");
+                assert!(s.steps.iter().all(|st| s.ints.get(st.work).is_some()), "{name}: a step without work items");
+                assert!(s.to_string().starts_with(&format!("schedule {} for", g.name)));
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_attention_is_one_kernel_without_temporaries() {
+    let src = "fn f(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D]) -> f32[B, H, S, D] {
+        return softmax(q @ k.T / sqrt(D), axis = -1) @ v }";
+    // The query scale folds into the Q·Kᵀ product: no scaled copy of q.
+    assert_eq!(plan_of(src, true), (vec!["flash", "flash_merge"], 0));
+    // Unfused: matmul with K read transposed in place, the scale fused into the softmax input.
+    assert_eq!(plan_of(src, false), (vec!["matmul", "elementwise", "softmax", "matmul"], 3));
+}
+
+#[test]
+fn element_wise_chains_fuse_and_layout_ops_are_views() {
+    let src = "fn f(x: f32[N, M], y: f32[M]) -> f32[M, N] {
+        return transpose(exp(x * 2.0 + y) - 1.0, 0, 1) }";
+    let (kinds, _) = plan_of(src, false);
+    // One loop for the whole chain, and the transpose read as a strided view by the output copy.
+    assert_eq!(kinds, ["elementwise", "elementwise"]);
+}
+
+#[test]
+fn variants_follow_the_target_and_dtypes() {
+    let g: Graph = "graph attn {
+  %0 = param[name=q] : f16[B, H, S, 64]
+  %1 = param[name=k] : f16[B, H, S, 64]
+  %2 = param[name=v] : f16[B, H, S, 64]
+  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\", mask=\"j <= i\"] %0, %1, %2 : f16[B, H, S, 64]
+  output out = %3
+}"
+    .parse()
+    .expect("parses");
+    let variant = |policy: &Policy| match &schedule(&g, policy).expect("schedules").steps[0].kernel {
+        Kernel::Flash(f) => f.variant,
+        other => panic!("{}", other.name()),
+    };
+    assert_eq!(variant(&Policy::default()), Variant::Tiled);
+    assert_eq!(variant(&Policy::Cuda(CudaPolicy::default())), Variant::TensorCore);
+    let decode: Graph = g
+        .to_string()
+        .replace("S, 64]\n  %1", "1, 64]\n  %1")
+        .replace("f16[B, H, S, 64]\n  output", "f16[B, H, 1, 64]\n  output")
+        .parse()
+        .expect("parses");
+    let s = schedule(&decode, &Policy::Cuda(CudaPolicy::default())).expect("schedules");
+    assert!(matches!(&s.steps[0].kernel, Kernel::Flash(f) if f.variant == Variant::SplitKv));
+}
+
+#[test]
+fn score_scales_split_from_positions() {
+    let e = |t: &str| parse_expr(t, 4).expect("parses");
+    assert_eq!(split_scale(&e("s * 0.125")), (ScoreExpr::Score, Some(ScoreExpr::Float(0.125))));
+    let (s, a) = split_scale(&e("s / dim(D)"));
+    assert_eq!(s, ScoreExpr::Score);
+    assert!(a.is_some());
+    // A position-dependent factor stays in the per-element code.
+    assert_eq!(split_scale(&e("s * (j - i)")), (e("s * (j - i)"), None));
+}
+
+#[test]
+fn separable_score_terms_split_from_the_rest() {
+    let e = |t: &str| parse_expr(t, 4).expect("parses");
+    let show = |x: &ScoreExpr| ShowExpr { expr: x, rank: 4 }.to_string();
+    let split = |t: &str| separate(&e(t), 4).map(|x| (show(&x.rest), show(&x.sep)));
+    // ALiBi: the bias term is separable as written (slope · j − slope · i).
+    assert_eq!(split("s + x0[h] * (j - i)"), Some(("s".into(), "x0[h] * (j - i)".into())));
+    // Key-padding bias and a row-only term; the relative-position gather is not separable.
+    assert_eq!(split("x0[b, j] - s * 2.0 + i"), Some(("-(s * 2.0)".into(), "x0[b, j] + i".into())));
+    assert_eq!(split("s + x0[h, min(max(j - i, -16), 16) + 16]"), None);
+    assert_eq!(split("s + (j - i) * (j - i)"), None);
+    assert_eq!(split("s"), None);
+    // Dividing by a position-free factor keeps separability; by a position, not.
+    assert!(split("s + (j - i) / dim(S)").is_some());
+    assert_eq!(split("s + (j - i) / j"), None);
+}
+
+#[test]
+fn soft_capping_stages_tanh() {
+    let e = |t: &str| parse_expr(t, 4).expect("parses");
+    assert_eq!(tanh_staged(&e("50.0 * tanh(s)")), Some(e("50.0 * s")));
+    assert_eq!(tanh_staged(&e("tanh(s) + x0[h] * j")), Some(e("s + x0[h] * j")));
+    // The raw score read elsewhere, or tanh of something else: no staging.
+    assert_eq!(tanh_staged(&e("tanh(s) + s")), None);
+    assert_eq!(tanh_staged(&e("tanh(s * 2.0)")), None);
+    assert_eq!(tanh_staged(&e("s")), None);
+}
+
+#[test]
+fn prepare_sizes_blocks_tables_and_scratch() {
+    let g: Graph = "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %0, %1, %2 : f32[B, H, S, D]
+  output out = %3
+}"
+    .parse()
+    .expect("parses");
+    let env: std::collections::HashMap<String, i64> = [("B", 2), ("H", 3), ("S", 300), ("D", 64)].map(|(k, v)| (k.to_string(), v)).into();
+    let cpu = Policy::default();
+    let s = schedule(&g, &cpu).expect("schedules");
+    let p = prepare(&s, &env, &cpu).expect("prepares");
+    let get = |t| p.ints[s.tuning(0, t).expect("in the table")];
+    // Masked, S = 300: 128 × 128 blocks; 3 × 3 tiles per head; lower triangle runs.
+    assert_eq!((get(Tuning::BlockM), get(Tuning::BlockN), get(Tuning::QueryBlocks), get(Tuning::KeyBlocks)), (128, 128, 3, 3));
+    assert_eq!(get(Tuning::Items), 2 * 3 * 3);
+    let entry = get(Tuning::TileEntryBytes) as usize;
+    assert_eq!(entry, 1 + 2 * 4);
+    let (buf, table) = &p.tables[0];
+    let classes: Vec<u8> = table.chunks(entry).map(|e| e[0]).collect();
+    assert_eq!(
+        (*buf, classes),
+        (s.buffers.iter().position(|b| b.kind == BufferKind::TileTable { step: 0 }).expect("a table"), vec![2, 0, 0, 1, 2, 0, 1, 1, 2])
+    );
+    let layout = flash_scratch(128, 128, 64);
+    assert_eq!((get(Tuning::ScratchAcc), p.scratch_bytes), (layout.acc as i64, layout.total));
+    // CUDA: f32 runs the SIMT kernel, 16 × 32 tiles, the head width padded as a define.
+    let cuda = Policy::Cuda(CudaPolicy::default());
+    let s = schedule(&g, &cuda).expect("schedules");
+    let p = prepare(&s, &env, &cuda).expect("prepares");
+    assert_eq!(p.defines, vec![("ATTNC_HD_0".to_string(), 64)]);
+    assert_eq!(p.ints[s.tuning(0, Tuning::Items).expect("items")], 2 * 3 * 19);
+    // A slice outside its axis and a negative size are errors.
+    let bad: std::collections::HashMap<String, i64> = [("B", 1), ("H", 1), ("S", -1), ("D", 4)].map(|(k, v)| (k.to_string(), v)).into();
+    assert!(matches!(prepare(&schedule(&g, &cpu).expect("schedules"), &bad, &cpu), Err(PrepareError::Negative { .. })));
+}
