@@ -36,9 +36,30 @@ pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<Str
         env.insert(name.clone(), *value);
         origin.insert(name.clone(), "given by --dim".to_string());
     }
+    let pending = param_axes(graph, input_shapes)?;
+    solve(pending, &mut env, &mut origin)?;
+    for name in graph_symbols(graph) {
+        if !env.contains_key(&name) {
+            return Err(InterpError::UnboundDim { name });
+        }
+    }
+    for v in graph.values() {
+        let node = graph.node(v);
+        for d in &node.ty.shape {
+            let value = eval_dim(d, &env)?;
+            if value < 0 {
+                return Err(InterpError::NegativeDim { node: node_label(graph, v), dim: d.to_string(), value });
+            }
+        }
+    }
+    Ok(env)
+}
 
+/// The axes of the inputs whose dims are symbolic, with their sizes; axes of constant dims are
+/// checked here.
+fn param_axes<'g>(graph: &'g Graph, input_shapes: &[Vec<usize>]) -> Result<Vec<Axis<'g>>, InterpError> {
     let mut pending = Vec::new();
-    for (p, shape) in params.iter().zip(input_shapes) {
+    for (p, shape) in graph.params().iter().zip(input_shapes) {
         let node = graph.node(*p);
         let param = match &node.op {
             Op::Param(name) => name.as_str(),
@@ -73,15 +94,19 @@ pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<Str
             pending.push(Axis { param, axis, dim, size });
         }
     }
+    Ok(pending)
+}
 
-    // Fixpoint: settle every axis that needs no solving; when stuck, solve one expression (its
-    // binding may unblock others) and go round again. Plain bindings go first so that a
-    // conflict is reported between two direct observations where possible.
+/// Binds the dims of `pending` axes by fixpoint: settle every axis that needs no solving; when
+/// stuck, solve one expression (its binding may unblock others) and go round again. Plain
+/// bindings go first so that a conflict is reported between two direct observations where
+/// possible.
+fn solve(mut pending: Vec<Axis>, env: &mut HashMap<String, i64>, origin: &mut HashMap<String, String>) -> Result<(), InterpError> {
     loop {
         let mut i = 0;
         let mut progressed = false;
         while i < pending.len() {
-            if settle(&pending[i], &mut env, &mut origin)? {
+            if settle(&pending[i], env, origin)? {
                 pending.remove(i);
                 progressed = true;
             } else {
@@ -93,7 +118,7 @@ pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<Str
         }
         let mut solved = None;
         for (i, a) in pending.iter().enumerate() {
-            if solve_one(a, &mut env, &mut origin)? {
+            if solve_one(a, env, origin)? {
                 solved = Some(i);
                 break;
             }
@@ -105,32 +130,19 @@ pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<Str
             None => break,
         }
     }
-    if let Some(a) = pending.first() {
-        let unknown: Vec<String> = a.dim.symbols().into_iter().filter(|s| !env.contains_key(s)).collect();
-        let first = unknown.first().cloned().unwrap_or_default();
-        return Err(InterpError::Unsolvable {
-            param: a.param.to_string(),
-            axis: a.axis,
-            dim: a.dim.to_string(),
-            reason: format!("{} = {} cannot be solved for {}; pass --dim {first}=N", a.dim, a.size, unknown.join(" and ")),
-        });
-    }
-
-    for name in graph_symbols(graph) {
-        if !env.contains_key(&name) {
-            return Err(InterpError::UnboundDim { name });
+    match pending.first() {
+        Some(a) => {
+            let unknown: Vec<String> = a.dim.symbols().into_iter().filter(|s| !env.contains_key(s)).collect();
+            let first = unknown.first().cloned().unwrap_or_default();
+            Err(InterpError::Unsolvable {
+                param: a.param.to_string(),
+                axis: a.axis,
+                dim: a.dim.to_string(),
+                reason: format!("{} = {} cannot be solved for {}; pass --dim {first}=N", a.dim, a.size, unknown.join(" and ")),
+            })
         }
+        None => Ok(()),
     }
-    for v in graph.values() {
-        let node = graph.node(v);
-        for d in &node.ty.shape {
-            let value = eval_dim(d, &env)?;
-            if value < 0 {
-                return Err(InterpError::NegativeDim { node: node_label(graph, v), dim: d.to_string(), value });
-            }
-        }
-    }
-    Ok(env)
 }
 
 /// Checks an axis whose dim has no unknown name, or binds a dim that is a single unknown name.

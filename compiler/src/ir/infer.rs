@@ -3,7 +3,7 @@
 //! to re-check every node of a graph.
 
 use super::dim::Dim;
-use super::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use super::op::{Arity, BinaryOp, Op, ReduceOp, UnaryOp};
 use super::types::{DType, TensorType, broadcast_shapes};
 
 fn shape_str(s: &[Dim]) -> String {
@@ -34,251 +34,246 @@ fn numeric(t: &TensorType, what: &str) -> Result<(), String> {
 /// The result type of `op` applied to operands of types `args`. Ops whose result is described by
 /// the node's own type (param, const, reshape, cast, iota) take it from `declared` and check it.
 pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Result<TensorType, String> {
-    let need = |n: usize| -> Result<(), String> {
-        if args.len() == n { Ok(()) } else { Err(format!("`{}` takes {n} operand(s), got {}", op.name(), args.len())) }
-    };
+    match op.arity() {
+        Arity::Exact(n) if args.len() != n => return Err(format!("`{}` takes {n} operand(s), got {}", op.name(), args.len())),
+        Arity::AtLeast(n) if args.len() < n => return Err(format!("`{}` takes at least {n} operand(s), got {}", op.name(), args.len())),
+        _ => {}
+    }
     let declared_ty = || declared.cloned().ok_or_else(|| format!("`{}` needs its result type", op.name()));
     match op {
-        Op::Param(_) => {
-            need(0)?;
-            declared_ty()
-        }
+        Op::Param(_) => declared_ty(),
         Op::Const(_) => {
-            need(0)?;
             let t = declared_ty()?;
             if t.rank() != 0 {
                 return Err("a constant is a scalar".into());
             }
             Ok(t)
         }
-        Op::DimValue(_) => {
-            need(0)?;
-            Ok(TensorType::scalar(DType::I32))
-        }
+        Op::DimValue(_) => Ok(TensorType::scalar(DType::I32)),
         Op::Iota { axis } => {
-            need(0)?;
             let t = declared_ty()?;
             if *axis >= t.rank() {
                 return Err(format!("iota axis {axis} is out of range for rank {}", t.rank()));
             }
             Ok(TensorType::new(DType::I32, t.shape))
         }
-        Op::Unary(u) => {
-            need(1)?;
-            let x = args[0];
-            let dtype = match u {
-                UnaryOp::Not => {
-                    if x.dtype != DType::Bool {
-                        return Err(format!("`!` needs bool, found {}", x.dtype));
-                    }
-                    DType::Bool
-                }
-                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Floor => {
-                    numeric(x, "the operand")?;
-                    x.dtype
-                }
-                _ => {
-                    numeric(x, "the operand")?;
-                    if x.dtype.is_float() { x.dtype } else { DType::F32 }
-                }
-            };
-            Ok(TensorType::new(dtype, x.shape.clone()))
-        }
-        Op::Binary(b) => {
-            need(2)?;
-            let (x, y) = (args[0], args[1]);
-            let shape = broadcast_shapes(&x.shape, &y.shape)
-                .ok_or_else(|| format!("shapes {} and {} do not broadcast", shape_str(&x.shape), shape_str(&y.shape)))?;
-            let dtype = if b.is_logical() {
-                if x.dtype != DType::Bool || y.dtype != DType::Bool {
-                    return Err(format!("`{}` needs bool operands, found {} and {}", b.name(), x.dtype, y.dtype));
-                }
-                DType::Bool
-            } else if matches!(b, BinaryOp::Eq | BinaryOp::Ne) && x.dtype == DType::Bool && y.dtype == DType::Bool {
-                // Equality of masks (and so their exclusive or) is well defined.
-                DType::Bool
-            } else {
-                numeric(x, "the left operand")?;
-                numeric(y, "the right operand")?;
-                let p = weak_promote(x, y);
-                if b.is_comparison() {
-                    DType::Bool
-                } else if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !p.is_float() {
-                    DType::F32
-                } else {
-                    p
-                }
-            };
-            Ok(TensorType::new(dtype, shape))
-        }
-        Op::Select => {
-            need(3)?;
-            let (c, a, b) = (args[0], args[1], args[2]);
-            if c.dtype != DType::Bool {
-                return Err(format!("the condition of `where` must be bool, found {}", c.dtype));
-            }
-            let s1 = broadcast_shapes(&a.shape, &b.shape)
-                .ok_or_else(|| format!("branches {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
-            let shape = broadcast_shapes(&c.shape, &s1)
-                .ok_or_else(|| format!("condition {} does not broadcast with branches {}", shape_str(&c.shape), shape_str(&s1)))?;
-            let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool { DType::Bool } else { weak_promote(a, b) };
-            Ok(TensorType::new(dtype, shape))
-        }
-        Op::Cast => {
-            need(1)?;
-            let t = declared_ty()?;
-            if t.shape != args[0].shape {
-                return Err("cast keeps the shape".into());
-            }
-            Ok(t)
-        }
-        Op::MatMul => {
-            need(2)?;
-            let (a, b) = (args[0], args[1]);
-            if a.rank() < 2 || b.rank() < 2 {
-                return Err(format!(
-                    "`@` needs at least 2 axes on each side, found {} @ {} (use reshape or unsqueeze for vectors)",
-                    shape_str(&a.shape),
-                    shape_str(&b.shape)
-                ));
-            }
-            numeric(a, "the left operand")?;
-            numeric(b, "the right operand")?;
-            let (m, k1) = (&a.shape[a.rank() - 2], &a.shape[a.rank() - 1]);
-            let (k2, n) = (&b.shape[b.rank() - 2], &b.shape[b.rank() - 1]);
-            if k1 != k2 {
-                return Err(format!("inner dimensions differ: {} @ {} ({k1} vs {k2})", shape_str(&a.shape), shape_str(&b.shape)));
-            }
-            let batch = broadcast_shapes(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2])
-                .ok_or_else(|| format!("batch dimensions of {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
-            let mut shape = batch;
-            shape.push(m.clone());
-            shape.push(n.clone());
-            let p = a.dtype.promote(b.dtype);
-            Ok(TensorType::new(if p.is_float() { p } else { DType::F32 }, shape))
-        }
-        Op::Transpose { perm } => {
-            need(1)?;
-            let x = args[0];
-            let mut seen = vec![false; x.rank()];
-            if perm.len() != x.rank() || perm.iter().any(|p| *p >= x.rank() || std::mem::replace(&mut seen[*p], true)) {
-                return Err(format!("{perm:?} is not a permutation of {} axes", x.rank()));
-            }
-            Ok(TensorType::new(x.dtype, perm.iter().map(|p| x.shape[*p].clone()).collect()))
-        }
-        Op::Reshape => {
-            need(1)?;
-            let t = declared_ty()?;
-            let (from, to) = (Dim::product(&args[0].shape), Dim::product(&t.shape));
-            if from != to {
-                return Err(format!(
-                    "cannot reshape {} ({from} elements) to {} ({to} elements)",
-                    shape_str(&args[0].shape),
-                    shape_str(&t.shape)
-                ));
-            }
-            Ok(TensorType::new(args[0].dtype, t.shape))
-        }
-        Op::Slice { axis, start, end } => {
-            need(1)?;
-            let x = args[0];
-            if *axis >= x.rank() {
-                return Err(format!("slice axis {axis} is out of range for rank {}", x.rank()));
-            }
-            let len = end.sub(start);
-            if let Some(l) = len.as_const()
-                && l < 0
-            {
-                return Err(format!("slice {start}:{end} is empty or reversed"));
-            }
-            if let (Some(e), Some(n)) = (end.as_const(), x.shape[*axis].as_const())
-                && e > n
-            {
-                return Err(format!("slice end {e} is past the axis' size {n}"));
-            }
-            let mut shape = x.shape.clone();
-            shape[*axis] = len;
-            Ok(TensorType::new(x.dtype, shape))
-        }
-        Op::Concat { axis } => {
-            if args.is_empty() {
-                return Err("concat needs at least one operand".into());
-            }
-            let first = args[0];
-            if *axis >= first.rank() {
-                return Err(format!("concat axis {axis} is out of range for rank {}", first.rank()));
-            }
-            let mut shape = first.shape.clone();
-            for a in &args[1..] {
-                if a.rank() != first.rank() || a.dtype != first.dtype {
-                    return Err(format!("concat operands differ: {first} and {a}"));
-                }
-                for (k, (d1, d2)) in first.shape.iter().zip(&a.shape).enumerate() {
-                    if k != *axis && d1 != d2 {
-                        return Err(format!("concat operands differ on axis {k}: {first} and {a}"));
-                    }
-                }
-                shape[*axis] = shape[*axis].add(&a.shape[*axis]);
-            }
-            Ok(TensorType::new(first.dtype, shape))
-        }
-        Op::Gather => {
-            let (table, idx) = args.split_first().ok_or("gather needs a table")?;
-            if idx.len() != table.rank() {
-                return Err(format!("{} has {} axes but {} indices were given", table, table.rank(), idx.len()));
-            }
-            let mut shape = Vec::new();
-            for i in idx {
-                if i.dtype != DType::I32 {
-                    return Err(format!("indices must be i32, found {}", i.dtype));
-                }
-                shape = broadcast_shapes(&shape, &i.shape).ok_or_else(|| "index shapes do not broadcast".to_string())?;
-            }
-            Ok(TensorType::new(table.dtype, shape))
-        }
-        Op::Reduce { op: r, axes, keepdim } => {
-            need(1)?;
-            let x = args[0];
-            numeric(x, "the operand of a reduction")?;
-            if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= x.rank()) {
-                return Err(format!("bad reduction axes {axes:?} for rank {}", x.rank()));
-            }
-            let mut shape = Vec::new();
-            for (k, d) in x.shape.iter().enumerate() {
-                if !axes.contains(&k) {
-                    shape.push(d.clone());
-                } else if *keepdim {
-                    shape.push(Dim::constant(1));
-                }
-            }
-            let dtype = if *r == ReduceOp::Mean && !x.dtype.is_float() { DType::F32 } else { x.dtype };
-            Ok(TensorType::new(dtype, shape))
-        }
-        Op::Softmax { axis } => {
-            need(1)?;
-            let x = args[0];
-            if *axis >= x.rank() {
-                return Err(format!("softmax axis {axis} is out of range for rank {}", x.rank()));
-            }
-            numeric(x, "the operand of softmax")?;
-            Ok(TensorType::new(if x.dtype.is_float() { x.dtype } else { DType::F32 }, x.shape.clone()))
-        }
+        Op::Unary(u) => unary(*u, args[0]),
+        Op::Binary(b) => binary(*b, args[0], args[1]),
+        Op::Select => select(args[0], args[1], args[2]),
+        Op::Cast => cast(args[0], declared_ty()?),
+        Op::MatMul => matmul(args[0], args[1]),
+        Op::Transpose { perm } => transpose(args[0], perm),
+        Op::Reshape => reshape(args[0], declared_ty()?),
+        Op::Slice { axis, start, end } => slice(args[0], *axis, start, end),
+        Op::Concat { axis } => concat(args, *axis),
+        Op::Gather => gather(args),
+        Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
+        Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Flash(spec) => flash(spec, args),
-        Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
-            let x = args.first().ok_or("normalisation needs an operand")?;
-            need(if matches!(op, Op::LayerNorm { .. }) { 3 } else { 2 })?;
-            let last = x.shape.last().ok_or("cannot normalise a scalar")?;
-            if !x.dtype.is_float() {
-                return Err(format!("normalisation needs a float tensor, found {}", x.dtype));
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
+    }
+}
+
+fn unary(u: UnaryOp, x: &TensorType) -> Result<TensorType, String> {
+    let dtype = match u {
+        UnaryOp::Not => {
+            if x.dtype != DType::Bool {
+                return Err(format!("`!` needs bool, found {}", x.dtype));
             }
-            for p in &args[1..] {
-                if p.shape.as_slice() != std::slice::from_ref(last) {
-                    return Err(format!("scale/shift must have shape [{last}] (the last axis of {x}), found {p}"));
-                }
+            DType::Bool
+        }
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Floor => {
+            numeric(x, "the operand")?;
+            x.dtype
+        }
+        _ => {
+            numeric(x, "the operand")?;
+            if x.dtype.is_float() { x.dtype } else { DType::F32 }
+        }
+    };
+    Ok(TensorType::new(dtype, x.shape.clone()))
+}
+
+fn binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> Result<TensorType, String> {
+    let shape = broadcast_shapes(&x.shape, &y.shape)
+        .ok_or_else(|| format!("shapes {} and {} do not broadcast", shape_str(&x.shape), shape_str(&y.shape)))?;
+    let dtype = if b.is_logical() {
+        if x.dtype != DType::Bool || y.dtype != DType::Bool {
+            return Err(format!("`{}` needs bool operands, found {} and {}", b.name(), x.dtype, y.dtype));
+        }
+        DType::Bool
+    } else if matches!(b, BinaryOp::Eq | BinaryOp::Ne) && x.dtype == DType::Bool && y.dtype == DType::Bool {
+        // Equality of masks (and so their exclusive or) is well defined.
+        DType::Bool
+    } else {
+        numeric(x, "the left operand")?;
+        numeric(y, "the right operand")?;
+        let p = weak_promote(x, y);
+        if b.is_comparison() {
+            DType::Bool
+        } else if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !p.is_float() {
+            DType::F32
+        } else {
+            p
+        }
+    };
+    Ok(TensorType::new(dtype, shape))
+}
+
+fn select(c: &TensorType, a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
+    if c.dtype != DType::Bool {
+        return Err(format!("the condition of `where` must be bool, found {}", c.dtype));
+    }
+    let s1 = broadcast_shapes(&a.shape, &b.shape)
+        .ok_or_else(|| format!("branches {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
+    let shape = broadcast_shapes(&c.shape, &s1)
+        .ok_or_else(|| format!("condition {} does not broadcast with branches {}", shape_str(&c.shape), shape_str(&s1)))?;
+    let dtype = if a.dtype == DType::Bool && b.dtype == DType::Bool { DType::Bool } else { weak_promote(a, b) };
+    Ok(TensorType::new(dtype, shape))
+}
+
+fn cast(x: &TensorType, t: TensorType) -> Result<TensorType, String> {
+    if t.shape != x.shape {
+        return Err("cast keeps the shape".into());
+    }
+    Ok(t)
+}
+
+fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(format!(
+            "`@` needs at least 2 axes on each side, found {} @ {} (use reshape or unsqueeze for vectors)",
+            shape_str(&a.shape),
+            shape_str(&b.shape)
+        ));
+    }
+    numeric(a, "the left operand")?;
+    numeric(b, "the right operand")?;
+    let (m, k1) = (&a.shape[a.rank() - 2], &a.shape[a.rank() - 1]);
+    let (k2, n) = (&b.shape[b.rank() - 2], &b.shape[b.rank() - 1]);
+    if k1 != k2 {
+        return Err(format!("inner dimensions differ: {} @ {} ({k1} vs {k2})", shape_str(&a.shape), shape_str(&b.shape)));
+    }
+    let batch = broadcast_shapes(&a.shape[..a.rank() - 2], &b.shape[..b.rank() - 2])
+        .ok_or_else(|| format!("batch dimensions of {} and {} do not broadcast", shape_str(&a.shape), shape_str(&b.shape)))?;
+    let mut shape = batch;
+    shape.push(m.clone());
+    shape.push(n.clone());
+    let p = a.dtype.promote(b.dtype);
+    Ok(TensorType::new(if p.is_float() { p } else { DType::F32 }, shape))
+}
+
+fn transpose(x: &TensorType, perm: &[usize]) -> Result<TensorType, String> {
+    let mut seen = vec![false; x.rank()];
+    if perm.len() != x.rank() || perm.iter().any(|p| *p >= x.rank() || std::mem::replace(&mut seen[*p], true)) {
+        return Err(format!("{perm:?} is not a permutation of {} axes", x.rank()));
+    }
+    Ok(TensorType::new(x.dtype, perm.iter().map(|p| x.shape[*p].clone()).collect()))
+}
+
+fn reshape(x: &TensorType, t: TensorType) -> Result<TensorType, String> {
+    let (from, to) = (Dim::product(&x.shape), Dim::product(&t.shape));
+    if from != to {
+        return Err(format!("cannot reshape {} ({from} elements) to {} ({to} elements)", shape_str(&x.shape), shape_str(&t.shape)));
+    }
+    Ok(TensorType::new(x.dtype, t.shape))
+}
+
+fn slice(x: &TensorType, axis: usize, start: &Dim, end: &Dim) -> Result<TensorType, String> {
+    if axis >= x.rank() {
+        return Err(format!("slice axis {axis} is out of range for rank {}", x.rank()));
+    }
+    let len = end.sub(start);
+    if let Some(l) = len.as_const()
+        && l < 0
+    {
+        return Err(format!("slice {start}:{end} is empty or reversed"));
+    }
+    if let (Some(e), Some(n)) = (end.as_const(), x.shape[axis].as_const())
+        && e > n
+    {
+        return Err(format!("slice end {e} is past the axis' size {n}"));
+    }
+    let mut shape = x.shape.clone();
+    shape[axis] = len;
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn concat(args: &[&TensorType], axis: usize) -> Result<TensorType, String> {
+    if args.is_empty() {
+        return Err("concat needs at least one operand".into());
+    }
+    let first = args[0];
+    if axis >= first.rank() {
+        return Err(format!("concat axis {axis} is out of range for rank {}", first.rank()));
+    }
+    let mut shape = first.shape.clone();
+    for a in &args[1..] {
+        if a.rank() != first.rank() || a.dtype != first.dtype {
+            return Err(format!("concat operands differ: {first} and {a}"));
+        }
+        for (k, (d1, d2)) in first.shape.iter().zip(&a.shape).enumerate() {
+            if k != axis && d1 != d2 {
+                return Err(format!("concat operands differ on axis {k}: {first} and {a}"));
             }
-            Ok(TensorType::new(x.dtype, x.shape.clone()))
+        }
+        shape[axis] = shape[axis].add(&a.shape[axis]);
+    }
+    Ok(TensorType::new(first.dtype, shape))
+}
+
+fn gather(args: &[&TensorType]) -> Result<TensorType, String> {
+    let (table, idx) = args.split_first().ok_or("gather needs a table")?;
+    if idx.len() != table.rank() {
+        return Err(format!("{} has {} axes but {} indices were given", table, table.rank(), idx.len()));
+    }
+    let mut shape = Vec::new();
+    for i in idx {
+        if i.dtype != DType::I32 {
+            return Err(format!("indices must be i32, found {}", i.dtype));
+        }
+        shape = broadcast_shapes(&shape, &i.shape).ok_or_else(|| "index shapes do not broadcast".to_string())?;
+    }
+    Ok(TensorType::new(table.dtype, shape))
+}
+
+fn reduce(x: &TensorType, r: ReduceOp, axes: &[usize], keepdim: bool) -> Result<TensorType, String> {
+    numeric(x, "the operand of a reduction")?;
+    if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= x.rank()) {
+        return Err(format!("bad reduction axes {axes:?} for rank {}", x.rank()));
+    }
+    let mut shape = Vec::new();
+    for (k, d) in x.shape.iter().enumerate() {
+        if !axes.contains(&k) {
+            shape.push(d.clone());
+        } else if keepdim {
+            shape.push(Dim::constant(1));
         }
     }
+    let dtype = if r == ReduceOp::Mean && !x.dtype.is_float() { DType::F32 } else { x.dtype };
+    Ok(TensorType::new(dtype, shape))
+}
+
+fn softmax(x: &TensorType, axis: usize) -> Result<TensorType, String> {
+    if axis >= x.rank() {
+        return Err(format!("softmax axis {axis} is out of range for rank {}", x.rank()));
+    }
+    numeric(x, "the operand of softmax")?;
+    Ok(TensorType::new(if x.dtype.is_float() { x.dtype } else { DType::F32 }, x.shape.clone()))
+}
+
+fn norm(args: &[&TensorType]) -> Result<TensorType, String> {
+    let x = args.first().ok_or("normalisation needs an operand")?;
+    let last = x.shape.last().ok_or("cannot normalise a scalar")?;
+    if !x.dtype.is_float() {
+        return Err(format!("normalisation needs a float tensor, found {}", x.dtype));
+    }
+    for p in &args[1..] {
+        if p.shape.as_slice() != std::slice::from_ref(last) {
+            return Err(format!("scale/shift must have shape [{last}] (the last axis of {x}), found {p}"));
+        }
+    }
+    Ok(TensorType::new(x.dtype, x.shape.clone()))
 }
 
 /// `flash(q, k, v, extras…)`: q `[…b, M, D]`, k `[…b', N, D]`, v `[…b', N, Dv]` with `b'`

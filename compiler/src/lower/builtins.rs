@@ -1,7 +1,7 @@
 //! Built-in functions: element-wise math, reductions, normalisations, shape manipulation and
 //! positions. `x.f(a)` arrives here as `f(x, a)`.
 
-use super::{Cx, Frame, LResult, Val, codes, literal};
+use super::{Cx, Frame, LResult, Reported, Val, codes, literal};
 use crate::ir::{BinaryOp, DType, Dim, Op, ReduceOp, TensorType, UnaryOp, Value};
 use attn_dsl::ast::{Arg, Expr, ExprKind, Ident};
 use attn_dsl::{Diagnostic, Span};
@@ -76,11 +76,30 @@ impl Cx<'_, '_> {
             let x = self.tensor(frame, call.pos[0])?;
             return self.add(Op::Unary(u), None, &[(x, call.pos[0].span)], span).map(Val::T);
         }
-        let v = match n {
+        if n == "indices" {
+            return self.indices(frame, &call);
+        }
+        let v = match self.arith_builtin(frame, &call)? {
+            Some(v) => v,
+            None => match self.norm_builtin(frame, &call)? {
+                Some(v) => v,
+                None => match self.shape_builtin(frame, &call)? {
+                    Some(v) => v,
+                    None => return Err(self.unknown_function(name)),
+                },
+            },
+        };
+        Ok(Val::T(v))
+    }
+
+    /// Element-wise maths, reductions, products, `where` and `cast`.
+    fn arith_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
+        let (n, span) = (call.name, call.span);
+        Ok(Some(match n {
             "min" | "max" if call.pos.len() == 2 => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let op = if n == "min" { BinaryOp::Min } else { BinaryOp::Max };
-                self.binary(frame, &call, op)?
+                self.binary(frame, call, op)?
             }
             "min" | "max" | "sum" | "mean" => {
                 let op = match n {
@@ -89,24 +108,24 @@ impl Cx<'_, '_> {
                     "sum" => ReduceOp::Sum,
                     _ => ReduceOp::Mean,
                 };
-                self.reduce(frame, &call, op)?
+                self.reduce(frame, call, op)?
             }
             "minimum" | "maximum" | "pow" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let op = match n {
                     "minimum" => BinaryOp::Min,
                     "maximum" => BinaryOp::Max,
                     _ => BinaryOp::Pow,
                 };
-                self.binary(frame, &call, op)?
+                self.binary(frame, call, op)?
             }
             "matmul" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let (a, b) = (self.tensor(frame, call.pos[0])?, self.tensor(frame, call.pos[1])?);
                 self.add(Op::MatMul, None, &[(a, call.pos[0].span), (b, call.pos[1].span)], span)?
             }
             "clamp" => {
-                self.arity(&call, 3, 3, &[])?;
+                self.arity(call, 3, 3, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let lo = self.tensor(frame, call.pos[1])?;
                 let hi = self.tensor(frame, call.pos[2])?;
@@ -114,7 +133,7 @@ impl Cx<'_, '_> {
                 self.add(Op::Binary(BinaryOp::Min), None, &[(m, span), (hi, call.pos[2].span)], span)?
             }
             "where" => {
-                self.arity(&call, 3, 3, &[])?;
+                self.arity(call, 3, 3, &[])?;
                 let mut ops = Vec::new();
                 for e in &call.pos {
                     ops.push((self.tensor(frame, e)?, e.span));
@@ -122,17 +141,25 @@ impl Cx<'_, '_> {
                 self.add(Op::Select, None, &ops, span)?
             }
             "cast" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let dtype = match &call.pos[1].kind {
                     ExprKind::Name(d) => self.dtype(&Ident { name: d.clone(), span: call.pos[1].span })?,
-                    _ => return Err(self.bad_args(&call, "the second argument of `cast` is an element type, e.g. `cast(x, f16)`")),
+                    _ => return Err(self.bad_args(call, "the second argument of `cast` is an element type, e.g. `cast(x, f16)`")),
                 };
                 let shape = self.ty(x).shape.clone();
                 self.add(Op::Cast, Some(TensorType::new(dtype, shape)), &[(x, call.pos[0].span)], span)?
             }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Softmax and the normalisations.
+    fn norm_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
+        let (n, span) = (call.name, call.span);
+        Ok(Some(match n {
             "softmax" => {
-                self.arity(&call, 1, 2, &["axis"])?;
+                self.arity(call, 1, 2, &["axis"])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let ty = self.ty(x).clone();
                 let axis = match call.pos.get(1).copied().or(call.kw("axis")) {
@@ -143,10 +170,10 @@ impl Cx<'_, '_> {
             }
             "layernorm" | "rmsnorm" => {
                 let n_in = if n == "layernorm" { 3 } else { 2 };
-                self.arity(&call, n_in, n_in, &["eps"])?;
+                self.arity(call, n_in, n_in, &["eps"])?;
                 let default = if n == "layernorm" { 1e-5 } else { 1e-6 };
                 let eps = match call.kw("eps") {
-                    Some(e) => literal(e).map(|(v, _)| v).ok_or_else(|| self.bad_args(&call, "`eps` must be a number literal"))?,
+                    Some(e) => literal(e).map(|(v, _)| v).ok_or_else(|| self.bad_args(call, "`eps` must be a number literal"))?,
                     None => default,
                 };
                 let mut ops = Vec::new();
@@ -156,8 +183,16 @@ impl Cx<'_, '_> {
                 let op = if n == "layernorm" { Op::LayerNorm { eps } } else { Op::RmsNorm { eps } };
                 self.add(op, None, &ops, span)?
             }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Axis and shape changes: transposes, reshapes, concatenation, heads.
+    fn shape_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
+        let (n, span) = (call.name, call.span);
+        Ok(Some(match n {
             "transpose" => {
-                self.arity(&call, 3, 3, &[])?;
+                self.arity(call, 3, 3, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let ty = self.ty(x).clone();
                 let (a, b) = (self.axis(frame, call.pos[1], &ty)?, self.axis(frame, call.pos[2], &ty)?);
@@ -166,17 +201,17 @@ impl Cx<'_, '_> {
                 self.add(Op::Transpose { perm }, None, &[(x, call.pos[0].span)], span)?
             }
             "permute" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let ty = self.ty(x).clone();
                 let perm = self.axis_list(frame, call.pos[1], &ty)?;
                 self.add(Op::Transpose { perm }, None, &[(x, call.pos[0].span)], span)?
             }
             "reshape" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let ExprKind::List(items) = &call.pos[1].kind else {
-                    return Err(self.bad_args(&call, "the shape is a list of dimensions, e.g. `reshape(x, [B, S, H, Dh])`"));
+                    return Err(self.bad_args(call, "the shape is a list of dimensions, e.g. `reshape(x, [B, S, H, Dh])`"));
                 };
                 let mut shape = Vec::new();
                 for item in items {
@@ -186,7 +221,7 @@ impl Cx<'_, '_> {
                 self.add(Op::Reshape, Some(TensorType::new(dtype, shape)), &[(x, call.pos[0].span)], span)?
             }
             "unsqueeze" | "squeeze" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let ty = self.ty(x).clone();
                 let mut shape = ty.shape.clone();
@@ -197,66 +232,72 @@ impl Cx<'_, '_> {
                 } else {
                     let axis = self.axis(frame, call.pos[1], &ty)?;
                     if shape[axis] != Dim::constant(1) {
-                        return Err(self.bad_args(&call, &format!("axis {axis} of {ty} has size {}, not 1", shape[axis])));
+                        return Err(self.bad_args(call, &format!("axis {axis} of {ty} has size {}, not 1", shape[axis])));
                     }
                     shape.remove(axis);
                 }
                 self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(x, call.pos[0].span)], span)?
             }
             "concat" => {
-                self.arity(&call, 1, 1, &["axis"])?;
+                self.arity(call, 1, 1, &["axis"])?;
                 let ExprKind::List(items) = &call.pos[0].kind else {
-                    return Err(self.bad_args(&call, "concat takes a list of tensors: `concat([a, b], axis = 1)`"));
+                    return Err(self.bad_args(call, "concat takes a list of tensors: `concat([a, b], axis = 1)`"));
                 };
                 let mut ops = Vec::new();
                 for e in items {
                     ops.push((self.tensor(frame, e)?, e.span));
                 }
-                let Some(first) = ops.first() else { return Err(self.bad_args(&call, "concat needs at least one tensor")) };
+                let Some(first) = ops.first() else { return Err(self.bad_args(call, "concat needs at least one tensor")) };
                 let ty = self.ty(first.0).clone();
                 let axis = match call.kw("axis") {
                     Some(e) => self.axis(frame, e, &ty)?,
-                    None => return Err(self.bad_args(&call, "concat needs `axis = ...`")),
+                    None => return Err(self.bad_args(call, "concat needs `axis = ...`")),
                 };
                 self.add(Op::Concat { axis }, None, &ops, span)?
             }
             "split_heads" => {
-                self.arity(&call, 2, 2, &[])?;
+                self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 let heads = self.dim_expr(call.pos[1], &frame.dims)?;
                 self.split_heads(x, call.pos[0].span, heads, span)?
             }
             "merge_heads" => {
-                self.arity(&call, 1, 1, &[])?;
+                self.arity(call, 1, 1, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
                 self.merge_heads(x, call.pos[0].span, span)?
             }
-            "indices" => {
-                self.arity(&call, 1, 1, &[])?;
-                let x = self.tensor(frame, call.pos[0])?;
-                let ty = self.ty(x).clone();
-                let mut out = Vec::new();
-                for axis in 0..ty.rank() {
-                    let shape = (0..ty.rank()).map(|k| if k == axis { ty.shape[k].clone() } else { Dim::constant(1) }).collect();
-                    out.push(self.add(Op::Iota { axis }, Some(TensorType::new(DType::I32, shape)), &[], span)?);
-                }
-                return Ok(if out.len() == 1 { Val::T(out[0]) } else { Val::Tuple(out) });
-            }
-            _ => {
-                let mut d = Diagnostic::error(
-                    codes::UNKNOWN_FUNCTION,
-                    format!("unknown function `{n}`"),
-                    name.span,
-                    "not a built-in or a `fn` of this file",
-                );
-                let near: Vec<&str> = BUILTINS.iter().copied().filter(|b| b.starts_with(&n[..n.len().min(3)])).collect();
-                if !near.is_empty() {
-                    d = d.with_help(format!("built-ins with a similar name: {}", near.join(", ")));
-                }
-                return Err(self.error(d));
-            }
-        };
-        Ok(Val::T(v))
+            _ => return Ok(None),
+        }))
+    }
+
+    /// `indices(x)`: the position along each axis of `x`, one tensor per axis.
+    fn indices(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Val> {
+        let span = call.span;
+        self.arity(call, 1, 1, &[])?;
+        let x = self.tensor(frame, call.pos[0])?;
+        let ty = self.ty(x).clone();
+        let mut out = Vec::new();
+        for axis in 0..ty.rank() {
+            let shape = (0..ty.rank()).map(|k| if k == axis { ty.shape[k].clone() } else { Dim::constant(1) }).collect();
+            out.push(self.add(Op::Iota { axis }, Some(TensorType::new(DType::I32, shape)), &[], span)?);
+        }
+        Ok(if out.len() == 1 { Val::T(out[0]) } else { Val::Tuple(out) })
+    }
+
+    /// The error for a call of a name that is no built-in.
+    fn unknown_function(&mut self, name: &Ident) -> Reported {
+        let n = name.name.as_str();
+        let mut d = Diagnostic::error(
+            codes::UNKNOWN_FUNCTION,
+            format!("unknown function `{n}`"),
+            name.span,
+            "not a built-in or a `fn` of this file",
+        );
+        let near: Vec<&str> = BUILTINS.iter().copied().filter(|b| b.starts_with(&n[..n.len().min(3)])).collect();
+        if !near.is_empty() {
+            d = d.with_help(format!("built-ins with a similar name: {}", near.join(", ")));
+        }
+        self.error(d)
     }
 
     fn binary(&mut self, frame: &Frame, call: &Call<'_>, op: BinaryOp) -> LResult<Value> {
