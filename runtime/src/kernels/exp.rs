@@ -3,8 +3,9 @@
 //! Method (Cephes `expf`): `n = round(x·log2 e)`, `r = x − n·ln 2` in two FMA steps (ln 2 split
 //! into an exact high part and a low correction), `exp(r) = 1 + r + r²·P(r)` with a degree-5
 //! polynomial on `|r| ≤ ln2/2` (≈1 ulp), then scaling by `2ⁿ`. Inputs are clamped to
-//! `[-104, 89]` first: below, the result rounds to 0 (so `exp(-inf) = 0`); above, it overflows
-//! to `inf`. The clamp keeps NaN (the NaN operand is the one `max`/`min` return).
+//! `[-42, 89]` first: results below [`FLUSH_BELOW`] (`e^-41.6`) are 0 (so `exp(-inf) = 0`, and
+//! no step ever makes a subnormal); above, the result overflows to `inf`. The clamp keeps NaN
+//! (the NaN operand is the one `max`/`min` return).
 //! AVX-512 scales with `vscalefps` (one rounding, exact into subnormals); AVX2 multiplies by
 //! `2^⌊n/2⌋` (exact, normal) then by `2^⌈n/2⌉`, so the single rounding is the last multiply.
 
@@ -13,8 +14,14 @@ use std::arch::x86_64::*;
 
 use super::Isa;
 
-/// Below this every `exp` rounds to 0.
-const LO: f32 = -104.0;
+/// Inputs below this give 0 (their `exp` is below [`FLUSH_BELOW`]); clamping them keeps every
+/// intermediate normal.
+const LO: f32 = -42.0;
+/// The kernels' `exp` results below this are 0 (2⁻⁶⁰ ≈ 8.7e-19). Softmax probabilities that
+/// small are far below f32 resolution against any softmax sum, and GELU's `erfc` tail that small
+/// is far below its approximation error; kept, they lead to subnormal products in the next
+/// matrix product, each a microcode assist on x86 (heavily biased attention ran 2.5× slower).
+pub(super) const FLUSH_BELOW: f32 = 8.673_617e-19;
 /// Above this every `exp` overflows.
 const HI: f32 = 89.0;
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -92,17 +99,21 @@ pub(super) unsafe fn softmax_step(
             return 1.0;
         }
         let t = exp_sum(isa, x, scale, bias, y, n, new);
-        // A factor below the smallest normal is 0 (see `flush16`).
-        let scale = if new == old { 1.0 } else { flush((old - new).exp()) };
+        // A factor below `FLUSH_BELOW` is 0: the old terms weigh nothing against the new.
+        let scale = if new == old { 1.0 } else { exp_flushed(old - new) };
         *max = new;
         *sum = *sum * scale + t;
         scale
     }
 }
 
-/// `x`, or 0 below the smallest normal f32.
-fn flush(x: f32) -> f32 {
-    if x < f32::MIN_POSITIVE { 0.0 } else { x }
+/// `e^x`, or 0 where that is below [`FLUSH_BELOW`] (computed without subnormal steps).
+pub(super) fn exp_flushed(x: f32) -> f32 {
+    if x < LO {
+        return 0.0;
+    }
+    let e = x.exp();
+    if e < FLUSH_BELOW { 0.0 } else { e }
 }
 
 /// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed over
@@ -186,13 +197,11 @@ pub(super) fn exp16(x: __m512) -> __m512 {
     flush16(_mm512_scalef_ps(e, n))
 }
 
-/// Lanes below the smallest normal f32 become 0 (NaN stays). Probabilities that small are below
-/// f32 resolution against any softmax sum (≥ 1); multiplying subnormals takes a microcode
-/// assist on x86, which made heavily biased attention several times slower.
+/// Lanes below [`FLUSH_BELOW`] become 0 (NaN stays).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn flush16(y: __m512) -> __m512 {
-    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(f32::MIN_POSITIVE)), y)
+    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(FLUSH_BELOW)), y)
 }
 
 /// AVX-512 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector
@@ -253,14 +262,14 @@ fn exp8(x: __m256) -> __m256 {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
     }
     let e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
-    // n ∈ [-150, 129]: both halves are normal exponents. A NaN lane has a NaN `e`, which any
+    // n ∈ [-61, 129]: both halves are normal exponents. A NaN lane has a NaN `e`, which any
     // scale keeps NaN.
     let ni = _mm256_cvtps_epi32(n);
     let n1 = _mm256_srai_epi32::<1>(ni);
     let n2 = _mm256_sub_epi32(ni, n1);
     let y = _mm256_mul_ps(_mm256_mul_ps(e, pow2i(n1)), pow2i(n2));
-    // Below the smallest normal: 0, as [`flush16`].
-    _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(f32::MIN_POSITIVE)))
+    // Below `FLUSH_BELOW`: 0, as [`flush16`].
+    _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(FLUSH_BELOW)))
 }
 
 /// AVX2 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector for

@@ -53,9 +53,8 @@ pub(super) unsafe fn exp_sum(x: *const f32, scale: f32, bias: *const f32, y: *mu
         // SAFETY: `i < n`.
         unsafe {
             let b = if bias.is_null() { 0.0 } else { *bias.add(i) };
-            let e = (scale * *x.add(i) + b - shift).exp();
-            // Below the smallest normal: 0, as the SIMD paths (`exp::flush16`).
-            let e = if e < f32::MIN_POSITIVE { 0.0 } else { e };
+            // Tiny probabilities are 0, as on the SIMD paths.
+            let e = super::exp::exp_flushed(scale * *x.add(i) + b - shift);
             *y.add(i) = e;
             sum += e;
         }
