@@ -15,24 +15,24 @@ pub mod tensor;
 pub mod pipeline;
 
 pub use attn_dsl::Diagnostic;
-pub use pipeline::{Compiled, Compiler, PipelineError, Planned, Stage};
+pub use pipeline::{Checked, Compiler, PipelineError, Planned, Stage};
 
-/// The front end with default options ([`Compiler::front`]): parse, lower and verify.
-pub fn compile(source: &str) -> Result<Compiled, Vec<Diagnostic>> {
-    Compiler::default().front(source)
+/// The front end with default options ([`Compiler::check`]): parse, lower and verify.
+pub fn check(source: &str) -> Result<Checked, Vec<Diagnostic>> {
+    Compiler::default().check(source)
 }
 
 /// The canonical text of one stage of every function, with default options
 /// ([`Compiler::emit`]): what `attnc build --emit` prints, and what users snapshot-test.
 pub fn emit(source: &str, stage: Stage) -> Result<String, Vec<Diagnostic>> {
     let compiler = Compiler::default();
-    let compiled = compiler.front(source)?;
+    let compiled = compiler.check(source)?;
     compiler.emit(&compiled, stage, None).map_err(|e| vec![e.diagnostic()])
 }
 
 /// What the optimizer did to every function and why ([`Compiler::explain`]).
 pub fn explain(source: &str) -> Result<String, Vec<Diagnostic>> {
     let compiler = Compiler::default();
-    let compiled = compiler.front(source)?;
+    let compiled = compiler.check(source)?;
     compiler.explain(&compiled, None).map_err(|e| vec![e.diagnostic()])
 }

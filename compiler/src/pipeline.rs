@@ -1,13 +1,16 @@
 //! One pipeline, one word per stage:
 //!
 //! ```text
-//! source ─parse─► AST ─lower─► IR ─verify─► IR ─optimize─► IR ─schedule─► Schedule ─render─► CPU code | CUDA source
+//! source ─parse─► AST ─lower─► IR ─verify─► IR ─optimize─► IR ─schedule─► Schedule ─render─► Cranelift IR | CUDA C++
+//!        └────────────── check ──────────────┘    └──────────── plan ───────────┘
 //! ```
 //!
-//! *Compiling* means running all of it. [`Compiler`] carries every option (optimizer limits,
-//! target and block policy) and runs each stage once; the command line, the runtime, the
-//! tests and the benchmarks all go through it. The runtime then *prepares* a schedule for the
-//! run's dims ([`crate::schedule::prepare()`]) and *runs* it.
+//! *Compiling* means running all of it; *checking* is the front end alone (what `attnc check`
+//! does), *planning* the middle. [`Compiler`] carries every option (optimizer limits, target
+//! and block policy) and runs each stage once; the command line, the runtime, the tests and
+//! the benchmarks all go through it. The runtime then *loads* the rendered code (Cranelift's
+//! JIT or NVRTC makes machine code), *prepares* the schedule for the run's dims
+//! ([`crate::schedule::prepare()`]) and *runs* it.
 
 use crate::codegen::{clif, cuda};
 use crate::ir::{Graph, Module, verify_module};
@@ -19,11 +22,14 @@ use thiserror::Error;
 
 /// A program through the front end (parse, lower, verify): its syntax tree and IR.
 #[derive(Clone, Debug)]
-pub struct Compiled {
+pub struct Checked {
     /// The syntax tree.
     pub ast: attn_dsl::ast::File,
     /// One IR graph per function.
     pub module: Module,
+    /// Warnings (see [`crate::lower::lint`]): the program is accepted; drivers print them, and
+    /// `--deny-warnings` turns them into errors.
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// A stage of the pipeline whose canonical text [`Compiler::emit`] returns.
@@ -44,7 +50,7 @@ pub enum Stage {
     Cuda,
 }
 
-/// Why the middle or a renderer failed on a graph that passed the front end.
+/// Why planning or rendering failed on a graph that passed the check.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PipelineError {
     /// No function of that name.
@@ -84,8 +90,8 @@ impl PipelineError {
         let (code, what) = match self {
             PipelineError::UnknownEntry { .. } => ("E0904", "no such function"),
             PipelineError::Schedule(_) => ("E0903", "this cannot be scheduled"),
-            PipelineError::Cpu(_) => ("E0901", "the CPU code generator cannot compile this"),
-            PipelineError::Cuda(_) => ("E0902", "the CUDA code generator cannot compile this"),
+            PipelineError::Cpu(_) => ("E0901", "the CPU renderer cannot render this"),
+            PipelineError::Cuda(_) => ("E0902", "the CUDA renderer cannot render this"),
         };
         Diagnostic::error(code, self.to_string(), self.span().unwrap_or(Span::new(0, 0)), what)
     }
@@ -128,9 +134,9 @@ impl Compiler {
         self.policy.target()
     }
 
-    /// The front end: parse, lower (type and shape checking) and verify. On failure every
+    /// Checks a program (the front end): parse, lower (type and shape checking) and verify. On failure every
     /// diagnostic found is returned (parse errors first; type errors only when the file parsed).
-    pub fn front(&self, source: &str) -> Result<Compiled, Vec<Diagnostic>> {
+    pub fn check(&self, source: &str) -> Result<Checked, Vec<Diagnostic>> {
         let (ast, diags) = attn_dsl::parse(source);
         if !diags.is_empty() {
             return Err(diags);
@@ -145,7 +151,8 @@ impl Compiler {
                 "while lowering",
             )]);
         }
-        Ok(Compiled { ast, module })
+        let warnings = crate::lower::lint::lint(&ast);
+        Ok(Checked { ast, module, warnings })
     }
 
     /// Optimises one graph.
@@ -162,12 +169,12 @@ impl Compiler {
 
     /// Renders a CPU schedule as Cranelift IR for a machine with `features`.
     pub fn render_cpu(&self, planned: &Planned, features: &clif::Features) -> Result<clif::CpuModule, PipelineError> {
-        Ok(clif::compile(&planned.schedule, features)?)
+        Ok(clif::render(&planned.schedule, features)?)
     }
 
     /// Renders a CUDA schedule as CUDA C++ source.
     pub fn render_cuda(&self, planned: &Planned) -> Result<cuda::CudaProgram, PipelineError> {
-        Ok(cuda::emit(&planned.schedule)?)
+        Ok(cuda::render(&planned.schedule)?)
     }
 
     /// The graphs `entry` names: that function, or every function.
@@ -187,7 +194,7 @@ impl Compiler {
     /// The canonical text of one stage, for every function or the `entry` one: what
     /// `attnc build --emit` prints and what users snapshot-test. `Clif` and `Cuda` render for
     /// their own target whatever the compiler's.
-    pub fn emit(&self, compiled: &Compiled, stage: Stage, entry: Option<&str>) -> Result<String, PipelineError> {
+    pub fn emit(&self, compiled: &Checked, stage: Stage, entry: Option<&str>) -> Result<String, PipelineError> {
         let graphs = Compiler::graphs(&compiled.module, entry)?;
         let mut out = String::new();
         match stage {
@@ -235,7 +242,7 @@ impl Compiler {
     /// What the optimizer did to every function (or the `entry` one) and why: rules fired,
     /// fusions made or refused (with the reason), cost-model decisions. What `attnc explain`
     /// prints.
-    pub fn explain(&self, compiled: &Compiled, entry: Option<&str>) -> Result<String, PipelineError> {
+    pub fn explain(&self, compiled: &Checked, entry: Option<&str>) -> Result<String, PipelineError> {
         let graphs = Compiler::graphs(&compiled.module, entry)?;
         Ok(graphs.iter().map(|g| self.optimize(g).report.to_string()).collect::<Vec<_>>().join("\n"))
     }

@@ -53,6 +53,11 @@ impl Diagnostic {
         }
     }
 
+    /// A warning with a primary label: the program is accepted.
+    pub fn warning(code: &'static str, message: impl Into<String>, span: Span, label: impl Into<String>) -> Diagnostic {
+        Diagnostic { severity: Severity::Warning, ..Diagnostic::error(code, message, span, label) }
+    }
+
     /// Adds a secondary label.
     pub fn with_label(mut self, span: Span, message: impl Into<String>) -> Diagnostic {
         self.secondary.push(Label { span, message: message.into() });

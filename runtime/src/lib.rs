@@ -2,8 +2,8 @@
 //! files ([`io`]), make seeded random inputs ([`random`]) and render diagnostics and results for
 //! people ([`report`]). The `attnc` command line is built on this crate.
 //!
-//! Depend on this crate only: the compiler's entry points ([`emit`], [`Stage`]) and the tensor
-//! type ([`Tensor`]) are re-exported here.
+//! Depend on this crate only: the compiler's entry points ([`Compiler`], [`emit`], [`Stage`])
+//! and the tensor type ([`Tensor`]) are re-exported here.
 
 pub mod cpu;
 pub mod cuda;
@@ -18,7 +18,7 @@ mod target;
 
 pub use attn_compiler::ir::{DType, TensorType};
 pub use attn_compiler::tensor::{Tensor, TensorData, TensorError};
-pub use attn_compiler::{Stage, emit};
+pub use attn_compiler::{Compiler, Stage, emit};
 pub use attn_dsl::Diagnostic;
 pub use program::{CompileError, EntryInfo, LoadError, Program, RunError, RunOptions, suggest};
 pub use target::{TARGET_NAMES, Target, TargetError};

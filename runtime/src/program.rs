@@ -20,7 +20,7 @@ use crate::target::Target;
 use attn_compiler::interp::{self, InterpError};
 use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType};
 use attn_compiler::tensor::Tensor;
-use attn_compiler::{Compiled, compile};
+use attn_compiler::{Checked, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
 use attn_dsl::{Diagnostic, Severity};
 use std::collections::{BTreeSet, HashMap};
@@ -222,7 +222,7 @@ type CpuCache = Arc<Mutex<HashMap<(String, usize), Arc<CpuProgram>>>>;
 /// A compiled program, ready to run any of its entry points.
 #[derive(Clone, Debug)]
 pub struct Program {
-    compiled: Compiled,
+    checked: Checked,
     source: String,
     file_name: String,
     fixed_dims: Vec<(String, i64)>,
@@ -233,12 +233,12 @@ pub struct Program {
 impl Program {
     /// Compiles `source`; `file_name` is only used when rendering diagnostics.
     pub fn from_source(source: &str, file_name: &str) -> Result<Program, CompileError> {
-        let compiled = compile(source).map_err(|diagnostics| CompileError {
+        let checked = check(source).map_err(|diagnostics| CompileError {
             diagnostics,
             source_text: source.to_string(),
             file_name: file_name.to_string(),
         })?;
-        let fixed_dims = compiled
+        let fixed_dims = checked
             .ast
             .items
             .iter()
@@ -247,7 +247,7 @@ impl Program {
                 _ => None,
             })
             .collect();
-        Ok(Program { compiled, source: source.to_string(), file_name: file_name.to_string(), fixed_dims, cpu: Arc::default() })
+        Ok(Program { checked, source: source.to_string(), file_name: file_name.to_string(), fixed_dims, cpu: Arc::default() })
     }
 
     /// Reads and compiles a `.attn` file.
@@ -267,14 +267,24 @@ impl Program {
         &self.file_name
     }
 
+    /// The warnings the checker found (the program is accepted; see `docs/diagnostics.md`).
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.checked.warnings
+    }
+
+    /// The warnings as boxed, labelled snippets (see [`render_diagnostics`]).
+    pub fn render_warnings(&self, color: bool) -> String {
+        render_diagnostics(&self.checked.warnings, &self.file_name, &self.source, color)
+    }
+
     /// The syntax tree and IR.
-    pub fn compiled(&self) -> &Compiled {
-        &self.compiled
+    pub fn checked(&self) -> &Checked {
+        &self.checked
     }
 
     /// The IR of every function.
     pub fn module(&self) -> &Module {
-        &self.compiled.module
+        &self.checked.module
     }
 
     /// Dims fixed for the whole file by `dim NAME = N`.
@@ -284,15 +294,15 @@ impl Program {
 
     /// The IR graph of one function.
     pub fn graph(&self, entry: &str) -> Result<&Graph, RunError> {
-        self.compiled.module.graphs.iter().find(|g| g.name == entry).ok_or_else(|| RunError::UnknownEntry {
+        self.checked.module.graphs.iter().find(|g| g.name == entry).ok_or_else(|| RunError::UnknownEntry {
             name: entry.to_string(),
-            available: self.compiled.module.graphs.iter().map(|g| g.name.clone()).collect(),
+            available: self.checked.module.graphs.iter().map(|g| g.name.clone()).collect(),
         })
     }
 
     /// Every function, in source order, with its signature.
     pub fn entries(&self) -> Vec<EntryInfo> {
-        self.compiled.module.graphs.iter().map(entry_info).collect()
+        self.checked.module.graphs.iter().map(entry_info).collect()
     }
 
     /// The signature of one function.
@@ -302,7 +312,7 @@ impl Program {
 
     /// The entry `attnc run` uses without `--entry`: the last function in the file.
     pub fn default_entry(&self) -> Option<EntryInfo> {
-        self.compiled.module.graphs.last().map(entry_info)
+        self.checked.module.graphs.last().map(entry_info)
     }
 
     /// The dim names an entry uses (in its types, dim values and slice bounds), sorted. Dims

@@ -233,14 +233,20 @@ pub(crate) fn mismatches(backend: &str, cases: &[Case], outputs: &[Tensor]) -> V
 fn every_scalar_op_means_the_same_on_every_backend_unfused() {
     let (g, inputs, cases) = unfused_table();
     assert!(cases.len() > 100, "only {} cases", cases.len());
+    on_every_backend("unfused_semantics", &g, &inputs, |backend, got| mismatches(backend, &cases, got));
+}
+
+/// Runs `g` on the interpreter, the CPU target and the CUDA source, and fails with every
+/// mismatch `check` finds in any of their outputs.
+fn on_every_backend(test: &str, g: &Graph, inputs: &[Tensor], check: impl Fn(&str, &[Tensor]) -> Vec<String>) {
     let mut failures = Vec::new();
-    let want = interp::run(&g, &inputs, &HashMap::new()).expect("the interpreter runs the table");
-    failures.extend(mismatches("interp", &cases, &want));
-    let cpu = CpuProgram::compile_graph(&g, &CpuOptions { threads: 1 }).expect("compiles for the CPU");
-    let got = cpu.run_tensors(&inputs, &HashMap::new()).expect("runs on the CPU");
-    failures.extend(mismatches("cpu", &cases, &got));
-    if let Some(got) = cuda("unfused_semantics", &g, &inputs) {
-        failures.extend(mismatches("cuda", &cases, &got));
+    let want = interp::run(g, inputs, &HashMap::new()).expect("the interpreter runs the table");
+    failures.extend(check("interp", &want));
+    let cpu = CpuProgram::compile_graph(g, &CpuOptions { threads: 1 }).expect("compiles for the CPU");
+    let got = cpu.run_tensors(inputs, &HashMap::new()).expect("runs on the CPU");
+    failures.extend(check("cpu", &got));
+    if let Some(got) = cuda(test, g, inputs) {
+        failures.extend(check("cuda", &got));
     }
     assert!(failures.is_empty(), "{} mismatch(es):\n{}", failures.len(), failures.join("\n"));
 }
@@ -405,16 +411,7 @@ pub(crate) fn fused_mismatches(backend: &str, cases: &[FusedCase], outputs: &[Te
 #[test]
 fn every_scalar_op_means_the_same_on_every_backend_fused() {
     let (g, inputs, cases) = fused_table();
-    let mut failures = Vec::new();
-    let want = interp::run(&g, &inputs, &HashMap::new()).expect("the interpreter runs the table");
-    failures.extend(fused_mismatches("interp", &cases, &want));
-    let cpu = CpuProgram::compile_graph(&g, &CpuOptions { threads: 1 }).expect("compiles for the CPU");
-    let got = cpu.run_tensors(&inputs, &HashMap::new()).expect("runs on the CPU");
-    failures.extend(fused_mismatches("cpu", &cases, &got));
-    if let Some(got) = cuda("fused_semantics", &g, &inputs) {
-        failures.extend(fused_mismatches("cuda", &cases, &got));
-    }
-    assert!(failures.is_empty(), "{} mismatch(es):\n{}", failures.len(), failures.join("\n"));
+    on_every_backend("fused_semantics", &g, &inputs, |backend, got| fused_mismatches(backend, &cases, got));
 }
 
 /// Softmax rows (fused into flash, and unfused) follow the semantics: a kept NaN or `+inf`

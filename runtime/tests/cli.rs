@@ -329,3 +329,73 @@ fn bool_and_f16_outputs_are_written() {
     let h = io::read_npy(&d.path("o/h.npy")).unwrap();
     assert_eq!(h.dtype, FileDType::F16);
 }
+
+/// Issue 13: outputs never overwrite what the run reads, and thread counts are checked.
+#[test]
+fn outputs_never_overwrite_inputs_and_threads_are_checked() {
+    let dir = Dir::new();
+    let before = std::fs::read_to_string(dir.path("prog.attn")).unwrap();
+    let o = dir.attnc(&["build", "prog.attn", "--emit", "ir", "-o", "./prog.attn"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("refusing to overwrite"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(dir.path("prog.attn")).unwrap(), before);
+
+    let q = dir.path("q.npy");
+    io::write_npy(&q, &f32_tensor(vec![1, 4, 2], 1)).unwrap();
+    let o = dir.attnc(&["run", "prog.attn", "--entry", "scale", "--input", "x=q.npy", "--random-inputs", "--output", "q.npy"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("also an input"), "{}", stderr(&o));
+    assert_eq!(io::read_npy(&q).unwrap().shape, vec![1, 4, 2]);
+
+    // `--out-dir` names its files after the outputs: `out.npy` here, which is an input.
+    io::write_npy(&dir.path("out.npy"), &f32_tensor(vec![4], 1)).unwrap();
+    let o = dir.attnc(&["run", "prog.attn", "--entry", "scale", "--input", "x=out.npy", "--random-inputs", "--out-dir", "."]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert_eq!(io::read_npy(&dir.path("out.npy")).unwrap().shape, vec![4]);
+
+    for bad in ["100000", "-1", "many"] {
+        let o = dir.attnc(&["run", "prog.attn", "--random-inputs", "--out-dir", "o", "--threads", bad]);
+        assert_eq!(code(&o), 2, "--threads {bad}: {}", stderr(&o));
+    }
+    let o = dir.attnc(&["run", "prog.attn", "--random-inputs", "--out-dir", "o", "--threads", "4096"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// Warnings are printed and accepted; `--deny-warnings` makes them fail with exit 1.
+#[test]
+fn warnings_print_and_deny_warnings_fails() {
+    let dir = Dir::new();
+    std::fs::write(dir.path("warn.attn"), "fn f(x: f32[N], y: f32[N]) -> f32[N] {\n  return x\n}\n").unwrap();
+    let o = dir.attnc(&["check", "warn.attn"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning[W0002]"), "{}", stderr(&o));
+    let o = dir.attnc(&["--deny-warnings", "check", "warn.attn"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--deny-warnings"), "{}", stderr(&o));
+    let o = dir.attnc(&["check", "prog.attn", "--deny-warnings", "--timings"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("stopped: saturated"), "{}", stderr(&o));
+}
+
+/// `--input NAME=-` reads a `.npy` (or `.safetensors`) tensor from standard input.
+#[test]
+fn an_input_can_come_from_stdin() {
+    use std::io::Write as _;
+    let dir = Dir::new();
+    let bytes = io::encode_npy(&f32_tensor(vec![4], 3)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attnc"))
+        .args(["run", "prog.attn", "--entry", "scale", "--input", "x=-", "--random-inputs", "--output", "out=y.npy"])
+        .current_dir(&dir.0)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(io::read_npy(&dir.path("y.npy")).unwrap().shape, vec![4]);
+
+    let o = dir.attnc(&["run", "prog.attn", "--entry", "scale", "--input", "x=-", "--input", "s=-"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

@@ -106,7 +106,7 @@ fn case(program: &Program, entry: &str, s: i64, d: i64, seed: u64) -> Case {
 fn check(compiled: &mut CpuProgram, c: &Case, what: &str, failures: &mut Vec<String>) {
     let mut first: Option<Vec<Tensor>> = None;
     for threads in [1, 2] {
-        compiled.set_threads(threads);
+        compiled.set_threads(threads).expect("a valid thread count");
         match compiled.run_tensors(&c.inputs, &c.dims) {
             Ok(got) => {
                 if let Err(e) = compare(&got, &c.want) {
@@ -202,9 +202,9 @@ fn decode_splits_keys_and_merges_deterministically() {
     let mut compiled = program.compile_cpu("decode", &CpuOptions { threads: 1 }).expect("compiles");
     let mut failures = Vec::new();
     check(&mut compiled, &Case { inputs: inputs.clone(), dims: dims.clone(), want: want.clone() }, "decode T=9000", &mut failures);
-    compiled.set_threads(3);
+    compiled.set_threads(3).expect("a valid thread count");
     let three = compiled.run_tensors(&inputs, &dims).expect("runs");
-    compiled.set_threads(1);
+    compiled.set_threads(1).expect("a valid thread count");
     assert_eq!(three, compiled.run_tensors(&inputs, &dims).expect("runs"), "3 threads differ from 1");
     assert!(compiled.alloc_stats().expect("stats").partial_bytes > 0, "the keys were not split");
     assert!(failures.is_empty(), "{}", failures.join("\n"));

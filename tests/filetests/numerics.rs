@@ -168,7 +168,7 @@ fn f16_programs_stay_f16_and_round_through_storage() {
         let s = q @ k.T / sqrt(D) * 0.5
         return softmax(s) @ v
     }";
-    let compiled = attn_compiler::compile(source).expect("compiles");
+    let compiled = attn_compiler::check(source).expect("compiles");
     let ir = compiled.module.to_string();
     assert!(!ir.contains("f32[S"), "scalars must not widen f16 tensors:\n{ir}");
     let data: Vec<f32> = (0..12).map(|x| (x as f32 * 0.37).sin()).collect();

@@ -67,7 +67,7 @@ const WORDS: &[&str] = &[
 
 fn check(source: &str) {
     let (_, _) = attn_dsl::parse(source);
-    let _ = attn_compiler::compile(source);
+    let _ = attn_compiler::check(source);
 }
 
 proptest! {
@@ -93,13 +93,49 @@ proptest! {
     }
 }
 
-/// Deep nesting is an error, not a stack overflow.
+/// The diagnostic codes `check` gives for `source` (which must fail).
+fn error_codes(source: &str) -> Vec<&'static str> {
+    match attn_compiler::check(source) {
+        Ok(_) => panic!("accepted: {}…", &source[..source.len().min(120)]),
+        Err(diags) => diags.iter().map(|d| d.code).collect(),
+    }
+}
+
+/// Deep nesting is a diagnostic (E0005), not a stack overflow: brackets, prefix operators, and
+/// the long chains that parse in a loop but build a tree as deep as they are long (issue 13's
+/// reproducers: `x ** x ** …`, `x + x + …`, `.exp().exp()…`, and a dim `S + S + …`).
 #[test]
 fn deep_nesting_is_an_error() {
-    let source = format!("fn f(x: f32[N]) -> f32[N] {{ return {}x{} }}", "(".repeat(5000), ")".repeat(5000));
-    assert!(attn_compiler::compile(&source).is_err());
-    let source = format!("fn f(x: f32[N]) -> f32[N] {{ return {}x }}", "-".repeat(5000));
-    assert!(attn_compiler::compile(&source).is_err());
+    let body = |e: String| format!("fn f(x: f32[N]) -> f32[N] {{ return {e}; }}");
+    let cases = [
+        ("brackets", body(format!("{}x{}", "(".repeat(5000), ")".repeat(5000)))),
+        ("prefix minus", body(format!("{}x", "-".repeat(5000)))),
+        ("power chain", body(vec!["x"; 5700].join(" ** "))),
+        ("sum chain", body(vec!["x"; 5700].join(" + "))),
+        ("method chain", body(format!("x{}", ".exp()".repeat(3500)))),
+        ("dim chain", format!("fn f(x: f32[{}]) -> f32[N] {{ return x; }}", vec!["S"; 12900].join(" + "))),
+    ];
+    for (what, source) in cases {
+        // The limit is promised on a main thread's default 8 MiB stack (test threads get 2 MiB).
+        let checked = std::thread::Builder::new().stack_size(8 << 20).spawn(move || {
+            let start = std::time::Instant::now();
+            (error_codes(&source), start.elapsed())
+        });
+        let (codes, took) = checked.expect("spawns").join().expect("does not crash");
+        assert!(codes.contains(&"E0005"), "{what}: {codes:?}");
+        assert!(took.as_secs_f64() < 5.0, "{what}: took {took:?}");
+    }
+}
+
+/// Chains up to the limit are accepted and go through the whole pipeline (their trees are 256
+/// levels deep: every recursive pass must fit the stack of a test thread).
+#[test]
+fn long_chains_below_the_limit_compile() {
+    let chain = vec!["x"; 250].join(" + ");
+    let source = format!("fn f(x: f32[N]) -> f32[N] {{ return {chain}; }}");
+    let checked = attn_compiler::check(&source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let compiler = attn_compiler::Compiler::default();
+    compiler.plan(&checked.module.graphs[0]).expect("plans");
 }
 
 /// The lexer maps unknown characters to error tokens.

@@ -250,17 +250,7 @@ pub(super) fn graph_symbols(graph: &Graph) -> BTreeSet<String> {
 
 /// The value of `dim` under `env`, with checked arithmetic (an unbound name is `UnboundDim`).
 pub(super) fn eval_dim(dim: &Dim, env: &HashMap<String, i64>) -> Result<i64, InterpError> {
-    let overflow = || InterpError::Overflow { what: format!("dimension {dim}") };
-    let mut total: i64 = 0;
-    for (mono, coef) in dim.terms() {
-        let mut term = coef;
-        for name in mono {
-            let value = env.get(name).ok_or_else(|| InterpError::UnboundDim { name: name.clone() })?;
-            term = term.checked_mul(*value).ok_or_else(overflow)?;
-        }
-        total = total.checked_add(term).ok_or_else(overflow)?;
-    }
-    Ok(total)
+    Ok(dim.eval(env)?)
 }
 
 /// The concrete shape of a node's type, rejecting negative sizes.

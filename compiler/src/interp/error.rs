@@ -1,6 +1,6 @@
 //! Why the reference interpreter could not run a graph.
 
-use crate::ir::DType;
+use crate::ir::{DType, DimError};
 use thiserror::Error;
 
 /// An error from [`super::bind_dims`] or [`super::run`]. Input problems (count, dtype, rank,
@@ -177,4 +177,13 @@ pub enum InterpError {
     /// A broken invariant of the interpreter itself.
     #[error("internal interpreter error: {0}")]
     Internal(String),
+}
+
+impl From<DimError> for InterpError {
+    fn from(e: DimError) -> Self {
+        match e {
+            DimError::Unbound(name) => InterpError::UnboundDim { name },
+            DimError::Overflow(what) => InterpError::Overflow { what: format!("dimension {what}") },
+        }
+    }
 }

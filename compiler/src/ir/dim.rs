@@ -4,6 +4,10 @@
 //! two dimensions are equal exactly when their polynomials are equal: `H*D == D*H`,
 //! `(S+1)-1 == S`. Division is not part of the algebra; write the product instead
 //! (`E = H*Dh`).
+//!
+//! Arithmetic is checked: a coefficient that would leave `i64` makes the result the
+//! *overflow* dim ([`Dim::is_overflow`]), which every later operation keeps and every evaluation
+//! refuses; the lowering reports it where the program wrote it (E0116).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -15,6 +19,20 @@ pub type Monomial = Vec<String>;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Dim {
     terms: BTreeMap<Monomial, i64>,
+}
+
+/// The name that marks the overflow dim (no program can write it).
+const OVERFLOW: &str = "<overflow>";
+
+/// Why a dim has no value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DimError {
+    /// A name the bindings lack.
+    #[error("dimension `{0}` is not bound")]
+    Unbound(String),
+    /// The value (or an intermediate term) does not fit in `i64`.
+    #[error("dimension {0} overflows a 64-bit integer")]
+    Overflow(String),
 }
 
 impl Dim {
@@ -62,14 +80,39 @@ impl Dim {
         self.terms.iter().map(|(m, c)| (m, *c))
     }
 
+    /// The result of arithmetic that left `i64`.
+    pub fn overflow() -> Dim {
+        Dim::sym(OVERFLOW)
+    }
+
+    /// Whether arithmetic that made this dim overflowed.
+    pub fn is_overflow(&self) -> bool {
+        self.terms.keys().any(|m| m.iter().any(|n| n == OVERFLOW))
+    }
+
+    /// A dim from terms, or the overflow dim when a coefficient overflowed (`None`).
+    fn from_terms(terms: impl IntoIterator<Item = (Monomial, Option<i64>)>) -> Dim {
+        let mut out = BTreeMap::new();
+        for (m, c) in terms {
+            let Some(c) = c else { return Dim::overflow() };
+            if c != 0 {
+                out.insert(m, c);
+            }
+        }
+        Dim { terms: out }
+    }
+
     /// `self + other`
     pub fn add(&self, other: &Dim) -> Dim {
-        let mut terms = self.terms.clone();
-        for (m, c) in &other.terms {
-            *terms.entry(m.clone()).or_insert(0) += c;
+        if self.is_overflow() || other.is_overflow() {
+            return Dim::overflow();
         }
-        terms.retain(|_, c| *c != 0);
-        Dim { terms }
+        let mut terms: BTreeMap<Monomial, Option<i64>> = self.terms.iter().map(|(m, c)| (m.clone(), Some(*c))).collect();
+        for (m, c) in &other.terms {
+            let t = terms.entry(m.clone()).or_insert(Some(0));
+            *t = t.and_then(|t| t.checked_add(*c));
+        }
+        Dim::from_terms(terms)
     }
 
     /// `self - other`
@@ -79,24 +122,28 @@ impl Dim {
 
     /// `k * self`
     pub fn scale(&self, k: i64) -> Dim {
-        let mut terms: BTreeMap<Monomial, i64> = self.terms.iter().map(|(m, c)| (m.clone(), c * k)).collect();
-        terms.retain(|_, c| *c != 0);
-        Dim { terms }
+        if self.is_overflow() {
+            return Dim::overflow();
+        }
+        Dim::from_terms(self.terms.iter().map(|(m, c)| (m.clone(), c.checked_mul(k))))
     }
 
     /// `self * other`
     pub fn mul(&self, other: &Dim) -> Dim {
-        let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
+        if self.is_overflow() || other.is_overflow() {
+            return Dim::overflow();
+        }
+        let mut terms: BTreeMap<Monomial, Option<i64>> = BTreeMap::new();
         for (ma, ca) in &self.terms {
             for (mb, cb) in &other.terms {
                 let mut m = ma.clone();
                 m.extend(mb.iter().cloned());
                 m.sort();
-                *terms.entry(m).or_insert(0) += ca * cb;
+                let t = terms.entry(m).or_insert(Some(0));
+                *t = t.and_then(|t| t.checked_add(ca.checked_mul(*cb)?));
             }
         }
-        terms.retain(|_, c| *c != 0);
-        Dim { terms }
+        Dim::from_terms(terms)
     }
 
     /// The product of a list of dims (1 for the empty list).
@@ -117,16 +164,20 @@ impl Dim {
         out
     }
 
-    /// The value under the given bindings, or the first unbound name.
-    pub fn eval(&self, env: &HashMap<String, i64>) -> Result<i64, String> {
+    /// The value under the given bindings, with checked arithmetic.
+    pub fn eval(&self, env: &HashMap<String, i64>) -> Result<i64, DimError> {
+        let overflow = || DimError::Overflow(self.to_string());
+        if self.is_overflow() {
+            return Err(overflow());
+        }
         let mut total: i64 = 0;
         for (m, c) in &self.terms {
             let mut v = *c;
             for name in m {
-                let x = env.get(name).ok_or_else(|| name.clone())?;
-                v = v.saturating_mul(*x);
+                let x = env.get(name).ok_or_else(|| DimError::Unbound(name.clone()))?;
+                v = v.checked_mul(*x).ok_or_else(overflow)?;
             }
-            total = total.saturating_add(v);
+            total = total.checked_add(v).ok_or_else(overflow)?;
         }
         Ok(total)
     }
@@ -135,6 +186,9 @@ impl Dim {
     /// solves `self == value` for it. Returns `(name, solution)`, or an explanation when the
     /// equation has no integer solution.
     pub fn solve(&self, value: i64, env: &HashMap<String, i64>) -> Option<Result<(String, i64), String>> {
+        if self.is_overflow() {
+            return Some(Err(format!("a dimension expression overflows a 64-bit integer (solving for {value})")));
+        }
         let unknown: Vec<String> = self.symbols().into_iter().filter(|s| !env.contains_key(s)).collect();
         if unknown.len() != 1 {
             return None;
@@ -170,13 +224,13 @@ impl Dim {
     /// `self / divisor` when the divisor is a single term (`H`, `8`, `2*H`) that divides every
     /// term of `self` exactly; `None` otherwise. (`(H*D)/H = D`, `(8*D)/8 = D`, `E/H = None`.)
     pub fn div_exact(&self, divisor: &Dim) -> Option<Dim> {
-        if divisor.terms.len() != 1 {
+        if divisor.terms.len() != 1 || self.is_overflow() || divisor.is_overflow() {
             return None;
         }
         let (dm, dc) = divisor.terms.iter().next()?;
         let mut terms = BTreeMap::new();
         for (m, c) in &self.terms {
-            if c % dc != 0 {
+            if c.checked_rem(*dc)? != 0 {
                 return None;
             }
             let mut rest = m.clone();
@@ -184,7 +238,7 @@ impl Dim {
                 let pos = rest.iter().position(|n| n == name)?;
                 rest.remove(pos);
             }
-            terms.insert(rest, c / dc);
+            terms.insert(rest, c.checked_div(*dc)?);
         }
         Some(Dim { terms })
     }
@@ -240,6 +294,9 @@ impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.terms.is_empty() {
             return f.write_str("0");
+        }
+        if self.is_overflow() {
+            return f.write_str(OVERFLOW);
         }
         let constant = self.terms.get(&Vec::new()).copied();
         let mut first = true;

@@ -14,7 +14,7 @@ mod tiles;
 mod types;
 mod verify;
 
-pub use dim::{Dim, Monomial};
+pub use dim::{Dim, DimError, Monomial};
 pub use dot::to_dot;
 pub use flash::{FlashSpec, ScoreExpr, ShowExpr, Weights, int_literal, parse_expr, position_names};
 pub use graph::{Graph, Module, Node, Value};

@@ -327,15 +327,10 @@ pub fn max_f(a: f64, b: f64) -> f64 {
     }
 }
 
-/// The smaller of two floats: NaN if either is NaN; `-0` is smaller than `+0`.
+/// The smaller of two floats: NaN if either is NaN; `-0` is smaller than `+0` (the mirror of
+/// [`max_f`]).
 pub fn min_f(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else if a == b {
-        if a.is_sign_negative() { a } else { b }
-    } else {
-        a.min(b)
-    }
+    if a.is_nan() || b.is_nan() { f64::NAN } else { -max_f(-a, -b) }
 }
 
 /// `where(c, a, b)`: the chosen branch in the common class of both.

@@ -21,7 +21,7 @@ impl<'e> Call<'e> {
 }
 
 /// Every built-in, for "unknown function" help.
-const BUILTINS: &[&str] = &[
+pub(crate) const BUILTINS: &[&str] = &[
     "exp",
     "log",
     "sqrt",

@@ -17,16 +17,26 @@ impl Cx<'_, '_> {
         }
     }
 
+    /// An integer literal: an i32 constant, or an error (E0117) outside the i32 range.
+    fn int_literal(&mut self, v: i64, span: Span) -> LResult<Value> {
+        if i32::try_from(v).is_ok() {
+            return Ok(self.constant(v as f64, DType::I32));
+        }
+        Err(self.error(Diagnostic::error(codes::INT_RANGE, format!("integer {v} does not fit in i32"), span, "out of range").with_help(
+            format!("integers in expressions are i32 ({} to {}); write a float (`{v}.0`) for a larger value", i32::MIN, i32::MAX),
+        )))
+    }
+
     /// Lowers any expression.
     pub(crate) fn expr(&mut self, frame: &Frame, e: &Expr) -> LResult<Val> {
         let v = match &e.kind {
-            ExprKind::Int(v) => self.constant(*v as f64, DType::I32),
+            ExprKind::Int(v) => self.int_literal(*v, e.span)?,
             ExprKind::Float(v) => self.constant(*v, DType::F32),
             ExprKind::Bool(b) => self.constant(f64::from(u8::from(*b)), DType::Bool),
             ExprKind::Name(n) => self.name(frame, n, e.span)?,
             ExprKind::Unary(op, inner) => {
                 if let (UnOp::Neg, Some((v, is_int))) = (op, literal(inner)) {
-                    self.constant(-v, if is_int { DType::I32 } else { DType::F32 })
+                    if is_int { self.int_literal(-v as i64, e.span)? } else { self.constant(-v, DType::F32) }
                 } else {
                     let x = self.tensor(frame, inner)?;
                     let u = match op {
@@ -91,7 +101,7 @@ impl Cx<'_, '_> {
             return Err(Reported);
         }
         if let Some((v, is_int)) = self.globals.consts.get(n).copied() {
-            return Ok(self.constant(v, if is_int { DType::I32 } else { DType::F32 }));
+            return if is_int { self.int_literal(v as i64, span) } else { Ok(self.constant(v, DType::F32)) };
         }
         if let Some(d) = frame.dims.get(n).cloned() {
             return Ok(match d.as_const() {

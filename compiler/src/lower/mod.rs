@@ -6,10 +6,11 @@
 //! each operand saying what its type is.
 //!
 //! Split by construct: this file (driver, scopes, functions and calls), [`expr`] (expressions,
-//! operators, indexing) and [`builtins`] (built-in functions).
+//! operators, indexing) and [`builtins`] (built-in functions). [`lint`] finds the warnings.
 
 mod builtins;
 mod expr;
+pub mod lint;
 
 use crate::ir::{DType, Dim, Graph, Module, Op, TensorType, Value, infer};
 use attn_dsl::ast::{self, ExprKind, FnDef, Item, Ret, Stmt, TypeExpr};
@@ -48,6 +49,10 @@ pub mod codes {
     pub const NOT_A_TENSOR: &str = "E0114";
     /// A statement after `return`.
     pub const UNREACHABLE: &str = "E0115";
+    /// Dimension arithmetic that does not fit in a 64-bit integer.
+    pub const DIM_OVERFLOW: &str = "E0116";
+    /// An integer literal outside the i32 range.
+    pub const INT_RANGE: &str = "E0117";
 }
 
 /// Lowers a parsed file. Either every function lowers cleanly, or all diagnostics are returned.
@@ -187,6 +192,7 @@ impl Cx<'_, '_> {
     pub(crate) fn add(&mut self, op: Op, declared: Option<TensorType>, operands: &[(Value, Span)], span: Span) -> LResult<Value> {
         let tys: Vec<&TensorType> = operands.iter().map(|(v, _)| &self.g.node(*v).ty).collect();
         match infer(&op, &tys, declared.as_ref()) {
+            Ok(ty) if ty.shape.iter().any(Dim::is_overflow) => Err(self.dim_overflow(span)),
             Ok(ty) => {
                 let args: Vec<Value> = operands.iter().map(|(v, _)| *v).collect();
                 let v = self.g.add(op, ty, &args);
@@ -436,8 +442,21 @@ impl Cx<'_, '_> {
         })
     }
 
+    /// A dimension whose arithmetic overflowed, written at `span`.
+    fn dim_overflow(&mut self, span: Span) -> Reported {
+        self.error(
+            Diagnostic::error(codes::DIM_OVERFLOW, "dimension arithmetic overflows a 64-bit integer", span, "this size does not fit")
+                .with_help("sizes are 64-bit integers; no tensor can have this many elements"),
+        )
+    }
+
     /// A dimension expression: names, integers, `+`, `-`, `*`, parentheses.
     pub(crate) fn dim_expr(&mut self, e: &ast::Expr, dims: &HashMap<String, Dim>) -> LResult<Dim> {
+        let d = self.dim_expr_unchecked(e, dims)?;
+        if d.is_overflow() { Err(self.dim_overflow(e.span)) } else { Ok(d) }
+    }
+
+    fn dim_expr_unchecked(&mut self, e: &ast::Expr, dims: &HashMap<String, Dim>) -> LResult<Dim> {
         match &e.kind {
             ExprKind::Int(v) => Ok(Dim::constant(*v)),
             ExprKind::Name(n) => {

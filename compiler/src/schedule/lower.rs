@@ -202,7 +202,7 @@ impl Lowering<'_> {
         let span = self.g.node(v).span;
         let work = self.plan.int(IntValue::Tuning { step: index, param: Tuning::Items });
         for t in self.policy.tunings(&kernel) {
-            self.plan.int(IntValue::Tuning { step: index, param: *t });
+            self.plan.int(IntValue::Tuning { step: index, param: t });
         }
         let (reads, writes) = touches(&kernel);
         self.plan.steps.push(Step { work, kernel, label, span, reads, writes });

@@ -153,35 +153,21 @@ impl Policy {
         }
     }
 
-    /// The tuning values a step of `kernel` reads (besides `Items`, which every step has).
-    pub fn tunings(&self, kernel: &Kernel) -> &'static [Tuning] {
-        const FLASH: &[Tuning] = &[
-            Tuning::BlockM,
-            Tuning::BlockN,
-            Tuning::Splits,
-            Tuning::KeysPerSplit,
-            Tuning::QueryBlocks,
-            Tuning::KeyBlocks,
-            Tuning::TileEntryBytes,
-        ];
-        const CPU_FLASH: &[Tuning] = &[
-            Tuning::BlockM,
-            Tuning::BlockN,
-            Tuning::Splits,
-            Tuning::KeysPerSplit,
-            Tuning::QueryBlocks,
-            Tuning::KeyBlocks,
-            Tuning::TileEntryBytes,
-            Tuning::ScratchAcc,
-            Tuning::ScratchMax,
-            Tuning::ScratchSum,
-            Tuning::ScratchBias,
-        ];
+    /// The tuning values a step of `kernel` reads (besides `Items`, which every step has): a
+    /// flash step's blocks and splits on every target, and on the CPU also its per-thread
+    /// scratch layout.
+    pub fn tunings(&self, kernel: &Kernel) -> Vec<Tuning> {
+        use Tuning::*;
         match (self, kernel) {
-            (Policy::Cpu(_), Kernel::MatMul { .. }) => &[Tuning::MatMulRows],
-            (Policy::Cpu(_), Kernel::Flash(_)) => CPU_FLASH,
-            (_, Kernel::Flash(_)) => FLASH,
-            _ => &[],
+            (Policy::Cpu(_), Kernel::MatMul { .. }) => vec![MatMulRows],
+            (_, Kernel::Flash(_)) => {
+                let mut t = vec![BlockM, BlockN, Splits, KeysPerSplit, QueryBlocks, KeyBlocks, TileEntryBytes];
+                if let Policy::Cpu(_) = self {
+                    t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
+                }
+                t
+            }
+            _ => Vec::new(),
         }
     }
 }

@@ -9,7 +9,7 @@ use super::policy::{
 };
 use super::{BufSlot, BufferKind, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
 use crate::interp::MAX_ELEMENTS;
-use crate::ir::Dim;
+use crate::ir::{Dim, DimError};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -98,17 +98,10 @@ impl Prepared {
 
 /// Evaluates a dim with checked arithmetic.
 pub fn eval(d: &Dim, env: &HashMap<String, i64>) -> Result<i64, PrepareError> {
-    let overflow = || PrepareError::Overflow(format!("dimension {d}"));
-    let mut total: i64 = 0;
-    for (mono, coef) in d.terms() {
-        let mut term = coef;
-        for name in mono {
-            let v = env.get(name).ok_or_else(|| PrepareError::UnboundDim(name.clone()))?;
-            term = term.checked_mul(*v).ok_or_else(overflow)?;
-        }
-        total = total.checked_add(term).ok_or_else(overflow)?;
-    }
-    Ok(total)
+    d.eval(env).map_err(|e| match e {
+        DimError::Unbound(name) => PrepareError::UnboundDim(name),
+        DimError::Overflow(what) => PrepareError::Overflow(format!("dimension {what}")),
+    })
 }
 
 /// A size: a non-negative dim.

@@ -19,7 +19,7 @@ fn examples() -> Vec<(String, String)> {
 
 /// The kernel kinds of the last graph's steps, and how many temporaries the schedule holds.
 fn plan_of(src: &str, optimise: bool) -> (Vec<&'static str>, usize) {
-    let compiled = crate::compile(src).expect("compiles");
+    let compiled = crate::check(src).expect("compiles");
     let module = if optimise { crate::opt::optimize_module(&compiled.module).0 } else { compiled.module };
     let g = module.graphs.last().expect("a graph");
     let s = schedule(g, &Policy::default()).expect("schedules");
@@ -31,7 +31,7 @@ fn plan_of(src: &str, optimise: bool) -> (Vec<&'static str>, usize) {
 #[test]
 fn every_example_schedules_for_every_target() {
     for (name, src) in examples() {
-        let compiled = crate::compile(&src).unwrap_or_else(|_| panic!("{name} compiles"));
+        let compiled = crate::check(&src).unwrap_or_else(|_| panic!("{name} compiles"));
         let (opt, _) = crate::opt::optimize_module(&compiled.module);
         for g in compiled.module.graphs.iter().chain(&opt.graphs) {
             for policy in [Policy::Cpu(CpuPolicy::default()), Policy::Cuda(CudaPolicy::default())] {

@@ -47,24 +47,42 @@ impl Parser<'_> {
 
     /// Parses one expression.
     pub(crate) fn expr(&mut self) -> PResult<Expr> {
-        self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            self.depth -= 1;
-            let d = Diagnostic::error(codes::UNEXPECTED, "expression nests too deeply", self.span(), "here");
-            self.diags.push(d);
-            return Err(Recover);
-        }
-        let r = self.binary(0);
-        self.depth -= 1;
+        let mark = self.depth;
+        let r = self.nest().and_then(|()| self.binary(0));
+        self.depth = mark;
         r
     }
 
+    /// One more level of the tree being built: every operator, call, index, method and
+    /// bracket counts, so a chain `a + b + …` of N terms is N levels deep, as its tree is.
+    /// Past [`MAX_DEPTH`] the expression is refused (E0005), which bounds every recursion
+    /// over the tree later on. The caller restores `depth` when it finishes the node.
+    fn nest(&mut self) -> PResult<()> {
+        self.depth += 1;
+        if self.depth <= MAX_DEPTH {
+            return Ok(());
+        }
+        let d = Diagnostic::error(codes::TOO_DEEP, format!("expression nests more than {MAX_DEPTH} levels deep"), self.span(), "here")
+            .with_help("long chains of operators or method calls nest one level per operator: split the expression with `let`");
+        self.diags.push(d);
+        Err(Recover)
+    }
+
     fn binary(&mut self, min_level: u8) -> PResult<Expr> {
+        let mark = self.depth;
+        let r = self.binary_chain(min_level);
+        self.depth = mark;
+        r
+    }
+
+    /// A left-associative chain: each operator nests the chain so far one level deeper.
+    fn binary_chain(&mut self, min_level: u8) -> PResult<Expr> {
         let mut lhs = self.prefix()?;
         while let Some((op, level)) = binop(self.peek()) {
             if level < min_level {
                 break;
             }
+            self.nest()?;
             self.bump();
             // Comparisons are non-associative: `a < b < c` is rejected by parsing the right side
             // one level tighter and checking below.
@@ -88,14 +106,9 @@ impl Parser<'_> {
             _ => return self.power(),
         };
         let start = self.bump();
-        self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            let d = Diagnostic::error(codes::UNEXPECTED, "expression nests too deeply", self.span(), "here");
-            self.diags.push(d);
-            return Err(Recover);
-        }
-        let operand = self.prefix();
-        self.depth -= 1;
+        let mark = self.depth;
+        let operand = self.nest().and_then(|()| self.prefix());
+        self.depth = mark;
         let operand = operand?;
         let span = start.to(operand.span);
         Ok(Expr { kind: ExprKind::Unary(op, Box::new(operand)), span })
@@ -105,7 +118,10 @@ impl Parser<'_> {
         let base = self.postfix()?;
         if self.eat(Token::StarStar) {
             // Right-associative, and binds tighter than a prefix minus on its left: -x**2 = -(x**2).
-            let exp = self.prefix()?;
+            let mark = self.depth;
+            let exp = self.nest().and_then(|()| self.prefix());
+            self.depth = mark;
+            let exp = exp?;
             let span = base.span.to(exp.span);
             return Ok(Expr { kind: ExprKind::Binary(BinOp::Pow, Box::new(base), Box::new(exp)), span });
         }
@@ -113,8 +129,19 @@ impl Parser<'_> {
     }
 
     fn postfix(&mut self) -> PResult<Expr> {
+        let mark = self.depth;
+        let r = self.postfix_chain();
+        self.depth = mark;
+        r
+    }
+
+    /// An atom and its `.method(…)`, `.field` and `[…]` suffixes, each one level deeper.
+    fn postfix_chain(&mut self) -> PResult<Expr> {
         let mut e = self.atom()?;
         loop {
+            if matches!(self.peek(), Token::Dot | Token::LBracket) {
+                self.nest()?;
+            }
             match self.peek() {
                 Token::Dot => {
                     self.bump();

@@ -21,10 +21,13 @@ pub mod codes {
     pub const BAD_NUMBER: &str = "E0003";
     /// Something other than a function, `dim` or `const` at top level.
     pub const BAD_ITEM: &str = "E0004";
+    /// An expression nested deeper than [`super::MAX_DEPTH`].
+    pub const TOO_DEEP: &str = "E0005";
 }
 
-/// How deep expressions may nest before the parser gives up (guards the stack).
-const MAX_DEPTH: u32 = 200;
+/// How deep an expression's tree may be (operators, calls, brackets, indexing, methods). Every
+/// later pass that walks a tree recursively relies on this bound for its stack use.
+pub const MAX_DEPTH: u32 = 256;
 
 /// Parses a whole file. The tree is returned even when there are errors: parts that could not
 /// be parsed are left out or replaced by [`crate::ast::ExprKind::Error`].

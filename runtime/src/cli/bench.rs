@@ -28,10 +28,10 @@ pub struct BenchArgs {
     /// The size of a dim (unset dims are 8). Repeatable.
     #[arg(long = "dim", value_name = "NAME=N", value_parser = super::run::parse_dim)]
     pub dims: Vec<(String, i64)>,
-    /// Threads (default: one per available core).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Threads for the cpu target: 1 to 4096, or 0 for one per available core.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = super::run::parse_threads)]
     pub threads: usize,
-    /// Where to run: cpu, or interp (slow, for reference).
+    /// Where to run: cpu, cuda (an NVIDIA GPU), or interp (slow, for reference).
     #[arg(long, default_value = "cpu", value_name = "TARGET")]
     pub target: String,
     /// Timed runs (the median is reported).
@@ -55,9 +55,9 @@ pub struct BenchArgs {
 }
 
 /// Runs `attnc bench`.
-pub fn bench(args: &BenchArgs, color: bool) -> Result<(), Failure> {
+pub fn bench(args: &BenchArgs, ui: super::Ui) -> Result<(), Failure> {
     let target: Target = args.target.parse().map_err(|e| Failure::new(Exit::Target, e))?;
-    let program = load(&args.file, color)?;
+    let program = load(&args.file, ui)?;
     let entry = match &args.entry {
         Some(name) => program.entry(name).map_err(|e| Failure::new(Exit::Usage, e))?,
         None => program.default_entry().ok_or_else(|| Failure::new(Exit::Program, "the program defines no function"))?,

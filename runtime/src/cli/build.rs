@@ -51,11 +51,15 @@ pub enum Emit {
 }
 
 /// Runs `attnc build`.
-pub fn build(args: &BuildArgs, color: bool) -> Result<(), Failure> {
-    let program = load(&args.file, color)?;
-    let text = emit(&program, args, color)?;
+pub fn build(args: &BuildArgs, ui: super::Ui) -> Result<(), Failure> {
+    let program = load(&args.file, ui)?;
+    let text = emit(&program, args, ui.color)?;
     match &args.output {
-        Some(path) => std::fs::write(path, text).map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display()))),
+        Some(path) if attn_runtime::io::same_file(path, &args.file) => {
+            Err(Failure::new(Exit::Usage, format!("-o {} is the program being built; refusing to overwrite it", path.display())))
+        }
+        Some(path) => attn_runtime::io::write_atomic(path, text.as_bytes())
+            .map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display()))),
         None => {
             print_line(text.trim_end_matches('\n'));
             Ok(())
@@ -91,7 +95,7 @@ fn emit(program: &Program, args: &BuildArgs, color: bool) -> Result<String, Fail
         Target::Cpu => attn_runtime::cpu::cpu_compiler(),
         other => return Err(Failure::new(Exit::Usage, format!("--target {other} has no schedule (use cpu or cuda)"))),
     };
-    compiler.emit(program.compiled(), stage, entry).map_err(|e| match e {
+    compiler.emit(program.checked(), stage, entry).map_err(|e| match e {
         PipelineError::UnknownEntry { .. } => Failure::new(Exit::Usage, e),
         e => super::compile_failure(
             &CompileError {

@@ -74,6 +74,14 @@ pub struct Cli {
     /// When to colour diagnostics.
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
+    /// Treat warnings (W codes: unused names, names shadowing built-ins) as errors: exit 1.
+    #[arg(long, global = true)]
+    pub deny_warnings: bool,
+    /// Print on stderr how long each compile stage takes for every function (check, optimize
+    /// with the e-graph's stop reason and size, schedule, render and load for the CPU). Compiles
+    /// each function once more to time it.
+    #[arg(long, global = true)]
+    pub timings: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -103,7 +111,7 @@ impl ColorChoice {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Parse and type-check a program; print diagnostics on error.
+    /// Check a program (parse, lower with type and shape checking, verify); print diagnostics on error.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
     /// Compile a program and print (or write) one of its intermediate forms.
@@ -126,6 +134,9 @@ pub enum Command {
 pub struct ExplainArgs {
     /// The .attn program.
     pub file: PathBuf,
+    /// Only this function (default: every function in the file).
+    #[arg(long, value_name = "NAME")]
+    pub entry: Option<String>,
     /// Also measure the optimizer: median wall time of 15 runs per function, and e-graph size.
     #[arg(long)]
     pub timing: bool,
@@ -138,16 +149,27 @@ pub struct CheckArgs {
     pub file: PathBuf,
 }
 
+/// The options every subcommand shares.
+#[derive(Clone, Copy, Debug)]
+pub struct Ui {
+    /// Colour diagnostics.
+    pub color: bool,
+    /// Warnings fail the command (exit 1).
+    pub deny_warnings: bool,
+    /// Print compile-stage timings on stderr.
+    pub timings: bool,
+}
+
 /// Parses the command line, runs it, prints any error, and returns the exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let color = cli.color.enabled();
+    let ui = Ui { color: cli.color.enabled(), deny_warnings: cli.deny_warnings, timings: cli.timings };
     let result = match &cli.command {
-        Command::Check(args) => check(args, color),
-        Command::Build(args) => build::build(args, color),
-        Command::Explain(args) => explain(args, color),
-        Command::Run(args) => run::run(args, color),
-        Command::Bench(args) => bench::bench(args, color),
+        Command::Check(args) => check(args, ui),
+        Command::Build(args) => build::build(args, ui),
+        Command::Explain(args) => explain(args, ui),
+        Command::Run(args) => run::run(args, ui),
+        Command::Bench(args) => bench::bench(args, ui),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -158,19 +180,20 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn check(args: &CheckArgs, color: bool) -> Result<(), Failure> {
-    let program = load(&args.file, color)?;
+fn check(args: &CheckArgs, ui: Ui) -> Result<(), Failure> {
+    let program = load(&args.file, ui)?;
     let n = program.entries().len();
     print_line(&format!("ok: {n} function{}", if n == 1 { "" } else { "s" }));
     Ok(())
 }
 
-fn explain(args: &ExplainArgs, color: bool) -> Result<(), Failure> {
-    let program = load(&args.file, color)?;
+fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
+    let program = load(&args.file, ui)?;
     let compiler = attn_runtime::cpu::cpu_compiler();
-    print_line(compiler.explain(program.compiled(), None).map_err(|e| Failure::new(Exit::Usage, e))?.trim_end_matches('\n'));
+    let entry = args.entry.as_deref();
+    print_line(compiler.explain(program.checked(), entry).map_err(|e| Failure::new(Exit::Usage, e))?.trim_end_matches('\n'));
     if args.timing {
-        for g in &program.module().graphs {
+        for g in program.module().graphs.iter().filter(|g| entry.is_none_or(|e| g.name == e)) {
             let mut times = Vec::new();
             let mut report = None;
             for _ in 0..15 {
@@ -196,12 +219,64 @@ fn explain(args: &ExplainArgs, color: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Reads and compiles a program; on compile errors prints the rendered diagnostics first.
-pub fn load(path: &std::path::Path, color: bool) -> Result<Program, Failure> {
-    match Program::from_file(path) {
-        Ok(p) => Ok(p),
-        Err(LoadError::Unreadable { path, source }) => Err(Failure::new(Exit::File, format!("cannot read {}: {source}", path.display()))),
-        Err(LoadError::Compile(err)) => Err(compile_failure(&err, color)),
+/// Reads and checks a program. On errors prints the rendered diagnostics first; prints its
+/// warnings (failing under `--deny-warnings`), and the compile-stage timings under `--timings`.
+pub fn load(path: &std::path::Path, ui: Ui) -> Result<Program, Failure> {
+    let start = std::time::Instant::now();
+    let program = match Program::from_file(path) {
+        Ok(p) => p,
+        Err(LoadError::Unreadable { path, source }) => {
+            return Err(Failure::new(Exit::File, format!("cannot read {}: {source}", path.display())));
+        }
+        Err(LoadError::Compile(err)) => return Err(compile_failure(&err, ui.color)),
+    };
+    let check_time = start.elapsed();
+    let warnings = program.warnings();
+    if !warnings.is_empty() {
+        let _ = write!(std::io::stderr().lock(), "{}", program.render_warnings(ui.color));
+        if ui.deny_warnings {
+            let n = warnings.len();
+            let s = if n == 1 { "" } else { "s" };
+            return Err(Failure::new(Exit::Program, format!("{} has {n} warning{s}, and --deny-warnings is set", program.file_name())));
+        }
+    }
+    if ui.timings {
+        stage_timings(&program, check_time);
+    }
+    Ok(program)
+}
+
+/// `--timings`: each stage of each function, compiled once more for the CPU, on stderr.
+fn stage_timings(program: &Program, check_time: std::time::Duration) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprint_line(&format!("timings: check {:.1} ms (parse, lower, verify; every function)", ms(check_time)));
+    let compiler = attn_runtime::cpu::cpu_compiler();
+    for g in &program.module().graphs {
+        let o = compiler.optimize(g);
+        let r = &o.report;
+        let mut line = format!(
+            "timings {}: optimize {:.1} ms ({} iterations, stopped: {}; e-graph {} nodes in {} classes)",
+            g.name,
+            ms(r.elapsed),
+            r.iterations,
+            r.stop_reason,
+            r.egraph_nodes,
+            r.egraph_classes
+        );
+        let start = std::time::Instant::now();
+        match attn_compiler::schedule::schedule(&o.graph, &compiler.policy) {
+            Ok(schedule) => {
+                line.push_str(&format!(", schedule {:.1} ms", ms(start.elapsed())));
+                let planned = attn_compiler::Planned { optimized: o, schedule };
+                let start = std::time::Instant::now();
+                match attn_runtime::cpu::CpuProgram::from_planned(&compiler, planned, &attn_runtime::cpu::CpuOptions::default(), start) {
+                    Ok(_) => line.push_str(&format!(", render and load (cpu) {:.1} ms", ms(start.elapsed()))),
+                    Err(e) => line.push_str(&format!(", render failed: {e}")),
+                }
+            }
+            Err(e) => line.push_str(&format!(", schedule failed: {e}")),
+        }
+        eprint_line(&line);
     }
 }
 

@@ -1,6 +1,7 @@
 //! `attnc run`: load or generate inputs, run an entry point, summarise and write the outputs.
 
 use super::{Exit, Failure, eprint_line, load, print_line};
+use attn_runtime::cpu::MAX_THREADS;
 use attn_runtime::io::{self, Format, IoError};
 use attn_runtime::report::summarize;
 use attn_runtime::{EntryInfo, RunError, RunOptions, Target, TargetError, Tensor, suggest};
@@ -34,7 +35,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
     /// An input: NAME=PATH (.npy or .safetensors), or PATH.safetensors for every tensor in the
-    /// file named like a parameter. Repeatable.
+    /// file named like a parameter. PATH `-` reads standard input (.npy or .safetensors, told
+    /// by its first bytes; one input at most). Repeatable.
     #[arg(long = "input", value_name = "[NAME=]PATH", value_parser = parse_named_path)]
     pub inputs: Vec<NamedPath>,
     /// The size of a dim the inputs do not determine (or a check of one they do). Repeatable.
@@ -56,8 +58,8 @@ pub struct RunArgs {
     /// Where to run.
     #[arg(long, value_enum, default_value_t = TargetArg::Cpu)]
     pub target: TargetArg,
-    /// Threads for the cpu target (default: one per available core).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Threads for the cpu target: 1 to 4096, or 0 for one per available core.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
 }
 
@@ -110,15 +112,24 @@ pub fn parse_dim(s: &str) -> Result<(String, i64), String> {
     Ok((name.to_string(), value))
 }
 
+/// Parses a thread count: 0 (one per core) to [`MAX_THREADS`] (also used by `attnc bench`).
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a thread count"))?;
+    if n > MAX_THREADS {
+        return Err(format!("{n} threads is more than the {MAX_THREADS} supported (0 means one per core)"));
+    }
+    Ok(n)
+}
+
 /// Runs `attnc run`.
-pub fn run(args: &RunArgs, color: bool) -> Result<(), Failure> {
+pub fn run(args: &RunArgs, ui: super::Ui) -> Result<(), Failure> {
     let name = args.target.to_possible_value().map_or("interp".to_string(), |v| v.get_name().to_string());
     let target: Target = name.parse().map_err(|e: TargetError| Failure::new(Exit::Target, e))?;
     if target == Target::Cuda {
         // No driver, device or NVRTC: say so before reading any input.
         attn_runtime::cuda::device_info().map_err(|e| Failure::new(Exit::Target, e))?;
     }
-    let program = load(&args.file, color)?;
+    let program = load(&args.file, ui)?;
     let entry = match &args.entry {
         Some(name) => program.entry(name).map_err(run_failure)?,
         None => program.default_entry().ok_or_else(|| run_failure(RunError::NoEntry))?,
@@ -177,47 +188,52 @@ fn unknown_name(kind: &str, entry: &EntryInfo, name: &str, known: &[(String, att
     Failure::new(Exit::Usage, format!("`{}` has no {kind} named `{name}`{hint} (its {kind}s: {})", entry.name, names.join(", ")))
 }
 
-/// Reads every `--input`, converted to its parameter's dtype, in command-line order.
+/// Reads every `--input`, converted to its parameter's dtype, in command-line order. The path
+/// `-` reads standard input (once).
 fn load_inputs(entry: &EntryInfo, specs: &[NamedPath]) -> Result<Vec<(String, Tensor)>, Failure> {
+    if specs.iter().filter(|s| s.path.as_os_str() == io::STDIN).count() > 1 {
+        return Err(Failure::new(Exit::Usage, "only one --input can read standard input (`-`)"));
+    }
     let mut out = Vec::new();
     for spec in specs {
-        let format = Format::of_path(&spec.path).map_err(io_failure)?;
-        match (&spec.name, format) {
+        let file = io::InputFile::read(&spec.path).map_err(io_failure)?;
+        let shown = file.path.display();
+        match (&spec.name, file.format) {
             (Some(name), _) => {
                 let declared =
                     entry.params.iter().find(|(n, _)| n == name).ok_or_else(|| unknown_name("parameter", entry, name, &entry.params))?;
-                let file = match format {
-                    Format::Npy => io::read_npy(&spec.path).map_err(io_failure)?,
+                let tensor = match file.format {
+                    Format::Npy => file.npy().map_err(io_failure)?,
                     Format::Safetensors => {
-                        let mut all = io::read_safetensors(&spec.path).map_err(io_failure)?;
+                        let mut all = file.safetensors().map_err(io_failure)?;
                         // A file holding just one tensor may name it anything.
                         if all.len() == 1 && all[0].0 != *name {
                             all.remove(0).1
                         } else {
-                            io::read_safetensors_tensor(&spec.path, name).map_err(io_failure)?
+                            file.safetensors_tensor(name).map_err(io_failure)?
                         }
                     }
                 };
-                out.push((name.clone(), convert(name, file, &declared.1)?));
+                out.push((name.clone(), convert(name, tensor, &declared.1)?));
             }
             (None, Format::Safetensors) => {
-                let all = io::read_safetensors(&spec.path).map_err(io_failure)?;
+                let all = file.safetensors().map_err(io_failure)?;
                 let (used, unused): (Vec<_>, Vec<_>) = all.into_iter().partition(|(n, _)| entry.params.iter().any(|(p, _)| p == n));
                 if used.is_empty() {
                     let names: Vec<&str> = entry.params.iter().map(|(n, _)| n.as_str()).collect();
                     return Err(Failure::new(
                         Exit::File,
-                        format!("{}: no tensor is named like a parameter of `{}` ({})", spec.path.display(), entry.name, names.join(", ")),
+                        format!("{shown}: no tensor is named like a parameter of `{}` ({})", entry.name, names.join(", ")),
                     ));
                 }
                 if !unused.is_empty() {
                     let names: Vec<&str> = unused.iter().map(|(n, _)| n.as_str()).collect();
-                    eprint_line(&format!("note: {}: ignoring tensors that are no parameter: {}", spec.path.display(), names.join(", ")));
+                    eprint_line(&format!("note: {shown}: ignoring tensors that are no parameter: {}", names.join(", ")));
                 }
-                for (name, file) in used {
+                for (name, tensor) in used {
                     let declared = entry.params.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone());
                     if let Some(ty) = declared {
-                        let tensor = convert(&name, file, &ty)?;
+                        let tensor = convert(&name, tensor, &ty)?;
                         out.push((name, tensor));
                     }
                 }
@@ -235,8 +251,8 @@ fn load_inputs(entry: &EntryInfo, specs: &[NamedPath]) -> Result<Vec<(String, Te
                         ),
                     ));
                 };
-                let file = io::read_npy(&spec.path).map_err(io_failure)?;
-                out.push((name.clone(), convert(name, file, ty)?));
+                let tensor = file.npy().map_err(io_failure)?;
+                out.push((name.clone(), convert(name, tensor, ty)?));
             }
         }
     }
@@ -332,7 +348,9 @@ fn plan_outputs(entry: &EntryInfo, args: &RunArgs) -> Result<OutputPlan, Failure
         // Created before the run, so that a bad directory costs nothing.
         std::fs::create_dir_all(dir).map_err(|e| Failure::new(Exit::File, format!("cannot create directory {}: {e}", dir.display())))?;
     }
-    Ok(OutputPlan { files, dir: args.out_dir.clone() })
+    let plan = OutputPlan { files, dir: args.out_dir.clone() };
+    refuse_overwriting_inputs(&plan, entry, args)?;
+    Ok(plan)
 }
 
 /// An output path whose directory is missing or read-only, or that names a directory, is
@@ -352,6 +370,24 @@ fn check_writable(path: &std::path::Path) -> Result<(), Failure> {
         Ok(_) => Ok(()),
         Err(e) => fail(&format!("{}: {e}", parent.display())),
     }
+}
+
+/// Fails when an output would overwrite the program or one of the input files.
+fn refuse_overwriting_inputs(plan: &OutputPlan, entry: &EntryInfo, args: &RunArgs) -> Result<(), Failure> {
+    let mut targets: Vec<PathBuf> = plan.files.iter().map(|(p, _)| p.clone()).collect();
+    if let Some(dir) = &plan.dir {
+        targets.extend(entry.outputs.iter().map(|(n, _)| dir.join(format!("{n}.npy"))));
+    }
+    let sources = std::iter::once(&args.file).chain(args.inputs.iter().map(|i| &i.path));
+    for source in sources {
+        if let Some(t) = targets.iter().find(|t| io::same_file(t, source)) {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!("output {} is also an input ({}); refusing to overwrite it", t.display(), source.display()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn write_outputs(plan: &OutputPlan, outputs: &[(String, Tensor)]) -> Result<(), Failure> {

@@ -4,8 +4,8 @@
 //! chunked, so outputs are bit-identical for any thread count.
 
 use super::jit::StepFn;
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Barrier, Condvar, Mutex};
 
 /// Raw pointers handed to generated code, shareable across the pool's threads.
 #[derive(Clone, Copy)]
@@ -44,21 +44,28 @@ fn chunk(items: i64, threads: usize) -> i64 {
     (items / (threads as i64 * 4)).max(1)
 }
 
-/// Runs every step (`funcs[s]` over `items[s]` work items, in order) with `threads` threads
-/// (≥ 1).
-pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) {
+/// The threads a run with `threads` uses: no more than the largest step has work items.
+pub fn used_threads(items: &[i64], threads: usize) -> usize {
     let most = items.iter().copied().max().unwrap_or(0);
-    let threads = threads.clamp(1, most.max(1) as usize);
+    threads.clamp(1, usize::try_from(most).unwrap_or(1).max(1))
+}
+
+/// Runs every step (`funcs[s]` over `items[s]` work items, in order) with `threads` threads
+/// (≥ 1). When the operating system refuses a thread, nothing runs and the error is returned
+/// (the threads already started are released first, so nothing waits forever).
+pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::io::Result<()> {
+    let threads = used_threads(items, threads);
     if threads == 1 {
         for (f, n) in funcs.iter().zip(items) {
             if *n > 0 {
                 args.call(*f, 0, *n, 0);
             }
         }
-        return;
+        return Ok(());
     }
     let counters: Vec<AtomicI64> = items.iter().map(|_| AtomicI64::new(0)).collect();
     let barrier = Barrier::new(threads);
+    let gate = Gate::default();
     let worker = |t: usize| {
         for (s, f) in funcs.iter().enumerate() {
             let n = items[s];
@@ -78,9 +85,44 @@ pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) {
     };
     std::thread::scope(|scope| {
         for t in 1..threads {
-            let w = &worker;
-            scope.spawn(move || w(t));
+            let (w, gate) = (&worker, &gate);
+            let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
+                if gate.wait() {
+                    w(t);
+                }
+            });
+            if let Err(e) = spawned {
+                gate.open(false);
+                return Err(e);
+            }
         }
+        gate.open(true);
         worker(0);
-    });
+        Ok(())
+    })
+}
+
+/// Holds the workers until every one has started: then they all run (`true`), or, when a
+/// thread could not be started, they all return (`false`).
+#[derive(Default)]
+struct Gate {
+    state: Mutex<Option<bool>>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self, run: bool) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(run);
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(run) = *state {
+                return run;
+            }
+            state = self.opened.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }

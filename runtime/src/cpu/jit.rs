@@ -62,7 +62,7 @@ pub fn features(isa: &OwnedTargetIsa) -> Features {
 }
 
 /// Compiles every function of `m` to machine code.
-pub fn compile(isa: OwnedTargetIsa, m: &CpuModule) -> Result<Code, CpuError> {
+pub fn load(isa: OwnedTargetIsa, m: &CpuModule) -> Result<Code, CpuError> {
     let syms = symbols();
     if let Some(missing) = abi::IMPORTS.iter().find(|i| !syms.iter().any(|(n, _)| *n == i.name)) {
         return Err(CpuError::Jit(format!("no symbol registered for `{}`", missing.name)));

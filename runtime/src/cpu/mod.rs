@@ -67,9 +67,35 @@ pub enum CpuError {
         /// The request.
         bytes: usize,
     },
+    /// More threads than [`MAX_THREADS`] were asked for.
+    #[error("{requested} threads asked for; at most {MAX_THREADS} are supported (0 means one per core)")]
+    TooManyThreads {
+        /// The request.
+        requested: usize,
+    },
+    /// The operating system refused to start a thread.
+    #[error("cannot start {threads} threads: {reason}")]
+    Spawn {
+        /// The threads the run needed.
+        threads: usize,
+        /// The operating system's reason.
+        reason: String,
+    },
     /// An inconsistency inside the backend (a bug).
     #[error("internal error in the CPU backend: {0}")]
     Internal(String),
+}
+
+/// The most threads a program runs with.
+pub const MAX_THREADS: usize = 4096;
+
+/// `threads` (0: one per available core), checked against [`MAX_THREADS`].
+fn thread_count(threads: usize) -> Result<usize, CpuError> {
+    match threads {
+        0 => Ok(default_threads()),
+        n if n > MAX_THREADS => Err(CpuError::TooManyThreads { requested: n }),
+        n => Ok(n),
+    }
 }
 
 /// How to compile and run on the CPU.
@@ -215,10 +241,10 @@ impl CpuProgram {
     }
 
     fn jit(graph: Graph, schedule: Schedule, policy: Policy, opts: &CpuOptions, start: Instant) -> Result<CpuProgram, CpuError> {
+        let threads = thread_count(opts.threads)?;
         let isa = jit::host_isa()?;
-        let module = clif::compile(&schedule, &jit::features(&isa))?;
-        let code = jit::compile(isa, &module)?;
-        let threads = if opts.threads == 0 { default_threads() } else { opts.threads };
+        let module = clif::render(&schedule, &jit::features(&isa))?;
+        let code = jit::load(isa, &module)?;
         Ok(CpuProgram {
             graph,
             module,
@@ -271,9 +297,10 @@ impl CpuProgram {
         self.threads
     }
 
-    /// Sets the threads later runs use (0: one per available core).
-    pub fn set_threads(&mut self, threads: usize) {
-        self.threads = if threads == 0 { default_threads() } else { threads };
+    /// Sets the threads later runs use (0: one per available core; at most [`MAX_THREADS`]).
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), CpuError> {
+        self.threads = thread_count(threads)?;
+        Ok(())
     }
 
     /// Time from source graph to ready-to-run code.
@@ -397,16 +424,18 @@ impl CpuProgram {
                 }
             };
         }
-        let threads = self.threads.max(1);
+        let work = prepared.work(plan);
+        // Per-thread scratch for the threads that will really run.
+        let threads = exec::used_threads(&work, self.threads);
         let mut scratch = self.scratch.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
-        let need = prepared.scratch_bytes * threads;
+        let need = prepared.scratch_bytes.checked_mul(threads).ok_or(CpuError::OutOfMemory { bytes: usize::MAX })?;
         if scratch.as_ref().is_none_or(|s| s.len() < need) {
             *scratch = Some(AlignedBuf::new(need)?);
         }
         let scratch_ptr = scratch.as_ref().map_or(std::ptr::null_mut(), |s| s.as_ptr());
         let args =
             exec::Args { bufs: bufs.as_ptr(), ints: prepared.ints.as_ptr(), scratch: scratch_ptr, scratch_bytes: prepared.scratch_bytes };
-        exec::run(&prepared.work(plan), &self.code.funcs, args, threads);
+        exec::run(&work, &self.code.funcs, args, threads).map_err(|e| CpuError::Spawn { threads, reason: e.to_string() })?;
         drop(scratch);
         drop(guard);
 

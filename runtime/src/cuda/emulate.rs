@@ -11,7 +11,7 @@
 
 use super::host;
 use attn_compiler::Compiler;
-use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, emit, launches};
+use attn_compiler::codegen::cuda::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, launches, render};
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare, schedule};
 use attn_compiler::tensor::Tensor;
@@ -292,7 +292,7 @@ pub(crate) fn emulate_schedule(
     dir: &Path,
 ) -> Result<Vec<Tensor>, String> {
     let s = s.as_ref().map_err(Clone::clone)?;
-    let program = emit(s).map_err(|e| e.to_string())?;
+    let program = render(s).map_err(|e| e.to_string())?;
     let prep = prepare(s, env, &policy()).map_err(|e| e.to_string())?;
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;

@@ -6,7 +6,7 @@
 use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
 use crate::random::random_inputs;
-use attn_compiler::codegen::cuda::emit;
+use attn_compiler::codegen::cuda::render;
 use attn_compiler::interp::{bind_dims, run as interp_run};
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
 use attn_compiler::tensor::Tensor;
@@ -40,7 +40,7 @@ pub(super) fn dims_with(graph: &Graph, base: &[(&str, i64)], over: &[(&str, i64)
 }
 
 /// Largest `|a - e| / max(|e|, floor)`, NaNs and infinities equal to themselves.
-fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
+pub(super) fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
     actual
         .to_f64_vec()
         .iter()
@@ -49,19 +49,25 @@ fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs `device`'s kernels on the host and the interpreter on `reference`; returns the largest
-/// relative error over the outputs.
-fn check(label: &str, reference: &Graph, device: Device, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
-    let params: Vec<(String, TensorType)> = reference
+/// Seeded random inputs for `graph`'s parameters, and the interpreter's outputs on them.
+pub(super) fn reference_run(graph: &Graph, env: &HashMap<String, i64>, seed: u64) -> Result<(Vec<Tensor>, Vec<Tensor>), String> {
+    let params: Vec<(String, TensorType)> = graph
         .params()
         .iter()
         .map(|p| {
-            let n = reference.node(*p);
+            let n = graph.node(*p);
             (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
         })
         .collect();
     let inputs: Vec<Tensor> = random_inputs(&params, seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
-    let expected = interp_run(reference, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
+    let expected = interp_run(graph, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
+    Ok((inputs, expected))
+}
+
+/// Runs `device`'s kernels on the host and the interpreter on `reference`; returns the largest
+/// relative error over the outputs.
+fn check(label: &str, reference: &Graph, device: Device, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
+    let (inputs, expected) = reference_run(reference, env, seed)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
     let got = emulate_schedule(&device_graph(device), &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
@@ -111,7 +117,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-        let compiled = attn_compiler::compile(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let compiled = attn_compiler::check(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for g in compiled.module.graphs {
             for kind in ["ir", "opt"] {
                 let label = format!("{stem}/{} ({kind})", g.name);
@@ -178,7 +184,7 @@ fn every_op_runs_emulated_like_the_interpreter() {
     if !compiler_or_skip("every_op_runs_emulated_like_the_interpreter") {
         return;
     }
-    let compiled = attn_compiler::compile(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
+    let compiled = attn_compiler::check(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
     let g = compiled.module.graphs[0].clone();
     let env = sizes(&g, &[("S", 45), ("E", 40), ("F", 72)]);
     let wd = work_dir("everyop");
@@ -195,7 +201,7 @@ fn every_op_runs_emulated_like_the_interpreter() {
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(&g, &shapes, &env).unwrap();
     let s = device_graph(Device::AsWritten(&g));
-    let source = emit(s.as_ref().unwrap()).unwrap().source;
+    let source = render(s.as_ref().unwrap()).unwrap().source;
     assert!(source.contains("attnc_mma_b") && source.contains("attnc_mma_h"));
     let got = emulate_schedule(&s, &inputs, &env, &wd).unwrap_or_else(|e| panic!("{e}"));
     let _ = std::fs::remove_dir_all(&wd);

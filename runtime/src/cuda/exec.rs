@@ -267,12 +267,8 @@ pub(super) fn run(
     let mut outputs = Vec::new();
     for ((_, v), buf) in graph.outputs().iter().zip(&ex.schedule.outputs) {
         let ty = &graph.node(*v).ty;
-        let shape = ty
-            .shape
-            .iter()
-            .map(|d| d.eval(&env).map(|x| x.max(0) as usize))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|name| InterpError::UnboundDim { name })?;
+        let shape =
+            ty.shape.iter().map(|d| d.eval(&env).map(|x| x.max(0) as usize)).collect::<Result<Vec<_>, _>>().map_err(InterpError::from)?;
         let n: usize = shape.iter().product::<usize>() * attn_compiler::codegen::cuda::storage_bytes(ty.dtype);
         let mut bytes = vec![0u8; n];
         if n > 0 {

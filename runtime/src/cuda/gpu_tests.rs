@@ -5,9 +5,7 @@
 
 use super::exec::gpu;
 use super::tests::{FLASH_GRAPHS, examples};
-use crate::random::random_inputs;
-use attn_compiler::interp::run as interp_run;
-use attn_compiler::ir::{DType, Graph, Op, TensorType};
+use attn_compiler::ir::{DType, Graph};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 
@@ -33,28 +31,12 @@ fn sizes(graph: &Graph, over: &[(&str, i64)]) -> HashMap<String, i64> {
 /// Largest element-wise relative error, with a floor of a tenth of the tensor's largest
 /// magnitude (at least 1), as in the emulation tests.
 fn max_rel(actual: &Tensor, expected: &Tensor) -> f64 {
-    let e = expected.to_f64_vec();
-    let scale = e.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-    let floor = (0.1 * scale).max(1.0);
-    actual
-        .to_f64_vec()
-        .iter()
-        .zip(e)
-        .map(|(a, e)| if *a == e || (a.is_nan() && e.is_nan()) { 0.0 } else { (a - e).abs() / e.abs().max(floor) })
-        .fold(0.0, f64::max)
+    let scale = expected.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    super::emulate_tests::max_rel(actual, expected, (0.1 * scale).max(1.0))
 }
 
 fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, tol: f64) -> Result<(), String> {
-    let params: Vec<(String, TensorType)> = graph
-        .params()
-        .iter()
-        .map(|p| {
-            let n = graph.node(*p);
-            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
-        })
-        .collect();
-    let inputs: Vec<Tensor> = random_inputs(&params, seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
-    let expected = interp_run(graph, &inputs, env).map_err(|e| format!("{label}: interpreter: {e}"))?;
+    let (inputs, expected) = super::emulate_tests::reference_run(graph, env, seed).map_err(|e| format!("{label}: {e}"))?;
     let got = super::run(graph, &inputs, env).map_err(|e| format!("{label}: {e}"))?;
     for (g, e) in got.iter().zip(&expected) {
         let err = max_rel(g, e);
@@ -75,7 +57,7 @@ fn every_example_on_the_gpu_matches_the_interpreter() {
     let mut failures = Vec::new();
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-        let compiled = attn_compiler::compile(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let compiled = attn_compiler::check(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for g in &compiled.module.graphs {
             // f32 end to end: 1e-4 of the output's scale.
             if let Err(e) = compare(&format!("{stem}/{}", g.name), g, &sizes(g, &[]), 3, 1e-4) {
@@ -135,19 +117,10 @@ fn every_op_on_the_gpu_matches_the_interpreter() {
     if !enabled("every_op_on_the_gpu_matches_the_interpreter") {
         return;
     }
-    let compiled = attn_compiler::compile(super::tests::EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
+    let compiled = attn_compiler::check(super::tests::EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
     let g = compiled.module.graphs[0].clone();
     let env = sizes(&g, &[("S", 300), ("E", 72), ("F", 136)]);
-    let params: Vec<(String, TensorType)> = g
-        .params()
-        .iter()
-        .map(|p| {
-            let n = g.node(*p);
-            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
-        })
-        .collect();
-    let inputs: Vec<Tensor> = random_inputs(&params, 9, &env).unwrap().into_iter().map(|(_, t)| t).collect();
-    let expected = interp_run(&g, &inputs, &env).unwrap();
+    let (inputs, expected) = super::emulate_tests::reference_run(&g, &env, 9).unwrap();
     let got = super::run(&g, &inputs, &env).unwrap();
     for (((name, v), got), exp) in g.outputs().iter().zip(&got).zip(&expected) {
         let dtype = g.node(*v).ty.dtype;

@@ -8,7 +8,7 @@
 
 use super::{CudaError, nvrtc};
 use attn_compiler::Compiler;
-use attn_compiler::codegen::cuda::{CudaProgram, emit};
+use attn_compiler::codegen::cuda::{CudaProgram, render};
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{CudaPolicy, Kernel, Policy, Schedule, Variant, schedule};
 use std::path::{Path, PathBuf};
@@ -44,9 +44,9 @@ fn cuda() -> Policy {
 }
 
 /// A graph scheduled for CUDA as written and rendered.
-fn render(g: &Graph) -> (Schedule, CudaProgram) {
+fn render_as_written(g: &Graph) -> (Schedule, CudaProgram) {
     let s = schedule(g, &cuda()).unwrap_or_else(|e| panic!("{}: {e}", g.name));
-    let p = emit(&s).unwrap_or_else(|e| panic!("{}: {e}", g.name));
+    let p = render(&s).unwrap_or_else(|e| panic!("{}: {e}", g.name));
     (s, p)
 }
 
@@ -57,9 +57,9 @@ fn example_programs() -> Vec<(String, CudaProgram)> {
     for path in examples() {
         let src = std::fs::read_to_string(&path).expect("readable example");
         let stem = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-        let compiled = compiler.front(&src).unwrap_or_else(|d| panic!("{stem}: {}", d[0]));
+        let compiled = compiler.check(&src).unwrap_or_else(|d| panic!("{stem}: {}", d[0]));
         for g in &compiled.module.graphs {
-            out.push((format!("{stem}/{}", g.name), render(g).1));
+            out.push((format!("{stem}/{}", g.name), render_as_written(g).1));
             let planned = compiler.plan(g).unwrap_or_else(|e| panic!("{stem}: {e}"));
             out.push((
                 format!("{stem}/{} (optimised)", g.name),
@@ -128,8 +128,8 @@ fn every_example_compiles_with_nvrtc() {
     }
     let mut jobs: Vec<_> = example_programs().into_iter().map(|(l, p)| (l, p.source, Vec::new())).collect();
     assert!(jobs.len() >= 42, "expected every example twice, got {}", jobs.len());
-    let every_op = attn_compiler::compile(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
-    jobs.push(("every op".to_string(), render(&every_op.module.graphs[0]).1.source, Vec::new()));
+    let every_op = attn_compiler::check(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
+    jobs.push(("every op".to_string(), render_as_written(&every_op.module.graphs[0]).1.source, Vec::new()));
     let (failures, spills) = compile_all(jobs);
     if !spills.is_empty() {
         eprintln!("kernels that spill registers:\n  {}", spills.join("\n  "));
@@ -225,7 +225,7 @@ fn flash_kernels_compile_for_every_head_width() {
     let mut jobs = Vec::new();
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
-        let (s, p) = render(&g);
+        let (s, p) = render_as_written(&g);
         for hd in (32..=256).step_by(32) {
             let mut defines = Vec::new();
             for (n, step) in s.steps.iter().enumerate() {

@@ -159,13 +159,25 @@ impl IoError {
     }
 }
 
+/// How to produce data of `declared`: numpy converts with `.astype`, but has no bf16.
+fn convert_advice(declared: DType) -> &'static str {
+    match declared {
+        DType::BF16 => {
+            "numpy has no bf16, so write bf16 data as .safetensors (e.g. torch's \
+             safetensors.torch.save_file), or pass f32 data and declare the parameter f32"
+        }
+        _ => "convert it first (e.g. numpy's .astype)",
+    }
+}
+
 /// A file's data could not be used for a parameter.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ConvertError {
     /// The file's dtype is not the declared one and not one [`convert`] accepts for it.
     #[error(
-        "input `{param}` is declared {declared} but the file holds {file}; convert it first (e.g. numpy's .astype): \
-         only the same dtype, f16/bf16/f64 -> f32 or i64 -> i32 is accepted"
+        "input `{param}` is declared {declared} but the file holds {file}; {}: \
+         only the same dtype, f16/bf16/f64 -> f32 or i64 -> i32 is accepted",
+        convert_advice(*declared)
     )]
     DType {
         /// The parameter.
@@ -241,12 +253,93 @@ impl Format {
     }
 }
 
+/// The path that stands for standard input in `--input NAME=-`.
+pub const STDIN: &str = "-";
+
+/// A tensor file read into memory once: from a path, or from standard input for [`STDIN`]
+/// (whose format is told by its first bytes: `.npy` magic, else `.safetensors`).
+#[derive(Debug)]
+pub struct InputFile {
+    /// The path as shown in errors (`<stdin>` for standard input).
+    pub path: PathBuf,
+    /// How the bytes are decoded.
+    pub format: Format,
+    bytes: Vec<u8>,
+}
+
+impl InputFile {
+    /// Reads `path` (or standard input for `-`).
+    pub fn read(path: &Path) -> Result<InputFile, IoError> {
+        if path.as_os_str() == STDIN {
+            let shown = PathBuf::from("<stdin>");
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)
+                .map_err(|e| IoError::new(&shown, IoErrorKind::Unreadable(e)))?;
+            let format = if bytes.starts_with(b"\x93NUMPY") { Format::Npy } else { Format::Safetensors };
+            return Ok(InputFile { path: shown, format, bytes });
+        }
+        let format = Format::of_path(path)?;
+        Ok(InputFile { path: path.to_path_buf(), format, bytes: read_bytes(path)? })
+    }
+
+    /// The one tensor of a `.npy` file.
+    pub fn npy(&self) -> Result<FileTensor, IoError> {
+        decode_npy(&self.bytes).map_err(|kind| IoError::new(&self.path, kind))
+    }
+
+    /// Every tensor of a `.safetensors` file, sorted by name.
+    pub fn safetensors(&self) -> Result<Vec<(String, FileTensor)>, IoError> {
+        decode_safetensors(&self.bytes).map_err(|kind| IoError::new(&self.path, kind))
+    }
+
+    /// The tensor named `name` of a `.safetensors` file.
+    pub fn safetensors_tensor(&self, name: &str) -> Result<FileTensor, IoError> {
+        let all = self.safetensors()?;
+        let available: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
+        all.into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| IoError::new(&self.path, IoErrorKind::MissingTensor { name: name.to_string(), available }))
+    }
+}
+
 fn read_bytes(path: &Path) -> Result<Vec<u8>, IoError> {
     std::fs::read(path).map_err(|e| IoError::new(path, IoErrorKind::Unreadable(e)))
 }
 
 fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
-    std::fs::write(path, bytes).map_err(|e| IoError::new(path, IoErrorKind::Unwritable(e)))
+    write_atomic(path, bytes).map_err(|e| IoError::new(path, IoErrorKind::Unwritable(e)))
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, then renamed
+/// over it, so a failed write never leaves a truncated file (and an existing one stays).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(".attnc-{}.tmp", std::process::id()));
+    let temp = path.with_file_name(temp_name);
+    let written = std::fs::File::create(&temp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&temp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temp);
+            Err(e)
+        }
+    }
+}
+
+/// Whether two paths name the same existing file (through links and `..`); false when either
+/// does not exist.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// Reads a `.npy` file.
@@ -261,12 +354,7 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, FileTensor)>, IoErro
 
 /// Reads one named tensor of a `.safetensors` file.
 pub fn read_safetensors_tensor(path: &Path, name: &str) -> Result<FileTensor, IoError> {
-    let all = read_safetensors(path)?;
-    let available: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
-    all.into_iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, t)| t)
-        .ok_or_else(|| IoError::new(path, IoErrorKind::MissingTensor { name: name.to_string(), available }))
+    InputFile { path: path.to_path_buf(), format: Format::Safetensors, bytes: read_bytes(path)? }.safetensors_tensor(name)
 }
 
 /// Writes one tensor as `.npy` (bf16 is written as f32: numpy has no bf16; the values are exact).

@@ -242,6 +242,10 @@ fn dtype_conversion_errors_name_param_and_dtypes() {
     assert_eq!(err, ConvertError::DType { param: "q".into(), file: FileDType::F32, declared: DType::F16 });
     let text = err.to_string();
     assert!(text.contains("`q`") && text.contains("f16") && text.contains("f32"), "{text}");
+    assert!(text.contains(".astype"), "{text}");
+    // numpy cannot make bf16 data: the advice for a bf16 parameter names what works instead.
+    let text = convert("q", f.clone(), DType::BF16).unwrap_err().to_string();
+    assert!(!text.contains(".astype") && text.contains("safetensors"), "{text}");
     assert!(convert("q", f, DType::I32).is_err());
     let i = decode_npy(&encode_npy(&Tensor::i32(vec![1], vec![1]).unwrap()).unwrap()).unwrap();
     assert!(matches!(convert("seg", i.clone(), DType::F32), Err(ConvertError::DType { file: FileDType::I32, .. })));

@@ -84,7 +84,7 @@ pub struct Features {
 pub const TEXT_FEATURES: Features = Features { call_conv: CallConv::SystemV };
 
 /// Renders a CPU schedule as one function per step for a machine with `features`.
-pub fn compile(schedule: &Schedule, features: &Features) -> Result<CpuModule, CodegenError> {
+pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, CodegenError> {
     if schedule.target != crate::schedule::Target::Cpu {
         return Err(CodegenError::Target { graph: schedule.name.clone(), target: schedule.target.name().to_string() });
     }

@@ -12,11 +12,11 @@ fn every_example_generates_valid_functions() {
     files.sort();
     for path in files {
         let name = path.display().to_string();
-        let compiled = crate::compile(&std::fs::read_to_string(&path).expect("readable")).unwrap_or_else(|_| panic!("{name} compiles"));
+        let compiled = crate::check(&std::fs::read_to_string(&path).expect("readable")).unwrap_or_else(|_| panic!("{name} compiles"));
         let (opt, _) = crate::opt::optimize_module(&compiled.module);
         for g in compiled.module.graphs.iter().chain(&opt.graphs) {
             let s = schedule(g, &Policy::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let m = compile(&s, &TEXT_FEATURES).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let m = render(&s, &TEXT_FEATURES).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(m.functions.len(), s.steps.len(), "{name}");
         }
     }
@@ -27,5 +27,5 @@ fn a_cuda_schedule_is_refused() {
     let g: crate::ir::Graph =
         "graph f {\n  %0 = param[name=x] : f32[N]\n  %1 = exp %0 : f32[N]\n  output out = %1\n}".parse().expect("parses");
     let s = schedule(&g, &Policy::Cuda(Default::default())).expect("schedules");
-    assert!(matches!(compile(&s, &TEXT_FEATURES), Err(CodegenError::Target { .. })));
+    assert!(matches!(render(&s, &TEXT_FEATURES), Err(CodegenError::Target { .. })));
 }

@@ -49,12 +49,12 @@ impl Ints<'_> {
     }
 
     fn missing(&self, what: String) -> CudaEmitError {
-        CudaEmitError::Render {
-            graph: self.schedule.name.clone(),
-            step: None,
-            span: None,
-            reason: format!("the schedule has no integer for {what}"),
-        }
+        self.fail(format!("the schedule has no integer for {what}"))
+    }
+
+    /// A render error in this schedule (the step and span are added by the caller).
+    pub fn fail(&self, reason: String) -> CudaEmitError {
+        CudaEmitError::Render { graph: self.schedule.name.clone(), step: None, span: None, reason }
     }
 
     /// `Σ idx[a] · strides[a]` (+ the view's offset) as an `i64` expression over the view's
@@ -76,12 +76,18 @@ impl Ints<'_> {
 
 /// An `i64` literal.
 pub(super) fn int_lit(v: i64) -> String {
-    if v == i64::MIN {
-        "(-9223372036854775807LL - 1LL)".to_string()
-    } else if v < 0 {
-        format!("({v}LL)")
+    signed_lit(v == i64::MIN, v < 0, &format!("{v}LL"), "(-9223372036854775807LL - 1LL)")
+}
+
+/// An integer literal: parenthesised when negative, and the type's minimum (which C cannot
+/// write as one literal) spelled as `min`.
+fn signed_lit(is_min: bool, negative: bool, text: &str, min: &str) -> String {
+    if is_min {
+        min.to_string()
+    } else if negative {
+        format!("({text})")
     } else {
-        format!("{v}LL")
+        text.to_string()
     }
 }
 
@@ -101,13 +107,7 @@ pub(super) fn float_lit(v: f64) -> String {
 
 /// An `int` literal (an i32 value).
 pub(super) fn i32_lit(v: i32) -> String {
-    if v == i32::MIN {
-        "(-2147483647 - 1)".to_string()
-    } else if v < 0 {
-        format!("({v})")
-    } else {
-        v.to_string()
-    }
+    signed_lit(v == i32::MIN, v < 0, &v.to_string(), "(-2147483647 - 1)")
 }
 
 /// A `double` literal (finite values; used for epsilons).

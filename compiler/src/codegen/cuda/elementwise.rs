@@ -48,12 +48,7 @@ impl Eval<'_> {
     }
 
     fn input(&self, k: usize) -> Result<&View, CudaEmitError> {
-        self.inputs.get(k).ok_or_else(|| CudaEmitError::Render {
-            graph: self.ints.schedule.name.clone(),
-            step: None,
-            span: None,
-            reason: format!("the expression reads input {k}, which the kernel lacks"),
-        })
+        self.inputs.get(k).ok_or_else(|| self.ints.fail(format!("the expression reads input {k}, which the kernel lacks")))
     }
 
     fn eval(&self, l: &mut Lines, e: &Expr) -> Result<CVal, CudaEmitError> {

@@ -467,7 +467,7 @@ fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
 fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     let step = fl.f.step;
     let (m, _, _, _) = fl.f.sizes();
-    let rows = m.as_const().unwrap_or(1).max(1);
+    let rows = m.as_const().filter(|r| *r >= 1).ok_or_else(|| fl.ints.fail(format!("split-KV needs a constant query count, not `{m}`")))?;
     let warps = i64::from(CUDA_FLASH_THREADS / 32);
     let mut body = vec![
         format!("constexpr int HD_ = ATTNC_HD_{step}, T_ = HD_ / 32, MR_ = {rows};"),

@@ -110,7 +110,7 @@ struct KernelSource {
 }
 
 /// Renders a CUDA schedule.
-pub fn emit(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
+pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
     if schedule.target != Target::Cuda {
         return Err(CudaEmitError::Target { graph: schedule.name.clone(), target: schedule.target.name().to_string() });
     }

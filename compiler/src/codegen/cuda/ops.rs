@@ -111,32 +111,41 @@ pub(super) fn unary(l: &mut Lines, op: UnaryOp, x: &CVal) -> CVal {
     l.bind(text, class)
 }
 
-/// A binary op.
+/// A binary op: one arm per op, so a new op cannot fall through to another's spelling.
 pub(super) fn binary(l: &mut Lines, op: BinaryOp, x: &CVal, y: &CVal) -> CVal {
-    if op.is_logical() {
-        let (a, b) = (convert(x, Class::Bool), convert(y, Class::Bool));
-        let sym = if op == BinaryOp::And { "&&" } else { "||" };
-        return l.bind(format!("({a} {sym} {b})"), Class::Bool);
-    }
-    let operands = if x.class == Class::Float || y.class == Class::Float { Class::Float } else { Class::Int };
-    if op.is_comparison() {
-        let (a, b) = (convert(x, operands), convert(y, operands));
-        return l.bind(format!("({a} {} {b})", op.symbol().unwrap_or("==")), Class::Bool);
-    }
     let class = semantics::binary_class(op, x.class, y.class);
-    let (a, b) = (convert(x, class), convert(y, class));
-    let text = match (class, op) {
-        (Class::Int, BinaryOp::Add) => format!("attnc_iadd({a}, {b})"),
-        (Class::Int, BinaryOp::Sub) => format!("attnc_isub({a}, {b})"),
-        (Class::Int, BinaryOp::Mul) => format!("attnc_imul({a}, {b})"),
-        (Class::Int, BinaryOp::Rem) => format!("attnc_irem({a}, {b})"),
-        (Class::Int, BinaryOp::Min) => format!("({a} < {b} ? {a} : {b})"),
-        (Class::Int, _) => format!("({a} > {b} ? {a} : {b})"),
-        (_, BinaryOp::Rem) => format!("attnc_frem({a}, {b})"),
-        (_, BinaryOp::Pow) => format!("powf({a}, {b})"),
-        (_, BinaryOp::Min) => format!("attnc_fmin({a}, {b})"),
-        (_, BinaryOp::Max) => format!("attnc_fmax({a}, {b})"),
-        (_, _) => format!("({a} {} {b})", op.symbol().unwrap_or("+")),
+    // Comparisons compare in the operands' common class; everything else computes in its own.
+    let operands = match class {
+        Class::Bool if op.is_logical() => Class::Bool,
+        Class::Bool if x.class == Class::Float || y.class == Class::Float => Class::Float,
+        Class::Bool => Class::Int,
+        other => other,
+    };
+    let (a, b) = (convert(x, operands), convert(y, operands));
+    let int = operands == Class::Int;
+    let text = match op {
+        BinaryOp::Or => format!("({a} || {b})"),
+        BinaryOp::And => format!("({a} && {b})"),
+        BinaryOp::Eq => format!("({a} == {b})"),
+        BinaryOp::Ne => format!("({a} != {b})"),
+        BinaryOp::Lt => format!("({a} < {b})"),
+        BinaryOp::Le => format!("({a} <= {b})"),
+        BinaryOp::Gt => format!("({a} > {b})"),
+        BinaryOp::Ge => format!("({a} >= {b})"),
+        BinaryOp::Add if int => format!("attnc_iadd({a}, {b})"),
+        BinaryOp::Sub if int => format!("attnc_isub({a}, {b})"),
+        BinaryOp::Mul if int => format!("attnc_imul({a}, {b})"),
+        BinaryOp::Rem if int => format!("attnc_irem({a}, {b})"),
+        BinaryOp::Min if int => format!("({a} < {b} ? {a} : {b})"),
+        BinaryOp::Max if int => format!("({a} > {b} ? {a} : {b})"),
+        BinaryOp::Add => format!("({a} + {b})"),
+        BinaryOp::Sub => format!("({a} - {b})"),
+        BinaryOp::Mul => format!("({a} * {b})"),
+        BinaryOp::Div => format!("({a} / {b})"),
+        BinaryOp::Rem => format!("attnc_frem({a}, {b})"),
+        BinaryOp::Pow => format!("powf({a}, {b})"),
+        BinaryOp::Min => format!("attnc_fmin({a}, {b})"),
+        BinaryOp::Max => format!("attnc_fmax({a}, {b})"),
     };
     l.bind(text, class)
 }

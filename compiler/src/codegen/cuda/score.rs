@@ -24,7 +24,7 @@ pub(super) struct ScoreCtx<'a> {
 
 impl ScoreCtx<'_> {
     fn fail(&self, reason: String) -> CudaEmitError {
-        CudaEmitError::Render { graph: self.ints.schedule.name.clone(), step: None, span: None, reason }
+        self.ints.fail(reason)
     }
 
     /// The value of `e` (statements into `l`).

@@ -48,13 +48,13 @@ fn flash_graph(dtype: &str, q: &str, kv: &str, score: &str, mask: Option<&str>, 
 fn every_example_renders() {
     let compiler = Compiler::new(cuda());
     for (name, src) in examples() {
-        let compiled = compiler.front(&src).unwrap_or_else(|d| panic!("{name}: {}", d[0]));
+        let compiled = compiler.check(&src).unwrap_or_else(|d| panic!("{name}: {}", d[0]));
         for g in &compiled.module.graphs {
             for s in [
                 schedule(g, &cuda()).unwrap_or_else(|e| panic!("{name}: {e}")),
                 compiler.plan(g).unwrap_or_else(|e| panic!("{name}: {e}")).schedule,
             ] {
-                let p = emit(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let p = render(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
                 assert_eq!(p.kernels.len(), s.steps.len(), "{name}");
                 assert!(p.source.contains("ATTNC_KERNEL"), "{name}: no kernel");
             }
@@ -66,7 +66,7 @@ fn every_example_renders() {
 fn kernels_follow_the_schedules_variants() {
     let variant_of = |g: &Graph| {
         let s = schedule(g, &cuda()).expect("schedules");
-        let p = emit(&s).expect("renders");
+        let p = render(&s).expect("renders");
         (s.steps.iter().find_map(|st| if let crate::schedule::Kernel::Flash(f) = &st.kernel { Some(f.variant) } else { None }), p.source)
     };
     let (v, src) = variant_of(&flash_graph("f16", "B, H, S, 64", "B, H, S, 64", "s * 0.125", Some("j <= i"), "softmax"));
@@ -90,7 +90,7 @@ fn kernels_follow_the_schedules_variants() {
 fn launches_follow_the_prepared_work() {
     let g = flash_graph("f16", "B, H, S, D", "B, H, S, D", "s", Some("j <= i"), "softmax");
     let s = schedule(&g, &cuda()).expect("schedules");
-    let p = emit(&s).expect("renders");
+    let p = render(&s).expect("renders");
     let env: HashMap<String, i64> = [("B", 2), ("H", 3), ("S", 130), ("D", 80)].map(|(k, v)| (k.to_string(), v)).into();
     let prep = prepare(&s, &env, &cuda()).expect("prepares");
     assert_eq!(prep.defines, vec![("ATTNC_HD_0".to_string(), 96), ("ATTNC_BN_0".to_string(), 64)]);
@@ -130,5 +130,5 @@ fn decode_splits_follow_the_device() {
 fn a_cpu_schedule_is_refused() {
     let g = flash_graph("f32", "B, H, S, D", "B, H, S, D", "s", None, "softmax");
     let s = schedule(&g, &Policy::default()).expect("schedules");
-    assert!(matches!(emit(&s), Err(CudaEmitError::Target { .. })));
+    assert!(matches!(render(&s), Err(CudaEmitError::Target { .. })));
 }
