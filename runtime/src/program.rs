@@ -188,6 +188,20 @@ pub enum RunError {
     Cuda(crate::cuda::CudaError),
 }
 
+impl RunError {
+    /// The parameter an input error is about.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            RunError::InputDType { param, .. } => Some(param),
+            RunError::Interp(e) => e.param(),
+            _ => None,
+        }
+    }
+}
+
+/// The code of a run-time error shown against the source (see `docs/diagnostics.md`).
+pub const INPUT_MISMATCH: &str = "E0401";
+
 impl From<crate::cuda::CudaError> for RunError {
     /// Input problems become [`RunError::Interp`], as on the interpreter.
     fn from(e: crate::cuda::CudaError) -> RunError {
@@ -298,6 +312,22 @@ impl Program {
             name: entry.to_string(),
             available: self.checked.module.graphs.iter().map(|g| g.name.clone()).collect(),
         })
+    }
+
+    /// For a run error about an input of `entry`: a diagnostic (E0401) pointing at the
+    /// parameter's declaration with its declared type, and the given tensor's dtype and shape
+    /// when `given` (name, dtype, shape of each input) holds it. `None` when the error is about
+    /// no parameter.
+    pub fn run_error_diagnostic(&self, entry: &str, err: &RunError, given: &[(String, DType, Vec<usize>)]) -> Option<Diagnostic> {
+        let param = err.param()?;
+        let graph = self.graph(entry).ok()?;
+        let node = graph.params().iter().map(|p| graph.node(*p)).find(|n| matches!(&n.op, Op::Param(name) if name == param))?;
+        let span = node.span?;
+        let mut d = Diagnostic::error(INPUT_MISMATCH, err.to_string(), span, format!("`{param}` is declared {} here", node.ty));
+        if let Some((_, dtype, shape)) = given.iter().find(|(n, _, _)| n == param) {
+            d = d.with_help(format!("the input given for `{param}` is {dtype}{shape:?}"));
+        }
+        Some(d)
     }
 
     /// Every function, in source order, with its signature.

@@ -249,8 +249,11 @@ fn shape_mismatch_is_a_runtime_error() {
     io::write_npy(&d.path("k.npy"), &f32_tensor(vec![2, 4, 3], 1)).unwrap();
     let o = d.attnc(&["run", "prog.attn", "--input", "q=q.npy", "--input", "k=k.npy", "--random-inputs"]);
     assert_eq!(code(&o), 4, "{}", stderr(&o));
-    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
-    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    // The declaration it contradicts (E0401), then the one `error:` line.
+    let err = stderr(&o);
+    assert!(err.contains("error[E0401]"), "{err}");
+    assert!(err.lines().last().is_some_and(|l| l.starts_with("error: ")), "{err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{err}");
 }
 
 #[test]
@@ -398,4 +401,33 @@ fn an_input_can_come_from_stdin() {
 
     let o = dir.attnc(&["run", "prog.attn", "--entry", "scale", "--input", "x=-", "--input", "s=-"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
+}
+
+/// An input that contradicts its declaration is shown against the source: E0401 at the
+/// parameter, with the declared and the given type.
+#[test]
+fn input_errors_point_at_the_declaration() {
+    let dir = Dir::new();
+    io::write_npy(&dir.path("q.npy"), &f32_tensor(vec![1, 8, 4], 1)).unwrap();
+    io::write_npy(&dir.path("k.npy"), &f32_tensor(vec![1, 9, 4], 2)).unwrap();
+    for target in ["cpu", "interp"] {
+        let o = dir.attnc(&["run", "prog.attn", "--input", "q=q.npy", "--input", "k=k.npy", "--random-inputs", "--target", target]);
+        assert_eq!(code(&o), 4, "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("error[E0401]") && err.contains("`k` is declared f32[B, S, D] here"), "{err}");
+        assert!(err.contains("the input given for `k` is f32[1, 9, 4]"), "{err}");
+    }
+}
+
+/// Under a memory limit the interpreter reports the allocation it could not make (exit 4)
+/// instead of aborting.
+#[test]
+fn the_interpreter_reports_memory_it_cannot_get() {
+    let dir = Dir::new();
+    std::fs::write(dir.path("big.attn"), "fn outer(x: f32[N, 1], y: f32[1, N]) -> f32[N, N] {\n  return x @ y\n}\n").unwrap();
+    let bin = env!("CARGO_BIN_EXE_attnc");
+    let script = format!("ulimit -v 2000000; exec {bin} run big.attn --target interp --random-inputs --dim N=40000");
+    let o = Command::new("sh").args(["-c", &script]).current_dir(&dir.0).output().unwrap();
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot allocate"), "{}", stderr(&o));
 }

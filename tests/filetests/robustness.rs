@@ -144,3 +144,39 @@ fn unknown_characters_are_error_tokens() {
     let toks = attn_dsl::token::lex("let $ = ¤");
     assert!(toks.iter().filter(|(t, _)| *t == Token::Error).count() == 2);
 }
+
+/// A long chain of lets compiles through every stage with no recursion as deep as the chain
+/// (issue 13: 10k lets took 243 s and overflowed the stack in scheduling): the element-wise
+/// chain is cut into kernels of at most `MAX_INLINE_DEPTH` ops, on a test thread's 2 MiB stack.
+#[test]
+fn a_long_let_chain_compiles_in_linear_time() {
+    let mut source = String::from("fn chain(x: f32[S, D]) -> f32[S, D] {\n");
+    let mut prev = "x".to_string();
+    for i in 0..3000 {
+        source.push_str(&format!("    let t{i} = {prev} * 0.5 + x\n"));
+        prev = format!("t{i}");
+    }
+    source.push_str(&format!("    return {prev}\n}}\n"));
+    let checked = attn_compiler::check(&source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let compiler = attn_compiler::Compiler::default();
+    let planned = compiler.plan(&checked.module.graphs[0]).expect("plans");
+    assert_eq!(planned.optimized.report.stop_reason, "saturated");
+    let kernels = planned.schedule.steps.len();
+    assert!(kernels >= 6000 / attn_compiler::schedule::MAX_INLINE_DEPTH, "{kernels} kernels");
+    compiler.render_cpu(&planned, &attn_compiler::codegen::clif::TEXT_FEATURES).expect("renders");
+}
+
+/// A function too large to compile is a diagnostic (E0118), not an out-of-memory abort:
+/// here calls inlined 8⁶ times over.
+#[test]
+fn a_program_too_large_is_an_error() {
+    let mut source = String::from("fn f0(x: f32[N]) -> f32[N] { return x * 2.0 + 1.0 }\n");
+    for level in 1..=6 {
+        let calls: Vec<String> = (0..8).map(|_| format!("f{}(x)", level - 1)).collect();
+        source.push_str(&format!("fn f{level}(x: f32[N]) -> f32[N] {{ return {} }}\n", calls.join(" + ")));
+    }
+    let start = std::time::Instant::now();
+    let codes = error_codes(&source);
+    assert!(codes.contains(&"E0118"), "{codes:?}");
+    assert!(start.elapsed().as_secs_f64() < 60.0, "took {:?}", start.elapsed());
+}

@@ -5,14 +5,14 @@
 //! of its dtype's class, the op computed there, and the result stored as the node's dtype.
 
 use super::InterpError;
-use super::value::{Val, broadcast, broadcast_strides, element_count, row_major_strides, walk};
+use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
 use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, UnaryOp};
 
 /// A tensor of the given shape with every element `value` (constants and dim values).
 pub(super) fn fill(dtype: DType, shape: Vec<usize>, value: f64, node: &str) -> Result<Val, InterpError> {
     let n = element_count(&shape, node)?;
-    Ok(Val::new(dtype, shape, vec![value; n]))
+    Ok(Val::new(dtype, shape, filled(n, value, node)?))
 }
 
 /// Each element's index along `axis`.
@@ -68,7 +68,7 @@ fn broadcast_map<const N: usize>(args: [&Val; N], dtype: DType, node: &str, f: i
     let n = element_count(&shape, node)?;
     let strides: [Vec<usize>; N] = args.map(|a| broadcast_strides(&a.shape, &row_major_strides(&a.shape), &shape));
     let stride_refs: [&[usize]; N] = std::array::from_fn(|k| strides[k].as_slice());
-    let mut out = Vec::with_capacity(n);
+    let mut out = room(n, node)?;
     walk(&shape, stride_refs, |offsets| out.push(f(std::array::from_fn(|k| args[k].data[offsets[k]]))));
     Ok(Val::new(dtype, shape, out))
 }

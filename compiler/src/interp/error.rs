@@ -154,6 +154,14 @@ pub enum InterpError {
         /// The limit.
         limit: usize,
     },
+    /// The machine refused memory for a tensor (a memory limit, or a size it cannot hold).
+    #[error("{what}: cannot allocate {bytes} bytes for its elements")]
+    OutOfMemory {
+        /// What the tensor is.
+        what: String,
+        /// The allocation that failed.
+        bytes: usize,
+    },
     /// A node that breaks its op's rules (wrong operand count, bad axis, shapes that do not fit).
     /// A verified graph never has one.
     #[error("{node}: {reason}")]
@@ -177,6 +185,21 @@ pub enum InterpError {
     /// A broken invariant of the interpreter itself.
     #[error("internal interpreter error: {0}")]
     Internal(String),
+}
+
+impl InterpError {
+    /// The parameter an input error is about (drivers point at its declaration).
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            InterpError::InputDType { param, .. }
+            | InterpError::InputRank { param, .. }
+            | InterpError::InputData { param, .. }
+            | InterpError::FixedDim { param, .. }
+            | InterpError::DimMismatch { param, .. }
+            | InterpError::Unsolvable { param, .. } => Some(param),
+            _ => None,
+        }
+    }
 }
 
 impl From<DimError> for InterpError {

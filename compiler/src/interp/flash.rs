@@ -4,7 +4,7 @@
 //! nothing, even where its value is inf or NaN.
 
 use super::InterpError;
-use super::value::{Val, row_major_strides};
+use super::value::{Val, element_count, filled, row_major_strides};
 use crate::ir::semantics::{Scalar, max_f, unary_f};
 use crate::ir::{DType, FlashSpec, UnaryOp, Weights};
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
     }
     let batch = &q.shape[..r - 2];
     let batch_count: usize = batch.iter().product();
-    let mut out = vec![0.0; batch_count * m * dv];
+    let mut out = filled(element_count(&[batch_count, m, dv], label)?, 0.0, label)?;
     let (kst, vst) = (row_major_strides(&k.shape), row_major_strides(&v.shape));
     let extra_strides: Vec<Vec<usize>> = extras.iter().map(|x| row_major_strides(&x.shape)).collect();
     let load = |input: usize, idx: &[i64]| -> Scalar {
@@ -39,8 +39,8 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
         Scalar::load(x.dtype, x.data.get(off).copied().unwrap_or(f64::NAN))
     };
     let mut pos = vec![0i64; r];
-    let mut scores = vec![0.0; n];
-    let mut keep = vec![true; n];
+    let mut scores = filled(n, 0.0, label)?;
+    let mut keep = filled(n, true, label)?;
     for b in 0..batch_count {
         // Batch multi-index, and the offsets of k and v with size-1 batch axes broadcast.
         let (mut rest, mut koff, mut voff) = (b, 0, 0);

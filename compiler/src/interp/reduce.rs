@@ -2,7 +2,7 @@
 //! batched matrix product. All sums accumulate in f64.
 
 use super::InterpError;
-use super::value::{Val, broadcast, broadcast_strides, element_count, row_major_strides, split_at_axis, walk};
+use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, split_at_axis, walk};
 use crate::ir::semantics::{max_f, min_f, wrap_i32};
 use crate::ir::{DType, ReduceOp};
 
@@ -35,7 +35,7 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
         ReduceOp::Max => max_f,
         ReduceOp::Min => min_f,
     };
-    let mut acc = vec![init; n];
+    let mut acc = filled(n, init, node)?;
     let mut i = 0;
     walk(&x.shape, [&strides], |[o]| {
         acc[o] = combine(acc[o], x.data[i]);
@@ -64,7 +64,7 @@ pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<
         return Err(bad(node, format!("softmax axis {axis} is out of range for rank {}", x.shape.len())));
     }
     let (outer, n, inner) = split_at_axis(&x.shape, axis);
-    let mut out = vec![0.0; x.data.len()];
+    let mut out = filled(x.data.len(), 0.0, node)?;
     for o in 0..outer {
         for j in 0..inner {
             let at = |i: usize| (o * n + i) * inner + j;
@@ -99,7 +99,7 @@ pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DTyp
     let d = last_axis(x, node)?;
     check_param(gamma, d, "gamma", node)?;
     check_param(beta, d, "beta", node)?;
-    let mut out = Vec::with_capacity(x.data.len());
+    let mut out = room(x.data.len(), node)?;
     for row in x.data.chunks(d.max(1)) {
         let mean = row.iter().sum::<f64>() / d as f64;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
@@ -113,7 +113,7 @@ pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DTyp
 pub(super) fn rms_norm(x: &Val, gamma: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, InterpError> {
     let d = last_axis(x, node)?;
     check_param(gamma, d, "gamma", node)?;
-    let mut out = Vec::with_capacity(x.data.len());
+    let mut out = room(x.data.len(), node)?;
     for row in x.data.chunks(d.max(1)) {
         let mean_square = row.iter().map(|v| v * v).sum::<f64>() / d as f64;
         let denom = (mean_square + eps).sqrt();
@@ -140,7 +140,7 @@ pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, 
     // Batch strides taken from the full operands' strides, so they step whole matrices.
     let a_strides = broadcast_strides(&a.shape[..ra - 2], &row_major_strides(&a.shape)[..ra - 2], &batch);
     let b_strides = broadcast_strides(&b.shape[..rb - 2], &row_major_strides(&b.shape)[..rb - 2], &batch);
-    let mut out = Vec::with_capacity(total);
+    let mut out = room(total, node)?;
     let mut row = vec![0.0f64; n];
     walk(&batch, [&a_strides, &b_strides], |[ao, bo]| {
         for i in 0..m {

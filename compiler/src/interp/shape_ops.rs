@@ -1,7 +1,7 @@
 //! Ops that move elements without arithmetic: transpose, reshape, slice, concat, gather.
 
 use super::InterpError;
-use super::value::{Val, broadcast, broadcast_strides, element_count, row_major_strides, walk};
+use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
 use crate::ir::DType;
 
 fn bad(node: &str, reason: String) -> InterpError {
@@ -18,7 +18,7 @@ pub(super) fn transpose(x: &Val, perm: &[usize], dtype: DType, node: &str) -> Re
     let in_strides = row_major_strides(&x.shape);
     let shape: Vec<usize> = perm.iter().map(|p| x.shape[*p]).collect();
     let strides: Vec<usize> = perm.iter().map(|p| in_strides[*p]).collect();
-    let mut out = Vec::with_capacity(x.data.len());
+    let mut out = room(x.data.len(), node)?;
     walk(&shape, [&strides], |[o]| out.push(x.data[o]));
     Ok(Val::new(dtype, shape, out))
 }
@@ -47,7 +47,7 @@ pub(super) fn slice(x: &Val, axis: usize, start: i64, end: i64, dtype: DType, no
     let mut shape = x.shape.clone();
     shape[axis] = end - start;
     let base = start * strides[axis];
-    let mut out = Vec::with_capacity(element_count(&shape, node)?);
+    let mut out = room(element_count(&shape, node)?, node)?;
     walk(&shape, [&strides], |[o]| out.push(x.data[base + o]));
     Ok(Val::new(dtype, shape, out))
 }
@@ -71,7 +71,7 @@ pub(super) fn concat(args: &[&Val], axis: usize, dtype: DType, node: &str) -> Re
     let n = element_count(&shape, node)?;
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis + 1..].iter().product();
-    let mut out = Vec::with_capacity(n);
+    let mut out = room(n, node)?;
     for o in 0..outer {
         for a in args {
             let chunk = a.shape[axis] * inner;
@@ -97,7 +97,7 @@ pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) ->
     let n = element_count(&shape, node)?;
     let table_strides = row_major_strides(&table.shape);
     // Offset into the table of each output element, accumulated one axis at a time.
-    let mut offsets = vec![0usize; n];
+    let mut offsets = filled(n, 0usize, node)?;
     for (axis, idx) in indices.iter().enumerate() {
         let size = table.shape[axis];
         if size == 0 {

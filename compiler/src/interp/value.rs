@@ -37,6 +37,21 @@ pub(super) fn element_count(shape: &[usize], what: &str) -> Result<usize, Interp
     if n > MAX_ELEMENTS { Err(too_large()) } else { Ok(n) }
 }
 
+/// An empty vector with room for `n` elements, allocated fallibly: memory the machine refuses
+/// is an [`InterpError::OutOfMemory`] naming `what`, not an abort.
+pub(super) fn room<T>(n: usize, what: &str) -> Result<Vec<T>, InterpError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| InterpError::OutOfMemory { what: what.to_string(), bytes: n.saturating_mul(size_of::<T>()) })?;
+    Ok(v)
+}
+
+/// `n` copies of `value`, allocated fallibly (see [`room`]).
+pub(super) fn filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>, InterpError> {
+    let mut v = room(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// Row-major strides: the last axis has stride 1.
 pub(super) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];

@@ -53,7 +53,14 @@ pub mod codes {
     pub const DIM_OVERFLOW: &str = "E0116";
     /// An integer literal outside the i32 range.
     pub const INT_RANGE: &str = "E0117";
+    /// A function whose graph has more than [`super::MAX_GRAPH_NODES`] operations.
+    pub const TOO_LARGE: &str = "E0118";
 }
+
+/// The most operations one function's graph may have (calls inlined). Each costs about 1 KB
+/// through the optimizer and the CPU renderer, so this bounds a compile to a few hundred MB and
+/// refuses a program that would exhaust memory, with a diagnostic instead of an abort.
+pub const MAX_GRAPH_NODES: usize = 250_000;
 
 /// Lowers a parsed file. Either every function lowers cleanly, or all diagnostics are returned.
 pub fn lower(file: &ast::File) -> Result<Module, Vec<Diagnostic>> {
@@ -62,7 +69,8 @@ pub fn lower(file: &ast::File) -> Result<Module, Vec<Diagnostic>> {
     let mut module = Module::default();
     for item in &file.items {
         if let Item::Fn(def) = item {
-            let mut cx = Cx { g: Graph::new(def.name.name.clone()), globals: &globals, diags: &mut diags, stack: Vec::new() };
+            let mut cx =
+                Cx { g: Graph::new(def.name.name.clone()), globals: &globals, diags: &mut diags, stack: Vec::new(), too_large: false };
             if cx.lower_entry(def).is_ok() {
                 module.graphs.push(cx.g.compact());
             }
@@ -174,6 +182,8 @@ pub(crate) struct Cx<'a, 'd> {
     diags: &'d mut Vec<Diagnostic>,
     /// Functions being inlined, to reject recursion.
     stack: Vec<String>,
+    /// The graph passed [`MAX_GRAPH_NODES`] (reported once).
+    too_large: bool,
 }
 
 impl Cx<'_, '_> {
@@ -190,6 +200,19 @@ impl Cx<'_, '_> {
     /// Adds a node after checking it with [`infer`]. On failure the diagnostic points at `span`
     /// and labels each operand (`operands` pairs values with where they were written).
     pub(crate) fn add(&mut self, op: Op, declared: Option<TensorType>, operands: &[(Value, Span)], span: Span) -> LResult<Value> {
+        if self.g.len() >= MAX_GRAPH_NODES {
+            if std::mem::replace(&mut self.too_large, true) {
+                return Err(Reported);
+            }
+            let d = Diagnostic::error(
+                codes::TOO_LARGE,
+                format!("`{}` has more than {MAX_GRAPH_NODES} operations (calls inlined)", self.g.name),
+                span,
+                "the limit is reached here",
+            )
+            .with_help("split the program into several functions run one after another");
+            return Err(self.error(d));
+        }
         let tys: Vec<&TensorType> = operands.iter().map(|(v, _)| &self.g.node(*v).ty).collect();
         match infer(&op, &tys, declared.as_ref()) {
             Ok(ty) if ty.shape.iter().any(Dim::is_overflow) => Err(self.dim_overflow(span)),

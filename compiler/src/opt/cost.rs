@@ -42,6 +42,20 @@ impl Cost<'_> {
         let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_ref()).collect();
         let Some(tys) = tys else { return f64::INFINITY };
         let Ok(out) = infer(&n.op, &tys, n.ty.as_ref()) else { return f64::INFINITY };
+        self.own_typed(n, &tys, &out)
+    }
+
+    /// [`Self::own`] for a node of the class `class`, whose type the e-graph already knows
+    /// (every node of a class has it): no type inference, so extraction stays cheap.
+    pub fn own_in(&self, n: &ENode, class: Id) -> f64 {
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_ref()).collect();
+        match (tys, self.eg[class].data.ty.as_ref()) {
+            (Some(tys), Some(out)) => self.own_typed(n, &tys, out),
+            _ => f64::INFINITY,
+        }
+    }
+
+    fn own_typed(&self, n: &ENode, tys: &[&TensorType], out: &TensorType) -> f64 {
         let out_elems = self.elems(&out.shape);
         let moved = |extra: f64| (out_elems + extra) * BYTES * FLOPS_PER_BYTE;
         let ins: f64 = tys.iter().map(|t| self.elems(&t.shape)).sum();

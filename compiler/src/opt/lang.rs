@@ -181,10 +181,10 @@ pub fn unload(
     let mut g = Graph::new(name);
     let mut built: HashMap<Id, Value> = HashMap::new();
     for p in params {
-        build(egraph, egraph.find(*p), choose, &mut g, &mut built, 0)?;
+        build(egraph, egraph.find(*p), choose, &mut g, &mut built)?;
     }
     for (out, id) in outputs {
-        let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built, 0)?;
+        let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built)?;
         g.add_output(out.clone(), v);
     }
     for (class, v) in &built {
@@ -205,27 +205,39 @@ pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> HashMap<Id, S
     out
 }
 
-fn build(
-    egraph: &EG,
-    class: Id,
-    choose: &dyn Fn(Id) -> ENode,
-    g: &mut Graph,
-    built: &mut HashMap<Id, Value>,
-    depth: usize,
-) -> Result<Value, String> {
-    if let Some(v) = built.get(&class) {
-        return Ok(*v);
+/// Adds `root`'s class and everything it needs to `g`, operands first (in operand order, as a
+/// recursive walk would), with an explicit stack: extraction chains are as long as the program.
+fn build(egraph: &EG, root: Id, choose: &dyn Fn(Id) -> ENode, g: &mut Graph, built: &mut HashMap<Id, Value>) -> Result<Value, String> {
+    // (class, its chosen node once its operands are queued)
+    let mut stack: Vec<(Id, Option<ENode>)> = vec![(root, None)];
+    let mut open: std::collections::HashSet<Id> = std::collections::HashSet::new();
+    while let Some((class, chosen)) = stack.pop() {
+        if built.contains_key(&class) {
+            continue;
+        }
+        match chosen {
+            None => {
+                // A class met again while its operands are still being built is its own operand.
+                if !open.insert(class) {
+                    return Err(format!("class {class} depends on itself"));
+                }
+                let node = choose(class);
+                let operands: Vec<Id> = node.args().iter().map(|c| egraph.find(*c)).collect();
+                stack.push((class, Some(node)));
+                stack.extend(operands.into_iter().rev().filter(|c| !built.contains_key(c)).map(|c| (c, None)));
+            }
+            Some(node) => {
+                open.remove(&class);
+                let args = node
+                    .args()
+                    .iter()
+                    .map(|c| built.get(&egraph.find(*c)).copied().ok_or_else(|| format!("class {c} was not built")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let ty = egraph[class].data.ty.clone().ok_or_else(|| format!("class {class} has no type"))?;
+                let v = g.add(node.op.clone(), ty, &args);
+                built.insert(class, v);
+            }
+        }
     }
-    if depth > 10_000 {
-        return Err("extracted graph is too deep".into());
-    }
-    let node = choose(class);
-    let mut args = Vec::new();
-    for c in node.args() {
-        args.push(build(egraph, egraph.find(*c), choose, g, built, depth + 1)?);
-    }
-    let ty = egraph[class].data.ty.clone().ok_or_else(|| format!("class {class} has no type"))?;
-    let v = g.add(node.op.clone(), ty, &args);
-    built.insert(class, v);
-    Ok(v)
+    built.get(&root).copied().ok_or_else(|| format!("class {root} was not built"))
 }

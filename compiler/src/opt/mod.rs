@@ -2,11 +2,12 @@
 //!
 //! A graph is loaded into an e-graph ([`lang`]), rewritten by named rules ([`rules`]: layout,
 //! algebra, association, flash fusion) under iteration, node and time limits, and extracted
-//! with a cost model ([`cost`]) back into a verified graph. A run that hits a limit still yields
+//! with a cost model ([`cost`], [`extract`]) back into a verified graph. A run that hits a limit still yields
 //! a valid graph; a result that fails verification falls back to the input (and says so).
 //! [`OptReport`] records what happened for `attnc explain`.
 
 pub mod cost;
+pub mod extract;
 pub mod lang;
 pub mod rules;
 mod show;
@@ -18,7 +19,8 @@ pub(crate) mod tests;
 
 use crate::ir::{Graph, Module, Op, verify};
 use cost::{Cost, representative};
-use egg::{Extractor, Id, Runner, SimpleScheduler};
+use egg::{Id, Runner, SimpleScheduler};
+use extract::Extracted;
 use lang::{EG, ENode, load, unload};
 use rules::fusion::FuseAttention;
 use rules::{Rule, to_rewrite};
@@ -32,8 +34,11 @@ use std::time::{Duration, Instant};
 pub struct OptOptions {
     /// Maximum saturation iterations.
     pub iter_limit: usize,
-    /// Maximum e-nodes.
+    /// Maximum e-nodes: at least this many, and at least [`Self::nodes_per_input`] per node of
+    /// the input, so that a large program still has room to be rewritten.
     pub node_limit: usize,
+    /// E-nodes allowed per input node (see [`Self::node_limit`]).
+    pub nodes_per_input: usize,
     /// Wall-clock limit (a safety net; the node and iteration limits keep runs deterministic).
     pub time_limit: Duration,
     /// Dim sizes for the cost model; names not given use [`representative`] sizes.
@@ -42,7 +47,7 @@ pub struct OptOptions {
 
 impl Default for OptOptions {
     fn default() -> Self {
-        OptOptions { iter_limit: 12, node_limit: 20_000, time_limit: Duration::from_secs(2), sizes: HashMap::new() }
+        OptOptions { iter_limit: 12, node_limit: 20_000, nodes_per_input: 4, time_limit: Duration::from_secs(2), sizes: HashMap::new() }
     }
 }
 
@@ -146,11 +151,32 @@ pub(crate) fn optimize_with_rules(
             Err(e) => report.warnings.push(format!("rule `{}` could not be built and was skipped: {e}", r.name())),
         }
     }
+    let mut env: HashMap<String, i64> = HashMap::new();
+    for v in graph.values() {
+        for d in &graph.node(v).ty.shape {
+            for s in d.symbols() {
+                let size = opts.sizes.get(&s).copied().unwrap_or_else(|| representative(&s));
+                env.insert(s, size);
+            }
+        }
+    }
+    // The input's cost, on the e-graph as loaded (each value's class holds just its node).
+    let input_cost = {
+        let cost = Cost { eg: &loaded.egraph, env: env.clone() };
+        graph
+            .values()
+            .map(|v| {
+                let class = loaded.class_of[v.index()];
+                loaded.egraph[class].nodes.first().map_or(0.0, |n| cost.own_in(n, class))
+            })
+            .sum()
+    };
     let class_of = loaded.class_of;
+    let node_limit = opts.node_limit.max(opts.nodes_per_input.saturating_mul(loaded.egraph.total_number_of_nodes()));
     let runner = Runner::default()
         .with_scheduler(SimpleScheduler)
         .with_iter_limit(opts.iter_limit)
-        .with_node_limit(opts.node_limit)
+        .with_node_limit(node_limit)
         .with_time_limit(opts.time_limit)
         .with_egraph(loaded.egraph)
         .run(&rewrites);
@@ -172,16 +198,7 @@ pub(crate) fn optimize_with_rules(
     report.egraph_nodes = eg.total_number_of_nodes();
     report.egraph_classes = eg.number_of_classes();
 
-    let mut env: HashMap<String, i64> = HashMap::new();
-    for v in graph.values() {
-        for d in &graph.node(v).ty.shape {
-            for s in d.symbols() {
-                let size = opts.sizes.get(&s).copied().unwrap_or_else(|| representative(&s));
-                env.insert(s, size);
-            }
-        }
-    }
-    let extractor = Extractor::new(eg, Cost { eg, env: env.clone() });
+    let extractor = Extracted::new(eg, &Cost { eg, env: env.clone() });
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
     let spans = lang::class_spans(graph, eg, &class_of);
@@ -195,8 +212,9 @@ pub(crate) fn optimize_with_rules(
         Err(e) => fallback(&mut report, graph, e),
     };
     let cost = Cost { eg, env };
-    report.cost = (tree_cost(&cost, graph), tree_cost_of_extraction(&cost, &extractor, eg, &outputs));
+    report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, eg, &outputs));
     let fuse = FuseAttention { pinned };
+    let numbers = crate::ir::value_numbers(graph);
     report.fusions = attention_sites(graph)
         .into_iter()
         .map(|(w, mm)| {
@@ -208,7 +226,7 @@ pub(crate) fn optimize_with_rules(
                 let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
                 Err(reasons.into_iter().next().unwrap_or_else(|| "the cost model kept the unfused form".into()))
             };
-            FusionNote { weights: crate::ir::value_numbers(graph)[w.index()], outcome }
+            FusionNote { weights: numbers[w.index()], outcome }
         })
         .collect();
     report.decisions = association_decisions(graph, eg, &class_of, &extractor);
@@ -266,20 +284,14 @@ fn attention_sites(graph: &Graph) -> Vec<(crate::ir::Value, crate::ir::Value)> {
     out
 }
 
-fn tree_cost(cost: &Cost<'_>, graph: &Graph) -> f64 {
-    let l = load(graph);
-    let c = Cost { eg: &l.egraph, env: cost.env.clone() };
-    graph.values().map(|v| l.egraph[l.class_of[v.index()]].nodes.first().map_or(0.0, |n| c.own(n))).sum()
-}
-
-fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extractor<'_, Cost<'_>, ENode, lang::Types>, eg: &EG, outputs: &[(String, Id)]) -> f64 {
+fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extracted<'_>, eg: &EG, outputs: &[(String, Id)]) -> f64 {
     let mut seen = HashSet::new();
     let mut stack: Vec<Id> = outputs.iter().map(|(_, c)| eg.find(*c)).collect();
     let mut total = 0.0;
     while let Some(c) = stack.pop() {
         if seen.insert(c) {
             let n = ex.find_best_node(c);
-            total += cost.own(n);
+            total += cost.own_in(n, c);
             stack.extend(n.args().iter().map(|a| eg.find(*a)));
         }
     }
@@ -287,7 +299,7 @@ fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extractor<'_, Cost<'_>, ENode, 
 }
 
 /// For every matmul of the input with a matmul operand: which grouping was kept, with costs.
-fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extractor<'_, Cost<'_>, ENode, lang::Types>) -> Vec<String> {
+fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extracted<'_>) -> Vec<String> {
     let numbers = crate::ir::value_numbers(graph);
     let mut out = Vec::new();
     for v in graph.topo_order().unwrap_or_default() {

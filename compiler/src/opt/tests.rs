@@ -54,7 +54,7 @@ fn limits_still_give_a_valid_graph() {
     let g = Graph::parse(CAUSAL).unwrap();
     for opts in [
         OptOptions { iter_limit: 1, ..OptOptions::default() },
-        OptOptions { node_limit: 18, ..OptOptions::default() },
+        OptOptions { node_limit: 18, nodes_per_input: 0, ..OptOptions::default() },
         OptOptions { time_limit: std::time::Duration::ZERO, ..OptOptions::default() },
     ] {
         let o = super::optimize(&g, &opts);

@@ -7,7 +7,8 @@
 //! - Element-wise ops (unary, binary, select, cast, constants, dim values, iota, gather) are
 //!   inlined into their user when they have one user that is itself element-wise (or a concat);
 //!   constants, dim values and iota are inlined into any number of element-wise users. The rest
-//!   are kernel roots whose result is stored.
+//!   are kernel roots whose result is stored, and so is every [`MAX_INLINE_DEPTH`]-th op of a
+//!   longer chain.
 //! - Transpose and slice are views; reshape is a view of a dense operand and a copy otherwise.
 //! - Matmul and flash read their operands in place when the inner axis has unit stride
 //!   (transposed K of `q @ k.T` included); otherwise a dense copy is made first.
@@ -144,29 +145,38 @@ fn is_elementwise(op: &Op) -> bool {
     matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Gather)
 }
 
+/// The deepest expression tree an element-wise kernel computes: a chain of element-wise ops
+/// longer than this is stored every this many ops. It bounds the recursion of every pass over
+/// an expression (building, rendering, emulating) whatever the program's length.
+pub const MAX_INLINE_DEPTH: usize = 64;
+
 /// Which live values are computed inline by their users.
 fn inline_set(g: &Graph, live: &[bool]) -> Vec<bool> {
     let mut is_output = vec![false; g.len()];
     for (_, v) in g.outputs() {
         is_output[v.index()] = true;
     }
-    g.values()
-        .map(|v| {
-            let op = &g.node(v).op;
-            if !live[v.index()] || is_output[v.index()] || !is_elementwise(op) {
-                return false;
-            }
-            let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
-            // A gather's table is read at computed indices, so it must be in memory.
-            let fits = |u: &Value| {
-                let uop = &g.node(*u).op;
-                let as_table = matches!(uop, Op::Gather) && g.operands(*u).first() == Some(&v);
-                (is_elementwise(uop) || matches!(uop, Op::Concat { .. })) && !as_table
-            };
-            let cheap = matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. });
-            !users.is_empty() && users.iter().all(fits) && (cheap || users.len() == 1)
-        })
-        .collect()
+    let mut inline = vec![false; g.len()];
+    // Depth of the expression tree rooted at each value when it is computed inline.
+    let mut depth = vec![0usize; g.len()];
+    for v in g.topo_order().unwrap_or_default() {
+        let op = &g.node(v).op;
+        if !live[v.index()] || is_output[v.index()] || !is_elementwise(op) {
+            continue;
+        }
+        let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
+        // A gather's table is read at computed indices, so it must be in memory.
+        let fits = |u: &Value| {
+            let uop = &g.node(*u).op;
+            let as_table = matches!(uop, Op::Gather) && g.operands(*u).first() == Some(&v);
+            (is_elementwise(uop) || matches!(uop, Op::Concat { .. })) && !as_table
+        };
+        let cheap = matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. });
+        depth[v.index()] = 1 + g.operands(v).iter().filter(|a| inline[a.index()]).map(|a| depth[a.index()]).max().unwrap_or(0);
+        inline[v.index()] =
+            !users.is_empty() && users.iter().all(fits) && (cheap || users.len() == 1) && depth[v.index()] < MAX_INLINE_DEPTH;
+    }
+    inline
 }
 
 impl Lowering<'_> {

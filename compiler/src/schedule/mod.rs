@@ -26,6 +26,7 @@ pub mod tiles;
 pub use flash::{
     FlashAnalysis, Level, Separated, StagedScore, dims_of, level, reads_score, score_factor, separate, split_scale, tanh_staged,
 };
+pub use lower::MAX_INLINE_DEPTH;
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
 pub use prepare::{FlashScratch, PrepareError, Prepared, eval, flash_scratch, prepare};
 

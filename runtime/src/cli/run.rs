@@ -7,6 +7,7 @@ use attn_runtime::report::summarize;
 use attn_runtime::{EntryInfo, RunError, RunOptions, Target, TargetError, Tensor, suggest};
 use clap::{Args, ValueEnum};
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 /// The long help of `attnc run`.
@@ -151,9 +152,18 @@ pub fn run(args: &RunArgs, ui: super::Ui) -> Result<(), Failure> {
     }
     let opts = RunOptions { dims, target };
     let cpu = attn_runtime::cpu::CpuOptions { threads: args.threads };
+    let shapes: Vec<(String, attn_runtime::DType, Vec<usize>)> =
+        inputs.iter().map(|(n, t)| (n.clone(), t.dtype, t.shape.clone())).collect();
     let outputs = program.run_with(&entry.name, inputs, &opts, &cpu).map_err(|e| match e {
         RunError::MissingInputs { .. } => Failure::new(Exit::Usage, format!("{e}; pass --input NAME=PATH or --random-inputs")),
-        e => run_failure(e),
+        e => {
+            // An input that does not fit its parameter: show the declaration it contradicts.
+            if let Some(d) = program.run_error_diagnostic(&entry.name, &e, &shapes) {
+                let text = attn_runtime::report::render_diagnostics(&[d], program.file_name(), program.source(), ui.color);
+                let _ = write!(std::io::stderr().lock(), "{text}");
+            }
+            run_failure(e)
+        }
     })?;
     for (name, tensor) in &outputs {
         print_line(&summarize(name, tensor));
