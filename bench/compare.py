@@ -485,6 +485,28 @@ def timing_cases(args):
     return cases
 
 
+def machine(exe):
+    """One line naming the CPU, its vector extensions and the kernel path attnc dispatches to
+    (ATTNC_ISA lowers it), as `attnc bench` reports them."""
+    out = subprocess.run(
+        [str(exe), "bench", str(ROOT / "examples" / "sdpa.attn"), "--dim", "S=8", "--iters", "1", "--warmup", "0", "--peak", "1", "--json"],
+        capture_output=True, text=True,
+    )
+    info = next((json.loads(l[len("json: "):]) for l in out.stdout.splitlines() if l.startswith("json: ")), {})
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
+    except OSError:
+        pass
+    isa = [x for x in ("avx512f", "avx2", "fma") if x in flags]
+    return (
+        f"CPU: {info.get('cpu', 'unknown')} ({', '.join(isa) or 'no AVX'}, {os.cpu_count()} logical cores); "
+        f"attnc kernels on the {info.get('isa', '?')} path"
+        + (f" (ATTNC_ISA={os.environ['ATTNC_ISA']})" if os.environ.get("ATTNC_ISA") else "")
+    )
+
+
 def timing(args, exe):
     """The timing table, as markdown lines."""
     import onnxruntime
@@ -494,7 +516,7 @@ def timing(args, exe):
     rounds = 2 if args.quick else args.rounds
     header = (
         f"attnc vs PyTorch {torch.__version__} and ONNX Runtime {onnxruntime.__version__} "
-        f"(fp32, CPU, medians of {rounds} interleaved rounds of {args.iters} runs)"
+        f"(fp32, CPU, medians of {rounds} interleaved rounds of {args.iters} runs)\n{machine(exe)}"
     )
     print(header, flush=True)
     rows, decode_lines = [], []

@@ -12,7 +12,9 @@
 //! median measures the kernel rather than the share of the CPU it got, and a peak taken next
 //! to each batch sees the same clock.
 
-use attn_runtime::kernels::{Gemm, Isa, KernelError, Layout, available_isas, exp_sum, sgemm_nn, sgemm_nt};
+use attn_runtime::kernels::{
+    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, peak_gflops, peak_run, sgemm_nn, sgemm_nt,
+};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -40,78 +42,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-#[cfg(target_arch = "x86_64")]
-mod peak {
-    use std::arch::x86_64::*;
-
-    /// `iters` rounds of 12 independent 512-bit FMAs.
-    #[target_feature(enable = "avx512f")]
-    pub fn fma512(iters: usize) -> f32 {
-        let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-        let mut acc = [_mm512_set1_ps(1.0); 12];
-        for _ in 0..iters {
-            for r in &mut acc {
-                *r = _mm512_fmadd_ps(*r, m, a);
-            }
-        }
-        acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
-    }
-
-    /// `iters` rounds of 12 independent 256-bit FMAs.
-    #[target_feature(enable = "avx2,fma")]
-    pub fn fma256(iters: usize) -> f32 {
-        let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        let mut acc = [_mm256_set1_ps(1.0); 12];
-        for _ in 0..iters {
-            for r in &mut acc {
-                *r = _mm256_fmadd_ps(*r, m, a);
-            }
-        }
-        let mut out = [0.0f32; 8];
-        for v in acc {
-            let mut lanes = [0.0f32; 8];
-            // SAFETY: `lanes` holds 8 floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-            for (o, l) in out.iter_mut().zip(lanes) {
-                *o += l;
-            }
-        }
-        out.iter().sum()
-    }
-}
-
-/// Iterations of the peak loop per batch (about 0.3 ms at 512 bits).
-const PEAK_ITERS: usize = 200_000;
-
-/// One batch of the FMA peak loop of `isa`, in GFLOP/s (None on a path without one).
-fn fma_peak(isa: Isa) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let t = Instant::now();
-        // SAFETY (both arms): callers pass only paths this CPU supports.
-        let lanes = match isa {
-            Isa::Avx512 => {
-                black_box(unsafe { peak::fma512(black_box(PEAK_ITERS)) });
-                16
-            }
-            Isa::Avx2 => {
-                black_box(unsafe { peak::fma256(black_box(PEAK_ITERS)) });
-                8
-            }
-            Isa::Portable => return None,
-        };
-        Some((PEAK_ITERS * 12 * lanes * 2) as f64 / t.elapsed().as_secs_f64() / 1e9)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        None
-    }
-}
-
-/// The widest path's peak, the one percentages refer to.
-fn reference_peak() -> Option<f64> {
-    available_isas().into_iter().rev().find_map(fma_peak)
+/// The path whose peak percentages refer to: the widest this CPU runs.
+fn reference_isa() -> Isa {
+    available_isas().last().copied().unwrap_or(Isa::Portable)
 }
 
 /// Median GFLOP/s of `f` (doing `flops` per call) and its median ratio to the FMA peak
@@ -123,11 +56,9 @@ fn measure(batches: usize, flops: f64, mut f: impl FnMut()) -> (f64, Option<f64>
     for _ in 0..batches {
         let rate = flops / batch(reps, &mut f) / 1e9;
         rates.push(rate);
-        if let Some(peak) = reference_peak() {
-            ratios.push(rate / peak);
-        }
+        ratios.push(rate / peak_run(reference_isa()));
     }
-    let ratio = (!ratios.is_empty()).then(|| median(ratios));
+    let ratio = Some(median(ratios));
     (median(rates), ratio)
 }
 
@@ -154,10 +85,9 @@ fn main() -> Result<(), KernelError> {
     let isas = available_isas();
     println!("dispatched path: {}", attn_runtime::kernels::isa());
     for isa in &isas {
-        let mut peaks: Vec<f64> = (0..batches).filter_map(|_| fma_peak(*isa)).collect();
-        if !peaks.is_empty() {
-            peaks.sort_by(f64::total_cmp);
-            println!("FMA peak {isa:>8}: median {:6.1}, best {:6.1} GFLOP/s (one core)", peaks[peaks.len() / 2], peaks[peaks.len() - 1]);
+        if let Some(best) = peak_gflops(*isa) {
+            let kind = if *isa == Isa::Portable { "multiply-add, baseline target" } else { "FMA" };
+            println!("peak {isa:>8}: {best:6.1} GFLOP/s (one core, {kind}, best of {PEAK_RUNS} runs)");
         }
     }
     let shapes: &[(&str, Layout, usize, usize, usize)] = &[
@@ -174,8 +104,8 @@ fn main() -> Result<(), KernelError> {
         ("proj", Layout::Nn, 1024, 512, 512),
         ("proj", Layout::Nt, 1024, 512, 512),
     ];
-    let peak_name = isas.last().map(|i| i.name()).unwrap_or("none");
-    println!("\nmedians of {batches} batches; %peak: ratio to the {peak_name} FMA loop timed right after each batch");
+    let peak_name = reference_isa().name();
+    println!("\nmedians of {batches} batches; %peak: ratio to the {peak_name} peak loop timed right after each batch");
     println!("{:<6} {:>2} {:>5} {:>5} {:>5}  {:>8}  {:>9}  {:>7}", "op", "", "m", "n", "k", "isa", "GFLOP/s", "%peak");
     for &(name, layout, m, n, k) in shapes {
         for isa in isas.iter().rev() {

@@ -431,3 +431,19 @@ fn the_interpreter_reports_memory_it_cannot_get() {
     assert_eq!(code(&o), 4, "{}", stderr(&o));
     assert!(stderr(&o).contains("cannot allocate"), "{}", stderr(&o));
 }
+
+#[test]
+fn bench_names_the_machine_and_rejects_zero_iterations() {
+    let d = Dir::new();
+    let o = d.attnc(&["bench", "prog.attn", "--iters", "0"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("at least one timed run"), "{}", stderr(&o));
+    let o = d.attnc(&["bench", "prog.attn", "--dim", "S=16", "--iters", "1", "--warmup", "0", "--threads", "1", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let isa = attn_runtime::kernels::isa().name();
+    assert!(out.contains(&format!("kernels on the {isa} path")), "{out}");
+    assert!(out.contains(&format!("\"isa\": \"{isa}\"")), "{out}");
+    let peak = out.lines().find(|l| l.trim_start().starts_with("peak:")).unwrap_or_default();
+    assert!(peak.contains("GFLOP/s") && !peak.contains("inf"), "{out}");
+}

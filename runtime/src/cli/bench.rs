@@ -34,8 +34,8 @@ pub struct BenchArgs {
     /// Where to run: cpu, cuda (an NVIDIA GPU), or interp (slow, for reference).
     #[arg(long, default_value = "cpu", value_name = "TARGET")]
     pub target: String,
-    /// Timed runs (the median is reported).
-    #[arg(long, default_value_t = 10, value_name = "N")]
+    /// Timed runs, at least 1 (the median is reported).
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = parse_iters)]
     pub iters: usize,
     /// Untimed runs first.
     #[arg(long, default_value_t = 2, value_name = "N")]
@@ -43,7 +43,7 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub seed: u64,
-    /// The FMA peak in GFLOP/s for the thread count (default: measured).
+    /// The peak in GFLOP/s for the thread count (default: measured on the kernels' ISA path).
     #[arg(long, value_name = "GFLOPS")]
     pub peak: Option<f64>,
     /// Also print one line of JSON (for scripts such as bench/compare.py).
@@ -82,20 +82,36 @@ pub fn bench(args: &BenchArgs, ui: super::Ui) -> Result<(), Failure> {
     let env = attn_compiler::interp::bind_dims(&graph, &shapes, &dims).map_err(|e| runtime(&e))?;
     let flops = useful_flops(&graph, &env);
     let gflops = flops / median.as_secs_f64() / 1e9;
+    let isa = attn_runtime::kernels::isa();
     let peak = match args.peak {
         Some(p) => p,
-        None => fma_peak_gflops(threads),
+        None => peak_gflops(isa, threads),
     };
     let mut dim_list: Vec<(&String, &i64)> = dims.iter().collect();
     dim_list.sort();
     let dim_text: Vec<String> = dim_list.iter().map(|(k, v)| format!("{k}={v}")).collect();
     print_line(&format!("{} `{}` on {} with {threads} thread(s), {}", args.file.display(), entry.name, target, dim_text.join(" ")));
+    let cpu = attn_runtime::kernels::cpu_model();
+    if target == Target::Cpu {
+        print_line(&format!("  machine:  {cpu}, kernels on the {isa} path (widest here: {})", attn_runtime::kernels::widest()));
+    }
     if let Some(c) = compile {
         print_line(&format!("  compile:  {:.2} ms (source graph to native code)", ms(c)));
     }
     print_line(&format!("  median:   {:.3} ms  (min {:.3} ms, {} runs)", ms(median), ms(sorted[0]), sorted.len()));
     print_line(&format!("  useful:   {:.3} GFLOP -> {:.1} GFLOP/s", flops / 1e9, gflops));
-    print_line(&format!("  FMA peak: {:.1} GFLOP/s on {threads} thread(s) -> {:.1}% of peak", peak, 100.0 * gflops / peak));
+    let source = if args.peak.is_some() { "given".to_string() } else { format!("{isa} {}", peak_kind(isa)) };
+    print_line(&format!("  peak:     {:.1} GFLOP/s ({source}) on {threads} thread(s) -> {:.1}% of peak", peak, 100.0 * gflops / peak));
+    let widest = attn_runtime::kernels::widest();
+    if args.peak.is_none() && widest != isa {
+        let wide = peak_gflops(widest, threads);
+        print_line(&format!(
+            "            {:.1} GFLOP/s ({widest} {}) -> {:.1}% of this CPU's widest path",
+            wide,
+            peak_kind(widest),
+            100.0 * gflops / wide
+        ));
+    }
     if let Some(s) = &stats {
         print_line(&format!(
             "  memory:   {:.2} MiB intermediates ({} buffers, largest {:.2} MiB), {:.1} KiB scratch per thread, {:.1} KiB tile tables",
@@ -109,8 +125,9 @@ pub fn bench(args: &BenchArgs, ui: super::Ui) -> Result<(), Failure> {
     if args.json {
         let extra = stats.as_ref().map_or(0, |s| s.extra_bytes(threads));
         print_line(&format!(
-            "json: {{\"entry\": \"{}\", \"threads\": {threads}, \"median_ms\": {:.6}, \"min_ms\": {:.6}, \"gflop\": {:.6}, \"gflops\": {:.3}, \"peak_gflops\": {:.3}, \"compile_ms\": {:.3}, \"extra_bytes\": {extra}}}",
+            "json: {{\"entry\": \"{}\", \"cpu\": \"{}\", \"isa\": \"{isa}\", \"threads\": {threads}, \"median_ms\": {:.6}, \"min_ms\": {:.6}, \"gflop\": {:.6}, \"gflops\": {:.3}, \"peak_gflops\": {:.3}, \"compile_ms\": {:.3}, \"extra_bytes\": {extra}}}",
             entry.name,
+            cpu.replace(['"', '\\'], ""),
             ms(median),
             ms(sorted[0]),
             flops / 1e9,
@@ -229,93 +246,27 @@ pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
     total
 }
 
-/// Measures the FMA peak of `threads` threads running at once, in GFLOP/s.
-pub fn fma_peak_gflops(threads: usize) -> f64 {
+/// Parses `--iters`: a count of at least 1.
+fn parse_iters(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("at least one timed run is needed".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a count")),
+    }
+}
+
+/// What a path's peak loop measures.
+fn peak_kind(isa: attn_runtime::kernels::Isa) -> &'static str {
+    if isa == attn_runtime::kernels::Isa::Portable { "multiply-add on the baseline target" } else { "FMA" }
+}
+
+/// The peak of `threads` threads running `isa`'s loop at once, in GFLOP/s: each thread's best
+/// of [`attn_runtime::kernels::PEAK_RUNS`] short runs, summed.
+pub fn peak_gflops(isa: attn_runtime::kernels::Isa, threads: usize) -> f64 {
     let per_thread: Vec<f64> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(fma_loop_gflops)).collect();
+        let handles: Vec<_> =
+            (0..threads.max(1)).map(|_| s.spawn(move || attn_runtime::kernels::peak_gflops(isa).unwrap_or(0.0))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or(0.0)).collect()
     });
     per_thread.iter().sum()
-}
-
-/// One thread's FMA throughput: 12 independent accumulators of the widest vectors, best of a
-/// few repetitions.
-fn fma_loop_gflops() -> f64 {
-    const ITERS: usize = 4_000_000;
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let (flops, sink) = fma_loop(ITERS);
-        let t = start.elapsed().as_secs_f64();
-        std::hint::black_box(sink);
-        best = best.max(flops / t / 1e9);
-    }
-    best
-}
-
-#[cfg(target_arch = "x86_64")]
-fn fma_loop(iters: usize) -> (f64, f32) {
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was just detected.
-        return unsafe { fma512(iters) };
-    }
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the features were just detected.
-        return unsafe { fma256(iters) };
-    }
-    fma_scalar(iters)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn fma_loop(iters: usize) -> (f64, f32) {
-    fma_scalar(iters)
-}
-
-fn fma_scalar(iters: usize) -> (f64, f32) {
-    let mut acc = [1.0f32; 8];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = a.mul_add(0.999_999, 1e-7);
-        }
-    }
-    (2.0 * 8.0 * iters as f64, acc.iter().sum())
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn fma512(iters: usize) -> (f64, f32) {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-    let mut acc = [_mm512_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm512_fmadd_ps(*a, m, c);
-        }
-    }
-    let mut sum = _mm512_setzero_ps();
-    for a in acc {
-        sum = _mm512_add_ps(sum, a);
-    }
-    (2.0 * 16.0 * 12.0 * iters as f64, _mm512_reduce_add_ps(sum))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn fma256(iters: usize) -> (f64, f32) {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm256_fmadd_ps(*a, m, c);
-        }
-    }
-    let mut sum = _mm256_setzero_ps();
-    for a in acc {
-        sum = _mm256_add_ps(sum, a);
-    }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: `lanes` holds 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-    (2.0 * 8.0 * 12.0 * iters as f64, lanes.iter().sum())
 }

@@ -16,21 +16,21 @@ use super::Isa;
 
 /// Inputs below this give 0 (their `exp` is below [`FLUSH_BELOW`]); clamping them keeps every
 /// intermediate normal.
-const LO: f32 = -42.0;
+pub(super) const EXP_LO: f32 = -42.0;
 /// The kernels' `exp` results below this are 0 (2⁻⁶⁰ ≈ 8.7e-19). Softmax probabilities that
 /// small are far below f32 resolution against any softmax sum, and GELU's `erfc` tail that small
 /// is far below its approximation error; kept, they lead to subnormal products in the next
 /// matrix product, each a microcode assist on x86 (heavily biased attention ran 2.5× slower).
 pub(super) const FLUSH_BELOW: f32 = 8.673_617e-19;
 /// Above this every `exp` overflows.
-const HI: f32 = 89.0;
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(super) const EXP_HI: f32 = 89.0;
+pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// High part of ln 2 (few mantissa bits, so `n · LN2_HI` is exact for `|n| ≤ 150`).
-const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
 /// `ln 2 − LN2_HI`.
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes `expf` polynomial, highest degree first.
-const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
 /// `y[i] = exp(scale·x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias`
 /// is null), returning the sum.
@@ -50,7 +50,7 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f
             (Isa::Avx2, true) => exp_sum_avx2::<false>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => exp_sum_avx2::<true>(x, scale, bias, y, n, shift),
-            _ => super::portable::exp_sum(x, scale, bias, y, n, shift),
+            _ => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }>(x, scale, bias, y, n, shift),
         }
     }
 }
@@ -109,7 +109,7 @@ pub(super) unsafe fn softmax_step(
 
 /// `e^x`, or 0 where that is below [`FLUSH_BELOW`] (computed without subnormal steps).
 pub(super) fn exp_flushed(x: f32) -> f32 {
-    if x < LO {
+    if x < EXP_LO {
         return 0.0;
     }
     let e = x.exp();
@@ -129,14 +129,11 @@ unsafe fn row_max(isa: Isa, x: *const f32, scale: f32, bias: *const f32, n: usiz
             (Isa::Avx512, true) => row_max_avx512::<false>(x, scale, bias, n),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx512, false) => row_max_avx512::<true>(x, scale, bias, n),
-            _ => {
-                let mut m = f32::NEG_INFINITY;
-                for i in 0..n {
-                    let v = scale * *x.add(i) + if bias.is_null() { 0.0 } else { *bias.add(i) };
-                    m = if v > m { v } else { m };
-                }
-                m
-            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, true) => row_max_avx2::<false>(x, scale, bias, n),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, false) => row_max_avx2::<true>(x, scale, bias, n),
+            _ => super::lanes::row_max(x, scale, bias, n),
         }
     }
 }
@@ -164,6 +161,47 @@ unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *con
     _mm512_reduce_max_ps(m)
 }
 
+/// AVX2 [`row_max`]: two vectors per step (two independent `max` chains), then a masked tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_max_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
+    let sc = _mm256_set1_ps(scale);
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let (mut m0, mut m1) = (ninf, ninf);
+    let mut i = 0;
+    // SAFETY (whole function): only elements `< n` of `x` and `bias` are read.
+    while i + 16 <= n {
+        unsafe {
+            let (mut v0, mut v1) = (_mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sc), _mm256_mul_ps(_mm256_loadu_ps(x.add(i + 8)), sc));
+            if BIAS {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias.add(i)));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias.add(i + 8)));
+            }
+            // `max_ps` returns the second operand when either is NaN: the running max.
+            m0 = _mm256_max_ps(v0, m0);
+            m1 = _mm256_max_ps(v1, m1);
+        }
+        i += 16;
+    }
+    while i < n {
+        let k = super::x86_avx2::lanes(n - i);
+        unsafe {
+            let mut v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), k), sc);
+            if BIAS {
+                v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), k));
+            }
+            // Lanes past `n` read 0: replace them by -inf.
+            v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(k));
+            m0 = _mm256_max_ps(v, m0);
+        }
+        i += 8;
+    }
+    let m = _mm256_max_ps(m0, m1);
+    let half = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let quad = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_max_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+}
+
 /// `y[i] = tanh(x[i])` for `i < n` on `isa`.
 ///
 /// # Safety
@@ -176,7 +214,7 @@ pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
             Isa::Avx512 => tanh_avx512(x, y, n),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => tanh_avx2(x, y, n),
-            _ => super::portable::tanh(x, y, n),
+            _ => super::lanes::tanh::<{ super::lanes::HAS_FMA }>(x, y, n),
         }
     }
 }
@@ -185,12 +223,12 @@ pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(_mm512_set1_ps(HI), _mm512_max_ps(_mm512_set1_ps(LO), x));
+    let x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), x));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)));
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let mut p = _mm512_set1_ps(P[0]);
-    for c in &P[1..] {
+    let mut p = _mm512_set1_ps(EXP_P[0]);
+    for c in &EXP_P[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
     }
     let e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
@@ -253,12 +291,12 @@ fn pow2i(n: __m256i) -> __m256 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(_mm256_set1_ps(HI), _mm256_max_ps(_mm256_set1_ps(LO), x));
+    let x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), x));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    let mut p = _mm256_set1_ps(P[0]);
-    for c in &P[1..] {
+    let mut p = _mm256_set1_ps(EXP_P[0]);
+    for c in &EXP_P[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
     }
     let e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
@@ -313,12 +351,12 @@ unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const
 }
 
 /// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.
-const TANH_BIG: f32 = 9.5;
+pub(super) const TANH_BIG: f32 = 9.5;
 /// Below this `|x|`, `tanh` is the odd polynomial (the `exp` form would cancel).
-const TANH_SMALL: f32 = 0.625;
+pub(super) const TANH_SMALL: f32 = 0.625;
 /// Odd polynomial for `tanh` on `|x| < 0.625` (Cephes `tanhf`), highest degree first:
 /// `tanh(x) ≈ x + x·z·P(z)` with `z = x²`.
-const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
+pub(super) const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
 
 /// `tanh` of 16 lanes: the odd polynomial near 0, `1 - 2/(e^{2|x|} + 1)` with the sign of `x`
 /// elsewhere (saturating to ±1; NaN stays NaN).

@@ -47,6 +47,10 @@ pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32,
                     3 => nn_avx512::<3>(g, a, b, c),
                     _ => nn_avx512::<4>(g, a, b, c),
                 },
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, Layout::Nt) => nt_avx2(g, rows, a, b, c),
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, Layout::Nn) => nn_avx2(g, rows, a, b, c),
                 (_, Layout::Nt) => nt_portable(g, rows, a, b, c),
                 (_, Layout::Nn) => nn_portable(g, rows, a, b, c),
             }
@@ -63,11 +67,28 @@ unsafe fn put(g: &Gemm, c: *mut f32, sum: f32) {
     unsafe { *c = if g.accumulate { g.alpha * sum + *c } else { g.alpha * sum } };
 }
 
+/// [`nt_portable`] compiled for AVX2 (256-bit lanes; these products are bound by memory).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nt_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { nt_portable(g, rows, a, b, c) }
+}
+
+/// [`nn_portable`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nn_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { nn_portable(g, rows, a, b, c) }
+}
+
 /// `Nt` in plain Rust: one dot product per `(row, key)`, in eight interleaved partial sums
 /// (which the compiler vectorises).
 ///
 /// # Safety
 /// As [`run`], for `rows` rows at `a` and `c`.
+#[inline(always)]
 unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
     for j in 0..g.n {
         // SAFETY: key row `j < n` of `B` holds `k` elements.
@@ -93,6 +114,7 @@ unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *m
 ///
 /// # Safety
 /// As [`run`], for `rows` rows at `a` and `c`.
+#[inline(always)]
 unsafe fn nn_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
     let mut sums = vec![0.0f32; rows * g.n];
     for p in 0..g.k {

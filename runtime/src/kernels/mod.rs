@@ -20,6 +20,8 @@
 mod exp;
 mod gemm;
 mod gemv;
+mod lanes;
+mod peak;
 mod portable;
 mod rows;
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +38,7 @@ use std::sync::OnceLock;
 use thiserror::Error;
 
 pub use gemm::Layout;
+pub use peak::{PEAK_RUNS, one_run as peak_run, peak_gflops};
 
 /// An instruction-set path of the kernels, ordered from the most portable to the widest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -84,6 +87,25 @@ impl FromStr for Isa {
 }
 
 /// The widest path this CPU supports.
+pub fn widest() -> Isa {
+    detected()
+}
+
+/// The CPU's model name as the OS reports it (`/proc/cpuinfo` on Linux), or the architecture.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("CPU part"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| format!("unknown {} CPU", std::env::consts::ARCH))
+}
+
+/// The widest path this CPU supports (detected once).
 fn detected() -> Isa {
     static DETECTED: OnceLock<Isa> = OnceLock::new();
     *DETECTED.get_or_init(|| {

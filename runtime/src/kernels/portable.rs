@@ -1,74 +1,37 @@
-//! The portable path: plain Rust for any target (and the reference the SIMD paths are compared
-//! with in tests besides the f64 oracle). The fixed-width inner loops let the compiler
-//! vectorise with whatever the baseline target offers (SSE2 on x86-64).
+//! The portable path: the lane kernels of [`super::lanes`] compiled for the baseline target
+//! (SSE2 on x86-64, NEON on AArch64), with a fused multiply-add only where the baseline has one
+//! ([`HAS_FMA`]). It is also the reference the SIMD paths are compared with in tests, besides
+//! the f64 oracle.
 
 use super::gemm::{Kernel, Layout, Tile, pack_generic};
+use super::lanes::{self, HAS_FMA};
 
-/// Plain-Rust micro-tiles of up to 4 rows × 16 columns.
+/// Micro-tiles of up to 6 rows × 8 columns: 12 accumulators of 128 bits, two panel vectors and
+/// a broadcast fill 15 of the 16 SSE registers (NEON has 32).
 pub(super) struct Portable;
 
 impl Kernel for Portable {
-    const NR: usize = 16;
-    const MR: usize = 4;
+    const NR: usize = lanes::L;
+    const MR: usize = 6;
+    const KC: usize = 256;
+    const NC: usize = 256;
 
     unsafe fn pack(layout: Layout, b: *const f32, ldb: usize, kc: usize, nc: usize, out: *mut f32) {
         // SAFETY: forwarded.
-        unsafe { pack_generic::<16>(layout, b, ldb, kc, nc, out) }
+        unsafe { pack_generic::<{ lanes::L }>(layout, b, ldb, kc, nc, out) }
     }
 
     unsafe fn tile(kc: usize, a: *const f32, lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
-        let mut acc = [[0.0f32; 16]; 4];
-        for p in 0..kc {
-            // SAFETY: the panel holds `kc` rows of 16.
-            let b = unsafe { &*(panel.add(p * ldp) as *const [f32; 16]) };
-            for (i, row) in acc.iter_mut().enumerate().take(t.rows) {
-                // SAFETY: row `i < rows` of `A` holds `kc` elements.
-                let ai = unsafe { *a.add(i * lda + p) };
-                for (r, bj) in row.iter_mut().zip(b) {
-                    *r += ai * bj;
-                }
-            }
-        }
-        for (i, row) in acc.iter().enumerate().take(t.rows) {
-            for (j, v) in row.iter().enumerate().take(t.cols) {
-                // SAFETY: `(i, j)` is inside the tile.
-                unsafe {
-                    let dst = t.c.add(i * t.ldc + j);
-                    *dst = if t.accumulate { t.alpha * v + *dst } else { t.alpha * v };
-                }
-            }
-        }
-    }
-}
-
-/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (no bias when `bias` is null) with the standard
-/// library's `exp`, returning the sum.
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless it
-/// is null.
-pub(super) unsafe fn exp_sum(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
-    let mut sum = 0.0f32;
-    for i in 0..n {
-        // SAFETY: `i < n`.
+        // SAFETY: forwarded; `rows` selects the instance with that many rows.
         unsafe {
-            let b = if bias.is_null() { 0.0 } else { *bias.add(i) };
-            // Tiny probabilities are 0, as on the SIMD paths.
-            let e = super::exp::exp_flushed(scale * *x.add(i) + b - shift);
-            *y.add(i) = e;
-            sum += e;
+            match t.rows {
+                6 => lanes::micro::<6, HAS_FMA>(kc, a, lda, panel, ldp, t),
+                5 => lanes::micro::<5, HAS_FMA>(kc, a, lda, panel, ldp, t),
+                4 => lanes::micro::<4, HAS_FMA>(kc, a, lda, panel, ldp, t),
+                3 => lanes::micro::<3, HAS_FMA>(kc, a, lda, panel, ldp, t),
+                2 => lanes::micro::<2, HAS_FMA>(kc, a, lda, panel, ldp, t),
+                _ => lanes::micro::<1, HAS_FMA>(kc, a, lda, panel, ldp, t),
+            }
         }
-    }
-    sum
-}
-
-/// `y[i] = tanh(x[i])` with the standard library's `tanh`.
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer).
-pub(super) unsafe fn tanh(x: *const f32, y: *mut f32, n: usize) {
-    for i in 0..n {
-        // SAFETY: `i < n`.
-        unsafe { *y.add(i) = (*x.add(i)).tanh() };
     }
 }

@@ -1,5 +1,5 @@
 //! Whole-row kernels for the unfused element-wise and normalisation steps that dominate a
-//! transformer block outside its matmuls: GELU (16 lanes with a vectorised `erfc`) and layer
+//! transformer block outside its matmuls: GELU (a vectorised `erfc`: 16 lanes on AVX-512, the lane kernel elsewhere) and layer
 //! / RMS norm (f64 sums, as the reference interpreter).
 
 #[cfg(target_arch = "x86_64")]
@@ -9,10 +9,10 @@ use super::Isa;
 
 /// Abramowitz & Stegun 7.1.26: `erfc(z) ≈ t·P(t)·e^{-z²}`, `t = 1/(1 + p·z)` for `z ≥ 0`
 /// (absolute error below 1.5e-7).
-const ERFC_P: f32 = 0.327_591_1;
+pub(super) const ERFC_P: f32 = 0.327_591_1;
 /// Its polynomial, highest degree first (`P(t) = a1 + a2 t + … + a5 t⁴`).
-const ERFC_A: [f32; 5] = [1.061_405_4, -1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6];
-const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+pub(super) const ERFC_A: [f32; 5] = [1.061_405_4, -1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6];
+pub(super) const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 
 /// `y[i] = gelu(x[i]) = x/2 · (1 + erf(x/√2))` for `i < n` on `isa`. Negative inputs use
 /// `1 + erf(-z) = erfc(z)` directly, so the far negative tail keeps its relative accuracy.
@@ -25,23 +25,19 @@ pub(super) unsafe fn gelu(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => gelu_avx512(x, y, n),
-            _ => {
-                for i in 0..n {
-                    *y.add(i) = gelu_scalar(*x.add(i));
-                }
-            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => gelu_avx2(x, y, n),
+            _ => super::lanes::gelu::<{ super::lanes::HAS_FMA }>(x, y, n),
         }
     }
 }
 
-/// The scalar formula (portable and AVX2 paths).
-fn gelu_scalar(x: f32) -> f32 {
-    let z = x.abs() * FRAC_1_SQRT_2;
-    let t = 1.0 / (1.0 + ERFC_P * z);
-    let p = ERFC_A.iter().fold(0.0, |acc, a| acc * t + a);
-    let erfc = t * p * (-z * z).exp();
-    let one_plus_erf = if x < 0.0 { erfc } else { 2.0 - erfc };
-    0.5 * x * one_plus_erf
+/// The lane kernel compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_avx2(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded.
+    unsafe { super::lanes::gelu::<true>(x, y, n) }
 }
 
 /// GELU of 16 lanes.

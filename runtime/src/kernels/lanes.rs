@@ -1,0 +1,267 @@
+//! Kernels written once as fixed-width lane loops (`[f32; 8]` values, no intrinsics), which
+//! LLVM turns into whatever vectors the function they are inlined into may use: SSE2 or NEON on
+//! the portable path, 256-bit AVX2+FMA where a `#[target_feature]` wrapper instantiates them.
+//!
+//! The `FMA` parameter chooses `a·b + c` as one fused operation (`f32::mul_add`) or as a
+//! multiply and an add. It must be `true` only where the target has a fused multiply-add
+//! instruction: elsewhere `mul_add` is a libm call per element. [`HAS_FMA`] is the portable
+//! path's value.
+//!
+//! `exp` uses the same method and constants as the SIMD paths (see [`super::exp`]) with two
+//! substitutions that vectorise without SSE4.1: rounding to an integer by adding and subtracting
+//! `1.5·2²³`, and `2ⁿ` built from the exponent bits.
+
+use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, LN2_HI, LN2_LO, LOG2E};
+
+/// Lanes per value.
+pub(super) const L: usize = 8;
+/// One vector's worth of lanes.
+type V = [f32; L];
+
+/// Whether the portable build has a fused multiply-add instruction (AArch64 always; x86-64
+/// only when built for a CPU with FMA, e.g. `-C target-cpu=native`).
+pub(super) const HAS_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+/// `a·b + c`, fused when `FMA`.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// Adding then subtracting this rounds an `f32` of magnitude below 2²² to the nearest integer.
+const ROUND: f32 = 12_582_912.0;
+
+/// `exp` of every lane: 0 below [`FLUSH_BELOW`], `inf` past `f32::MAX`, NaN stays NaN.
+#[inline(always)]
+fn exp_v<const FMA: bool>(x: V) -> V {
+    let mut y = [0.0; L];
+    for l in 0..L {
+        // Written so that NaN passes both clamps (a comparison with NaN is false).
+        let v = if EXP_LO > x[l] { EXP_LO } else { x[l] };
+        let v = if v > EXP_HI { EXP_HI } else { v };
+        let t = madd::<FMA>(v, LOG2E, ROUND);
+        let n = t - ROUND;
+        let r = madd::<FMA>(-n, LN2_HI, v);
+        let r = madd::<FMA>(-n, LN2_LO, r);
+        let mut p = EXP_P[0];
+        for c in &EXP_P[1..] {
+            p = madd::<FMA>(p, r, *c);
+        }
+        let e = madd::<FMA>(p, r * r, r) + 1.0;
+        // `n ∈ [-61, 129]` (garbage for NaN, whose `e` is NaN anyway): two normal halves.
+        let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+        let n1 = ni >> 1;
+        let n2 = ni.wrapping_sub(n1);
+        let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
+        let e = e * pow2(n1) * pow2(n2);
+        y[l] = if e < FLUSH_BELOW { 0.0 } else { e };
+    }
+    y
+}
+
+/// Loads lanes `i..i + L` of `x`, scaled, plus `bias` when not null.
+///
+/// # Safety
+/// `i + L ≤` the length of `x` (and of `bias` unless null).
+#[inline(always)]
+unsafe fn scores(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
+    let mut v = [0.0; L];
+    for (l, out) in v.iter_mut().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            *out = scale * *x.add(i + l) + if bias.is_null() { 0.0 } else { *bias.add(i + l) };
+        }
+    }
+    v
+}
+
+/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (no bias when null), returning `Σ y`
+/// (lane-parallel partial sums).
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless
+/// it is null.
+#[inline(always)]
+pub(super) unsafe fn exp_sum<const FMA: bool>(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+    let mut sum = [0.0f32; L];
+    let mut i = 0;
+    while i + L <= n {
+        // SAFETY: `i + L ≤ n`.
+        let mut v = unsafe { scores(x, scale, bias, i) };
+        for s in &mut v {
+            *s -= shift;
+        }
+        let e = exp_v::<FMA>(v);
+        for l in 0..L {
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = e[l] };
+            sum[l] += e[l];
+        }
+        i += L;
+    }
+    if i < n {
+        // The tail through one padded vector; padding lanes give `exp(-inf) = 0`.
+        let mut v = [f32::NEG_INFINITY; L];
+        for (l, out) in v.iter_mut().enumerate().take(n - i) {
+            // SAFETY: `i + l < n`.
+            unsafe { *out = scale * *x.add(i + l) + if bias.is_null() { 0.0 } else { *bias.add(i + l) } - shift };
+        }
+        let e = exp_v::<FMA>(v);
+        for l in 0..n - i {
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = e[l] };
+            sum[l] += e[l];
+        }
+    }
+    sum.iter().sum()
+}
+
+/// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed
+/// over, as `maxps` does.
+///
+/// # Safety
+/// As [`exp_sum`].
+#[inline(always)]
+pub(super) unsafe fn row_max(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
+    let mut m = [f32::NEG_INFINITY; L];
+    let mut i = 0;
+    while i + L <= n {
+        // SAFETY: `i + L ≤ n`.
+        let v = unsafe { scores(x, scale, bias, i) };
+        for l in 0..L {
+            m[l] = if v[l] > m[l] { v[l] } else { m[l] };
+        }
+        i += L;
+    }
+    let mut best = m.iter().fold(f32::NEG_INFINITY, |a, b| if *b > a { *b } else { a });
+    for j in i..n {
+        // SAFETY: `j < n`.
+        let v = unsafe { scale * *x.add(j) + if bias.is_null() { 0.0 } else { *bias.add(j) } };
+        best = if v > best { v } else { best };
+    }
+    best
+}
+
+/// `y[i] = tanh(x[i])` as the SIMD paths compute it: the odd polynomial below
+/// [`super::exp::TANH_SMALL`], `1 - 2/(e^{2|x|} + 1)` above, with the sign of `x`.
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer).
+#[inline(always)]
+pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
+    use super::exp::{TANH_BIG, TANH_P, TANH_SMALL};
+    let mut i = 0;
+    while i < n {
+        let len = L.min(n - i);
+        let mut v = [0.0f32; L];
+        for (l, out) in v.iter_mut().enumerate().take(len) {
+            // SAFETY: `i + l < n`.
+            *out = unsafe { *x.add(i + l) };
+        }
+        let mut twice = [0.0f32; L];
+        for l in 0..L {
+            let a = v[l].abs();
+            twice[l] = if a > TANH_BIG { 2.0 * TANH_BIG } else { a + a };
+        }
+        let e = exp_v::<FMA>(twice);
+        for l in 0..len {
+            let a = v[l].abs();
+            let z = a * a;
+            let mut p = TANH_P[0];
+            for c in &TANH_P[1..] {
+                p = madd::<FMA>(p, z, *c);
+            }
+            let small = madd::<FMA>(p * z, a, a);
+            let big = 1.0 - 2.0 / (e[l] + 1.0);
+            let t = if a < TANH_SMALL { small } else { big };
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = t.copysign(v[l]) };
+        }
+        i += L;
+    }
+}
+
+/// `gelu(x) = x/2 · (1 + erf(x/√2))` of every element, as [`super::rows`] computes it on
+/// AVX-512 (`erfc` by Abramowitz & Stegun 7.1.26 with the vectorised `exp`).
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer).
+#[inline(always)]
+pub(super) unsafe fn gelu<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
+    use super::rows::{ERFC_A, ERFC_P, FRAC_1_SQRT_2};
+    let mut i = 0;
+    while i < n {
+        let len = L.min(n - i);
+        let mut v = [0.0f32; L];
+        for (l, out) in v.iter_mut().enumerate().take(len) {
+            // SAFETY: `i + l < n`.
+            *out = unsafe { *x.add(i + l) };
+        }
+        let mut z = [0.0f32; L];
+        let mut negz2 = [0.0f32; L];
+        for l in 0..L {
+            z[l] = v[l].abs() * FRAC_1_SQRT_2;
+            negz2[l] = -z[l] * z[l];
+        }
+        let e = exp_v::<FMA>(negz2);
+        for l in 0..len {
+            let t = 1.0 / madd::<FMA>(z[l], ERFC_P, 1.0);
+            let mut p = ERFC_A[0];
+            for a in &ERFC_A[1..] {
+                p = madd::<FMA>(p, t, *a);
+            }
+            let erfc = t * p * e[l];
+            let one_plus_erf = if v[l] < 0.0 { erfc } else { 2.0 - erfc };
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = 0.5 * v[l] * one_plus_erf };
+        }
+        i += L;
+    }
+}
+
+/// `MR × 8` micro-tile of the GEMM driver: `C (+)= alpha · A[MR × kc] · panel[kc × 8]`, `MR · 2`
+/// 128-bit accumulators on SSE2 or NEON (12 of the 16 SSE registers for `MR = 6`), one
+/// 256-bit one per row on AVX2.
+///
+/// # Safety
+/// Rows `< MR` of `A` (stride `lda`) hold `kc` elements; the panel `kc` rows of 8 (stride
+/// `ldp`); the tile of `C` is valid for `t.rows = MR` rows and `t.cols` columns.
+#[inline(always)]
+pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    panel: *const f32,
+    ldp: usize,
+    t: &super::gemm::Tile,
+) {
+    let mut acc = [[0.0f32; L]; MR];
+    for p in 0..kc {
+        // SAFETY: panel row `p` holds 8 floats (`[f32; 8]` has the alignment of `f32`).
+        let b = unsafe { *(panel.add(p * ldp) as *const V) };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: row `i < MR` of `A` holds `kc` elements.
+            let ai = unsafe { *a.add(i * lda + p) };
+            for l in 0..L {
+                row[l] = madd::<FMA>(ai, b[l], row[l]);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: row `i` of the tile holds `t.cols ≤ 8` elements.
+        unsafe {
+            let c = t.c.add(i * t.ldc);
+            if t.cols == L {
+                let out = &mut *(c as *mut V);
+                for l in 0..L {
+                    out[l] = if t.accumulate { madd::<FMA>(row[l], t.alpha, out[l]) } else { row[l] * t.alpha };
+                }
+            } else {
+                for (l, v) in row.iter().enumerate().take(t.cols) {
+                    let dst = c.add(l);
+                    *dst = if t.accumulate { madd::<FMA>(*v, t.alpha, *dst) } else { *v * t.alpha };
+                }
+            }
+        }
+    }
+}
