@@ -39,6 +39,26 @@ pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3
 /// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless it
 /// is null; `isa` is supported.
 pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+    // SAFETY: forwarded.
+    unsafe { exp_sum_with::<false>(isa, x, scale, bias, y, n, shift) }
+}
+
+/// [`exp_sum`]; with `BOUNDED`, the caller guarantees `scale·x + bias - shift ≤
+/// RESCALE_SLACK` (or NaN) for every element, as the online-softmax step does, and the AVX2
+/// path skips the overflow range's clamp and two-step scaling.
+///
+/// # Safety
+/// As [`exp_sum`].
+#[allow(clippy::too_many_arguments)] // One pointer or scalar per operand, as the C ABI.
+unsafe fn exp_sum_with<const BOUNDED: bool>(
+    isa: Isa,
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> f32 {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match (isa, bias.is_null()) {
@@ -47,9 +67,9 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx512, false) => exp_sum_avx512::<true>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => exp_sum_avx2::<false>(x, scale, bias, y, n, shift),
+            (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => exp_sum_avx2::<true>(x, scale, bias, y, n, shift),
+            (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED>(x, scale, bias, y, n, shift),
             _ => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }>(x, scale, bias, y, n, shift),
         }
     }
@@ -98,7 +118,9 @@ pub(super) unsafe fn softmax_step(
             }
             return 1.0;
         }
-        let t = exp_sum(isa, x, scale, bias, y, n, new);
+        // Every `scale·x + bias - new` is at most `RESCALE_SLACK`: `new` is within the slack of
+        // this row's max, or above it.
+        let t = exp_sum_with::<true>(isa, x, scale, bias, y, n, new);
         // A factor below `FLUSH_BELOW` is 0: the old terms weigh nothing against the new.
         let scale = if new == old { 1.0 } else { exp_flushed(old - new) };
         *max = new;
@@ -310,23 +332,58 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(FLUSH_BELOW)))
 }
 
-/// AVX2 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector for
-/// the tail.
+/// `exp` of 8 lanes that are at most [`RESCALE_SLACK`] (or NaN): no upper clamp, `n` from
+/// the rounding constant's bits (`n ∈ [-61, 12]`) and one scaling multiply. Same polynomial,
+/// same flush, results within an ulp of [`exp8`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+fn exp8_bounded(x: __m256) -> __m256 {
+    /// Adding then subtracting this rounds to an integer; the sum's low mantissa bits are `n`.
+    const ROUND: f32 = 12_582_912.0;
+    // `max_ps` returns its second operand when either is NaN: a NaN lane stays NaN.
+    let x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
+    let t = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(ROUND));
+    let n = _mm256_sub_ps(t, _mm256_set1_ps(ROUND));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_P[0]);
+    for c in &EXP_P[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
+    let e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
+    // bits(t) - bits(ROUND) = n; adding the exponent bias and shifting makes 2ⁿ.
+    let bias = _mm256_set1_epi32(127 - ROUND.to_bits() as i32);
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_castps_si256(t), bias)));
+    let y = _mm256_mul_ps(e, pow2);
+    _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(FLUSH_BELOW)))
+}
+
+/// AVX2 `exp_sum` (with the bias term when `BIAS`; [`exp8_bounded`] when `BOUNDED`): full
+/// vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool>(
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> f32 {
     let sc = _mm256_set1_ps(scale);
     let s = _mm256_set1_ps(shift);
+    let exp = |v: __m256| if BOUNDED { exp8_bounded(v) } else { exp8(v) };
     let mut sum = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: `i + 8 ≤ n`.
         unsafe {
-            let mut v = _mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sc);
-            if BIAS {
-                v = _mm256_add_ps(v, _mm256_loadu_ps(bias.add(i)));
-            }
-            let e = exp8(_mm256_sub_ps(v, s));
+            let v = if BIAS {
+                _mm256_sub_ps(_mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), sc, _mm256_loadu_ps(bias.add(i))), s)
+            } else {
+                _mm256_fmsub_ps(_mm256_loadu_ps(x.add(i)), sc, s)
+            };
+            let e = exp(v);
             _mm256_storeu_ps(y.add(i), e);
             sum = _mm256_add_ps(sum, e);
         }
@@ -340,7 +397,7 @@ unsafe fn exp_sum_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const
             if BIAS {
                 v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m));
             }
-            let e = exp8(_mm256_sub_ps(v, s));
+            let e = exp(_mm256_sub_ps(v, s));
             _mm256_maskstore_ps(y.add(i), m, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
         }
