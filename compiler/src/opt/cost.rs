@@ -39,7 +39,7 @@ impl Cost<'_> {
 
     /// The node's own cost (without its operands).
     pub fn own(&self, n: &ENode) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_ref()).collect();
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
         let Some(tys) = tys else { return f64::INFINITY };
         let Ok(out) = infer(&n.op, &tys, n.ty.as_ref()) else { return f64::INFINITY };
         self.own_typed(n, &tys, &out)
@@ -48,8 +48,8 @@ impl Cost<'_> {
     /// [`Self::own`] for a node of the class `class`, whose type the e-graph already knows
     /// (every node of a class has it): no type inference, so extraction stays cheap.
     pub fn own_in(&self, n: &ENode, class: Id) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_ref()).collect();
-        match (tys, self.eg[class].data.ty.as_ref()) {
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
+        match (tys, self.eg[class].data.ty.as_deref()) {
             (Some(tys), Some(out)) => self.own_typed(n, &tys, out),
             _ => f64::INFINITY,
         }

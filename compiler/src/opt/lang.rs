@@ -106,15 +106,33 @@ impl Language for ENode {
 /// What is known about a class: its type, and its value when it is a scalar constant.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Facts {
-    /// Result type (`None` only if a rule built an ill-typed node, which rules avoid).
-    pub ty: Option<TensorType>,
+    /// Result type (`None` only if a rule built an ill-typed node, which rules avoid), shared
+    /// between the classes that have it ([`Types`] interns them).
+    pub ty: Option<Arc<TensorType>>,
     /// The constant value of a scalar constant class.
     pub konst: Option<f64>,
 }
 
-/// The e-graph analysis: types via [`infer`], and scalar constants.
+/// The e-graph analysis: types via [`infer`], and scalar constants. Types are interned: a
+/// long program has a few distinct types across thousands of classes, and one shared copy
+/// each keeps the e-graph small enough to stay in cache (each type holds several heap-allocated
+/// symbolic dims).
 #[derive(Clone, Debug, Default)]
-pub struct Types;
+pub struct Types {
+    interned: HashMap<TensorType, Arc<TensorType>>,
+}
+
+impl Types {
+    /// The shared copy of `ty`.
+    fn intern(&mut self, ty: TensorType) -> Arc<TensorType> {
+        if let Some(shared) = self.interned.get(&ty) {
+            return shared.clone();
+        }
+        let shared = Arc::new(ty.clone());
+        self.interned.insert(ty, shared.clone());
+        shared
+    }
+}
 
 /// The e-graph type used by the optimizer.
 pub type EG = EGraph<ENode, Types>;
@@ -123,8 +141,9 @@ impl Analysis<ENode> for Types {
     type Data = Facts;
 
     fn make(egraph: &mut EG, enode: &ENode, _id: Id) -> Facts {
-        let tys: Option<Vec<&TensorType>> = enode.children.iter().map(|c| egraph[*c].data.ty.as_ref()).collect();
+        let tys: Option<Vec<&TensorType>> = enode.children.iter().map(|c| egraph[*c].data.ty.as_deref()).collect();
         let ty = tys.and_then(|tys| infer(&enode.op, &tys, enode.ty.as_ref()).ok());
+        let ty = ty.map(|t| egraph.analysis.intern(t));
         let konst = match &enode.op {
             Op::Const(v) => Some(*v),
             _ => None,
@@ -233,7 +252,7 @@ fn build(egraph: &EG, root: Id, choose: &dyn Fn(Id) -> ENode, g: &mut Graph, bui
                     .iter()
                     .map(|c| built.get(&egraph.find(*c)).copied().ok_or_else(|| format!("class {c} was not built")))
                     .collect::<Result<Vec<_>, _>>()?;
-                let ty = egraph[class].data.ty.clone().ok_or_else(|| format!("class {class} has no type"))?;
+                let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
                 let v = g.add(node.op.clone(), ty, &args);
                 built.insert(class, v);
             }

@@ -42,7 +42,7 @@ pub trait Rule: Send + Sync {
 
 /// The type of a class.
 pub fn ty(eg: &EG, class: Id) -> Option<&TensorType> {
-    eg[class].data.ty.as_ref()
+    eg[class].data.ty.as_deref()
 }
 
 /// The scalar constant value of a class, if it is one.
@@ -60,7 +60,7 @@ fn add_build(eg: &mut EG, b: &Build) -> Option<Id> {
             for a in args {
                 ids.push(add_build(eg, a)?);
             }
-            let tys: Option<Vec<&TensorType>> = ids.iter().map(|c| eg[*c].data.ty.as_ref()).collect();
+            let tys: Option<Vec<&TensorType>> = ids.iter().map(|c| eg[*c].data.ty.as_deref()).collect();
             infer(op, &tys?, declared.as_ref()).ok()?;
             Some(eg.add(ENode::new(op.clone(), declared.clone(), ids)))
         }
