@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! cargo run --release -p attn-runtime --example kernel_bench [-- --quick]
+//! cargo run --release -p attn-runtime --example kernel_bench --features bench-gemm [-- --quick]
 //! ```
+//!
+//! With `bench-gemm`, each shape is also run through the `gemm` crate (faer's products, which
+//! dispatch to AVX2, AVX-512 or NEON at run time), one thread, on the same data.
 //!
 //! The peak comes from a loop of independent FMAs (12 chains, enough to cover latency on two
 //! ports). Each shape reports the median of many short (~1 ms) timed batches on one thread,
@@ -79,6 +83,45 @@ fn gemm_rate(isa: Isa, layout: Layout, (m, n, k): (usize, usize, usize), batches
     }))
 }
 
+/// GFLOP/s of one product shape through the `gemm` crate, and its fraction of the peak.
+#[cfg(feature = "bench-gemm")]
+fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: usize) -> (f64, Option<f64>) {
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01 - 0.08).collect();
+    let b: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+    let mut c = vec![0.0f32; m * n];
+    // Row-major C and A; B is k × n row-major for Nn, n × k row-major (so column stride k) for Nt.
+    let (rhs_cs, rhs_rs) = match layout {
+        Layout::Nn => (1, n as isize),
+        Layout::Nt => (k as isize, 1),
+    };
+    measure(batches, 2.0 * (m * n * k) as f64, || {
+        // SAFETY: every stride stays inside the three buffers for these shapes.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                black_box(c.as_mut_ptr()),
+                1,
+                n as isize,
+                false,
+                black_box(a.as_ptr()),
+                1,
+                k as isize,
+                black_box(b.as_ptr()),
+                rhs_cs,
+                rhs_rs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    })
+}
+
 fn main() -> Result<(), KernelError> {
     let quick = std::env::args().any(|a| a == "--quick");
     let batches = if quick { 11 } else { 41 };
@@ -113,6 +156,13 @@ fn main() -> Result<(), KernelError> {
             let pct = ratio.map(|r| format!("{:6.1}%", 100.0 * r)).unwrap_or_default();
             let tag = if layout == Layout::Nt { "NT" } else { "NN" };
             println!("{name:<6} {tag:>2} {m:>5} {n:>5} {k:>5}  {isa:>8}  {rate:9.1}  {pct:>7}");
+        }
+        #[cfg(feature = "bench-gemm")]
+        {
+            let (rate, ratio) = gemm_crate_rate(layout, (m, n, k), batches);
+            let pct = ratio.map(|r| format!("{:6.1}%", 100.0 * r)).unwrap_or_default();
+            let tag = if layout == Layout::Nt { "NT" } else { "NN" };
+            println!("{name:<6} {tag:>2} {m:>5} {n:>5} {k:>5}  {:>8}  {rate:9.1}  {pct:>7}", "gemm");
         }
     }
     println!("\nexp_sum (row of 128 scores):");
