@@ -4,9 +4,10 @@
 //! Useful FLOPs count the dense products the program needs: `2·M·N·D + 2·M·N·Dv` per batch
 //! index for each attention (flash) op, scaled by the fraction of score tiles its mask keeps
 //! (full tiles count whole, partially masked tiles half: about half for causal), plus
-//! `2·M·N·K` per matrix product. The FMA peak is measured by a short loop of independent
-//! fused multiply-adds on the widest vectors the CPU has, on every thread at once (or given
-//! with `--peak`).
+//! `2·M·N·K` per matrix product. The peak is that of the kernels' instruction-set path
+//! ([`attn_runtime::kernels::peak_gflops`]: fused multiply-adds for AVX-512 and AVX2, the
+//! baseline multiply-add for the portable path), measured on every thread at once (or given
+//! with `--peak`); the report names the CPU model and the path.
 
 use super::{Exit, Failure, load, print_line};
 use attn_compiler::ir::{Graph, Op, tile_census};
