@@ -183,6 +183,20 @@ unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *con
     _mm512_reduce_max_ps(m)
 }
 
+/// `scale·x[i..] (+ bias[i..])` in the lanes `m` selects (the others read 0 before scaling).
+///
+/// # Safety
+/// The selected lanes of `x` (and of `bias` when `BIAS`) from `i` are valid.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn masked_scores8<const BIAS: bool>(x: *const f32, sc: __m256, bias: *const f32, i: usize, m: __m256i) -> __m256 {
+    // SAFETY: the caller's contract; masked-off lanes are not read.
+    unsafe {
+        let v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sc);
+        if BIAS { _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m)) } else { v }
+    }
+}
+
 /// AVX2 [`row_max`]: two vectors per step (two independent `max` chains), then a masked tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -208,12 +222,8 @@ unsafe fn row_max_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const
     while i < n {
         let k = super::x86_avx2::lanes(n - i);
         unsafe {
-            let mut v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), k), sc);
-            if BIAS {
-                v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), k));
-            }
             // Lanes past `n` read 0: replace them by -inf.
-            v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(k));
+            let v = _mm256_blendv_ps(ninf, masked_scores8::<BIAS>(x, sc, bias, i, k), _mm256_castsi256_ps(k));
             m0 = _mm256_max_ps(v, m0);
         }
         i += 8;
@@ -393,11 +403,7 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool>(
         let m = super::x86_avx2::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let mut v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sc);
-            if BIAS {
-                v = _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m));
-            }
-            let e = exp(_mm256_sub_ps(v, s));
+            let e = exp(_mm256_sub_ps(masked_scores8::<BIAS>(x, sc, bias, i, m), s));
             _mm256_maskstore_ps(y.add(i), m, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
         }
