@@ -14,10 +14,11 @@
 
 use crate::codegen::{clif, cuda};
 use crate::ir::{Graph, Module, verify_module};
-use crate::opt::{OptOptions, Optimized, optimize};
+use crate::opt::{FlashTileMap, MAP_TILE, OptOptions, OptReport, Optimized, TileMapError, flash_tile_maps, optimize};
 use crate::schedule::{CpuPolicy, CudaPolicy, Policy, Schedule, ScheduleError, Target, schedule};
 use attn_dsl::{Diagnostic, Span};
-use std::fmt::Write;
+use std::collections::HashMap;
+use std::fmt::{self, Write};
 use thiserror::Error;
 
 /// A program through the front end (parse, lower, verify): its syntax tree and IR.
@@ -70,6 +71,9 @@ pub enum PipelineError {
     /// The CUDA renderer failed.
     #[error(transparent)]
     Cuda(#[from] cuda::CudaEmitError),
+    /// A tile map asked for is too large to make.
+    #[error(transparent)]
+    TileMap(#[from] TileMapError),
 }
 
 impl PipelineError {
@@ -92,6 +96,7 @@ impl PipelineError {
             PipelineError::Schedule(_) => ("E0903", "this cannot be scheduled"),
             PipelineError::Cpu(_) => ("E0901", "the CPU renderer cannot render this"),
             PipelineError::Cuda(_) => ("E0902", "the CUDA renderer cannot render this"),
+            PipelineError::TileMap(_) => ("E0905", "this tile map is too large"),
         };
         Diagnostic::error(code, self.to_string(), self.span().unwrap_or(Span::new(0, 0)), what)
     }
@@ -240,10 +245,48 @@ impl Compiler {
     }
 
     /// What the optimizer did to every function (or the `entry` one) and why: rules fired,
-    /// fusions made or refused (with the reason), cost-model decisions. What `attnc explain`
-    /// prints.
+    /// fusions made or refused (with the reason), cost-model decisions, and each flash op's tile
+    /// map at representative sizes. What `attnc explain` prints.
     pub fn explain(&self, compiled: &Checked, entry: Option<&str>) -> Result<String, PipelineError> {
+        let explained = self.explain_at(compiled, entry, &HashMap::new(), (MAP_TILE, MAP_TILE))?;
+        Ok(explained.iter().map(Explanation::to_string).collect::<Vec<_>>().join("\n"))
+    }
+
+    /// [`Compiler::explain`] as data, with the tile maps at `dims` (others at representative
+    /// sizes) in `tile`-sized tiles.
+    pub fn explain_at(
+        &self,
+        compiled: &Checked,
+        entry: Option<&str>,
+        dims: &HashMap<String, i64>,
+        tile: (i64, i64),
+    ) -> Result<Vec<Explanation>, PipelineError> {
         let graphs = Compiler::graphs(&compiled.module, entry)?;
-        Ok(graphs.iter().map(|g| self.optimize(g).report.to_string()).collect::<Vec<_>>().join("\n"))
+        let mut out = Vec::with_capacity(graphs.len());
+        for g in graphs {
+            let optimized = self.optimize(g);
+            let tile_maps = flash_tile_maps(&optimized.graph, dims, tile)?;
+            out.push(Explanation { report: optimized.report, tile_maps });
+        }
+        Ok(out)
+    }
+}
+
+/// What the optimizer did to one function, and the tile maps of its flash ops.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    /// Rules fired, fusions, decisions.
+    pub report: OptReport,
+    /// One map per flash op of the optimised graph.
+    pub tile_maps: Vec<FlashTileMap>,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.report)?;
+        for map in &self.tile_maps {
+            write!(f, "{map}")?;
+        }
+        Ok(())
     }
 }

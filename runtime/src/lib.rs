@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod io;
 pub mod kernels;
+pub mod pictures;
 mod program;
 pub mod random;
 pub mod report;

@@ -419,6 +419,122 @@ fn input_errors_point_at_the_declaration() {
     }
 }
 
+// ---- pictures: explain's tile maps, run --heatmap ----
+
+/// Decodes a PNG file: width, height and RGB bytes.
+fn decode_png(path: &Path) -> (usize, usize, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    (info.width as usize, info.height as usize, buf)
+}
+
+/// A directory holding `causal.attn` from the examples.
+fn causal_dir() -> Dir {
+    let d = Dir::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/causal.attn");
+    std::fs::copy(example, d.path("causal.attn")).unwrap();
+    d
+}
+
+#[test]
+fn explain_prints_and_draws_tile_maps() {
+    let d = causal_dir();
+    let o = d.attnc(&["explain", "causal.attn", "--dim", "S=256", "--tile-size", "32x64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("256x256 scores in 32x64 tiles (8x4)"), "{out}");
+    // Query blocks down, key blocks across: the first row of tiles keeps only its first key tile.
+    assert!(out.contains("\n    ▒···\n"), "{out}");
+    let o = d.attnc(&["explain", "causal.attn", "--dim", "S=512", "--tiles", "map.png"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote map.png (1 tile map)"), "{}", stdout(&o));
+    let (w, h, _) = decode_png(&d.path("map.png"));
+    assert!(w >= 256 && h >= 256, "{w}x{h}");
+}
+
+/// A mask that reads segment ids is partial below the diagonal at compile time; from the data,
+/// tiles across documents are skipped and tiles inside one run in full.
+#[test]
+fn explain_classifies_data_masks_from_inputs() {
+    let d = Dir::new();
+    // `attend` keeps its weights, so it has no flash op; this one fuses.
+    std::fs::write(
+        d.path("doc.attn"),
+        "fn doc(q: f32[B, S, D], k: f32[B, S, D], v: f32[B, S, D], seg: i32[B, S]) -> f32[B, S, D] {\n    let s = q @ k.T\n    let (b, i, j) = indices(s)\n    return softmax(where(seg[b, i] == seg[b, j] && j <= i, s, -inf), axis = -1) @ v\n}\n",
+    )
+    .unwrap();
+    let o = d.attnc(&["explain", "doc.attn", "--dim", "S=256", "--dim", "B=1", "--tile-size", "16x16"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let compile_time = stdout(&o);
+    assert!(compile_time.contains("0 full, 136 partial (mask tested), 120 skipped"), "{compile_time}");
+    let o = d.attnc(&["explain", "doc.attn", "--dim", "S=256", "--dim", "B=1", "--tile-size", "16x16", "--random-inputs"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("(classified from the input data)"), "{out}");
+    let line = out.lines().find(|l| l.contains("256x256 scores")).unwrap_or_default();
+    let count = |what: &str| -> usize {
+        let at = line.find(what).unwrap_or(0);
+        line[..at].trim_end().rsplit([' ', ':']).next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    assert!(count(" full") > 0 && count(" skipped") > 120, "{line}");
+    // A missing input names itself.
+    let o = d.attnc(&["explain", "doc.attn", "--input", "q=nope.npy"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+}
+
+#[test]
+fn explain_tile_map_errors() {
+    let d = causal_dir();
+    // No flash op in `scale`.
+    let o = d.attnc(&["explain", "prog.attn", "--entry", "scale", "--tiles", "map.png"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no flash op"), "{}", stderr(&o));
+    assert!(!d.path("map.png").exists());
+    // A folder that does not exist: said before anything is computed.
+    let o = d.attnc(&["explain", "prog.attn", "--tiles", "missing/map.png"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot write missing/map.png"), "{}", stderr(&o));
+    // Too many tiles.
+    let o = d.attnc(&["explain", "causal.attn", "--dim", "S=100000000", "--tile-size", "1x1"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("E0905") && stderr(&o).contains("use larger tiles"), "{}", stderr(&o));
+    for bad in ["0x64", "64", "axb", "64x70000"] {
+        let o = d.attnc(&["explain", "prog.attn", "--tile-size", bad]);
+        assert_eq!(code(&o), 2, "--tile-size {bad}: {}", stderr(&o));
+    }
+    // The program itself is never overwritten.
+    let o = d.attnc(&["explain", "prog.attn", "--tiles", "prog.attn"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(std::fs::read_to_string(d.path("prog.attn")).unwrap().starts_with("fn scale"));
+}
+
+#[test]
+fn run_draws_heatmaps_with_labels() {
+    let d = Dir::new();
+    std::fs::write(d.path("rows.txt"), "a\nb\nc\nd\n").unwrap();
+    std::fs::write(d.path("cols.txt"), "w\nx\ny\nz\n").unwrap();
+    let args = ["run", "prog.attn", "--random-inputs", "--dim", "B=2", "--dim", "S=4", "--heatmap", "w=w.png"];
+    let o = d.attnc(&[&args[..], &["--labels", "rows.txt,cols.txt"]].concat());
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (w, h, _) = decode_png(&d.path("w.png"));
+    assert!(w > 100 && h > 60, "{w}x{h}");
+    // Labels that do not fit the output, an unknown output, and a missing labels file.
+    std::fs::write(d.path("cols.txt"), "w\nx\n").unwrap();
+    let o = d.attnc(&[&args[..], &["--labels", "rows.txt,cols.txt"]].concat());
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("4 row labels and 2 column labels for 4 rows and 4 columns"), "{}", stderr(&o));
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--heatmap", "nosuch=x.png"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = d.attnc(&[&args[..], &["--labels", "none.txt,cols.txt"]].concat());
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--heatmap", "w=missing/w.png"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--heatmap", "w.png"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}
+
 /// Under a memory limit the interpreter reports the allocation it could not make (exit 4)
 /// instead of aborting.
 #[test]
@@ -446,4 +562,70 @@ fn bench_names_the_machine_and_rejects_zero_iterations() {
     assert!(out.contains(&format!("\"isa\": \"{isa}\"")), "{out}");
     let peak = out.lines().find(|l| l.trim_start().starts_with("peak:")).unwrap_or_default();
     assert!(peak.contains("GFLOP/s") && !peak.contains("inf"), "{out}");
+}
+
+// ---- build --emit svg ----
+
+/// An example program's absolute path.
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
+}
+
+/// Parses an SVG file as XML; returns its text and the count of elements with each class.
+fn read_svg(path: &Path, classes: &[&str]) -> (String, Vec<usize>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    let counts = classes.iter().map(|c| doc.descendants().filter(|n| n.attribute("class") == Some(*c)).count()).collect();
+    (text, counts)
+}
+
+#[test]
+fn build_draws_the_graph_as_svg() {
+    let d = Dir::new();
+    let o = d.attnc(&["build", &example("sdpa.attn"), "--emit", "svg", "-o", "g.svg"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // sdpa's IR: 3 parameters, 7 ops, 1 output, no flash op.
+    let (text, counts) = read_svg(&d.path("g.svg"), &["param", "op", "output", "flash"]);
+    assert_eq!(counts, [3, 7, 1, 0], "{text}");
+    assert!(text.contains(">f32[B, H, S, D]</text>"), "{text}");
+    assert!(text.contains("<title>sdpa: IR graph</title>"), "{text}");
+    // Without -o the picture goes to stdout.
+    let o = d.attnc(&["build", &example("sdpa.attn"), "--emit", "svg"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(roxmltree::Document::parse(&stdout(&o)).is_ok(), "{}", stdout(&o));
+}
+
+#[test]
+fn build_draws_the_optimised_graph_as_svg_with_flash_ops() {
+    let d = Dir::new();
+    let o = d.attnc(&["build", &example("causal.attn"), "--emit", "svg-opt", "-o", "g.svg"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (text, counts) = read_svg(&d.path("g.svg"), &["flash", "param", "output"]);
+    assert_eq!(counts, [1, 3, 1], "{text}");
+    let flash = text.lines().find(|l| l.starts_with("<rect class=\"flash\"")).unwrap_or_default();
+    assert!(flash.contains(&format!("fill=\"{}\"", attn_runtime::pictures::svg::FLASH_FILL)), "{text}");
+    assert!(text.contains("<tspan") && text.contains(">mask: j &lt;= i</tspan>"), "{text}");
+    assert!(text.contains("optimised"), "{text}");
+    // The same program drawn twice gives the same bytes.
+    let o = d.attnc(&["build", &example("causal.attn"), "--emit", "svg-opt", "-o", "again.svg"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(std::fs::read(d.path("g.svg")).unwrap(), std::fs::read(d.path("again.svg")).unwrap());
+}
+
+#[test]
+fn build_svg_errors() {
+    let d = Dir::new();
+    let o = d.attnc(&["build", &example("sdpa.attn"), "--emit", "svg", "-o", "no/such/dir/g.svg"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot write") && stderr(&o).contains("g.svg"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    let o = d.attnc(&["build", &example("causal.attn"), "--emit", "svg-opt", "--entry", "nosuch"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
+    // A graph over the layout limit is refused with a usage error that points at dot.
+    let body: String = (0..400).map(|k| format!("    let x{} = exp(x{k})\n", k + 1)).collect();
+    std::fs::write(d.path("long.attn"), format!("fn long(x0: f32[N]) -> f32[N] {{\n{body}    return x400\n}}\n")).unwrap();
+    let o = d.attnc(&["build", "long.attn", "--emit", "svg"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("too large to draw") && stderr(&o).contains("--emit dot"), "{}", stderr(&o));
 }

@@ -9,6 +9,25 @@ use crate::ir::semantics::{Scalar, max_f, unary_f};
 use crate::ir::{DType, FlashSpec, UnaryOp, Weights};
 use std::collections::HashMap;
 
+/// The `load` of a flash op's score and mask expressions: element `idx` of extra operand
+/// `input`, each index clamped into its axis (like gather); NaN for a missing operand or an
+/// empty axis.
+pub(super) fn extra_loader<'a>(extras: &'a [&'a Val]) -> impl Fn(usize, &[i64]) -> Scalar + 'a {
+    let strides: Vec<Vec<usize>> = extras.iter().map(|x| row_major_strides(&x.shape)).collect();
+    move |input: usize, idx: &[i64]| -> Scalar {
+        let Some(x) = extras.get(input) else { return Scalar::F(f64::NAN) };
+        let mut off = 0;
+        for (axis, ix) in idx.iter().enumerate() {
+            let size = x.shape.get(axis).copied().unwrap_or(1);
+            if size == 0 {
+                return Scalar::F(f64::NAN);
+            }
+            off += (*ix).clamp(0, size as i64 - 1) as usize * strides[input].get(axis).copied().unwrap_or(0);
+        }
+        Scalar::load(x.dtype, x.data.get(off).copied().unwrap_or(f64::NAN))
+    }
+}
+
 pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
     let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
     let [q, k, v, extras @ ..] = args else { return Err(bad("flash needs q, k, v".into())) };
@@ -25,19 +44,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
     let batch_count: usize = batch.iter().product();
     let mut out = filled(element_count(&[batch_count, m, dv], label)?, 0.0, label)?;
     let (kst, vst) = (row_major_strides(&k.shape), row_major_strides(&v.shape));
-    let extra_strides: Vec<Vec<usize>> = extras.iter().map(|x| row_major_strides(&x.shape)).collect();
-    let load = |input: usize, idx: &[i64]| -> Scalar {
-        let Some(x) = extras.get(input) else { return Scalar::F(f64::NAN) };
-        let mut off = 0;
-        for (axis, ix) in idx.iter().enumerate() {
-            let size = x.shape.get(axis).copied().unwrap_or(1);
-            if size == 0 {
-                return Scalar::F(f64::NAN);
-            }
-            off += (*ix).clamp(0, size as i64 - 1) as usize * extra_strides[input][axis];
-        }
-        Scalar::load(x.dtype, x.data.get(off).copied().unwrap_or(f64::NAN))
-    };
+    let load = extra_loader(extras);
     let mut pos = vec![0i64; r];
     let mut scores = filled(n, 0.0, label)?;
     let mut keep = filled(n, true, label)?;

@@ -27,6 +27,7 @@ mod eval;
 mod flash;
 mod reduce;
 mod shape_ops;
+mod tiles;
 mod value;
 
 #[cfg(test)]
@@ -35,4 +36,5 @@ mod tests;
 pub use bind::bind_dims;
 pub use error::InterpError;
 pub use eval::{check_inputs, run};
+pub use tiles::{MAX_MASK_EVALS, data_tile_grids};
 pub use value::MAX_ELEMENTS;

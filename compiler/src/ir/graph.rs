@@ -61,6 +61,11 @@ impl Graph {
         self.g[v].span = span;
     }
 
+    /// A copy of the graph whose outputs are `outputs` instead (for evaluating inner values).
+    pub fn with_outputs(&self, outputs: Vec<(String, Value)>) -> Graph {
+        Graph { outputs, ..self.clone() }
+    }
+
     /// Declares a named output.
     pub fn add_output(&mut self, name: impl Into<String>, v: Value) {
         self.outputs.push((name.into(), v));
@@ -127,6 +132,23 @@ impl Graph {
     /// A deterministic topological order: parameters first (in order), then Kahn's algorithm
     /// taking the lowest-numbered ready node each time. `None` if the graph has a cycle.
     pub fn topo_order(&self) -> Option<Vec<Value>> {
+        // Graphs built with `add` take operands that already exist, so every edge goes from a
+        // lower index to a higher one. Then Kahn's order is the parameters, then every other
+        // node by index: each is ready when its turn comes, and nothing lower is left. This
+        // O(n) path is what programs take; the general one below stays for any other graph.
+        if self.g.edge_references().all(|e| e.source().index() < e.target().index()) {
+            let mut is_param = vec![false; self.g.node_count()];
+            for p in &self.params {
+                is_param[p.index()] = true;
+            }
+            let rest = (0..self.g.node_count()).filter(|&i| !is_param[i]).map(NodeIndex::new);
+            return Some(self.params.iter().copied().chain(rest).collect());
+        }
+        self.kahn_order()
+    }
+
+    /// Kahn's algorithm taking the lowest-numbered ready node each time, parameters first.
+    fn kahn_order(&self) -> Option<Vec<Value>> {
         let n = self.g.node_count();
         let mut indeg: Vec<usize> = (0..n).map(|i| self.g.edges_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
         let mut order = Vec::with_capacity(n);
@@ -160,9 +182,10 @@ impl Graph {
         (order.len() == n).then_some(order)
     }
 
-    /// A copy keeping only nodes reachable from the outputs (and every parameter), renumbered
-    /// in topological order.
-    pub fn compact(&self) -> Graph {
+    /// The graph keeping only nodes reachable from the outputs (and every parameter),
+    /// renumbered in topological order. Consumes the graph: nodes are moved, not copied (a
+    /// node's type is several allocations, and programs have tens of thousands of nodes).
+    pub fn compact(self) -> Graph {
         let mut live = vec![false; self.g.node_count()];
         let mut stack: Vec<Value> = self.outputs.iter().map(|(_, v)| *v).chain(self.params.iter().copied()).collect();
         while let Some(v) = stack.pop() {
@@ -170,21 +193,26 @@ impl Graph {
                 stack.extend(self.operands(v));
             }
         }
-        let mut out = Graph::new(self.name.clone());
-        let mut map = vec![None; self.g.node_count()];
-        for v in self.topo_order().unwrap_or_default() {
+        let order = self.topo_order().unwrap_or_default();
+        let operands: Vec<Vec<Value>> = (0..self.g.node_count()).map(|i| self.operands(NodeIndex::new(i))).collect();
+        let Graph { name, g, params: _, outputs } = self;
+        let (nodes, _) = g.into_nodes_edges();
+        let mut nodes: Vec<Option<Node>> = nodes.into_iter().map(|n| Some(n.weight)).collect();
+        let mut out = Graph::new(name);
+        let mut map = vec![None; nodes.len()];
+        for v in order {
             if !live[v.index()] {
                 continue;
             }
-            let args: Vec<Value> = self.operands(v).iter().filter_map(|a| map[a.index()]).collect();
-            let node = self.node(v).clone();
+            let Some(node) = nodes[v.index()].take() else { continue };
+            let args: Vec<Value> = operands[v.index()].iter().filter_map(|a| map[a.index()]).collect();
             let nv = out.add(node.op, node.ty, &args);
             out.set_span(nv, node.span);
             map[v.index()] = Some(nv);
         }
-        for (name, v) in &self.outputs {
+        for (name, v) in outputs {
             if let Some(nv) = map[v.index()] {
-                out.add_output(name.clone(), nv);
+                out.add_output(name, nv);
             }
         }
         out
@@ -202,5 +230,34 @@ impl Module {
     /// The graph of the entry point with this name.
     pub fn graph(&self, name: &str) -> Option<&Graph> {
         self.graphs.iter().find(|g| g.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, DType};
+
+    /// The linear-time order of a graph built with `add` is Kahn's, parameters declared late
+    /// and unused nodes included.
+    #[test]
+    fn topo_order_of_built_graphs_is_kahns() {
+        let scalar = TensorType { dtype: DType::F32, shape: vec![] };
+        let mut g = Graph::new("g");
+        let c = g.add(Op::Const(2.0), scalar.clone(), &[]);
+        let unused = g.add(Op::Const(3.0), scalar.clone(), &[]);
+        let x = g.add(Op::Param("x".into()), scalar.clone(), &[]);
+        let m = g.add(Op::Binary(BinaryOp::Mul), scalar.clone(), &[x, c]);
+        let y = g.add(Op::Param("y".into()), scalar.clone(), &[]);
+        let s = g.add(Op::Binary(BinaryOp::Add), scalar.clone(), &[m, y]);
+        let t = g.add(Op::Binary(BinaryOp::Mul), scalar, &[s, s]);
+        g.add_output("out", t);
+        let fast = g.topo_order();
+        assert_eq!(fast, g.kahn_order());
+        assert_eq!(fast, Some(vec![x, y, c, unused, m, s, t]));
+        // compact keeps the order and drops nothing but the unused constant.
+        let compacted = g.compact();
+        assert_eq!(compacted.len(), 6);
+        assert_eq!(compacted.topo_order(), compacted.kahn_order());
     }
 }

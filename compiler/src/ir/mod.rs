@@ -21,6 +21,6 @@ pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, Op, ReduceOp, UnaryOp};
 pub use text::{ParseIrError, print_order, value_numbers};
-pub use tiles::{TileClass, classify_tile, tile_census};
+pub use tiles::{TileClass, TileGrid, classify_tile, grid_size, tile_census, tile_grid};
 pub use types::{DType, TensorType, broadcast_shapes};
 pub use verify::{VerifyError, verify, verify_module};

@@ -284,23 +284,93 @@ pub fn classify_tile(
     }
 }
 
-/// Counts of each class over an `m × n` score matrix cut into `tile_m × tile_n` tiles.
-pub fn tile_census(
+/// The class of every tile of an `m × n` score matrix cut into `tile.0 × tile.1` tiles (the
+/// last row and column of tiles may be smaller).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileGrid {
+    /// Tiles down (query blocks).
+    pub rows: usize,
+    /// Tiles across (key blocks).
+    pub cols: usize,
+    /// Tile size in scores (query rows, keys).
+    pub tile: (i64, i64),
+    /// The score matrix's size (queries, keys).
+    pub size: (i64, i64),
+    /// `rows × cols` classes, row-major.
+    pub classes: Vec<TileClass>,
+}
+
+impl TileGrid {
+    /// The class of tile (`r`, `c`).
+    pub fn get(&self, r: usize, c: usize) -> TileClass {
+        self.classes.get(r * self.cols + c).copied().unwrap_or(TileClass::Skip)
+    }
+
+    /// Counts of each class, indexed by `TileClass as usize` (skip, full, partial).
+    pub fn counts(&self) -> [usize; 3] {
+        let mut counts = [0usize; 3];
+        for c in &self.classes {
+            counts[*c as usize] += 1;
+        }
+        counts
+    }
+
+    /// The share of the scores that lie in skipped tiles, in `[0, 1]` (edge tiles weigh by
+    /// their real size).
+    pub fn skipped_share(&self) -> f64 {
+        let (m, n) = self.size;
+        if m <= 0 || n <= 0 {
+            return 0.0;
+        }
+        let extent = |k: usize, step: i64, total: i64| (total - k as i64 * step).clamp(0, step) as f64;
+        let mut skipped = 0.0;
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                if self.get(r, c) == TileClass::Skip {
+                    skipped += extent(r, self.tile.0, m) * extent(c, self.tile.1, n);
+                }
+            }
+        }
+        skipped / (m as f64 * n as f64)
+    }
+}
+
+/// The number of tiles down and across an `m × n` score matrix in `tile_m × tile_n` tiles.
+pub fn grid_size((m, n): (i64, i64), (tile_m, tile_n): (i64, i64)) -> (usize, usize) {
+    let count = |len: i64, step: i64| usize::try_from((len.max(0) + step.max(1) - 1) / step.max(1)).unwrap_or(usize::MAX);
+    (count(m, tile_m), count(n, tile_n))
+}
+
+/// Classifies every tile of an `m × n` score matrix ([`classify_tile`] per tile). The caller
+/// bounds the work: the grid has [`grid_size`] tiles.
+pub fn tile_grid(
     mask: Option<&ScoreExpr>,
     batch_sizes: &[i64],
     (m, n): (i64, i64),
     (tile_m, tile_n): (i64, i64),
     env: &HashMap<String, i64>,
-) -> [usize; 3] {
-    let mut counts = [0usize; 3];
+) -> TileGrid {
     let (tile_m, tile_n) = (tile_m.max(1), tile_n.max(1));
-    for r in (0..m).step_by(tile_m as usize) {
-        for c in (0..n).step_by(tile_n as usize) {
-            let class = classify_tile(mask, batch_sizes, (r, (r + tile_m).min(m)), (c, (c + tile_n).min(n)), env);
-            counts[class as usize] += 1;
+    let (rows, cols) = grid_size((m, n), (tile_m, tile_n));
+    let mut classes = Vec::with_capacity(rows.saturating_mul(cols));
+    for r in 0..rows as i64 {
+        for c in 0..cols as i64 {
+            let (r0, c0) = (r * tile_m, c * tile_n);
+            classes.push(classify_tile(mask, batch_sizes, (r0, (r0 + tile_m).min(m)), (c0, (c0 + tile_n).min(n)), env));
         }
     }
-    counts
+    TileGrid { rows, cols, tile: (tile_m, tile_n), size: (m, n), classes }
+}
+
+/// Counts of each class over an `m × n` score matrix cut into `tile_m × tile_n` tiles.
+pub fn tile_census(
+    mask: Option<&ScoreExpr>,
+    batch_sizes: &[i64],
+    size: (i64, i64),
+    tile: (i64, i64),
+    env: &HashMap<String, i64>,
+) -> [usize; 3] {
+    tile_grid(mask, batch_sizes, size, tile, env).counts()
 }
 
 #[cfg(test)]

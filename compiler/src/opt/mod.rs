@@ -12,7 +12,7 @@ pub mod lang;
 pub mod rules;
 mod show;
 
-pub use show::block_summary;
+pub use show::{FlashTileMap, MAP_TILE, MAX_MAP_TILES, MAX_TEXT_SIDE, TileMapError, block_summary, flash_tile_maps};
 
 #[cfg(test)]
 pub(crate) mod tests;

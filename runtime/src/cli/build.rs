@@ -7,6 +7,9 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
 /// `attnc build FILE --emit KIND [-o OUT] [--entry NAME] [--target cpu|cuda]`
+///
+/// `--emit svg` and `--emit svg-opt` draw one function's graph (before or after the optimizer)
+/// as an SVG picture, laid out without Graphviz.
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// The .attn program.
@@ -17,8 +20,8 @@ pub struct BuildArgs {
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
-    /// Only this function (every form but `ast`; `dot` defaults to the last function in the
-    /// file, the others to every function).
+    /// Only this function (every form but `ast`; `dot`, `svg` and `svg-opt` default to the last
+    /// function in the file, the others to every function).
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
     /// The target `--emit schedule` schedules for: cpu or cuda (`clif` is always cpu, `cuda`
@@ -43,6 +46,12 @@ pub enum Emit {
     Schedule,
     /// One function's IR graph in Graphviz dot format.
     Dot,
+    /// One function's IR graph as an SVG picture (laid out here, no Graphviz needed): a box per
+    /// value, edges labelled with the type they carry.
+    Svg,
+    /// One function's optimised IR graph as an SVG picture, fused flash ops highlighted with
+    /// their score and mask.
+    SvgOpt,
     /// The Cranelift IR the cpu target renders from its schedule, each function headed by its
     /// integer table.
     Clif,
@@ -74,13 +83,20 @@ fn emit(program: &Program, args: &BuildArgs, color: bool) -> Result<String, Fail
         Emit::Ast if entry.is_some() => {
             return Err(Failure::new(Exit::Usage, "--entry cannot be used with --emit ast: the AST is always the whole file"));
         }
-        Emit::Dot => {
+        Emit::Dot | Emit::Svg | Emit::SvgOpt => {
             let name = match entry {
                 Some(name) => name.to_string(),
                 None => program.default_entry().map(|e| e.name).ok_or_else(|| Failure::new(Exit::Program, RunError::NoEntry))?,
             };
             let graph = program.graph(&name).map_err(|e| Failure::new(Exit::Usage, e))?;
-            return Ok(attn_compiler::ir::to_dot(graph));
+            return match args.emit {
+                Emit::Svg => svg(graph, &format!("{name}: IR graph")),
+                Emit::SvgOpt => {
+                    let optimized = attn_runtime::cpu::cpu_compiler().optimize(graph);
+                    svg(&optimized.graph, &format!("{name}: optimised IR graph (flash ops in orange)"))
+                }
+                _ => Ok(attn_compiler::ir::to_dot(graph)),
+            };
         }
         Emit::Ast => Stage::Ast,
         Emit::Ir => Stage::Ir,
@@ -106,4 +122,9 @@ fn emit(program: &Program, args: &BuildArgs, color: bool) -> Result<String, Fail
             color,
         ),
     })
+}
+
+/// The SVG picture of one graph; a graph too large to lay out is a usage error (dot still works).
+fn svg(graph: &attn_compiler::ir::Graph, title: &str) -> Result<String, Failure> {
+    attn_runtime::pictures::svg::graph_svg(graph, title).map_err(|e| Failure::new(Exit::Usage, e))
 }

@@ -114,7 +114,7 @@ pub enum Command {
     /// Check a program (parse, lower with type and shape checking, verify); print diagnostics on error.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
-    /// Compile a program and print (or write) one of its intermediate forms.
+    /// Compile a program and print (or write) one of its intermediate forms, or a picture of its graph.
     #[command(after_help = EXIT_CODES)]
     Build(build::BuildArgs),
     /// Explain what the optimizer does to a program: rules fired, attention fused or not and why,
@@ -129,7 +129,7 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// `attnc explain FILE [--timing]`
+/// `attnc explain FILE [--entry NAME] [--dim NAME=N …] [--tile-size MxN] [--tiles OUT.png] [--timing]`
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// The .attn program.
@@ -137,9 +137,44 @@ pub struct ExplainArgs {
     /// Only this function (default: every function in the file).
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
+    /// The size of a dim for the tile maps (others take representative sizes: 1024 for S, N,
+    /// M, T, L; 8 for H, G; 2 for B; 64 for the rest). Repeatable.
+    #[arg(long = "dim", value_name = "NAME=N", value_parser = run::parse_dim)]
+    pub dims: Vec<(String, i64)>,
+    /// Tile size of the maps: query rows x keys.
+    #[arg(long, value_name = "MxN", default_value = "64x64", value_parser = parse_tile_size)]
+    pub tile_size: (i64, i64),
+    /// Also draw every flash op's tile map (full, partial and skipped tiles) into this PNG.
+    #[arg(long, value_name = "OUT.png")]
+    pub tiles: Option<PathBuf>,
+    /// Classify the tiles of masks that read tensors (segment ids, padding) from this input
+    /// data: NAME=PATH or PATH.safetensors, as for `run`. Needs one entry (--entry or the last
+    /// function). Repeatable.
+    #[arg(long = "input", value_name = "[NAME=]PATH", value_parser = run::parse_named_path)]
+    pub inputs: Vec<run::NamedPath>,
+    /// Like --input, with seeded random inputs for the parameters no --input gives (i32 inputs
+    /// are sorted segment ids, so a document mask shows its documents).
+    #[arg(long)]
+    pub random_inputs: bool,
+    /// Seed for --random-inputs.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub seed: u64,
     /// Also measure the optimizer: median wall time of 15 runs per function, and e-graph size.
     #[arg(long)]
     pub timing: bool,
+}
+
+/// Parses `MxN` (e.g. `64x64`), each side 1 to 65536.
+fn parse_tile_size(s: &str) -> Result<(i64, i64), String> {
+    let (m, n) = s.split_once(['x', 'X']).ok_or("expected MxN, e.g. 64x64")?;
+    let side = |t: &str| -> Result<i64, String> {
+        let v: i64 = t.trim().parse().map_err(|_| format!("`{t}` is not a tile side"))?;
+        if !(1..=65536).contains(&v) {
+            return Err(format!("a tile side must be 1 to 65536, not {v}"));
+        }
+        Ok(v)
+    };
+    Ok((side(m)?, side(n)?))
 }
 
 /// `attnc check FILE`
@@ -188,10 +223,46 @@ fn check(args: &CheckArgs, ui: Ui) -> Result<(), Failure> {
 }
 
 fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
+    if let Some(path) = &args.tiles {
+        run::check_writable(path)?;
+        if attn_runtime::io::same_file(path, &args.file) {
+            return Err(Failure::new(Exit::Usage, format!("--tiles {} is the program; refusing to overwrite it", path.display())));
+        }
+    }
     let program = load(&args.file, ui)?;
     let compiler = attn_runtime::cpu::cpu_compiler();
     let entry = args.entry.as_deref();
-    print_line(compiler.explain(program.checked(), entry).map_err(|e| Failure::new(Exit::Usage, e))?.trim_end_matches('\n'));
+    let mut dims = run::given_dims(&args.dims)?;
+    let data = if args.random_inputs || !args.inputs.is_empty() {
+        let info = match entry {
+            Some(name) => program.entry(name).map_err(run::run_failure)?,
+            None => program.default_entry().ok_or_else(|| run::run_failure(attn_runtime::RunError::NoEntry))?,
+        };
+        let (inputs, bound) = run::gather_inputs(&program, &info, &args.inputs, args.random_inputs.then_some(args.seed), dims)?;
+        dims = bound;
+        Some((info, inputs))
+    } else {
+        None
+    };
+    let data_entry = data.as_ref().map(|(info, _)| info.name.clone());
+    let entry = data_entry.as_deref().or(entry);
+    let mut explained = compiler.explain_at(program.checked(), entry, &dims, args.tile_size).map_err(|e| match e {
+        attn_compiler::PipelineError::UnknownEntry { .. } => Failure::new(Exit::Usage, e),
+        e => Failure::new(Exit::Usage, format!("{e} [{}]", e.diagnostic().code)),
+    })?;
+    if let (Some((info, inputs)), Some(explanation)) = (data, explained.first_mut()) {
+        data_tile_maps(&program, &compiler, &info, inputs, &dims, args.tile_size, explanation)?;
+    }
+    let text: Vec<String> = explained.iter().map(ToString::to_string).collect();
+    print_line(text.join("\n").trim_end_matches('\n'));
+    if let Some(path) = &args.tiles {
+        let maps: Vec<(&str, &attn_compiler::opt::FlashTileMap)> =
+            explained.iter().flat_map(|e| e.tile_maps.iter().map(|m| (e.report.graph.as_str(), m))).collect();
+        let picture = attn_runtime::pictures::tiles::tile_map_png(&maps).map_err(|e| Failure::new(Exit::Usage, e))?;
+        attn_runtime::io::write_atomic(path, &picture.png)
+            .map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display())))?;
+        print_line(&format!("wrote {} ({} tile map{})", path.display(), maps.len(), if maps.len() == 1 { "" } else { "s" }));
+    }
     if args.timing {
         for g in program.module().graphs.iter().filter(|g| entry.is_none_or(|e| g.name == e)) {
             let mut times = Vec::new();
@@ -214,6 +285,36 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
                 r.egraph_nodes,
                 r.egraph_classes
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the explanation's compile-time tile maps by ones classified from input data.
+fn data_tile_maps(
+    program: &Program,
+    compiler: &attn_compiler::Compiler,
+    info: &attn_runtime::EntryInfo,
+    mut inputs: Vec<(String, attn_runtime::Tensor)>,
+    dims: &std::collections::HashMap<String, i64>,
+    tile: (i64, i64),
+    explanation: &mut attn_compiler::Explanation,
+) -> Result<(), Failure> {
+    let graph = program.graph(&info.name).map_err(run::run_failure)?;
+    let optimized = compiler.optimize(graph);
+    let mut ordered = Vec::with_capacity(info.params.len());
+    for (name, _) in &info.params {
+        let Some(k) = inputs.iter().position(|(n, _)| n == name) else {
+            return Err(Failure::new(Exit::Usage, format!("missing input `{name}`; pass --input {name}=PATH or --random-inputs")));
+        };
+        ordered.push(inputs.swap_remove(k).1);
+    }
+    let grids =
+        attn_compiler::interp::data_tile_grids(&optimized.graph, &ordered, dims, tile).map_err(|e| Failure::new(Exit::Runtime, e))?;
+    for map in &mut explanation.tile_maps {
+        if let Some((_, grid)) = grids.iter().find(|(v, _)| *v == map.value) {
+            map.grid = grid.clone();
+            map.from_data = true;
         }
     }
     Ok(())

@@ -3,6 +3,7 @@
 use super::{Exit, Failure, eprint_line, load, print_line};
 use attn_runtime::cpu::MAX_THREADS;
 use attn_runtime::io::{self, Format, IoError};
+use attn_runtime::pictures::heatmap::{Labels, heatmap_png};
 use attn_runtime::report::summarize;
 use attn_runtime::{EntryInfo, RunError, RunOptions, Target, TargetError, Tensor, suggest};
 use clap::{Args, ValueEnum};
@@ -62,6 +63,15 @@ pub struct RunArgs {
     /// Threads for the cpu target: 1 to 4096, or 0 for one per available core.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
+    /// Draw an output as a heatmap: NAME=OUT.png. Its last two axes are the rows and columns
+    /// (viridis colours, a colour bar); each index of the leading axes is a panel, 16 at most.
+    /// Repeatable.
+    #[arg(long = "heatmap", value_name = "NAME=OUT.png", value_parser = parse_heatmap)]
+    pub heatmaps: Vec<(String, PathBuf)>,
+    /// Label the heatmaps' rows and columns with tokens: ROWS.txt,COLS.txt, one token a line
+    /// (as many as the output has rows and columns).
+    #[arg(long, value_name = "ROWS.txt,COLS.txt", requires = "heatmaps")]
+    pub labels: Option<String>,
 }
 
 /// Target names accepted on the command line, built or not (see [`Target`]).
@@ -88,7 +98,7 @@ fn is_identifier(s: &str) -> bool {
     !s.is_empty() && !s.starts_with(|c: char| c.is_ascii_digit()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn parse_named_path(s: &str) -> Result<NamedPath, String> {
+pub(super) fn parse_named_path(s: &str) -> Result<NamedPath, String> {
     let named = s.split_once('=').filter(|(name, _)| is_identifier(name));
     let (name, path) = match named {
         Some((name, path)) => (Some(name.to_string()), path),
@@ -98,6 +108,54 @@ fn parse_named_path(s: &str) -> Result<NamedPath, String> {
         return Err("the path is empty".into());
     }
     Ok(NamedPath { name, path: PathBuf::from(path) })
+}
+
+/// Parses `NAME=PATH` for `--heatmap`.
+fn parse_heatmap(s: &str) -> Result<(String, PathBuf), String> {
+    match parse_named_path(s)? {
+        NamedPath { name: Some(name), path } => Ok((name, path)),
+        NamedPath { name: None, .. } => Err("expected NAME=OUT.png, naming the output to draw".into()),
+    }
+}
+
+/// Reads `--labels ROWS.txt,COLS.txt`: one token a line, a final empty line ignored.
+fn read_labels(spec: &str) -> Result<Labels, Failure> {
+    let Some((rows, cols)) = spec.split_once(',') else {
+        return Err(Failure::new(Exit::Usage, format!("--labels {spec}: expected ROWS.txt,COLS.txt")));
+    };
+    let read = |path: &str| -> Result<Vec<String>, Failure> {
+        let text = std::fs::read_to_string(path).map_err(|e| Failure::new(Exit::File, format!("cannot read labels {path}: {e}")))?;
+        Ok(text.lines().map(|l| l.trim_end_matches('\r').to_string()).collect())
+    };
+    Ok(Labels { rows: read(rows)?, cols: read(cols)? })
+}
+
+/// Checks `--heatmap` names and paths before the run, so that a typo costs nothing.
+fn check_heatmaps(entry: &EntryInfo, args: &RunArgs) -> Result<(), Failure> {
+    for (name, path) in &args.heatmaps {
+        if !entry.outputs.iter().any(|(n, _)| n == name) {
+            return Err(unknown_name("output", entry, name, &entry.outputs));
+        }
+        check_writable(path)?;
+        let sources = std::iter::once(&args.file).chain(args.inputs.iter().map(|i| &i.path));
+        if let Some(source) = sources.into_iter().find(|s| io::same_file(path, s)) {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!("--heatmap {} is also an input ({}); refusing to overwrite it", path.display(), source.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Draws and writes the `--heatmap`s.
+fn write_heatmaps(args: &RunArgs, labels: Option<&Labels>, outputs: &[(String, Tensor)]) -> Result<(), Failure> {
+    for (name, path) in &args.heatmaps {
+        let Some((_, tensor)) = outputs.iter().find(|(n, _)| n == name) else { continue };
+        let picture = heatmap_png(name, tensor, labels).map_err(|e| Failure::new(Exit::Usage, e))?;
+        io::write_atomic(path, &picture.png).map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// Parses `NAME=N` (also used by `attnc bench`).
@@ -135,21 +193,11 @@ pub fn run(args: &RunArgs, ui: super::Ui) -> Result<(), Failure> {
         Some(name) => program.entry(name).map_err(run_failure)?,
         None => program.default_entry().ok_or_else(|| run_failure(RunError::NoEntry))?,
     };
-    let mut dims = HashMap::new();
-    for (name, value) in &args.dims {
-        if dims.insert(name.clone(), *value).is_some_and(|old| old != *value) {
-            return Err(Failure::new(Exit::Usage, format!("--dim {name} is given twice with different values")));
-        }
-    }
+    let dims = given_dims(&args.dims)?;
     let plan = plan_outputs(&entry, args)?;
-    let mut inputs = load_inputs(&entry, &args.inputs)?;
-    if args.random_inputs {
-        let derived = dims_from_inputs(&entry, &inputs, &dims);
-        dims = program.random_dims(&entry.name, &derived).map_err(run_failure)?;
-        let given: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
-        let random = program.random_inputs(&entry.name, args.seed, &dims).map_err(run_failure)?;
-        inputs.extend(random.into_iter().filter(|(n, _)| !given.contains(n)));
-    }
+    check_heatmaps(&entry, args)?;
+    let labels = args.labels.as_deref().map(read_labels).transpose()?;
+    let (inputs, dims) = gather_inputs(&program, &entry, &args.inputs, args.random_inputs.then_some(args.seed), dims)?;
     let opts = RunOptions { dims, target };
     let cpu = attn_runtime::cpu::CpuOptions { threads: args.threads };
     let shapes: Vec<(String, attn_runtime::DType, Vec<usize>)> =
@@ -168,11 +216,46 @@ pub fn run(args: &RunArgs, ui: super::Ui) -> Result<(), Failure> {
     for (name, tensor) in &outputs {
         print_line(&summarize(name, tensor));
     }
-    write_outputs(&plan, &outputs)
+    write_outputs(&plan, &outputs)?;
+    write_heatmaps(args, labels.as_ref(), &outputs)
+}
+
+/// Tensors with their parameter names.
+pub(super) type NamedTensors = Vec<(String, Tensor)>;
+
+/// `--dim`s as a map; the same name twice with different values is an error.
+pub(super) fn given_dims(list: &[(String, i64)]) -> Result<HashMap<String, i64>, Failure> {
+    let mut dims = HashMap::new();
+    for (name, value) in list {
+        if dims.insert(name.clone(), *value).is_some_and(|old| old != *value) {
+            return Err(Failure::new(Exit::Usage, format!("--dim {name} is given twice with different values")));
+        }
+    }
+    Ok(dims)
+}
+
+/// The inputs from `--input` files, plus seeded random ones for the rest when `random` has a
+/// seed, and the dims they come with (for random inputs: every dim bound, unset ones 8).
+pub(super) fn gather_inputs(
+    program: &attn_runtime::Program,
+    entry: &EntryInfo,
+    specs: &[NamedPath],
+    random: Option<u64>,
+    mut dims: HashMap<String, i64>,
+) -> Result<(NamedTensors, HashMap<String, i64>), Failure> {
+    let mut inputs = load_inputs(entry, specs)?;
+    if let Some(seed) = random {
+        let derived = dims_from_inputs(entry, &inputs, &dims);
+        dims = program.random_dims(&entry.name, &derived).map_err(run_failure)?;
+        let given: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
+        let random = program.random_inputs(&entry.name, seed, &dims).map_err(run_failure)?;
+        inputs.extend(random.into_iter().filter(|(n, _)| !given.contains(n)));
+    }
+    Ok((inputs, dims))
 }
 
 /// The exit code of a run error.
-fn run_failure(e: RunError) -> Failure {
+pub(super) fn run_failure(e: RunError) -> Failure {
     let exit = match &e {
         RunError::UnknownEntry { .. }
         | RunError::MissingInputs { .. }
@@ -365,7 +448,7 @@ fn plan_outputs(entry: &EntryInfo, args: &RunArgs) -> Result<OutputPlan, Failure
 
 /// An output path whose directory is missing or read-only, or that names a directory, is
 /// reported before the program runs (nothing is created or overwritten yet).
-fn check_writable(path: &std::path::Path) -> Result<(), Failure> {
+pub(super) fn check_writable(path: &std::path::Path) -> Result<(), Failure> {
     let fail = |why: &str| Err(Failure::new(Exit::File, format!("cannot write {}: {why}", path.display())));
     if path.is_dir() {
         return fail("it is a directory");
