@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 /// A product of dimension names, sorted (with repetition for powers).
 pub type Monomial = Vec<String>;
@@ -18,7 +19,11 @@ pub type Monomial = Vec<String>;
 /// A symbolic dimension.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Dim {
-    terms: BTreeMap<Monomial, i64>,
+    /// Terms sorted by monomial, no zero coefficients: the order, equality and hash of the
+    /// sorted map it stands for. A shared slice, not a `BTreeMap`: a map's first node holds
+    /// room for eleven terms (hundreds of bytes), and a program has several dims per value;
+    /// shared, a dim is copied by a reference count (types are copied into every node).
+    terms: Arc<[(Monomial, i64)]>,
 }
 
 /// The name that marks the overflow dim (no program can write it).
@@ -38,38 +43,42 @@ pub enum DimError {
 impl Dim {
     /// A constant.
     pub fn constant(v: i64) -> Dim {
-        let mut terms = BTreeMap::new();
-        if v != 0 {
-            terms.insert(Vec::new(), v);
-        }
-        Dim { terms }
+        Dim { terms: if v != 0 { Arc::from([(Vec::new(), v)]) } else { Arc::from([]) } }
     }
 
     /// A named dimension.
     pub fn sym(name: &str) -> Dim {
-        let mut terms = BTreeMap::new();
-        terms.insert(vec![name.to_string()], 1);
-        Dim { terms }
+        Dim { terms: Arc::from([(vec![name.to_string()], 1)]) }
+    }
+
+    /// The dim of a sorted map of terms (zero coefficients dropped).
+    fn from_map(map: BTreeMap<Monomial, i64>) -> Dim {
+        Dim { terms: map.into_iter().filter(|(_, c)| *c != 0).collect() }
+    }
+
+    /// The coefficient of a monomial.
+    fn coefficient(&self, m: &[String]) -> Option<i64> {
+        self.terms.binary_search_by(|(k, _)| k.as_slice().cmp(m)).ok().map(|i| self.terms[i].1)
     }
 
     /// The value if it contains no names.
     pub fn as_const(&self) -> Option<i64> {
         match self.terms.len() {
             0 => Some(0),
-            1 => self.terms.get(&Vec::new()).copied(),
+            1 => self.coefficient(&[]),
             _ => None,
         }
     }
 
     /// The single name if the dim is exactly one name.
     pub fn as_sym(&self) -> Option<&str> {
-        let (mono, coef) = self.terms.iter().next()?;
+        let (mono, coef) = self.terms.first()?;
         (self.terms.len() == 1 && *coef == 1 && mono.len() == 1).then(|| mono[0].as_str())
     }
 
     /// Every name it mentions, sorted, without repetition.
     pub fn symbols(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.terms.keys().flatten().cloned().collect();
+        let mut names: Vec<String> = self.terms.iter().flat_map(|(m, _)| m).cloned().collect();
         names.sort();
         names.dedup();
         names
@@ -87,7 +96,7 @@ impl Dim {
 
     /// Whether arithmetic that made this dim overflowed.
     pub fn is_overflow(&self) -> bool {
-        self.terms.keys().any(|m| m.iter().any(|n| n == OVERFLOW))
+        self.terms.iter().any(|(m, _)| m.iter().any(|n| n == OVERFLOW))
     }
 
     /// A dim from terms, or the overflow dim when a coefficient overflowed (`None`).
@@ -99,7 +108,7 @@ impl Dim {
                 out.insert(m, c);
             }
         }
-        Dim { terms: out }
+        Dim::from_map(out)
     }
 
     /// `self + other`
@@ -108,7 +117,7 @@ impl Dim {
             return Dim::overflow();
         }
         let mut terms: BTreeMap<Monomial, Option<i64>> = self.terms.iter().map(|(m, c)| (m.clone(), Some(*c))).collect();
-        for (m, c) in &other.terms {
+        for (m, c) in other.terms.iter() {
             let t = terms.entry(m.clone()).or_insert(Some(0));
             *t = t.and_then(|t| t.checked_add(*c));
         }
@@ -134,8 +143,8 @@ impl Dim {
             return Dim::overflow();
         }
         let mut terms: BTreeMap<Monomial, Option<i64>> = BTreeMap::new();
-        for (ma, ca) in &self.terms {
-            for (mb, cb) in &other.terms {
+        for (ma, ca) in self.terms.iter() {
+            for (mb, cb) in other.terms.iter() {
                 let mut m = ma.clone();
                 m.extend(mb.iter().cloned());
                 m.sort();
@@ -154,7 +163,7 @@ impl Dim {
     /// Replaces names by dims (names not in the map stay).
     pub fn substitute(&self, map: &HashMap<String, Dim>) -> Dim {
         let mut out = Dim::constant(0);
-        for (m, c) in &self.terms {
+        for (m, c) in self.terms.iter() {
             let mut term = Dim::constant(*c);
             for name in m {
                 term = term.mul(map.get(name).unwrap_or(&Dim::sym(name)));
@@ -171,7 +180,7 @@ impl Dim {
             return Err(overflow());
         }
         let mut total: i64 = 0;
-        for (m, c) in &self.terms {
+        for (m, c) in self.terms.iter() {
             let mut v = *c;
             for name in m {
                 let x = env.get(name).ok_or_else(|| DimError::Unbound(name.clone()))?;
@@ -196,7 +205,7 @@ impl Dim {
         let x = &unknown[0];
         let overflow = || Some(Err(format!("{self} = {value} overflows while solving for {x}")));
         let (mut a, mut b) = (0i64, 0i64);
-        for (m, c) in &self.terms {
+        for (m, c) in self.terms.iter() {
             let count = m.iter().filter(|n| *n == x).count();
             let mut known = *c;
             for n in m.iter().filter(|n| *n != x) {
@@ -227,9 +236,9 @@ impl Dim {
         if divisor.terms.len() != 1 || self.is_overflow() || divisor.is_overflow() {
             return None;
         }
-        let (dm, dc) = divisor.terms.iter().next()?;
+        let (dm, dc) = divisor.terms.first()?;
         let mut terms = BTreeMap::new();
-        for (m, c) in &self.terms {
+        for (m, c) in self.terms.iter() {
             if c.checked_rem(*dc)? != 0 {
                 return None;
             }
@@ -240,7 +249,7 @@ impl Dim {
             }
             terms.insert(rest, c.checked_div(*dc)?);
         }
-        Some(Dim { terms })
+        Some(Dim::from_map(terms))
     }
 
     /// Parses the canonical text (`B`, `H*D`, `2*S+1`, `S-1`); the IR text reader uses it.
@@ -298,7 +307,7 @@ impl fmt::Display for Dim {
         if self.is_overflow() {
             return f.write_str(OVERFLOW);
         }
-        let constant = self.terms.get(&Vec::new()).copied();
+        let constant = self.coefficient(&[]);
         let mut first = true;
         for (m, c) in self.terms.iter().filter(|(m, _)| !m.is_empty()) {
             let mag = c.unsigned_abs();

@@ -120,7 +120,17 @@ pub struct Facts {
 #[derive(Clone, Debug, Default)]
 pub struct Types {
     interned: HashMap<TensorType, Arc<TensorType>>,
+    /// The inferred type of an e-node by its key and its children's interned types (by
+    /// address; the interned copies live as long as the e-graph): a long program repeats a few
+    /// (op, operand types) pairs, and each is inferred once.
+    inferred: HashMap<MemoKey, Option<Arc<TensorType>>>,
 }
+
+/// An e-node's key and its children's interned types, by address.
+type MemoKey = (Arc<str>, [usize; MEMO_ARITY]);
+
+/// E-nodes with at most this many children have their inferred types memoised.
+const MEMO_ARITY: usize = 4;
 
 impl Types {
     /// The shared copy of `ty`.
@@ -141,9 +151,29 @@ impl Analysis<ENode> for Types {
     type Data = Facts;
 
     fn make(egraph: &mut EG, enode: &ENode, _id: Id) -> Facts {
-        let tys: Option<Vec<&TensorType>> = enode.children.iter().map(|c| egraph[*c].data.ty.as_deref()).collect();
-        let ty = tys.and_then(|tys| infer(&enode.op, &tys, enode.ty.as_ref()).ok());
-        let ty = ty.map(|t| egraph.analysis.intern(t));
+        let tys: Option<Vec<&Arc<TensorType>>> = enode.children.iter().map(|c| egraph[*c].data.ty.as_ref()).collect();
+        let memo_key = tys.as_ref().filter(|t| t.len() <= MEMO_ARITY).map(|t| {
+            let mut addrs = [0usize; MEMO_ARITY];
+            for (a, ty) in addrs.iter_mut().zip(t) {
+                *a = Arc::as_ptr(ty) as usize;
+            }
+            (enode.key.clone(), addrs)
+        });
+        let known = memo_key.as_ref().and_then(|k| egraph.analysis.inferred.get(k)).cloned();
+        let ty = match known {
+            Some(ty) => ty,
+            None => {
+                let ty = tys.and_then(|tys| {
+                    let tys: Vec<&TensorType> = tys.into_iter().map(|t| &**t).collect();
+                    infer(&enode.op, &tys, enode.ty.as_ref()).ok()
+                });
+                let ty = ty.map(|t| egraph.analysis.intern(t));
+                if let Some(k) = memo_key {
+                    egraph.analysis.inferred.insert(k, ty.clone());
+                }
+                ty
+            }
+        };
         let konst = match &enode.op {
             Op::Const(v) => Some(*v),
             _ => None,
@@ -180,7 +210,10 @@ pub fn load(graph: &Graph) -> Loaded {
     for v in graph.topo_order().unwrap_or_default() {
         let node = graph.node(v);
         let children = graph.operands(v).iter().map(|a| class_of[a.index()]).collect();
-        class_of[v.index()] = egraph.add(ENode::new(node.op.clone(), Some(node.ty.clone()), children));
+        // Only ops whose type is part of their identity keep it (cloning a type is several
+        // allocations per node).
+        let declared = carries_type(&node.op).then(|| node.ty.clone());
+        class_of[v.index()] = egraph.add(ENode::new(node.op.clone(), declared, children));
     }
     egraph.rebuild();
     Loaded { egraph, class_of }

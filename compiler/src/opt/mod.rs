@@ -128,10 +128,44 @@ pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
 /// Optimises one graph.
 pub fn optimize(graph: &Graph, opts: &OptOptions) -> Optimized {
     let start = Instant::now();
-    let loaded = load(graph);
-    let pinned = pinned_weights(graph, &loaded.class_of);
-    let rules = all_rules(pinned.clone());
-    optimize_with_rules(graph, opts, loaded, pinned, &rules, start)
+    with_egg_clock(|| {
+        let loaded = load(graph);
+        let pinned = pinned_weights(graph, &loaded.class_of);
+        let rules = all_rules(pinned.clone());
+        optimize_with_rules(graph, opts, loaded, pinned, &rules, start)
+    })
+}
+
+/// Runs `f` with egg's clock replaced. egg times its phases with the `quanta` crate, whose
+/// first reading in a process calibrates the CPU's time-stamp counter against the OS clock: on
+/// a busy or virtual machine that takes up to 200 ms (its cap), which every `attnc` command
+/// that optimises paid once. Under the replacement (a quanta mock clock, for this thread
+/// only) egg reads no counter; [`clock_hook`] moves it to the real elapsed time before each
+/// iteration, so the runner's time limit still holds, checked per iteration.
+fn with_egg_clock<T>(f: impl FnOnce() -> T) -> T {
+    EGG_CLOCK.with(|(clock, _)| quanta::with_clock(clock, f))
+}
+
+thread_local! {
+    /// This thread's replacement clock for egg and its hand.
+    static EGG_CLOCK: (quanta::Clock, Arc<quanta::Mock>) = quanta::Clock::mock();
+}
+
+/// A runner hook that moves egg's clock on by the real time since the hook was made.
+fn clock_hook() -> impl FnMut(&mut Runner<lang::ENode, lang::Types>) -> Result<(), String> + 'static {
+    let start = Instant::now();
+    let base = EGG_CLOCK.with(|(_, hand)| hand.value());
+    move |_| {
+        let elapsed = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let target = base.saturating_add(elapsed);
+        EGG_CLOCK.with(|(_, hand)| {
+            let shown = hand.value();
+            if target > shown {
+                hand.increment(target - shown);
+            }
+        });
+        Ok(())
+    }
 }
 
 /// Optimises with a given rule set (tests use single rules).
@@ -174,6 +208,7 @@ pub(crate) fn optimize_with_rules(
     let class_of = loaded.class_of;
     let node_limit = opts.node_limit.max(opts.nodes_per_input.saturating_mul(loaded.egraph.total_number_of_nodes()));
     let runner = Runner::default()
+        .with_hook(clock_hook())
         .with_scheduler(SimpleScheduler)
         .with_iter_limit(opts.iter_limit)
         .with_node_limit(node_limit)

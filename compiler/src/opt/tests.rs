@@ -64,6 +64,17 @@ fn limits_still_give_a_valid_graph() {
     }
 }
 
+/// egg runs on a clock that the runner's hook moves (no counter calibration): its time limit
+/// still stops a run, and a generous one does not.
+#[test]
+fn the_time_limit_holds_on_the_replaced_clock() {
+    let g = Graph::parse(CAUSAL).unwrap();
+    let o = super::optimize(&g, &OptOptions { time_limit: std::time::Duration::ZERO, ..OptOptions::default() });
+    assert!(o.report.stop_reason.starts_with("time limit"), "{}", o.report.stop_reason);
+    let o = super::optimize(&g, &OptOptions::default());
+    assert_eq!(o.report.stop_reason, "saturated");
+}
+
 /// Weights that are an output stay materialised; `explain` says why.
 #[test]
 fn weights_that_are_outputs_are_not_fused() {

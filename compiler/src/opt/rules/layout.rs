@@ -48,16 +48,17 @@ impl Rule for ReshapeFold {
 
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
         let mut out = Vec::new();
-        let Some(target) = ty(eg, class).cloned() else { return out };
+        // Borrowed: most classes hold no reshape, and this runs on every class.
+        let Some(target) = ty(eg, class) else { return out };
         for n in nodes_where(eg, class, |op| matches!(op, Op::Reshape)) {
             let x = n.args()[0];
-            if ty(eg, x) == Some(&target) {
+            if ty(eg, x) == Some(target) {
                 out.push(Build::Class(x));
                 continue;
             }
             for inner in nodes_where(eg, x, |op| matches!(op, Op::Reshape)) {
                 let src = inner.args()[0];
-                out.push(if ty(eg, src) == Some(&target) {
+                out.push(if ty(eg, src) == Some(target) {
                     Build::Class(src)
                 } else {
                     Build::Node(Op::Reshape, Some(target.clone()), vec![Build::Class(src)])
