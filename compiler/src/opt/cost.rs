@@ -41,7 +41,7 @@ impl Cost<'_> {
     pub fn own(&self, n: &ENode) -> f64 {
         let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
         let Some(tys) = tys else { return f64::INFINITY };
-        let Ok(out) = infer(&n.op, &tys, n.ty.as_ref()) else { return f64::INFINITY };
+        let Ok(out) = infer(&n.op, &tys, n.ty.as_deref()) else { return f64::INFINITY };
         self.own_typed(n, &tys, &out)
     }
 

@@ -7,6 +7,7 @@
 use crate::ir::{Graph, Op, TensorType, Value, infer};
 use attn_dsl::Span;
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -18,9 +19,11 @@ pub struct ENode {
     /// The operation.
     pub op: Op,
     /// The declared result type, for ops that carry one.
-    pub ty: Option<TensorType>,
+    pub ty: Option<Arc<TensorType>>,
     key: Arc<str>,
-    children: Vec<Id>,
+    /// Inline up to three operands: egg keeps three copies of every node (its node list, its
+    /// hash-cons table and the class), and most ops have at most three.
+    children: SmallVec<[Id; 3]>,
 }
 
 impl ENode {
@@ -36,7 +39,7 @@ impl ENode {
         if let Some(t) = &ty {
             key.push_str(&format!(" : {t}"));
         }
-        ENode { op, ty, key: key.into(), children }
+        ENode { op, ty: ty.map(Arc::new), key: key.into(), children: children.into() }
     }
 
     /// The operand classes.
@@ -165,7 +168,7 @@ impl Analysis<ENode> for Types {
             None => {
                 let ty = tys.and_then(|tys| {
                     let tys: Vec<&TensorType> = tys.into_iter().map(|t| &**t).collect();
-                    infer(&enode.op, &tys, enode.ty.as_ref()).ok()
+                    infer(&enode.op, &tys, enode.ty.as_deref()).ok()
                 });
                 let ty = ty.map(|t| egraph.analysis.intern(t));
                 if let Some(k) = memo_key {
