@@ -10,42 +10,55 @@
 use super::cost::Cost;
 use super::lang::{EG, ENode};
 use egg::Id;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// The best node and its cost, per canonical class.
 pub struct Extracted<'a> {
     eg: &'a EG,
-    best: HashMap<Id, (f64, usize)>,
+    /// Indexed by class id (ids are dense: egg numbers classes as it adds nodes).
+    best: Vec<Option<(f64, usize)>>,
 }
 
 impl<'a> Extracted<'a> {
     /// Finds the cheapest node of every class of `eg` that has one of finite or infinite cost
     /// (a class all of whose nodes need an uncosted class has none; [`Self::find_best_node`]
-    /// then returns its first node).
+    /// then returns its first node). Tables are vectors indexed by class id, not hash maps:
+    /// every step looks up a class's children, and a long program has tens of thousands.
     pub fn new(eg: &'a EG, cost: &Cost<'_>) -> Extracted<'a> {
         let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
         ids.sort();
+        let slots = ids.last().map_or(0, |id| usize::from(*id) + 1);
         // Each node's own cost, once; and for each class, the classes whose nodes use it.
-        let mut own: HashMap<Id, Vec<f64>> = HashMap::with_capacity(ids.len());
-        let mut users: HashMap<Id, Vec<Id>> = HashMap::with_capacity(ids.len());
+        let mut own: Vec<Vec<f64>> = vec![Vec::new(); slots];
+        let mut users: Vec<Vec<Id>> = vec![Vec::new(); slots];
         for &id in &ids {
             let nodes = &eg[id].nodes;
-            own.insert(id, nodes.iter().map(|n| not_nan(cost.own_in(n, id))).collect());
+            own[usize::from(id)] = nodes.iter().map(|n| not_nan(cost.own_in(n, id))).collect();
             for n in nodes {
                 for child in n.args() {
-                    users.entry(eg.find(*child)).or_default().push(id);
+                    if let Some(u) = users.get_mut(usize::from(eg.find(*child))) {
+                        u.push(id);
+                    }
                 }
             }
         }
-        let mut best: HashMap<Id, (f64, usize)> = HashMap::with_capacity(ids.len());
-        let mut queued: HashMap<Id, bool> = ids.iter().map(|id| (*id, true)).collect();
+        let mut best: Vec<Option<(f64, usize)>> = vec![None; slots];
+        let mut queued: Vec<bool> = vec![false; slots];
+        for id in &ids {
+            queued[usize::from(*id)] = true;
+        }
         let mut queue: VecDeque<Id> = ids.iter().copied().collect();
         while let Some(id) = queue.pop_front() {
-            queued.insert(id, false);
-            let Some(own) = own.get(&id) else { continue };
+            let k = usize::from(id);
+            queued[k] = false;
+            let own = &own[k];
             let mut found: Option<(f64, usize)> = None;
             for (i, n) in eg[id].nodes.iter().enumerate() {
-                let total = n.args().iter().try_fold(own[i], |acc, c| best.get(&eg.find(*c)).map(|(b, _)| acc + b));
+                let Some(&own_cost) = own.get(i) else { continue };
+                let total = n
+                    .args()
+                    .iter()
+                    .try_fold(own_cost, |acc, c| best.get(usize::from(eg.find(*c))).copied().flatten().map(|(b, _)| acc + b));
                 if let Some(total) = total.map(not_nan)
                     && found.is_none_or(|(f, _)| total < f)
                 {
@@ -53,14 +66,13 @@ impl<'a> Extracted<'a> {
                 }
             }
             let Some((total, i)) = found else { continue };
-            if best.get(&id).is_some_and(|(old, _)| total >= *old) {
+            if best[k].is_some_and(|(old, _)| total >= old) {
                 continue;
             }
-            best.insert(id, (total, i));
-            for user in users.get(&id).into_iter().flatten() {
-                if let Some(q) = queued.get_mut(user)
-                    && !*q
-                {
+            best[k] = Some((total, i));
+            for user in &users[k] {
+                let q = &mut queued[usize::from(*user)];
+                if !*q {
                     *q = true;
                     queue.push_back(*user);
                 }
@@ -69,16 +81,20 @@ impl<'a> Extracted<'a> {
         Extracted { eg, best }
     }
 
+    /// The best entry of a class.
+    fn best_of(&self, class: Id) -> Option<(f64, usize)> {
+        self.best.get(usize::from(self.eg.find(class))).copied().flatten()
+    }
+
     /// The cheapest node of `class`.
     pub fn find_best_node(&self, class: Id) -> &'a ENode {
-        let class = self.eg.find(class);
-        let i = self.best.get(&class).map_or(0, |(_, i)| *i);
-        &self.eg[class].nodes[i]
+        let i = self.best_of(class).map_or(0, |(_, i)| i);
+        &self.eg[self.eg.find(class)].nodes[i]
     }
 
     /// The tree cost of `class`'s cheapest node (infinite when it has none).
     pub fn find_best_cost(&self, class: Id) -> f64 {
-        self.best.get(&self.eg.find(class)).map_or(f64::INFINITY, |(c, _)| *c)
+        self.best_of(class).map_or(f64::INFINITY, |(c, _)| c)
     }
 }
 

@@ -27,19 +27,22 @@ pub struct ENode {
 }
 
 impl ENode {
-    /// A node; `ty` is kept only for ops whose result type the operands do not determine.
-    pub fn new(op: Op, ty: Option<TensorType>, children: Vec<Id>) -> ENode {
+    /// A node; `ty` is kept only for ops whose result type the operands do not determine. Its
+    /// key is shared through `types` (see [`Types::key`]).
+    pub fn new(types: &mut Types, op: Op, ty: Option<TensorType>, children: Vec<Id>) -> ENode {
+        use std::fmt::Write as _;
         let ty = if carries_type(&op) { ty } else { None };
         let mut key = op.name().to_string();
         let attrs = op.attrs();
         if !attrs.is_empty() {
             let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            key.push_str(&format!("[{}]", parts.join(", ")));
+            let _ = write!(key, "[{}]", parts.join(", "));
         }
         if let Some(t) = &ty {
-            key.push_str(&format!(" : {t}"));
+            let _ = write!(key, " : {t}");
         }
-        ENode { op, ty: ty.map(Arc::new), key: key.into(), children: children.into() }
+        let ty = ty.map(|t| types.intern(t));
+        ENode { op, ty, key: types.key(key), children: children.into() }
     }
 
     /// The operand classes.
@@ -127,6 +130,9 @@ pub struct Types {
     /// address; the interned copies live as long as the e-graph): a long program repeats a few
     /// (op, operand types) pairs, and each is inferred once.
     inferred: HashMap<MemoKey, Option<Arc<TensorType>>>,
+    /// One shared copy of each e-node key: a long program repeats a few (`mul`, `add`), and
+    /// equal keys then compare and hash from the same memory.
+    keys: std::collections::HashSet<Arc<str>>,
 }
 
 /// An e-node's key and its children's interned types, by address.
@@ -136,6 +142,16 @@ type MemoKey = (Arc<str>, [usize; MEMO_ARITY]);
 const MEMO_ARITY: usize = 4;
 
 impl Types {
+    /// The shared copy of an e-node key.
+    pub fn key(&mut self, text: String) -> Arc<str> {
+        if let Some(shared) = self.keys.get(text.as_str()) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = text.into();
+        self.keys.insert(shared.clone());
+        shared
+    }
+
     /// The shared copy of `ty`.
     fn intern(&mut self, ty: TensorType) -> Arc<TensorType> {
         if let Some(shared) = self.interned.get(&ty) {
@@ -216,7 +232,8 @@ pub fn load(graph: &Graph) -> Loaded {
         // Only ops whose type is part of their identity keep it (cloning a type is several
         // allocations per node).
         let declared = carries_type(&node.op).then(|| node.ty.clone());
-        class_of[v.index()] = egraph.add(ENode::new(node.op.clone(), declared, children));
+        let enode = ENode::new(&mut egraph.analysis, node.op.clone(), declared, children);
+        class_of[v.index()] = egraph.add(enode);
     }
     egraph.rebuild();
     Loaded { egraph, class_of }

@@ -42,6 +42,10 @@ impl Rule for FoldConstants {
 pub struct Identities;
 
 impl Rule for Identities {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Binary(_))
+    }
+
     fn name(&self) -> &'static str {
         "algebra/identities"
     }
@@ -73,6 +77,10 @@ impl Rule for Identities {
 pub struct DivToMul;
 
 impl Rule for DivToMul {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Binary(BinaryOp::Div))
+    }
+
     fn name(&self) -> &'static str {
         "algebra/div-to-mul"
     }
@@ -104,6 +112,10 @@ impl Rule for DivToMul {
 pub struct ScaleIntoQuery;
 
 impl Rule for ScaleIntoQuery {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Binary(BinaryOp::Mul))
+    }
+
     fn name(&self) -> &'static str {
         "algebra/scale-into-query"
     }

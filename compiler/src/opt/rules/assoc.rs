@@ -12,6 +12,10 @@ use egg::Id;
 pub struct MatMulAssoc;
 
 impl Rule for MatMulAssoc {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::MatMul)
+    }
+
     fn name(&self) -> &'static str {
         "assoc/matmul"
     }

@@ -23,6 +23,10 @@ pub struct FuseAttention {
 }
 
 impl Rule for FuseAttention {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::MatMul)
+    }
+
     fn name(&self) -> &'static str {
         "fusion/flash-attention"
     }

@@ -10,6 +10,10 @@ use egg::Id;
 pub struct TransposeFold;
 
 impl Rule for TransposeFold {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Transpose { .. })
+    }
+
     fn name(&self) -> &'static str {
         "layout/transpose-fold"
     }
@@ -42,6 +46,10 @@ impl Rule for TransposeFold {
 pub struct ReshapeFold;
 
 impl Rule for ReshapeFold {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Reshape)
+    }
+
     fn name(&self) -> &'static str {
         "layout/reshape-fold"
     }

@@ -38,6 +38,13 @@ pub trait Rule: Send + Sync {
     fn name(&self) -> &'static str;
     /// Trees equivalent to the class (empty: the rule does not apply).
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build>;
+
+    /// Whether a node with this op can be the root of a match: the search visits only classes
+    /// that hold such a node, so a rule about transposes never looks at the thousands of
+    /// classes of a long chain of arithmetic. True for every op `rewrite` starts from.
+    fn wants(&self, _op: &Op) -> bool {
+        true
+    }
 }
 
 /// The type of a class.
@@ -62,7 +69,8 @@ fn add_build(eg: &mut EG, b: &Build) -> Option<Id> {
             }
             let tys: Option<Vec<&TensorType>> = ids.iter().map(|c| eg[*c].data.ty.as_deref()).collect();
             infer(op, &tys?, declared.as_ref()).ok()?;
-            Some(eg.add(ENode::new(op.clone(), declared.clone(), ids)))
+            let enode = ENode::new(&mut eg.analysis, op.clone(), declared.clone(), ids);
+            Some(eg.add(enode))
         }
     }
 }
@@ -75,6 +83,21 @@ impl Searcher<ENode, Types> for Adapter {
             return None;
         }
         Some(SearchMatches { eclass, substs: vec![Subst::default()], ast: None })
+    }
+
+    /// Every class with a node the rule wants, visited in the e-graph's own storage order (one
+    /// pass over the classes, no look-up by id for the others).
+    fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ENode>> {
+        let mut out = Vec::new();
+        for class in eg.classes() {
+            if out.len() >= limit {
+                break;
+            }
+            if class.nodes.iter().any(|n| self.0.wants(&n.op)) && !self.0.rewrite(eg, class.id).is_empty() {
+                out.push(SearchMatches { eclass: class.id, substs: vec![Subst::default()], ast: None });
+            }
+        }
+        out
     }
 
     fn vars(&self) -> Vec<Var> {
