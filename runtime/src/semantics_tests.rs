@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// finite values.
 pub(crate) const APPROX_ULPS: u32 = 8;
 
-const UNARY: [UnaryOp; 14] = [
+const UNARY: [UnaryOp; 16] = [
     UnaryOp::Neg,
     UnaryOp::Not,
     UnaryOp::Exp,
@@ -34,6 +34,8 @@ const UNARY: [UnaryOp; 14] = [
     UnaryOp::Elu,
     UnaryOp::Abs,
     UnaryOp::Floor,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
 ];
 
 const BINARY: [BinaryOp; 16] = [

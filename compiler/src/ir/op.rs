@@ -35,6 +35,10 @@ pub enum UnaryOp {
     Abs,
     /// round toward negative infinity
     Floor,
+    /// sine (radians)
+    Sin,
+    /// cosine (radians)
+    Cos,
 }
 
 /// Two-operand element-wise operations (operands broadcast numpy-style).
@@ -232,7 +236,7 @@ impl fmt::Display for Attr {
     }
 }
 
-const UNARY: [(UnaryOp, &str); 14] = [
+const UNARY: [(UnaryOp, &str); 16] = [
     (UnaryOp::Neg, "neg"),
     (UnaryOp::Not, "not"),
     (UnaryOp::Exp, "exp"),
@@ -247,6 +251,8 @@ const UNARY: [(UnaryOp, &str); 14] = [
     (UnaryOp::Elu, "elu"),
     (UnaryOp::Abs, "abs"),
     (UnaryOp::Floor, "floor"),
+    (UnaryOp::Sin, "sin"),
+    (UnaryOp::Cos, "cos"),
 ];
 
 const BINARY: [(BinaryOp, &str); 16] = [

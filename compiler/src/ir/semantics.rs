@@ -225,6 +225,9 @@ pub fn unary_f(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Rsqrt => r(1.0 / r(x.sqrt())),
         UnaryOp::Exp => r(x.exp()),
         UnaryOp::Log => r(x.ln()),
+        // f64 sine and cosine rounded once: ±inf and NaN give NaN.
+        UnaryOp::Sin => r(x.sin()),
+        UnaryOp::Cos => r(x.cos()),
         UnaryOp::Tanh => r(x.tanh()),
         UnaryOp::Sigmoid => sigmoid(x),
         UnaryOp::Silu => r(x * sigmoid(x)),

@@ -640,7 +640,8 @@ pub(super) mod tests {
         }
         outs.push(add(&mut g, Op::Iota { axis: 1 }, &[], Some(ty(DType::I32, &["1", "S"]))));
         let mask = add(&mut g, Op::Binary(BinaryOp::Gt), &[x, gamma], None);
-        let unary = ["neg", "not", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "elu", "abs", "floor"];
+        let unary =
+            ["neg", "not", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "elu", "abs", "floor", "sin", "cos"];
         for u in unary.map(|n| UnaryOp::from_name(n).unwrap()) {
             let arg = if u == UnaryOp::Not { mask } else { x };
             outs.push(add(&mut g, Op::Unary(u), &[arg], None));

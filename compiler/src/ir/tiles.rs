@@ -155,6 +155,8 @@ fn bound_unary(u: UnaryOp, a: Bound) -> Bound {
             let (lo, hi) = (f(x.lo), f(x.hi));
             if lo.is_nan() || hi.is_nan() { ANY } else { Iv { lo, hi } }
         }
+        // Bounded whatever the argument (NaN aside, which the interval's truth ignores).
+        UnaryOp::Sin | UnaryOp::Cos if class == Class::Float => Iv { lo: -1.0, hi: 1.0 },
         _ => ANY,
     };
     Bound::new(iv, class)
@@ -434,6 +436,19 @@ mod tests {
         let mask = parse_expr("x0[b, i] == x0[b, j]", 4).expect("parses");
         let class = classify_tile(Some(&mask), &[2, 3], (0, 64), (0, 64), &HashMap::new());
         assert_eq!(class, TileClass::Partial);
+    }
+
+    /// `sin` and `cos` are bounded whatever their argument: masks comparing them against
+    /// constants outside [-1, 1] are settled per tile.
+    #[test]
+    fn sine_and_cosine_are_bounded() {
+        let env = HashMap::new();
+        let full = parse_expr("sin(i * 0.1) <= 1.0", 2).expect("parses");
+        assert_eq!(classify_tile(Some(&full), &[], (0, 64), (0, 64), &env), TileClass::Full);
+        let skip = parse_expr("cos(j) > 2.0", 2).expect("parses");
+        assert_eq!(classify_tile(Some(&skip), &[], (0, 64), (0, 64), &env), TileClass::Skip);
+        let partial = parse_expr("sin(i) > 0.5", 2).expect("parses");
+        assert_eq!(classify_tile(Some(&partial), &[], (0, 64), (0, 64), &env), TileClass::Partial);
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(crate) const BUILTINS: &[&str] = &[
     "elu",
     "abs",
     "floor",
+    "sin",
+    "cos",
     "neg",
     "min",
     "max",

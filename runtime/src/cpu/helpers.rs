@@ -1,5 +1,5 @@
 //! Scalar helpers generated code calls for the rare operations that have no Cranelift
-//! instruction and are not worth inlining (log, pow, Python's `%`, f16 rounding). The hot
+//! instruction and are not worth inlining (log, sin, cos, pow, Python's `%`, f16 rounding). The hot
 //! transcendental functions (exp, tanh, sigmoid, erf) are inlined instead; the dense tile products
 //! and the softmax exp pass are the microkernels of [`crate::kernels`].
 
@@ -8,6 +8,16 @@ use attn_compiler::ir::semantics;
 /// Natural log.
 pub extern "C" fn attnc_log_f64(x: f64) -> f64 {
     x.ln()
+}
+
+/// Sine, in f64 (the caller rounds to f32).
+pub extern "C" fn attnc_sin_f64(x: f64) -> f64 {
+    x.sin()
+}
+
+/// Cosine, in f64.
+pub extern "C" fn attnc_cos_f64(x: f64) -> f64 {
+    x.cos()
 }
 
 /// `x ** y`.
@@ -29,6 +39,8 @@ pub extern "C" fn attnc_round_f16(x: f32) -> f32 {
 pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("attnc_log_f64", attnc_log_f64 as *const u8),
+        ("attnc_sin_f64", attnc_sin_f64 as *const u8),
+        ("attnc_cos_f64", attnc_cos_f64 as *const u8),
         ("attnc_pow_f64", attnc_pow_f64 as *const u8),
         ("attnc_rem_f64", attnc_rem_f64 as *const u8),
         ("attnc_round_f16", attnc_round_f16 as *const u8),

@@ -436,6 +436,8 @@ impl Fx<'_> {
                     }
                     UnaryOp::Exp => self.exp(v),
                     UnaryOp::Log => self.lanewise(abi::LOG, &[v]),
+                    UnaryOp::Sin => self.lanewise(abi::SIN, &[v]),
+                    UnaryOp::Cos => self.lanewise(abi::COS, &[v]),
                     UnaryOp::Sqrt => self.b.ins().sqrt(v),
                     UnaryOp::Rsqrt => {
                         let s = self.b.ins().sqrt(v);

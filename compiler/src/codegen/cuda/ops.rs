@@ -101,6 +101,10 @@ pub(super) fn unary(l: &mut Lines, op: UnaryOp, x: &CVal) -> CVal {
         (_, UnaryOp::Rsqrt) => format!("(1.0f / sqrtf({t}))"),
         (_, UnaryOp::Exp) => format!("expf({t})"),
         (_, UnaryOp::Log) => format!("logf({t})"),
+        // In double and rounded once, as `ir::semantics` defines them: sinf/cosf differ by
+        // an ulp or two, and by far more under fast-math for large arguments.
+        (_, UnaryOp::Sin) => format!("((float)sin((double){t}))"),
+        (_, UnaryOp::Cos) => format!("((float)cos((double){t}))"),
         (_, UnaryOp::Tanh) => format!("tanhf({t})"),
         (_, UnaryOp::Sigmoid) => format!("attnc_sigmoid({t})"),
         (_, UnaryOp::Silu) => format!("attnc_silu({t})"),
