@@ -38,13 +38,14 @@ const UNARY: [UnaryOp; 16] = [
     UnaryOp::Cos,
 ];
 
-const BINARY: [BinaryOp; 16] = [
+const BINARY: [BinaryOp; 17] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Div,
     BinaryOp::Rem,
     BinaryOp::Pow,
+    BinaryOp::Atan2,
     BinaryOp::Min,
     BinaryOp::Max,
     BinaryOp::Lt,

@@ -111,7 +111,7 @@ fn binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> Result<TensorType, Str
         let p = weak_promote(x, y);
         if b.is_comparison() {
             DType::Bool
-        } else if matches!(b, BinaryOp::Div | BinaryOp::Pow) && !p.is_float() {
+        } else if b.is_always_float() && !p.is_float() {
             DType::F32
         } else {
             p

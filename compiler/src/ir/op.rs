@@ -60,6 +60,9 @@ pub enum BinaryOp {
     Min,
     /// element-wise maximum
     Max,
+    /// `atan2(a, b)`: the angle of the point (b, a) in radians, in [-π, π] (integer operands
+    /// give f32)
+    Atan2,
     /// `a < b`
     Lt,
     /// `a <= b`
@@ -84,6 +87,11 @@ impl BinaryOp {
         matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne)
     }
 
+    /// Ops whose result is a float even for integer operands (`/`, `**`, `atan2`).
+    pub fn is_always_float(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Atan2)
+    }
+
     /// `and`/`or` take and produce bool.
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or)
@@ -106,7 +114,7 @@ impl BinaryOp {
             BinaryOp::Mul => "*",
             BinaryOp::Div => "/",
             BinaryOp::Rem => "%",
-            BinaryOp::Pow | BinaryOp::Min | BinaryOp::Max => return None,
+            BinaryOp::Pow | BinaryOp::Min | BinaryOp::Max | BinaryOp::Atan2 => return None,
         })
     }
 }
@@ -255,13 +263,14 @@ const UNARY: [(UnaryOp, &str); 16] = [
     (UnaryOp::Cos, "cos"),
 ];
 
-const BINARY: [(BinaryOp, &str); 16] = [
+const BINARY: [(BinaryOp, &str); 17] = [
     (BinaryOp::Add, "add"),
     (BinaryOp::Sub, "sub"),
     (BinaryOp::Mul, "mul"),
     (BinaryOp::Div, "div"),
     (BinaryOp::Rem, "rem"),
     (BinaryOp::Pow, "pow"),
+    (BinaryOp::Atan2, "atan2"),
     (BinaryOp::Min, "min"),
     (BinaryOp::Max, "max"),
     (BinaryOp::Lt, "lt"),

@@ -181,7 +181,7 @@ pub fn unary_class(op: UnaryOp, x: Class) -> Class {
 pub fn binary_class(op: BinaryOp, x: Class, y: Class) -> Class {
     if op.is_comparison() || op.is_logical() {
         Class::Bool
-    } else if matches!(op, BinaryOp::Div | BinaryOp::Pow) {
+    } else if op.is_always_float() {
         Class::Float
     } else {
         x.join(y)
@@ -297,6 +297,9 @@ pub fn binary_f(op: BinaryOp, a: f64, b: f64) -> f64 {
         BinaryOp::Div => r(a / b),
         BinaryOp::Rem => rem_f(a, b),
         BinaryOp::Pow => r(a.powf(b)),
+        // f64 atan2 rounded once (IEEE's special cases: atan2(±0, -0) = ±π, atan2(±inf, ±inf) =
+        // ±π/4 or ±3π/4, NaN in gives NaN).
+        BinaryOp::Atan2 => r(a.atan2(b)),
         BinaryOp::Min => min_f(a, b),
         BinaryOp::Max => max_f(a, b),
         _ => f64::from(u8::from(compare(op, a, b))),

@@ -646,7 +646,7 @@ pub(super) mod tests {
             let arg = if u == UnaryOp::Not { mask } else { x };
             outs.push(add(&mut g, Op::Unary(u), &[arg], None));
         }
-        let binary = ["add", "sub", "mul", "div", "rem", "pow", "min", "max", "lt", "le", "gt", "ge", "eq", "ne", "and", "or"];
+        let binary = ["add", "sub", "mul", "div", "rem", "pow", "atan2", "min", "max", "lt", "le", "gt", "ge", "eq", "ne", "and", "or"];
         for b in binary.map(|n| BinaryOp::from_name(n).unwrap()) {
             let arg = if b.is_logical() { mask } else { x };
             outs.push(add(&mut g, Op::Binary(b), &[arg, arg], None));

@@ -184,6 +184,11 @@ fn bound_binary(b: BinaryOp, x: Bound, y: Bound) -> Bound {
     let iv = match b {
         BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Min | BinaryOp::Max => Iv::corners(p, q, apply),
         BinaryOp::Div if q.lo > 0.0 || q.hi < 0.0 => Iv::corners(p, q, apply),
+        // An angle, whatever the operands (NaN aside); π rounded to f32 is a little above π.
+        BinaryOp::Atan2 => {
+            let pi = f64::from(std::f64::consts::PI as f32);
+            Iv { lo: -pi, hi: pi }
+        }
         _ => ANY,
     };
     Bound::new(iv, class)
@@ -447,6 +452,8 @@ mod tests {
         assert_eq!(classify_tile(Some(&full), &[], (0, 64), (0, 64), &env), TileClass::Full);
         let skip = parse_expr("cos(j) > 2.0", 2).expect("parses");
         assert_eq!(classify_tile(Some(&skip), &[], (0, 64), (0, 64), &env), TileClass::Skip);
+        let angle = parse_expr("atan2(i, j) <= 3.1416", 2).expect("parses");
+        assert_eq!(classify_tile(Some(&angle), &[], (0, 64), (0, 64), &env), TileClass::Full);
         let partial = parse_expr("sin(i) > 0.5", 2).expect("parses");
         assert_eq!(classify_tile(Some(&partial), &[], (0, 64), (0, 64), &env), TileClass::Partial);
     }

@@ -42,6 +42,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "minimum",
     "maximum",
     "pow",
+    "atan2",
     "clamp",
     "where",
     "cast",
@@ -112,11 +113,12 @@ impl Cx<'_, '_> {
                 };
                 self.reduce(frame, call, op)?
             }
-            "minimum" | "maximum" | "pow" => {
+            "minimum" | "maximum" | "pow" | "atan2" => {
                 self.arity(call, 2, 2, &[])?;
                 let op = match n {
                     "minimum" => BinaryOp::Min,
                     "maximum" => BinaryOp::Max,
+                    "atan2" => BinaryOp::Atan2,
                     _ => BinaryOp::Pow,
                 };
                 self.binary(frame, call, op)?

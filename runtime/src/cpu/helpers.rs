@@ -20,6 +20,11 @@ pub extern "C" fn attnc_cos_f64(x: f64) -> f64 {
     x.cos()
 }
 
+/// `atan2(y, x)`, in f64.
+pub extern "C" fn attnc_atan2_f64(y: f64, x: f64) -> f64 {
+    y.atan2(x)
+}
+
 /// `x ** y`.
 pub extern "C" fn attnc_pow_f64(x: f64, y: f64) -> f64 {
     x.powf(y)
@@ -41,6 +46,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_log_f64", attnc_log_f64 as *const u8),
         ("attnc_sin_f64", attnc_sin_f64 as *const u8),
         ("attnc_cos_f64", attnc_cos_f64 as *const u8),
+        ("attnc_atan2_f64", attnc_atan2_f64 as *const u8),
         ("attnc_pow_f64", attnc_pow_f64 as *const u8),
         ("attnc_rem_f64", attnc_rem_f64 as *const u8),
         ("attnc_round_f16", attnc_round_f16 as *const u8),

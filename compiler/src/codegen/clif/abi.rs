@@ -50,6 +50,8 @@ pub const NORM_ROW: Import = Import { name: "attnc_norm_row_f32", params: &[I64,
 pub const LOG: Import = Import { name: "attnc_log_f64", params: &[F64], returns: &[F64] };
 /// Sine in f64 (rounded to f32 by the caller, as `ir::semantics` does).
 pub const SIN: Import = Import { name: "attnc_sin_f64", params: &[F64], returns: &[F64] };
+/// `atan2(y, x)` in f64.
+pub const ATAN2: Import = Import { name: "attnc_atan2_f64", params: &[F64, F64], returns: &[F64] };
 /// Cosine in f64.
 pub const COS: Import = Import { name: "attnc_cos_f64", params: &[F64], returns: &[F64] };
 /// `x ** y` in f64.
@@ -61,7 +63,7 @@ pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], 
 
 /// Every symbol generated code may import.
 pub const IMPORTS: &[Import] =
-    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, SIN, COS, POW, REM, ROUND_F16];
+    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, SIN, COS, ATAN2, POW, REM, ROUND_F16];
 
 impl Import {
     /// The Cranelift signature under `call_conv`.

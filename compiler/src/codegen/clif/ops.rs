@@ -494,7 +494,7 @@ impl Fx<'_> {
             };
             return Tv { v, k: Kind::B };
         }
-        if float || matches!(op, BinaryOp::Div | BinaryOp::Pow) {
+        if float || op.is_always_float() {
             let (x, y) = (self.cvt_f(a), self.cvt_f(b));
             let v = match op {
                 BinaryOp::Add => self.b.ins().fadd(x, y),
@@ -504,6 +504,7 @@ impl Fx<'_> {
                 BinaryOp::Min => self.b.ins().fmin(x, y),
                 BinaryOp::Max => self.b.ins().fmax(x, y),
                 BinaryOp::Pow => self.lanewise(abi::POW, &[x, y]),
+                BinaryOp::Atan2 => self.lanewise(abi::ATAN2, &[x, y]),
                 _ => self.lanewise(abi::REM, &[x, y]),
             };
             return Tv { v, k: Kind::F };

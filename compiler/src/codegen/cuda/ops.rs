@@ -148,6 +148,8 @@ pub(super) fn binary(l: &mut Lines, op: BinaryOp, x: &CVal, y: &CVal) -> CVal {
         BinaryOp::Div => format!("({a} / {b})"),
         BinaryOp::Rem => format!("attnc_frem({a}, {b})"),
         BinaryOp::Pow => format!("powf({a}, {b})"),
+        // In double and rounded once, as `ir::semantics` defines it.
+        BinaryOp::Atan2 => format!("((float)atan2((double){a}, (double){b}))"),
         BinaryOp::Min => format!("attnc_fmin({a}, {b})"),
         BinaryOp::Max => format!("attnc_fmax({a}, {b})"),
     };
