@@ -266,7 +266,7 @@ impl Compiler {
         for g in graphs {
             let optimized = self.optimize(g);
             let tile_maps = flash_tile_maps(&optimized.graph, dims, tile)?;
-            out.push(Explanation { report: optimized.report, tile_maps });
+            out.push(Explanation { report: optimized.report, tile_maps, graph: optimized.graph });
         }
         Ok(out)
     }
@@ -279,6 +279,8 @@ pub struct Explanation {
     pub report: OptReport,
     /// One map per flash op of the optimised graph.
     pub tile_maps: Vec<FlashTileMap>,
+    /// The optimised graph the maps were made from.
+    pub graph: Graph,
 }
 
 impl fmt::Display for Explanation {

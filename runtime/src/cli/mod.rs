@@ -251,7 +251,7 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
         e => Failure::new(Exit::Usage, format!("{e} [{}]", e.diagnostic().code)),
     })?;
     if let (Some((info, inputs)), Some(explanation)) = (data, explained.first_mut()) {
-        data_tile_maps(&program, &compiler, &info, inputs, &dims, args.tile_size, explanation)?;
+        data_tile_maps(&info, inputs, &dims, args.tile_size, explanation)?;
     }
     let text: Vec<String> = explained.iter().map(ToString::to_string).collect();
     print_line(text.join("\n").trim_end_matches('\n'));
@@ -292,16 +292,12 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
 
 /// Replaces the explanation's compile-time tile maps by ones classified from input data.
 fn data_tile_maps(
-    program: &Program,
-    compiler: &attn_compiler::Compiler,
     info: &attn_runtime::EntryInfo,
     mut inputs: Vec<(String, attn_runtime::Tensor)>,
     dims: &std::collections::HashMap<String, i64>,
     tile: (i64, i64),
     explanation: &mut attn_compiler::Explanation,
 ) -> Result<(), Failure> {
-    let graph = program.graph(&info.name).map_err(run::run_failure)?;
-    let optimized = compiler.optimize(graph);
     let mut ordered = Vec::with_capacity(info.params.len());
     for (name, _) in &info.params {
         let Some(k) = inputs.iter().position(|(n, _)| n == name) else {
@@ -310,7 +306,7 @@ fn data_tile_maps(
         ordered.push(inputs.swap_remove(k).1);
     }
     let grids =
-        attn_compiler::interp::data_tile_grids(&optimized.graph, &ordered, dims, tile).map_err(|e| Failure::new(Exit::Runtime, e))?;
+        attn_compiler::interp::data_tile_grids(&explanation.graph, &ordered, dims, tile).map_err(|e| Failure::new(Exit::Runtime, e))?;
     for map in &mut explanation.tile_maps {
         if let Some((_, grid)) = grids.iter().find(|(v, _)| *v == map.value) {
             map.grid = grid.clone();

@@ -119,34 +119,18 @@ impl Canvas {
 
     /// Writes `text` with its top-left corner at (`x`, `y`), each font pixel `scale` pixels.
     pub fn text(&mut self, x: usize, y: usize, text: &str, scale: usize, c: Rgb) {
-        for (n, ch) in text.chars().enumerate() {
-            let rows = glyph(ch);
-            for (gy, bits) in rows.iter().enumerate() {
-                for gx in 0..GLYPH {
-                    if bits & (1 << gx) != 0 {
-                        let px = x + (n * GLYPH + gx) * scale;
-                        self.fill(Rect { x: px, y: y + gy * scale, w: scale, h: scale }, c);
-                    }
-                }
-            }
+        for (along, row) in ink(text) {
+            self.fill(Rect { x: x + along * scale, y: y + row * scale, w: scale, h: scale }, c);
         }
     }
 
     /// Writes `text` turned a quarter turn anticlockwise (read bottom to top), its baseline
     /// on the right: the text's first character's bottom-left corner is at (`x`, `y`).
     pub fn text_up(&mut self, x: usize, y: usize, text: &str, scale: usize, c: Rgb) {
-        for (n, ch) in text.chars().enumerate() {
-            let rows = glyph(ch);
-            for (gy, bits) in rows.iter().enumerate() {
-                for gx in 0..GLYPH {
-                    if bits & (1 << gx) != 0 {
-                        // Font (gx, gy) goes to (gy, -gx) from the character's corner.
-                        let along = n * GLYPH + gx;
-                        let Some(py) = (y + 1).checked_sub((along + 1) * scale) else { continue };
-                        self.fill(Rect { x: x + gy * scale, y: py, w: scale, h: scale }, c);
-                    }
-                }
-            }
+        for (along, row) in ink(text) {
+            // Font pixel (along, row) goes to (row, -along) from the text's corner.
+            let Some(py) = (y + 1).checked_sub((along + 1) * scale) else { continue };
+            self.fill(Rect { x: x + row * scale, y: py, w: scale, h: scale }, c);
         }
     }
 
@@ -169,6 +153,14 @@ impl Canvas {
 /// Width in pixels of `text` at `scale`.
 pub fn text_width(text: &str, scale: usize) -> usize {
     text.chars().count() * GLYPH * scale
+}
+
+/// The inked font pixels of `text` set in one line: (column along the line, row in the glyph).
+fn ink(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    text.chars().enumerate().flat_map(|(n, ch)| {
+        let rows = glyph(ch);
+        (0..GLYPH).flat_map(move |gy| (0..GLYPH).filter(move |gx| rows[gy] & (1 << gx) != 0).map(move |gx| (n * GLYPH + gx, gy)))
+    })
 }
 
 /// The 8×8 bitmap of a character (bit `x` of row `y` is the pixel at column `x`); ASCII and
