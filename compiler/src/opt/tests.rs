@@ -48,6 +48,20 @@ fn optimisation_is_deterministic() {
     assert!(first.contains("flash["), "{first}");
 }
 
+/// `x * 1 = x` puts `mul(c, 1)` into class `c` itself: the fusion rule must not spend its
+/// budget going round that loop (it once left a causal mask followed by `* 1.0` unfused).
+#[test]
+fn identity_loops_in_the_scores_still_fuse() {
+    let text = CAUSAL.replace(
+        "  %13 = softmax[axis=3] %12 : f32[B, H, S, S]\n  %14 = matmul %13, %2",
+        "  %13 = const[value=1.0] : f32[]\n  %14 = mul %12, %13 : f32[B, H, S, S]\n  %15 = softmax[axis=3] %14 : f32[B, H, S, S]\n  %16 = matmul %15, %2",
+    );
+    let text = text.replace("output out = %14", "output out = %16");
+    let g = Graph::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let out = super::optimize(&g, &OptOptions::default()).graph.to_string();
+    assert!(out.contains("flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"]"), "{out}");
+}
+
 /// Hitting a limit is a stop reason, not an error: the result is still a verified graph.
 #[test]
 fn limits_still_give_a_valid_graph() {

@@ -72,7 +72,7 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id) -> Result<Build, Strin
     if rank < 2 || !st.dtype.is_float() {
         return Err("the scores are not a float matrix".into());
     }
-    let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400 };
+    let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, path: Vec::new() };
     let expr = cx.convert(scores, 0).ok_or("the scores are not an element-wise function of one q @ kᵀ")?;
     let (q, kt) = cx.leaf.ok_or("no q @ kᵀ product feeds the scores")?;
     if !expr.uses_score() {
@@ -116,16 +116,27 @@ struct Cx<'a> {
     extras: Vec<Id>,
     /// Bounds the work on deep or shared sub-graphs.
     budget: usize,
+    /// Classes being converted, outermost first. Rewrites such as `x * 1 = x` put a node in
+    /// the class it reads (`mul(c, 1)` in class `c`); such a node has no finite expression, so
+    /// it fails at once instead of spending the budget that its class's other nodes need.
+    path: Vec<Id>,
 }
 
 impl Cx<'_> {
     fn convert(&mut self, class: Id, depth: usize) -> Option<ScoreExpr> {
-        if depth > 32 || self.budget == 0 {
+        let class = self.eg.find(class);
+        if depth > 32 || self.budget == 0 || self.path.contains(&class) {
             return None;
         }
         self.budget -= 1;
+        self.path.push(class);
+        let e = self.convert_class(class, depth);
+        self.path.pop();
+        e
+    }
+
+    fn convert_class(&mut self, class: Id, depth: usize) -> Option<ScoreExpr> {
         let eg = self.eg;
-        let class = eg.find(class);
         let t = ty(eg, class)?.clone();
         // The q @ kᵀ product itself.
         if t.shape == self.shape {
@@ -237,7 +248,8 @@ fn is_zero(e: &ScoreExpr) -> bool {
 }
 
 /// Peels masks off the outside of a score expression: `where(p, e, -inf)`, `where(p, -inf, e)`
-/// and `e + where(p, 0, -inf)`, for predicates that do not read the score.
+/// and `e + where(p, 0, -inf)`, for predicates that do not read the score, also from under a
+/// constant scale or shift (`where(p, e, -inf) * c`).
 pub fn split_mask(e: ScoreExpr) -> (ScoreExpr, Vec<ScoreExpr>) {
     match e {
         ScoreExpr::Select(p, a, b) if !p.uses_score() && is_neg_inf(&b) => {
@@ -249,6 +261,16 @@ pub fn split_mask(e: ScoreExpr) -> (ScoreExpr, Vec<ScoreExpr>) {
             let (inner, mut preds) = split_mask(*b);
             preds.insert(0, ScoreExpr::Unary(UnaryOp::Not, p));
             (inner, preds)
+        }
+        // `-inf * c`, `-inf / c` and `-inf ± c` stay `-inf` for a finite constant `c > 0`
+        // (any finite `c` for `±`), so a mask under a constant scale or shift still peels off.
+        ScoreExpr::Binary(op @ (BinaryOp::Mul | BinaryOp::Div | BinaryOp::Add | BinaryOp::Sub), x, c) if keeps_neg_inf(op, &c) => {
+            let (inner, preds) = split_mask(*x);
+            (ScoreExpr::bin(op, inner, *c), preds)
+        }
+        ScoreExpr::Binary(op @ (BinaryOp::Mul | BinaryOp::Add), c, x) if keeps_neg_inf(op, &c) => {
+            let (inner, preds) = split_mask(*x);
+            (ScoreExpr::bin(op, *c, inner), preds)
         }
         ScoreExpr::Binary(BinaryOp::Add, x, y) => {
             let additive = |m: &ScoreExpr| matches!(m, ScoreExpr::Select(p, z, n) if !p.uses_score() && is_zero(z) && is_neg_inf(n));
@@ -270,6 +292,16 @@ pub fn split_mask(e: ScoreExpr) -> (ScoreExpr, Vec<ScoreExpr>) {
         }
         other => (other, Vec::new()),
     }
+}
+
+/// Whether `-inf op c` (and `c op -inf` for the commutative ops) is `-inf`.
+fn keeps_neg_inf(op: BinaryOp, c: &ScoreExpr) -> bool {
+    let v = match c {
+        ScoreExpr::Float(v) => *v,
+        ScoreExpr::Int(v) => *v as f64,
+        _ => return false,
+    };
+    v.is_finite() && (v > 0.0 || matches!(op, BinaryOp::Add | BinaryOp::Sub))
 }
 
 #[cfg(test)]
@@ -309,6 +341,38 @@ mod tests {
   %1 = param[name=k] : f32[S, D]
   %2 = param[name=v] : f32[S, D]
   %3 = flash[rank=2, weights=softmax, score=\"s * 0.5\", mask=\"j <= i\"] %0, %1, %2 : f32[S, D]
+  output out = %3
+}",
+        );
+    }
+
+    /// A mask under a constant scale still becomes the predicate (so its tiles are skipped).
+    #[test]
+    fn scaled_mask_becomes_the_predicate() {
+        check_rule(
+            &rule(),
+            "graph t {
+               %0 = param[name=q] : f32[S, D]
+               %1 = param[name=k] : f32[S, D]
+               %2 = param[name=v] : f32[S, D]
+               %3 = transpose[perm=[1, 0]] %1 : f32[D, S]
+               %4 = matmul %0, %3 : f32[S, S]
+               %5 = iota[axis=0] : i32[S, 1]
+               %6 = iota[axis=1] : i32[1, S]
+               %7 = le %6, %5 : bool[S, S]
+               %8 = const[value=-inf] : f32[]
+               %9 = select %7, %4, %8 : f32[S, S]
+               %10 = const[value=1.5] : f32[]
+               %11 = mul %10, %9 : f32[S, S]
+               %12 = softmax[axis=1] %11 : f32[S, S]
+               %13 = matmul %12, %2 : f32[S, D]
+               output out = %13
+             }",
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=k] : f32[S, D]
+  %2 = param[name=v] : f32[S, D]
+  %3 = flash[rank=2, weights=softmax, score=\"1.5 * s\", mask=\"j <= i\"] %0, %1, %2 : f32[S, D]
   output out = %3
 }",
         );
