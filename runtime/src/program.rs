@@ -13,13 +13,13 @@
 //! # }
 //! ```
 
-use crate::cpu::{CpuError, CpuOptions, CpuProgram};
+use crate::cpu::{CpuError, CpuOptions, CpuProgram, TensorRef};
 use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
 use attn_compiler::interp::{self, InterpError};
 use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType};
-use attn_compiler::tensor::Tensor;
+use attn_compiler::tensor::{Tensor, TensorError};
 use attn_compiler::{Checked, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
 use attn_dsl::{Diagnostic, Severity};
@@ -408,9 +408,7 @@ impl Program {
         opts: &RunOptions,
         cpu: &CpuOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
-        let graph = self.graph(entry)?;
-        let info = entry_info(graph);
-        let dims = self.check_dims(entry, &opts.dims, &self.entry_dims(entry)?)?;
+        let (graph, info, dims) = self.begin_run(entry, opts)?;
         let params: Vec<String> = info.params.iter().map(|(n, _)| n.clone()).collect();
         let mut slots: Vec<Option<Tensor>> = vec![None; params.len()];
         for (name, tensor) in inputs {
@@ -441,6 +439,56 @@ impl Program {
         Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
     }
 
+    /// Runs `entry` on borrowed inputs, one per parameter in order (the zero-copy door the
+    /// Python package uses). On [`Target::Cpu`], f32 and i32 data are read in place; the other
+    /// targets copy the inputs into owned tensors first. Dims are checked as in
+    /// [`Program::run`]; each input's dtype must be its parameter's.
+    pub fn run_borrowed(
+        &self,
+        entry: &str,
+        inputs: &[TensorRef],
+        opts: &RunOptions,
+        cpu: &CpuOptions,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let (graph, info, dims) = self.begin_run(entry, opts)?;
+        if inputs.len() != info.params.len() {
+            return Err(RunError::Interp(InterpError::InputCount { expected: info.params.len(), actual: inputs.len() }));
+        }
+        for ((name, ty), t) in info.params.iter().zip(inputs) {
+            if t.dtype != ty.dtype {
+                return Err(RunError::InputDType { param: name.clone(), given: t.dtype, declared: ty.dtype });
+            }
+        }
+        let results = match opts.target {
+            Target::Cpu => self.cpu_entry(entry, cpu)?.run(inputs, &dims)?,
+            target => {
+                let mut owned = Vec::with_capacity(inputs.len());
+                for ((name, _), t) in info.params.iter().zip(inputs) {
+                    owned.push(t.to_tensor().map_err(|e| match e {
+                        TensorError::Length { shape, expected, actual } => {
+                            RunError::Interp(InterpError::InputData { param: name.clone(), shape, expected, actual })
+                        }
+                        TensorError::Storage { .. } => {
+                            RunError::Interp(InterpError::InputDType { param: name.clone(), expected: t.dtype, actual: t.dtype })
+                        }
+                    })?);
+                }
+                match target {
+                    Target::Interp => interp::run(graph, &owned, &dims)?,
+                    _ => crate::cuda::run(graph, &owned, &dims)?,
+                }
+            }
+        };
+        Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
+    }
+
+    /// Compiles `entry` for [`Target::Cpu`] with `opts` now, so that the first
+    /// [`Program::run_with`] or [`Program::run_borrowed`] does not pay for it (and a schedule or
+    /// code-generation failure shows up here).
+    pub fn prepare_cpu(&self, entry: &str, opts: &CpuOptions) -> Result<(), RunError> {
+        self.cpu_entry(entry, opts).map(|_| ())
+    }
+
     /// Compiles an entry point to native code for the CPU (optimised, JIT-compiled): compile
     /// once, then [`CpuProgram::run`] it many times on borrowed data.
     pub fn compile_cpu(&self, entry: &str, opts: &CpuOptions) -> Result<CpuProgram, RunError> {
@@ -457,6 +505,13 @@ impl Program {
         let c = Arc::new(self.compile_cpu(entry, opts)?);
         cache.insert(key, c.clone());
         Ok(c)
+    }
+
+    /// The entry's graph and signature, and the given dims checked ([`Program::check_dims`]).
+    fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, EntryInfo, HashMap<String, i64>), RunError> {
+        let graph = self.graph(entry)?;
+        let dims = self.check_dims(entry, &opts.dims, &self.entry_dims(entry)?)?;
+        Ok((graph, entry_info(graph), dims))
     }
 
     /// Checks given dims against the entry and the file's `dim` items; returns the ones to pass

@@ -35,7 +35,7 @@ use attn_compiler::codegen::clif::{self, CodegenError, CpuModule};
 use attn_compiler::interp::{InterpError, bind_dims};
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
 use attn_compiler::schedule::{BufferKind, CpuIsa, CpuPolicy, Policy, Schedule, ScheduleError, schedule};
-use attn_compiler::tensor::{Tensor, TensorData};
+use attn_compiler::tensor::{Tensor, TensorData, TensorError};
 use attn_compiler::{Compiler, PipelineError, Planned};
 use shape::{AlignedBuf, ShapeState};
 use std::collections::HashMap;
@@ -184,6 +184,16 @@ impl<'a> TensorRef<'a> {
             TensorData::Bool(v) => DataRef::Bool(v),
         };
         TensorRef { dtype: t.dtype, shape: &t.shape, data }
+    }
+
+    /// An owned copy.
+    pub fn to_tensor(&self) -> Result<Tensor, TensorError> {
+        let data = match self.data {
+            DataRef::F32(v) => TensorData::F32(v.to_vec()),
+            DataRef::I32(v) => TensorData::I32(v.to_vec()),
+            DataRef::Bool(v) => TensorData::Bool(v.to_vec()),
+        };
+        Tensor::new(self.dtype, self.shape.to_vec(), data)
     }
 
     fn len(&self) -> usize {

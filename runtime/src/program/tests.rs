@@ -133,3 +133,38 @@ fn typo_suggestions() {
     assert_eq!(suggest("w", &names), None);
     assert_eq!(suggest("zzzzzz", &names), None);
 }
+
+#[test]
+fn borrowed_inputs_run_like_owned_ones_on_every_host_target() {
+    let p = program();
+    let inputs = p.random_inputs("pick", 5, &HashMap::new()).unwrap();
+    let dims = p.random_dims("pick", &HashMap::new()).unwrap();
+    let views: Vec<TensorRef> = inputs.iter().map(|(_, t)| TensorRef::of(t)).collect();
+    for target in [Target::Cpu, Target::Interp] {
+        let opts = RunOptions { dims: dims.clone(), target };
+        let cpu = CpuOptions { threads: 1 };
+        p.prepare_cpu("pick", &cpu).unwrap();
+        let owned = p.run_with("pick", inputs.clone(), &opts, &cpu).unwrap();
+        assert_eq!(p.run_borrowed("pick", &views, &opts, &cpu).unwrap(), owned, "{target}");
+    }
+}
+
+#[test]
+fn borrowed_inputs_are_checked() {
+    let p = program();
+    let opts = RunOptions::default();
+    let cpu = CpuOptions::default();
+    let x = [1.0f32, 2.0];
+    let s = [3.0f32];
+    let seg = [0i32];
+    let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x)], &opts, &cpu).unwrap_err();
+    assert!(matches!(err, RunError::Interp(InterpError::InputCount { expected: 2, actual: 1 })), "{err}");
+    let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x), TensorRef::i32(&[], &seg)], &opts, &cpu).unwrap_err();
+    assert!(matches!(&err, RunError::InputDType { param, .. } if param == "s"), "{err}");
+    let err = p.run_borrowed("scale", &[TensorRef::f32(&[3], &x), TensorRef::f32(&[], &s)], &opts, &cpu).unwrap_err();
+    assert_eq!(err.param(), Some("x"), "{err}");
+    let out = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x), TensorRef::f32(&[], &s)], &opts, &cpu).unwrap();
+    assert_eq!(out[0].1.to_f64_vec(), vec![3.0, 6.0]);
+    let err = p.run_borrowed("nope", &[], &opts, &cpu).unwrap_err();
+    assert!(matches!(err, RunError::UnknownEntry { .. }), "{err}");
+}

@@ -1,0 +1,240 @@
+"""attnc: a compiler for attention.
+
+Write attention the way papers do, in a ``.attn`` program::
+
+    fn sdpa(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D]) -> f32[B, H, S, D] {
+        return softmax(q @ k.T / sqrt(D), axis = -1) @ v
+    }
+
+compile it once, and call it on NumPy arrays or PyTorch tensors::
+
+    import attnc, numpy as np
+    prog = attnc.compile("examples/sdpa.attn")
+    out = prog(q, k, v)              # or prog(q=q, k=k, v=v)
+
+attnc fuses the softmax and the two products into one flash-attention kernel (no S x S
+matrix), compiled to native code for this CPU. Dims (``B``, ``H``, ``S``, ``D``) are taken from
+the input shapes; contiguous float32 inputs are read in place, never copied; the GIL is
+released while the program runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _attnc
+from ._errors import (
+    ArgumentError,
+    AttncError,
+    CompileError,
+    DTypeError,
+    LayoutError,
+    RunError,
+    ShapeError,
+)
+
+__version__: str = _attnc.__version__
+
+__all__ = [
+    "compile",
+    "clear_cache",
+    "Program",
+    "AttncError",
+    "ArgumentError",
+    "CompileError",
+    "DTypeError",
+    "LayoutError",
+    "RunError",
+    "ShapeError",
+]
+
+#: The pipeline stages :meth:`Program.emit` prints.
+STAGES = ("ast", "ir", "opt", "schedule", "clif", "cuda")
+
+
+def compile(
+    path_or_source: Union[str, "os.PathLike[str]"],
+    *,
+    entry: Optional[str] = None,
+    target: str = "cpu",
+    threads: Optional[int] = None,
+) -> "Program":
+    """Compiles a ``.attn`` program and returns a callable :class:`Program`.
+
+    ``path_or_source`` is a path (a ``pathlib.Path``, or a string naming an existing file or
+    ending in ``.attn``) or the program text itself. ``entry`` names the function to run (the
+    last one in the file by default). ``target`` is ``"cpu"`` (native code, the default),
+    ``"interp"`` (the reference interpreter) or ``"cuda"`` (NVIDIA GPUs; checked when it runs).
+    ``threads`` is the CPU thread count (``None``: one per core).
+
+    Compiled programs are cached per (source, entry, target, threads) within the process, so
+    calling ``compile`` again with the same arguments is cheap.
+
+    Raises :class:`CompileError` (with the rendered diagnostic) if the program does not
+    compile, :class:`ArgumentError` for an unknown entry or target, ``OSError`` if a path
+    cannot be read.
+    """
+    source, file_name = _source_of(path_or_source)
+    if threads is not None and (not isinstance(threads, int) or threads < 0):
+        raise ArgumentError(f"threads must be a non-negative int or None, not {threads!r}")
+    return Program(_attnc.compile(source, file_name, entry, target, threads))
+
+
+def clear_cache() -> None:
+    """Forgets every compiled program (the cache keeps the 64 most recent)."""
+    _attnc.clear_cache()
+
+
+def _source_of(path_or_source: Any) -> Tuple[str, str]:
+    if isinstance(path_or_source, os.PathLike):
+        path = os.fspath(path_or_source)
+    elif isinstance(path_or_source, str):
+        text = path_or_source
+        looks_like_path = "\n" not in text and "{" not in text and (text.endswith(".attn") or os.path.isfile(text))
+        if not looks_like_path:
+            return text, "<source>"
+        path = text
+    else:
+        raise ArgumentError(f"compile() takes a path or the program text, not a {type(path_or_source).__name__}")
+    with open(path, encoding="utf-8") as f:
+        return f.read(), str(path)
+
+
+class Program:
+    """One entry point of a compiled ``.attn`` program, for one target. Call it.
+
+    ``prog(q, k, v)``, ``prog(q=q, k=k, v=v)`` or a mix run it; :meth:`run` also takes
+    ``dims`` for dimensions the input shapes do not determine. Inputs are NumPy arrays,
+    PyTorch tensors (through DLPack, no copy), or anything ``numpy.asarray`` accepts (the
+    buffer protocol, ``__array__``). One result comes back as an array, several as a tuple in
+    the order of :attr:`outputs`; torch tensors when any input was a torch tensor.
+    """
+
+    __slots__ = ("_compiled",)
+
+    def __init__(self, compiled: "_attnc.Compiled") -> None:
+        self._compiled = compiled
+
+    def __call__(self, *args: Any, **named: Any) -> Any:
+        """Runs the program: positional inputs in parameter order, or by parameter name."""
+        return self._run(args, named, None)
+
+    def run(self, *args: Any, dims: Optional[Mapping[str, int]] = None, **named: Any) -> Any:
+        """Like calling the program, with ``dims={"NAME": size}`` for dimensions the inputs do
+        not determine (a result's size, say); given dims that the inputs do determine are
+        checked against them."""
+        return self._run(args, named, dict(dims) if dims is not None else None)
+
+    def _run(self, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]]) -> Any:
+        as_torch = False
+        if not all(type(a) is np.ndarray for a in args):
+            converted = []
+            for a in args:
+                arr, is_torch = _as_array(a)
+                converted.append(arr)
+                as_torch |= is_torch
+            args = tuple(converted)
+        if named:
+            for name, value in named.items():
+                if type(value) is not np.ndarray:
+                    named[name], is_torch = _as_array(value)
+                    as_torch |= is_torch
+        outs = self._compiled.run(args, named or None, dims)
+        if as_torch:
+            import torch
+
+            outs = [torch.from_numpy(o) for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def emit(self, stage: str) -> str:
+        """The text of a pipeline stage for this entry point: ``"ast"`` (the parsed program),
+        ``"ir"`` (the graph IR), ``"opt"`` (optimised: flash ops and their tile classes),
+        ``"schedule"``, ``"clif"`` (Cranelift IR, the CPU code) or ``"cuda"`` (CUDA C++)."""
+        return self._compiled.emit(stage)
+
+    def explain(self, dims: Optional[Mapping[str, int]] = None) -> str:
+        """What the optimizer did and why: rules fired, fusions made or refused, the cost
+        model's choices, and each flash op's tile map at ``dims`` (representative sizes for the
+        dims not given)."""
+        return self._compiled.explain(dict(dims) if dims is not None else None)
+
+    def random_inputs(self, seed: int = 0, dims: Optional[Mapping[str, int]] = None) -> Dict[str, np.ndarray]:
+        """Seeded random inputs, by parameter name, as ``attnc run --random-inputs`` makes them:
+        floats from N(0, 1), ``i32`` inputs as sorted segment ids, bools as coin flips; each dim
+        not in ``dims`` (nor fixed by the program) is 8. ``prog(**prog.random_inputs())`` runs."""
+        return self._compiled.random_inputs(seed, dict(dims) if dims is not None else None)
+
+    @property
+    def entry(self) -> str:
+        """The name of the function this program runs."""
+        return self._compiled.entry
+
+    @property
+    def entries(self) -> List[str]:
+        """Every function of the source, in order (compile with ``entry=`` to run another)."""
+        return self._compiled.entries
+
+    @property
+    def signature(self) -> str:
+        """``name(q: f32[B, S, D], ...) -> (out: f32[B, S, D])``."""
+        return self._compiled.signature
+
+    @property
+    def params(self) -> List[Tuple[str, str, List[str]]]:
+        """The parameters: ``(name, dtype, [dim, ...])`` each."""
+        return self._compiled.params
+
+    @property
+    def outputs(self) -> List[Tuple[str, str, List[str]]]:
+        """The results, in the order they are returned: ``(name, dtype, [dim, ...])`` each."""
+        return self._compiled.outputs
+
+    @property
+    def target(self) -> str:
+        """``"cpu"``, ``"interp"`` or ``"cuda"``."""
+        return self._compiled.target
+
+    @property
+    def source(self) -> str:
+        """The program text."""
+        return self._compiled.source
+
+    @property
+    def warnings(self) -> str:
+        """The program's warnings (unused names...), rendered; empty if none."""
+        return self._compiled.warnings
+
+    def __repr__(self) -> str:
+        return f"<attnc.Program {self.signature} on {self.target}>"
+
+
+def _as_array(x: Any) -> Tuple[np.ndarray, bool]:
+    """``x`` as a NumPy array without copying where it can, and whether it was a torch
+    tensor."""
+    if isinstance(x, np.ndarray):
+        return x, False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise LayoutError(
+                f"a torch tensor on {x.device} was given; this program runs on the CPU, so pass x.cpu()"
+            )
+        if x.dtype == torch.bfloat16:
+            raise DTypeError("a torch.bfloat16 tensor was given; NumPy has no bfloat16, so pass x.float()")
+        try:
+            return np.from_dlpack(x.detach()), True
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise LayoutError(f"cannot read a torch tensor of dtype {x.dtype} through DLPack: {e}") from None
+    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__") and not hasattr(x, "__array_interface__"):
+        try:
+            return np.from_dlpack(x), False
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise LayoutError(f"cannot read a {type(x).__name__} through DLPack: {e}") from None
+    try:
+        return np.asarray(x), False
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"cannot read a {type(x).__name__} as an array: {e}") from None

@@ -1,0 +1,611 @@
+//! `attnc._attnc`: the native half of attnc's Python package.
+//!
+//! The Python layer (`python/attnc/`) turns arguments into NumPy arrays (torch tensors through
+//! DLPack, anything else through `numpy.asarray`) and wraps results back; everything else is
+//! here: compiling (cached per source, file name, entry, target and threads), binding
+//! positional and named arguments to parameters, reading f32/i32/bool arrays in place (no
+//! copy), running with the GIL released, and turning every failure into one of the exception
+//! classes of `attnc._errors` with the rendered diagnostic.
+//!
+//! Nothing here panics on user input: every error is a Python exception.
+
+use attn_dsl::{Diagnostic, Severity, line_col};
+use attn_runtime::cpu::{CpuOptions, DataRef, TensorRef, cpu_compiler};
+use attn_runtime::{CompileError, DType, EntryInfo, Program, RunError, RunOptions, Stage, Target, Tensor, TensorData};
+use numpy::ndarray::{Array, IxDyn};
+use numpy::{IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How many compiled programs the per-process cache keeps (the oldest is dropped first).
+const CACHE_CAPACITY: usize = 64;
+
+/// What a compiled program is cached by.
+type Key = (String, String, Option<String>, Target, usize);
+
+/// Compiled programs by key, and the keys oldest first.
+type Cache = (Vec<(Key, Arc<Inner>)>, VecDeque<Key>);
+
+/// The per-process cache of compiled programs.
+static CACHE: Mutex<Cache> = Mutex::new((Vec::new(), VecDeque::new()));
+
+/// The exception classes, from `attnc._errors`.
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// A program compiled for one entry point and target.
+struct Inner {
+    program: Program,
+    entry: EntryInfo,
+    target: Target,
+    cpu: CpuOptions,
+}
+
+/// One compiled entry point of a program, for one target (`attnc.Program` wraps it).
+#[pyclass(frozen, module = "attnc._attnc", name = "Compiled")]
+struct Compiled {
+    inner: Arc<Inner>,
+}
+
+/// An argument read as a NumPy array: borrowed in place, or converted (bool is read in
+/// place too; float16 is widened into an owned f32 buffer).
+enum Held<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    I32(PyReadonlyArrayDyn<'py, i32>),
+    Bool(PyReadonlyArrayDyn<'py, bool>),
+    Widened(Vec<f32>),
+}
+
+struct Input<'py> {
+    dtype: DType,
+    shape: Vec<usize>,
+    held: Held<'py>,
+}
+
+impl Input<'_> {
+    fn view(&self) -> Result<TensorRef<'_>, String> {
+        let slice_err = |e: numpy::AsSliceError| e.to_string();
+        let data = match &self.held {
+            Held::F32(a) => DataRef::F32(a.as_slice().map_err(slice_err)?),
+            Held::I32(a) => DataRef::I32(a.as_slice().map_err(slice_err)?),
+            Held::Bool(a) => DataRef::Bool(a.as_slice().map_err(slice_err)?),
+            Held::Widened(v) => DataRef::F32(v),
+        };
+        Ok(TensorRef { dtype: self.dtype, shape: &self.shape, data })
+    }
+}
+
+/// `compile(source, file_name, entry, target, threads)`: the program's `entry` (its last
+/// function when `None`) compiled for `target`, from the cache when it was compiled before.
+#[pyfunction]
+#[pyo3(signature = (source, file_name, entry=None, target="cpu", threads=None))]
+fn compile(py: Python<'_>, source: &str, file_name: &str, entry: Option<&str>, target: &str, threads: Option<usize>) -> PyResult<Compiled> {
+    let target: Target = target.parse().map_err(|e: attn_runtime::TargetError| error(py, "ArgumentError", e.to_string(), vec![]))?;
+    let threads = threads.unwrap_or(0);
+    let key: Key = (source.to_string(), file_name.to_string(), entry.map(str::to_string), target, threads);
+    if let Some(inner) = cached(&key) {
+        return Ok(Compiled { inner });
+    }
+    let built = py.detach(|| build(source, file_name, entry, target, threads));
+    let inner = Arc::new(built.map_err(|e| e.into_py(py))?);
+    if let Ok(mut cache) = CACHE.lock() {
+        let (entries, order) = &mut *cache;
+        if entries.len() >= CACHE_CAPACITY
+            && let Some(oldest) = order.pop_front()
+        {
+            entries.retain(|(k, _)| *k != oldest);
+        }
+        entries.push((key.clone(), inner.clone()));
+        order.push_back(key);
+    }
+    Ok(Compiled { inner })
+}
+
+fn cached(key: &Key) -> Option<Arc<Inner>> {
+    let cache = CACHE.lock().ok()?;
+    cache.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+/// `clear_cache()`: forgets every compiled program.
+#[pyfunction]
+fn clear_cache() {
+    if let Ok(mut cache) = CACHE.lock() {
+        cache.0.clear();
+        cache.1.clear();
+    }
+}
+
+/// A failure found without the GIL, raised once it is held again.
+enum Failure {
+    Compile(CompileError),
+    Run(Box<(Program, String, RunError)>),
+    Argument(String),
+}
+
+impl Failure {
+    fn into_py(self, py: Python<'_>) -> PyErr {
+        match self {
+            Failure::Compile(e) => compile_error(py, &e),
+            Failure::Run(run) => run_error(py, &run.0, &run.1, &run.2, &[]),
+            Failure::Argument(msg) => error(py, "ArgumentError", msg, vec![]),
+        }
+    }
+}
+
+fn build(source: &str, file_name: &str, entry: Option<&str>, target: Target, threads: usize) -> Result<Inner, Failure> {
+    let program = Program::from_source(source, file_name).map_err(Failure::Compile)?;
+    let info = match entry {
+        Some(name) => program.entry(name),
+        None => program.default_entry().ok_or(RunError::NoEntry),
+    };
+    let info = match info {
+        Ok(info) => info,
+        Err(e) => return Err(Failure::Argument(e.to_string())),
+    };
+    let cpu = CpuOptions { threads };
+    if target == Target::Cpu
+        && let Err(e) = program.prepare_cpu(&info.name, &cpu)
+    {
+        let name = info.name.clone();
+        return Err(Failure::Run(Box::new((program, name, e))));
+    }
+    Ok(Inner { program, entry: info, target, cpu })
+}
+
+#[pymethods]
+impl Compiled {
+    /// The entry point's name.
+    #[getter]
+    fn entry(&self) -> &str {
+        &self.inner.entry.name
+    }
+
+    /// Every function of the program, in source order.
+    #[getter]
+    fn entries(&self) -> Vec<String> {
+        self.inner.program.entries().into_iter().map(|e| e.name).collect()
+    }
+
+    /// `name(q: f32[B, S, D], ...) -> (out: f32[B, S, D])`.
+    #[getter]
+    fn signature(&self) -> String {
+        self.inner.entry.to_string()
+    }
+
+    /// `[(name, dtype, [dim, ...]), ...]` for the parameters.
+    #[getter]
+    fn params(&self) -> Vec<(String, String, Vec<String>)> {
+        described(&self.inner.entry.params)
+    }
+
+    /// `[(name, dtype, [dim, ...]), ...]` for the results.
+    #[getter]
+    fn outputs(&self) -> Vec<(String, String, Vec<String>)> {
+        described(&self.inner.entry.outputs)
+    }
+
+    /// `cpu`, `interp` or `cuda`.
+    #[getter]
+    fn target(&self) -> &'static str {
+        self.inner.target.name()
+    }
+
+    /// Threads for the CPU target (0: one per core).
+    #[getter]
+    fn threads(&self) -> usize {
+        self.inner.cpu.threads
+    }
+
+    /// The program text.
+    #[getter]
+    fn source(&self) -> &str {
+        self.inner.program.source()
+    }
+
+    /// The warnings the program compiled with, rendered.
+    #[getter]
+    fn warnings(&self) -> String {
+        self.inner.program.render_warnings(false)
+    }
+
+    /// Runs the entry: `args` are arrays in parameter order, `named` arrays by parameter name,
+    /// `dims` the sizes of dims the shapes do not determine. Returns the results in order.
+    #[pyo3(signature = (args, named=None, dims=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        named: Option<&Bound<'py, PyDict>>,
+        dims: Option<HashMap<String, i64>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let inputs = self.bind(py, args, named)?;
+        let inner = &*self.inner;
+        let views = views(py, inner, &inputs)?;
+        let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
+        let result = py.detach(|| inner.program.run_borrowed(&inner.entry.name, &views, &opts, &inner.cpu));
+        match result {
+            Ok(outputs) => outputs.into_iter().map(|(_, t)| to_numpy(py, t)).collect(),
+            Err(e) => {
+                let given: Vec<(String, DType, Vec<usize>)> =
+                    inner.entry.params.iter().zip(&inputs).map(|((n, _), i)| (n.clone(), i.dtype, i.shape.clone())).collect();
+                Err(run_error(py, &inner.program, &inner.entry.name, &e, &given))
+            }
+        }
+    }
+
+    /// Seeded random inputs for every parameter, as `attnc run --random-inputs` makes them:
+    /// floats from N(0, 1), i32 inputs as sorted segment ids, bools as coin flips; every dim
+    /// not in `dims` (nor fixed by the program) is 8. A dict by parameter name.
+    #[pyo3(signature = (seed=0, dims=None))]
+    fn random_inputs<'py>(&self, py: Python<'py>, seed: u64, dims: Option<HashMap<String, i64>>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &*self.inner;
+        let entry = &inner.entry.name;
+        let made =
+            inner.program.random_dims(entry, &dims.unwrap_or_default()).and_then(|dims| inner.program.random_inputs(entry, seed, &dims));
+        let inputs = made.map_err(|e| run_error(py, &inner.program, entry, &e, &[]))?;
+        let dict = PyDict::new(py);
+        for (name, t) in inputs {
+            dict.set_item(name, to_numpy(py, t)?)?;
+        }
+        Ok(dict)
+    }
+
+    /// The data addresses the program would read for these arguments (what the zero-copy test
+    /// compares with the arrays' own).
+    #[pyo3(signature = (args, named=None))]
+    fn _input_addresses<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        named: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Vec<usize>> {
+        let inputs = self.bind(py, args, named)?;
+        let views = views(py, &self.inner, &inputs)?;
+        Ok(views
+            .iter()
+            .map(|v| match v.data {
+                DataRef::F32(d) => d.as_ptr() as usize,
+                DataRef::I32(d) => d.as_ptr() as usize,
+                DataRef::Bool(d) => d.as_ptr() as usize,
+            })
+            .collect())
+    }
+
+    /// Identifies the compiled program behind this object (equal for two `compile` calls
+    /// the cache answered with the same program).
+    #[getter]
+    fn _identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Times `iters` runs on the same arguments entirely in Rust (no Python per run): seconds
+    /// per run, best and mean. For the overhead benchmark (`python/bench/overhead.py`).
+    #[pyo3(signature = (args, iters, dims=None))]
+    fn _bench_native<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        iters: usize,
+        dims: Option<HashMap<String, i64>>,
+    ) -> PyResult<(f64, f64)> {
+        let inputs = self.bind(py, args, None)?;
+        let inner = &*self.inner;
+        let views = views(py, inner, &inputs)?;
+        let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
+        let timed = py.detach(|| {
+            let mut best = f64::INFINITY;
+            let mut total = 0.0;
+            for _ in 0..iters.max(1) {
+                let start = Instant::now();
+                let out = inner.program.run_borrowed(&inner.entry.name, &views, &opts, &inner.cpu)?;
+                drop(out);
+                let t = start.elapsed().as_secs_f64();
+                best = best.min(t);
+                total += t;
+            }
+            Ok((best, total / iters.max(1) as f64))
+        });
+        timed.map_err(|e: RunError| run_error(py, &inner.program, &inner.entry.name, &e, &[]))
+    }
+
+    /// The text of one pipeline stage for this entry: `ast`, `ir`, `opt`, `schedule`, `clif`
+    /// or `cuda`.
+    fn emit(&self, py: Python<'_>, stage: &str) -> PyResult<String> {
+        let stage = match stage {
+            "ast" => Stage::Ast,
+            "ir" => Stage::Ir,
+            "opt" => Stage::Opt,
+            "schedule" => Stage::Schedule,
+            "clif" => Stage::Clif,
+            "cuda" => Stage::Cuda,
+            other => {
+                return Err(error(
+                    py,
+                    "ArgumentError",
+                    format!("unknown stage `{other}` (known: ast, ir, opt, schedule, clif, cuda)"),
+                    vec![],
+                ));
+            }
+        };
+        let inner = &*self.inner;
+        let compiler = match inner.target {
+            Target::Cuda => attn_runtime::Compiler::for_target(attn_compiler::schedule::Target::Cuda),
+            _ => cpu_compiler(),
+        };
+        let text = py.detach(|| compiler.emit(inner.program.checked(), stage, Some(&inner.entry.name)));
+        text.map_err(|e| {
+            compile_error(
+                py,
+                &CompileError {
+                    diagnostics: vec![e.diagnostic()],
+                    source_text: inner.program.source().to_string(),
+                    file_name: inner.program.file_name().to_string(),
+                },
+            )
+        })
+    }
+
+    /// What the optimizer did to this entry and why, with each flash op's tile map at `dims`
+    /// (representative sizes for the others).
+    #[pyo3(signature = (dims=None))]
+    fn explain(&self, py: Python<'_>, dims: Option<HashMap<String, i64>>) -> PyResult<String> {
+        let inner = &*self.inner;
+        let dims = dims.unwrap_or_default();
+        let explained = py.detach(|| cpu_compiler().explain_at(inner.program.checked(), Some(&inner.entry.name), &dims, (64, 64)));
+        match explained {
+            Ok(list) => Ok(list.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")),
+            Err(e) => Err(error(py, "ShapeError", e.to_string(), vec![])),
+        }
+    }
+}
+
+impl Compiled {
+    /// Binds positional then named arguments to the parameters, in parameter order.
+    fn bind<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, named: Option<&Bound<'py, PyDict>>) -> PyResult<Vec<Input<'py>>> {
+        let entry = &self.inner.entry;
+        let params: Vec<String> = entry.params.iter().map(|(n, _)| n.clone()).collect();
+        if args.len() > params.len() {
+            let msg = format!(
+                "`{}` takes {} input{} ({}) but {} were given",
+                entry.name,
+                params.len(),
+                if params.len() == 1 { "" } else { "s" },
+                params.join(", "),
+                args.len()
+            );
+            return Err(error(py, "ArgumentError", msg, vec![]));
+        }
+        let mut slots: Vec<Option<Bound<'py, PyAny>>> = params.iter().map(|_| None).collect();
+        for (slot, arg) in slots.iter_mut().zip(args.iter()) {
+            *slot = Some(arg);
+        }
+        if let Some(named) = named {
+            for (key, value) in named.iter() {
+                let name: String = key.extract()?;
+                let Some(index) = params.iter().position(|p| *p == name) else {
+                    let e = RunError::UnexpectedInput {
+                        entry: entry.name.clone(),
+                        suggestion: attn_runtime::suggest(&name, &params),
+                        name,
+                        params: params.clone(),
+                    };
+                    return Err(error(py, "ArgumentError", e.to_string(), vec![]));
+                };
+                if slots[index].is_some() {
+                    return Err(error(py, "ArgumentError", RunError::DuplicateInput { name }.to_string(), vec![]));
+                }
+                slots[index] = Some(value);
+            }
+        }
+        let missing: Vec<String> = params.iter().zip(&slots).filter(|(_, s)| s.is_none()).map(|(n, _)| n.clone()).collect();
+        if !missing.is_empty() {
+            let e = RunError::MissingInputs { entry: entry.name.clone(), names: missing, signature: entry.to_string() };
+            return Err(error(py, "ArgumentError", e.to_string(), vec![]));
+        }
+        entry.params.iter().zip(slots.into_iter().flatten()).map(|((name, ty), value)| read(py, name, ty, &value)).collect()
+    }
+}
+
+/// The views of the arguments (they borrow `inputs`).
+fn views<'a>(py: Python<'_>, inner: &Inner, inputs: &'a [Input<'_>]) -> PyResult<Vec<TensorRef<'a>>> {
+    inputs.iter().zip(&inner.entry.params).map(|(input, (name, _))| input.view().map_err(|why| layout_error(py, name, &why))).collect()
+}
+
+/// Reads one argument (already a NumPy array, or an object that is not one) for a parameter
+/// declared `ty`.
+fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value: &Bound<'py, PyAny>) -> PyResult<Input<'py>> {
+    let declared = ty.dtype;
+    let Ok(array) = value.cast::<PyUntypedArray>() else {
+        let type_name = value.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+        let msg = format!("input `{param}` must be an array, but a {type_name} was given");
+        return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
+    };
+    let shape = array.shape().to_vec();
+    let dtype = array.dtype();
+    let given = dtype.str().map_or_else(|_| "?".to_string(), |s| s.to_string()); // "float64"
+    let is = |d: Bound<'py, numpy::PyArrayDescr>| dtype.is_equiv_to(&d);
+    let wants_layout = || {
+        if !array.is_c_contiguous() {
+            Err(layout_error(py, param, "it is not C-contiguous (row-major); pass numpy.ascontiguousarray(x) or x.contiguous()"))
+        } else if !array.is_aligned() {
+            Err(layout_error(py, param, "its data is not aligned for its element type; pass a copy (x.copy())"))
+        } else {
+            Ok(())
+        }
+    };
+    let held = if declared == DType::F32 && is(numpy::dtype::<f32>(py)) {
+        wants_layout()?;
+        Held::F32(readonly::<f32>(py, param, value)?)
+    } else if matches!(declared, DType::F32 | DType::F16) && is(numpy::dtype::<half::f16>(py)) {
+        // f16 values are exact in f32: widen into an owned buffer (any layout is fine).
+        let a = readonly::<half::f16>(py, param, value)?;
+        Held::Widened(a.as_array().iter().map(|x| x.to_f32()).collect())
+    } else if declared == DType::I32 && is(numpy::dtype::<i32>(py)) {
+        wants_layout()?;
+        Held::I32(readonly::<i32>(py, param, value)?)
+    } else if declared == DType::Bool && is(numpy::dtype::<bool>(py)) {
+        wants_layout()?;
+        Held::Bool(readonly::<bool>(py, param, value)?)
+    } else {
+        let hint = match declared {
+            DType::F32 => "; convert it with x.astype(numpy.float32) (or x.float() for torch)",
+            DType::F16 => "; convert it with x.astype(numpy.float16)",
+            DType::I32 => "; convert it with x.astype(numpy.int32) (or x.int() for torch)",
+            DType::Bool => "; convert it with x.astype(bool)",
+            _ => "",
+        };
+        let msg = format!("input `{param}` is declared {ty} but a {given} array was given{hint}");
+        return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
+    };
+    let dtype = declared;
+    Ok(Input { dtype, shape, held })
+}
+
+fn readonly<'py, T: numpy::Element>(py: Python<'py>, param: &str, value: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    let array = value.cast::<PyArrayDyn<T>>().map_err(|e| error(py, "DTypeError", format!("input `{param}`: {e}"), vec![]))?;
+    array.try_readonly().map_err(|e| layout_error(py, param, &e.to_string()))
+}
+
+/// A result as a NumPy array (f16 as float16; bf16, which NumPy lacks, as float32).
+fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
+    let shape = IxDyn(&t.shape);
+    let shaped = |e: numpy::ndarray::ShapeError| error(py, "RunError", format!("internal error: result has a bad shape: {e}"), vec![]);
+    Ok(match (t.dtype, t.data) {
+        (DType::F16, TensorData::F32(v)) => {
+            Array::from_shape_vec(shape, v.into_iter().map(half::f16::from_f32).collect()).map_err(shaped)?.into_pyarray(py).into_any()
+        }
+        (_, TensorData::F32(v)) => Array::from_shape_vec(shape, v).map_err(shaped)?.into_pyarray(py).into_any(),
+        (_, TensorData::I32(v)) => Array::from_shape_vec(shape, v).map_err(shaped)?.into_pyarray(py).into_any(),
+        (_, TensorData::Bool(v)) => Array::from_shape_vec(shape, v).map_err(shaped)?.into_pyarray(py).into_any(),
+    })
+}
+
+fn described(items: &[(String, attn_runtime::TensorType)]) -> Vec<(String, String, Vec<String>)> {
+    items.iter().map(|(n, t)| (n.clone(), t.dtype.to_string(), t.shape.iter().map(ToString::to_string).collect())).collect()
+}
+
+/// An instance of `attnc._errors.<class>` with `message`, and `attrs` set on it (a
+/// `RuntimeError` if the class cannot be found, which only a broken install causes).
+fn error(py: Python<'_>, class: &str, message: String, attrs: Vec<(&str, Py<PyAny>)>) -> PyErr {
+    let made = (|| -> PyResult<PyErr> {
+        let module = ERRORS.get_or_try_init(py, || py.import("attnc._errors").map(Bound::unbind))?;
+        let instance = module.bind(py).getattr(class)?.call1((message.clone(),))?;
+        for (name, value) in attrs {
+            instance.setattr(name, value)?;
+        }
+        Ok(PyErr::from_value(instance))
+    })();
+    made.unwrap_or_else(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("{message} (and attnc._errors failed: {e})")))
+}
+
+fn layout_error(py: Python<'_>, param: &str, why: &str) -> PyErr {
+    let attrs = vec![("param", py_str(py, param))];
+    error(py, "LayoutError", format!("input `{param}` cannot be read in place: {why}"), attrs)
+}
+
+fn py_str(py: Python<'_>, s: &str) -> Py<PyAny> {
+    PyString::new(py, s).into_any().unbind()
+}
+
+/// `attnc.CompileError`, its text the rendered diagnostics.
+fn compile_error(py: Python<'_>, e: &CompileError) -> PyErr {
+    let code = e.diagnostics.iter().find(|d| d.severity == Severity::Error).or(e.diagnostics.first()).map_or("", |d| d.code);
+    let list = PyList::empty(py);
+    for d in &e.diagnostics {
+        if let Ok(item) = diagnostic_dict(py, d, &e.source_text) {
+            let _ = list.append(item);
+        }
+    }
+    let mut attrs = vec![("diagnostics", list.into_any().unbind())];
+    attrs.push(("code", py_str(py, code)));
+    error(py, "CompileError", e.render(false).trim_end().to_string(), attrs)
+}
+
+fn diagnostic_dict<'py>(py: Python<'py>, d: &Diagnostic, source: &str) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    let (line, column) = line_col(source, d.primary.span.start as usize);
+    dict.set_item("code", d.code)?;
+    dict.set_item("severity", if d.severity == Severity::Error { "error" } else { "warning" })?;
+    dict.set_item("message", &d.message)?;
+    dict.set_item("line", line)?;
+    dict.set_item("column", column)?;
+    dict.set_item("span", (d.primary.span.start, d.primary.span.end))?;
+    dict.set_item("label", &d.primary.message)?;
+    dict.set_item("help", d.help.as_deref())?;
+    Ok(dict)
+}
+
+/// The exception for a run failure: `ShapeError` for inputs and dims that do not fit,
+/// `DTypeError`, `ArgumentError`, or `RunError` for failures of the run itself (no GPU, out of
+/// memory, ...). Input errors carry the rendered diagnostic pointing at the parameter.
+fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given: &[(String, DType, Vec<usize>)]) -> PyErr {
+    use attn_compiler::interp::InterpError as I;
+    let class = match e {
+        RunError::InputDType { .. } | RunError::Interp(I::InputDType { .. }) => "DTypeError",
+        RunError::UnknownEntry { .. }
+        | RunError::NoEntry
+        | RunError::MissingInputs { .. }
+        | RunError::UnexpectedInput { .. }
+        | RunError::DuplicateInput { .. }
+        | RunError::Interp(I::InputCount { .. }) => "ArgumentError",
+        RunError::UnknownDim { .. }
+        | RunError::FixedDim { .. }
+        | RunError::Interp(
+            I::InputRank { .. }
+            | I::InputData { .. }
+            | I::FixedDim { .. }
+            | I::DimMismatch { .. }
+            | I::Unsolvable { .. }
+            | I::UnboundDim { .. }
+            | I::GivenDim { .. }
+            | I::NegativeDim { .. }
+            | I::OutOfRange { .. },
+        ) => "ShapeError",
+        _ => "RunError",
+    };
+    let message = python_dims(&e.to_string());
+    let text = match program.run_error_diagnostic(entry, e, given) {
+        Some(mut d) => {
+            d.message = python_dims(&d.message);
+            attn_runtime::report::render_diagnostics(&[d], program.file_name(), program.source(), false).trim_end().to_string()
+        }
+        None => message.clone(),
+    };
+    let mut attrs = Vec::new();
+    attrs.push(("message", py_str(py, &message)));
+    if let Some(p) = e.param() {
+        attrs.push(("param", py_str(py, p)));
+    }
+    error(py, class, text, attrs)
+}
+
+/// Rewrites the command line's `--dim NAME=N` advice as the Python keyword `dims={'NAME': N}`.
+fn python_dims(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("--dim ") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + "--dim ".len()..];
+        let end = tail.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '=' || c == '-')).unwrap_or(tail.len());
+        match tail[..end].split_once('=') {
+            Some((name, value)) => out.push_str(&format!("dims={{'{name}': {value}}}")),
+            None => out.push_str(&rest[at..at + "--dim ".len() + end]),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The native module.
+#[pymodule]
+fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(clear_cache, m)?)?;
+    m.add_class::<Compiled>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
