@@ -162,6 +162,17 @@ class Program:
         dims not given)."""
         return self._compiled.explain(dict(dims) if dims is not None else None)
 
+    def grad(self, wrt: Optional[List[str]] = None) -> "Program":
+        """This entry point with its gradients, as a new program (``<entry>_grad``).
+
+        It takes this program's inputs plus a cotangent ``d_<result>`` for each float result
+        (the gradient of your loss with respect to that result), and returns the results
+        followed by ``d_<param>`` for each float parameter, or for each name in ``wrt``.
+        Integer and bool parameters have no gradient. The derivative rules and subgradients are
+        in docs/language.md ("Differentiation").
+        """
+        return Program(self._compiled.grad(list(wrt) if wrt is not None else None))
+
     def random_inputs(self, seed: int = 0, dims: Optional[Mapping[str, int]] = None) -> Dict[str, np.ndarray]:
         """Seeded random inputs, by parameter name, as ``attnc run --random-inputs`` makes them:
         floats from N(0, 1), ``i32`` inputs as sorted segment ids, bools as coin flips; each dim

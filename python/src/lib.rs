@@ -9,6 +9,7 @@
 //!
 //! Nothing here panics on user input: every error is a Python exception.
 
+use attn_compiler::ir::grad::GradError;
 use attn_dsl::{Diagnostic, Severity, line_col};
 use attn_runtime::cpu::{CpuOptions, DataRef, TensorRef, cpu_compiler};
 use attn_runtime::{CompileError, DType, EntryInfo, Program, RunError, RunOptions, Stage, Target, Tensor, TensorData};
@@ -24,8 +25,9 @@ use std::time::Instant;
 /// How many compiled programs the per-process cache keeps (the oldest is dropped first).
 const CACHE_CAPACITY: usize = 64;
 
-/// What a compiled program is cached by.
-type Key = (String, String, Option<String>, Target, usize);
+/// What a compiled program is cached by: source, file name, entry, target, threads, and for a
+/// derived program ([`Compiled::grad`]) the parameters it differentiates with respect to.
+type Key = (String, String, Option<String>, Target, usize, Option<Vec<String>>);
 
 /// Compiled programs by key, and the keys oldest first.
 type Cache = (Vec<(Key, Arc<Inner>)>, VecDeque<Key>);
@@ -85,12 +87,16 @@ impl Input<'_> {
 fn compile(py: Python<'_>, source: &str, file_name: &str, entry: Option<&str>, target: &str, threads: Option<usize>) -> PyResult<Compiled> {
     let target: Target = target.parse().map_err(|e: attn_runtime::TargetError| error(py, "ArgumentError", e.to_string(), vec![]))?;
     let threads = threads.unwrap_or(0);
-    let key: Key = (source.to_string(), file_name.to_string(), entry.map(str::to_string), target, threads);
+    let key: Key = (source.to_string(), file_name.to_string(), entry.map(str::to_string), target, threads, None);
+    cached_or_built(py, key, || build(source, file_name, entry, target, threads))
+}
+
+/// The program cached under `key`, or built by `make` without the GIL and cached.
+fn cached_or_built(py: Python<'_>, key: Key, make: impl FnOnce() -> Result<Inner, Failure> + Send) -> PyResult<Compiled> {
     if let Some(inner) = cached(&key) {
         return Ok(Compiled { inner });
     }
-    let built = py.detach(|| build(source, file_name, entry, target, threads));
-    let inner = Arc::new(built.map_err(|e| e.into_py(py))?);
+    let inner = Arc::new(py.detach(make).map_err(|e| e.into_py(py))?);
     if let Ok(mut cache) = CACHE.lock() {
         let (entries, order) = &mut *cache;
         if entries.len() >= CACHE_CAPACITY
@@ -145,14 +151,18 @@ fn build(source: &str, file_name: &str, entry: Option<&str>, target: Target, thr
         Ok(info) => info,
         Err(e) => return Err(Failure::Argument(e.to_string())),
     };
-    let cpu = CpuOptions { threads };
+    prepared(program, info, target, CpuOptions { threads })
+}
+
+/// Compiles the entry ahead for the CPU target.
+fn prepared(program: Program, entry: EntryInfo, target: Target, cpu: CpuOptions) -> Result<Inner, Failure> {
     if target == Target::Cpu
-        && let Err(e) = program.prepare_cpu(&info.name, &cpu)
+        && let Err(e) = program.prepare_cpu(&entry.name, &cpu)
     {
-        let name = info.name.clone();
+        let name = entry.name.clone();
         return Err(Failure::Run(Box::new((program, name, e))));
     }
-    Ok(Inner { program, entry: info, target, cpu })
+    Ok(Inner { program, entry, target, cpu })
 }
 
 #[pymethods]
@@ -234,6 +244,29 @@ impl Compiled {
                 Err(run_error(py, &inner.program, &inner.entry.name, &e, &given))
             }
         }
+    }
+
+    /// The entry with its gradients (`Program::grad`): inputs are the entry's plus `d_<result>`
+    /// per float result; results are the entry's plus `d_<param>` per float parameter (or per
+    /// name in `wrt`). Cached like `compile`.
+    #[pyo3(signature = (wrt=None))]
+    fn grad(&self, py: Python<'_>, wrt: Option<Vec<String>>) -> PyResult<Compiled> {
+        let inner = &*self.inner;
+        let key: Key = (
+            inner.program.source().to_string(),
+            inner.program.file_name().to_string(),
+            Some(inner.entry.name.clone()),
+            inner.target,
+            inner.cpu.threads,
+            Some(wrt.clone().unwrap_or_default()),
+        );
+        cached_or_built(py, key, || {
+            let fail = |e| Failure::Run(Box::new((inner.program.clone(), inner.entry.name.clone(), e)));
+            let derived = inner.program.grad(&inner.entry.name, wrt.as_deref()).map_err(fail)?;
+            let name = format!("{}_grad", inner.entry.name);
+            let entry = derived.entry(&name).map_err(fail)?;
+            prepared(derived, entry, inner.target, inner.cpu.clone())
+        })
     }
 
     /// Seeded random inputs for every parameter, as `attnc run --random-inputs` makes them:
@@ -545,7 +578,8 @@ fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given
     use attn_compiler::interp::InterpError as I;
     let class = match e {
         RunError::InputDType { .. } | RunError::Interp(I::InputDType { .. }) => "DTypeError",
-        RunError::UnknownEntry { .. }
+        RunError::Grad(GradError::Wrt { .. } | GradError::NameClash { .. })
+        | RunError::UnknownEntry { .. }
         | RunError::NoEntry
         | RunError::MissingInputs { .. }
         | RunError::UnexpectedInput { .. }

@@ -374,3 +374,37 @@ def test_errors_leave_the_interpreter_usable(qkv):
             prog(qkv[0], qkv[1], qkv[2][0])
     gc.collect()
     np.testing.assert_allclose(prog(*qkv), sdpa_ref(*qkv), rtol=1e-4, atol=1e-5)
+
+
+# ---- gradients ----------------------------------------------------------------------------
+
+
+def test_grad_program_matches_numpy_backward():
+    rng = np.random.default_rng(11)
+    q, k, v, d_out = (randn(rng, 1, 2, 19, 8) for _ in range(4))
+    grad = attnc.compile(SDPA).grad()
+    assert grad.entry == "sdpa_grad"
+    assert [n for n, _, _ in grad.params] == ["q", "k", "v", "d_out"]
+    assert [n for n, _, _ in grad.outputs] == ["out", "d_q", "d_k", "d_v"]
+    out, d_q, d_k, d_v = grad(q, k, v, d_out)
+    scale = 1 / np.sqrt(8.0)
+    p = softmax(q.astype(np.float64) @ np.swapaxes(k, -1, -2) * scale)
+    dp = d_out.astype(np.float64) @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    want = [p @ v, ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ d_out]
+    for got, w in zip((out, d_q, d_k, d_v), want):
+        assert_normwise_close(got, w)
+
+
+def test_grad_wrt_and_errors():
+    prog = attnc.compile(EXAMPLES / "alibi.attn")
+    only = prog.grad(wrt=["slopes"])
+    assert [n for n, _, _ in only.outputs] == ["out", "d_slopes"]
+    assert prog.grad(wrt=["slopes"])._compiled._identity == only._compiled._identity
+    inputs = only.random_inputs(seed=3, dims={"S": 12})
+    out, d_slopes = only(**inputs)
+    assert d_slopes.shape == (inputs["slopes"].shape[0],) and np.isfinite(d_slopes).all()
+    with pytest.raises(attnc.ArgumentError, match="no parameter has that name"):
+        prog.grad(wrt=["slope"])
+    with pytest.raises(attnc.ArgumentError, match="only floating-point parameters"):
+        attnc.compile(EXAMPLES / "document_mask.attn").grad(wrt=["seg"])

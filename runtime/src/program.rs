@@ -18,7 +18,8 @@ use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
 use attn_compiler::interp::{self, InterpError};
-use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType};
+use attn_compiler::ir::grad::{GradError, differentiate};
+use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType, verify};
 use attn_compiler::tensor::{Tensor, TensorError};
 use attn_compiler::{Checked, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
@@ -186,6 +187,9 @@ pub enum RunError {
     /// or run the entry.
     #[error(transparent)]
     Cuda(crate::cuda::CudaError),
+    /// The entry cannot be differentiated ([`Program::grad`]).
+    #[error(transparent)]
+    Grad(#[from] GradError),
 }
 
 impl RunError {
@@ -482,6 +486,22 @@ impl Program {
         Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
     }
 
+    /// `entry` with its gradients, as a program of one entry point, `<entry>_grad`: it takes
+    /// `entry`'s inputs plus a cotangent `d_<result>` for each float result, and returns the
+    /// results plus `d_<param>` for each float parameter (or each one named in `wrt`). Run it
+    /// like any entry; its forward part is fused as usual. See
+    /// [`attn_compiler::ir::grad`] for the rules and subgradients.
+    pub fn grad(&self, entry: &str, wrt: Option<&[String]>) -> Result<Program, RunError> {
+        let derived = differentiate(self.graph(entry)?, wrt)?;
+        if let Err(errors) = verify(&derived) {
+            let reason = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            return Err(RunError::Grad(GradError::Internal { graph: entry.to_string(), reason }));
+        }
+        let mut checked = self.checked.clone();
+        checked.module.graphs = vec![derived];
+        Ok(Program { checked, cpu: Arc::default(), ..self.clone() })
+    }
+
     /// Compiles `entry` for [`Target::Cpu`] with `opts` now, so that the first
     /// [`Program::run_with`] or [`Program::run_borrowed`] does not pay for it (and a schedule or
     /// code-generation failure shows up here).
@@ -536,18 +556,7 @@ impl Program {
 }
 
 fn entry_info(graph: &Graph) -> EntryInfo {
-    let params = graph
-        .params()
-        .iter()
-        .map(|p| {
-            let node = graph.node(*p);
-            let name = match &node.op {
-                Op::Param(n) => n.clone(),
-                other => other.name().to_string(),
-            };
-            (name, node.ty.clone())
-        })
-        .collect();
+    let params = graph.params().iter().map(|p| (graph.param_name(*p).to_string(), graph.node(*p).ty.clone())).collect();
     let outputs = graph.outputs().iter().map(|(n, v)| (n.clone(), graph.node(*v).ty.clone())).collect();
     EntryInfo { name: graph.name.clone(), params, outputs }
 }

@@ -629,3 +629,34 @@ fn build_svg_errors() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("too large to draw") && stderr(&o).contains("--emit dot"), "{}", stderr(&o));
 }
+
+#[test]
+fn grad_runs_builds_and_benches_the_derived_program() {
+    let d = Dir::new();
+    // Two results, so two cotangents (d_out, d_w); seg is i32 and gets no gradient.
+    let run = d.attnc(&["run", "prog.attn", "--grad", "--random-inputs", "--dim", "S=5", "--out-dir", "g"]);
+    assert_eq!(code(&run), 0, "{}", stderr(&run));
+    let names: Vec<String> = stdout(&run).lines().filter_map(|l| l.split(':').next()).map(String::from).collect();
+    assert_eq!(names, ["out", "w", "d_q", "d_k", "d_v"]);
+    assert_eq!(read_f32(&d.path("g/d_q.npy")).shape, vec![8, 5, 8]);
+
+    let wrt = d.attnc(&["run", "prog.attn", "--grad", "--wrt", "v", "--random-inputs", "--dim", "S=5"]);
+    assert_eq!(code(&wrt), 0, "{}", stderr(&wrt));
+    assert_eq!(stdout(&wrt).lines().count(), 3, "{}", stdout(&wrt));
+    let bad = d.attnc(&["run", "prog.attn", "--grad", "--wrt", "seg", "--random-inputs"]);
+    assert_eq!(code(&bad), 2);
+    assert!(stderr(&bad).contains("only floating-point parameters have gradients"), "{}", stderr(&bad));
+    let missing = d.attnc(&["run", "prog.attn", "--wrt", "v", "--random-inputs"]);
+    assert_eq!(code(&missing), 2, "--wrt needs --grad");
+
+    let ir = d.attnc(&["build", "prog.attn", "--grad", "--entry", "scale", "--emit", "ir"]);
+    assert_eq!(code(&ir), 0, "{}", stderr(&ir));
+    let text = stdout(&ir);
+    assert!(text.starts_with("graph scale_grad {") && text.contains("output d_s = "), "{text}");
+    let ast = d.attnc(&["build", "prog.attn", "--grad", "--emit", "ast"]);
+    assert_eq!(code(&ast), 2);
+
+    let bench = d.attnc(&["bench", "prog.attn", "--grad", "--dim", "S=16", "--iters", "1", "--threads", "1"]);
+    assert_eq!(code(&bench), 0, "{}", stderr(&bench));
+    assert!(stdout(&bench).contains("attend_grad"), "{}", stdout(&bench));
+}

@@ -66,6 +66,14 @@ impl Graph {
         Graph { outputs, ..self.clone() }
     }
 
+    /// The name of a parameter node (its op's name for any other node).
+    pub fn param_name(&self, v: Value) -> &str {
+        match &self.g[v].op {
+            Op::Param(n) => n,
+            other => other.name(),
+        }
+    }
+
     /// Declares a named output.
     pub fn add_output(&mut self, name: impl Into<String>, v: Value) {
         self.outputs.push((name.into(), v));

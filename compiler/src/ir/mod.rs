@@ -5,6 +5,7 @@
 mod dim;
 mod dot;
 mod flash;
+pub mod grad;
 mod graph;
 mod infer;
 mod op;

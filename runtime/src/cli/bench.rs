@@ -53,13 +53,16 @@ pub struct BenchArgs {
     /// Write the inputs as DIR/NAME.npy (so other frameworks can be timed on the same data).
     #[arg(long, value_name = "DIR")]
     pub save_inputs: Option<PathBuf>,
+    /// Gradients (`--grad [--wrt a,b]`): time the forward and backward pass together.
+    #[command(flatten)]
+    pub grad: super::GradArgs,
 }
 
 /// Runs `attnc bench`.
 pub fn bench(args: &BenchArgs, ui: super::Ui) -> Result<(), Failure> {
     let target: Target = args.target.parse().map_err(|e| Failure::new(Exit::Target, e))?;
-    let program = load(&args.file, ui)?;
-    let entry = match &args.entry {
+    let (program, entry) = args.grad.apply(load(&args.file, ui)?, args.entry.as_deref())?;
+    let entry = match &entry {
         Some(name) => program.entry(name).map_err(|e| Failure::new(Exit::Usage, e))?,
         None => program.default_entry().ok_or_else(|| Failure::new(Exit::Program, "the program defines no function"))?,
     };

@@ -28,6 +28,9 @@ pub struct BuildArgs {
     /// always cuda).
     #[arg(long, default_value = "cpu", value_name = "TARGET")]
     pub target: String,
+    /// Gradients (`--grad [--wrt a,b]`): emit the entry's derived program.
+    #[command(flatten)]
+    pub grad: super::GradArgs,
 }
 
 /// The forms `attnc build` can emit: one per stage of the pipeline (parse, lower, optimize,
@@ -61,8 +64,11 @@ pub enum Emit {
 
 /// Runs `attnc build`.
 pub fn build(args: &BuildArgs, ui: super::Ui) -> Result<(), Failure> {
-    let program = load(&args.file, ui)?;
-    let text = emit(&program, args, ui.color)?;
+    if args.grad.grad && args.emit == Emit::Ast {
+        return Err(Failure::new(Exit::Usage, "--grad has no AST form: the derived program exists from the IR on (try --emit ir)"));
+    }
+    let (program, entry) = args.grad.apply(load(&args.file, ui)?, args.entry.as_deref())?;
+    let text = emit(&program, args, entry.as_deref(), ui.color)?;
     match &args.output {
         Some(path) if attn_runtime::io::same_file(path, &args.file) => {
             Err(Failure::new(Exit::Usage, format!("-o {} is the program being built; refusing to overwrite it", path.display())))
@@ -77,8 +83,7 @@ pub fn build(args: &BuildArgs, ui: super::Ui) -> Result<(), Failure> {
 }
 
 /// The text of one form.
-fn emit(program: &Program, args: &BuildArgs, color: bool) -> Result<String, Failure> {
-    let entry = args.entry.as_deref();
+fn emit(program: &Program, args: &BuildArgs, entry: Option<&str>, color: bool) -> Result<String, Failure> {
     let stage = match args.emit {
         Emit::Ast if entry.is_some() => {
             return Err(Failure::new(Exit::Usage, "--entry cannot be used with --emit ast: the AST is always the whole file"));

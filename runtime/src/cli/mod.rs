@@ -316,6 +316,42 @@ fn data_tile_maps(
     Ok(())
 }
 
+/// `--grad [--wrt a,b]`: run, build or bench the entry's derived program (its results and
+/// gradients) instead of the entry.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GradArgs {
+    /// Use the entry with its gradients: inputs are the entry's plus a cotangent `d_<result>`
+    /// for each float result; outputs are the results plus `d_<param>` for each float
+    /// parameter (see docs/language.md, "Differentiation").
+    #[arg(long)]
+    pub grad: bool,
+    /// With --grad: only these parameters' gradients (comma-separated).
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',', requires = "grad")]
+    pub wrt: Vec<String>,
+}
+
+impl GradArgs {
+    /// `program` and `entry` as given, or with `--grad` the derived program and its entry
+    /// (`<entry>_grad`).
+    pub fn apply(&self, program: Program, entry: Option<&str>) -> Result<(Program, Option<String>), Failure> {
+        if !self.grad {
+            return Ok((program, entry.map(str::to_string)));
+        }
+        let name = match entry {
+            Some(name) => name.to_string(),
+            None => program.default_entry().map(|e| e.name).ok_or_else(|| run::run_failure(attn_runtime::RunError::NoEntry))?,
+        };
+        let wrt = (!self.wrt.is_empty()).then_some(self.wrt.as_slice());
+        let derived = program.grad(&name, wrt).map_err(|e| match e {
+            attn_runtime::RunError::Grad(attn_compiler::ir::grad::GradError::Wrt { .. }) | attn_runtime::RunError::UnknownEntry { .. } => {
+                Failure::new(Exit::Usage, e)
+            }
+            e => Failure::new(Exit::Program, e),
+        })?;
+        Ok((derived, Some(format!("{name}_grad"))))
+    }
+}
+
 /// Reads and checks a program. On errors prints the rendered diagnostics first; prints its
 /// warnings (failing under `--deny-warnings`), and the compile-stage timings under `--timings`.
 pub fn load(path: &std::path::Path, ui: Ui) -> Result<Program, Failure> {

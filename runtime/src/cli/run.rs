@@ -72,6 +72,9 @@ pub struct RunArgs {
     /// (as many as the output has rows and columns).
     #[arg(long, value_name = "ROWS.txt,COLS.txt", requires = "heatmaps")]
     pub labels: Option<String>,
+    /// Gradients (`--grad [--wrt a,b]`).
+    #[command(flatten)]
+    pub grad: super::GradArgs,
 }
 
 /// Target names accepted on the command line, built or not (see [`Target`]).
@@ -188,8 +191,8 @@ pub fn run(args: &RunArgs, ui: super::Ui) -> Result<(), Failure> {
         // No driver, device or NVRTC: say so before reading any input.
         attn_runtime::cuda::device_info().map_err(|e| Failure::new(Exit::Target, e))?;
     }
-    let program = load(&args.file, ui)?;
-    let entry = match &args.entry {
+    let (program, entry) = args.grad.apply(load(&args.file, ui)?, args.entry.as_deref())?;
+    let entry = match &entry {
         Some(name) => program.entry(name).map_err(run_failure)?,
         None => program.default_entry().ok_or_else(|| run_failure(RunError::NoEntry))?,
     };
