@@ -460,3 +460,38 @@ fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
     }
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
+
+#[test]
+fn scans_match_the_interpreter_bit_for_bit() {
+    // Every scan variant: forward and reversed, integer (wrapping), f16, a broadcast coefficient
+    // (with exact element-wise operands only: tanh, exp... may differ in the last bit).
+    let src = "
+fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
+    -> (s: f32[B, S, E], r: f32[B, S, E], p: f32[B, S, E], l: f32[B, S, E], lr: f32[B, S, E], i: i32[B, S], f: f16[B, S, E]) {
+    return cumsum(x, axis = 1), cumsum(x, axis = 1, reverse = true), cumprod(x * 0.5 + 1.0), scan(a * 0.25, x, axis = 1),
+        scan(x, x * 0.5 - 1.0, axis = 1, reverse = true), cumprod(n * 7919 + 3, axis = -1), cumsum(h, axis = -1)
+}";
+    let program = Program::from_source(src, "scans.attn").expect("compiles");
+    let mut compiled = program.compile_cpu("scans", &CpuOptions { threads: 1 }).expect("cpu");
+    for (n, s) in [(1u64, 1i64), (2, 7), (3, 130)] {
+        let mut given = HashMap::new();
+        given.insert("S".to_string(), s);
+        given.insert("E".to_string(), 5);
+        given.insert("B".to_string(), 3);
+        let dims = program.random_dims("scans", &given).expect("dims");
+        let inputs: Vec<Tensor> = program.random_inputs("scans", n, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let want = interp::run(program.graph("scans").expect("graph"), &inputs, &dims).expect("interpreter");
+        for threads in [1, 2] {
+            compiled.set_threads(threads).expect("threads");
+            let got = compiled.run_tensors(&inputs, &dims).expect("cpu runs");
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same_bits(std::slice::from_ref(g), std::slice::from_ref(w)),
+                    "S={s}, {threads} thread(s): output {k} differs: cpu {:?}, interpreter {:?}",
+                    &g.to_f64_vec()[..g.to_f64_vec().len().min(6)],
+                    &w.to_f64_vec()[..w.to_f64_vec().len().min(6)]
+                );
+            }
+        }
+    }
+}

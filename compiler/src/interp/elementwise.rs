@@ -57,7 +57,12 @@ pub(super) fn cast(x: &Val, dtype: DType) -> Val {
 }
 
 /// Broadcasts `N` operands numpy-style and applies `f` element by element.
-fn broadcast_map<const N: usize>(args: [&Val; N], dtype: DType, node: &str, f: impl Fn([f64; N]) -> f64) -> Result<Val, InterpError> {
+pub(super) fn broadcast_map<const N: usize>(
+    args: [&Val; N],
+    dtype: DType,
+    node: &str,
+    f: impl Fn([f64; N]) -> f64,
+) -> Result<Val, InterpError> {
     let mut shape = Vec::new();
     for a in args {
         shape = broadcast(&shape, &a.shape).ok_or_else(|| {

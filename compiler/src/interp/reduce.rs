@@ -4,7 +4,7 @@
 use super::InterpError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, split_at_axis, walk};
 use crate::ir::semantics::{max_f, min_f, wrap_i32};
-use crate::ir::{DType, ReduceOp};
+use crate::ir::{DType, ReduceOp, ScanOp};
 
 fn bad(node: &str, reason: String) -> InterpError {
     InterpError::BadNode { node: node.to_string(), reason }
@@ -156,4 +156,58 @@ pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, 
         }
     });
     Ok(Val::new(dtype, shape, out))
+}
+
+/// Running sums, products or the linear recurrence `h_i = a_i h_(i-1) + b_i` along `axis`
+/// ([`Op::Scan`](crate::ir::Op::Scan)). Float accumulations run in f64 and each output is
+/// rounded once; integer ones wrap (i64 arithmetic, kept to 32 bits at every output).
+pub(super) fn scan(op: ScanOp, args: &[&Val], axis: usize, reverse: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let (a, x) = match (op, args) {
+        (ScanOp::Linear, [a, b]) => {
+            let common = |v: &Val| super::elementwise::broadcast_map([v, a, b], v.dtype, node, |[s, _, _]| s);
+            (Some(common(a)?), common(b)?)
+        }
+        (_, [x]) => (None, (*x).clone()),
+        _ => return Err(bad(node, format!("`{}` got {} operands", op.name(), args.len()))),
+    };
+    if axis >= x.shape.len() {
+        return Err(bad(node, format!("{} axis {axis} is out of range for rank {}", op.name(), x.shape.len())));
+    }
+    let (outer, n, inner) = split_at_axis(&x.shape, axis);
+    let int = dtype == DType::I32;
+    let mut out = filled(x.data.len(), 0.0, node)?;
+    for o in 0..outer {
+        for j in 0..inner {
+            let at = |i: usize| (o * n + i) * inner + j;
+            let (mut acc, mut iacc): (f64, i64) = if op == ScanOp::Prod { (1.0, 1) } else { (0.0, 0) };
+            for step in 0..n {
+                let i = if reverse { n - 1 - step } else { step };
+                let v = x.data[at(i)];
+                out[at(i)] = match (op, int) {
+                    (ScanOp::Sum, true) => {
+                        iacc = iacc.wrapping_add(v as i64);
+                        f64::from(wrap_i32(iacc))
+                    }
+                    (ScanOp::Prod, true) => {
+                        iacc = iacc.wrapping_mul(v as i64);
+                        f64::from(wrap_i32(iacc))
+                    }
+                    (ScanOp::Sum, false) => {
+                        acc += v;
+                        acc
+                    }
+                    (ScanOp::Prod, false) => {
+                        acc *= v;
+                        acc
+                    }
+                    (ScanOp::Linear, _) => {
+                        let coef = a.as_ref().map_or(1.0, |a| a.data[at(i)]);
+                        acc = coef * acc + v;
+                        acc
+                    }
+                };
+            }
+        }
+    }
+    Ok(Val::new(dtype, x.shape.clone(), out))
 }

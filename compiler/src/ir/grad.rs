@@ -17,7 +17,7 @@
 use super::dim::Dim;
 use super::graph::{Graph, Value};
 use super::infer::infer;
-use super::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use super::op::{BinaryOp, Op, ReduceOp, ScanOp, UnaryOp};
 use super::types::{DType, TensorType};
 use std::collections::{HashMap, HashSet};
 use std::f64::consts::PI;
@@ -527,10 +527,49 @@ impl Builder {
                 let c = self.bin(BinaryOp::Sub, g, s)?;
                 vec![(0, self.mul(y, c)?)]
             }
+            Op::Scan { op, axis, reverse } => {
+                let back =
+                    |b: &mut Builder, op: ScanOp, args: &[Value]| b.add(Op::Scan { op, axis: *axis, reverse: !*reverse }, args, None);
+                match op {
+                    // Each x_i feeds every later output: the gradient is the reverse running sum.
+                    ScanOp::Sum => vec![(0, back(self, ScanOp::Sum, &[g])?)],
+                    // ∂y_k/∂x_i = y_k / x_i for k ≥ i (x_i ≠ 0).
+                    ScanOp::Prod => {
+                        let gy = self.mul(g, y)?;
+                        let t = back(self, ScanOp::Sum, &[gy])?;
+                        vec![(0, self.bin(BinaryOp::Div, t, x[0])?)]
+                    }
+                    // h_i = a_i h_(i-1) + b_i: λ_i = g_i + a_(i+1) λ_(i+1) (a scan the other way
+                    // over a shifted by one), db = λ, da_i = λ_i h_(i-1).
+                    ScanOp::Linear => {
+                        let shape = self.ty(y).shape.clone();
+                        let a = self.broadcast(x[0], &shape)?;
+                        let a_next = self.shift(a, *axis, !*reverse)?;
+                        let lambda = back(self, ScanOp::Linear, &[a_next, g])?;
+                        let h_prev = self.shift(y, *axis, *reverse)?;
+                        vec![(0, self.mul(lambda, h_prev)?), (1, lambda)]
+                    }
+                }
+            }
             Op::LayerNorm { eps } => self.layer_norm(graph, x, g, *eps, true)?,
             Op::RmsNorm { eps } => self.layer_norm(graph, x, g, *eps, false)?,
             Op::Flash(_) => return Err(unsupported()),
         })
+    }
+
+    /// `x` moved one step along `axis`, zero-filled: towards the end (`out_i = x_(i-1)`), or
+    /// towards the start (`out_i = x_(i+1)`) when `to_start`.
+    fn shift(&mut self, x: Value, axis: usize, to_start: bool) -> Result<Value, GradError> {
+        let shape = self.ty(x).shape.clone();
+        let n = shape[axis].clone();
+        let one = Dim::constant(1);
+        let mut zshape = shape.clone();
+        zshape[axis] = one.clone();
+        let zero = self.zeros(&zshape, self.ty(x).dtype)?;
+        let (start, end) = if to_start { (one.clone(), n.clone()) } else { (Dim::constant(0), n.sub(&one)) };
+        let kept = self.add(Op::Slice { axis, start, end }, &[x], None)?;
+        let parts = if to_start { [kept, zero] } else { [zero, kept] };
+        self.add(Op::Concat { axis }, &parts, None)
     }
 
     /// The table gradient of `table[i0, i1, ...]`: Σ over index positions of g where each

@@ -3,7 +3,7 @@
 //! to re-check every node of a graph.
 
 use super::dim::Dim;
-use super::op::{Arity, BinaryOp, Op, ReduceOp, UnaryOp};
+use super::op::{Arity, BinaryOp, Op, ReduceOp, ScanOp, UnaryOp};
 use super::types::{DType, TensorType, broadcast_shapes};
 
 fn shape_str(s: &[Dim]) -> String {
@@ -69,6 +69,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Gather => gather(args),
         Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
         Op::Softmax { axis } => softmax(args[0], *axis),
+        Op::Scan { op, axis, .. } => scan(*op, args, *axis),
         Op::Flash(spec) => flash(spec, args),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
     }
@@ -260,6 +261,26 @@ fn softmax(x: &TensorType, axis: usize) -> Result<TensorType, String> {
     }
     numeric(x, "the operand of softmax")?;
     Ok(TensorType::new(if x.dtype.is_float() { x.dtype } else { DType::F32 }, x.shape.clone()))
+}
+
+fn scan(op: ScanOp, args: &[&TensorType], axis: usize) -> Result<TensorType, String> {
+    let x = args[0];
+    let (dtype, shape) = if op == ScanOp::Linear {
+        let b = args[1];
+        if !x.dtype.is_float() || !b.dtype.is_float() {
+            return Err(format!("`scan` needs float operands, found {} and {}", x.dtype, b.dtype));
+        }
+        let shape = broadcast_shapes(&x.shape, &b.shape)
+            .ok_or_else(|| format!("`scan`'s a {} and b {} do not broadcast", shape_str(&x.shape), shape_str(&b.shape)))?;
+        (x.dtype.promote(b.dtype), shape)
+    } else {
+        numeric(x, "the operand")?;
+        (x.dtype, x.shape.clone())
+    };
+    if axis >= shape.len() {
+        return Err(format!("`{}` axis {axis} is out of range for rank {}", op.name(), shape.len()));
+    }
+    Ok(TensorType::new(dtype, shape))
 }
 
 fn norm(args: &[&TensorType]) -> Result<TensorType, String> {

@@ -132,6 +132,31 @@ pub enum ReduceOp {
     Mean,
 }
 
+/// Running accumulations along an axis ([`Op::Scan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScanOp {
+    /// `out_i = x_0 + ... + x_i` (`cumsum`)
+    Sum,
+    /// `out_i = x_0 · ... · x_i` (`cumprod`)
+    Prod,
+    /// The linear recurrence `h_i = a_i · h_(i-1) + b_i`, `h_(-1) = 0` (`scan(a, b)`: EMAs)
+    Linear,
+}
+
+const SCAN: [(ScanOp, &str); 3] = [(ScanOp::Sum, "cumsum"), (ScanOp::Prod, "cumprod"), (ScanOp::Linear, "scan")];
+
+impl ScanOp {
+    /// Name in the IR text (also the `.attn` built-in's name).
+    pub fn name(self) -> &'static str {
+        SCAN.iter().find(|(o, _)| *o == self).map_or("?", |(_, n)| n)
+    }
+
+    /// Inverse of [`ScanOp::name`].
+    pub fn from_name(name: &str) -> Option<ScanOp> {
+        SCAN.iter().find(|(_, n)| *n == name).map(|(o, _)| *o)
+    }
+}
+
 /// An IR operation. The node's [`super::TensorType`] carries the result shape and dtype, so ops
 /// whose result is fully described by it (reshape, cast, iota's shape) carry no other data.
 #[derive(Clone, Debug, PartialEq)]
@@ -199,6 +224,17 @@ pub enum Op {
     LayerNorm {
         /// Added to the variance.
         eps: f64,
+    },
+    /// A running accumulation along `axis` (from the end when `reverse`): every output element
+    /// is the accumulation of the elements up to it. Sums and products run in f64 (i64 for
+    /// integers, wrapping) and each output is rounded once. `Linear` takes `a` and `b`.
+    Scan {
+        /// Which accumulation.
+        op: ScanOp,
+        /// Along which axis.
+        axis: usize,
+        /// From the last element to the first.
+        reverse: bool,
     },
     /// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
     RmsNorm {
@@ -339,6 +375,7 @@ impl Op {
             Op::Gather => "gather",
             Op::Reduce { op, .. } => REDUCE.iter().find(|(o, _)| o == op).map_or("?", |(_, n)| n),
             Op::Softmax { .. } => "softmax",
+            Op::Scan { op, .. } => op.name(),
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Flash(_) => "flash",
@@ -358,6 +395,7 @@ impl Op {
             }
             Op::Reduce { axes, keepdim, .. } => vec![("axes", Attr::List(axes.clone())), ("keepdim", Attr::Bool(*keepdim))],
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Scan { axis, reverse, .. } => vec![("axis", Attr::Int(*axis)), ("reverse", Attr::Bool(*reverse))],
             Op::Flash(spec) => {
                 let mut attrs = vec![
                     ("rank", Attr::Int(spec.rank)),
@@ -413,6 +451,13 @@ impl Op {
         }
         if let Some(b) = BinaryOp::from_name(name) {
             return Ok(Op::Binary(b));
+        }
+        if let Some(op) = ScanOp::from_name(name) {
+            let reverse = match get("reverse")? {
+                Attr::Bool(b) => *b,
+                other => return Err(format!("`reverse` must be true or false, found `{other}`")),
+            };
+            return Ok(Op::Scan { op, axis: int("axis")?, reverse });
         }
         if let Some((op, _)) = REDUCE.iter().find(|(_, n)| *n == name) {
             let keepdim = match get("keepdim")? {
@@ -473,6 +518,8 @@ impl Op {
             Op::Unary(_) | Op::Cast | Op::Transpose { .. } | Op::Reshape | Op::Slice { .. } | Op::Reduce { .. } | Op::Softmax { .. } => {
                 Arity::Exact(1)
             }
+            Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
+            Op::Scan { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
             Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),

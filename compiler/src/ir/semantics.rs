@@ -37,6 +37,11 @@
 //! Softmax over a row (fused or not) is `exp(x - max) / Σ exp(x - max)` over the kept entries,
 //! where `max` is the NaN-propagating maximum: a kept NaN or `+inf` score makes the row NaN, and
 //! a row with no kept entry or only `-inf` entries is 0.
+//!
+//! Scans (`cumsum`, `cumprod`, `scan(a, b)`) accumulate along their axis in order (from the end
+//! when reversed), in f64 for floats (`h = a·h + b` as a product, then a sum, each rounded in
+//! f64: never an FMA) and in wrapping 64-bit integers for i32, each output rounded to its type
+//! once.
 
 use super::op::{BinaryOp, UnaryOp};
 use super::types::DType;

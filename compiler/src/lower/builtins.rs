@@ -2,7 +2,7 @@
 //! positions. `x.f(a)` arrives here as `f(x, a)`.
 
 use super::{Cx, Frame, LResult, Reported, Val, codes, literal};
-use crate::ir::{BinaryOp, DType, Dim, Op, ReduceOp, TensorType, UnaryOp, Value};
+use crate::ir::{BinaryOp, DType, Dim, Op, ReduceOp, ScanOp, TensorType, UnaryOp, Value};
 use attn_dsl::ast::{Arg, Expr, ExprKind, Ident};
 use attn_dsl::{Diagnostic, Span};
 
@@ -49,6 +49,9 @@ pub(crate) const BUILTINS: &[&str] = &[
     "sum",
     "mean",
     "softmax",
+    "cumsum",
+    "cumprod",
+    "scan",
     "layernorm",
     "rmsnorm",
     "transpose",
@@ -158,7 +161,7 @@ impl Cx<'_, '_> {
         }))
     }
 
-    /// Softmax and the normalisations.
+    /// Softmax, running accumulations (scans) and the normalisations.
     fn norm_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
         let (n, span) = (call.name, call.span);
         Ok(Some(match n {
@@ -171,6 +174,33 @@ impl Cx<'_, '_> {
                     None => self.last_axis(&ty, span)?,
                 };
                 self.add(Op::Softmax { axis }, None, &[(x, call.pos[0].span)], span)?
+            }
+            "cumsum" | "cumprod" | "scan" => {
+                let op = ScanOp::from_name(n).ok_or_else(|| self.bad_args(call, "unknown scan"))?;
+                let n_in = if op == ScanOp::Linear { 2 } else { 1 };
+                self.arity(call, n_in, n_in + 1, &["axis", "reverse"])?;
+                let mut ops = Vec::new();
+                for e in &call.pos[..n_in] {
+                    ops.push((self.tensor(frame, e)?, e.span));
+                }
+                // The axis counts in the result's shape (for `scan`, the broadcast of a and b).
+                let shape = if op == ScanOp::Linear {
+                    let (a, b) = (self.ty(ops[0].0).shape.clone(), self.ty(ops[1].0).shape.clone());
+                    crate::ir::broadcast_shapes(&a, &b).unwrap_or(a)
+                } else {
+                    self.ty(ops[0].0).shape.clone()
+                };
+                let ty = TensorType::new(self.ty(ops[0].0).dtype, shape);
+                let axis = match call.pos.get(n_in).copied().or(call.kw("axis")) {
+                    Some(e) => self.axis(frame, e, &ty)?,
+                    None => self.last_axis(&ty, span)?,
+                };
+                let reverse = match call.kw("reverse").map(|e| &e.kind) {
+                    None => false,
+                    Some(ExprKind::Bool(b)) => *b,
+                    Some(_) => return Err(self.bad_args(call, "`reverse` is `true` or `false`")),
+                };
+                self.add(Op::Scan { op, axis, reverse }, None, &ops, span)?
             }
             "layernorm" | "rmsnorm" => {
                 let n_in = if n == "layernorm" { 3 } else { 2 };

@@ -73,7 +73,7 @@ impl Cost<'_> {
                 let k = tys[0].shape.last().map_or(1.0, |d| self.elems(std::slice::from_ref(d)));
                 2.0 * out_elems * k + moved(ins)
             }
-            Op::Reduce { .. } | Op::Softmax { .. } => 5.0 * ins + moved(ins),
+            Op::Reduce { .. } | Op::Softmax { .. } | Op::Scan { .. } => 5.0 * ins + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
             Op::Flash(spec) => {
                 let q = &tys[0].shape;

@@ -384,6 +384,17 @@ impl Lowering<'_> {
                 self.step(Kernel::Softmax { x, axis: *axis, out: out.clone() }, label, v);
                 Ok(out)
             }
+            Op::Scan { op, axis, reverse } => {
+                let mut views = Vec::with_capacity(args.len());
+                for a in &args {
+                    views.push(self.dense_as(*a, &ty.shape, v, &label)?);
+                }
+                let x = views.pop().ok_or_else(|| self.unsupported(v, "a scan without an operand"))?;
+                let a = views.pop();
+                let out = self.temp(v, ty.dtype, &ty.shape);
+                self.step(Kernel::Scan { op: *op, a, x, axis: *axis, reverse: *reverse, out: out.clone() }, label, v);
+                Ok(out)
+            }
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
                 let x = self.view(args[0])?;
                 let gamma = self.view(args[1])?;
@@ -442,6 +453,18 @@ impl Lowering<'_> {
         Ok(out)
     }
 
+    /// `a`'s view with exactly `shape`: its own view when it has that shape, else a copy broadcast
+    /// into a new buffer (for kernels that walk rows of several operands in step).
+    fn dense_as(&mut self, a: Value, shape: &[Dim], v: Value, label: &str) -> Result<View, ScheduleError> {
+        let view = self.view(a)?;
+        if view.shape == shape {
+            return Ok(view);
+        }
+        let out = self.temp(v, view.dtype, shape);
+        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr: Expr::Load(0) }, format!("{label} (broadcast)"), v);
+        Ok(out)
+    }
+
     /// Makes every output a dense buffer of its own.
     fn outputs(&mut self) -> Result<(), ScheduleError> {
         for (i, (_, v)) in self.g.outputs().to_vec().into_iter().enumerate() {
@@ -471,6 +494,7 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         Kernel::Elementwise { out, inputs, .. } => (inputs.iter().map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
         Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => (vec![x.buf], vec![out.buf]),
+        Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::Norm { x, gamma, beta, out, .. } => {
             let mut r = bufs(&[x, gamma]);
             r.extend(beta.iter().map(|b| b.buf));
@@ -520,6 +544,7 @@ fn register_ints(plan: &mut Schedule) {
             }
             Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
             Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => [x, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::Scan { a, x, out, .. } => [a.as_ref(), Some(x), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add)),
             Kernel::Norm { x, gamma, beta, out, .. } => {
                 [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))
             }

@@ -30,7 +30,7 @@ pub use lower::MAX_INLINE_DEPTH;
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
 pub use prepare::{FlashScratch, PrepareError, Prepared, eval, flash_scratch, prepare};
 
-use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScoreExpr, UnaryOp};
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScanOp, ScoreExpr, UnaryOp};
 use attn_dsl::Span;
 use thiserror::Error;
 
@@ -315,6 +315,22 @@ pub enum Kernel {
         /// Dense result, `x`'s shape.
         out: View,
     },
+    /// A running accumulation along `axis` ([`crate::ir::Op::Scan`]), one row per work item;
+    /// `a` is the coefficient of the linear recurrence. Operands have `out`'s shape.
+    Scan {
+        /// Which accumulation.
+        op: ScanOp,
+        /// The recurrence's coefficient (`ScanOp::Linear` only).
+        a: Option<View>,
+        /// The accumulated operand (`b` of the recurrence).
+        x: View,
+        /// Along which axis.
+        axis: usize,
+        /// From the last element to the first.
+        reverse: bool,
+        /// Dense result.
+        out: View,
+    },
     /// Layer norm (`beta` given) or RMS norm over the last axis.
     Norm {
         /// The operand.
@@ -342,6 +358,7 @@ impl Kernel {
             Kernel::MatMul { .. } => "matmul",
             Kernel::Reduce { .. } => "reduce",
             Kernel::Softmax { .. } => "softmax",
+            Kernel::Scan { op, .. } => op.name(),
             Kernel::Norm { .. } => "norm",
             Kernel::Flash(_) => "flash",
             Kernel::FlashMerge(_) => "flash_merge",

@@ -103,6 +103,13 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
         }
         Kernel::Reduce { x, op, axes, out: o } => writeln!(out, "reduce {op:?} over axes {axes:?}\n  x = {x}\n  out = {o}")?,
         Kernel::Softmax { x, axis, out: o } => writeln!(out, "softmax over axis {axis}\n  x = {x}\n  out = {o}")?,
+        Kernel::Scan { op, a, x, axis, reverse, out: o } => {
+            writeln!(out, "{} along axis {axis}{}", op.name(), if *reverse { ", reversed" } else { "" })?;
+            if let Some(a) = a {
+                writeln!(out, "  a = {a}")?;
+            }
+            writeln!(out, "  x = {x}\n  out = {o}")?
+        }
         Kernel::Norm { x, gamma, beta, eps, out: o } => {
             writeln!(out, "{} eps {eps:?}\n  x = {x}\n  gamma = {gamma}", if beta.is_some() { "layernorm" } else { "rmsnorm" })?;
             if let Some(b) = beta {

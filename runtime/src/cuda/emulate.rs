@@ -90,6 +90,7 @@ ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   w.ll[l] = v; w.bar->arrive_and_wait(); long long r = w.ll[l ^ m]; w.bar->arrive_and_wait(); return r;
 }
+ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { volatile double m = a * b; return m + c; }
 ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
 // mma.sync.m16n8k16.row.col: lane L (g = L / 4, t = L % 4) holds A rows g and g+8, columns

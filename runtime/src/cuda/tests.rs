@@ -139,11 +139,12 @@ fn every_example_compiles_with_nvrtc() {
 
 /// Ops the examples do not reach: concat, slice, rmsnorm, max/min/mean reductions, i32
 /// arithmetic with `%` and clamps, casts between every type, gather with computed indices,
-/// f16 element-wise maths, and f16/bf16 matmuls on tensor cores.
+/// f16 element-wise maths, f16/bf16 matmuls on tensor cores, and integer, reversed, f16 and
+/// broadcast-coefficient scans.
 pub(crate) const EVERY_OP: &str = "
 fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S, E])
     -> (a: f32[B, 2*S, E], r: f32[B, S, E], mx: f32[B, E], mn: i32[B, S], c: f16[B, S, E],
-        k: bool[B, S], z: f32[B, S], p: bf16[B, S, F], q: f16[B, S, F]) {
+        k: bool[B, S], z: f32[B, S], p: bf16[B, S, F], q: f16[B, S, F], cp: i32[B, S], sc: f32[B, S, E]) {
     let a = concat([x, relu(x) - 1.0], axis = 1)
     let r = rmsnorm(x, g) + x[:, :, 0:1]
     let mx = max(x, axis = 1) * min(x, axis = 1)
@@ -155,7 +156,9 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
     let z = x[b, s, idx % E] + floor(mean(x, axis = -1) * 3.0) + cast(b - s, f32)
     let p = cast(h, bf16) @ cast(w, bf16)
     let q = h @ cast(w, f16)
-    return a, r, mx, mn, c, k, z, p, q
+    let cp = cumprod(idx % 3 + 1, axis = 1, reverse = true) + cumsum(idx, axis = 0)
+    let sc = scan(sigmoid(g), x, axis = 1) + cumsum(h, axis = -1)
+    return a, r, mx, mn, c, k, z, p, q, cp, sc
 }
 ";
 

@@ -5,7 +5,7 @@
 use super::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, kind_of};
-use crate::ir::{DType, ReduceOp};
+use crate::ir::{DType, ReduceOp, ScanOp};
 use crate::schedule::View;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
@@ -309,4 +309,77 @@ fn norm_loops(
             store(fx, Tv { v: y, k: Kind::F }, out.dtype, ob, ooff);
         });
     }
+}
+
+/// A running sum, product or linear recurrence along `axis`, one row per work item, in f64
+/// (i64 for integers, wrapping), each output rounded once, as the interpreter computes it.
+pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {
+    let (xb, xs) = fx.view_base(x);
+    let (ob, os) = fx.view_base(out);
+    let a = a.map(|a| (a, fx.view_base(a)));
+    let dims = fx.dims(&x.shape);
+    let (n, xstep, ostep) = (dims[axis], xs[axis], os[axis]);
+    let int = kind_of(x.dtype) == Kind::I;
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
+        let ao = a.as_ref().map(|(_, (_, s))| {
+            let (ao, _) = row_offsets(fx, w, axis, &dims, s, &os);
+            ao
+        });
+        let (acc_ty, init) = match (op, int) {
+            (ScanOp::Prod, true) => (types::I64, fx.i64(1)),
+            (_, true) => (types::I64, fx.i64(0)),
+            (ScanOp::Prod, false) => (types::F64, fx.f64(1.0)),
+            (_, false) => (types::F64, fx.f64(0.0)),
+        };
+        let acc = fx.var(acc_ty, init);
+        let zero = fx.i64(0);
+        fx.for_range(zero, n, |fx, step| {
+            let i = if reverse {
+                let one = fx.i64(1);
+                let last = fx.b.ins().isub(n, one);
+                fx.b.ins().isub(last, step)
+            } else {
+                step
+            };
+            let t = fx.mul(i, xstep);
+            let off = fx.add(xo, t);
+            let v = load(fx, x.dtype, xb, off);
+            let prev = fx.b.use_var(acc);
+            let next = if int {
+                let v = fx.b.ins().sextend(types::I64, v.v);
+                if op == ScanOp::Prod { fx.b.ins().imul(prev, v) } else { fx.b.ins().iadd(prev, v) }
+            } else {
+                let v = fx.b.ins().fpromote(types::F64, v.v);
+                match op {
+                    ScanOp::Sum => fx.b.ins().fadd(prev, v),
+                    ScanOp::Prod => fx.b.ins().fmul(prev, v),
+                    ScanOp::Linear => {
+                        let coef = match (&a, ao) {
+                            (Some((av, (ab, as_))), Some(ao)) => {
+                                let t = fx.mul(i, as_[axis]);
+                                let aoff = fx.add(ao, t);
+                                let c = load(fx, av.dtype, *ab, aoff);
+                                let c = fx.cvt_f(c);
+                                fx.b.ins().fpromote(types::F64, c)
+                            }
+                            _ => fx.f64(1.0),
+                        };
+                        let m = fx.b.ins().fmul(coef, prev);
+                        fx.b.ins().fadd(m, v)
+                    }
+                }
+            };
+            fx.b.def_var(acc, next);
+            let result = if int {
+                Tv { v: fx.b.ins().ireduce(types::I32, next), k: Kind::I }
+            } else {
+                Tv { v: fx.b.ins().fdemote(types::F32, next), k: Kind::F }
+            };
+            let t = fx.mul(i, ostep);
+            let ooff = fx.add(oo, t);
+            store(fx, result, out.dtype, ob, ooff);
+        });
+    });
 }

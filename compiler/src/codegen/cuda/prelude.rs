@@ -49,6 +49,8 @@ ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) {
 ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// a * b + c in double, rounded after each step (never contracted into an FMA): scans.
+ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); }
 ATTNC_DEV void attnc_sync() { __syncthreads(); }
 ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
 #define ATTNC_SHARED __shared__

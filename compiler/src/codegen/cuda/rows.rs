@@ -8,7 +8,7 @@ use super::cexpr::{Ints, delinearize, double_lit, indent, load, round_to, store}
 use super::ops::{self, CVal};
 use super::{CudaEmitError, KernelSource, Smem};
 use crate::ir::semantics::Class;
-use crate::ir::{DType, Dim, ReduceOp};
+use crate::ir::{DType, Dim, ReduceOp, ScanOp};
 use crate::schedule::View;
 use crate::schedule::policy::{CUDA_ROW_WARPS, CUDA_THREADS};
 
@@ -125,6 +125,57 @@ pub(super) fn softmax(ints: &Ints, items: &str, x: &View, axis: usize, out: &Vie
     item.push("for (i64 e_ = lane_; e_ < n_; e_ += 32) {".into());
     item.extend(indent(&r.element(Class::Float)?, 2));
     item.push(format!("  {}", store_at(&o, out.dtype, &y)?));
+    item.push("}".into());
+    Ok(rows(items, item))
+}
+
+/// The kernel of a scan step: one row per item, walked in order by the warp's first lane (the
+/// accumulation is sequential, as the interpreter's), in double (64-bit integers, wrapping).
+pub(super) fn scan(
+    ints: &Ints,
+    items: &str,
+    (op, axis, reverse): (ScanOp, usize, bool),
+    a: Option<&View>,
+    x: &View,
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let r = row(ints, x, vec![axis], &mut item)?;
+    let int = Class::of(x.dtype) == Class::Int;
+    let (acc_ty, init) = match (op, int) {
+        (ScanOp::Prod, true) => ("long long", "1LL"),
+        (_, true) => ("long long", "0LL"),
+        (ScanOp::Prod, false) => ("double", "1.0"),
+        (_, false) => ("double", "0.0"),
+    };
+    item.push("if (lane_ == 0) {".into());
+    item.push(format!("  {acc_ty} acc_ = {init};"));
+    item.push("  for (i64 s_ = 0; s_ < n_; ++s_) {".into());
+    let mut body = vec![format!("const i64 e_ = {};", if reverse { "n_ - 1 - s_" } else { "s_" })];
+    if let Some(a) = a {
+        let ra = Row { ints, x: a, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
+        body.push("double c_;".into());
+        body.push("{".into());
+        body.extend(indent(&ra.element(Class::Float)?, 2));
+        body.push("  c_ = (double)v_;".into());
+        body.push("}".into());
+    }
+    body.extend(r.element(if int { Class::Int } else { Class::Float })?);
+    body.push(
+        match (op, int) {
+            (ScanOp::Prod, true) => "acc_ = (long long)((unsigned long long)acc_ * (unsigned long long)(long long)v_);",
+            (_, true) => "acc_ = (long long)((unsigned long long)acc_ + (unsigned long long)(long long)v_);",
+            (ScanOp::Sum, false) => "acc_ = acc_ + (double)v_;",
+            (ScanOp::Prod, false) => "acc_ = acc_ * (double)v_;",
+            (ScanOp::Linear, false) => "acc_ = attnc_dmuladd(c_, acc_, (double)v_);",
+        }
+        .to_string(),
+    );
+    let value = if int { CVal::int("attnc_wrap(acc_)") } else { CVal::float("(float)acc_") };
+    let o = Row { ints, x: out, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
+    body.push(store_at(&o, out.dtype, &ops::store_value(&value, out.dtype))?);
+    item.extend(indent(&body, 4));
+    item.push("  }".into());
     item.push("}".into());
     Ok(rows(items, item))
 }

@@ -362,3 +362,25 @@ fn huge_broadcasts_are_refused() {
     let err = run(&g, &[tf(&[n, 1], &vec![0.; n]), tf(&[1, n], &vec![0.; n])], &HashMap::new()).unwrap_err();
     assert!(matches!(err, InterpError::TooLarge { limit: MAX_ELEMENTS, .. }), "{err}");
 }
+
+#[test]
+fn scans_accumulate_in_order() {
+    let checked = crate::check(
+        "fn f(x: f32[N], a: f32[N], k: i32[N]) -> (s: f32[N], r: f32[N], p: f32[N], h: f32[N], i: i32[N]) {
+    return cumsum(x), cumsum(x, reverse = true), cumprod(x), scan(a, x), cumprod(k)
+}",
+    )
+    .unwrap();
+    let x = Tensor::f32(vec![4], vec![1.5, -2.0, 0.5, 3.0]).unwrap();
+    let a = Tensor::f32(vec![4], vec![0.5, 0.5, -1.0, 2.0]).unwrap();
+    let k = Tensor::i32(vec![4], vec![65536, 65536, 3, -1]).unwrap();
+    let out = crate::interp::run(&checked.module.graphs[0], &[x, a, k], &HashMap::new()).unwrap();
+    let v: Vec<Vec<f64>> = out.iter().map(|t| t.to_f64_vec()).collect();
+    assert_eq!(v[0], [1.5, -0.5, 0.0, 3.0]);
+    assert_eq!(v[1], [3.0, 1.5, 3.5, 3.0]);
+    assert_eq!(v[2], [1.5, -3.0, -1.5, -4.5]);
+    // h = a h + x from h = 0: 1.5, 0.75 - 2, 1.25 + 0.5, 3.5 + 3.
+    assert_eq!(v[3], [1.5, -1.25, 1.75, 6.5]);
+    // 65536² wraps to 0 in i32.
+    assert_eq!(v[4], [65536.0, 0.0, 0.0, 0.0]);
+}

@@ -146,3 +146,27 @@ fn wrt_and_names() {
     let clash = crate::check("fn f(x: f32[N], d_out: f32[N]) -> f32[N] { return x + d_out }").unwrap();
     assert!(matches!(differentiate(&clash.module.graphs[0], None), Err(GradError::NameClash { .. })));
 }
+
+#[test]
+fn scan_rules() {
+    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 1) }", &[vec![3, 5]], -1.0, 1.0);
+    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 0, reverse = true) }", &[vec![3, 5]], -1.0, 1.0);
+    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumprod(x, axis = 1) }", &[vec![3, 5]], 0.5, 1.5);
+    check("fn f(a: f32[N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 1) }", &[vec![5], vec![3, 5]], -1.0, 1.0);
+    check(
+        "fn f(a: f32[M, N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 0, reverse = true) }",
+        &[vec![4, 2], vec![4, 2]],
+        -1.0,
+        1.0,
+    );
+}
+
+#[test]
+fn gather_rule() {
+    check(
+        "fn f(t: f32[K], s: f32[K, N]) -> f32[K, N] { let (h, n) = indices(s)\n return s * t[h] + t[(n + h) % K] }",
+        &[vec![3], vec![3, 4]],
+        -1.0,
+        1.0,
+    );
+}
