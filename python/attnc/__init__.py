@@ -179,6 +179,12 @@ class Program:
         not in ``dims`` (nor fixed by the program) is 8. ``prog(**prog.random_inputs())`` runs."""
         return self._compiled.random_inputs(seed, dict(dims) if dims is not None else None)
 
+    def random_dims(self, dims: Optional[Mapping[str, int]] = None) -> Dict[str, int]:
+        """The size of every dimension of the entry point: ``dims``, the program's ``dim``
+        items, and 8 for the rest (what :meth:`random_inputs` uses). Pass it to :meth:`run` as
+        ``dims=`` when the shapes alone do not determine every dim (``C*L`` from a width)."""
+        return self._compiled.random_dims(dict(dims) if dims is not None else None)
+
     @property
     def entry(self) -> str:
         """The name of the function this program runs."""

@@ -286,6 +286,17 @@ impl Compiled {
         Ok(dict)
     }
 
+    /// The size of every dim of the entry: `dims`, the program's fixed dims, and 8 for the rest
+    /// (the sizes `random_inputs` uses).
+    #[pyo3(signature = (dims=None))]
+    fn random_dims(&self, py: Python<'_>, dims: Option<HashMap<String, i64>>) -> PyResult<HashMap<String, i64>> {
+        let inner = &*self.inner;
+        inner
+            .program
+            .random_dims(&inner.entry.name, &dims.unwrap_or_default())
+            .map_err(|e| run_error(py, &inner.program, &inner.entry.name, &e, &[]))
+    }
+
     /// The data addresses the program would read for these arguments (what the zero-copy test
     /// compares with the arrays' own).
     #[pyo3(signature = (args, named=None))]

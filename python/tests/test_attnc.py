@@ -94,9 +94,10 @@ def test_document_mask_reads_i32_segment_ids():
 def test_every_example_matches_the_interpreter(path):
     cpu = attnc.compile(path, threads=2)
     interp = attnc.compile(path, target="interp")
-    inputs = cpu.random_inputs(seed=7)
-    got = cpu(**inputs)
-    want = interp(**inputs)
+    dims = cpu.random_dims()
+    inputs = cpu.random_inputs(seed=7, dims=dims)
+    got = cpu.run(**inputs, dims=dims)
+    want = interp.run(**inputs, dims=dims)
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
     assert len(got) == len(want) == len(cpu.outputs)
