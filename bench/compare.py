@@ -57,6 +57,8 @@ about 0.5 MiB are noise. Needs GNU time (/usr/bin/time).
     python3 bench/compare.py --quick          # only D=128 S=1024 (and decode), 2 rounds
     python3 bench/compare.py --all            # also S=16384 and the sliding window, then --memory (long)
     python3 bench/compare.py --memory         # the memory table only
+    python3 bench/compare.py --train          # training: attnc --grad against PyTorch autograd,
+                                              # causal, ALiBi, soft-capping, D=128, S=1024 and 4096
     python3 bench/compare.py --cases block,softcap --sizes 256 --threads 2 --rounds 1
                                               # only these kinds, at these sequence lengths
     python3 bench/compare.py --out FILE       # also write the markdown tables to FILE
@@ -228,9 +230,9 @@ def attnc_command(exe, command, case, path):
     return cmd
 
 
-def run_attnc(exe, case, path, iters, warmup=1, save=None):
+def run_attnc(exe, case, path, iters, warmup=1, save=None, extra=()):
     """`attnc bench --json` on the case; its json line as a dict."""
-    cmd = attnc_command(exe, "bench", case, path) + ["--json", "--iters", str(iters), "--warmup", str(warmup)]
+    cmd = attnc_command(exe, "bench", case, path) + ["--json", "--iters", str(iters), "--warmup", str(warmup), *extra]
     for k, v in case.dims().items():
         cmd += ["--dim", f"{k}={v}"]
     # The peak is not used here; giving one skips measuring it.
@@ -570,6 +572,108 @@ def timing(args, exe):
     return lines
 
 
+class TrainPeer:
+    """PyTorch autograd on a training case: forward plus backward with the cotangent attnc used
+    (`d_out`), for causal SDPA, ALiBi (the float mask built from learnable slopes inside the
+    call, so the slopes get their gradient as attnc's do) and soft-capping (eager code)."""
+
+    def __init__(self, case, inputs_dir):
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        torch.set_num_threads(case.threads)
+        arrays = {p.stem: np.load(p) for p in Path(inputs_dir).glob("*.npy")}
+        self.leaves = {n: torch.from_numpy(arrays[n]).requires_grad_(True) for n in ("q", "k", "v", "slopes") if n in arrays}
+        q, k, v = (self.leaves[n] for n in ("q", "k", "v"))
+        g = torch.from_numpy(arrays["d_out"])
+        s, n = q.shape[2], k.shape[2]
+        rel = torch.from_numpy(relative_positions(s, n))
+        future = rel > 0
+        if case.kind == "causal":
+            forward = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif case.kind == "alibi":
+            slopes = self.leaves["slopes"]
+            forward = lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=(slopes[None, :, None, None] * rel).masked_fill(future, float("-inf"))
+            )
+        else:
+
+            def forward():
+                t = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+                t = SOFTCAP * torch.tanh(t / SOFTCAP)
+                return torch.softmax(t.masked_fill(future, float("-inf")), dim=-1) @ v
+
+        def step():
+            for t in self.leaves.values():
+                t.grad = None
+            forward().backward(g)
+
+        self.step = step
+
+    def grads(self):
+        """Each input's gradient after one step, as `d_<name>` arrays."""
+        self.step()
+        return {f"d_{n}": t.grad.numpy() for n, t in self.leaves.items()}
+
+
+def train_check(exe, case, tmp):
+    """attnc's gradients (`attnc run --grad`) against PyTorch autograd's at CHECK_S; exits unless
+    they agree."""
+    import numpy as np
+
+    small = case.resized(CHECK_S)
+    path = small.program(tmp)
+    with tempfile.TemporaryDirectory(dir=tmp) as work:
+        inputs, outputs = Path(work) / "inputs", Path(work) / "outputs"
+        run_attnc(exe, small, path, 1, warmup=0, save=inputs, extra=["--grad"])
+        cmd = attnc_command(exe, "run", small, path) + ["--grad"] + input_flags(inputs) + ["--out-dir", str(outputs)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        for name, want in TrainPeer(small, inputs).grads().items():
+            got = np.load(outputs / f"{name}.npy")
+            error = float(np.abs(got - want).max() / np.abs(got).max())
+            print(f"check: {small.label()}: torch {name} vs attnc: max|diff|/max|attnc| = {error:.1e}", flush=True)
+            if not error < CHECK_TOLERANCE:
+                sys.exit(f"torch and attnc gradients disagree on {small.label()} ({error:.1e}): fix the peer or attnc")
+
+
+def training(args, exe):
+    """The training table (--train): forward plus backward against PyTorch autograd."""
+    import torch
+
+    kinds = [k for k in ("causal", "alibi", "softcap") if not args.cases or k in args.cases]
+    seqs = args.sizes or ([1024] if args.quick else [1024, 4096])
+    cases = [Case(kind, s, 128, t) for t in args.threads for s in seqs for kind in kinds]
+    rounds = 2 if args.quick else args.rounds
+    header = (
+        f"training: attnc --grad vs PyTorch {torch.__version__} autograd (fp32, CPU, forward plus backward, "
+        f"medians of {rounds} interleaved rounds of {args.iters} runs)\n{machine(exe)}"
+    )
+    print(header, flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in kinds:
+            train_check(exe, Case(kind, CHECK_S, 128, args.threads[0]), tmp)
+        for case in cases:
+            path = case.program(tmp)
+            with tempfile.TemporaryDirectory(dir=tmp) as inputs:
+                run_attnc(exe, case, path, 1, save=inputs, extra=["--grad"])
+                peer = TrainPeer(case, inputs)
+            times = {"fwd": [], "train": [], "torch": []}
+            for _ in range(rounds):
+                times["fwd"].append(run_attnc(exe, case, path, args.iters)["median_ms"])
+                times["train"].append(run_attnc(exe, case, path, args.iters, extra=["--grad"])["median_ms"])
+                times["torch"].append(median_time(peer.step, args.iters))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            row = [case.label(), fmt(med["fwd"], 2), fmt(med["train"], 2), fmt((med["train"] - med["fwd"]) / med["fwd"], 2)]
+            row += [fmt(med["torch"], 2), fmt(med["torch"] / med["train"], 2)]
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+            del peer
+    cols = ["case", "attnc fwd ms", "attnc fwd+bwd ms", "attnc bwd/fwd", "torch fwd+bwd ms", "torch/attnc"]
+    return [header, ""] + markdown(cols, rows)
+
+
 def attnc_peak_rss(cmd):
     """Runs an attnc command with a fixed mmap threshold; its peak RSS in bytes.
 
@@ -660,6 +764,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="only D=128 S=1024 (and decode), 2 rounds")
     ap.add_argument("--all", action="store_true", help="also S=16384 and the sliding window, then the memory table")
     ap.add_argument("--memory", action="store_true", help="only the peak-memory table")
+    ap.add_argument("--train", action="store_true", help="only the training table: forward plus backward against PyTorch autograd")
     ap.add_argument("--cases", type=comma_list(kind), help=f"only these kinds, comma-separated ({', '.join(KINDS)})")
     ap.add_argument("--sizes", type=comma_list(int), help="sequence lengths, comma-separated, for every case but decode")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
@@ -676,7 +781,9 @@ def main():
 
     exe = attnc_binary(build=not args.no_build)
     sections = []
-    if not args.memory:
+    if args.train:
+        sections.append(training(args, exe))
+    elif not args.memory:
         sections.append(timing(args, exe))
     if args.memory or args.all:
         sections.append(memory(args, exe))
