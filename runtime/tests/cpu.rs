@@ -495,3 +495,25 @@ fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
         }
     }
 }
+
+#[test]
+fn leading_index_gathers_and_take_along_pick_the_right_elements() {
+    let src = "fn g(emb: f32[V, E], tokens: i32[S], x: f32[S, K], idx: i32[S, J]) -> (e: f32[S, E], t: f32[S, J]) {
+    return emb[tokens], take_along(x, idx, axis = 1)
+}";
+    let program = Program::from_source(src, "g.attn").expect("compiles");
+    let f = |shape: Vec<usize>, v: Vec<f32>| Tensor::f32(shape, v).expect("tensor");
+    let inputs = [
+        ("emb", f(vec![3, 2], vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0])),
+        ("tokens", Tensor::i32(vec![4], vec![2, 0, 1, 2]).expect("tensor")),
+        ("x", f(vec![4, 3], (0..12).map(|v| v as f32).collect())),
+        ("idx", Tensor::i32(vec![4, 2], vec![2, 0, 1, 1, 0, 2, 2, 2]).expect("tensor")),
+    ];
+    for target in [attn_runtime::Target::Interp, attn_runtime::Target::Cpu] {
+        let opts = attn_runtime::RunOptions { target, ..Default::default() };
+        let out = program.run("g", inputs.clone(), &opts).expect("runs");
+        assert_eq!(out[0].1.shape, vec![4, 2]);
+        assert_eq!(out[0].1.to_f64_vec(), vec![20.0, 21.0, 0.0, 1.0, 10.0, 11.0, 20.0, 21.0], "{target}");
+        assert_eq!(out[1].1.to_f64_vec(), vec![2.0, 0.0, 4.0, 4.0, 6.0, 8.0, 11.0, 11.0], "{target}");
+    }
+}

@@ -62,6 +62,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "concat",
     "split_heads",
     "merge_heads",
+    "take_along",
     "matmul",
     "indices",
 ];
@@ -233,6 +234,37 @@ impl Cx<'_, '_> {
                 let mut perm: Vec<usize> = (0..ty.rank()).collect();
                 perm.swap(a, b);
                 self.add(Op::Transpose { perm }, None, &[(x, call.pos[0].span)], span)?
+            }
+            "take_along" => {
+                self.arity(call, 2, 3, &["axis"])?;
+                let (x, idx) = (self.tensor(frame, call.pos[0])?, self.tensor(frame, call.pos[1])?);
+                let (xt, it) = (self.ty(x).clone(), self.ty(idx).clone());
+                let axis_expr =
+                    call.pos.get(2).copied().or(call.kw("axis")).ok_or_else(|| self.bad_args(call, "`take_along` needs `axis`"))?;
+                let axis = self.axis(frame, axis_expr, &xt)?;
+                if it.rank() != xt.rank() {
+                    let msg = format!("the index {it} must have as many axes as {xt}");
+                    return Err(self.bad_args(call, &msg));
+                }
+                let one = Dim::constant(1);
+                let mut operands = vec![(x, call.pos[0].span)];
+                for k in 0..xt.rank() {
+                    if k == axis {
+                        operands.push((idx, call.pos[1].span));
+                        continue;
+                    }
+                    let (a, b) = (&xt.shape[k], &it.shape[k]);
+                    let n = if b == &one { a.clone() } else { b.clone() };
+                    if a != b && a != &one && b != &one {
+                        let msg = format!("axis {k} of the index ({b}) does not broadcast with that of {xt} ({a})");
+                        return Err(self.bad_args(call, &msg));
+                    }
+                    let mut shape = vec![one.clone(); xt.rank()];
+                    shape[k] = n;
+                    let iota = self.add(Op::Iota { axis: k }, Some(TensorType::new(DType::I32, shape)), &[], span)?;
+                    operands.push((iota, span));
+                }
+                self.add(Op::Gather, None, &operands, span)?
             }
             "permute" => {
                 self.arity(call, 2, 2, &[])?;

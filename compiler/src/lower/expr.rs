@@ -174,7 +174,7 @@ impl Cx<'_, '_> {
                     operands.push((self.tensor(frame, e)?, e.span));
                 }
             }
-            return self.add(Op::Gather, None, &operands, span);
+            return self.gather(operands, span);
         }
         let mut cur = x;
         let mut dropped = Vec::new();
@@ -210,6 +210,38 @@ impl Cx<'_, '_> {
         let ty = self.ty(cur).clone();
         let shape = ty.shape.iter().enumerate().filter(|(k, _)| !dropped.contains(k)).map(|(_, d)| d.clone()).collect();
         self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(cur, base.span)], span)
+    }
+
+    /// `table[i0, ..., ik-1]` with k index tensors for the leading k axes of the table: the
+    /// result has the indices' broadcast shape followed by the axes not indexed (taken whole),
+    /// like NumPy's `table[idx]` (`emb[tokens]`: `[V, E]` by `[B, S]` gives `[B, S, E]`). With
+    /// one index per axis it is the plain gather.
+    fn gather(&mut self, operands: Vec<(Value, Span)>, span: Span) -> LResult<Value> {
+        let table = self.ty(operands[0].0).clone();
+        let k = operands.len() - 1;
+        let mut bcast: Option<Vec<Dim>> = Some(Vec::new());
+        for (v, _) in &operands[1..] {
+            bcast = bcast.and_then(|b| crate::ir::broadcast_shapes(&b, &self.ty(*v).shape));
+        }
+        // Every axis indexed, or shapes the gather's own check will report: nothing to add.
+        let (Some(p), true) = (bcast, k < table.rank() && k > 0) else {
+            return self.add(Op::Gather, None, &operands, span);
+        };
+        let rest = &table.shape[k..];
+        let mut full = vec![operands[0]];
+        for (v, vspan) in &operands[1..] {
+            let ty = self.ty(*v).clone();
+            let mut shape = ty.shape.clone();
+            shape.extend(rest.iter().map(|_| Dim::constant(1)));
+            full.push((self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(*v, *vspan)], span)?, *vspan));
+        }
+        for (t, d) in rest.iter().enumerate() {
+            let mut shape = vec![Dim::constant(1); p.len() + rest.len()];
+            shape[p.len() + t] = d.clone();
+            let iota = self.add(Op::Iota { axis: p.len() + t }, Some(TensorType::new(DType::I32, shape)), &[], span)?;
+            full.push((iota, span));
+        }
+        self.add(Op::Gather, None, &full, span)
     }
 
     /// True for an index that is a dimension expression: integer literals, dims and integer

@@ -170,3 +170,19 @@ fn gather_rule() {
         1.0,
     );
 }
+
+#[test]
+fn gathers_along_an_axis_and_by_leading_index() {
+    check(
+        "fn f(e: f32[V, E], x: f32[M, E]) -> f32[M, E] { let (m, c) = indices(x)\n return e[reshape(m, [M]) % V] * x }",
+        &[vec![3, 4], vec![5, 4]],
+        -1.0,
+        1.0,
+    );
+    check(
+        "fn f(x: f32[M, N], w: f32[M, 2]) -> f32[M, 2] { let (m, c) = indices(w)\n return take_along(x, (c * 2 + m) % N, axis = 1) * w }",
+        &[vec![3, 5], vec![3, 2]],
+        -1.0,
+        1.0,
+    );
+}
