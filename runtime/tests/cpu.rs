@@ -517,3 +517,26 @@ fn leading_index_gathers_and_take_along_pick_the_right_elements() {
         assert_eq!(out[1].1.to_f64_vec(), vec![2.0, 0.0, 4.0, 4.0, 6.0, 8.0, 11.0, 11.0], "{target}");
     }
 }
+
+#[test]
+fn sorts_match_the_interpreter_bit_for_bit() {
+    // Float and integer rows, ascending and descending, along a strided axis, top-k.
+    let src = "
+fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2], i: i32[S, 2], t: i32[S, E]) {
+    let (v, i) = topk(x * 0.0 + floor(x * 2.0), 2)
+    return argsort(x, axis = 0), sort(floor(x), axis = 1, descending = true), v, i, argsort(n % 3, axis = 0, descending = true)
+}";
+    let program = Program::from_source(src, "sorts.attn").expect("compiles");
+    let mut compiled = program.compile_cpu("sorts", &CpuOptions { threads: 1 }).expect("cpu");
+    for (seed, s) in [(1u64, 1i64), (2, 9), (3, 130)] {
+        let given: HashMap<String, i64> = [("S".to_string(), s), ("E".to_string(), 5)].into_iter().collect();
+        let dims = program.random_dims("sorts", &given).expect("dims");
+        let inputs: Vec<Tensor> = program.random_inputs("sorts", seed, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let want = interp::run(program.graph("sorts").expect("graph"), &inputs, &dims).expect("interpreter");
+        for threads in [1, 2] {
+            compiled.set_threads(threads).expect("threads");
+            let got = compiled.run_tensors(&inputs, &dims).expect("cpu runs");
+            assert!(same_bits(&got, &want), "S={s}, {threads} thread(s): cpu and interpreter differ");
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 use super::InterpError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, split_at_axis, walk};
-use crate::ir::semantics::{max_f, min_f, wrap_i32};
+use crate::ir::semantics::{max_f, min_f, sorts_before, wrap_i32};
 use crate::ir::{DType, ReduceOp, ScanOp};
 
 fn bad(node: &str, reason: String) -> InterpError {
@@ -156,6 +156,36 @@ pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, 
         }
     });
     Ok(Val::new(dtype, shape, out))
+}
+
+/// The stable sorting permutation along `axis` ([`sorts_before`]).
+pub(super) fn argsort(x: &Val, axis: usize, descending: bool, node: &str) -> Result<Val, InterpError> {
+    if axis >= x.shape.len() {
+        return Err(bad(node, format!("argsort axis {axis} is out of range for rank {}", x.shape.len())));
+    }
+    let (outer, n, inner) = split_at_axis(&x.shape, axis);
+    let mut out = filled(x.data.len(), 0.0, node)?;
+    let mut order: Vec<usize> = room(n, node)?;
+    for o in 0..outer {
+        for j in 0..inner {
+            let at = |i: usize| (o * n + i) * inner + j;
+            order.clear();
+            order.extend(0..n);
+            order.sort_by(|&a, &b| {
+                if a == b {
+                    std::cmp::Ordering::Equal
+                } else if sorts_before(x.data[at(a)], a as i64, x.data[at(b)], b as i64, descending) {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Greater
+                }
+            });
+            for (rank, i) in order.iter().enumerate() {
+                out[at(rank)] = *i as f64;
+            }
+        }
+    }
+    Ok(Val::new(DType::I32, x.shape.clone(), out))
 }
 
 /// Running sums, products or the linear recurrence `h_i = a_i h_(i-1) + b_i` along `axis`

@@ -305,7 +305,8 @@ impl Builder {
         let y = v;
         let unsupported = || GradError::Unsupported { graph: self.name.clone(), op: node.op.name().to_string() };
         Ok(match &node.op {
-            Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } => vec![],
+            // An order is an integer: no gradient flows through it (sorted values are gathers).
+            Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } | Op::ArgSort { .. } => vec![],
             Op::Unary(u) => {
                 let a = x[0];
                 let d = match u {

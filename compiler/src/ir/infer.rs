@@ -70,6 +70,13 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
         Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Scan { op, axis, .. } => scan(*op, args, *axis),
+        Op::ArgSort { axis, .. } => {
+            numeric(args[0], "the operand of argsort")?;
+            if *axis >= args[0].rank() {
+                return Err(format!("`argsort` axis {axis} is out of range for rank {}", args[0].rank()));
+            }
+            Ok(TensorType::new(DType::I32, args[0].shape.clone()))
+        }
         Op::Flash(spec) => flash(spec, args),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
     }

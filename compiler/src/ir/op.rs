@@ -236,6 +236,14 @@ pub enum Op {
         /// From the last element to the first.
         reverse: bool,
     },
+    /// The indices (i32) that sort `x` along `axis`, ascending or descending, stable
+    /// ([`super::semantics::sorts_before`]).
+    ArgSort {
+        /// Along which axis.
+        axis: usize,
+        /// Largest first.
+        descending: bool,
+    },
     /// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
     RmsNorm {
         /// Added to the mean square.
@@ -376,6 +384,7 @@ impl Op {
             Op::Reduce { op, .. } => REDUCE.iter().find(|(o, _)| o == op).map_or("?", |(_, n)| n),
             Op::Softmax { .. } => "softmax",
             Op::Scan { op, .. } => op.name(),
+            Op::ArgSort { .. } => "argsort",
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Flash(_) => "flash",
@@ -396,6 +405,7 @@ impl Op {
             Op::Reduce { axes, keepdim, .. } => vec![("axes", Attr::List(axes.clone())), ("keepdim", Attr::Bool(*keepdim))],
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Scan { axis, reverse, .. } => vec![("axis", Attr::Int(*axis)), ("reverse", Attr::Bool(*reverse))],
+            Op::ArgSort { axis, descending } => vec![("axis", Attr::Int(*axis)), ("descending", Attr::Bool(*descending))],
             Op::Flash(spec) => {
                 let mut attrs = vec![
                     ("rank", Attr::Int(spec.rank)),
@@ -482,6 +492,10 @@ impl Op {
             "slice" => Op::Slice { axis: int("axis")?, start: dim("start")?, end: dim("end")? },
             "concat" => Op::Concat { axis: int("axis")? },
             "gather" => Op::Gather,
+            "argsort" => match get("descending")? {
+                Attr::Bool(descending) => Op::ArgSort { axis: int("axis")?, descending: *descending },
+                other => return Err(format!("`descending` must be true or false, found `{other}`")),
+            },
             "softmax" => Op::Softmax { axis: int("axis")? },
             "layernorm" => Op::LayerNorm { eps: float("eps")? },
             "rmsnorm" => Op::RmsNorm { eps: float("eps")? },
@@ -519,7 +533,7 @@ impl Op {
                 Arity::Exact(1)
             }
             Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
-            Op::Scan { .. } => Arity::Exact(1),
+            Op::Scan { .. } | Op::ArgSort { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
             Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),

@@ -38,6 +38,9 @@
 //! where `max` is the NaN-propagating maximum: a kept NaN or `+inf` score makes the row NaN, and
 //! a row with no kept entry or only `-inf` entries is 0.
 //!
+//! Sorts (`argsort`, and `sort`/`topk` built on it) order by [`sorts_before`]: NaN above every
+//! number, `-0 = +0`, ties by index (stable).
+//!
 //! Scans (`cumsum`, `cumprod`, `scan(a, b)`) accumulate along their axis in order (from the end
 //! when reversed), in f64 for floats (`h = a·h + b` as a product, then a sum, each rounded in
 //! f64: never an FMA) and in wrapping 64-bit integers for i32, each output rounded to its type
@@ -309,6 +312,22 @@ pub fn binary_f(op: BinaryOp, a: f64, b: f64) -> f64 {
         BinaryOp::Max => max_f(a, b),
         _ => f64::from(u8::from(compare(op, a, b))),
     }
+}
+
+/// Whether element `a` (at index `ia`) comes before `b` (at `ib`) in a sort along an axis:
+/// ascending (or `descending`) by value with NaN above every number and `-0 = +0`, ties by
+/// index, so sorts are stable and every backend gives the same order.
+pub fn sorts_before(a: f64, ia: i64, b: f64, ib: i64, descending: bool) -> bool {
+    let key = |x: f64| if x.is_nan() { (1u8, 0.0) } else { (0u8, if x == 0.0 { 0.0 } else { x }) };
+    let (ka, kb) = (key(a), key(b));
+    let (first, second) = if descending { (kb, ka) } else { (ka, kb) };
+    if first.0 != second.0 {
+        return first.0 < second.0;
+    }
+    if first.1 != second.1 {
+        return first.1 < second.1;
+    }
+    ia < ib
 }
 
 /// `a % b` with the sign of `b`; NaN for `b = 0`.

@@ -63,6 +63,9 @@ pub(crate) const BUILTINS: &[&str] = &[
     "split_heads",
     "merge_heads",
     "take_along",
+    "argsort",
+    "sort",
+    "topk",
     "matmul",
     "indices",
 ];
@@ -85,6 +88,9 @@ impl Cx<'_, '_> {
         }
         if n == "indices" {
             return self.indices(frame, &call);
+        }
+        if n == "topk" {
+            return self.topk(frame, &call);
         }
         let v = match self.arith_builtin(frame, &call)? {
             Some(v) => v,
@@ -162,6 +168,62 @@ impl Cx<'_, '_> {
         }))
     }
 
+    /// `take_along(x, idx, axis)`: a gather with `idx` along `axis` and positions elsewhere.
+    fn take_along(&mut self, call: &Call<'_>, (x, xspan): (Value, Span), (idx, ispan): (Value, Span), axis: usize) -> LResult<Value> {
+        let (xt, it) = (self.ty(x).clone(), self.ty(idx).clone());
+        if it.rank() != xt.rank() {
+            let msg = format!("the index {it} must have as many axes as {xt}");
+            return Err(self.bad_args(call, &msg));
+        }
+        let one = Dim::constant(1);
+        let mut operands = vec![(x, xspan)];
+        for k in 0..xt.rank() {
+            if k == axis {
+                operands.push((idx, ispan));
+                continue;
+            }
+            let (a, b) = (&xt.shape[k], &it.shape[k]);
+            let n = if b == &one { a.clone() } else { b.clone() };
+            if a != b && a != &one && b != &one {
+                let msg = format!("axis {k} of the index ({b}) does not broadcast with that of {xt} ({a})");
+                return Err(self.bad_args(call, &msg));
+            }
+            let mut shape = vec![one.clone(); xt.rank()];
+            shape[k] = n;
+            let iota = self.add(Op::Iota { axis: k }, Some(TensorType::new(DType::I32, shape)), &[], call.span)?;
+            operands.push((iota, call.span));
+        }
+        self.add(Op::Gather, None, &operands, call.span)
+    }
+
+    /// `topk(x, k, axis = -1)`: the `k` largest elements along `axis` and their indices (largest
+    /// first; ties by index), as a pair.
+    fn topk(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Val> {
+        self.arity(call, 2, 3, &["axis"])?;
+        let x = self.tensor(frame, call.pos[0])?;
+        let xt = self.ty(x).clone();
+        let axis = match call.pos.get(2).copied().or(call.kw("axis")) {
+            Some(e) => self.axis(frame, e, &xt)?,
+            None => self.last_axis(&xt, call.span)?,
+        };
+        let size = xt.shape[axis].clone();
+        let k = self.bound(call.pos[1], &size, &frame.dims)?;
+        if let (Some(k), Some(n)) = (k.as_const(), size.as_const())
+            && (k < 0 || k > n)
+        {
+            let msg = format!("`topk` asks for {k} of the {n} elements along axis {axis}");
+            return Err(self.bad_args(call, &msg));
+        }
+        let order = self.add(Op::ArgSort { axis, descending: true }, None, &[(x, call.pos[0].span)], call.span)?;
+        let top = if k == size {
+            order
+        } else {
+            self.add(Op::Slice { axis, start: Dim::constant(0), end: k }, None, &[(order, call.span)], call.span)?
+        };
+        let values = self.take_along(call, (x, call.pos[0].span), (top, call.span), axis)?;
+        Ok(Val::Tuple(vec![values, top]))
+    }
+
     /// Softmax, running accumulations (scans) and the normalisations.
     fn norm_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
         let (n, span) = (call.name, call.span);
@@ -196,11 +258,7 @@ impl Cx<'_, '_> {
                     Some(e) => self.axis(frame, e, &ty)?,
                     None => self.last_axis(&ty, span)?,
                 };
-                let reverse = match call.kw("reverse").map(|e| &e.kind) {
-                    None => false,
-                    Some(ExprKind::Bool(b)) => *b,
-                    Some(_) => return Err(self.bad_args(call, "`reverse` is `true` or `false`")),
-                };
+                let reverse = self.flag(call, "reverse")?;
                 self.add(Op::Scan { op, axis, reverse }, None, &ops, span)?
             }
             "layernorm" | "rmsnorm" => {
@@ -238,33 +296,23 @@ impl Cx<'_, '_> {
             "take_along" => {
                 self.arity(call, 2, 3, &["axis"])?;
                 let (x, idx) = (self.tensor(frame, call.pos[0])?, self.tensor(frame, call.pos[1])?);
-                let (xt, it) = (self.ty(x).clone(), self.ty(idx).clone());
+                let xt = self.ty(x).clone();
                 let axis_expr =
                     call.pos.get(2).copied().or(call.kw("axis")).ok_or_else(|| self.bad_args(call, "`take_along` needs `axis`"))?;
                 let axis = self.axis(frame, axis_expr, &xt)?;
-                if it.rank() != xt.rank() {
-                    let msg = format!("the index {it} must have as many axes as {xt}");
-                    return Err(self.bad_args(call, &msg));
-                }
-                let one = Dim::constant(1);
-                let mut operands = vec![(x, call.pos[0].span)];
-                for k in 0..xt.rank() {
-                    if k == axis {
-                        operands.push((idx, call.pos[1].span));
-                        continue;
-                    }
-                    let (a, b) = (&xt.shape[k], &it.shape[k]);
-                    let n = if b == &one { a.clone() } else { b.clone() };
-                    if a != b && a != &one && b != &one {
-                        let msg = format!("axis {k} of the index ({b}) does not broadcast with that of {xt} ({a})");
-                        return Err(self.bad_args(call, &msg));
-                    }
-                    let mut shape = vec![one.clone(); xt.rank()];
-                    shape[k] = n;
-                    let iota = self.add(Op::Iota { axis: k }, Some(TensorType::new(DType::I32, shape)), &[], span)?;
-                    operands.push((iota, span));
-                }
-                self.add(Op::Gather, None, &operands, span)?
+                self.take_along(call, (x, call.pos[0].span), (idx, call.pos[1].span), axis)?
+            }
+            "argsort" | "sort" => {
+                self.arity(call, 1, 2, &["axis", "descending"])?;
+                let x = self.tensor(frame, call.pos[0])?;
+                let xt = self.ty(x).clone();
+                let axis = match call.pos.get(1).copied().or(call.kw("axis")) {
+                    Some(e) => self.axis(frame, e, &xt)?,
+                    None => self.last_axis(&xt, span)?,
+                };
+                let descending = self.flag(call, "descending")?;
+                let order = self.add(Op::ArgSort { axis, descending }, None, &[(x, call.pos[0].span)], span)?;
+                if n == "sort" { self.take_along(call, (x, call.pos[0].span), (order, span), axis)? } else { order }
             }
             "permute" => {
                 self.arity(call, 2, 2, &[])?;
@@ -381,11 +429,7 @@ impl Cx<'_, '_> {
         };
         axes.sort_unstable();
         axes.dedup();
-        let keepdim = match call.kw("keepdim").map(|e| &e.kind) {
-            None => false,
-            Some(ExprKind::Bool(b)) => *b,
-            Some(_) => return Err(self.bad_args(call, "`keepdim` is `true` or `false`")),
-        };
+        let keepdim = self.flag(call, "keepdim")?;
         if axes.is_empty() {
             return Ok(x);
         }
@@ -531,6 +575,15 @@ impl Cx<'_, '_> {
             return Err(self.bad_args(call, &format!("`{}` takes {want} positional argument(s), got {}", call.name, call.pos.len())));
         }
         Ok(())
+    }
+
+    /// A `true`/`false` keyword argument (false when absent).
+    fn flag(&mut self, call: &Call<'_>, key: &str) -> LResult<bool> {
+        match call.kw(key).map(|e| &e.kind) {
+            None => Ok(false),
+            Some(ExprKind::Bool(b)) => Ok(*b),
+            Some(_) => Err(self.bad_args(call, &format!("`{key}` is `true` or `false`"))),
+        }
     }
 
     fn bad_args(&mut self, call: &Call<'_>, msg: &str) -> super::Reported {

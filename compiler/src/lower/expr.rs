@@ -261,7 +261,7 @@ impl Cx<'_, '_> {
     }
 
     /// A slice bound: a dimension expression; a negative integer counts from the end.
-    fn bound(&mut self, e: &Expr, size: &Dim, dims: &std::collections::HashMap<String, Dim>) -> LResult<Dim> {
+    pub(crate) fn bound(&mut self, e: &Expr, size: &Dim, dims: &std::collections::HashMap<String, Dim>) -> LResult<Dim> {
         let d = self.dim_expr(e, dims)?;
         Ok(match d.as_const() {
             Some(c) if c < 0 => size.add(&d),

@@ -395,6 +395,12 @@ impl Lowering<'_> {
                 self.step(Kernel::Scan { op: *op, a, x, axis: *axis, reverse: *reverse, out: out.clone() }, label, v);
                 Ok(out)
             }
+            Op::ArgSort { axis, descending } => {
+                let x = self.view(args[0])?;
+                let out = self.temp(v, ty.dtype, &ty.shape);
+                self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone() }, label, v);
+                Ok(out)
+            }
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
                 let x = self.view(args[0])?;
                 let gamma = self.view(args[1])?;
@@ -493,7 +499,7 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
     match k {
         Kernel::Elementwise { out, inputs, .. } => (inputs.iter().map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
-        Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => (vec![x.buf], vec![out.buf]),
+        Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => (vec![x.buf], vec![out.buf]),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::Norm { x, gamma, beta, out, .. } => {
             let mut r = bufs(&[x, gamma]);
@@ -543,7 +549,9 @@ fn register_ints(plan: &mut Schedule) {
                 });
             }
             Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
-            Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => [x, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => {
+                [x, out].iter().for_each(|v| view(v, &mut add))
+            }
             Kernel::Scan { a, x, out, .. } => [a.as_ref(), Some(x), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add)),
             Kernel::Norm { x, gamma, beta, out, .. } => {
                 [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))

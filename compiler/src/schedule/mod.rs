@@ -331,6 +331,17 @@ pub enum Kernel {
         /// Dense result.
         out: View,
     },
+    /// The stable sorting permutation of `x` along `axis` (i32), one row per work item.
+    ArgSort {
+        /// The operand.
+        x: View,
+        /// Along which axis.
+        axis: usize,
+        /// Largest first.
+        descending: bool,
+        /// Dense result, `x`'s shape.
+        out: View,
+    },
     /// Layer norm (`beta` given) or RMS norm over the last axis.
     Norm {
         /// The operand.
@@ -359,6 +370,7 @@ impl Kernel {
             Kernel::Reduce { .. } => "reduce",
             Kernel::Softmax { .. } => "softmax",
             Kernel::Scan { op, .. } => op.name(),
+            Kernel::ArgSort { .. } => "argsort",
             Kernel::Norm { .. } => "norm",
             Kernel::Flash(_) => "flash",
             Kernel::FlashMerge(_) => "flash_merge",

@@ -40,6 +40,38 @@ pub extern "C" fn attnc_round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
+/// The stable sorting permutation of one row ([`semantics::sorts_before`]): `n` elements at
+/// `x` (f32, or i32 when `flags & 2`), `x_stride` elements apart; their order (i32) into `out`,
+/// `out_stride` apart; descending when `flags & 1`.
+///
+/// # Safety
+/// `x` and `out` address `n` elements at their strides (generated code passes a row of a view
+/// it owns).
+pub unsafe extern "C" fn attnc_argsort_row(x: *const u8, x_stride: i64, n: i64, out: *mut i32, out_stride: i64, flags: i32) {
+    let n = usize::try_from(n).unwrap_or(0);
+    let read = |i: usize| -> f64 {
+        let at = (i as i64).wrapping_mul(x_stride) as isize;
+        // SAFETY: row element i of the caller's view.
+        unsafe { if flags & 2 != 0 { f64::from(*x.cast::<i32>().offset(at)) } else { f64::from(*x.cast::<f32>().offset(at)) } }
+    };
+    let values: Vec<f64> = (0..n).map(read).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    let descending = flags & 1 != 0;
+    order.sort_by(|&a, &b| {
+        if a == b {
+            std::cmp::Ordering::Equal
+        } else if semantics::sorts_before(values[a], a as i64, values[b], b as i64, descending) {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    });
+    for (rank, i) in order.into_iter().enumerate() {
+        // SAFETY: row element `rank` of the caller's output view.
+        unsafe { *out.offset((rank as i64).wrapping_mul(out_stride) as isize) = i as i32 };
+    }
+}
+
 /// The helpers as `(symbol name, address)`, for the JIT to register.
 pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
@@ -50,5 +82,6 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_pow_f64", attnc_pow_f64 as *const u8),
         ("attnc_rem_f64", attnc_rem_f64 as *const u8),
         ("attnc_round_f16", attnc_round_f16 as *const u8),
+        ("attnc_argsort_row", attnc_argsort_row as *const u8),
     ]
 }

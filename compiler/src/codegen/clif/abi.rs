@@ -61,9 +61,30 @@ pub const REM: Import = Import { name: "attnc_rem_f64", params: &[F64, F64], ret
 /// Rounds an f32 to the nearest f16 value (returned as f32).
 pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], returns: &[F32] };
 
+/// The stable sorting permutation of one strided row (f32, or i32 with flag bit 1; descending
+/// with bit 0): `(x, x_stride, n, out, out_stride, flags)`, strides in elements.
+pub const ARGSORT_ROW: Import = Import { name: "attnc_argsort_row", params: &[I64, I64, I64, I64, I64, I32], returns: &[] };
+
 /// Every symbol generated code may import.
-pub const IMPORTS: &[Import] =
-    &[SGEMM_NT, SGEMM_NN, GEMV_NT, GEMV_NN, EXP_SUM, SOFTMAX_STEP, TANH, GELU, NORM_ROW, LOG, SIN, COS, ATAN2, POW, REM, ROUND_F16];
+pub const IMPORTS: &[Import] = &[
+    SGEMM_NT,
+    SGEMM_NN,
+    GEMV_NT,
+    GEMV_NN,
+    EXP_SUM,
+    SOFTMAX_STEP,
+    TANH,
+    GELU,
+    NORM_ROW,
+    LOG,
+    SIN,
+    COS,
+    ATAN2,
+    POW,
+    REM,
+    ROUND_F16,
+    ARGSORT_ROW,
+];
 
 impl Import {
     /// The Cranelift signature under `call_conv`.

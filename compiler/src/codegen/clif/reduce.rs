@@ -311,6 +311,23 @@ fn norm_loops(
     }
 }
 
+/// The sorting permutation along `axis`, one row per work item, by the runtime's
+/// `attnc_argsort_row` ([`abi::ARGSORT_ROW`]).
+pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &View) {
+    let (xb, xs) = fx.view_base(x);
+    let (ob, os) = fx.view_base(out);
+    let dims = fx.dims(&x.shape);
+    let flags = i64::from(descending) | if kind_of(x.dtype) == Kind::I { 2 } else { 0 };
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
+        let xrow = fx.elem_addr(xb, xo);
+        let orow = fx.elem_addr(ob, oo);
+        let flags = fx.b.ins().iconst(types::I32, flags);
+        fx.call(abi::ARGSORT_ROW, &[xrow, xs[axis], dims[axis], orow, os[axis], flags]);
+    });
+}
+
 /// A running sum, product or linear recurrence along `axis`, one row per work item, in f64
 /// (i64 for integers, wrapping), each output rounded once, as the interpreter computes it.
 pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {

@@ -74,6 +74,17 @@ ATTNC_DEV float attnc_fmax(float a, float b) {
 ATTNC_DEV float attnc_fmin(float a, float b) {
   return (a != a || b != b) ? ATTNC_NAN : (a < b ? a : (b < a ? b : __int_as_float(__float_as_int(a) | __float_as_int(b))));
 }
+// Whether a (at index ia) sorts before b (at ib): ascending, or descending when `desc`, NaN above
+// every number, -0 == +0, ties by index (ir::semantics::sorts_before).
+ATTNC_DEV int attnc_sorts_before(double a, i64 ia, double b, i64 ib, int desc) {
+  int na = a != a, nb = b != b;
+  double ka = (na || a == 0.0) ? 0.0 : a, kb = (nb || b == 0.0) ? 0.0 : b;
+  int n1 = desc ? nb : na, n2 = desc ? na : nb;
+  double k1 = desc ? kb : ka, k2 = desc ? ka : kb;
+  if (n1 != n2) return n1 < n2;
+  if (k1 != k2) return k1 < k2;
+  return ia < ib;
+}
 ATTNC_DEV double attnc_dmin(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a < b ? a : b); }
 ATTNC_DEV double attnc_dmax(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a > b ? a : b); }
 // `%` with the sign of the divisor (Python): NaN for a float zero divisor; 0 for an integer one

@@ -180,6 +180,57 @@ pub(super) fn scan(
     Ok(rows(items, item))
 }
 
+/// The kernel of an argsort step: one row per item, insertion-sorted by the warp's first lane
+/// into the output row (stable; O(n²) per row), with the order of `attnc_sorts_before`.
+pub(super) fn argsort(
+    ints: &Ints,
+    items: &str,
+    x: &View,
+    axis: usize,
+    descending: bool,
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let r = row(ints, x, vec![axis], &mut item)?;
+    let o = Row { ints, x: out, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
+    let class = if Class::of(x.dtype) == Class::Int { Class::Int } else { Class::Float };
+    // Element `e_` of the input row as a double, and the output row's element `e_`.
+    let value_of = |lines: &mut Vec<String>, at: &str, into: &str| -> Result<(), CudaEmitError> {
+        lines.push("{".into());
+        lines.push(format!("  const i64 e_ = {at};"));
+        lines.extend(indent(&r.element(class)?, 2));
+        lines.push(format!("  {into} = (double)v_;"));
+        lines.push("}".into());
+        Ok(())
+    };
+    let out_off = |at: &str| -> Result<String, CudaEmitError> {
+        let mut idx = vec!["0LL".to_string(); out.shape.len()];
+        for (k, a) in o.outer.iter().enumerate() {
+            idx[*a] = o.outer_idx[k].clone();
+        }
+        idx[axis] = at.to_string();
+        ints.offset(out, &idx)
+    };
+    let mut body = vec!["double vi_;".to_string()];
+    value_of(&mut body, "i_", "vi_")?;
+    body.push("i64 j_ = i_;".into());
+    body.push("while (j_ > 0) {".into());
+    let mut inner = vec![format!("const int prev_ = {};", load(out.buf, DType::I32, &out_off("(j_ - 1)")?)), "double vp_;".into()];
+    value_of(&mut inner, "(i64)prev_", "vp_")?;
+    inner.push(format!("if (!attnc_sorts_before(vi_, i_, vp_, (i64)prev_, {})) break;", i32::from(descending)));
+    inner.push(store(out.buf, DType::I32, &out_off("j_")?, "prev_"));
+    inner.push("j_ -= 1;".into());
+    body.extend(indent(&inner, 2));
+    body.push("}".into());
+    body.push(store(out.buf, DType::I32, &out_off("j_")?, "(int)i_"));
+    item.push("if (lane_ == 0) {".into());
+    item.push("  for (i64 i_ = 0; i_ < n_; ++i_) {".into());
+    item.extend(indent(&body, 4));
+    item.push("  }".into());
+    item.push("}".into());
+    Ok(rows(items, item))
+}
+
 /// A store of `value` into `o`'s view at element `e_` of the row.
 fn store_at(o: &Row, dtype: DType, value: &str) -> Result<String, CudaEmitError> {
     let mut idx = vec!["0LL".to_string(); o.x.shape.len()];

@@ -384,3 +384,25 @@ fn scans_accumulate_in_order() {
     // 65536² wraps to 0 in i32.
     assert_eq!(v[4], [65536.0, 0.0, 0.0, 0.0]);
 }
+
+#[test]
+fn sorts_are_stable_with_nan_above_every_number() {
+    let checked = crate::check(
+        "fn f(x: f32[N]) -> (a: i32[N], d: i32[N], s: f32[N], v: f32[2], i: i32[2]) {
+    let (v, i) = topk(x, 2)
+    return argsort(x), argsort(x, descending = true), sort(x), v, i
+}",
+    )
+    .unwrap();
+    let nan = f32::NAN;
+    let x = Tensor::f32(vec![6], vec![1.0, nan, -0.0, 0.0, 1.0, -3.0]).unwrap();
+    let out = crate::interp::run(&checked.module.graphs[0], &[x], &HashMap::new()).unwrap();
+    let v: Vec<Vec<f64>> = out.iter().map(|t| t.to_f64_vec()).collect();
+    // -0 and +0 tie (index order), as do the two 1s; NaN sorts above every number.
+    assert_eq!(v[0], [5.0, 2.0, 3.0, 0.0, 4.0, 1.0]);
+    assert_eq!(v[1], [1.0, 0.0, 4.0, 2.0, 3.0, 5.0]);
+    assert_eq!(&v[2][..5], &[-3.0, -0.0, 0.0, 1.0, 1.0]);
+    assert!(v[2][5].is_nan());
+    assert!(v[3][0].is_nan() && v[3][1] == 1.0);
+    assert_eq!(v[4], [1.0, 0.0]);
+}

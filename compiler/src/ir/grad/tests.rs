@@ -186,3 +186,9 @@ fn gathers_along_an_axis_and_by_leading_index() {
         1.0,
     );
 }
+
+#[test]
+fn sorted_values_and_top_k_carry_gradients() {
+    check("fn f(x: f32[M, N]) -> f32[M, N] { return sort(x, axis = 1) }", &[vec![3, 5]], -1.0, 1.0);
+    check("fn f(x: f32[M, N]) -> f32[M, 2] { let (v, i) = topk(x, 2)\n return v * 2.0 }", &[vec![3, 5]], -1.0, 1.0);
+}
