@@ -471,25 +471,30 @@ fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
     return cumsum(x, axis = 1), cumsum(x, axis = 1, reverse = true), cumprod(x * 0.5 + 1.0), scan(a * 0.25, x, axis = 1),
         scan(x, x * 0.5 - 1.0, axis = 1, reverse = true), cumprod(n * 7919 + 3, axis = -1), cumsum(h, axis = -1)
 }";
-    let program = Program::from_source(src, "scans.attn").expect("compiles");
-    let mut compiled = program.compile_cpu("scans", &CpuOptions { threads: 1 }).expect("cpu");
-    for (n, s) in [(1u64, 1i64), (2, 7), (3, 130)] {
-        let mut given = HashMap::new();
-        given.insert("S".to_string(), s);
-        given.insert("E".to_string(), 5);
-        given.insert("B".to_string(), 3);
-        let dims = program.random_dims("scans", &given).expect("dims");
-        let inputs: Vec<Tensor> = program.random_inputs("scans", n, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
-        let want = interp::run(program.graph("scans").expect("graph"), &inputs, &dims).expect("interpreter");
+    same_bits_as_interpreter(
+        src,
+        "scans",
+        &[(1, &[("S", 1), ("E", 5), ("B", 3)]), (2, &[("S", 7), ("E", 5), ("B", 3)]), (3, &[("S", 130), ("E", 5), ("B", 3)])],
+    );
+}
+
+/// Compiles `entry` of `src` for the CPU and checks it against the interpreter bit for bit on
+/// seeded random inputs at each `(seed, dims)`, with 1 and 2 threads.
+fn same_bits_as_interpreter(src: &str, entry: &str, cases: &[(u64, &[(&str, i64)])]) {
+    let program = Program::from_source(src, "test.attn").expect("compiles");
+    let mut compiled = program.compile_cpu(entry, &CpuOptions { threads: 1 }).expect("cpu");
+    for (seed, sizes) in cases {
+        let given: HashMap<String, i64> = sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let dims = program.random_dims(entry, &given).expect("dims");
+        let inputs: Vec<Tensor> = program.random_inputs(entry, *seed, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let want = interp::run(program.graph(entry).expect("graph"), &inputs, &dims).expect("interpreter");
         for threads in [1, 2] {
             compiled.set_threads(threads).expect("threads");
             let got = compiled.run_tensors(&inputs, &dims).expect("cpu runs");
             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     same_bits(std::slice::from_ref(g), std::slice::from_ref(w)),
-                    "S={s}, {threads} thread(s): output {k} differs: cpu {:?}, interpreter {:?}",
-                    &g.to_f64_vec()[..g.to_f64_vec().len().min(6)],
-                    &w.to_f64_vec()[..w.to_f64_vec().len().min(6)]
+                    "{entry} {sizes:?}, {threads} thread(s): output {k} differs from the interpreter"
                 );
             }
         }
@@ -526,17 +531,20 @@ fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2
     let (v, i) = topk(x * 0.0 + floor(x * 2.0), 2)
     return argsort(x, axis = 0), sort(floor(x), axis = 1, descending = true), v, i, argsort(n % 3, axis = 0, descending = true)
 }";
-    let program = Program::from_source(src, "sorts.attn").expect("compiles");
-    let mut compiled = program.compile_cpu("sorts", &CpuOptions { threads: 1 }).expect("cpu");
-    for (seed, s) in [(1u64, 1i64), (2, 9), (3, 130)] {
-        let given: HashMap<String, i64> = [("S".to_string(), s), ("E".to_string(), 5)].into_iter().collect();
-        let dims = program.random_dims("sorts", &given).expect("dims");
-        let inputs: Vec<Tensor> = program.random_inputs("sorts", seed, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
-        let want = interp::run(program.graph("sorts").expect("graph"), &inputs, &dims).expect("interpreter");
-        for threads in [1, 2] {
-            compiled.set_threads(threads).expect("threads");
-            let got = compiled.run_tensors(&inputs, &dims).expect("cpu runs");
-            assert!(same_bits(&got, &want), "S={s}, {threads} thread(s): cpu and interpreter differ");
-        }
-    }
+    same_bits_as_interpreter(src, "sorts", &[(1, &[("S", 1), ("E", 5)]), (2, &[("S", 9), ("E", 5)]), (3, &[("S", 130), ("E", 5)])]);
+}
+
+#[test]
+fn scatter_add_matches_the_interpreter_bit_for_bit() {
+    // Along a leading and a trailing axis, f32 and f16, repeated and out-of-range positions
+    // (random i32 inputs are ids in [0, 4), against 3 rows).
+    let src = "
+fn scatter(b: f32[N, E], i: i32[M, E], s: f32[M, E], h: f16[N, E], j: i32[N, M]) -> (a: f32[N, E], c: f16[N, E], t: f32[N, E]) {
+    return scatter_add(b, i, s, axis = 0), scatter_add(h, i, cast(s, f16), axis = 0), scatter_add(b, j, cast(j, f32) * 0.25 - 0.5, axis = 1)
+}";
+    same_bits_as_interpreter(
+        src,
+        "scatter",
+        &[(1, &[("N", 3), ("E", 5), ("M", 1)]), (2, &[("N", 3), ("E", 5), ("M", 7)]), (3, &[("N", 3), ("E", 5), ("M", 130)])],
+    );
 }

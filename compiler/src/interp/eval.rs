@@ -150,6 +150,7 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::Reduce { op, axes, keepdim } => reduce::reduce(args[0], *op, axes, *keepdim, dtype, label),
         Op::Softmax { axis } => reduce::softmax(args[0], *axis, dtype, label),
         Op::Scan { op, axis, reverse } => reduce::scan(*op, args, *axis, *reverse, dtype, label),
+        Op::ScatterAdd { axis } => reduce::scatter_add(args[0], args[1], args[2], *axis, dtype, label),
         Op::ArgSort { axis, descending } => reduce::argsort(args[0], *axis, *descending, label),
         Op::LayerNorm { eps } => reduce::layer_norm(args[0], args[1], args[2], *eps, dtype, label),
         Op::RmsNorm { eps } => reduce::rms_norm(args[0], args[1], *eps, dtype, label),

@@ -552,6 +552,22 @@ impl Builder {
                     }
                 }
             }
+            // The values' gradient is the result's gradient where each was added (the same
+            // clamped position: a gather); the base's passes through.
+            Op::ScatterAdd { axis } => {
+                let src = graph.node(x[2]).ty.clone();
+                let mut operands = vec![g];
+                for k in 0..src.rank() {
+                    if k == *axis {
+                        operands.push(x[1]);
+                        continue;
+                    }
+                    let mut shape = vec![Dim::constant(1); src.rank()];
+                    shape[k] = src.shape[k].clone();
+                    operands.push(self.add(Op::Iota { axis: k }, &[], Some(TensorType::new(DType::I32, shape)))?);
+                }
+                vec![(0, g), (2, self.add(Op::Gather, &operands, None)?)]
+            }
             Op::LayerNorm { eps } => self.layer_norm(graph, x, g, *eps, true)?,
             Op::RmsNorm { eps } => self.layer_norm(graph, x, g, *eps, false)?,
             Op::Flash(_) => return Err(unsupported()),

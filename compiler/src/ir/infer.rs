@@ -70,6 +70,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
         Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Scan { op, axis, .. } => scan(*op, args, *axis),
+        Op::ScatterAdd { axis } => scatter_add(args[0], args[1], args[2], *axis),
         Op::ArgSort { axis, .. } => {
             numeric(args[0], "the operand of argsort")?;
             if *axis >= args[0].rank() {
@@ -288,6 +289,22 @@ fn scan(op: ScanOp, args: &[&TensorType], axis: usize) -> Result<TensorType, Str
         return Err(format!("`{}` axis {axis} is out of range for rank {}", op.name(), shape.len()));
     }
     Ok(TensorType::new(dtype, shape))
+}
+
+fn scatter_add(base: &TensorType, idx: &TensorType, src: &TensorType, axis: usize) -> Result<TensorType, String> {
+    if !base.dtype.is_float() || src.dtype != base.dtype {
+        return Err(format!("`scatter_add` adds float values into a tensor of the same type, found {src} into {base}"));
+    }
+    if idx.dtype != DType::I32 || idx.shape != src.shape {
+        return Err(format!("`scatter_add`'s index must be i32 with the values' shape {}, found {idx}", shape_str(&src.shape)));
+    }
+    if axis >= base.rank() || src.rank() != base.rank() {
+        return Err(format!("`scatter_add` along axis {axis} needs values of {base}'s rank, found {src}"));
+    }
+    if (0..base.rank()).any(|k| k != axis && base.shape[k] != src.shape[k]) {
+        return Err(format!("`scatter_add`'s values {src} must match {base} on every axis but {axis}"));
+    }
+    Ok(base.clone())
 }
 
 fn norm(args: &[&TensorType]) -> Result<TensorType, String> {

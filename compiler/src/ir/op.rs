@@ -244,6 +244,13 @@ pub enum Op {
         /// Largest first.
         descending: bool,
     },
+    /// `scatter_add(base, idx, src)`: `base` with every `src` element added at the position
+    /// along `axis` that `idx` (src's shape, i32, clamped into range) names, in order, each sum
+    /// rounded to the element type. Other axes match.
+    ScatterAdd {
+        /// Along which axis.
+        axis: usize,
+    },
     /// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
     RmsNorm {
         /// Added to the mean square.
@@ -385,6 +392,7 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::Scan { op, .. } => op.name(),
             Op::ArgSort { .. } => "argsort",
+            Op::ScatterAdd { .. } => "scatter_add",
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Flash(_) => "flash",
@@ -397,7 +405,7 @@ impl Op {
             Op::Param(n) => vec![("name", Attr::Name(n.clone()))],
             Op::Const(v) => vec![("value", Attr::Float(*v))],
             Op::DimValue(d) => vec![("value", Attr::Dim(d.clone()))],
-            Op::Iota { axis } | Op::Concat { axis } | Op::Softmax { axis } => vec![("axis", Attr::Int(*axis))],
+            Op::Iota { axis } | Op::Concat { axis } | Op::Softmax { axis } | Op::ScatterAdd { axis } => vec![("axis", Attr::Int(*axis))],
             Op::Transpose { perm } => vec![("perm", Attr::List(perm.clone()))],
             Op::Slice { axis, start, end } => {
                 vec![("axis", Attr::Int(*axis)), ("start", Attr::Dim(start.clone())), ("end", Attr::Dim(end.clone()))]
@@ -492,6 +500,7 @@ impl Op {
             "slice" => Op::Slice { axis: int("axis")?, start: dim("start")?, end: dim("end")? },
             "concat" => Op::Concat { axis: int("axis")? },
             "gather" => Op::Gather,
+            "scatter_add" => Op::ScatterAdd { axis: int("axis")? },
             "argsort" => match get("descending")? {
                 Attr::Bool(descending) => Op::ArgSort { axis: int("axis")?, descending: *descending },
                 other => return Err(format!("`descending` must be true or false, found `{other}`")),
@@ -535,7 +544,7 @@ impl Op {
             Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
             Op::Scan { .. } | Op::ArgSort { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
-            Op::Select | Op::LayerNorm { .. } => Arity::Exact(3),
+            Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
             Op::Flash(_) => Arity::AtLeast(3),

@@ -64,6 +64,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "merge_heads",
     "take_along",
     "argsort",
+    "scatter_add",
     "sort",
     "topk",
     "matmul",
@@ -301,6 +302,18 @@ impl Cx<'_, '_> {
                     call.pos.get(2).copied().or(call.kw("axis")).ok_or_else(|| self.bad_args(call, "`take_along` needs `axis`"))?;
                 let axis = self.axis(frame, axis_expr, &xt)?;
                 self.take_along(call, (x, call.pos[0].span), (idx, call.pos[1].span), axis)?
+            }
+            "scatter_add" => {
+                self.arity(call, 3, 4, &["axis"])?;
+                let mut ops = Vec::new();
+                for e in &call.pos[..3] {
+                    ops.push((self.tensor(frame, e)?, e.span));
+                }
+                let bt = self.ty(ops[0].0).clone();
+                let axis_expr =
+                    call.pos.get(3).copied().or(call.kw("axis")).ok_or_else(|| self.bad_args(call, "`scatter_add` needs `axis`"))?;
+                let axis = self.axis(frame, axis_expr, &bt)?;
+                self.add(Op::ScatterAdd { axis }, None, &ops, span)?
             }
             "argsort" | "sort" => {
                 self.arity(call, 1, 2, &["axis", "descending"])?;

@@ -75,6 +75,7 @@ impl Cost<'_> {
             }
             Op::Reduce { .. } | Op::Softmax { .. } | Op::Scan { .. } => 5.0 * ins + moved(ins),
             Op::ArgSort { .. } => 20.0 * ins + moved(ins),
+            Op::ScatterAdd { .. } => 2.0 * ins + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
             Op::Flash(spec) => {
                 let q = &tys[0].shape;

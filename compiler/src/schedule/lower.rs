@@ -395,6 +395,12 @@ impl Lowering<'_> {
                 self.step(Kernel::Scan { op: *op, a, x, axis: *axis, reverse: *reverse, out: out.clone() }, label, v);
                 Ok(out)
             }
+            Op::ScatterAdd { axis } => {
+                let (base, idx, src) = (self.view(args[0])?, self.view(args[1])?, self.view(args[2])?);
+                let out = self.temp(v, ty.dtype, &ty.shape);
+                self.step(Kernel::ScatterAdd { base, idx, src, axis: *axis, out: out.clone() }, label, v);
+                Ok(out)
+            }
             Op::ArgSort { axis, descending } => {
                 let x = self.view(args[0])?;
                 let out = self.temp(v, ty.dtype, &ty.shape);
@@ -501,6 +507,7 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
         Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => (vec![x.buf], vec![out.buf]),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
+        Kernel::ScatterAdd { base, idx, src, out, .. } => (bufs(&[base, idx, src]), vec![out.buf]),
         Kernel::Norm { x, gamma, beta, out, .. } => {
             let mut r = bufs(&[x, gamma]);
             r.extend(beta.iter().map(|b| b.buf));
@@ -553,6 +560,7 @@ fn register_ints(plan: &mut Schedule) {
                 [x, out].iter().for_each(|v| view(v, &mut add))
             }
             Kernel::Scan { a, x, out, .. } => [a.as_ref(), Some(x), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add)),
+            Kernel::ScatterAdd { base, idx, src, out, .. } => [base, idx, src, out].iter().for_each(|v| view(v, &mut add)),
             Kernel::Norm { x, gamma, beta, out, .. } => {
                 [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))
             }

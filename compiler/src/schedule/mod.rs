@@ -342,6 +342,20 @@ pub enum Kernel {
         /// Dense result, `x`'s shape.
         out: View,
     },
+    /// `base` with `src` added at `idx`'s positions along `axis` ([`crate::ir::Op::ScatterAdd`]),
+    /// one row (every axis but `axis`) per work item.
+    ScatterAdd {
+        /// The tensor added into (copied into `out` first).
+        base: View,
+        /// i32 positions along `axis`, `src`'s shape.
+        idx: View,
+        /// The values.
+        src: View,
+        /// Along which axis.
+        axis: usize,
+        /// Dense result, `base`'s shape.
+        out: View,
+    },
     /// Layer norm (`beta` given) or RMS norm over the last axis.
     Norm {
         /// The operand.
@@ -371,6 +385,7 @@ impl Kernel {
             Kernel::Softmax { .. } => "softmax",
             Kernel::Scan { op, .. } => op.name(),
             Kernel::ArgSort { .. } => "argsort",
+            Kernel::ScatterAdd { .. } => "scatter_add",
             Kernel::Norm { .. } => "norm",
             Kernel::Flash(_) => "flash",
             Kernel::FlashMerge(_) => "flash_merge",

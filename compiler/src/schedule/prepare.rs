@@ -254,7 +254,13 @@ impl Preparing<'_> {
                 }
             }
             (Kernel::Reduce { out, .. }, _) => product(&out.shape, env)?,
-            (Kernel::Softmax { x, axis, .. } | Kernel::Scan { x, axis, .. } | Kernel::ArgSort { x, axis, .. }, _) => {
+            (
+                Kernel::Softmax { x, axis, .. }
+                | Kernel::Scan { x, axis, .. }
+                | Kernel::ArgSort { x, axis, .. }
+                | Kernel::ScatterAdd { out: x, axis, .. },
+                _,
+            ) => {
                 let others: Vec<Dim> = x.shape.iter().enumerate().filter(|(k, _)| k != axis).map(|(_, d)| d.clone()).collect();
                 product(&others, env)?
             }

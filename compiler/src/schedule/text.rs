@@ -103,6 +103,9 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
         }
         Kernel::Reduce { x, op, axes, out: o } => writeln!(out, "reduce {op:?} over axes {axes:?}\n  x = {x}\n  out = {o}")?,
         Kernel::Softmax { x, axis, out: o } => writeln!(out, "softmax over axis {axis}\n  x = {x}\n  out = {o}")?,
+        Kernel::ScatterAdd { base, idx, src, axis, out: o } => {
+            writeln!(out, "scatter_add along axis {axis}\n  base = {base}\n  idx = {idx}\n  src = {src}\n  out = {o}")?
+        }
         Kernel::ArgSort { x, axis, descending, out: o } => {
             writeln!(out, "argsort along axis {axis}{}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?
         }

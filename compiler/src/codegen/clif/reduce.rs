@@ -311,6 +311,50 @@ fn norm_loops(
     }
 }
 
+/// `out = base`, then every `src` element added at its clamped `idx` position along `axis`, in
+/// order, each sum rounded to the element type; one row per work item.
+pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: usize, out: &View) {
+    let (bb, bs) = fx.view_base(base);
+    let (ib, is) = fx.view_base(idx);
+    let (sb, ss) = fx.view_base(src);
+    let (ob, os) = fx.view_base(out);
+    let odims = fx.dims(&out.shape);
+    let sdims = fx.dims(&src.shape);
+    let (n, m) = (odims[axis], sdims[axis]);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (bo, oo) = row_offsets(fx, w, axis, &odims, &bs, &os);
+        let (io, so) = row_offsets(fx, w, axis, &odims, &is, &ss);
+        let zero = fx.i64(0);
+        fx.for_range(zero, n, |fx, i| {
+            let t = fx.mul(i, bs[axis]);
+            let off = fx.add(bo, t);
+            let v = load(fx, base.dtype, bb, off);
+            let t = fx.mul(i, os[axis]);
+            let off = fx.add(oo, t);
+            store(fx, v, out.dtype, ob, off);
+        });
+        let one = fx.i64(1);
+        let last = fx.b.ins().isub(n, one);
+        fx.for_range(zero, m, |fx, j| {
+            let t = fx.mul(j, is[axis]);
+            let off = fx.add(io, t);
+            let k = load(fx, DType::I32, ib, off);
+            let k = fx.b.ins().sextend(types::I64, k.v);
+            let k = fx.b.ins().smax(k, zero);
+            let k = fx.b.ins().smin(k, last);
+            let t = fx.mul(k, os[axis]);
+            let ooff = fx.add(oo, t);
+            let cur = load(fx, out.dtype, ob, ooff);
+            let t = fx.mul(j, ss[axis]);
+            let soff = fx.add(so, t);
+            let v = load(fx, src.dtype, sb, soff);
+            let sum = fx.b.ins().fadd(cur.v, v.v);
+            store(fx, Tv { v: sum, k: Kind::F }, out.dtype, ob, ooff);
+        });
+    });
+}
+
 /// The sorting permutation along `axis`, one row per work item, by the runtime's
 /// `attnc_argsort_row` ([`abi::ARGSORT_ROW`]).
 pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &View) {

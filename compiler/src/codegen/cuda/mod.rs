@@ -130,6 +130,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
+            Kernel::ScatterAdd { base, idx, src, axis, out } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out),
             Kernel::ArgSort { x, axis, descending, out } => rows::argsort(&ints, &items, x, *axis, *descending, out),
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),

@@ -180,6 +180,42 @@ pub(super) fn scan(
     Ok(rows(items, item))
 }
 
+/// The kernel of a scatter-add step: one row per item, copied from `base` then accumulated in
+/// order by the warp's first lane (each sum rounded to the element type, as the interpreter).
+pub(super) fn scatter_add(
+    ints: &Ints,
+    items: &str,
+    (base, idx, src): (&View, &View, &View),
+    axis: usize,
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let r = row(ints, out, vec![axis], &mut item)?;
+    let at = |v: &View, pos: &str| -> Result<String, CudaEmitError> {
+        let mut index = vec!["0LL".to_string(); v.shape.len()];
+        for (k, a) in r.outer.iter().enumerate() {
+            index[*a] = r.outer_idx[k].clone();
+        }
+        index[axis] = pos.to_string();
+        ints.offset(v, &index)
+    };
+    let m = ints.dim(&src.shape[axis])?;
+    item.push("if (lane_ == 0) {".into());
+    let mut body = vec!["for (i64 e_ = 0; e_ < n_; ++e_) {".to_string()];
+    body.push(format!("  {}", store(out.buf, out.dtype, &at(out, "e_")?, &load(base.buf, base.dtype, &at(base, "e_")?))));
+    body.push("}".into());
+    body.push(format!("for (i64 j_ = 0; j_ < {m}; ++j_) {{"));
+    body.push(format!("  i64 t_ = (i64){};", load(idx.buf, DType::I32, &at(idx, "j_")?)));
+    body.push("  t_ = t_ < 0 ? 0 : (t_ > n_ - 1 ? n_ - 1 : t_);".into());
+    let sum =
+        round_to(out.dtype, &format!("({} + {})", load(out.buf, out.dtype, &at(out, "t_")?), load(src.buf, src.dtype, &at(src, "j_")?)));
+    body.push(format!("  {}", store(out.buf, out.dtype, &at(out, "t_")?, &sum)));
+    body.push("}".into());
+    item.extend(indent(&body, 2));
+    item.push("}".into());
+    Ok(rows(items, item))
+}
+
 /// The kernel of an argsort step: one row per item, insertion-sorted by the warp's first lane
 /// into the output row (stable; O(n²) per row), with the order of `attnc_sorts_before`.
 pub(super) fn argsort(

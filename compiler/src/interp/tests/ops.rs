@@ -406,3 +406,14 @@ fn sorts_are_stable_with_nan_above_every_number() {
     assert!(v[3][0].is_nan() && v[3][1] == 1.0);
     assert_eq!(v[4], [1.0, 0.0]);
 }
+
+#[test]
+fn scatter_add_accumulates_in_order_at_clamped_positions() {
+    let checked = crate::check("fn f(b: f32[N], i: i32[M], s: f32[M]) -> f32[N] { return scatter_add(b, i, s, axis = 0) }").unwrap();
+    let b = Tensor::f32(vec![3], vec![1.0, 2.0, 3.0]).unwrap();
+    let i = Tensor::i32(vec![5], vec![2, 0, 2, -4, 9]).unwrap();
+    let s = Tensor::f32(vec![5], vec![10.0, 20.0, 30.0, 40.0, 50.0]).unwrap();
+    let out = crate::interp::run(&checked.module.graphs[0], &[b, i, s], &HashMap::new()).unwrap();
+    // -4 clamps to 0 and 9 to 2.
+    assert_eq!(out[0].to_f64_vec(), [61.0, 2.0, 93.0]);
+}

@@ -192,3 +192,13 @@ fn sorted_values_and_top_k_carry_gradients() {
     check("fn f(x: f32[M, N]) -> f32[M, N] { return sort(x, axis = 1) }", &[vec![3, 5]], -1.0, 1.0);
     check("fn f(x: f32[M, N]) -> f32[M, 2] { let (v, i) = topk(x, 2)\n return v * 2.0 }", &[vec![3, 5]], -1.0, 1.0);
 }
+
+#[test]
+fn scatter_add_rule() {
+    check(
+        "fn f(b: f32[N, E], s: f32[M, E]) -> f32[N, E] { let (m, e) = indices(s)\n return scatter_add(b, (m * 2 + e) % N + 0 * e, s * s, axis = 0) }",
+        &[vec![3, 2], vec![5, 2]],
+        -1.0,
+        1.0,
+    );
+}
