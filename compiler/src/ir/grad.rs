@@ -11,8 +11,8 @@
 //! at 0 give 0; `min`/`max` (element-wise) send the gradient to the left operand on ties, and
 //! reductions `max`/`min` share it evenly between tied elements; `floor` has gradient 0; a
 //! `where` sends the gradient to the branch it took and none to the condition. Integer and bool
-//! values carry no gradient. A gather's table gradient is summed from a one-hot comparison
-//! with every table position (memory: index positions × table size).
+//! values carry no gradient. A gather's table gradient is a scatter-add into the flattened
+//! table.
 
 use super::dim::Dim;
 use super::graph::{Graph, Value};
@@ -589,47 +589,37 @@ impl Builder {
         self.add(Op::Concat { axis }, &parts, None)
     }
 
-    /// The table gradient of `table[i0, i1, ...]`: Σ over index positions of g where each
-    /// (clamped) index equals the table position.
+    /// The table gradient of `table[i0, i1, ...]`: every element of `g` added (scatter-add) at
+    /// the flat position its clamped indices name in the flattened table. Memory is the index
+    /// positions plus the table, never their product.
     fn gather_table(&mut self, graph: &Graph, x: &[Value], g: Value) -> Result<Value, GradError> {
         let table = graph.node(x[0]).ty.clone();
         let p = self.ty(g).shape.clone();
-        let (rp, rt) = (p.len(), table.rank());
-        let one = Dim::constant(1);
-        // g as [P..., 1...], each index as [P..., 1...] against iota over [1..., T...].
-        let mut gshape = p.clone();
-        gshape.extend(std::iter::repeat_n(one.clone(), rt));
-        let mut hit: Option<Value> = None;
+        let mut flat: Option<Value> = None;
         for (k, idx) in x[1..].iter().enumerate() {
-            let it = graph.node(*idx).ty.clone();
-            let mut ishape: Vec<Dim> = std::iter::repeat_n(one.clone(), rp - it.rank()).collect();
-            ishape.extend(it.shape.iter().cloned());
-            ishape.extend(std::iter::repeat_n(one.clone(), rt));
-            // Indices are clamped into range (the gather's meaning).
+            // Indices are clamped into range (the gather's meaning), then weighted by the
+            // table's row-major stride.
             let lo = self.konst(0.0, DType::I32)?;
             let n = self.add(Op::DimValue(table.shape[k].clone()), &[], None)?;
-            let one_i = self.konst(1.0, DType::I32)?;
-            let hi = self.bin(BinaryOp::Sub, n, one_i)?;
+            let one = self.konst(1.0, DType::I32)?;
+            let hi = self.bin(BinaryOp::Sub, n, one)?;
             let i = self.bin(BinaryOp::Max, *idx, lo)?;
             let i = self.bin(BinaryOp::Min, i, hi)?;
-            let i = self.reshape(i, &ishape)?;
-            let mut tshape: Vec<Dim> = std::iter::repeat_n(one.clone(), rp).collect();
-            for (j, d) in table.shape.iter().enumerate() {
-                tshape.push(if j == k { d.clone() } else { one.clone() });
-            }
-            let pos = self.add(Op::Iota { axis: rp + k }, &[], Some(TensorType::new(DType::I32, tshape)))?;
-            let eq = self.bin(BinaryOp::Eq, i, pos)?;
-            hit = Some(match hit {
-                Some(h) => self.bin(BinaryOp::And, h, eq)?,
-                None => eq,
+            let stride = self.add(Op::DimValue(Dim::product(&table.shape[k + 1..])), &[], None)?;
+            let term = self.mul(i, stride)?;
+            flat = Some(match flat {
+                Some(f) => self.bin(BinaryOp::Add, f, term)?,
+                None => term,
             });
         }
-        let hit = hit.ok_or_else(|| self.internal("gather without indices".into()))?;
-        let gg = self.reshape(g, &gshape)?;
-        let picked = self.keep(hit, gg)?;
-        let full: Vec<Dim> = p.iter().cloned().chain(table.shape.iter().cloned()).collect();
-        let picked = self.broadcast(picked, &full)?;
-        self.sum(picked, (0..rp).collect(), false)
+        let flat = flat.ok_or_else(|| self.internal("gather without indices".into()))?;
+        let positions = [Dim::product(&p)];
+        let flat = self.broadcast(flat, &p)?;
+        let flat = self.reshape(flat, &positions)?;
+        let values = self.reshape(g, &positions)?;
+        let zeros = self.zeros(&[Dim::product(&table.shape)], self.ty(g).dtype)?;
+        let summed = self.add(Op::ScatterAdd { axis: 0 }, &[zeros, flat, values], None)?;
+        self.reshape(summed, &table.shape)
     }
 
     /// Layer norm (`centered`) or RMS norm over the last axis: gradients of x, gamma (and
