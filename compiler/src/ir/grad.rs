@@ -219,6 +219,12 @@ impl Builder {
         self.select(cond, g, zero)
     }
 
+    /// `g` split by `cond`: `(where(cond, g, 0), where(cond, 0, g))`.
+    fn route(&mut self, cond: Value, g: Value) -> Result<(Value, Value), GradError> {
+        let zero = self.fconst(0.0, g)?;
+        Ok((self.select(cond, g, zero)?, self.select(cond, zero, g)?))
+    }
+
     /// Compares `x` with 0.
     fn cmp0(&mut self, op: BinaryOp, x: Value) -> Result<Value, GradError> {
         let zero = self.konst(0.0, self.ty(x).dtype)?;
@@ -424,9 +430,7 @@ impl Builder {
                     BinaryOp::Min | BinaryOp::Max => {
                         let cmp = if *op == BinaryOp::Min { BinaryOp::Le } else { BinaryOp::Ge };
                         let left = self.bin(cmp, a, bb)?;
-                        let zero = self.fconst(0.0, g)?;
-                        let ga = self.select(left, g, zero)?;
-                        let gb = self.select(left, zero, g)?;
+                        let (ga, gb) = self.route(left, g)?;
                         vec![(0, ga), (1, gb)]
                     }
                     BinaryOp::Atan2 => {
@@ -443,9 +447,7 @@ impl Builder {
                 }
             }
             Op::Select => {
-                let zero = self.fconst(0.0, g)?;
-                let ga = self.select(x[0], g, zero)?;
-                let gb = self.select(x[0], zero, g)?;
+                let (ga, gb) = self.route(x[0], g)?;
                 vec![(1, ga), (2, gb)]
             }
             Op::Cast => vec![(0, g)],
