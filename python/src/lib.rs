@@ -42,6 +42,8 @@ static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 struct Inner {
     program: Program,
     entry: EntryInfo,
+    /// The entry's parameter names, in order (for binding arguments on every call).
+    param_names: Vec<String>,
     target: Target,
     cpu: CpuOptions,
 }
@@ -162,7 +164,8 @@ fn prepared(program: Program, entry: EntryInfo, target: Target, cpu: CpuOptions)
         let name = entry.name.clone();
         return Err(Failure::Run(Box::new((program, name, e))));
     }
-    Ok(Inner { program, entry, target, cpu })
+    let param_names = entry.params.iter().map(|(n, _)| n.clone()).collect();
+    Ok(Inner { program, entry, param_names, target, cpu })
 }
 
 #[pymethods]
@@ -410,7 +413,7 @@ impl Compiled {
     /// Binds positional then named arguments to the parameters, in parameter order.
     fn bind<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, named: Option<&Bound<'py, PyDict>>) -> PyResult<Vec<Input<'py>>> {
         let entry = &self.inner.entry;
-        let params: Vec<String> = entry.params.iter().map(|(n, _)| n.clone()).collect();
+        let params = &self.inner.param_names;
         if args.len() > params.len() {
             let msg = format!(
                 "`{}` takes {} input{} ({}) but {} were given",
@@ -432,7 +435,7 @@ impl Compiled {
                 let Some(index) = params.iter().position(|p| *p == name) else {
                     let e = RunError::UnexpectedInput {
                         entry: entry.name.clone(),
-                        suggestion: attn_runtime::suggest(&name, &params),
+                        suggestion: attn_runtime::suggest(&name, params),
                         name,
                         params: params.clone(),
                     };
