@@ -41,7 +41,7 @@ const HOST_PRELUDE: &str = r#"#include <cmath>
 #define ATTNC_DYN_SMEM unsigned char* attnc_smem = attnc_emu::dyn_smem
 struct attnc_dim3 { unsigned x = 0, y = 0, z = 0; };
 namespace attnc_emu {
-struct Warp { std::barrier<>* bar; float f[32]; double d[32]; long long ll[32]; unsigned a[32][4]; unsigned b[32][2]; };
+struct Warp { std::barrier<>* bar; const unsigned short* p[32]; float f[32]; double d[32]; long long ll[32]; unsigned a[32][4]; unsigned b[32][2]; };
 inline attnc_dim3 grid, block;
 inline thread_local attnc_dim3 tid, bid;
 inline unsigned char* dyn_smem = nullptr;
@@ -121,6 +121,31 @@ static inline void attnc_emu_mma(float* c, const unsigned* a, const unsigned* b,
   }
 }
 ATTNC_DEV void attnc_mma_h(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, false); }
+// Shared addresses are offsets into the block's dynamic shared memory.
+static inline unsigned attnc_saddr(const void* p) { return (unsigned)((const unsigned char*)p - attnc_emu::dyn_smem); }
+// ldmatrix.m8n8.x4: lane L addresses row L % 8 of matrix L / 8; reg i gets matrix i's row L / 4,
+// columns 2 (L % 4) and +1, or transposed, rows 2 (L % 4) and +1 of column L / 4.
+static inline void attnc_emu_ldsm(unsigned* r, unsigned a, bool trans) {
+  auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
+  w.p[l] = (const u16*)(attnc_emu::dyn_smem + a); w.bar->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    u16 lo, hi;
+    if (trans) { lo = w.p[8 * i + 2 * (l & 3)][l >> 2]; hi = w.p[8 * i + 2 * (l & 3) + 1][l >> 2]; }
+    else { lo = w.p[8 * i + (l >> 2)][2 * (l & 3)]; hi = w.p[8 * i + (l >> 2)][2 * (l & 3) + 1]; }
+    r[i] = (unsigned)lo | ((unsigned)hi << 16);
+  }
+  w.bar->arrive_and_wait();
+}
+ATTNC_DEV void attnc_ldsm_x4(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, false); }
+ATTNC_DEV void attnc_ldsm_x4_t(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, true); }
+// cp.async emulated as a synchronous copy (the kernels wait and sync before reading anyway).
+ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
+  if (ok) std::memcpy(attnc_emu::dyn_smem + dst, src, 16); else std::memset(attnc_emu::dyn_smem + dst, 0, 16);
+}
+ATTNC_DEV void attnc_cp_commit() {}
+ATTNC_DEV void attnc_cp_wait_all() {}
+ATTNC_DEV float attnc_exp2_fast(float x) { return std::exp2(x); }
+ATTNC_DEV float attnc_exp_fast(float x) { return std::exp2(x * ATTNC_LOG2E); }
 ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, true); }
 template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, size_t smem, F kernel) {
   attnc_emu::grid = {gx, gy, gz};

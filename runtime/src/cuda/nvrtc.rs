@@ -175,7 +175,11 @@ impl Cache {
         let (major, minor) = version();
         let defs: String = defines.iter().map(|(k, v)| format!("-D{k}={v};")).collect();
         let nv = format!("nvrtc {major}.{minor}");
-        let key = content_hash(&[source.as_bytes(), arch.as_bytes(), defs.as_bytes(), nv.as_bytes()]);
+        // ATTNC_NVRTC_OPTIONS: extra compiler options, whitespace-separated (for experiments,
+        // e.g. `--maxrregcount=168`); part of the cache key.
+        let extra_text = std::env::var("ATTNC_NVRTC_OPTIONS").unwrap_or_default();
+        let extra: Vec<&str> = extra_text.split_whitespace().collect();
+        let key = content_hash(&[source.as_bytes(), arch.as_bytes(), defs.as_bytes(), nv.as_bytes(), extra.join(" ").as_bytes()]);
         if let Some(img) = self.memory.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok((img, false));
         }
@@ -187,7 +191,7 @@ impl Cache {
             }
             return Ok((img, false));
         }
-        let compiled = compile(source, arch, defines, &[])?;
+        let compiled = compile(source, arch, defines, &extra)?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
         if let (Some(dir), Some(file)) = (&self.dir, &file) {
             // Write then rename, so a concurrent reader never sees half a file; failures only

@@ -73,8 +73,16 @@ impl<'a> Flash<'a> {
 
     /// Work item `w_` decoded: split `sp_`, query block `qb_`, batch position `p*`, and the
     /// batch offsets of q, k, v and the output.
-    fn item(&self, out: &mut Vec<String>) -> Result<Vec<String>, CudaEmitError> {
-        out.push("const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = t_ % nqb_, bz_ = t_ / nqb_;".into());
+    ///
+    /// With `heavy_first`, query blocks run downwards within each batch index, so that under
+    /// a causal mask the blocks with the most live key tiles start first. (The batch index stays
+    /// the slowest: the blocks in flight together share K and V in L2.)
+    fn item(&self, out: &mut Vec<String>, heavy_first: bool) -> Result<Vec<String>, CudaEmitError> {
+        out.push(if heavy_first {
+            "const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = nqb_ - 1 - t_ % nqb_, bz_ = t_ / nqb_;".into()
+        } else {
+            "const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = t_ % nqb_, bz_ = t_ / nqb_;".into()
+        });
         let p = delinearize(self.ints, out, "bz_", &self.batch, "p")?;
         for (name, view) in [("qoff_", &self.f.q), ("koff_", &self.f.k), ("voff_", &self.f.v), ("ooff_", &self.f.out)] {
             let strides = view.batch_strides(&self.batch);
@@ -130,6 +138,11 @@ impl<'a> Flash<'a> {
         format!("const int cls_ = tbl_[(qb_ * nkb_ + {kt}) * entry_];")
     }
 
+    /// Whether key tile `kt` of the query block is skipped (class 0).
+    fn skipped(kt: &str) -> String {
+        format!("tbl_[(qb_ * nkb_ + {kt}) * entry_] == 0")
+    }
+
     /// Stores `value` (a float) at output row `i`, column `col` (rounded to the output's type).
     fn store_out(&self, i: &str, col: &str, value: &str) -> Result<String, CudaEmitError> {
         let o = &self.f.out;
@@ -172,7 +185,7 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     ];
     pre.extend(fl.head()?);
     let mut it = Vec::new();
-    let p = fl.item(&mut it)?;
+    let p = fl.item(&mut it, false)?;
     it.push(format!("const i64 q0_ = qb_ * {rows};"));
     it.push("attnc_sync();".into());
     it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
@@ -269,7 +282,6 @@ fn simt_weights(softmax: bool) -> Vec<String> {
     out
 }
 
-/// The tensor-core kernel (q, k, v all f16 or all bf16).
 fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     let step = fl.f.step;
     let rows = CUDA_MMA_ROWS;
@@ -282,53 +294,71 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         "u16* Qs_ = (u16*)attnc_smem;  // [64][LD_]".into(),
         format!("u16* Ks_ = Qs_ + {rows} * LD_;    // [BN_][LD_]"),
         "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
+        "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
+        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
+        "// Shared addresses (bytes) of the row this lane gives ldmatrix, at the first 16 x 16 step:".into(),
+        "// Q's A fragment (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8), K's B fragments of two".into(),
+        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
+        "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
+        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+        "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
+        "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
     ];
     pre.extend(fl.head()?);
     let mut it = Vec::new();
-    let p = fl.item(&mut it)?;
+    // Causal-like masks give later query blocks more live tiles: start those first.
+    let p = fl.item(&mut it, true)?;
     it.push(format!("const i64 q0_ = qb_ * {rows};"));
     it.push("const i64 ri0_ = q0_ + warp_ * 16 + g_, ri1_ = ri0_ + 8;  // this lane's two rows".into());
-    it.push("attnc_sync();".into());
+    it.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
+    it.extend(mma_stage_setup(fl)?);
+    it.push("attnc_sync();  // the previous item's last reads of Qs_, Ks_ and Vs_".into());
     it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
     it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
     it.extend(indent(&fl.q("qi_", "qc_")?, 2));
     it.push(format!("  Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
     it.push("}".into());
+    // Up to head width 128 the warp's Q fragments stay in registers (32 at most); wider heads
+    // read them from shared memory for every key tile, to keep the kernel clear of spills.
+    it.push("attnc_sync();".into());
+    it.push("unsigned qf_[HD_ <= 128 ? HD_ / 16 : 1][4];".into());
+    it.push("if constexpr (HD_ <= 128) {".into());
+    it.push("  #pragma unroll".into());
+    it.push("  for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
+    it.push("    attnc_ldsm_x4(qf_[ks_], qa_s_ + 32u * ks_);".into());
+    it.push("}".into());
     it.push("float o_[DT_][4];".into());
     it.push("#pragma unroll".into());
     it.push("for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] = 0.0f; o_[t_][1] = 0.0f; o_[t_][2] = 0.0f; o_[t_][3] = 0.0f; }".into());
-    it.push("float m0_ = -ATTNC_INF, m1_ = -ATTNC_INF, l0_ = 0.0f, l1_ = 0.0f;".into());
-    it.push("for (i64 kt_ = 0; kt_ < (N_ + BN_ - 1) / BN_; ++kt_) {".into());
+    it.push("float m0_ = -ATTNC_INF, m1_ = -ATTNC_INF, l0_ = 0.0f, l1_ = 0.0f;  // row maxima in base 2".into());
+    it.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
+    // Pipelined as FlashAttention-2 does, one K and one V buffer: V(t) is copied while S(t) =
+    // Q K(t)ᵀ and the softmax run, and K(next) while O += P V(t).
+    it.push("i64 kt_ = 0;".into());
+    it.push(format!("while (kt_ < nkt_ && {}) ++kt_;  // first live tile", Flash::skipped("kt_")));
+    it.push("if (kt_ < nkt_) {".into());
+    it.extend(indent(&mma_stage(fl, 'k', "kt_ * BN_")?, 2));
+    it.push("}".into());
+    it.push("while (kt_ < nkt_) {".into());
     let mut tile = vec![
         Flash::class_line("kt_"),
-        "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
+        "i64 nx_ = kt_ + 1;".into(),
+        format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
         "const i64 k0_ = kt_ * BN_;".into(),
-        "attnc_sync();".into(),
+        "attnc_cp_wait_all();".into(),
+        "attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into(),
     ];
-    tile.extend(mma_stage_kv(fl)?);
+    tile.extend(mma_stage(fl, 'v', "k0_")?);
     tile.extend(mma_scores(mma));
-    tile.push("#pragma unroll".into());
-    tile.push("for (int nt_ = 0; nt_ < NT_; ++nt_) {".into());
-    tile.push("  #pragma unroll".into());
-    tile.push("  for (int e_ = 0; e_ < 4; ++e_) {".into());
-    tile.push("    const i64 i_ = e_ < 2 ? ri0_ : ri1_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".into());
-    tile.push("    const float s_e_ = s_[nt_][e_] * alpha_;".into());
-    tile.push("    bool keep_ = j_ < N_;".into());
-    tile.extend(indent(&fl.score(&p, "i_", "j_", "s_e_")?, 4));
-    if fl.softmax {
-        tile.push("    const float x_ = keep_ ? sc_ : -ATTNC_INF;".into());
-        tile.push("    s_[nt_][e_] = x_;".into());
-        tile.push("    if (e_ < 2) mx0_ = attnc_fmax(mx0_, x_); else mx1_ = attnc_fmax(mx1_, x_);".into());
-    } else {
-        tile.push("    s_[nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
-    }
-    tile.push("  }".into());
+    tile.extend(mma_weights(fl, &p)?);
+    tile.push("attnc_cp_wait_all();".into());
+    tile.push("attnc_sync();  // V(kt) is in; every warp is done with K(kt)".into());
+    tile.push("if (nx_ < nkt_) {".into());
+    tile.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
     tile.push("}".into());
-    if fl.softmax {
-        tile.extend(MMA_SOFTMAX.lines().map(String::from));
-    }
     tile.extend(mma_pv(mma, pack));
+    tile.push("kt_ = nx_;".into());
     it.extend(indent(&tile, 2));
     it.push("}".into());
     it.extend(mma_finish(fl)?);
@@ -336,46 +366,138 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
 }
 
-/// K and V tiles into shared memory as raw halves (16-byte copies where rows are aligned).
-fn mma_stage_kv(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
-    let (k, v) = (&fl.f.k, &fl.f.v);
-    let (kr, vr) = (k.strides.len() - 2, v.strides.len() - 2);
-    let mut out = Vec::new();
-    let contiguous = k.strides[kr + 1].as_const() == Some(1) && v.strides[vr + 1].as_const() == Some(1);
-    if contiguous {
-        let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
-        out.push(format!(
-            "const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
-            aligned(&k.strides[kr])?,
-            aligned(&v.strides[vr])?
-        ));
-        out.push("if (vec_) {".into());
-        out.push("  for (int e_ = tid_; e_ < BN_ * (HD_ / 8); e_ += 128) {".into());
-        out.push("    const int r_ = e_ / (HD_ / 8), cc_ = (e_ % (HD_ / 8)) * 8;".into());
-        out.push("    const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
-        out.push("    attnc_u4 kz_ = {0u, 0u, 0u, 0u}, vz_ = {0u, 0u, 0u, 0u};".into());
-        out.push(format!("    if (jr_ < N_ && c64_ < D_) kz_ = *(const attnc_u4*)&{};", fl.kv_raw('k', "jr_", "c64_")?));
-        out.push(format!("    if (jr_ < N_ && c64_ < DV_) vz_ = *(const attnc_u4*)&{};", fl.kv_raw('v', "jr_", "c64_")?));
-        out.push("    *(attnc_u4*)(Ks_ + r_ * LD_ + cc_) = kz_;".into());
-        out.push("    *(attnc_u4*)(Vs_ + r_ * LD_ + cc_) = vz_;".into());
+/// The score modification, mask and weights of the tile's accumulators `s_`. Softmax keeps
+/// scores in base 2 (`x log2 e`, so that each weight is one `ex2`), and takes a short path for
+/// tiles that need neither the mask nor the key bound (class 1 and wholly inside `N_`): there a
+/// bare `q · k` costs one multiply per score.
+fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
+    let elem = |body: Vec<String>| -> Vec<String> {
+        let mut out = vec![
+            "#pragma unroll".into(),
+            "for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+        ];
+        out.extend(indent(&body, 4));
         out.push("  }".into());
-        out.push("} else {".into());
-    }
-    out.push("for (int e_ = tid_; e_ < BN_ * HD_; e_ += 128) {".into());
-    out.push("  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into());
-    out.push("  const i64 jr_ = k0_ + r_, c64_ = cc_;".into());
-    out.push("  const bool in_ = jr_ < N_;".into());
-    out.push(format!("  Ks_[r_ * LD_ + cc_] = (in_ && c64_ < D_) ? {} : (u16)0;", fl.kv_raw('k', "jr_", "c64_")?));
-    out.push(format!("  Vs_[r_ * LD_ + cc_] = (in_ && c64_ < DV_) ? {} : (u16)0;", fl.kv_raw('v', "jr_", "c64_")?));
-    out.push("}".into());
-    if contiguous {
         out.push("}".into());
+        out
+    };
+    let position = "const i64 i_ = e_ < 2 ? ri0_ : ri1_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
+    let mut general = vec![position.clone(), "const float s_e_ = s_[nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
+    general.extend(fl.score(p, "i_", "j_", "s_e_")?);
+    if !fl.softmax {
+        general.push("s_[nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+        return Ok(elem(general));
     }
-    out.push("attnc_sync();".into());
+    general.push("const float x_ = keep_ ? sc_ * ATTNC_LOG2E : -ATTNC_INF;".into());
+    general.push("s_[nt_][e_] = x_;".into());
+    general.push("if (e_ < 2) mx0_ = fmaxf(mx0_, x_); else mx1_ = fmaxf(mx1_, x_);".into());
+    let fast = if matches!(fl.f.analysis.score, crate::ir::ScoreExpr::Score) {
+        vec!["const float x_ = s_[nt_][e_] * alpha2_;".to_string()]
+    } else {
+        let mut v = vec![position, "const float s_e_ = s_[nt_][e_] * alpha_;".into()];
+        let ctx = {
+            let mut pos = p.to_vec();
+            pos.push("i_".into());
+            pos.push("j_".into());
+            pos
+        };
+        let sc = ScoreCtx { ints: fl.ints, s: Some("s_e_"), pos: &ctx, extras: &fl.f.extras };
+        v.extend(score_lines(&sc, &fl.f.analysis.score, None, "sc")?);
+        v.push("const float x_ = sc_ * ATTNC_LOG2E;".into());
+        v
+    };
+    let mut fast = fast;
+    fast.push("s_[nt_][e_] = x_;".into());
+    fast.push("if (e_ < 2) mx0_ = fmaxf(mx0_, x_); else mx1_ = fmaxf(mx1_, x_);".into());
+    // fmaxf drops NaN from the row maximum; a NaN score still reaches the output through its
+    // weight (2^NaN), as in the interpreter.
+    let mut out = vec!["const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_;  // no mask, no key beyond N_".to_string(), "if (fast_) {".into()];
+    out.extend(indent(&elem(fast), 2));
+    out.push("} else {".into());
+    out.extend(indent(&elem(general), 2));
+    out.push("}".into());
+    out.extend(MMA_SOFTMAX.lines().map(String::from));
     Ok(out)
 }
 
-/// S = Q Kᵀ for the warp's 16 rows on tensor cores.
+/// Whether the K and V rows of this work item can be copied 16 bytes at a time (`vec_`): unit
+/// column stride (known at emission), and widths, row strides and offsets multiples of 8
+/// halves (checked per run).
+fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let (k, v) = (&fl.f.k, &fl.f.v);
+    let (kr, vr) = (k.strides.len() - 2, v.strides.len() - 2);
+    let contiguous = k.strides[kr + 1].as_const() == Some(1) && v.strides[vr + 1].as_const() == Some(1);
+    if !contiguous {
+        return Ok(vec!["const bool vec_ = false;".into()]);
+    }
+    let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
+    Ok(vec![format!(
+        "const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
+        aligned(&k.strides[kr])?,
+        aligned(&v.strides[vr])?
+    )])
+}
+
+/// Starts copying the K or V tile whose first key is `k0` into shared memory: asynchronous
+/// 16-byte copies (zero-filled beyond the matrix) when `vec_`, element by element otherwise.
+/// Both end in a commit, so `attnc_cp_wait_all` then a barrier make the tile visible.
+fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitError> {
+    let contiguous = {
+        let view = if which == 'k' { &fl.f.k } else { &fl.f.v };
+        view.strides[view.strides.len() - 1].as_const() == Some(1)
+            && (if which == 'k' { &fl.f.v } else { &fl.f.k }).strides.last().and_then(|s| s.as_const()) == Some(1)
+    };
+    let (buf, base, width) = if which == 'k' { ("Ks_", "K_", "D_") } else { ("Vs_", "V_", "DV_") };
+    let mut out = Vec::new();
+    if contiguous {
+        // 16-byte chunks, HD_ / 8 per row. When they divide the block's threads, each thread
+        // copies one column of rows tid_ / (HD_ / 8) + c * (128 / (HD_ / 8)): the loop unrolls
+        // and the addresses step by constants.
+        let src = fl.kv_raw(which, "jr_", "c64_")?;
+        out.push("if (vec_) {".into());
+        out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
+        out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0) {{"));
+        out.push("    const int r0_ = tid_ / CPR_, cc_ = (tid_ % CPR_) * 8;".into());
+        out.push("    const i64 c64_ = cc_;".into());
+        out.push("    #pragma unroll".into());
+        out.push("    for (int c_ = 0; c_ < BN_ / RS_; ++c_) {".into());
+        out.push("      const int r_ = r0_ + c_ * RS_;".into());
+        out.push(format!("      const i64 jr_ = {k0} + r_;"));
+        out.push(format!("      const bool in_ = jr_ < N_ && c64_ < {width};"));
+        out.push(format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"));
+        out.push("    }".into());
+        out.push("  } else {".into());
+        out.push(format!("    for (int e_ = tid_; e_ < BN_ * CPR_; e_ += {CUDA_FLASH_THREADS}) {{"));
+        out.push("      const int r_ = e_ / CPR_, cc_ = (e_ % CPR_) * 8;".into());
+        out.push(format!("      const i64 jr_ = {k0} + r_, c64_ = cc_;"));
+        out.push(format!("      const bool in_ = jr_ < N_ && c64_ < {width};"));
+        out.push(format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"));
+        out.push("    }".into());
+        out.push("  }".into());
+        out.push("} else {".into());
+    }
+    let body = vec![
+        format!("for (int e_ = tid_; e_ < BN_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+        "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
+        format!("  const i64 jr_ = {k0} + r_, c64_ = cc_;"),
+        format!("  {buf}[r_ * LD_ + cc_] = (jr_ < N_ && c64_ < {width}) ? {} : (u16)0;", fl.kv_raw(which, "jr_", "c64_")?),
+        "}".into(),
+    ];
+    if contiguous {
+        out.extend(indent(&body, 2));
+        out.push("}".into());
+    } else {
+        out.extend(body);
+    }
+    out.push("attnc_cp_commit();".into());
+    Ok(out)
+}
+
+/// S = Q Kᵀ for the warp's 16 rows on tensor cores; Q and K fragments come from shared memory
+/// through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B fragments of two
+/// key n-tiles).
 fn mma_scores(mma: &str) -> Vec<String> {
     format!(
         "float s_[NT_][4];
@@ -383,13 +505,20 @@ fn mma_scores(mma: &str) -> Vec<String> {
 for (int nt_ = 0; nt_ < NT_; ++nt_) {{ s_[nt_][0] = 0.0f; s_[nt_][1] = 0.0f; s_[nt_][2] = 0.0f; s_[nt_][3] = 0.0f; }}
 #pragma unroll
 for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
-  const u16* qa_ = Qs_ + (warp_ * 16 + g_) * LD_ + ks_ * 16 + tg_ * 2;
-  const unsigned a_[4] = {{attnc_ld_u32(qa_), attnc_ld_u32(qa_ + 8 * LD_), attnc_ld_u32(qa_ + 8), attnc_ld_u32(qa_ + 8 * LD_ + 8)}};
+  // A: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of the warp's 16 rows.
+  unsigned a_[4];
+  if constexpr (HD_ <= 128) {{
+    a_[0] = qf_[ks_][0]; a_[1] = qf_[ks_][1]; a_[2] = qf_[ks_][2]; a_[3] = qf_[ks_][3];
+  }} else {{
+    attnc_ldsm_x4(a_, qa_s_ + 32u * ks_);
+  }}
   #pragma unroll
-  for (int nt_ = 0; nt_ < NT_; ++nt_) {{
-    const u16* kb_ = Ks_ + (nt_ * 8 + g_) * LD_ + ks_ * 16 + tg_ * 2;
-    const unsigned bb_[2] = {{attnc_ld_u32(kb_), attnc_ld_u32(kb_ + 8)}};
-    {mma}(s_[nt_], a_, bb_);
+  for (int nt_ = 0; nt_ < NT_; nt_ += 2) {{
+    // B of n-tiles nt, nt+1: key rows of the tile (lm_ >> 1), columns 0-7 | 8-15 (lm_ & 1).
+    unsigned kb_[4];
+    attnc_ldsm_x4(kb_, kb_s_ + 2u * (nt_ * 8 * LD_ + ks_ * 16));
+    {mma}(s_[nt_], a_, kb_);
+    {mma}(s_[nt_ + 1], a_, kb_ + 2);
   }}
 }}
 // Accumulator element e of n-tile nt: row e < 2 ? ri0_ : ri1_, key k0_ + 8 nt + 2 tg_ + (e & 1).
@@ -401,19 +530,19 @@ float mx0_ = -ATTNC_INF, mx1_ = -ATTNC_INF;"
 }
 
 /// The online-softmax update of the tensor-core kernel (row maxima over the 4 lanes of a row).
-const MMA_SOFTMAX: &str = "// Row maxima over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
-mx0_ = attnc_fmax(mx0_, attnc_shfl_xor(mx0_, 1)); mx0_ = attnc_fmax(mx0_, attnc_shfl_xor(mx0_, 2));
-mx1_ = attnc_fmax(mx1_, attnc_shfl_xor(mx1_, 1)); mx1_ = attnc_fmax(mx1_, attnc_shfl_xor(mx1_, 2));
-const float mn0_ = attnc_fmax(m0_, mx0_), mn1_ = attnc_fmax(m1_, mx1_);
-const float sc0_ = mn0_ == -ATTNC_INF ? 1.0f : expf(m0_ - mn0_);
-const float sc1_ = mn1_ == -ATTNC_INF ? 1.0f : expf(m1_ - mn1_);
+const MMA_SOFTMAX: &str = "// Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
+mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 1)); mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 2));
+mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 1)); mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 2));
+const float mn0_ = fmaxf(m0_, mx0_), mn1_ = fmaxf(m1_, mx1_);
+const float sc0_ = mn0_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m0_ - mn0_);
+const float sc1_ = mn1_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m1_ - mn1_);
 m0_ = mn0_; m1_ = mn1_; l0_ *= sc0_; l1_ *= sc1_;
+const float ml0_ = mn0_ == -ATTNC_INF ? 0.0f : mn0_, ml1_ = mn1_ == -ATTNC_INF ? 0.0f : mn1_;
 #pragma unroll
 for (int nt_ = 0; nt_ < NT_; ++nt_) {
   #pragma unroll
   for (int e_ = 0; e_ < 4; ++e_) {
-    const float mn_ = e_ < 2 ? mn0_ : mn1_, x_ = s_[nt_][e_];
-    const float p_ = (x_ == -ATTNC_INF || mn_ == -ATTNC_INF) ? 0.0f : expf(x_ - mn_);
+    const float p_ = attnc_exp2_fast(s_[nt_][e_] - (e_ < 2 ? ml0_ : ml1_));
     s_[nt_][e_] = p_;
     if (e_ < 2) l0_ += p_; else l1_ += p_;
   }
@@ -422,7 +551,7 @@ for (int nt_ = 0; nt_ < NT_; ++nt_) {
 for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] *= sc0_; o_[t_][1] *= sc0_; o_[t_][2] *= sc1_; o_[t_][3] *= sc1_; }";
 
 /// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
-/// n-tiles.
+/// n-tiles; V's B fragments come transposed through `ldmatrix.trans` (two d-tiles per load).
 fn mma_pv(mma: &str, pack: &str) -> Vec<String> {
     format!(
         "#pragma unroll
@@ -430,10 +559,12 @@ for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
   const unsigned pa_[4] = {{{pack}(s_[2 * kk_][0], s_[2 * kk_][1]), {pack}(s_[2 * kk_][2], s_[2 * kk_][3]),
                            {pack}(s_[2 * kk_ + 1][0], s_[2 * kk_ + 1][1]), {pack}(s_[2 * kk_ + 1][2], s_[2 * kk_ + 1][3])}};
   #pragma unroll
-  for (int t_ = 0; t_ < DT_; ++t_) {{
-    const u16* vb_ = Vs_ + (kk_ * 16 + tg_ * 2) * LD_ + t_ * 8 + g_;
-    const unsigned bb_[2] = {{attnc_pack_u16(vb_[0], vb_[LD_]), attnc_pack_u16(vb_[8 * LD_], vb_[9 * LD_])}};
-    {mma}(o_[t_], pa_, bb_);
+  for (int t_ = 0; t_ < DT_; t_ += 2) {{
+    // B of d-tiles t, t+1: keys 0-7 | 8-15 of the step (lm_ & 1), columns of the tile (lm_ >> 1).
+    unsigned vb_[4];
+    attnc_ldsm_x4_t(vb_, vb_s_ + 2u * (kk_ * 16 * LD_ + t_ * 8));
+    {mma}(o_[t_], pa_, vb_);
+    {mma}(o_[t_ + 1], pa_, vb_ + 2);
   }}
 }}"
     )
@@ -477,7 +608,7 @@ fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     body.extend(fl.head()?);
     body.push(format!("for (i64 w_ = (i64)blockIdx.x * {warps} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {warps}) {{"));
     let mut it = Vec::new();
-    let p = fl.item(&mut it)?;
+    let p = fl.item(&mut it, false)?;
     it.push("const i64 j0_ = sp_ * kps_, j1_ = j0_ + kps_ < N_ ? j0_ + kps_ : N_;".into());
     it.push("float q_[MR_][T_], o_[MR_][T_], m_[MR_], l_[MR_];".into());
     it.push("for (int r_ = 0; r_ < MR_; ++r_) {".into());

@@ -46,6 +46,28 @@ ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) {
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// A generic pointer into shared memory as a shared-window address (for ldmatrix, cp.async;
+// computed once per kernel, then offset in bytes).
+ATTNC_DEV unsigned attnc_saddr(const void* p) { unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
+// ldmatrix.m8n8.x4 at shared address `a`: lane L gives the address of row L % 8 of matrix L / 8
+// (16 bytes each); reg i gets matrix i's row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1
+// (transposed: rows 2 (L % 4) and 2 (L % 4) + 1 of column L / 4). Low half first.
+ATTNC_DEV void attnc_ldsm_x4(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+ATTNC_DEV void attnc_ldsm_x4_t(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+// 16 bytes from global memory to shared address `dst`, asynchronously; zeros when `ok` is false
+// (nothing is read then). Visible after attnc_cp_commit, attnc_cp_wait_all and a barrier.
+ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+ATTNC_DEV void attnc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+ATTNC_DEV void attnc_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// 2^x on the special-function unit (about 2 ulp; flash softmax weights only).
+ATTNC_DEV float attnc_exp2_fast(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+ATTNC_DEV float attnc_exp_fast(float x) { return attnc_exp2_fast(x * ATTNC_LOG2E); }
 ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
