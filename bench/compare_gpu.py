@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """attnc's CUDA target against PyTorch on the same GPU, in one interleaved run.
 
-For every case (B=4, H=16, D in {64, 128}, S in {1024, 4096, 16384}, causal and not, f16 and
-bf16) it times, one after the other:
+For every case (B=4, H=16, D in {64, 128}, S in {1024, 4096, 16384}, f16 and bf16; masks:
+none, causal, ALiBi (causal, per-head slopes) and soft-capping (causal, cap 50)) it times, one
+after the other:
 
   - attnc: `attnc bench FILE --target cuda --json` on a generated .attn program (kernel time
     measured with CUDA events, median of --iters runs);
-  - PyTorch `scaled_dot_product_attention` restricted to its flash / cuDNN backends;
-  - FlexAttention (`torch.nn.attention.flex_attention`, compiled) with the same mask, when this
-    PyTorch has it.
+  - PyTorch `scaled_dot_product_attention` restricted to its flash / cuDNN backends (none and
+    causal only: SDPA has no flash path for a bias or a score modification);
+  - FlexAttention (`torch.nn.attention.flex_attention`, compiled) with the same mask and score
+    modification, when this PyTorch has it.
 
-TFLOP/s count useful FLOPs: 4*B*H*S*S*D, half of that for causal (FlashAttention's convention).
-The table (markdown) goes to stdout, and with --out to a file for docs/performance.md.
+TFLOP/s count useful FLOPs: 4*B*H*S*S*D, half of that for the causal masks (FlashAttention's
+convention). Ratios are attnc's rate over the peer's (peer time / attnc time: > 1 means attnc
+is faster). The table (markdown) goes to stdout, and with --out to a file for
+docs/performance.md.
 
     python3 bench/compare_gpu.py                      # every case
     python3 bench/compare_gpu.py --quick              # S=1024 and 4096, D=128, f16 only
-    python3 bench/compare_gpu.py --check              # also compare attnc's output with SDPA
+    python3 bench/compare_gpu.py --cases alibi,softcap --dtypes bf16
+    python3 bench/compare_gpu.py --check              # also compare attnc's output with PyTorch
 
 Needs: an NVIDIA GPU (sm_80+), PyTorch with CUDA, a release build of attnc
 (`cargo build --release -p attn-runtime`), NVRTC (see docs/cuda.md).
@@ -23,28 +28,44 @@ Needs: an NVIDIA GPU (sm_80+), PyTorch with CUDA, a release build of attnc
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("none", "causal", "alibi", "softcap")
+CAP = 50.0  # examples/softcap.attn's cap
 
 PROGRAM = """\
-fn attention(q: {t}[B, H, S, D], k: {t}[B, H, S, D], v: {t}[B, H, S, D]) -> {t}[B, H, S, D] {{
+fn attention(q: {t}[B, H, S, D], k: {t}[B, H, S, D], v: {t}[B, H, S, D]{extra}) -> {t}[B, H, S, D] {{
     let scores = q @ k.T / sqrt(D)
 {body}
 }}
 """
-CAUSAL = """    let (b, h, i, j) = indices(scores)
-    return softmax(where(j <= i, scores, -inf), axis = -1) @ v"""
-PLAIN = """    return softmax(scores, axis = -1) @ v"""
+BODIES = {
+    "none": ("", "    return softmax(scores, axis = -1) @ v"),
+    "causal": ("", """    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i, scores, -inf), axis = -1) @ v"""),
+    "alibi": (", slopes: {t}[H]", """    let (b, h, i, j) = indices(scores)
+    let biased = scores + slopes[h] * (j - i)
+    return softmax(where(j <= i, biased, -inf), axis = -1) @ v"""),
+    "softcap": ("", f"""    let capped = {CAP} * tanh(scores / {CAP})
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i, capped, -inf), axis = -1) @ v"""),
+}
 
 
-def flops(b, h, s, d, causal):
+def flops(b, h, s, d, kind):
     f = 4.0 * b * h * s * s * d
-    return f / 2 if causal else f
+    return f if kind == "none" else f / 2
+
+
+def slopes(h):
+    return [2.0 ** (-8.0 * (i + 1) / h) for i in range(h)]
 
 
 def attnc_time(attnc, path, b, h, s, d, iters, warmup):
@@ -75,9 +96,10 @@ def torch_time(fn, iters, warmup):
     return statistics.median(times)
 
 
-def sdpa_fn(q, k, v, causal):
-    import torch
+def sdpa_fn(q, k, v, kind):
     import torch.nn.functional as F
+    if kind not in ("none", "causal"):
+        return None
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]
@@ -86,45 +108,80 @@ def sdpa_fn(q, k, v, causal):
 
     def run():
         if sdpa_kernel is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=kind == "causal")
         with sdpa_kernel(backends):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=kind == "causal")
     return run
 
 
-def flex_fn(q, k, v, causal):
+def reference(q, k, v, kind, sl):
+    """The case in float32 PyTorch eager code (the accuracy reference for --check)."""
+    import torch
+    qf, kf, vf = q.float(), k.float(), v.float()
+    s = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    n = q.shape[2]
+    i = torch.arange(n, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None, :]
+    if kind == "alibi":
+        s = s + sl.view(1, -1, 1, 1) * (j - i).float()
+    if kind == "softcap":
+        s = CAP * torch.tanh(s / CAP)
+    if kind != "none":
+        s = s.masked_fill(j > i, float("-inf"))
+    return torch.softmax(s, dim=-1) @ vf
+
+
+_FLEX = {}
+
+
+def flex_fn(q, k, v, kind, sl):
     import torch
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    compiled = torch.compile(flex_attention)
+    if "compiled" not in _FLEX:
+        # One compile per shape, dtype and score modification: more than dynamo's default
+        # limit of 8, past which it would silently run flex_attention eagerly (materialising
+        # the S x S scores).
+        import torch._dynamo
+        for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 1024)
+        _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
+    compiled = _FLEX["compiled"]
     block_mask = None
-    if causal:
-        b, h, s, _ = q.shape
+    if kind != "none":
+        _, _, s, _ = q.shape
         block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, s, s, device=q.device)
-    return lambda: compiled(q, k, v, block_mask=block_mask)
+    score_mod = None
+    if kind == "alibi":
+        def score_mod(score, b, h, i, j):
+            return score + sl[h] * (j - i)
+    elif kind == "softcap":
+        def score_mod(score, b, h, i, j):
+            return CAP * torch.tanh(score / CAP)
+    return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def check_output(attnc, path, q, k, v, causal, tmp):
-    """Runs attnc on the same tensors (f16 via .npy) and compares with SDPA."""
+def attnc_output(attnc, path, tensors, tmp):
+    """Runs attnc on the same tensors (one .safetensors file, which keeps f16 and bf16) and
+    returns its output as float32."""
     import numpy as np
     import torch
-    names = {}
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        p = Path(tmp) / f"{name}.npy"
-        np.save(p, t.float().cpu().numpy().astype(np.float16))
-        names[name] = p
+    from safetensors.torch import save_file
+    inputs = Path(tmp) / "inputs.safetensors"
+    save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(inputs))
     out = Path(tmp) / "out.npy"
-    cmd = [str(attnc), "run", str(path), "--target", "cuda", "--output", f"out={out}"]
-    for name, p in names.items():
-        cmd += ["--input", f"{name}={p}"]
+    cmd = [str(attnc), "run", str(path), "--target", "cuda", "--input", str(inputs), "--output", f"out={out}"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"attnc run failed: {res.stderr.strip()}")
-    got = torch.from_numpy(np.load(out).astype(np.float32))
-    want = sdpa_fn(q, k, v, causal)().float().cpu()
-    return (got - want).abs().max().item()
+    return torch.from_numpy(np.load(out).astype(np.float32))
+
+
+def rel_err(got, want):
+    return ((got - want).norm() / want.norm()).item()
 
 
 def main():
@@ -132,8 +189,14 @@ def main():
     ap.add_argument("--attnc", default=str(ROOT / "target" / "release" / "attnc"))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--check", action="store_true", help="compare attnc's f16 output with SDPA")
+    ap.add_argument("--quick", action="store_true", help="S=1024 and 4096, D=128, f16 only")
+    ap.add_argument("--cases", help=f"comma-separated subset of {','.join(KINDS)}")
+    ap.add_argument("--dtypes", help="comma-separated subset of f16,bf16")
+    ap.add_argument("--dims", help="comma-separated head widths (default 64,128)")
+    ap.add_argument("--seqs", help="comma-separated sequence lengths (default 1024,4096,16384)")
+    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compiles take a while)")
+    ap.add_argument("--check", action="store_true",
+                    help="also compare attnc's and SDPA's outputs with a float32 reference (S <= 4096)")
     ap.add_argument("--out", help="also write the markdown table here")
     args = ap.parse_args()
 
@@ -143,46 +206,76 @@ def main():
     if not Path(args.attnc).exists():
         sys.exit(f"error: {args.attnc} not found (cargo build --release -p attn-runtime)")
     device = torch.cuda.get_device_name(0)
-    dtypes = ["f16"] if args.quick else ["f16", "bf16"]
-    dims = [128] if args.quick else [64, 128]
-    seqs = [1024, 4096] if args.quick else [1024, 4096, 16384]
+    split = lambda text, default, conv=str: [conv(x) for x in text.split(",")] if text else default
+    kinds = split(args.cases, list(KINDS))
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        sys.exit(f"error: unknown case {bad[0]!r} (expected one of {', '.join(KINDS)})")
+    dtypes = split(args.dtypes, ["f16"] if args.quick else ["f16", "bf16"])
+    dims = split(args.dims, [128] if args.quick else [64, 128], int)
+    seqs = split(args.seqs, [1024, 4096] if args.quick else [1024, 4096, 16384], int)
     b, h = 4, 16
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}
+    sl = torch.tensor(slopes(h), device="cuda", dtype=torch.float32)
 
     rows = []
+    started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for t in dtypes:
-            for causal in (False, True):
-                path = Path(tmp) / f"attn_{t}_{'causal' if causal else 'full'}.attn"
-                path.write_text(PROGRAM.format(t=t, body=CAUSAL if causal else PLAIN))
+            # The slopes in the case's dtype, as the program declares them (also for the peers).
+            slt = sl.to(torch_dtype[t])
+            for kind in kinds:
+                path = Path(tmp) / f"attn_{t}_{kind}.attn"
+                extra, body = BODIES[kind]
+                path.write_text(PROGRAM.format(t=t, extra=extra.format(t=t), body=body))
                 for d in dims:
                     for s in seqs:
-                        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch_dtype[t]) for _ in range(3))
-                        f = flops(b, h, s, d, causal)
-                        a_ms = attnc_time(args.attnc, path, b, h, s, d, args.iters, args.warmup)
-                        s_ms = torch_time(sdpa_fn(q, k, v, causal), args.iters, args.warmup)
-                        flex = flex_fn(q, k, v, causal)
+                        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+                        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch_dtype[t], generator=gen)
+                                   for _ in range(3))
+                        f = flops(b, h, s, d, kind)
+                        try:
+                            a_ms = attnc_time(args.attnc, path, b, h, s, d, args.iters, args.warmup)
+                        except RuntimeError as e:
+                            print(f"# {t} D={d} S={s} {kind}: attnc failed: {e}", file=sys.stderr)
+                            a_ms = None
+                        sdpa = sdpa_fn(q, k, v, kind)
+                        s_ms = torch_time(sdpa, args.iters, args.warmup) if sdpa is not None else None
+                        flex = None if args.no_flex else flex_fn(q, k, v, kind, slt)
                         x_ms = torch_time(flex, args.iters, args.warmup) if flex is not None else None
                         err = None
-                        if args.check and t == "f16" and s <= 4096:
-                            err = check_output(args.attnc, path, q, k, v, causal, tmp)
-                        rows.append((t, d, s, causal, f / a_ms / 1e9, f / s_ms / 1e9,
-                                     None if x_ms is None else f / x_ms / 1e9, err))
+                        if args.check and s <= 4096 and a_ms is not None:
+                            tensors = {"q": q, "k": k, "v": v}
+                            if kind == "alibi":
+                                tensors["slopes"] = slt
+                            want = reference(q, k, v, kind, slt.float()).cpu()
+                            err = (rel_err(attnc_output(args.attnc, path, tensors, tmp), want),
+                                   rel_err(sdpa().float().cpu(), want) if sdpa is not None else
+                                   rel_err(flex().float().cpu(), want) if flex is not None else None)
+                        rate = lambda ms: None if ms is None else f / ms / 1e9
+                        rows.append((t, d, s, kind, rate(a_ms), rate(s_ms), rate(x_ms), err))
                         r = rows[-1]
-                        print(f"# {t} D={d} S={s} {'causal' if causal else 'full'}: attnc {r[4]:.1f}, "
-                              f"sdpa {r[5]:.1f}, flex {'-' if r[6] is None else f'{r[6]:.1f}'} TFLOP/s", file=sys.stderr)
+                        fmt = lambda x: "-" if x is None else f"{x:.1f}"
+                        print(f"# {t} D={d} S={s} {kind}: attnc {fmt(r[4])}, sdpa {fmt(r[5])}, flex {fmt(r[6])} TFLOP/s"
+                              + (f", rel err attnc {err[0]:.1e}" if err else "")
+                              + f" [{time.time() - started:.0f} s]", file=sys.stderr, flush=True)
                         del q, k, v
                         torch.cuda.empty_cache()
 
-    lines = [f"GPU: {device}; B={b}, H={h}; TFLOP/s (useful FLOPs; causal counts half); median of {args.iters} runs.", "",
-             "| dtype | D | S | mask | attnc | SDPA (flash/cuDNN) | FlexAttention | attnc/SDPA | attnc/Flex |" + (" max abs err |" if args.check else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.check else "")]
-    for t, d, s, causal, a, sd, fx, err in rows:
-        fx_text = "-" if fx is None else f"{fx:.1f}"
-        ratio_fx = "-" if fx is None else f"{a / fx:.2f}"
-        line = f"| {t} | {d} | {s} | {'causal' if causal else 'none'} | {a:.1f} | {sd:.1f} | {fx_text} | {a / sd:.2f} | {ratio_fx} |"
+    fmt = lambda x: "-" if x is None else f"{x:.1f}"
+    ratio = lambda a, p: "-" if a is None or p is None else f"{a / p:.2f}"
+    head = "| dtype | D | S | mask | attnc | SDPA (flash/cuDNN) | FlexAttention | attnc/SDPA | attnc/Flex |"
+    rule = "|---|---|---|---|---|---|---|---|---|"
+    if args.check:
+        head += " rel err attnc | rel err peer |"
+        rule += "---|---|"
+    lines = [f"GPU: {device}; torch {torch.__version__}; B={b}, H={h}; TFLOP/s (useful FLOPs; causal masks count half); "
+             f"median of {args.iters} runs after {args.warmup} warm-ups.", "", head, rule]
+    for t, d, s, kind, a, sd, fx, err in rows:
+        line = f"| {t} | {d} | {s} | {kind} | {fmt(a)} | {fmt(sd)} | {fmt(fx)} | {ratio(a, sd)} | {ratio(a, fx)} |"
         if args.check:
-            line += f" {'-' if err is None else f'{err:.2e}'} |"
+            e = lambda x: "-" if x is None else f"{x:.1e}"
+            line += f" {e(err[0]) if err else '-'} | {e(err[1]) if err else '-'} |"
         lines.append(line)
     table = "\n".join(lines)
     print(table)

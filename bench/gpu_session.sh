@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One GPU session's checks and benchmarks, in one command, with every result written as files.
+#
+#   bench/gpu_session.sh [tests] [quick] [bench ARGS...]
+#
+# Steps (each one named on the command line runs, in this order; default: tests quick):
+#   tests   the CUDA library tests with ATTNC_GPU_TESTS=1: every example and every op on the
+#           device against the interpreter, the f16/bf16 flash kernels, the compile cache
+#   ptxas   the flash kernels' registers, spills and shared memory (nvcc --resource-usage on the
+#           emitted CUDA of the benchmark programs, D=128 and D=64)
+#   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
+#           throughput, occupancy, warp stalls, into ncu.txt
+#   quick   bench/compare_gpu.py --quick --check
+#   bench   bench/compare_gpu.py with the remaining arguments (e.g. the full table)
+#
+# Binaries: $ATTNC_BIN_DIR/attnc and $ATTNC_BIN_DIR/runtime-tests (default target/release/attnc
+# and the newest release unit-test binary of attn-runtime), so that they can be built on another
+# machine and carried. Results go to $OUT (default out/gpu): env.txt, tests.log, quick.md, ...
+# NVRTC: ATTNC_NVRTC_LIB if set, else the first libnvrtc.so.1x found in the CUDA toolkit or in
+# PyTorch's nvidia packages.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu}
+mkdir -p "$OUT"
+BIN=${ATTNC_BIN_DIR:-target/release}
+ATTNC="$BIN/attnc"
+TESTS="$BIN/runtime-tests"
+if [ ! -x "$TESTS" ]; then
+    TESTS=$(ls -t target/release/deps/attn_runtime-* 2>/dev/null | grep -v '\.d$' | head -1)
+fi
+
+if [ -z "${ATTNC_NVRTC_LIB:-}" ]; then
+    lib=$( (ls /usr/local/cuda/lib64/libnvrtc.so.1? 2>/dev/null; find / -xdev -name 'libnvrtc.so.1?' 2>/dev/null) | head -1)
+    if [ -n "$lib" ]; then
+        # cudarc opens NVRTC by its usual names (libnvrtc.so, libnvrtc.so.12, ...): give the
+        # found one the plain name on the loader's path, whatever its major version.
+        mkdir -p /tmp/attnc-nvrtc
+        ln -sf "$lib" /tmp/attnc-nvrtc/libnvrtc.so
+        export ATTNC_NVRTC_LIB="$lib"
+        export LD_LIBRARY_PATH="/tmp/attnc-nvrtc:$(dirname "$lib"):${LD_LIBRARY_PATH:-}"
+    fi
+fi
+export ATTNC_EXAMPLES_DIR="$PWD/examples"
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+    nvcc --version 2>/dev/null | tail -2
+    echo "NVRTC: ${ATTNC_NVRTC_LIB:-not found}"
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+    "$ATTNC" --version
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests ptxas quick)
+i=0
+while [ $i -lt ${#steps[@]} ]; do
+    step=${steps[$i]}
+    i=$((i + 1))
+    case "$step" in
+    tests)
+        echo "== tests"
+        ATTNC_GPU_TESTS=1 timeout 400 "$TESTS" cuda::gpu_tests --test-threads 4 --nocapture > "$OUT/tests.log" 2>&1
+        echo "tests: exit $?"
+        grep -E "^test |test result|failure|error" "$OUT/tests.log" | grep -v " ok$" | head -40
+        ;;
+    ptxas)
+        echo "== ptxas"
+        for kind in none alibi; do
+            python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['$kind']; print(c.PROGRAM.format(t='f16', extra=e.format(t='f16'), body=b))" > "$OUT/$kind.attn"
+            "$ATTNC" build "$OUT/$kind.attn" --emit cuda > "$OUT/$kind.cu"
+            for hd in 64 128; do
+                echo "-- $kind HD=$hd"
+                nvcc -arch=sm_90 -cubin -o /dev/null --resource-usage -DATTNC_HD_0=$hd -DATTNC_BN_0=64 "$OUT/$kind.cu" 2>&1 | grep -E "Function properties|registers|spill|error" | head -8
+            done
+        done > "$OUT/ptxas.txt" 2>&1
+        cat "$OUT/ptxas.txt"
+        ;;
+    ncu)
+        echo "== ncu"
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['none']; print(c.PROGRAM.format(t='f16', extra=e, body=b))" > /tmp/attnc-ncu.attn
+        timeout 300 ncu --target-processes all -k regex:attnc_s0_flash --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            "$ATTNC" bench /tmp/attnc-ncu.attn --target cuda --dim B=4 --dim H=16 --dim S=4096 --dim D=128 \
+            --iters 1 --warmup 0 > "$OUT/ncu.txt" 2>&1
+        echo "ncu: exit $?"
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Issued Ipc|No Eligible|Warp Cycles" "$OUT/ncu.txt" | head -40
+        ;;
+    quick)
+        echo "== quick"
+        PYTHONUNBUFFERED=1 timeout 400 python3 bench/compare_gpu.py --attnc "$ATTNC" --quick --check \
+            --cases none,causal,alibi,softcap --out "$OUT/quick.md" 2> "$OUT/quick.log"
+        echo "quick: exit $?"
+        tail -5 "$OUT/quick.log"
+        ;;
+    bench)
+        echo "== bench ${steps[*]:$i}"
+        PYTHONUNBUFFERED=1 python3 bench/compare_gpu.py --attnc "$ATTNC" "${steps[@]:$i}" --out "$OUT/bench.md" 2> "$OUT/bench.log"
+        echo "bench: exit $?"
+        tail -5 "$OUT/bench.log"
+        i=${#steps[@]}
+        ;;
+    *)
+        echo "unknown step $step" >&2
+        exit 2
+        ;;
+    esac
+done
