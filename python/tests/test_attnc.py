@@ -90,6 +90,35 @@ def test_document_mask_reads_i32_segment_ids():
     np.testing.assert_allclose(out, sdpa_ref(q, k, v, bias), rtol=1e-4, atol=1e-5)
 
 
+def reformer_ref(qk, v, rot, chunks):
+    """Reformer LSH attention (one hash round, shared QK), written from the paper in NumPy."""
+    B, H, S, D = qk.shape
+    C = S // chunks
+    out = np.zeros((B, H, S, D))
+    for b in range(B):
+        for h in range(H):
+            x = qk[b, h].astype(np.float64)
+            xr = x @ rot
+            perm = np.argsort(np.argmax(np.concatenate([xr, -xr], axis=1), axis=1), kind="stable")
+            q, vv = x[perm], v[b, h].astype(np.float64)[perm]
+            k = q / np.linalg.norm(q, axis=1, keepdims=True)
+            for n in range(chunks):
+                rows, prev = slice(n * C, (n + 1) * C), slice(((n - 1) % chunks) * C, ((n - 1) % chunks + 1) * C)
+                s = q[rows] @ np.concatenate([k[rows], k[prev]]).T / np.sqrt(D)
+                s[np.arange(C), np.arange(C)] -= 1e5
+                out[b, h, perm[rows]] = softmax(s) @ np.concatenate([vv[rows], vv[prev]])
+    return out
+
+
+def test_reformer_matches_numpy():
+    rng = np.random.default_rng(7)
+    B, H, NC, C, D, NR = 2, 3, 4, 8, 16, 4
+    qk, v = (randn(rng, B, H, NC * C, D) for _ in range(2))
+    rot = randn(rng, D, NR)
+    out = attnc.compile(EXAMPLES / "reformer.attn").run(qk, v, rot, dims={"NC": NC})
+    np.testing.assert_allclose(out, reformer_ref(qk, v, rot, NC), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.attn")), ids=lambda p: p.stem)
 def test_every_example_matches_the_interpreter(path):
     cpu = attnc.compile(path, threads=2)
