@@ -78,7 +78,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             }
             Ok(TensorType::new(DType::I32, args[0].shape.clone()))
         }
-        Op::Flash(spec) => flash(spec, args),
+        Op::Flash(spec) => flash(spec, args, declared),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
     }
 }
@@ -323,7 +323,9 @@ fn norm(args: &[&TensorType]) -> Result<TensorType, String> {
 
 /// `flash(q, k, v, extras…)`: q `[…b, M, D]`, k `[…b', N, D]`, v `[…b', N, Dv]` with `b'`
 /// broadcasting into `b`; result `[…b, M, Dv]`.
-fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<TensorType, String> {
+/// A flash op's type: q's batch and row axes, v's width, and the promotion of q's and v's types,
+/// or a declared float type at least that wide (the scores may have been widened by a bias).
+fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType], declared: Option<&TensorType>) -> Result<TensorType, String> {
     use super::flash::ScoreExpr;
     let [q, k, v, extras @ ..] = args else { return Err("flash takes q, k, v and extra operands".into()) };
     let r = q.rank();
@@ -369,5 +371,10 @@ fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<TensorT
     }
     let mut shape = q.shape[..r - 1].to_vec();
     shape.push(v.shape[r - 1].clone());
-    Ok(TensorType::new(q.dtype.promote(v.dtype), shape))
+    let natural = TensorType::new(q.dtype.promote(v.dtype), shape);
+    match declared {
+        None => Ok(natural),
+        Some(t) if t.shape == natural.shape && t.dtype.is_float() && natural.dtype.promote(t.dtype) == t.dtype => Ok(t.clone()),
+        Some(t) => Err(format!("a flash op over {q}, {k}, {v} gives {natural} or a wider float type, not {t}")),
+    }
 }

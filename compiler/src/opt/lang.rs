@@ -51,9 +51,11 @@ impl ENode {
     }
 }
 
-/// Ops whose result type is part of their identity.
+/// Ops whose result type is part of their identity (a flash op's, because its result may be
+/// wider than its inputs: f16 q, k, v with an f32 bias give f32 attention, as the unfused
+/// graph does).
 fn carries_type(op: &Op) -> bool {
-    matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. })
+    matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. } | Op::Flash(_))
 }
 
 impl PartialEq for ENode {

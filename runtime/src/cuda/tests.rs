@@ -189,6 +189,17 @@ pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
 }",
     ),
     (
+        "bf16 with an f32 bias, f32 result",
+        "graph attn {
+  %0 = param[name=q] : bf16[B, H, S, D]
+  %1 = param[name=k] : bf16[B, H, S, D]
+  %2 = param[name=v] : bf16[B, H, S, D]
+  %3 = param[name=slopes] : f32[H]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+    ),
+    (
         "bf16 document mask",
         "graph attn {
   %0 = param[name=q] : bf16[B, H, S, D]

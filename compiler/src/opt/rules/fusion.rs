@@ -58,15 +58,16 @@ impl FuseAttention {
                     );
                     continue;
                 }
-                out.push(fuse_one(eg, weights, pn.args()[0], v));
+                out.push(fuse_one(eg, weights, pn.args()[0], v, ty(eg, class).cloned()));
             }
         }
         out
     }
 }
 
-/// Builds the flash op for `weights(scores) @ v`.
-fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id) -> Result<Build, String> {
+/// Builds the flash op for `weights(scores) @ v`, typed as that product (`out`): wider than q,
+/// k and v when a bias widened the scores.
+fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType>) -> Result<Build, String> {
     let st = ty(eg, scores).ok_or("untyped scores")?.clone();
     let rank = st.rank();
     if rank < 2 || !st.dtype.is_float() {
@@ -88,7 +89,7 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id) -> Result<Build, Strin
     let spec = FlashSpec { rank, weights, score, mask };
     let mut args = vec![Build::Class(q), untranspose(eg, kt, rank), Build::Class(v)];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
-    Ok(Build::op(Op::Flash(Box::new(spec)), args))
+    Ok(Build::Node(Op::Flash(Box::new(spec)), out, args))
 }
 
 /// `k` from `kᵀ`: the operand of a last-two-axes transpose if there is one, else a transpose.
@@ -342,6 +343,37 @@ mod tests {
   %2 = param[name=v] : f32[S, D]
   %3 = flash[rank=2, weights=softmax, score=\"s * 0.5\", mask=\"j <= i\"] %0, %1, %2 : f32[S, D]
   output out = %3
+}",
+        );
+    }
+
+    /// bf16 q, k, v with an f32 bias: the scores, the weights and their product with v are f32
+    /// in the graph, and so is the flash op (its inputs stay bf16, for the tensor cores).
+    #[test]
+    fn a_wider_bias_gives_a_wider_flash_op() {
+        check_rule(
+            &rule(),
+            "graph t {
+               %0 = param[name=q] : bf16[H, S, D]
+               %1 = param[name=k] : bf16[H, S, D]
+               %2 = param[name=v] : bf16[H, S, D]
+               %3 = param[name=bias] : f32[H, 1, 1]
+               %4 = transpose[perm=[0, 2, 1]] %1 : bf16[H, D, S]
+               %5 = matmul %0, %4 : bf16[H, S, S]
+               %6 = add %5, %3 : f32[H, S, S]
+               %7 = softmax[axis=2] %6 : f32[H, S, S]
+               %8 = matmul %7, %2 : f32[H, S, D]
+               %9 = cast %8 : bf16[H, S, D]
+               output out = %9
+             }",
+            "graph t {
+  %0 = param[name=q] : bf16[H, S, D]
+  %1 = param[name=k] : bf16[H, S, D]
+  %2 = param[name=v] : bf16[H, S, D]
+  %3 = param[name=bias] : f32[H, 1, 1]
+  %4 = flash[rank=3, weights=softmax, score=\"s + x0[b, 0, 0]\"] %0, %1, %2, %3 : f32[H, S, D]
+  %5 = cast %4 : bf16[H, S, D]
+  output out = %5
 }",
         );
     }
