@@ -122,6 +122,7 @@ pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
         Arc::new(rules::algebra::ScaleIntoQuery),
         Arc::new(rules::assoc::MatMulAssoc),
         Arc::new(FuseAttention { pinned }),
+        Arc::new(rules::fusion::CastIntoFlash),
     ]
 }
 

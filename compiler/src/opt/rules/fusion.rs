@@ -65,6 +65,39 @@ impl FuseAttention {
     }
 }
 
+/// `cast(flash : f32) : t` → `flash : t` when `t` is a float type at least as wide as the flash
+/// op's inputs (`promote(q, v)`): the op accumulates in f32 and rounds its result once either
+/// way, so the cast's extra pass over the output disappears. This undoes the widening that an
+/// f32 bias over f16/bf16 attention brings when the program returns f16/bf16.
+#[derive(Clone)]
+pub struct CastIntoFlash;
+
+impl Rule for CastIntoFlash {
+    fn wants(&self, op: &Op) -> bool {
+        matches!(op, Op::Cast)
+    }
+
+    fn name(&self) -> &'static str {
+        "fusion/cast-into-flash"
+    }
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let Some(target) = ty(eg, class).filter(|t| t.dtype.is_float()).cloned() else { return Vec::new() };
+        let mut out = Vec::new();
+        for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::Cast)) {
+            for f in eg[n.args()[0]].nodes.iter() {
+                let Op::Flash(spec) = &f.op else { continue };
+                let args = f.args();
+                let (Some(q), Some(v)) = (ty(eg, args[0]), ty(eg, args[2])) else { continue };
+                if q.dtype.promote(v.dtype).promote(target.dtype) == target.dtype {
+                    out.push(Build::Node(Op::Flash(spec.clone()), Some(target.clone()), args.iter().map(|a| Build::Class(*a)).collect()));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Builds the flash op for `weights(scores) @ v`, typed as that product (`out`): wider than q,
 /// k and v when a bias widened the scores.
 fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType>) -> Result<Build, String> {
@@ -307,7 +340,8 @@ fn keeps_neg_inf(op: BinaryOp, c: &ScoreExpr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::FuseAttention;
+    use super::super::Rule;
+    use super::{CastIntoFlash, FuseAttention};
     use crate::opt::tests::check_rule;
     use std::collections::HashSet;
 
@@ -376,6 +410,51 @@ mod tests {
   output out = %5
 }",
         );
+    }
+
+    /// The cast back to bf16 becomes the flash op's own type (one rounding either way).
+    #[test]
+    fn a_narrowing_cast_folds_into_the_flash_op() {
+        check_rule(
+            &CastIntoFlash,
+            "graph t {
+               %0 = param[name=q] : bf16[H, S, D]
+               %1 = param[name=k] : bf16[H, S, D]
+               %2 = param[name=v] : bf16[H, S, D]
+               %3 = param[name=bias] : f32[H, 1, 1]
+               %4 = flash[rank=3, weights=softmax, score=\"s + x0[b, 0, 0]\"] %0, %1, %2, %3 : f32[H, S, D]
+               %5 = cast %4 : bf16[H, S, D]
+               output out = %5
+             }",
+            "graph t {
+  %0 = param[name=q] : bf16[H, S, D]
+  %1 = param[name=k] : bf16[H, S, D]
+  %2 = param[name=v] : bf16[H, S, D]
+  %3 = param[name=bias] : f32[H, 1, 1]
+  %4 = flash[rank=3, weights=softmax, score=\"s + x0[b, 0, 0]\"] %0, %1, %2, %3 : bf16[H, S, D]
+  output out = %4
+}",
+        );
+    }
+
+    /// A cast below the inputs' type is a real rounding of its own and stays.
+    #[test]
+    fn a_cast_below_the_inputs_type_stays() {
+        let g = crate::ir::Graph::parse(
+            "graph t {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=k] : f32[S, D]
+  %2 = param[name=v] : f32[S, D]
+  %3 = flash[rank=2, weights=softmax, score=\"s\"] %0, %1, %2 : f32[S, D]
+  %4 = cast %3 : bf16[S, D]
+  output out = %4
+}",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let loaded = crate::opt::lang::load(&g);
+        let eg = &loaded.egraph;
+        let cast = eg.find(loaded.class_of[4]);
+        assert!(CastIntoFlash.rewrite(eg, cast).is_empty());
     }
 
     /// A mask under a constant scale still becomes the predicate (so its tiles are skipped).
