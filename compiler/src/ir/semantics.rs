@@ -330,6 +330,27 @@ pub fn sorts_before(a: f64, ia: i64, b: f64, ib: i64, descending: bool) -> bool 
     ia < ib
 }
 
+/// A key whose unsigned order, ties broken by index, is [`sorts_before`]'s order: sorting
+/// `(sort_key(x, descending), index)` pairs gives the same permutation, faster than comparing
+/// through `sorts_before`. NaN is the largest key ascending and the smallest descending;
+/// `-0` and `+0` share one key.
+pub fn sort_key(x: f64, descending: bool) -> u64 {
+    if x.is_nan() {
+        return if descending { 0 } else { u64::MAX };
+    }
+    let v = if x == 0.0 {
+        0.0
+    } else if descending {
+        -x
+    } else {
+        x
+    };
+    let bits = v.to_bits();
+    // Negative numbers: flip every bit; others: set the sign bit. Never 0 or u64::MAX for a
+    // number (the largest is +inf's 0xfff0...0, the smallest -inf's 0x000f...f).
+    if bits >> 63 == 1 { !bits } else { bits | (1 << 63) }
+}
+
 /// `a % b` with the sign of `b`; NaN for `b = 0`.
 pub fn rem_f(a: f64, b: f64) -> f64 {
     let m = a % b;
@@ -397,6 +418,28 @@ pub const INT_EDGES: &[i32] = &[0, 1, -1, 2, -3, 7, i32::MAX, i32::MIN, i32::MAX
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sort_key` with index ties orders exactly as `sorts_before`, over edge values.
+    #[test]
+    fn sort_keys_order_as_sorts_before() {
+        let values =
+            [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0, 1e-310, -1e-310, 3.5, -3.5, f64::MAX, f64::MIN];
+        for descending in [false, true] {
+            for (ia, &a) in values.iter().enumerate() {
+                for (ib, &b) in values.iter().enumerate() {
+                    if ia == ib {
+                        continue;
+                    }
+                    let by_key = (sort_key(a, descending), ia) < (sort_key(b, descending), ib);
+                    assert_eq!(
+                        by_key,
+                        sorts_before(a, ia as i64, b, ib as i64, descending),
+                        "{a} at {ia} vs {b} at {ib}, descending {descending}"
+                    );
+                }
+            }
+        }
+    }
 
     fn f(x: f64) -> Scalar {
         Scalar::F(x)

@@ -54,19 +54,11 @@ pub unsafe extern "C" fn attnc_argsort_row(x: *const u8, x_stride: i64, n: i64, 
         // SAFETY: row element i of the caller's view.
         unsafe { if flags & 2 != 0 { f64::from(*x.cast::<i32>().offset(at)) } else { f64::from(*x.cast::<f32>().offset(at)) } }
     };
-    let values: Vec<f64> = (0..n).map(read).collect();
-    let mut order: Vec<usize> = (0..n).collect();
     let descending = flags & 1 != 0;
-    order.sort_by(|&a, &b| {
-        if a == b {
-            std::cmp::Ordering::Equal
-        } else if semantics::sorts_before(values[a], a as i64, values[b], b as i64, descending) {
-            std::cmp::Ordering::Less
-        } else {
-            std::cmp::Ordering::Greater
-        }
-    });
-    for (rank, i) in order.into_iter().enumerate() {
+    // (key, index) pairs are distinct, so an unstable sort of them is the stable order.
+    let mut order: Vec<(u64, u32)> = (0..n).map(|i| (semantics::sort_key(read(i), descending), i as u32)).collect();
+    order.sort_unstable();
+    for (rank, (_, i)) in order.into_iter().enumerate() {
         // SAFETY: row element `rank` of the caller's output view.
         unsafe { *out.offset((rank as i64).wrapping_mul(out_stride) as isize) = i as i32 };
     }
