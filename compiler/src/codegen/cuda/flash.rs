@@ -422,14 +422,19 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     Ok(out)
 }
 
+/// Whether K's and V's columns have unit stride (known at emission): the condition for any
+/// 16-byte copy of their rows.
+fn kv_unit_columns(fl: &Flash) -> bool {
+    [&fl.f.k, &fl.f.v].iter().all(|view| view.strides.last().and_then(Dim::as_const) == Some(1))
+}
+
 /// Whether the K and V rows of this work item can be copied 16 bytes at a time (`vec_`): unit
 /// column stride (known at emission), and widths, row strides and offsets multiples of 8
 /// halves (checked per run).
 fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
     let (k, v) = (&fl.f.k, &fl.f.v);
     let (kr, vr) = (k.strides.len() - 2, v.strides.len() - 2);
-    let contiguous = k.strides[kr + 1].as_const() == Some(1) && v.strides[vr + 1].as_const() == Some(1);
-    if !contiguous {
+    if !kv_unit_columns(fl) {
         return Ok(vec!["const bool vec_ = false;".into()]);
     }
     let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
@@ -444,11 +449,7 @@ fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
 /// 16-byte copies (zero-filled beyond the matrix) when `vec_`, element by element otherwise.
 /// Both end in a commit, so `attnc_cp_wait_all` then a barrier make the tile visible.
 fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitError> {
-    let contiguous = {
-        let view = if which == 'k' { &fl.f.k } else { &fl.f.v };
-        view.strides[view.strides.len() - 1].as_const() == Some(1)
-            && (if which == 'k' { &fl.f.v } else { &fl.f.k }).strides.last().and_then(|s| s.as_const()) == Some(1)
-    };
+    let contiguous = kv_unit_columns(fl);
     let (buf, base, width) = if which == 'k' { ("Ks_", "K_", "D_") } else { ("Vs_", "V_", "DV_") };
     let mut out = Vec::new();
     if contiguous {
