@@ -457,6 +457,11 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         // copies one column of rows tid_ / (HD_ / 8) + c * (128 / (HD_ / 8)): the loop unrolls
         // and the addresses step by constants.
         let src = fl.kv_raw(which, "jr_", "c64_")?;
+        // The copy of chunk (r_, cc_), the same in both loops.
+        let copy = [
+            format!("      const bool in_ = jr_ < N_ && c64_ < {width};"),
+            format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"),
+        ];
         out.push("if (vec_) {".into());
         out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
         out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0) {{"));
@@ -466,15 +471,13 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         out.push("    for (int c_ = 0; c_ < BN_ / RS_; ++c_) {".into());
         out.push("      const int r_ = r0_ + c_ * RS_;".into());
         out.push(format!("      const i64 jr_ = {k0} + r_;"));
-        out.push(format!("      const bool in_ = jr_ < N_ && c64_ < {width};"));
-        out.push(format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"));
+        out.extend(copy.iter().cloned());
         out.push("    }".into());
         out.push("  } else {".into());
         out.push(format!("    for (int e_ = tid_; e_ < BN_ * CPR_; e_ += {CUDA_FLASH_THREADS}) {{"));
         out.push("      const int r_ = e_ / CPR_, cc_ = (e_ % CPR_) * 8;".into());
         out.push(format!("      const i64 jr_ = {k0} + r_, c64_ = cc_;"));
-        out.push(format!("      const bool in_ = jr_ < N_ && c64_ < {width};"));
-        out.push(format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"));
+        out.extend(copy.iter().cloned());
         out.push("    }".into());
         out.push("  }".into());
         out.push("} else {".into());
