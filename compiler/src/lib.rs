@@ -15,7 +15,7 @@ pub mod tensor;
 pub mod pipeline;
 
 pub use attn_dsl::Diagnostic;
-pub use pipeline::{Checked, Compiler, Explanation, PipelineError, Planned, Stage};
+pub use pipeline::{Checked, Compiler, Derived, Explanation, PipelineError, Planned, Stage};
 
 /// The front end with default options ([`Compiler::check`]): parse, lower and verify.
 pub fn check(source: &str) -> Result<Checked, Vec<Diagnostic>> {

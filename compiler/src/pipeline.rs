@@ -13,7 +13,8 @@
 //! ([`crate::schedule::prepare()`]) and *runs* it.
 
 use crate::codegen::{clif, cuda};
-use crate::ir::{Graph, Module, verify_module};
+use crate::ir::grad::{GradError, differentiate};
+use crate::ir::{Graph, Module, Op, verify_module};
 use crate::opt::{FlashTileMap, MAP_TILE, OptOptions, OptReport, Optimized, TileMapError, flash_tile_maps, optimize};
 use crate::schedule::{CpuPolicy, CudaPolicy, Policy, Schedule, ScheduleError, Target, schedule};
 use attn_dsl::{Diagnostic, Span};
@@ -111,6 +112,18 @@ pub struct Planned {
     pub schedule: Schedule,
 }
 
+/// An entry point with its gradients ([`Compiler::differentiate`]).
+#[derive(Clone, Debug)]
+pub struct Derived {
+    /// `<entry>_grad`: the entry's inputs plus a cotangent per float result; its results plus a
+    /// gradient per parameter differentiated.
+    pub graph: Graph,
+    /// How the backward pass was built: the flash ops whose derivative is fused (`Ok`, as
+    /// `%N` of the optimised forward graph with the gradients they give), or why the program
+    /// was differentiated unfused (`Err`).
+    pub fused: Result<Vec<String>, String>,
+}
+
 /// The pipeline and its options.
 #[derive(Clone, Debug, Default)]
 pub struct Compiler {
@@ -170,6 +183,24 @@ impl Compiler {
         let optimized = self.optimize(graph);
         let schedule = schedule(&optimized.graph, &self.policy)?;
         Ok(Planned { optimized, schedule })
+    }
+
+    /// `graph` with its gradients ([`crate::ir::grad`]). The forward graph is optimised first and
+    /// the optimised graph differentiated, so every fused flash op gets a fused backward
+    /// (`flash_lse` saved by the forward, `flash_grad` recomputing the weights tile by tile: no
+    /// score-sized buffer). Where a flash op's derivative cannot be fused
+    /// ([`GradError::Unfused`]), the unoptimised graph is differentiated instead, op by op, and
+    /// [`Derived::fused`] says why.
+    pub fn differentiate(&self, graph: &Graph, wrt: Option<&[String]>) -> Result<Derived, GradError> {
+        let optimized = self.optimize(graph);
+        match differentiate(&optimized.graph, wrt) {
+            Ok(derived) => {
+                let fused = backward_groups(&derived);
+                Ok(Derived { graph: derived, fused: Ok(fused) })
+            }
+            Err(GradError::Unfused { reason, .. }) => Ok(Derived { graph: differentiate(graph, wrt)?, fused: Err(reason) }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Renders a CPU schedule as Cranelift IR for a machine with `features`.
@@ -270,6 +301,29 @@ impl Compiler {
         }
         Ok(out)
     }
+}
+
+/// One line per fused flash backward of a derived graph (its `flash_grad` ops grouped by their
+/// operands): which gradients it gives, of which score modification and mask.
+fn backward_groups(g: &Graph) -> Vec<String> {
+    let mut groups: Vec<(Vec<crate::ir::Value>, &crate::ir::FlashSpec, Vec<String>)> = Vec::new();
+    for v in g.values() {
+        if let Op::FlashGrad { spec, wrt } = &g.node(v).op {
+            let operands = g.operands(v);
+            match groups.iter_mut().find(|(o, s, _)| *o == operands && *s == &**spec) {
+                Some((_, _, wrts)) => wrts.push(wrt.name()),
+                None => groups.push((operands, spec, vec![wrt.name()])),
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, spec, wrts)| {
+            let show = |e| crate::ir::ShowExpr { expr: e, rank: spec.rank }.to_string();
+            let mask = spec.mask.as_ref().map(|m| format!(", mask \"{}\"", show(m))).unwrap_or_default();
+            format!("flash backward (score \"{}\"{mask}): d{} in one pass", show(&spec.score), wrts.join(", d"))
+        })
+        .collect()
 }
 
 /// What the optimizer did to one function, and the tile maps of its flash ops.

@@ -18,10 +18,10 @@ use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
 use attn_compiler::interp::{self, InterpError};
-use attn_compiler::ir::grad::{GradError, differentiate};
+use attn_compiler::ir::grad::GradError;
 use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType, verify};
 use attn_compiler::tensor::{Tensor, TensorError};
-use attn_compiler::{Checked, check};
+use attn_compiler::{Checked, Compiler, Derived, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
 use attn_dsl::{Diagnostic, Severity};
 use std::collections::{BTreeSet, HashMap};
@@ -246,6 +246,9 @@ pub struct Program {
     fixed_dims: Vec<(String, i64)>,
     /// Entries compiled for the CPU target by [`Program::run`], by name and thread count.
     cpu: CpuCache,
+    /// For a program made by [`Program::grad`]: how its backward pass was built
+    /// ([`attn_compiler::Derived::fused`]).
+    backward: Option<Result<Vec<String>, String>>,
 }
 
 impl Program {
@@ -265,7 +268,14 @@ impl Program {
                 _ => None,
             })
             .collect();
-        Ok(Program { checked, source: source.to_string(), file_name: file_name.to_string(), fixed_dims, cpu: Arc::default() })
+        Ok(Program {
+            checked,
+            source: source.to_string(),
+            file_name: file_name.to_string(),
+            fixed_dims,
+            cpu: Arc::default(),
+            backward: None,
+        })
     }
 
     /// Reads and compiles a `.attn` file.
@@ -492,14 +502,21 @@ impl Program {
     /// like any entry; its forward part is fused as usual. See
     /// [`attn_compiler::ir::grad`] for the rules and subgradients.
     pub fn grad(&self, entry: &str, wrt: Option<&[String]>) -> Result<Program, RunError> {
-        let derived = differentiate(self.graph(entry)?, wrt)?;
+        let Derived { graph: derived, fused } = Compiler::default().differentiate(self.graph(entry)?, wrt)?;
         if let Err(errors) = verify(&derived) {
             let reason = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
             return Err(RunError::Grad(GradError::Internal { graph: entry.to_string(), reason }));
         }
         let mut checked = self.checked.clone();
         checked.module.graphs = vec![derived];
-        Ok(Program { checked, cpu: Arc::default(), ..self.clone() })
+        Ok(Program { checked, cpu: Arc::default(), backward: Some(fused), ..self.clone() })
+    }
+
+    /// For a program made by [`Program::grad`], how its backward pass was built: one line per
+    /// fused flash backward (`Ok`), or why the program was differentiated op by op, unfused
+    /// (`Err`). `None` for other programs.
+    pub fn backward(&self) -> Option<&Result<Vec<String>, String>> {
+        self.backward.as_ref()
     }
 
     /// Compiles `entry` for [`Target::Cpu`] with `opts` now, so that the first

@@ -15,13 +15,20 @@
 //! table.
 
 use super::dim::Dim;
+use super::flash::{FlashSpec, Weights};
 use super::graph::{Graph, Value};
 use super::infer::infer;
-use super::op::{BinaryOp, Op, ReduceOp, ScanOp, UnaryOp};
+use super::op::{BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};
+use super::semantics::Class;
 use super::types::{DType, TensorType};
 use std::collections::{HashMap, HashSet};
-use std::f64::consts::PI;
 use thiserror::Error;
+
+mod rules;
+mod score;
+
+use rules::Algebra;
+pub use score::{LoadGrad, ScoreGrad, score_grad};
 
 /// Why a graph could not be differentiated.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -52,6 +59,15 @@ pub enum GradError {
         graph: String,
         /// The name.
         name: String,
+    },
+    /// A flash op's derivative cannot be fused (a reason the fused backward does not cover);
+    /// [`crate::Compiler::differentiate`] then differentiates the unfused program.
+    #[error("`{graph}`: the flash backward cannot be fused: {reason}")]
+    Unfused {
+        /// The entry point.
+        graph: String,
+        /// Why not.
+        reason: String,
     },
     /// The graph has a cycle, or a derived node did not type-check (a bug).
     #[error("`{graph}`: internal error while differentiating: {reason}")]
@@ -138,7 +154,7 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
         }
         let Some(g) = adjoint.get(v).copied() else { continue };
         let operands = graph.operands(*v);
-        for (slot, contribution) in b.rule(graph, *v, &operands, g)? {
+        for (slot, contribution) in b.rule(graph, *v, &operands, g, &needs)? {
             let operand = operands[slot];
             if needs.contains(&operand) {
                 let c = b.unbroadcast(contribution, &graph.node(operand).ty)?;
@@ -164,6 +180,31 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
 struct Builder {
     g: Graph,
     name: String,
+}
+
+impl Algebra for Builder {
+    type V = Value;
+    type E = GradError;
+
+    fn unary(&mut self, op: UnaryOp, a: Value) -> Result<Value, GradError> {
+        self.un(op, a)
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: Value, b: Value) -> Result<Value, GradError> {
+        self.bin(op, a, b)
+    }
+
+    fn select(&mut self, c: Value, a: Value, b: Value) -> Result<Value, GradError> {
+        self.add(Op::Select, &[c, a, b], None)
+    }
+
+    fn float(&mut self, c: f64, like: &Value) -> Result<Value, GradError> {
+        self.fconst(c, *like)
+    }
+
+    fn zero_of(&mut self, x: &Value) -> Result<Value, GradError> {
+        self.konst(0.0, self.ty(*x).dtype)
+    }
 }
 
 impl Builder {
@@ -198,37 +239,6 @@ impl Builder {
 
     fn un(&mut self, op: UnaryOp, a: Value) -> Result<Value, GradError> {
         self.add(Op::Unary(op), &[a], None)
-    }
-
-    fn mul(&mut self, a: Value, b: Value) -> Result<Value, GradError> {
-        self.bin(BinaryOp::Mul, a, b)
-    }
-
-    fn scale(&mut self, a: Value, c: f64) -> Result<Value, GradError> {
-        let k = self.fconst(c, a)?;
-        self.mul(a, k)
-    }
-
-    fn select(&mut self, c: Value, a: Value, b: Value) -> Result<Value, GradError> {
-        self.add(Op::Select, &[c, a, b], None)
-    }
-
-    /// `where(cond, g, 0)`.
-    fn keep(&mut self, cond: Value, g: Value) -> Result<Value, GradError> {
-        let zero = self.fconst(0.0, g)?;
-        self.select(cond, g, zero)
-    }
-
-    /// `g` split by `cond`: `(where(cond, g, 0), where(cond, 0, g))`.
-    fn route(&mut self, cond: Value, g: Value) -> Result<(Value, Value), GradError> {
-        let zero = self.fconst(0.0, g)?;
-        Ok((self.select(cond, g, zero)?, self.select(cond, zero, g)?))
-    }
-
-    /// Compares `x` with 0.
-    fn cmp0(&mut self, op: BinaryOp, x: Value) -> Result<Value, GradError> {
-        let zero = self.konst(0.0, self.ty(x).dtype)?;
-        self.bin(op, x, zero)
     }
 
     fn sum(&mut self, x: Value, axes: Vec<usize>, keepdim: bool) -> Result<Value, GradError> {
@@ -306,150 +316,19 @@ impl Builder {
 
     /// The contributions of `v`'s adjoint `g` to its operands, as (slot, gradient of the
     /// node's shape or the operand's): the derivative rule of `v`'s op.
-    fn rule(&mut self, graph: &Graph, v: Value, x: &[Value], g: Value) -> Result<Vec<(usize, Value)>, GradError> {
+    fn rule(&mut self, graph: &Graph, v: Value, x: &[Value], g: Value, needs: &HashSet<Value>) -> Result<Vec<(usize, Value)>, GradError> {
         let node = graph.node(v);
         let y = v;
         let unsupported = || GradError::Unsupported { graph: self.name.clone(), op: node.op.name().to_string() };
         Ok(match &node.op {
             // An order is an integer: no gradient flows through it (sorted values are gathers).
             Op::Param(_) | Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } | Op::ArgSort { .. } => vec![],
-            Op::Unary(u) => {
-                let a = x[0];
-                let d = match u {
-                    UnaryOp::Not | UnaryOp::Floor => return Ok(vec![]),
-                    UnaryOp::Neg => self.un(UnaryOp::Neg, g)?,
-                    UnaryOp::Exp => self.mul(g, y)?,
-                    UnaryOp::Log => self.bin(BinaryOp::Div, g, a)?,
-                    UnaryOp::Sqrt => {
-                        // d sqrt(x) = 1 / (2 sqrt(x))
-                        let half = self.scale(g, 0.5)?;
-                        self.bin(BinaryOp::Div, half, y)?
-                    }
-                    UnaryOp::Rsqrt => {
-                        // d x^(-1/2) = -x^(-1/2) / (2x)
-                        let t = self.mul(g, y)?;
-                        let t = self.bin(BinaryOp::Div, t, a)?;
-                        self.scale(t, -0.5)?
-                    }
-                    UnaryOp::Tanh => {
-                        let yy = self.mul(y, y)?;
-                        let one = self.fconst(1.0, y)?;
-                        let d = self.bin(BinaryOp::Sub, one, yy)?;
-                        self.mul(g, d)?
-                    }
-                    UnaryOp::Sigmoid => {
-                        let one = self.fconst(1.0, y)?;
-                        let c = self.bin(BinaryOp::Sub, one, y)?;
-                        let d = self.mul(y, c)?;
-                        self.mul(g, d)?
-                    }
-                    UnaryOp::Relu => {
-                        let pos = self.cmp0(BinaryOp::Gt, a)?;
-                        self.keep(pos, g)?
-                    }
-                    UnaryOp::Silu => {
-                        // s + x s (1 - s), s = sigmoid(x)
-                        let s = self.un(UnaryOp::Sigmoid, a)?;
-                        let one = self.fconst(1.0, s)?;
-                        let c = self.bin(BinaryOp::Sub, one, s)?;
-                        let xc = self.mul(a, c)?;
-                        let t = self.bin(BinaryOp::Add, one, xc)?;
-                        let d = self.mul(s, t)?;
-                        self.mul(g, d)?
-                    }
-                    UnaryOp::Elu => {
-                        // 1 for x > 0, e^x = y + 1 otherwise
-                        let pos = self.cmp0(BinaryOp::Gt, a)?;
-                        let one = self.fconst(1.0, y)?;
-                        let e = self.bin(BinaryOp::Add, y, one)?;
-                        let ge = self.mul(g, e)?;
-                        self.select(pos, g, ge)?
-                    }
-                    UnaryOp::Abs => {
-                        let pos = self.cmp0(BinaryOp::Gt, a)?;
-                        let neg = self.cmp0(BinaryOp::Lt, a)?;
-                        let ng = self.un(UnaryOp::Neg, g)?;
-                        let n = self.keep(neg, ng)?;
-                        self.select(pos, g, n)?
-                    }
-                    UnaryOp::Gelu => {
-                        // Φ(x) + x φ(x), with Φ(x) = gelu(x) / x (1/2 at 0)
-                        let is0 = self.cmp0(BinaryOp::Eq, a)?;
-                        let half = self.fconst(0.5, y)?;
-                        let ratio = self.bin(BinaryOp::Div, y, a)?;
-                        let cdf = self.select(is0, half, ratio)?;
-                        let xx = self.mul(a, a)?;
-                        let e = self.scale(xx, -0.5)?;
-                        let e = self.un(UnaryOp::Exp, e)?;
-                        let pdf = self.scale(e, 1.0 / (2.0 * PI).sqrt())?;
-                        let xp = self.mul(a, pdf)?;
-                        let d = self.bin(BinaryOp::Add, cdf, xp)?;
-                        self.mul(g, d)?
-                    }
-                    UnaryOp::Sin => {
-                        let c = self.un(UnaryOp::Cos, a)?;
-                        self.mul(g, c)?
-                    }
-                    UnaryOp::Cos => {
-                        let s = self.un(UnaryOp::Sin, a)?;
-                        let s = self.mul(g, s)?;
-                        self.un(UnaryOp::Neg, s)?
-                    }
-                };
-                vec![(0, d)]
-            }
-            Op::Binary(op) => {
-                let (a, bb) = (x[0], x[1]);
-                match op {
-                    BinaryOp::Add => vec![(0, g), (1, g)],
-                    BinaryOp::Sub => vec![(0, g), (1, self.un(UnaryOp::Neg, g)?)],
-                    BinaryOp::Mul => vec![(0, self.mul(g, bb)?), (1, self.mul(g, a)?)],
-                    BinaryOp::Div => {
-                        let ga = self.bin(BinaryOp::Div, g, bb)?;
-                        let t = self.mul(ga, y)?;
-                        vec![(0, ga), (1, self.un(UnaryOp::Neg, t)?)]
-                    }
-                    BinaryOp::Pow => {
-                        // d a^b = b a^(b-1) da + a^b ln(a) db
-                        let one = self.fconst(1.0, y)?;
-                        let bm1 = self.bin(BinaryOp::Sub, bb, one)?;
-                        let p = self.bin(BinaryOp::Pow, a, bm1)?;
-                        let p = self.mul(p, bb)?;
-                        let ga = self.mul(g, p)?;
-                        let ln = self.un(UnaryOp::Log, a)?;
-                        let t = self.mul(y, ln)?;
-                        vec![(0, ga), (1, self.mul(g, t)?)]
-                    }
-                    BinaryOp::Rem => {
-                        // a % b = a - b floor(a / b)
-                        let q = self.bin(BinaryOp::Div, a, bb)?;
-                        let q = self.un(UnaryOp::Floor, q)?;
-                        let t = self.mul(g, q)?;
-                        vec![(0, g), (1, self.un(UnaryOp::Neg, t)?)]
-                    }
-                    BinaryOp::Min | BinaryOp::Max => {
-                        let cmp = if *op == BinaryOp::Min { BinaryOp::Le } else { BinaryOp::Ge };
-                        let left = self.bin(cmp, a, bb)?;
-                        let (ga, gb) = self.route(left, g)?;
-                        vec![(0, ga), (1, gb)]
-                    }
-                    BinaryOp::Atan2 => {
-                        // atan2(a, b): da = b / (a² + b²), db = -a / (a² + b²)
-                        let aa = self.mul(a, a)?;
-                        let b2 = self.mul(bb, bb)?;
-                        let r = self.bin(BinaryOp::Add, aa, b2)?;
-                        let gr = self.bin(BinaryOp::Div, g, r)?;
-                        let ga = self.mul(gr, bb)?;
-                        let t = self.mul(gr, a)?;
-                        vec![(0, ga), (1, self.un(UnaryOp::Neg, t)?)]
-                    }
-                    _ => vec![],
-                }
-            }
-            Op::Select => {
-                let (ga, gb) = self.route(x[0], g)?;
-                vec![(1, ga), (2, gb)]
-            }
+            Op::Unary(u) => match rules::unary(self, *u, x[0], y, g)? {
+                Some(d) => vec![(0, d)],
+                None => vec![],
+            },
+            Op::Binary(op) => rules::binary(self, *op, x[0], x[1], y, g)?,
+            Op::Select => rules::select(self, x[0], g)?,
             Op::Cast => vec![(0, g)],
             Op::MatMul => {
                 let (a, bb) = (x[0], x[1]);
@@ -572,8 +451,65 @@ impl Builder {
             }
             Op::LayerNorm { eps } => self.layer_norm(graph, x, g, *eps, true)?,
             Op::RmsNorm { eps } => self.layer_norm(graph, x, g, *eps, false)?,
-            Op::Flash(_) => return Err(unsupported()),
+            Op::Flash(spec) => self.flash(spec, x, y, g, needs)?,
+            Op::FlashLse(_) | Op::FlashGrad { .. } => return Err(unsupported()),
         })
+    }
+
+    /// The fused derivative of a flash op (FlashAttention-2's backward): its per-row
+    /// log-sum-exp ([`Op::FlashLse`]) and `delta = Σ g ∘ y` for softmax weights, then one
+    /// [`Op::FlashGrad`] per operand that needs a gradient (q, k, v, and the float extras the
+    /// score modification loads). Backends compute all of them in one pass that recomputes the
+    /// weights tile by tile, so no score-sized buffer exists. An extra operand whose gradient is
+    /// as large as the scores (it has a query or key axis) is refused with
+    /// [`GradError::Unfused`].
+    fn flash(
+        &mut self,
+        spec: &FlashSpec,
+        x: &[Value],
+        y: Value,
+        g: Value,
+        needs: &HashSet<Value>,
+    ) -> Result<Vec<(usize, Value)>, GradError> {
+        let r = spec.rank;
+        let unfused = |reason: String| GradError::Unfused { graph: self.name.clone(), reason };
+        let extras = &x[3..];
+        let dtypes: Vec<DType> = extras.iter().map(|e| self.ty(*e).dtype).collect();
+        let class = |n: usize| dtypes.get(n).map_or(Class::Float, |d| Class::of(*d));
+        let derivative = score_grad(spec, &class).map_err(&unfused)?;
+        let mut seq: Vec<String> = Vec::new();
+        for v in [x[0], x[1]] {
+            seq.extend(self.ty(v).shape.get(r - 2).map(Dim::symbols).unwrap_or_default());
+        }
+        let mut wanted = Vec::new();
+        for (n, e) in extras.iter().enumerate() {
+            if !needs.contains(e) || !dtypes[n].is_float() || !derivative.loads.iter().any(|l| l.input == n) {
+                continue;
+            }
+            let t = self.ty(*e);
+            if t.shape.iter().flat_map(Dim::symbols).any(|s| seq.contains(&s)) {
+                return Err(unfused(format!(
+                    "the flash op's operand x{n} ({t}) has a query or key axis, so its gradient is as large as the scores"
+                )));
+            }
+            wanted.push((3 + n, FlashWrt::Extra(n)));
+        }
+        let mut operands = vec![x[0], x[1], x[2], g];
+        if spec.weights == Weights::Softmax {
+            let lse = self.add(Op::FlashLse(Box::new(spec.clone())), x, None)?;
+            let gf = self.cast(g, DType::F32)?;
+            let yf = self.cast(y, DType::F32)?;
+            let prod = self.mul(gf, yf)?;
+            let delta = self.sum(prod, vec![r - 1], false)?;
+            operands.extend([lse, delta]);
+        }
+        operands.extend_from_slice(extras);
+        let mut out = Vec::new();
+        let fixed = [(0, FlashWrt::Q), (1, FlashWrt::K), (2, FlashWrt::V)];
+        for (slot, wrt) in fixed.into_iter().filter(|(slot, _)| needs.contains(&x[*slot])).chain(wanted) {
+            out.push((slot, self.add(Op::FlashGrad { spec: Box::new(spec.clone()), wrt }, &operands, None)?));
+        }
+        Ok(out)
     }
 
     /// `x` moved one step along `axis`, zero-filled: towards the end (`out_i = x_(i-1)`), or

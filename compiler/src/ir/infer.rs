@@ -79,6 +79,8 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
             Ok(TensorType::new(DType::I32, args[0].shape.clone()))
         }
         Op::Flash(spec) => flash(spec, args, declared),
+        Op::FlashLse(spec) => flash_lse(spec, args),
+        Op::FlashGrad { spec, wrt } => flash_grad(spec, *wrt, args),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
     }
 }
@@ -319,6 +321,57 @@ fn norm(args: &[&TensorType]) -> Result<TensorType, String> {
         }
     }
     Ok(TensorType::new(x.dtype, x.shape.clone()))
+}
+
+/// `flash_lse(q, k, v, extras…)`: the operands of a softmax flash op; `f32[…b, M]`.
+fn flash_lse(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<TensorType, String> {
+    if spec.weights != super::flash::Weights::Softmax {
+        return Err("flash_lse needs softmax weights".into());
+    }
+    let out = flash(spec, args, None)?;
+    let r = out.rank();
+    Ok(TensorType::new(DType::F32, out.shape[..r - 1].to_vec()))
+}
+
+/// `flash_grad(q, k, v, d_out, [lse, delta,] extras…)`: see [`Op::FlashGrad`]. The gradient of
+/// q has q's type; of k and v, their dtype over the score's batch axes (`[…b, N, D]`,
+/// `[…b, N, Dv]`); of an extra operand, its type (which must be float).
+fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
+    use super::op::FlashWrt;
+    let fixed = spec.grad_fixed_operands();
+    let [q, k, v, d_out, ..] = args else { return Err("flash_grad takes q, k, v, d_out and more operands".into()) };
+    let extras = &args[fixed..];
+    let mut forward: Vec<&TensorType> = vec![q, k, v];
+    forward.extend(extras);
+    let out = flash(spec, &forward, None)?;
+    let r = out.rank();
+    if d_out.shape != out.shape || !d_out.dtype.is_float() {
+        return Err(format!("flash_grad's d_out must be a float tensor of the result's shape {}, found {d_out}", shape_str(&out.shape)));
+    }
+    if fixed == 6 {
+        let rows = &out.shape[..r - 1];
+        for (what, t) in [("lse", args[4]), ("delta", args[5])] {
+            if t.dtype != DType::F32 || t.shape != rows {
+                return Err(format!("flash_grad's {what} must be f32{}, found {t}", shape_str(rows)));
+            }
+        }
+    }
+    let batch = &out.shape[..r - 2];
+    let heads = |t: &TensorType| {
+        let mut shape = batch.to_vec();
+        shape.extend_from_slice(&t.shape[r - 2..]);
+        TensorType::new(t.dtype, shape)
+    };
+    match wrt {
+        FlashWrt::Q => Ok((*q).clone()),
+        FlashWrt::K => Ok(heads(k)),
+        FlashWrt::V => Ok(heads(v)),
+        FlashWrt::Extra(n) => match extras.get(n) {
+            Some(x) if x.dtype.is_float() => Ok((*x).clone()),
+            Some(x) => Err(format!("x{n} is {x}: only float operands have gradients")),
+            None => Err(format!("x{n} is not an operand ({} extra operands)", extras.len())),
+        },
+    }
 }
 
 /// `flash(q, k, v, extras…)`: q `[…b, M, D]`, k `[…b', N, D]`, v `[…b', N, Dv]` with `b'`

@@ -20,7 +20,7 @@ pub use dot::to_dot;
 pub use flash::{FlashSpec, ScoreExpr, ShowExpr, Weights, int_literal, parse_expr, position_names};
 pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
-pub use op::{Arity, Attr, BinaryOp, Op, ReduceOp, ScanOp, UnaryOp};
+pub use op::{Arity, Attr, BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};
 pub use text::{ParseIrError, print_order, value_numbers};
 pub use tiles::{TileClass, TileGrid, classify_tile, grid_size, tile_census, tile_grid};
 pub use types::{DType, TensorType, broadcast_shapes};

@@ -260,6 +260,73 @@ pub enum Op {
     /// softmax (or sigmoid) and the weighted sum of values, without materialising the scores.
     /// See [`FlashSpec`].
     Flash(Box<FlashSpec>),
+    /// The per-row log-sum-exp of a softmax flash op's kept scores, `flash_lse(q, k, v,
+    /// extras...)` with the operands of the flash op it belongs to: `f32[..batch, M]`, `-inf` for
+    /// a row with every key masked. What the flash backward recomputes the weights from
+    /// ([`Op::FlashGrad`]); backends compute it with its flash op when both are live.
+    FlashLse(Box<FlashSpec>),
+    /// One gradient of a flash op: `flash_grad(q, k, v, d_out, [lse, delta,] extras...)`, where
+    /// `d_out` is the cotangent of the flash op's result, and for softmax weights `lse` is
+    /// [`Op::FlashLse`] and `delta` the per-row `Σ d_out ∘ out` (f32). With `P` the weights and
+    /// `dP = d_out · vᵀ`, the score's adjoint is `dF = P (dP - delta)` (softmax) or
+    /// `dF = dP · P (1 - P)` (sigmoid), zero wherever `P` is; its chain rule through the score
+    /// modification gives `dS = dF · ∂F/∂s`. The result is, by [`FlashWrt`]: `dS · k`
+    /// (`q`'s type); `dSᵀ · q` or `Pᵀ · d_out` over the score's batch axes (k's or v's head
+    /// shape, unsummed over broadcast batch axes); or an extra operand's gradient, `dF · ∂F/∂x`
+    /// added at every index the score modification loads. Backends compute every gradient of one
+    /// flash op in one kernel.
+    FlashGrad {
+        /// The flash op differentiated.
+        spec: Box<FlashSpec>,
+        /// Which operand's gradient.
+        wrt: FlashWrt,
+    },
+}
+
+/// Which operand of a flash op an [`Op::FlashGrad`] is the gradient of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FlashWrt {
+    /// The queries.
+    Q,
+    /// The keys.
+    K,
+    /// The values.
+    V,
+    /// Extra operand `n` (0-based after q, k, v), which the score modification loads.
+    Extra(usize),
+}
+
+impl FlashWrt {
+    /// The name in the IR text: `q`, `k`, `v`, `x0`, `x1`, ….
+    pub fn name(self) -> String {
+        match self {
+            FlashWrt::Q => "q".into(),
+            FlashWrt::K => "k".into(),
+            FlashWrt::V => "v".into(),
+            FlashWrt::Extra(n) => format!("x{n}"),
+        }
+    }
+
+    /// Inverse of [`FlashWrt::name`].
+    pub fn from_name(name: &str) -> Option<FlashWrt> {
+        match name {
+            "q" => Some(FlashWrt::Q),
+            "k" => Some(FlashWrt::K),
+            "v" => Some(FlashWrt::V),
+            _ => name.strip_prefix('x').and_then(|n| n.parse().ok()).map(FlashWrt::Extra),
+        }
+    }
+}
+
+impl FlashSpec {
+    /// Operands of an [`Op::FlashGrad`] of this op before its extras: q, k, v, d_out, and for
+    /// softmax weights lse and delta.
+    pub fn grad_fixed_operands(&self) -> usize {
+        match self.weights {
+            Weights::Softmax => 6,
+            Weights::Sigmoid => 4,
+        }
+    }
 }
 
 /// An attribute value in the IR text form.
@@ -396,6 +463,8 @@ impl Op {
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Flash(_) => "flash",
+            Op::FlashLse(_) => "flash_lse",
+            Op::FlashGrad { .. } => "flash_grad",
         }
     }
 
@@ -414,15 +483,10 @@ impl Op {
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Scan { axis, reverse, .. } => vec![("axis", Attr::Int(*axis)), ("reverse", Attr::Bool(*reverse))],
             Op::ArgSort { axis, descending } => vec![("axis", Attr::Int(*axis)), ("descending", Attr::Bool(*descending))],
-            Op::Flash(spec) => {
-                let mut attrs = vec![
-                    ("rank", Attr::Int(spec.rank)),
-                    ("weights", Attr::Name(spec.weights.name().to_string())),
-                    ("score", Attr::Name(ShowExpr { expr: &spec.score, rank: spec.rank }.to_string())),
-                ];
-                if let Some(mask) = &spec.mask {
-                    attrs.push(("mask", Attr::Name(ShowExpr { expr: mask, rank: spec.rank }.to_string())));
-                }
+            Op::Flash(spec) | Op::FlashLse(spec) => flash_attrs(spec),
+            Op::FlashGrad { spec, wrt } => {
+                let mut attrs = vec![("wrt", Attr::Name(wrt.name()))];
+                attrs.extend(flash_attrs(spec));
                 attrs
             }
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather => Vec::new(),
@@ -508,7 +572,7 @@ impl Op {
             "softmax" => Op::Softmax { axis: int("axis")? },
             "layernorm" => Op::LayerNorm { eps: float("eps")? },
             "rmsnorm" => Op::RmsNorm { eps: float("eps")? },
-            "flash" => {
+            "flash" | "flash_lse" | "flash_grad" => {
                 let rank = int("rank")?;
                 let text = |key: &str| -> Result<Option<String>, String> {
                     match attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v) {
@@ -528,7 +592,19 @@ impl Op {
                     Some(t) => Some(parse_expr(&t, rank).map_err(|e| format!("mask: {e}"))?),
                     None => None,
                 };
-                Op::Flash(Box::new(FlashSpec { rank, weights, score, mask }))
+                let spec = Box::new(FlashSpec { rank, weights, score, mask });
+                match name {
+                    "flash_lse" if spec.weights != Weights::Softmax => return Err("`flash_lse` needs softmax weights".into()),
+                    "flash_lse" => Op::FlashLse(spec),
+                    "flash_grad" => {
+                        let wrt = match text("wrt")? {
+                            Some(w) => FlashWrt::from_name(&w).ok_or_else(|| format!("`wrt` must be q, k, v or x<N>, found `{w}`"))?,
+                            None => return Err("`flash_grad` needs attribute `wrt`".into()),
+                        };
+                        Op::FlashGrad { spec, wrt }
+                    }
+                    _ => Op::Flash(spec),
+                }
             }
             _ => return Err(format!("unknown op `{name}`")),
         })
@@ -547,7 +623,21 @@ impl Op {
             Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
-            Op::Flash(_) => Arity::AtLeast(3),
+            Op::Flash(_) | Op::FlashLse(_) => Arity::AtLeast(3),
+            Op::FlashGrad { spec, .. } => Arity::AtLeast(spec.grad_fixed_operands()),
         }
     }
+}
+
+/// The attributes of a flash-family op's [`FlashSpec`], in text order.
+fn flash_attrs(spec: &FlashSpec) -> Vec<(&'static str, Attr)> {
+    let mut attrs = vec![
+        ("rank", Attr::Int(spec.rank)),
+        ("weights", Attr::Name(spec.weights.name().to_string())),
+        ("score", Attr::Name(ShowExpr { expr: &spec.score, rank: spec.rank }.to_string())),
+    ];
+    if let Some(mask) = &spec.mask {
+        attrs.push(("mask", Attr::Name(ShowExpr { expr: mask, rank: spec.rank }.to_string())));
+    }
+    attrs
 }

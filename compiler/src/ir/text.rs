@@ -214,8 +214,8 @@ fn attr_kind(op: &str, key: &str) -> AttrKind {
         (_, "axis") => AttrKind::Int,
         (_, "perm" | "axes") => AttrKind::List,
         (_, "keepdim") => AttrKind::Bool,
-        ("flash", "rank") => AttrKind::Int,
-        ("flash", _) => AttrKind::Name,
+        ("flash" | "flash_lse" | "flash_grad", "rank") => AttrKind::Int,
+        ("flash" | "flash_lse" | "flash_grad", _) => AttrKind::Name,
         _ => AttrKind::Any,
     }
 }

@@ -77,14 +77,21 @@ impl Cost<'_> {
             Op::ArgSort { .. } => 20.0 * ins + moved(ins),
             Op::ScatterAdd { .. } => 2.0 * ins + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
-            Op::Flash(spec) => {
+            // Products per score: Q·Kᵀ and P·V (forward), Q·Kᵀ alone (log-sum-exp), and the
+            // backward's five (Q·Kᵀ, dO·Vᵀ, dV, dK, dQ), for each gradient a share of them.
+            Op::Flash(spec) | Op::FlashLse(spec) | Op::FlashGrad { spec, .. } => {
                 let q = &tys[0].shape;
                 let r = q.len();
                 let n_keys = self.elems(&tys[1].shape[r - 2..r - 1]);
                 let width = self.elems(&q[r - 1..]);
                 let rows = self.elems(&q[..r - 1]);
                 let per_score = expr_ops(&spec.score) + spec.mask.as_ref().map_or(0.0, expr_ops);
-                4.0 * rows * n_keys * width + rows * n_keys * (per_score + 4.0) + moved(ins)
+                let products = match &n.op {
+                    Op::FlashLse(_) => 1.0,
+                    Op::FlashGrad { .. } => 3.0,
+                    _ => 2.0,
+                };
+                2.0 * products * rows * n_keys * width + rows * n_keys * (per_score + 4.0) + moved(ins)
             }
         }
     }

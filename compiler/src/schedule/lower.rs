@@ -17,8 +17,12 @@
 
 use super::flash::FlashAnalysis;
 use super::policy::{CUDA_MAX_HEAD, Policy, Target};
-use super::{Buffer, BufferKind, Check, Expr, FlashKernel, IntValue, Kernel, Schedule, ScheduleError, Step, Tuning, View, row_major};
-use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, Op, ScoreExpr, Value, value_numbers};
+use super::{
+    Buffer, BufferKind, Check, Expr, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, ScheduleError, Step, Tuning, View, row_major,
+};
+use crate::ir::semantics::Class;
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, FlashWrt, Graph, Op, ScoreExpr, Value, value_numbers};
+use std::collections::HashMap;
 
 /// Where a value lives.
 #[derive(Clone, Debug)]
@@ -37,6 +41,12 @@ struct Lowering<'g> {
     numbers: Vec<usize>,
     /// Query scalings folded into flash ops (see [`folded_scales`]).
     folded: Vec<Option<(Value, ScoreExpr)>>,
+    /// Flash ops and the `flash_lse` of the same op, which their step writes too.
+    lse_of: HashMap<Value, Value>,
+    /// The other way.
+    flash_of: HashMap<Value, Value>,
+    /// The `flash_grad` nodes of one flash op, which one step computes, by any member.
+    grads: HashMap<Value, Vec<Value>>,
 }
 
 /// Builds the schedule of a graph (which must verify).
@@ -49,10 +59,16 @@ pub fn lower(g: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
         place: vec![None; g.len()],
         numbers: value_numbers(g),
         folded: Vec::new(),
+        lse_of: HashMap::new(),
+        flash_of: HashMap::new(),
+        grads: HashMap::new(),
     };
     let live = live_values(g);
     let inline = inline_set(g, &live);
     l.folded = folded_scales(g, &live);
+    l.lse_of = lse_partners(g, &live);
+    l.flash_of = l.lse_of.iter().map(|(f, s)| (*s, *f)).collect();
+    l.grads = grad_groups(g, &live);
     for (i, p) in g.params().iter().enumerate() {
         let node = g.node(*p);
         let buf = l.buffer(BufferKind::Param(i), node.ty.dtype, Dim::product(&node.ty.shape), *p);
@@ -126,6 +142,40 @@ fn folded_scales(g: &Graph, live: &[bool]) -> Vec<Option<(Value, ScoreExpr)>> {
             None
         })
         .collect()
+}
+
+/// Every live flash op with a live `flash_lse` of the same op (spec and operands), which its
+/// step then writes too.
+fn lse_partners(g: &Graph, live: &[bool]) -> HashMap<Value, Value> {
+    let mut out = HashMap::new();
+    for v in g.values().filter(|v| live[v.index()]) {
+        let Op::FlashLse(spec) = &g.node(v).op else { continue };
+        let operands = g.operands(v);
+        let Some(first) = operands.first() else { continue };
+        let twin = g.users(*first).into_iter().find(|u| {
+            live[u.index()] && matches!(&g.node(*u).op, Op::Flash(f) if **f == **spec) && g.operands(*u) == operands && !out.contains_key(u)
+        });
+        if let Some(f) = twin {
+            out.insert(f, v);
+        }
+    }
+    out
+}
+
+/// The live `flash_grad` nodes grouped by flash op (spec and operands): each member maps to the
+/// whole group, in graph order.
+fn grad_groups(g: &Graph, live: &[bool]) -> HashMap<Value, Vec<Value>> {
+    let mut groups: Vec<Vec<Value>> = Vec::new();
+    for v in g.values().filter(|v| live[v.index()]) {
+        let Op::FlashGrad { spec, .. } = &g.node(v).op else { continue };
+        let operands = g.operands(v);
+        let same = |u: &Value| matches!(&g.node(*u).op, Op::FlashGrad { spec: s, .. } if s == spec) && g.operands(*u) == operands;
+        match groups.iter_mut().find(|grp| grp.first().is_some_and(same)) {
+            Some(grp) => grp.push(v),
+            None => groups.push(vec![v]),
+        }
+    }
+    groups.into_iter().flat_map(|grp| grp.clone().into_iter().map(move |v| (v, grp.clone()))).collect()
 }
 
 /// Values the outputs depend on.
@@ -416,13 +466,55 @@ impl Lowering<'_> {
                 self.step(kernel, label, v);
                 Ok(out)
             }
-            Op::Flash(spec) => self.flash(v, spec, &args, label),
-            other => Err(self.unsupported(v, format!("no CPU lowering for `{}`", other.name()))),
+            Op::Flash(spec) => {
+                let lse = self.lse_of.get(&v).copied();
+                self.flash(v, spec, &args, label, lse)
+            }
+            // With its flash op: that op's step writes it. Alone: a flash step whose result is
+            // discarded computes it.
+            Op::FlashLse(spec) => match self.flash_of.get(&v).copied() {
+                Some(f) => {
+                    self.view_of(f)?;
+                    self.placed(v)
+                }
+                None => {
+                    self.flash(v, spec, &args, label, Some(v))?;
+                    self.placed(v)
+                }
+            },
+            Op::FlashGrad { .. } => self.flash_grad(v),
+            other => Err(self.unsupported(v, format!("no lowering for `{}`", other.name()))),
         }
     }
 
-    fn flash(&mut self, v: Value, spec: &FlashSpec, args: &[Value], label: String) -> Result<View, ScheduleError> {
+    /// Lowers `v` now if it is not placed yet (a node another node's step also computes), and
+    /// returns its view.
+    fn view_of(&mut self, v: Value) -> Result<View, ScheduleError> {
+        if self.place[v.index()].is_none() {
+            let view = self.node(v)?;
+            self.place[v.index()] = Some(Place::View(view));
+        }
+        self.view(v)
+    }
+
+    /// The view a node's step already placed it at.
+    fn placed(&self, v: Value) -> Result<View, ScheduleError> {
+        match &self.place[v.index()] {
+            Some(Place::View(view)) => Ok(view.clone()),
+            _ => Err(self.unsupported(v, "the step computing this value did not place it")),
+        }
+    }
+
+    /// A flash step (and its merge step); `lse` names the `flash_lse` node it also writes.
+    fn flash(&mut self, v: Value, spec: &FlashSpec, args: &[Value], label: String, lse: Option<Value>) -> Result<View, ScheduleError> {
         let ty = self.g.node(v).ty.clone();
+        let ty = match &self.g.node(v).op {
+            // A lone log-sum-exp: the flash op's result goes to a temporary nobody reads.
+            Op::FlashLse(_) => {
+                crate::ir::infer(&Op::Flash(Box::new(spec.clone())), &self.operand_types(v), None).map_err(|e| self.unsupported(v, e))?
+            }
+            _ => ty,
+        };
         if args.len() < 3 {
             return Err(self.unsupported(v, "flash needs q, k and v"));
         }
@@ -454,15 +546,97 @@ impl Lowering<'_> {
             }
         }
         let out = self.temp(v, ty.dtype, &ty.shape);
+        let lse = match lse {
+            Some(s) => {
+                let shape = ty.shape[..r - 1].to_vec();
+                let view = self.temp(s, DType::F32, &shape);
+                self.place[s.index()] = Some(Place::View(view.clone()));
+                Some(view)
+            }
+            None => None,
+        };
         let step = self.plan.steps.len();
         let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
         let variant = self.policy.flash_variant([q.dtype, k.dtype, vv.dtype], q.shape[r - 2].as_const());
         let analysis = FlashAnalysis::of(spec, q_scale);
-        let kernel = FlashKernel { spec: spec.clone(), q, k, v: vv, extras, out: out.clone(), step, tiles, partials, variant, analysis };
+        let kernel =
+            FlashKernel { spec: spec.clone(), q, k, v: vv, extras, out: out.clone(), lse, step, tiles, partials, variant, analysis };
         self.step(Kernel::Flash(Box::new(kernel.clone())), label.clone(), v);
         self.step(Kernel::FlashMerge(Box::new(kernel)), format!("{label} (merge)"), v);
         Ok(out)
+    }
+
+    fn operand_types(&self, v: Value) -> Vec<&crate::ir::TensorType> {
+        self.g.operands(v).into_iter().map(|a| &self.g.node(a).ty).collect()
+    }
+
+    /// The step computing every gradient of the flash op whose `flash_grad` node `v` is one
+    /// (each member placed at its result), and the merge of extra operands' gradients.
+    fn flash_grad(&mut self, v: Value) -> Result<View, ScheduleError> {
+        let members = self.grads.get(&v).cloned().unwrap_or_else(|| vec![v]);
+        let Op::FlashGrad { spec, .. } = self.g.node(v).op.clone() else { return Err(self.unsupported(v, "not a flash_grad node")) };
+        let args = self.g.operands(v);
+        let fixed = spec.grad_fixed_operands();
+        if args.len() < fixed {
+            return Err(self.unsupported(v, format!("flash_grad needs {fixed} operands before its extras")));
+        }
+        let mut dense = Vec::new();
+        for a in &args[..4] {
+            let x = self.view(*a)?;
+            let last = x.shape.len().saturating_sub(1);
+            dense.push(self.dense_if(v, x.clone(), x.dtype, |x| x.unit_stride(last)));
+        }
+        let [q, k, vv, d_out]: [View; 4] = dense.try_into().map_err(|_| self.unsupported(v, "flash_grad needs q, k, v, d_out"))?;
+        let r = q.shape.len();
+        if self.policy.target() == Target::Cuda {
+            for w in [&q.shape[r - 1], &vv.shape[r - 1]] {
+                if let Some(c) = w.as_const().filter(|c| *c > CUDA_MAX_HEAD) {
+                    return Err(self.unsupported(v, format!("head width {c} is above the {CUDA_MAX_HEAD} the CUDA kernels support")));
+                }
+            }
+        }
+        let lse = if fixed == 6 {
+            let a = self.view(args[4])?;
+            let a = self.dense_if(v, a, DType::F32, View::is_contiguous);
+            let b = self.view(args[5])?;
+            let b = self.dense_if(v, b, DType::F32, View::is_contiguous);
+            Some((a, b))
+        } else {
+            None
+        };
+        let mut extras = Vec::new();
+        for a in &args[fixed..] {
+            extras.push(self.view(*a)?);
+        }
+        let classes: Vec<Class> = extras.iter().map(|x| Class::of(x.dtype)).collect();
+        let grad =
+            crate::ir::grad::score_grad(&spec, &|x| classes.get(x).copied().unwrap_or(Class::Float)).map_err(|e| self.unsupported(v, e))?;
+        let (mut dq, mut dk, mut dv, mut dx) = (None, None, None, Vec::new());
+        for m in &members {
+            let Op::FlashGrad { wrt, .. } = &self.g.node(*m).op else { continue };
+            let ty = self.g.node(*m).ty.clone();
+            let out = self.temp(*m, ty.dtype, &ty.shape);
+            self.place[m.index()] = Some(Place::View(out.clone()));
+            match wrt {
+                FlashWrt::Q => dq = Some(out),
+                FlashWrt::K => dk = Some(out),
+                FlashWrt::V => dv = Some(out),
+                FlashWrt::Extra(n) => dx.push((*n, out)),
+            }
+        }
+        let step = self.plan.steps.len();
+        let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
+        let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
+        let variant = self.policy.flash_bwd_variant();
+        let kernel = FlashBwdKernel { spec: *spec, q, k, v: vv, d_out, lse, extras, dq, dk, dv, dx, grad, step, tiles, partials, variant };
+        let label = self.label(v);
+        let reduce = !kernel.dx.is_empty();
+        self.step(Kernel::FlashBwd(Box::new(kernel.clone())), label.clone(), v);
+        if reduce {
+            self.step(Kernel::FlashBwdReduce(Box::new(kernel)), format!("{label} (extra gradients)"), v);
+        }
+        self.placed(v)
     }
 
     /// `a`'s view with exactly `shape`: its own view when it has that shape, else a copy broadcast
@@ -518,8 +692,20 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
             r.extend(f.extras.iter().map(|x| x.buf));
             r.push(f.tiles);
             r.push(f.partials);
-            (r, vec![f.out.buf, f.partials])
+            let mut w = vec![f.out.buf, f.partials];
+            w.extend(f.lse.iter().map(|x| x.buf));
+            (r, w)
         }
+        Kernel::FlashBwd(f) => {
+            let mut r = bufs(&[&f.q, &f.k, &f.v, &f.d_out]);
+            r.extend(f.lse.iter().flat_map(|(a, b)| [a.buf, b.buf]));
+            r.extend(f.extras.iter().map(|x| x.buf));
+            r.push(f.tiles);
+            let mut w: Vec<usize> = [&f.dq, &f.dk, &f.dv].into_iter().flatten().map(|x| x.buf).collect();
+            w.push(f.partials);
+            (r, w)
+        }
+        Kernel::FlashBwdReduce(f) => (vec![f.partials], f.dx.iter().map(|(_, x)| x.buf).collect()),
     }
 }
 
@@ -565,8 +751,14 @@ fn register_ints(plan: &mut Schedule) {
                 [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))
             }
             Kernel::Flash(f) | Kernel::FlashMerge(f) => {
-                [&f.q, &f.k, &f.v, &f.out].into_iter().chain(&f.extras).for_each(|v| view(v, &mut add));
+                [&f.q, &f.k, &f.v, &f.out].into_iter().chain(&f.extras).chain(&f.lse).for_each(|v| view(v, &mut add));
                 super::score_dims(f).iter().for_each(&mut add);
+            }
+            Kernel::FlashBwd(f) | Kernel::FlashBwdReduce(f) => {
+                let stats = f.lse.iter().flat_map(|(a, b)| [a, b]);
+                let results = [&f.dq, &f.dk, &f.dv].into_iter().flatten().chain(f.dx.iter().map(|(_, x)| x));
+                [&f.q, &f.k, &f.v, &f.d_out].into_iter().chain(stats).chain(&f.extras).chain(results).for_each(|v| view(v, &mut add));
+                super::bwd_dims(f).iter().for_each(&mut add);
             }
         }
     }

@@ -28,7 +28,7 @@ pub use flash::{
 };
 pub use lower::MAX_INLINE_DEPTH;
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
-pub use prepare::{FlashScratch, PrepareError, Prepared, eval, flash_scratch, prepare};
+pub use prepare::{FlashBwdScratch, FlashScratch, PrepareError, Prepared, eval, flash_bwd_scratch, flash_scratch, prepare};
 
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScanOp, ScoreExpr, UnaryOp};
 use attn_dsl::Span;
@@ -110,6 +110,17 @@ pub enum Tuning {
     ScratchBias,
     /// Rows of `C` per matmul work item (CPU).
     MatMulRows,
+    /// Byte offset of a flash backward's second tile (`dPᵀ`, then `dSᵀ`) in a thread's scratch
+    /// (CPU; the first, `Sᵀ` then `Pᵀ`, is at 0).
+    ScratchGradS,
+    /// Byte offset of a flash backward's `dQᵀ` accumulator (`D × M`) in a thread's scratch (CPU).
+    ScratchGradQ,
+    /// Byte offset of a flash backward's `dK` accumulator for one key block (CPU).
+    ScratchGradK,
+    /// Byte offset of a flash backward's `dV` accumulator for one key block (CPU).
+    ScratchGradV,
+    /// Byte offset of a flash backward's `Kᵀ` of one key block (CPU).
+    ScratchKeysT,
 }
 
 /// What a buffer holds and who provides its memory.
@@ -127,7 +138,8 @@ pub enum BufferKind {
         step: usize,
     },
     /// A flash step's partial softmax states when keys are split: per work item and row,
-    /// `max, sum, acc[Dv]` as f32.
+    /// `max, sum, acc[Dv]` as f32; a flash backward step's per-item sums of its extra operands'
+    /// gradients (f32, every gradient's elements in turn, per work item).
     Partials {
         /// The flash step.
         step: usize,
@@ -373,6 +385,10 @@ pub enum Kernel {
     Flash(Box<FlashKernel>),
     /// Combines the partial states of a split flash step.
     FlashMerge(Box<FlashKernel>),
+    /// Every gradient of one flash op in one pass (FlashAttention-2's backward).
+    FlashBwd(Box<FlashBwdKernel>),
+    /// Sums a flash backward step's per-item gradients of extra operands into their results.
+    FlashBwdReduce(Box<FlashBwdKernel>),
 }
 
 impl Kernel {
@@ -389,6 +405,8 @@ impl Kernel {
             Kernel::Norm { .. } => "norm",
             Kernel::Flash(_) => "flash",
             Kernel::FlashMerge(_) => "flash_merge",
+            Kernel::FlashBwd(_) => "flash_bwd",
+            Kernel::FlashBwdReduce(_) => "flash_bwd_reduce",
         }
     }
 }
@@ -408,6 +426,9 @@ pub struct FlashKernel {
     pub extras: Vec<View>,
     /// Dense `[..b, M, Dv]` result.
     pub out: View,
+    /// Dense `[..b, M]` f32 log-sum-exp of each row's kept scores, written too when the graph
+    /// asks for it ([`crate::ir::Op::FlashLse`]); `-inf` for rows with no kept key.
+    pub lse: Option<View>,
     /// The step index of the flash step (its tuning values are keyed by it).
     pub step: usize,
     /// Tile classes ([`tiles`]).
@@ -431,6 +452,68 @@ impl FlashKernel {
     pub fn sizes(&self) -> (Dim, Dim, Dim, Dim) {
         let r = self.q.shape.len();
         (self.q.shape[r - 2].clone(), self.k.shape[r - 2].clone(), self.q.shape[r - 1].clone(), self.v.shape[r - 1].clone())
+    }
+}
+
+/// The operands, results and analyses of a flash backward step: the gradients an op's
+/// [`crate::ir::Op::FlashGrad`] nodes ask for, computed together. Per key block (outer) and
+/// query block (inner): `Sᵀ = K·Qᵀ`, the weights `Pᵀ` from the score modification, mask and
+/// `lse`, `dPᵀ = V·dOᵀ`, the score's adjoint `dSᵀ`, then `dV += Pᵀ·dO`, `dK += dSᵀ·Q`,
+/// `dQᵀ += Kᵀ·dSᵀ`, and the extra operands' gradients. Work item = one batch index (it owns
+/// its `dQ` rows, so nothing is added from two threads).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlashBwdKernel {
+    /// The flash op differentiated.
+    pub spec: FlashSpec,
+    /// `[..b, M, D]`, unit stride along D.
+    pub q: View,
+    /// `[..b', N, D]`, unit stride along D.
+    pub k: View,
+    /// `[..b', N, Dv]`, unit stride along Dv.
+    pub v: View,
+    /// The cotangent of the result, `[..b, M, Dv]`, unit stride along Dv.
+    pub d_out: View,
+    /// Softmax weights: the forward's log-sum-exp and `delta = Σ d_out ∘ out`, `[..b, M]` f32.
+    pub lse: Option<(View, View)>,
+    /// Extra operands the expressions load from.
+    pub extras: Vec<View>,
+    /// Dense results, each present when the graph asks for it: `dQ` `[..b, M, D]`, `dK`
+    /// `[..b, N, D]`, `dV` `[..b, N, Dv]`.
+    pub dq: Option<View>,
+    /// See `dq`.
+    pub dk: Option<View>,
+    /// See `dq`.
+    pub dv: Option<View>,
+    /// Dense gradients of extra operands: (which extra, result).
+    pub dx: Vec<(usize, View)>,
+    /// The score modification's derivatives.
+    pub grad: crate::ir::grad::ScoreGrad,
+    /// The step index of the backward step (its tuning values are keyed by it).
+    pub step: usize,
+    /// Tile classes ([`tiles`]), as the forward's.
+    pub tiles: BufSlot,
+    /// Per-item sums of the extra operands' gradients.
+    pub partials: BufSlot,
+    /// How the target computes it.
+    pub variant: Variant,
+}
+
+impl FlashBwdKernel {
+    /// The batch axes of the score tensor.
+    pub fn batch(&self) -> &[Dim] {
+        let r = self.d_out.shape.len();
+        &self.d_out.shape[..r.saturating_sub(2)]
+    }
+
+    /// Query rows, keys, q/k width and v width.
+    pub fn sizes(&self) -> (Dim, Dim, Dim, Dim) {
+        let r = self.q.shape.len();
+        (self.q.shape[r - 2].clone(), self.k.shape[r - 2].clone(), self.q.shape[r - 1].clone(), self.v.shape[r - 1].clone())
+    }
+
+    /// Whether the score's adjoint `dS` is needed (for `dQ`, `dK` or an extra's gradient).
+    pub fn needs_ds(&self) -> bool {
+        self.dq.is_some() || self.dk.is_some() || !self.dx.is_empty()
     }
 }
 
@@ -553,6 +636,21 @@ pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleErro
 pub(crate) fn score_dims(f: &FlashKernel) -> Vec<Dim> {
     let mut out = Vec::new();
     let exprs: Vec<&ScoreExpr> = std::iter::once(&f.spec.score).chain(f.spec.mask.as_ref()).chain(f.analysis.alpha.as_ref()).collect();
+    for e in exprs {
+        dims_of(e, &mut out);
+    }
+    out
+}
+
+/// Every dim a flash backward's expressions (score, mask, derivatives) read.
+pub(crate) fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
+    let mut out = Vec::new();
+    let mut exprs: Vec<&ScoreExpr> = vec![&f.spec.score, &f.grad.ds];
+    exprs.extend(f.spec.mask.as_ref());
+    for l in &f.grad.loads {
+        exprs.push(&l.d);
+        exprs.extend(&l.index);
+    }
     for e in exprs {
         dims_of(e, &mut out);
     }

@@ -153,6 +153,14 @@ impl Policy {
         }
     }
 
+    /// The variant of a flash backward: the CPU's tiles, CUDA's SIMT kernel.
+    pub fn flash_bwd_variant(&self) -> Variant {
+        match self {
+            Policy::Cpu(_) => Variant::Tiled,
+            Policy::Cuda(_) => Variant::Simt,
+        }
+    }
+
     /// The tuning values a step of `kernel` reads (besides `Items`, which every step has): a
     /// flash step's blocks and splits on every target, and on the CPU also its per-thread
     /// scratch layout.
@@ -164,6 +172,13 @@ impl Policy {
                 let mut t = vec![BlockM, BlockN, Splits, KeysPerSplit, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
                     t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
+                }
+                t
+            }
+            (_, Kernel::FlashBwd(_)) => {
+                let mut t = vec![BlockM, BlockN, QueryBlocks, KeyBlocks, TileEntryBytes];
+                if let Policy::Cpu(_) = self {
+                    t.extend([ScratchGradS, ScratchGradQ, ScratchGradK, ScratchGradV, ScratchKeysT]);
                 }
                 t
             }
@@ -214,6 +229,14 @@ impl CpuPolicy {
         })
     }
 
+    /// Query rows per tile and keys per block of a flash backward: key blocks are the outer loop
+    /// (their `dK`, `dV` stay in scratch while every query block passes), query blocks the
+    /// inner one.
+    pub fn flash_bwd_blocks(&self, m: i64, n: i64) -> (i64, i64) {
+        let (bm, bn) = self.flash_blocks.unwrap_or((128, 128));
+        (bm.clamp(1, m.max(1)), bn.clamp(1, (255 * super::tiles::CHUNK_COLS).min(n.max(1))))
+    }
+
     /// Key splits for `m` query rows over `n` keys.
     pub fn flash_splits(&self, m: i64, n: i64) -> i64 {
         if m <= 16 && n >= 2 * CPU_SPLIT_KEYS { (n + CPU_SPLIT_KEYS - 1) / CPU_SPLIT_KEYS } else { 1 }
@@ -250,6 +273,10 @@ pub const CUDA_LANE_KEYS: i64 = 32;
 pub const CUDA_MMA_ROWS: i64 = 64;
 /// The largest constant query length that uses the split-KV decode kernel.
 pub const CUDA_DECODE_MAX_ROWS: i64 = 4;
+/// Query rows per tile of the CUDA flash backward (one per lane of a warp).
+pub const CUDA_BWD_ROWS: i64 = 32;
+/// Keys per block of the CUDA flash backward (one per thread of a block).
+pub const CUDA_BWD_KEYS: i64 = 128;
 /// The widest head the CUDA flash kernels hold in registers.
 pub const CUDA_MAX_HEAD: i64 = 256;
 

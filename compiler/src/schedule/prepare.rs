@@ -4,10 +4,10 @@
 //! values. Pure arithmetic on the host, shared by the CPU and CUDA runtimes and the tests.
 
 use super::policy::{
-    CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_ROWS, CUDA_SIMT_ROWS, CpuPolicy, CudaPolicy, Policy, cuda_mma_keys,
-    cuda_pad_head,
+    CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_ROWS, CUDA_SIMT_ROWS, CpuPolicy, CudaPolicy,
+    Policy, cuda_mma_keys, cuda_pad_head,
 };
-use super::{BufSlot, BufferKind, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
+use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
 use crate::interp::MAX_ELEMENTS;
 use crate::ir::{Dim, DimError};
 use std::collections::HashMap;
@@ -156,6 +156,37 @@ pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
     FlashScratch { tile: 0, acc, max, sum, bias, total: bias + round(bn * 4) }
 }
 
+/// Byte offsets of the regions of a CPU flash backward's per-thread scratch, and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashBwdScratch {
+    /// `Sᵀ`, then `Pᵀ`: `BlockN × BlockM` f32, at 0.
+    pub p: usize,
+    /// `dPᵀ`, then `dSᵀ`: `BlockN × BlockM` f32.
+    pub ds: usize,
+    /// `dQᵀ` of the whole batch index: `D × M` f32.
+    pub dq: usize,
+    /// `dK` of one key block: `BlockN × D` f32.
+    pub dk: usize,
+    /// `dV` of one key block: `BlockN × Dv` f32.
+    pub dv: usize,
+    /// `Kᵀ` of one key block: `D × BlockN` f32.
+    pub kt: usize,
+    /// Total bytes.
+    pub total: usize,
+}
+
+/// The backward's scratch layout for blocks of `bm × bn`, `m` query rows, widths `d` and `dv`
+/// (64-byte aligned regions; sizes saturate, and [`prepare()`] refuses absurd totals).
+pub fn flash_bwd_scratch(bm: usize, bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdScratch {
+    let round = |x: usize| x.saturating_mul(4).div_ceil(64).saturating_mul(64);
+    let ds = round(bn.saturating_mul(bm));
+    let dq = ds.saturating_add(round(bn.saturating_mul(bm)));
+    let dk = dq.saturating_add(round(d.saturating_mul(m)));
+    let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
+    let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
+    FlashBwdScratch { p: 0, ds, dq, dk, dv: dvo, kt, total: kt.saturating_add(round(d.saturating_mul(bn))) }
+}
+
 /// What a flash step works on, per run.
 struct FlashBlocks {
     bm: i64,
@@ -271,7 +302,67 @@ impl Preparing<'_> {
                 let (splits, items) = (get(Tuning::Splits), get(Tuning::Items));
                 if splits > 1 { items / splits } else { 0 }
             }
+            (Kernel::FlashBwd(f), _) => self.flash_bwd(s, f)?,
+            // One item per element of the extra operands' gradients.
+            (Kernel::FlashBwdReduce(f), _) => {
+                f.dx.iter().try_fold(0i64, |acc, (_, x)| Ok::<i64, PrepareError>(acc.saturating_add(product(&x.shape, env)?)))?
+            }
         })
+    }
+
+    /// Blocks, tile table, per-item partial sums and scratch of flash backward step `s`; its work
+    /// items (one per batch index).
+    fn flash_bwd(&mut self, s: usize, f: &FlashBwdKernel) -> Result<i64, PrepareError> {
+        let env = self.env;
+        let (m, n, d, dv) = f.sizes();
+        let (m, n, d, dv) = (size(&m, env)?, size(&n, env)?, size(&d, env)?, size(&dv, env)?);
+        let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
+        let batch = product(f.batch(), env)?;
+        let (bm, bn) = match self.policy {
+            Policy::Cpu(cpu) => cpu.flash_bwd_blocks(m, n),
+            Policy::Cuda(_) => {
+                let head = cuda_pad_head(d.max(dv)).ok_or(PrepareError::HeadDim { step: s, width: d.max(dv) })?;
+                self.prepared.defines.push((format!("ATTNC_HD_{s}"), head));
+                (CUDA_BWD_ROWS, CUDA_BWD_KEYS)
+            }
+        };
+        let (nqb, nkb) = (ceil_div(m, bm), ceil_div(n, bn));
+        let entry = tiles::entry_bytes(bm as usize) as i64;
+        self.set(
+            s,
+            &[
+                (Tuning::BlockM, bm),
+                (Tuning::BlockN, bn),
+                (Tuning::QueryBlocks, nqb),
+                (Tuning::KeyBlocks, nkb),
+                (Tuning::TileEntryBytes, entry),
+            ],
+        );
+        let table = tiles::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, env);
+        count(table.len() as i64, "a flash tile table")?;
+        self.prepared.elems[f.tiles] = table.len();
+        self.prepared.tables.push((f.tiles, table));
+        let per_item = f.dx.iter().try_fold(0i64, |acc, (_, x)| {
+            acc.checked_add(product(&x.shape, env)?).ok_or_else(|| PrepareError::Overflow("the extra operands' gradients".into()))
+        })?;
+        let partials = batch.checked_mul(per_item).ok_or_else(|| PrepareError::Overflow("flash backward partial sums".into()))?;
+        self.prepared.elems[f.partials] = count(partials, "flash backward partial sums")?;
+        if let Policy::Cpu(_) = self.policy {
+            let layout = flash_bwd_scratch(bm as usize, bn as usize, m as usize, d as usize, dv as usize);
+            count((layout.total / 4) as i64, "a flash backward's scratch")?;
+            self.set(
+                s,
+                &[
+                    (Tuning::ScratchGradS, layout.ds as i64),
+                    (Tuning::ScratchGradQ, layout.dq as i64),
+                    (Tuning::ScratchGradK, layout.dk as i64),
+                    (Tuning::ScratchGradV, layout.dv as i64),
+                    (Tuning::ScratchKeysT, layout.kt as i64),
+                ],
+            );
+            self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);
+        }
+        Ok(batch)
     }
 
     /// Block sizes, tile table, partial states and scratch of flash step `s`; its work items.

@@ -125,8 +125,43 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
         }
         Kernel::Flash(fk) => flash(out, fk)?,
         Kernel::FlashMerge(fk) => writeln!(out, "flash merge of step {} into b{}, partial states b{}", fk.step, fk.out.buf, fk.partials)?,
+        Kernel::FlashBwd(fk) => flash_bwd(out, fk)?,
+        Kernel::FlashBwdReduce(fk) => {
+            let results: Vec<String> = fk.dx.iter().map(|(n, x)| format!("dx{n} = b{}", x.buf)).collect();
+            writeln!(out, "flash backward sums of step {} from partial sums b{} into {}", fk.step, fk.partials, results.join(", "))?
+        }
     }
     Ok(())
+}
+
+fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
+    let rank = fk.spec.rank;
+    let show = |e: &crate::ir::ScoreExpr| ShowExpr { expr: e, rank }.to_string();
+    write!(out, "flash backward {}, weights {}, score \"{}\"", fk.variant.name(), fk.spec.weights.name(), show(&fk.spec.score))?;
+    if let Some(m) = &fk.spec.mask {
+        write!(out, ", mask \"{}\"", show(m))?;
+    }
+    writeln!(out, ", dscore \"{}\"", show(&fk.grad.ds))?;
+    writeln!(out, "  q = {}\n  k = {}\n  v = {}\n  d_out = {}", fk.q, fk.k, fk.v, fk.d_out)?;
+    if let Some((lse, delta)) = &fk.lse {
+        writeln!(out, "  lse = {lse}\n  delta = {delta}")?;
+    }
+    for (n, x) in fk.extras.iter().enumerate() {
+        writeln!(out, "  x{n} = {x}")?;
+    }
+    for (name, r) in [("dq", &fk.dq), ("dk", &fk.dk), ("dv", &fk.dv)] {
+        if let Some(r) = r {
+            writeln!(out, "  {name} = {r}")?;
+        }
+    }
+    for (n, x) in &fk.dx {
+        writeln!(out, "  dx{n} = {x}")?;
+    }
+    for l in &fk.grad.loads {
+        let index: Vec<String> = l.index.iter().map(&show).collect();
+        writeln!(out, "  d x{}[{}] += dF * \"{}\"", l.input, index.join(", "), show(&l.d))?;
+    }
+    writeln!(out, "  tiles = b{}, partial sums = b{}", fk.tiles, fk.partials)
 }
 
 fn flash(out: &mut String, fk: &FlashKernel) -> fmt::Result {
@@ -146,6 +181,9 @@ fn flash(out: &mut String, fk: &FlashKernel) -> fmt::Result {
         writeln!(out, "  x{n} = {x}")?;
     }
     writeln!(out, "  out = {}\n  tiles = b{}, partial states = b{}", fk.out, fk.tiles, fk.partials)?;
+    if let Some(lse) = &fk.lse {
+        writeln!(out, "  lse = {lse}")?;
+    }
     let staged = |s: &super::flash::StagedScore| {
         let mut t = format!("\"{}\"", show(&s.expr));
         if s.tanh {

@@ -463,6 +463,16 @@ pub unsafe extern "C" fn attnc_norm_row_f32(x: *const f32, gamma: *const f32, be
     unsafe { rows::norm_row(x, gamma, beta, y, n, eps, rms != 0) }
 }
 
+/// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).
+///
+/// # Safety
+/// `src` addresses `(rows-1)·lds + cols` valid elements and `dst` `(cols-1)·ldd + rows`, not
+/// overlapping; neither is read or written when `rows` or `cols` is 0.
+pub unsafe extern "C" fn attnc_transpose_f32(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { rows::transpose(src, lds, rows, cols, dst, ldd) }
+}
+
 /// `y[i] = gelu(x[i])` on `isa`, the erf form within a few 1e-7 absolute of the exact one.
 pub fn gelu(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
     if !isa.is_supported() {
@@ -487,6 +497,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_exp_sum_f32", attnc_exp_sum_f32 as *const u8),
         ("attnc_softmax_step_f32", attnc_softmax_step_f32 as *const u8),
         ("attnc_tanh_f32", attnc_tanh_f32 as *const u8),
+        ("attnc_transpose_f32", attnc_transpose_f32 as *const u8),
         ("attnc_gelu_f32", attnc_gelu_f32 as *const u8),
         ("attnc_norm_row_f32", attnc_norm_row_f32 as *const u8),
     ]

@@ -116,3 +116,23 @@ pub(super) unsafe fn norm_row(x: *const f32, gamma: *const f32, beta: *const f32
         }
     }
 }
+
+/// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`, in 8 × 8 blocks (each block's
+/// reads and writes stay within eight cache lines).
+///
+/// # Safety
+/// `src` addresses `(rows-1)·lds + cols` elements and `dst` `(cols-1)·ldd + rows`, not
+/// overlapping; both unused when `rows` or `cols` is 0.
+pub(super) unsafe fn transpose(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    const B: usize = 8;
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    // SAFETY: `r < rows`, `c < cols`: inside both matrices by the contract.
+                    unsafe { *dst.add(c * ldd + r) = *src.add(r * lds + c) };
+                }
+            }
+        }
+    }
+}

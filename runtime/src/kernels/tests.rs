@@ -186,11 +186,29 @@ fn c_abi_entry_points_match_wrappers() {
             "attnc_exp_sum_f32",
             "attnc_softmax_step_f32",
             "attnc_tanh_f32",
+            "attnc_transpose_f32",
             "attnc_gelu_f32",
             "attnc_norm_row_f32"
         ]
     );
     assert!(symbols().iter().all(|s| !s.1.is_null()));
+}
+
+#[test]
+fn transpose_copies_every_element_across_block_edges() {
+    // 13 x 21 inside leading dimensions 24 (source) and 16 (destination): partial 8 x 8 blocks
+    // on both edges, and padding that must stay untouched.
+    let (rows, cols, lds, ldd) = (13, 21, 24, 16);
+    let src: Vec<f32> = (0..rows * lds).map(|x| x as f32).collect();
+    let mut dst = vec![-1.0f32; cols * ldd];
+    // SAFETY: `src` holds rows·lds and `dst` cols·ldd elements.
+    unsafe { super::attnc_transpose_f32(src.as_ptr(), lds, rows, cols, dst.as_mut_ptr(), ldd) };
+    for c in 0..cols {
+        for r in 0..ldd {
+            let want = if r < rows { src[r * lds + c] } else { -1.0 };
+            assert_eq!(dst[c * ldd + r], want, "row {r} col {c}");
+        }
+    }
 }
 
 #[test]

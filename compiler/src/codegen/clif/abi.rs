@@ -42,6 +42,9 @@ pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I
 pub const SOFTMAX_STEP: Import = Import { name: "attnc_softmax_step_f32", params: &[I64, F32, I64, I64, I64, I64, I64], returns: &[F32] };
 /// `y[i] = tanh(x[i])`: `(x, y, n)`.
 pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I64], returns: &[] };
+/// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
+/// ldd)`.
+pub const TRANSPOSE: Import = Import { name: "attnc_transpose_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.
 pub const GELU: Import = Import { name: "attnc_gelu_f32", params: &[I64, I64, I64], returns: &[] };
 /// Layer/RMS norm of one dense f32 row in f64: `(x, gamma, beta|0, y, n, eps, rms)`.
@@ -74,6 +77,7 @@ pub const IMPORTS: &[Import] = &[
     EXP_SUM,
     SOFTMAX_STEP,
     TANH,
+    TRANSPOSE,
     GELU,
     NORM_ROW,
     LOG,

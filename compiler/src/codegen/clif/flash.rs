@@ -51,6 +51,9 @@ struct Common {
     partials: Value,
     /// Floats per partial row: `Dv + 2`.
     prow: Value,
+    /// The log-sum-exp result, when the step writes one: its base, batch strides and row
+    /// stride.
+    lse: Option<(Value, Vec<Value>, Value)>,
 }
 
 fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
@@ -67,7 +70,39 @@ fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
     let partials = fx.buf(f.partials);
     let two = fx.i64(2);
     let prow = fx.add(dv, two);
-    Common { bdims, m, dv, bm, nqb, splits, out, out_bs, out_rs: ost[r - 2], partials, prow }
+    let lse = f.lse.as_ref().map(|view| {
+        let (base, st) = fx.view_base(view);
+        let bs = batch_strides_of(fx, view, &st, batch);
+        (base, bs, st[r - 2])
+    });
+    Common { bdims, m, dv, bm, nqb, splits, out, out_bs, out_rs: ost[r - 2], partials, prow, lse }
+}
+
+/// The strides of a `[..b, M]` view's batch axes aligned to `batch` (broadcast axes step 0).
+fn batch_strides_of(fx: &mut Fx, view: &crate::schedule::View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
+    let lead = batch.len().saturating_sub(view.shape.len().saturating_sub(1));
+    (0..batch.len())
+        .map(|t| match t.checked_sub(lead) {
+            Some(a) if view.shape[a].as_const() != Some(1) => strides[a],
+            _ => fx.i64(0),
+        })
+        .collect()
+}
+
+/// Stores row `i`'s log-sum-exp `max + ln(sum)` (`-inf` when no key was kept, NaN for a NaN
+/// row) when the step writes one.
+fn store_lse(fx: &mut Fx, c: &Common, bidx: &[Value], i: Value, max: Value, sum: Value) {
+    let Some((base, bs, rs)) = &c.lse else { return };
+    let zero = fx.i64(0);
+    let off = fx.dot(zero, bidx, bs);
+    let row = fx.mul(i, *rs);
+    let off = fx.add(off, row);
+    let addr = fx.elem_addr(*base, off);
+    let wide = fx.b.ins().fpromote(types::F64, sum);
+    let ln = fx.call(abi::LOG, &[wide])[0];
+    let ln = fx.b.ins().fdemote(types::F32, ln);
+    let lse = fx.b.ins().fadd(max, ln);
+    fx.store(lse, addr);
 }
 
 /// One query block of a flash op, from its index over (batch index, query block).
@@ -509,12 +544,27 @@ fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
                 let ap = fx.elem_addr(p.scratch.acc, arow);
                 let lsum = ld(fx, p.scratch.sum, rr);
                 write_row(fx, ap, op, c.dv, if softmax { Some(lsum) } else { None }, p.f.out.dtype);
+                if softmax && c.lse.is_some() {
+                    let lmax = ld(fx, p.scratch.max, rr);
+                    let shift = row_shift(fx, p, it, i);
+                    let lmax = fx.b.ins().fadd(lmax, shift);
+                    store_lse(fx, c, &it.block.bidx, i, lmax, lsum);
+                }
             });
         },
         |fx| {
             fx.for_range(zero, rows, |fx, rr| {
                 let pr = partial_row(fx, c, w, rr);
                 let mx = ld(fx, p.scratch.max, rr);
+                // The log-sum-exp needs the row's true shift; the merge's weights do not mind
+                // a shift shared by every split of the row.
+                let mx = if softmax && c.lse.is_some() {
+                    let i = fx.add(it.block.i0, rr);
+                    let shift = row_shift(fx, p, it, i);
+                    fx.b.ins().fadd(mx, shift)
+                } else {
+                    mx
+                };
                 let sm = ld(fx, p.scratch.sum, rr);
                 fx.store(mx, pr);
                 let one_e = fx.i64(1);
@@ -530,6 +580,34 @@ fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
             });
         },
     );
+}
+
+/// What the running max of row `i` lacks of the row's true scores: with a separated score
+/// (`rest + sep`), the rows are computed as `rest + sep(i0, j)` (`i0` the block's first row), or
+/// as `rest` alone when `sep` depends on the row only, so the true scores are higher by
+/// `sep(i, j) - sep(i0, j)` (or `sep(i, j)`), the same for every key. 0 otherwise.
+fn row_shift(fx: &mut Fx, p: &Prologue, it: &Item, i: Value) -> Value {
+    let a = &p.f.analysis;
+    let Some((x, _)) = &a.separated else { return fx.f32(0.0) };
+    let i0_32 = fx.b.ins().ireduce(types::I32, it.block.i0);
+    let i32v = fx.b.ins().ireduce(types::I32, i);
+    // Any key position does: `i0` is where `sep_ok` checked the row part finite.
+    let at = |fx: &mut Fx, row: Value| {
+        let mut pos = it.b_pos.clone();
+        pos.extend([row, i0_32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+        let t = score::eval(fx, &x.sep, &env);
+        fx.cvt_f(t)
+    };
+    let here = at(fx, i32v);
+    let shift = if a.key_bias {
+        let base = at(fx, i0_32);
+        fx.b.ins().fsub(here, base)
+    } else {
+        here
+    };
+    let zero = fx.f32(0.0);
+    fx.b.ins().select(it.sep_ok, shift, zero)
 }
 
 /// `dst[c] = src[c] / sum` (or `src[c]` when `sum` is `None`), 0 where `sum` is 0, rounded to
@@ -786,6 +864,9 @@ pub fn emit_merge(fx: &mut Fx, f: &FlashKernel) {
             });
             let t = fx.b.use_var(total);
             write_row(fx, op, op, c.dv, if softmax { Some(t) } else { None }, f.out.dtype);
+            if softmax {
+                store_lse(fx, &c, &bidx, i, g, t);
+            }
         });
     });
 }

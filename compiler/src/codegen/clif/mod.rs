@@ -12,6 +12,7 @@ pub mod abi;
 mod builder;
 mod elementwise;
 mod flash;
+mod flash_bwd;
 mod matmul;
 mod ops;
 mod reduce;
@@ -107,6 +108,8 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
             Kernel::Norm { x, gamma, beta, eps, out } => reduce::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&mut fx, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),
+            Kernel::FlashBwd(f) => flash_bwd::emit(&mut fx, f),
+            Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&mut fx, f),
         }
         let failures = std::mem::take(&mut fx.failures);
         fx.finish();

@@ -136,6 +136,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&ints, &items, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),
+            Kernel::FlashBwd(_) | Kernel::FlashBwdReduce(_) => Err(ints.fail("the flash backward has no CUDA kernel yet".into())),
         }
         .map_err(at_step)?;
         let name = format!("attnc_s{s}_{}", step.kernel.name());
