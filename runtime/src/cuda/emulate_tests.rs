@@ -220,3 +220,71 @@ fn every_op_runs_emulated_like_the_interpreter() {
         assert!(err <= tol, "output {name} ({dtype}): max relative error {err:e} > {tol:e}");
     }
 }
+
+/// f32 flash ops whose score modifications load extra operands with gradients: per batch
+/// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
+/// one contribution at a time), with grouped-query K/V.
+const BACKWARD_GRAPHS: &[(&str, &str)] = &[
+    (
+        "f32 causal alibi gqa",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, 1, S, D]
+  %2 = param[name=v] : f32[B, 1, S, D]
+  %3 = param[name=slopes] : f32[H]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+    ),
+    (
+        "f32 relative bias table",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = param[name=table] : f32[H, R]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.2 + x0[h, (j - i) % dim(R)]\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+    ),
+];
+
+#[test]
+fn flash_backward_kernels_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter") {
+        return;
+    }
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for (n, (label, text)) in FLASH_GRAPHS.iter().chain(BACKWARD_GRAPHS).enumerate() {
+        let g: Graph = text.parse().unwrap();
+        let dtype = g.node(g.params()[0]).ty.dtype;
+        // Every gradient of the flash op, the forward writing its log-sum-exp: 70 keys are one
+        // key chunk of the backward, 150 two; 70 query rows three query tiles, one ragged. With
+        // f16/bf16 inputs only q, k and v: an f32 bias's gradient sums `dF` weighted by
+        // positions over every score, which amplifies the rounding of the forward's output
+        // (through `delta`) far beyond the type's precision; the f32 graphs check it.
+        let wrt: Option<Vec<String>> = (dtype != DType::F32).then(|| ["q", "k", "v"].map(String::from).to_vec());
+        let derived = attn_compiler::ir::grad::differentiate(&g, wrt.as_deref()).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let label = format!("{label} (backward)");
+        let wd = work_dir(&format!("flash-bwd{n}"));
+        jobs.push(Box::new(move || {
+            let env = sizes(&derived, &[("D", 24), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)]);
+            let err = check(&label, &derived, Device::AsWritten(&derived), &env, 21 + n as u64, &wd)?;
+            let _ = std::fs::remove_dir_all(&wd);
+            // f16/bf16 results are rounded to their type, and the forward's output (rounded,
+            // with P rounded by the tensor cores) feeds delta: a few roundings of the type.
+            let tol = match dtype {
+                DType::F16 => 1e-2,
+                DType::BF16 => 8e-2,
+                _ => 1e-4,
+            };
+            if err > tol {
+                return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
+            }
+            eprintln!("{label}: ok (max relative error {err:.1e})");
+            Ok(())
+        }));
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}

@@ -272,6 +272,41 @@ fn flash_kernels_compile_for_every_head_width() {
 }
 
 #[test]
+fn flash_backward_kernels_compile_for_every_head_width() {
+    if nvrtc_or_skip("flash_backward_kernels_compile_for_every_head_width").is_none() {
+        return;
+    }
+    let mut jobs = Vec::new();
+    for (label, text) in FLASH_GRAPHS {
+        let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
+        let derived = attn_compiler::ir::grad::differentiate(&g, None).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (s, p) = render_as_written(&derived);
+        for hd in [32, 128, 256] {
+            let mut defines = Vec::new();
+            for (n, step) in s.steps.iter().enumerate() {
+                match &step.kernel {
+                    Kernel::FlashBwd(_) => defines.push((format!("ATTNC_HD_{n}"), hd)),
+                    Kernel::Flash(f) => {
+                        defines.push((format!("ATTNC_HD_{n}"), hd));
+                        if f.variant == Variant::TensorCore {
+                            defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            assert!(s.steps.iter().any(|st| matches!(st.kernel, Kernel::FlashBwd(_))), "{label}: no backward step");
+            jobs.push((format!("{label} backward HD={hd}"), p.source.clone(), defines));
+        }
+    }
+    let (failures, spills) = compile_all(jobs);
+    if !spills.is_empty() {
+        eprintln!("kernels that spill registers:\n  {}", spills.join("\n  "));
+    }
+    assert!(failures.is_empty(), "{} NVRTC failure(s):\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
 fn a_compile_error_is_reported_with_the_log() {
     if nvrtc_or_skip("a_compile_error_is_reported_with_the_log").is_none() {
         return;

@@ -90,6 +90,7 @@ impl<'a> Flash<'a> {
             out.push(format!("const i64 {name} = {};", self.ints.offset(&bview, &p)?));
         }
         out.push("(void)sp_; (void)koff_; (void)voff_;".into());
+        out.extend(self.lse_offset(&p)?);
         Ok(p)
     }
 
@@ -141,6 +142,23 @@ impl<'a> Flash<'a> {
     /// Whether key tile `kt` of the query block is skipped (class 0).
     fn skipped(kt: &str) -> String {
         format!("tbl_[(qb_ * nkb_ + {kt}) * entry_] == 0")
+    }
+
+    /// `const i64 loff_ = ...;`, the batch offset of the log-sum-exp result, when the step
+    /// writes one (`p` names the batch positions).
+    fn lse_offset(&self, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
+        let Some(l) = &self.f.lse else { return Ok(Vec::new()) };
+        let nb = self.batch.len();
+        let bview = View { shape: self.batch.clone(), strides: l.strides[..nb].to_vec(), ..l.clone() };
+        Ok(vec![format!("const i64 loff_ = {};", self.ints.offset(&bview, p)?)])
+    }
+
+    /// The statement storing `value` as row `i`'s log-sum-exp, when the step writes one.
+    fn store_lse(&self, i: &str, value: &str) -> Result<Option<String>, CudaEmitError> {
+        let Some(l) = &self.f.lse else { return Ok(None) };
+        let step = &l.strides[l.strides.len() - 1];
+        let row = if step.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", self.ints.dim(step)?) };
+        Ok(Some(store(l.buf, crate::ir::DType::F32, &format!("loff_ + {row}"), value)))
     }
 
     /// Stores `value` (a float) at output row `i`, column `col` (rounded to the output's type).
@@ -237,6 +255,9 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     } else {
         "  const float inv_ = 1.0f;".into()
     });
+    if let Some(st) = fl.store_lse("i_", "m_[rr_] + logf(lt_)")? {
+        it.push(format!("  if (lane_ == 0 && i_ < M_) {st}"));
+    }
     it.push("  #pragma unroll".into());
     it.push("  for (int t_ = 0; t_ < T_; ++t_) {".into());
     it.push("    const i64 col_ = lane_ + 32 * t_;".into());
@@ -584,6 +605,12 @@ fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
         out.push("l0_ += attnc_shfl_xor(l0_, 1); l0_ += attnc_shfl_xor(l0_, 2);".into());
         out.push("l1_ += attnc_shfl_xor(l1_, 1); l1_ += attnc_shfl_xor(l1_, 2);".into());
         out.push("const float inv0_ = l0_ == 0.0f ? 0.0f : 1.0f / l0_, inv1_ = l1_ == 0.0f ? 0.0f : 1.0f / l1_;".into());
+        // The row maxima are in base 2: ln Σ e^x = m · ln 2 + ln Σ 2^(x log2 e - m).
+        if let (Some(a), Some(b)) =
+            (fl.store_lse("ri0_", "m0_ * 0.6931471805599453f + logf(l0_)")?, fl.store_lse("ri1_", "m1_ * 0.6931471805599453f + logf(l1_)")?)
+        {
+            out.push(format!("if (tg_ == 0) {{ if (ri0_ < M_) {a} if (ri1_ < M_) {b} }}"));
+        }
     } else {
         out.push("const float inv0_ = 1.0f, inv1_ = 1.0f;".into());
     }
@@ -691,9 +718,14 @@ fn decode_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
         "      const i64 col_ = lane_ + 32 * t_;".into(),
     ];
     out.push(format!("      if (col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[r_][t_] * inv_)")?));
+    out.push("    }".into());
+    if fl.softmax
+        && let Some(st) = fl.store_lse("i_", "m_[r_] + logf(l_[r_])")?
+    {
+        out.push(format!("    if (lane_ == 0) {st}"));
+    }
     out.extend(
         [
-            "    }",
             "    continue;",
             "  }",
             "  float* pr_ = part_ + (w_ * MR_ + r_) * (DV_ + 2);",
@@ -727,6 +759,7 @@ pub(super) fn emit_merge(ints: &Ints, items: &str, f: &FlashKernel) -> Result<Ke
     let strides = f.out.batch_strides(&fl.batch);
     let bview = View { shape: fl.batch.clone(), strides, ..f.out.clone() };
     it.push(format!("const i64 ooff_ = {};", ints.offset(&bview, &p)?));
+    it.extend(fl.lse_offset(&p)?);
     it.push("for (i64 r_ = 0; r_ < bm_ && qb_ * bm_ + r_ < M_; ++r_) {".into());
     it.push("  const i64 i_ = qb_ * bm_ + r_;".into());
     it.push("  const float* row_ = part_ + (w_ * splits_ * bm_ + r_) * (DV_ + 2);  // split s at row_ + s * bm_ * (DV_ + 2)".into());
@@ -755,6 +788,9 @@ pub(super) fn emit_merge(ints: &Ints, items: &str, f: &FlashKernel) -> Result<Ke
         );
         row.push(format!("  {}", fl.store_out("i_", "col_", "(L_ == 0.0f ? 0.0f : acc_ / L_)")?));
         row.push("}".into());
+        if let Some(st) = fl.store_lse("i_", "mx_ + logf(L_)")? {
+            row.push(format!("if (lane_ == 0) {st}"));
+        }
     } else {
         row.push("for (i64 col_ = lane_; col_ < DV_; col_ += 32) {".into());
         row.push("  float acc_ = 0.0f;".into());

@@ -22,6 +22,7 @@
 mod cexpr;
 mod elementwise;
 mod flash;
+mod flash_bwd;
 mod launch;
 mod matmul;
 mod ops;
@@ -136,7 +137,8 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&ints, &items, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),
-            Kernel::FlashBwd(_) | Kernel::FlashBwdReduce(_) => Err(ints.fail("the flash backward has no CUDA kernel yet".into())),
+            Kernel::FlashBwd(f) => flash_bwd::emit(&ints, &items, f),
+            Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&ints, &items, f),
         }
         .map_err(at_step)?;
         let name = format!("attnc_s{s}_{}", step.kernel.name());
@@ -181,6 +183,10 @@ fn preamble(schedule: &Schedule) -> String {
     let _ = writeln!(src, "// Buffers: {}", buffers.join(", "));
     let _ = writeln!(src, "#define ATTNC_ARGS {}", args.join(", "));
     for (s, step) in schedule.steps.iter().enumerate() {
+        if let Kernel::FlashBwd(_) = &step.kernel {
+            let _ =
+                writeln!(src, "#ifndef ATTNC_HD_{s}\n#define ATTNC_HD_{s} 128 // padded head width of step {s}; set from the dims\n#endif");
+        }
         if let Kernel::Flash(f) = &step.kernel {
             let _ =
                 writeln!(src, "#ifndef ATTNC_HD_{s}\n#define ATTNC_HD_{s} 128 // padded head width of step {s}; set from the dims\n#endif");
