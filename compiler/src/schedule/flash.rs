@@ -240,3 +240,37 @@ impl FlashAnalysis {
         FlashAnalysis { score, alpha, staged, separated, key_bias }
     }
 }
+
+/// How a flash backward's unmasked tiles may form their weights and adjoints with one row
+/// kernel: the score is `F = factor · u + sep(i, j)`, where `u` is the scaled score
+/// `s' = alpha · s` (or `tanh(s')`, soft-capping), `factor` is the same for the whole work item
+/// and `sep` separable (`c(j) + r(i)`). Then `∂F/∂s = alpha · factor` (times `1 - u²` after
+/// `tanh`), and a key row's scores need only `c(j)` and the block's `r(i)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BwdLinear {
+    /// The position-free scale of `s`, applied to the `Sᵀ` product of such tiles.
+    pub alpha: Option<ScoreExpr>,
+    /// Whether `u = tanh(s')`.
+    pub tanh: bool,
+    /// `factor` (`None`: 1).
+    pub factor: Option<ScoreExpr>,
+    /// `sep(i, j)`, when the score has separable terms.
+    pub sep: Option<ScoreExpr>,
+}
+
+impl BwdLinear {
+    /// The linear form of `spec`'s score, if it has one and the derivatives of its loads read no
+    /// score (they are evaluated from positions after the row kernel ran).
+    pub fn of(spec: &FlashSpec, grad: &crate::ir::grad::ScoreGrad) -> Option<BwdLinear> {
+        if grad.loads.iter().any(|l| l.d.uses_score() || l.index.iter().any(ScoreExpr::uses_score)) {
+            return None;
+        }
+        let a = FlashAnalysis::of(spec, None);
+        let (staged, sep) = match &a.separated {
+            Some((x, rest)) => (rest, Some(x.sep.clone())),
+            None => (&a.staged, None),
+        };
+        let factor = staged.factor.clone()?;
+        Some(BwdLinear { alpha: a.alpha, tanh: staged.tanh, factor, sep })
+    }
+}

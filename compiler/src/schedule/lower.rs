@@ -629,7 +629,9 @@ impl Lowering<'_> {
         let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
         let variant = self.policy.flash_bwd_variant();
-        let kernel = FlashBwdKernel { spec: *spec, q, k, v: vv, d_out, lse, extras, dq, dk, dv, dx, grad, step, tiles, partials, variant };
+        let linear = super::flash::BwdLinear::of(&spec, &grad);
+        let kernel =
+            FlashBwdKernel { spec: *spec, q, k, v: vv, d_out, lse, extras, dq, dk, dv, dx, grad, linear, step, tiles, partials, variant };
         let label = self.label(v);
         let reduce = !kernel.dx.is_empty();
         self.step(Kernel::FlashBwd(Box::new(kernel.clone())), label.clone(), v);

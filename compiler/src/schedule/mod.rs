@@ -24,7 +24,7 @@ mod text;
 pub mod tiles;
 
 pub use flash::{
-    FlashAnalysis, Level, Separated, StagedScore, dims_of, level, reads_score, score_factor, separate, split_scale, tanh_staged,
+    BwdLinear, FlashAnalysis, Level, Separated, StagedScore, dims_of, level, reads_score, score_factor, separate, split_scale, tanh_staged,
 };
 pub use lower::MAX_INLINE_DEPTH;
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
@@ -121,6 +121,14 @@ pub enum Tuning {
     ScratchGradV,
     /// Byte offset of a flash backward's `Kᵀ` of one key block (CPU).
     ScratchKeysT,
+    /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, then the query
+    /// block's separable row terms, `BlockM` f32 each.
+    ScratchGradRow,
+    /// Byte offset of a flash backward's `Qᵀ` of the batch index, one `D × BlockM` panel per
+    /// query block (CPU).
+    ScratchQueriesT,
+    /// Byte offset of a flash backward's `dOᵀ`, one `Dv × BlockM` panel per query block (CPU).
+    ScratchGradOutT,
 }
 
 /// What a buffer holds and who provides its memory.
@@ -488,6 +496,9 @@ pub struct FlashBwdKernel {
     pub dx: Vec<(usize, View)>,
     /// The score modification's derivatives.
     pub grad: crate::ir::grad::ScoreGrad,
+    /// The score's linear form, when it has one ([`BwdLinear`]): unmasked tiles then use the
+    /// row kernel.
+    pub linear: Option<BwdLinear>,
     /// The step index of the backward step (its tuning values are keyed by it).
     pub step: usize,
     /// Tile classes ([`tiles`]), as the forward's.
@@ -650,6 +661,9 @@ pub(crate) fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
     for l in &f.grad.loads {
         exprs.push(&l.d);
         exprs.extend(&l.index);
+    }
+    if let Some(lin) = &f.linear {
+        exprs.extend(lin.alpha.iter().chain(&lin.factor).chain(&lin.sep));
     }
     for e in exprs {
         dims_of(e, &mut out);

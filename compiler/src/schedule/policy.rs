@@ -83,11 +83,13 @@ pub struct CpuPolicy {
     pub flash_blocks: Option<(i64, i64)>,
     /// Rows per matmul work item, instead of the default.
     pub matmul_rows: Option<i64>,
+    /// Query rows per tile and keys per block of the flash backward, instead of the defaults.
+    pub flash_bwd_blocks: Option<(i64, i64)>,
 }
 
 impl Default for CpuPolicy {
     fn default() -> CpuPolicy {
-        CpuPolicy { isa: CpuIsa::Avx512, flash_blocks: None, matmul_rows: None }
+        CpuPolicy { isa: CpuIsa::Avx512, flash_blocks: None, matmul_rows: None, flash_bwd_blocks: None }
     }
 }
 
@@ -178,7 +180,16 @@ impl Policy {
             (_, Kernel::FlashBwd(_)) => {
                 let mut t = vec![BlockM, BlockN, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
-                    t.extend([ScratchGradS, ScratchGradQ, ScratchGradK, ScratchGradV, ScratchKeysT]);
+                    t.extend([
+                        ScratchGradS,
+                        ScratchGradQ,
+                        ScratchGradK,
+                        ScratchGradV,
+                        ScratchKeysT,
+                        ScratchGradRow,
+                        ScratchQueriesT,
+                        ScratchGradOutT,
+                    ]);
                 }
                 t
             }
@@ -233,7 +244,7 @@ impl CpuPolicy {
     /// (their `dK`, `dV` stay in scratch while every query block passes), query blocks the
     /// inner one.
     pub fn flash_bwd_blocks(&self, m: i64, n: i64) -> (i64, i64) {
-        let (bm, bn) = self.flash_blocks.unwrap_or((128, 128));
+        let (bm, bn) = self.flash_bwd_blocks.unwrap_or((64, 64));
         (bm.clamp(1, m.max(1)), bn.clamp(1, (255 * super::tiles::CHUNK_COLS).min(n.max(1))))
     }
 

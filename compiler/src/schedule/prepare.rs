@@ -171,6 +171,12 @@ pub struct FlashBwdScratch {
     pub dv: usize,
     /// `Kᵀ` of one key block: `D × BlockN` f32.
     pub kt: usize,
+    /// A key row's `dF`, then the query block's separable row terms: `2 × BlockM` f32.
+    pub row: usize,
+    /// `Qᵀ` of the batch index in `D × BlockM` panels, one per query block.
+    pub qt: usize,
+    /// `dOᵀ` in `Dv × BlockM` panels.
+    pub dot: usize,
     /// Total bytes.
     pub total: usize,
 }
@@ -184,7 +190,11 @@ pub fn flash_bwd_scratch(bm: usize, bn: usize, m: usize, d: usize, dv: usize) ->
     let dk = dq.saturating_add(round(d.saturating_mul(m)));
     let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
     let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
-    FlashBwdScratch { p: 0, ds, dq, dk, dv: dvo, kt, total: kt.saturating_add(round(d.saturating_mul(bn))) }
+    let row = kt.saturating_add(round(d.saturating_mul(bn)));
+    let padded = m.div_ceil(bm.max(1)).saturating_mul(bm);
+    let qt = row.saturating_add(round(bm.saturating_mul(2)));
+    let dot = qt.saturating_add(round(d.saturating_mul(padded)));
+    FlashBwdScratch { p: 0, ds, dq, dk, dv: dvo, kt, row, qt, dot, total: dot.saturating_add(round(dv.saturating_mul(padded))) }
 }
 
 /// What a flash step works on, per run.
@@ -358,6 +368,9 @@ impl Preparing<'_> {
                     (Tuning::ScratchGradK, layout.dk as i64),
                     (Tuning::ScratchGradV, layout.dv as i64),
                     (Tuning::ScratchKeysT, layout.kt as i64),
+                    (Tuning::ScratchGradRow, layout.row as i64),
+                    (Tuning::ScratchQueriesT, layout.qt as i64),
+                    (Tuning::ScratchGradOutT, layout.dot as i64),
                 ],
             );
             self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);

@@ -161,6 +161,18 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
         let index: Vec<String> = l.index.iter().map(&show).collect();
         writeln!(out, "  d x{}[{}] += dF * \"{}\"", l.input, index.join(", "), show(&l.d))?;
     }
+    if let Some(lin) = &fk.linear {
+        let mut t = String::from("  unmasked tiles by the row kernel:");
+        if let Some(a) = &lin.alpha {
+            t.push_str(&format!(" alpha \"{}\",", show(a)));
+        }
+        t.push_str(if lin.tanh { " u = tanh(alpha s)," } else { " u = alpha s," });
+        t.push_str(&format!(" factor \"{}\"", lin.factor.as_ref().map_or("1".to_string(), &show)));
+        if let Some(sep) = &lin.sep {
+            t.push_str(&format!(", separable \"{}\"", show(sep)));
+        }
+        writeln!(out, "{t}")?;
+    }
     writeln!(out, "  tiles = b{}, partial sums = b{}", fk.tiles, fk.partials)
 }
 

@@ -129,7 +129,7 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// `attnc explain FILE [--entry NAME] [--dim NAME=N …] [--tile-size MxN] [--tiles OUT.png] [--timing]`
+/// `attnc explain FILE [--entry NAME] [--grad [--wrt a,b]] [--dim NAME=N …] [--tile-size MxN] [--tiles OUT.png] [--timing]`
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// The .attn program.
@@ -137,6 +137,10 @@ pub struct ExplainArgs {
     /// Only this function (default: every function in the file).
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
+    /// Gradients (`--grad [--wrt a,b]`): explain the entry's derived program, and say which
+    /// attention's backward pass is fused (and why not where it is not).
+    #[command(flatten)]
+    pub grad: GradArgs,
     /// The size of a dim for the tile maps (others take representative sizes: 1024 for S, N,
     /// M, T, L; 8 for H, G; 2 for B; 64 for the rest). Repeatable.
     #[arg(long = "dim", value_name = "NAME=N", value_parser = run::parse_dim)]
@@ -229,9 +233,12 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
             return Err(Failure::new(Exit::Usage, format!("--tiles {} is the program; refusing to overwrite it", path.display())));
         }
     }
-    let program = load(&args.file, ui)?;
+    let (program, grad_entry) = args.grad.apply(load(&args.file, ui)?, args.entry.as_deref())?;
+    if let Some(backward) = program.backward() {
+        print_line(&backward_summary(grad_entry.as_deref().unwrap_or("?"), backward));
+    }
     let compiler = attn_runtime::cpu::cpu_compiler();
-    let entry = args.entry.as_deref();
+    let entry = grad_entry.as_deref();
     let mut dims = run::given_dims(&args.dims)?;
     let data = if args.random_inputs || !args.inputs.is_empty() {
         let info = match entry {
@@ -288,6 +295,29 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// What `explain --grad` says first: how the derived program's backward pass was built.
+fn backward_summary(entry: &str, backward: &Result<Vec<String>, String>) -> String {
+    match backward {
+        Ok(lines) if lines.is_empty() => {
+            format!("backward of `{entry}`: no attention was fused in the forward pass, so every op is differentiated by its own rule")
+        }
+        Ok(lines) => {
+            let mut out = format!(
+                "backward of `{entry}`: fused ({} flash backward{}; each recomputes the weights tile by tile from q, k and the log-sum-exp the forward saves: no score-sized buffer)",
+                lines.len(),
+                if lines.len() == 1 { "" } else { "s" }
+            );
+            for l in lines {
+                out.push_str(&format!("\n  {l}"));
+            }
+            out
+        }
+        Err(reason) => format!(
+            "backward of `{entry}`: not fused: {reason}\n  every op is differentiated by its own rule (the scores are materialised)"
+        ),
+    }
 }
 
 /// Replaces the explanation's compile-time tile maps by ones classified from input data.

@@ -116,20 +116,22 @@ impl From<PipelineError> for CpuError {
 }
 
 /// The CPU's block policy on this machine: the kernels' ISA, and the tuning knobs
-/// `ATTNC_FLASH_BLOCKS=BM,BN` and `ATTNC_MATMUL_ROWS=N` when set (every choice computes the
-/// same result).
+/// `ATTNC_FLASH_BLOCKS=BM,BN`, `ATTNC_FLASH_BWD_BLOCKS=BM,BN` (the flash backward's) and
+/// `ATTNC_MATMUL_ROWS=N` when set (every choice computes the same result).
 pub fn cpu_policy() -> CpuPolicy {
     let isa = match crate::kernels::isa() {
         crate::kernels::Isa::Avx512 => CpuIsa::Avx512,
         crate::kernels::Isa::Avx2 => CpuIsa::Avx2,
         crate::kernels::Isa::Portable => CpuIsa::Portable,
     };
-    let flash_blocks = std::env::var("ATTNC_FLASH_BLOCKS").ok().and_then(|s| {
-        let (a, b) = s.split_once(',')?;
-        Some((a.trim().parse::<i64>().ok()?, b.trim().parse::<i64>().ok()?))
-    });
+    let pair = |var: &str| {
+        std::env::var(var).ok().and_then(|s| {
+            let (a, b) = s.split_once(',')?;
+            Some((a.trim().parse::<i64>().ok()?, b.trim().parse::<i64>().ok()?))
+        })
+    };
     let matmul_rows = std::env::var("ATTNC_MATMUL_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok());
-    CpuPolicy { isa, flash_blocks, matmul_rows }
+    CpuPolicy { isa, flash_blocks: pair("ATTNC_FLASH_BLOCKS"), matmul_rows, flash_bwd_blocks: pair("ATTNC_FLASH_BWD_BLOCKS") }
 }
 
 /// The pipeline for this machine's CPU.

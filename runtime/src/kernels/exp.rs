@@ -507,3 +507,105 @@ unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
         unsafe { _mm256_maskstore_ps(y.add(i), m, tanh8(_mm256_maskload_ps(x.add(i), m))) };
     }
 }
+
+/// [`super::attnc_flash_bwd_row`] on `isa`.
+///
+/// # Safety
+/// As [`super::lanes::flash_bwd_row`]; `isa` is supported.
+#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
+pub(super) unsafe fn flash_bwd_row(
+    isa: Isa,
+    u: *mut f32,
+    dp: *mut f32,
+    lse: *const f32,
+    delta: *const f32,
+    rbias: *const f32,
+    n: usize,
+    (factor, cbias, dscale): (f32, f32, f32),
+    flags: u32,
+    df: *mut f32,
+) {
+    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => flash_bwd_row_avx512(u, dp, lse, delta, rbias, n, (factor, cbias, dscale), flags, df),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => flash_bwd_row_avx2(u, dp, lse, delta, rbias, n, (factor, cbias, dscale), flags, df),
+            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(u, dp, lse, delta, rbias, n, factor, cbias, dscale, flags, df),
+        }
+    }
+}
+
+/// The lane loop of [`super::lanes::flash_bwd_row`] compiled for AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_bwd_row_avx2(
+    u: *mut f32,
+    dp: *mut f32,
+    lse: *const f32,
+    delta: *const f32,
+    rbias: *const f32,
+    n: usize,
+    (factor, cbias, dscale): (f32, f32, f32),
+    flags: u32,
+    df: *mut f32,
+) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { super::lanes::flash_bwd_row::<true>(u, dp, lse, delta, rbias, n, factor, cbias, dscale, flags, df) }
+}
+
+/// AVX-512 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_bwd_row_avx512(
+    u: *mut f32,
+    dp: *mut f32,
+    lse: *const f32,
+    delta: *const f32,
+    rbias: *const f32,
+    n: usize,
+    (factor, cbias, dscale): (f32, f32, f32),
+    flags: u32,
+    df: *mut f32,
+) {
+    let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    let (fac, cb, ds, one, ninf) =
+        (_mm512_set1_ps(factor), _mm512_set1_ps(cbias), _mm512_set1_ps(dscale), _mm512_set1_ps(1.0), _mm512_set1_ps(f32::NEG_INFINITY));
+    let mut i = 0;
+    while i < n {
+        let m = if i + 16 <= n { 0xffff } else { super::x86_avx512::lanes(n - i) };
+        // SAFETY: only the valid lanes of each row are read or written.
+        unsafe {
+            let uv = _mm512_maskz_loadu_ps(m, u.add(i));
+            let pv = _mm512_maskz_loadu_ps(m, dp.add(i));
+            let mut bias = cb;
+            if !rbias.is_null() {
+                bias = _mm512_add_ps(bias, _mm512_maskz_loadu_ps(m, rbias.add(i)));
+            }
+            let x = _mm512_fmadd_ps(fac, uv, bias);
+            let (w, dfv) = if sigmoid {
+                let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                let w = _mm512_div_ps(one, _mm512_add_ps(one, e));
+                (w, _mm512_mul_ps(_mm512_mul_ps(pv, w), _mm512_sub_ps(one, w)))
+            } else {
+                let lv = _mm512_maskz_loadu_ps(m, lse.add(i));
+                let dv = _mm512_maskz_loadu_ps(m, delta.add(i));
+                let e = exp16(_mm512_sub_ps(x, lv));
+                // A row with no kept key (lse = -inf) has no weights.
+                let empty = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(lv, ninf);
+                let w = _mm512_mask_mov_ps(e, empty, _mm512_setzero_ps());
+                (w, _mm512_mul_ps(w, _mm512_sub_ps(pv, dv)))
+            };
+            let d = if tanh { _mm512_mul_ps(ds, _mm512_fnmadd_ps(uv, uv, one)) } else { ds };
+            _mm512_mask_storeu_ps(u.add(i), m, w);
+            _mm512_mask_storeu_ps(dp.add(i), m, _mm512_mul_ps(dfv, d));
+            if !df.is_null() {
+                _mm512_mask_storeu_ps(df.add(i), m, dfv);
+            }
+        }
+        i += 16;
+    }
+}

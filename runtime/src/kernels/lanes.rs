@@ -265,3 +265,69 @@ pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
         }
     }
 }
+
+/// One key row of a flash backward tile, queries along the row (see
+/// [`super::attnc_flash_bwd_row`]): weights into `u`, the scores' adjoints into `dp`, and `dF`
+/// into `df` unless it is null.
+///
+/// # Safety
+/// `u`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias` and `df`
+/// (unless null).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
+pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
+    u: *mut f32,
+    dp: *mut f32,
+    lse: *const f32,
+    delta: *const f32,
+    rbias: *const f32,
+    n: usize,
+    factor: f32,
+    cbias: f32,
+    dscale: f32,
+    flags: u32,
+    df: *mut f32,
+) {
+    let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    let mut i = 0;
+    while i < n {
+        let len = L.min(n - i);
+        let (mut uv, mut pv, mut lv, mut dv, mut x) = ([0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L]);
+        for l in 0..len {
+            // SAFETY: `i + l < n`; the optional rows are read only when given.
+            unsafe {
+                uv[l] = *u.add(i + l);
+                pv[l] = *dp.add(i + l);
+                if !sigmoid {
+                    lv[l] = *lse.add(i + l);
+                    dv[l] = *delta.add(i + l);
+                }
+                let rb = if rbias.is_null() { 0.0 } else { *rbias.add(i + l) };
+                x[l] = madd::<FMA>(factor, uv[l], cbias + rb);
+            }
+        }
+        for l in 0..L {
+            x[l] = if sigmoid { -x[l] } else { x[l] - lv[l] };
+        }
+        let e = exp_v::<FMA>(x);
+        for l in 0..len {
+            let (w, dfl) = if sigmoid {
+                let w = 1.0 / (1.0 + e[l]);
+                (w, pv[l] * w * (1.0 - w))
+            } else {
+                let w = if lv[l] == f32::NEG_INFINITY { 0.0 } else { e[l] };
+                (w, w * (pv[l] - dv[l]))
+            };
+            let d = if tanh { dscale * madd::<FMA>(-uv[l], uv[l], 1.0) } else { dscale };
+            // SAFETY: `i + l < n`.
+            unsafe {
+                *u.add(i + l) = w;
+                *dp.add(i + l) = dfl * d;
+                if !df.is_null() {
+                    *df.add(i + l) = dfl;
+                }
+            }
+        }
+        i += L;
+    }
+}

@@ -118,15 +118,36 @@ pub(super) unsafe fn norm_row(x: *const f32, gamma: *const f32, beta: *const f32
 }
 
 /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`, in 8 × 8 blocks (each block's
-/// reads and writes stay within eight cache lines).
+/// reads and writes stay within eight cache lines), by register shuffles on AVX2 and AVX-512
+/// machines.
 ///
 /// # Safety
 /// `src` addresses `(rows-1)·lds + cols` elements and `dst` `(cols-1)·ldd + rows`, not
 /// overlapping; both unused when `rows` or `cols` is 0.
 pub(super) unsafe fn transpose(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if super::isa() >= super::Isa::Avx2 {
+        // SAFETY: forwarded; the path is supported.
+        return unsafe { transpose_avx(src, lds, rows, cols, dst, ldd) };
+    }
+    // SAFETY: forwarded.
+    unsafe { transpose_blocks(src, lds, rows, cols, dst, ldd, 0, 0) }
+}
+
+/// The scalar transpose of the part of the matrix from row `r_from` or column `c_from` on
+/// (the edges the 8 × 8 register blocks leave).
+///
+/// # Safety
+/// As [`transpose`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn transpose_blocks(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize, r_from: usize, c_from: usize) {
     const B: usize = 8;
     for r0 in (0..rows).step_by(B) {
         for c0 in (0..cols).step_by(B) {
+            if r0 + B <= r_from && c0 + B <= c_from {
+                continue;
+            }
             for r in r0..(r0 + B).min(rows) {
                 for c in c0..(c0 + B).min(cols) {
                     // SAFETY: `r < rows`, `c < cols`: inside both matrices by the contract.
@@ -135,4 +156,45 @@ pub(super) unsafe fn transpose(src: *const f32, lds: usize, rows: usize, cols: u
             }
         }
     }
+}
+
+/// [`transpose`] with 8 × 8 blocks transposed in AVX registers; the edges by
+/// [`transpose_blocks`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    use std::arch::x86_64::*;
+    let (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
+    for r0 in (0..full_r).step_by(8) {
+        for c0 in (0..full_c).step_by(8) {
+            // SAFETY: the block's 8 rows and 8 columns lie inside both matrices.
+            unsafe {
+                let row = |k: usize| _mm256_loadu_ps(src.add((r0 + k) * lds + c0));
+                let (a0, a1, a2, a3, a4, a5, a6, a7) = (row(0), row(1), row(2), row(3), row(4), row(5), row(6), row(7));
+                let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+                let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+                let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
+                let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
+                let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+                let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+                let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+                let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+                let out = [
+                    _mm256_permute2f128_ps::<0x20>(u0, u4),
+                    _mm256_permute2f128_ps::<0x20>(u1, u5),
+                    _mm256_permute2f128_ps::<0x20>(u2, u6),
+                    _mm256_permute2f128_ps::<0x20>(u3, u7),
+                    _mm256_permute2f128_ps::<0x31>(u0, u4),
+                    _mm256_permute2f128_ps::<0x31>(u1, u5),
+                    _mm256_permute2f128_ps::<0x31>(u2, u6),
+                    _mm256_permute2f128_ps::<0x31>(u3, u7),
+                ];
+                for (k, v) in out.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((c0 + k) * ldd + r0), *v);
+                }
+            }
+        }
+    }
+    // SAFETY: forwarded; only what the blocks above did not cover.
+    unsafe { transpose_blocks(src, lds, rows, cols, dst, ldd, full_r, full_c) }
 }

@@ -187,6 +187,7 @@ fn c_abi_entry_points_match_wrappers() {
             "attnc_softmax_step_f32",
             "attnc_tanh_f32",
             "attnc_transpose_f32",
+            "attnc_flash_bwd_row",
             "attnc_gelu_f32",
             "attnc_norm_row_f32"
         ]

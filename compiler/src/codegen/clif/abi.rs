@@ -45,6 +45,10 @@ pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I6
 /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
 /// ldd)`.
 pub const TRANSPOSE: Import = Import { name: "attnc_transpose_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[] };
+/// One key row of a flash backward tile: `(u, dp, lse|0, delta|0, rbias|0, n, factor, cbias,
+/// dscale, flags, df|0)` (see the runtime's `attnc_flash_bwd_row`).
+pub const FLASH_BWD_ROW: Import =
+    Import { name: "attnc_flash_bwd_row", params: &[I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.
 pub const GELU: Import = Import { name: "attnc_gelu_f32", params: &[I64, I64, I64], returns: &[] };
 /// Layer/RMS norm of one dense f32 row in f64: `(x, gamma, beta|0, y, n, eps, rms)`.
@@ -78,6 +82,7 @@ pub const IMPORTS: &[Import] = &[
     SOFTMAX_STEP,
     TANH,
     TRANSPOSE,
+    FLASH_BWD_ROW,
     GELU,
     NORM_ROW,
     LOG,

@@ -31,6 +31,10 @@ use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use cranelift_frontend::Variable;
 use std::collections::HashMap;
 
+/// Rows of `Kᵀ` per `dQᵀ` product: the microkernel reads its `B` (`dSᵀ`) in place for products
+/// of at most 64 rows.
+const DQ_SLICE: i64 = 64;
+
 /// A `[..b', rows, width]` operand: its base, the strides of the score's batch axes, its row
 /// stride (the microkernels' leading dimension).
 struct Operand {
@@ -107,6 +111,14 @@ struct Prologue<'f> {
     dk_acc: Value,
     dv_acc: Value,
     kt: Value,
+    /// A key row's `dF` and the block's separable row terms (`BlockM` f32 each).
+    df_row: Value,
+    rb_row: Value,
+    /// `Qᵀ` and `dOᵀ` of the item, one `width × BlockM` panel per query block.
+    q_t: Value,
+    do_t: Value,
+    /// The scale of `s` in unmasked tiles of a linear score (1 otherwise).
+    alpha: Value,
     lane_iota: Value,
 }
 
@@ -150,11 +162,30 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         dims.insert(dd, x);
     }
     let base = fx.scratch();
-    let [ds_tile, dq_acc, dk_acc, dv_acc, kt] =
-        [Tuning::ScratchGradS, Tuning::ScratchGradQ, Tuning::ScratchGradK, Tuning::ScratchGradV, Tuning::ScratchKeysT].map(|t| {
-            let off = fx.tuning(step, t);
-            fx.add(base, off)
-        });
+    let [ds_tile, dq_acc, dk_acc, dv_acc, kt, df_row, q_t, do_t] = [
+        Tuning::ScratchGradS,
+        Tuning::ScratchGradQ,
+        Tuning::ScratchGradK,
+        Tuning::ScratchGradV,
+        Tuning::ScratchKeysT,
+        Tuning::ScratchGradRow,
+        Tuning::ScratchQueriesT,
+        Tuning::ScratchGradOutT,
+    ]
+    .map(|t| {
+        let off = fx.tuning(step, t);
+        fx.add(base, off)
+    });
+    let rb_row = fx.elem_addr(df_row, bm);
+    let alpha = match f.linear.as_ref().and_then(|l| l.alpha.as_ref()) {
+        Some(a) => {
+            let none = Hoisted::new();
+            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
+            let t = score::eval(fx, a, &env);
+            fx.cvt_f(t)
+        }
+        None => fx.f32(1.0),
+    };
     let lane_iota = fx.lane_iota();
     let _ = r;
     Prologue {
@@ -186,6 +217,11 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         dk_acc,
         dv_acc,
         kt,
+        df_row,
+        rb_row,
+        q_t,
+        do_t,
+        alpha,
         lane_iota,
     }
 }
@@ -203,6 +239,9 @@ struct Item {
     /// This item's block of partial sums.
     partial: Value,
     hoisted: Hoisted,
+    /// A linear score's per-item factor and `∂F/∂s'` scale (`alpha · factor`).
+    factor: Value,
+    dscale: Value,
     /// Running sums of extra gradients whose index is the same for the whole item (by load):
     /// a four-lane and a one-lane f32 accumulator per tile, added after each tile into an f64
     /// total for the item (the terms largely cancel: softmax's `dF` sums to 0 along a row).
@@ -237,6 +276,20 @@ pub fn emit(fx: &mut Fx, f: &FlashBwdKernel) {
         if !p.targets.is_empty() {
             zero_floats(fx, it.partial, p.per_item);
         }
+        // Qᵀ and dOᵀ in panels once per item: the products with them then read them in place.
+        fx.for_range(zero, p.nqb, |fx, qb| {
+            let i0 = fx.mul(qb, p.bm);
+            let left = fx.sub(p.m, i0);
+            let rows = fx.min(p.bm, left);
+            for (src, o, width, dst) in [(it.q, &p.q, p.d, p.q_t), (it.d_out, &p.d_out, p.dv, p.do_t)] {
+                let off = fx.mul(i0, o.row);
+                let from = fx.elem_addr(src, off);
+                let panel = fx.mul(qb, width);
+                let panel = fx.mul(panel, p.bm);
+                let to = fx.elem_addr(dst, panel);
+                fx.call(abi::TRANSPOSE, &[from, o.row, rows, width, to, p.bm]);
+            }
+        });
         fx.for_range(zero, p.nkb, |fx, kb| key_block(fx, &p, &it, kb));
         flush_sums(fx, &p, &it);
         if let Some(dq) = &f.dq {
@@ -280,8 +333,23 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
             exprs.push(&l.d);
             exprs.extend(&l.index);
         }
+        if let Some(sep) = f.linear.as_ref().and_then(|l| l.sep.as_ref()) {
+            exprs.push(sep);
+        }
         score::hoist(fx, &exprs, f.spec.rank, Level::Item, &env, &mut hoisted);
     }
+    let (factor, dscale) = match f.linear.as_ref().and_then(|l| l.factor.as_ref()) {
+        Some(c) => {
+            let mut pos = b_pos.clone();
+            let z = fx.b.ins().iconst(types::I32, 0);
+            pos.extend([z, z]);
+            let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &hoisted };
+            let t = score::eval(fx, c, &env);
+            let c = fx.cvt_f(t);
+            (c, fx.b.ins().fmul(c, p.alpha))
+        }
+        None => (fx.f32(1.0), p.alpha),
+    };
     let rank = f.spec.rank;
     let sums = f
         .grad
@@ -297,7 +365,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
             })
         })
         .collect();
-    Item { bidx, b_pos, q, k, v, d_out, stats, partial, hoisted, sums }
+    Item { bidx, b_pos, q, k, v, d_out, stats, partial, hoisted, factor, dscale, sums }
 }
 
 /// Key block `kb`: its `Kᵀ`, every live query tile, then its `dK` and `dV` rows.
@@ -377,24 +445,97 @@ struct Tile {
     qb: Value,
 }
 
-/// One (key block, query block) tile: the products into scratch, the weights and adjoints,
-/// and the products into the accumulators.
+/// One (key block, query block) tile. Unmasked tiles of a linear score take the row kernel
+/// (when the separable terms are finite on the block); every other tile evaluates the score
+/// modification, mask and derivatives per element.
 fn query_tile(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, masked: bool) {
-    let f = p.f;
     let i0 = fx.mul(t.qb, p.bm);
     let left = fx.sub(p.m, i0);
     let rows = fx.min(p.bm, left);
-    let qoff = fx.mul(i0, p.q.row);
-    let qp = fx.elem_addr(it.q, qoff);
-    let dooff = fx.mul(i0, p.d_out.row);
-    let dop = fx.elem_addr(it.d_out, dooff);
+    let at = At { i0, rows };
+    match &p.f.linear {
+        Some(lin) if !masked => {
+            let ok = match &lin.sep {
+                Some(sep) => row_terms(fx, p, it, t, &at, sep),
+                None => fx.b.ins().iconst(types::I8, 1),
+            };
+            fx.if_else(
+                ok,
+                |fx| {
+                    products_before(fx, p, it, t, &at, p.alpha);
+                    let zero = fx.i64(0);
+                    fx.for_range(zero, t.cols, |fx, c| linear_row(fx, p, it, t, &at, c));
+                    products_after(fx, p, it, t, &at);
+                },
+                |fx| general_tile(fx, p, it, t, &at, false),
+            );
+        }
+        _ => general_tile(fx, p, it, t, &at, masked),
+    }
+}
+
+/// A query block's first row and row count.
+struct At {
+    i0: Value,
+    rows: Value,
+}
+
+/// A tile by the general path: raw scores, per-element weights and adjoints.
+fn general_tile(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, at: &At, masked: bool) {
+    let one = fx.f32(1.0);
+    products_before(fx, p, it, t, at, one);
+    let zero = fx.i64(0);
+    fx.for_range(zero, t.cols, |fx, c| weights_row(fx, p, it, t, at.i0, at.rows, c, masked));
+    products_after(fx, p, it, t, at);
+}
+
+/// `Sᵀ = alpha · K_blk · Q_blkᵀ` and `dPᵀ = V_blk · dO_blkᵀ` into the tiles, from the query
+/// block's `Qᵀ` and `dOᵀ` panels.
+fn products_before(fx: &mut Fx, p: &Prologue, _it: &Item, t: &Tile, at: &At, alpha: Value) {
     let one = fx.f32(1.0);
     let overwrite = fx.b.ins().iconst(types::I32, 0);
+    let qpan = fx.mul(t.qb, p.d);
+    let qpan = fx.mul(qpan, p.bm);
+    let qpan = fx.elem_addr(p.q_t, qpan);
+    let dpan = fx.mul(t.qb, p.dv);
+    let dpan = fx.mul(dpan, p.bm);
+    let dpan = fx.elem_addr(p.do_t, dpan);
+    fx.call(abi::SGEMM_NN, &[t.cols, at.rows, p.d, t.kp, p.k.row, qpan, p.bm, p.p_tile, p.bm, alpha, overwrite]);
+    fx.call(abi::SGEMM_NN, &[t.cols, at.rows, p.dv, t.vp, p.v.row, dpan, p.bm, p.ds_tile, p.bm, one, overwrite]);
+}
+
+/// `dV += Pᵀ · dO_blk`, `dK += dSᵀ · Q_blk`, `dQᵀ += Kᵀ_blk · dSᵀ`; the item-level sums of
+/// the extra gradients moved into their f64 totals.
+fn products_after(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, at: &At) {
+    let f = p.f;
+    let qoff = fx.mul(at.i0, p.q.row);
+    let qp = fx.elem_addr(it.q, qoff);
+    let dooff = fx.mul(at.i0, p.d_out.row);
+    let dop = fx.elem_addr(it.d_out, dooff);
+    let one = fx.f32(1.0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
-    fx.call(abi::SGEMM_NT, &[t.cols, rows, p.d, t.kp, p.k.row, qp, p.q.row, p.p_tile, p.bm, one, overwrite]);
-    fx.call(abi::SGEMM_NT, &[t.cols, rows, p.dv, t.vp, p.v.row, dop, p.d_out.row, p.ds_tile, p.bm, one, overwrite]);
-    let zero = fx.i64(0);
-    fx.for_range(zero, t.cols, |fx, c| weights_row(fx, p, it, t, i0, rows, c, masked));
+    let rows = at.rows;
+    if f.dv.is_some() {
+        fx.call(abi::SGEMM_NN, &[t.cols, p.dv, rows, p.p_tile, p.bm, dop, p.d_out.row, p.dv_acc, p.dv, one, accumulate]);
+    }
+    if f.dk.is_some() {
+        fx.call(abi::SGEMM_NN, &[t.cols, p.d, rows, p.ds_tile, p.bm, qp, p.q.row, p.dk_acc, p.d, one, accumulate]);
+    }
+    if f.dq.is_some() {
+        // In slices of at most 64 rows of Kᵀ, which the microkernel runs reading dSᵀ in place.
+        let zero = fx.i64(0);
+        fx.for_step(zero, p.d, DQ_SLICE, |fx, d0| {
+            let left = fx.sub(p.d, d0);
+            let slice = fx.i64(DQ_SLICE);
+            let h = fx.min(slice, left);
+            let ko = fx.mul(d0, p.bn);
+            let kt = fx.elem_addr(p.kt, ko);
+            let qo = fx.mul(d0, p.m);
+            let qo = fx.add(qo, at.i0);
+            let dq = fx.elem_addr(p.dq_acc, qo);
+            fx.call(abi::SGEMM_NN, &[h, rows, t.cols, kt, p.bn, p.ds_tile, p.bm, dq, p.m, one, accumulate]);
+        });
+    }
     for sum in it.sums.iter().flatten() {
         let acc4 = fx.b.use_var(sum.lanes);
         let mut tile = fx.b.use_var(sum.one);
@@ -411,15 +552,136 @@ fn query_tile(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, masked: bool) {
         fx.b.def_var(sum.lanes, z4);
         fx.b.def_var(sum.one, z1);
     }
-    if f.dv.is_some() {
-        fx.call(abi::SGEMM_NN, &[t.cols, p.dv, rows, p.p_tile, p.bm, dop, p.d_out.row, p.dv_acc, p.dv, one, accumulate]);
+}
+
+/// The block's separable row terms `sep(i, j0) - sep(i0, j0)` into the row-term vector;
+/// returns whether they (and `sep(i0, j0)`) are all finite, which the split needs.
+fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, at: &At, sep: &ScoreExpr) -> Value {
+    let j32 = fx.b.ins().ireduce(types::I32, t.j0);
+    let i0_32 = fx.b.ins().ireduce(types::I32, at.i0);
+    let at_pos = |fx: &mut Fx, i: Value| -> Value {
+        let mut pos = it.b_pos.clone();
+        pos.extend([i, j32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+        let x = score::eval(fx, sep, &env);
+        fx.cvt_f(x)
+    };
+    let base = at_pos(fx, i0_32);
+    let yes = fx.b.ins().iconst(types::I8, 1);
+    let ok = fx.var(types::I8, yes);
+    let zero = fx.i64(0);
+    fx.for_range(zero, at.rows, |fx, r| {
+        let i = fx.add(at.i0, r);
+        let i = fx.b.ins().ireduce(types::I32, i);
+        let x = at_pos(fx, i);
+        let d = fx.b.ins().fsub(x, base);
+        let addr = fx.elem_addr(p.rb_row, r);
+        fx.store(d, addr);
+        // Finite exactly when `d - d == 0`.
+        let dd = fx.b.ins().fsub(d, d);
+        let z = fx.f32(0.0);
+        let finite = fx.b.ins().fcmp(FloatCC::Equal, dd, z);
+        let prev = fx.b.use_var(ok);
+        let both = fx.b.ins().band(prev, finite);
+        fx.b.def_var(ok, both);
+    });
+    fx.b.use_var(ok)
+}
+
+/// Key row `c` of an unmasked tile of a linear score: the row kernel (after `tanh` of the row
+/// for soft-capping), then the extra gradients from its `dF`.
+fn linear_row(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, at: &At, c: Value) {
+    let f = p.f;
+    let Some(lin) = &f.linear else { return };
+    let off = fx.mul(c, p.bm);
+    let srow = fx.elem_addr(p.p_tile, off);
+    let drow = fx.elem_addr(p.ds_tile, off);
+    if lin.tanh {
+        fx.call(abi::TANH, &[srow, srow, at.rows]);
     }
-    if f.dk.is_some() {
-        fx.call(abi::SGEMM_NN, &[t.cols, p.d, rows, p.ds_tile, p.bm, qp, p.q.row, p.dk_acc, p.d, one, accumulate]);
+    let j = fx.add(t.j0, c);
+    let j32 = fx.b.ins().ireduce(types::I32, j);
+    let i0_32 = fx.b.ins().ireduce(types::I32, at.i0);
+    let cb = match &lin.sep {
+        Some(sep) => {
+            let mut pos = it.b_pos.clone();
+            pos.extend([i0_32, j32]);
+            let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+            let x = score::eval(fx, sep, &env);
+            fx.cvt_f(x)
+        }
+        None => fx.f32(0.0),
+    };
+    let null = fx.i64(0);
+    let rb = if lin.sep.is_some() { p.rb_row } else { null };
+    let (lse, delta, sigmoid) = match it.stats {
+        Some((l, dl)) => {
+            let (ls, ds) = p.stats.as_ref().map(|(a, b)| (a.step, b.step)).unwrap_or((null, null));
+            let lo = fx.mul(at.i0, ls);
+            let dlo = fx.mul(at.i0, ds);
+            (fx.elem_addr(l, lo), fx.elem_addr(dl, dlo), 0)
+        }
+        None => (null, null, 2),
+    };
+    let extras = !p.targets.is_empty();
+    let df = if extras { p.df_row } else { null };
+    let flags = fx.b.ins().iconst(types::I32, i64::from(lin.tanh) | sigmoid);
+    fx.call(abi::FLASH_BWD_ROW, &[srow, drow, lse, delta, rb, at.rows, it.factor, cb, it.dscale, flags, df]);
+    if extras {
+        fx.rows(at.rows, &[p.df_row], &|fx, r, ptr| {
+            let fty = fx.ty(Kind::F);
+            let df = fx.b.ins().load(fty, MemFlagsData::new().with_notrap(), ptr[0], 0);
+            let pos = positions(fx, p, it, at.i0, j32, r);
+            let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+            let z = fx.fconst(0.0);
+            let live = fx.b.ins().fcmp(FloatCC::NotEqual, df, z);
+            extra_gradients(fx, p, it, &env, df, live);
+        });
     }
-    if f.dq.is_some() {
-        let dq = fx.elem_addr(p.dq_acc, i0);
-        fx.call(abi::SGEMM_NN, &[p.d, rows, t.cols, p.kt, p.bn, p.ds_tile, p.bm, dq, p.m, one, accumulate]);
+}
+
+/// The score positions of the lanes at query offset `r` of the block and key `j`.
+fn positions(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value, j32: Value, r: Value) -> Vec<Value> {
+    let mut pos: Vec<Value> = it.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+    let i0_32 = fx.b.ins().ireduce(types::I32, i0);
+    let r32 = fx.b.ins().ireduce(types::I32, r);
+    let i = fx.b.ins().iadd(i0_32, r32);
+    let i = fx.splat(Kind::I, i);
+    let i = if fx.lanes > 1 { fx.b.ins().iadd(i, p.lane_iota) } else { i };
+    pos.push(i);
+    pos.push(fx.splat(Kind::I, j32));
+    pos
+}
+
+/// Each wanted load's `dF · ∂F/∂x` for these lanes (0 where `live` is false): into its
+/// item-level sum, or added at the index it loads.
+fn extra_gradients(fx: &mut Fx, p: &Prologue, it: &Item, env: &Env, df: Value, live: Value) {
+    let z = fx.fconst(0.0);
+    for (l, sum) in p.f.grad.loads.iter().zip(&it.sums) {
+        let Some(target) = p.targets.iter().find(|t| t.input == l.input) else { continue };
+        let d = score::eval(fx, &l.d, env);
+        let d = fx.cvt_f(d);
+        let contrib = fx.b.ins().fmul(df, d);
+        let contrib = fx.select_raw(live, contrib, z);
+        match sum {
+            Some(sum) => {
+                let var = if fx.lanes > 1 { sum.lanes } else { sum.one };
+                let acc = fx.b.use_var(var);
+                let acc = fx.b.ins().fadd(acc, contrib);
+                fx.b.def_var(var, acc);
+            }
+            None => {
+                let idx: Vec<Value> = l
+                    .index
+                    .iter()
+                    .map(|e| {
+                        let x = score::eval(fx, e, env);
+                        fx.cvt_i(x)
+                    })
+                    .collect();
+                scatter_add(fx, it.partial, target, &idx, contrib);
+            }
+        }
     }
 }
 
@@ -441,7 +703,6 @@ fn weights_row(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, i0: Value, rows: 
     }
     let j = fx.add(t.j0, c);
     let j32 = fx.b.ins().ireduce(types::I32, j);
-    let i0_32 = fx.b.ins().ireduce(types::I32, i0);
     let softmax = f.spec.weights == Weights::Softmax;
     let needs_ds = f.needs_ds();
     fx.rows(rows, &bases, &|fx, r, ptr| {
@@ -449,14 +710,7 @@ fn weights_row(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, i0: Value, rows: 
         let fty = fx.ty(Kind::F);
         let s = fx.b.ins().load(fty, fl, ptr[0], 0);
         let dp = fx.b.ins().load(fty, fl, ptr[1], 0);
-        // Positions: batch, the queries of these lanes, this key.
-        let mut pos: Vec<Value> = it.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
-        let r32 = fx.b.ins().ireduce(types::I32, r);
-        let i = fx.b.ins().iadd(i0_32, r32);
-        let i = fx.splat(Kind::I, i);
-        let i = if fx.lanes > 1 { fx.b.ins().iadd(i, p.lane_iota) } else { i };
-        pos.push(i);
-        pos.push(fx.splat(Kind::I, j32));
+        let pos = positions(fx, p, it, i0, j32, r);
         let env = Env { s: Some(Tv { v: s, k: Kind::F }), pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
         let score = score::eval(fx, &f.spec.score, &env);
         let score = fx.cvt_f(score);
@@ -499,32 +753,7 @@ fn weights_row(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, i0: Value, rows: 
             let ds = fx.select_raw(live, ds, z);
             fx.b.ins().store(fl, ds, ptr[1], 0);
         }
-        for (l, sum) in f.grad.loads.iter().zip(&it.sums) {
-            let Some(target) = p.targets.iter().find(|t| t.input == l.input) else { continue };
-            let d = score::eval(fx, &l.d, &env);
-            let d = fx.cvt_f(d);
-            let contrib = fx.b.ins().fmul(df, d);
-            let contrib = fx.select_raw(live, contrib, z);
-            match sum {
-                Some(sum) => {
-                    let var = if fx.lanes > 1 { sum.lanes } else { sum.one };
-                    let acc = fx.b.use_var(var);
-                    let acc = fx.b.ins().fadd(acc, contrib);
-                    fx.b.def_var(var, acc);
-                }
-                None => {
-                    let idx: Vec<Value> = l
-                        .index
-                        .iter()
-                        .map(|e| {
-                            let x = score::eval(fx, e, &env);
-                            fx.cvt_i(x)
-                        })
-                        .collect();
-                    scatter_add(fx, it.partial, target, &idx, contrib);
-                }
-            }
-        }
+        extra_gradients(fx, p, it, &env, df, live);
     });
 }
 
