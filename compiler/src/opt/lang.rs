@@ -243,75 +243,114 @@ pub fn load(graph: &Graph) -> Loaded {
 
 /// Rebuilds a graph from an e-graph: `choose` picks the e-node to use for a class. Parameters
 /// come first in their original order; `outputs` name the classes to return.
-/// `spans` gives the source span of each (canonical) class that has one.
-pub fn unload(
+/// `spans` gives the source span of each canonical class that has one ([`class_spans`]).
+///
+/// The classes to build are listed first, then the graph is made at its final size: a long
+/// program's result graph is megabytes, and growing it by doubling touched twice that in
+/// fresh memory.
+pub fn unload<'a>(
     name: &str,
-    egraph: &EG,
+    egraph: &'a EG,
     params: &[Id],
     outputs: &[(String, Id)],
-    choose: &dyn Fn(Id) -> ENode,
-    spans: &HashMap<Id, Span>,
+    choose: &dyn Fn(Id) -> &'a ENode,
+    spans: &[Option<Span>],
 ) -> Result<Graph, String> {
-    let mut g = Graph::new(name);
-    let mut built: HashMap<Id, Value> = HashMap::new();
-    for p in params {
-        build(egraph, egraph.find(*p), choose, &mut g, &mut built)?;
+    let mut walk = Walk { state: vec![Visit::New; class_slots(egraph)], order: Vec::new() };
+    for root in params.iter().chain(outputs.iter().map(|(_, id)| id)) {
+        walk.visit(egraph, egraph.find(*root), choose)?;
+    }
+    let edges = walk.order.iter().map(|(_, node)| node.args().len()).sum();
+    let mut g = Graph::with_capacity(name, walk.order.len(), edges);
+    let mut value: Vec<Option<Value>> = vec![None; walk.state.len()];
+    let mut args = Vec::new();
+    for (class, node) in walk.order {
+        args.clear();
+        for c in node.args() {
+            let v = value.get(usize::from(egraph.find(*c))).copied().flatten();
+            args.push(v.ok_or_else(|| format!("class {c} was not built"))?);
+        }
+        let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
+        let v = g.add(node.op.clone(), ty, &args);
+        g.set_span(v, spans.get(usize::from(class)).copied().flatten());
+        value[usize::from(class)] = Some(v);
     }
     for (out, id) in outputs {
-        let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built)?;
-        g.add_output(out.clone(), v);
-    }
-    for (class, v) in &built {
-        g.set_span(*v, spans.get(class).copied());
+        let v = value.get(usize::from(egraph.find(*id))).copied().flatten();
+        g.add_output(out.clone(), v.ok_or_else(|| format!("class {id} was not built"))?);
     }
     Ok(g)
 }
 
+/// One more than the largest class id: the length of a table indexed by class (egg numbers
+/// classes densely as it adds nodes).
+pub fn class_slots(egraph: &EG) -> usize {
+    egraph.classes().map(|c| usize::from(c.id) + 1).max().unwrap_or(0)
+}
+
 /// The source span of every class of the loaded graph that has one (the first node's, in
-/// topological order, of each class).
-pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> HashMap<Id, Span> {
-    let mut out = HashMap::new();
+/// topological order, of each class), indexed by canonical class id.
+pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> Vec<Option<Span>> {
+    let mut out = vec![None; class_slots(egraph)];
     for v in graph.topo_order().unwrap_or_default() {
-        if let Some(span) = graph.node(v).span {
-            out.entry(egraph.find(class_of[v.index()])).or_insert(span);
+        if let Some(span) = graph.node(v).span
+            && let Some(slot) = out.get_mut(usize::from(egraph.find(class_of[v.index()])))
+            && slot.is_none()
+        {
+            *slot = Some(span);
         }
     }
     out
 }
 
-/// Adds `root`'s class and everything it needs to `g`, operands first (in operand order, as a
-/// recursive walk would), with an explicit stack: extraction chains are as long as the program.
-fn build(egraph: &EG, root: Id, choose: &dyn Fn(Id) -> ENode, g: &mut Graph, built: &mut HashMap<Id, Value>) -> Result<Value, String> {
-    // (class, its chosen node once its operands are queued)
-    let mut stack: Vec<(Id, Option<ENode>)> = vec![(root, None)];
-    let mut open: std::collections::HashSet<Id> = std::collections::HashSet::new();
-    while let Some((class, chosen)) = stack.pop() {
-        if built.contains_key(&class) {
-            continue;
-        }
-        match chosen {
-            None => {
-                // A class met again while its operands are still being built is its own operand.
-                if !open.insert(class) {
-                    return Err(format!("class {class} depends on itself"));
+/// Where a class stands in [`Walk`].
+#[derive(Clone, Copy, PartialEq)]
+enum Visit {
+    New,
+    /// Its operands are being listed.
+    Open,
+    Listed,
+}
+
+/// The classes to build, each after its operands, with their chosen nodes.
+struct Walk<'a> {
+    /// Indexed by class id.
+    state: Vec<Visit>,
+    order: Vec<(Id, &'a ENode)>,
+}
+
+impl<'a> Walk<'a> {
+    /// Lists `root`'s class and everything it needs, operands first (in operand order, as a
+    /// recursive walk would), with an explicit stack: extraction chains are as long as the
+    /// program.
+    fn visit(&mut self, egraph: &EG, root: Id, choose: &dyn Fn(Id) -> &'a ENode) -> Result<(), String> {
+        // (class, its chosen node once its operands are queued)
+        let mut stack: Vec<(Id, Option<&'a ENode>)> = vec![(root, None)];
+        while let Some((class, chosen)) = stack.pop() {
+            let state = self.state.get_mut(usize::from(class)).ok_or_else(|| format!("class {class} is not in the e-graph"))?;
+            match (chosen, *state) {
+                (_, Visit::Listed) => {}
+                // A class met again while its operands are still being listed is its own operand.
+                (None, Visit::Open) => return Err(format!("class {class} depends on itself")),
+                (None, Visit::New) => {
+                    *state = Visit::Open;
+                    let node = choose(class);
+                    stack.push((class, Some(node)));
+                    let first = stack.len();
+                    for c in node.args() {
+                        let c = egraph.find(*c);
+                        if self.state.get(usize::from(c)) != Some(&Visit::Listed) {
+                            stack.push((c, None));
+                        }
+                    }
+                    stack[first..].reverse();
                 }
-                let node = choose(class);
-                let operands: Vec<Id> = node.args().iter().map(|c| egraph.find(*c)).collect();
-                stack.push((class, Some(node)));
-                stack.extend(operands.into_iter().rev().filter(|c| !built.contains_key(c)).map(|c| (c, None)));
-            }
-            Some(node) => {
-                open.remove(&class);
-                let args = node
-                    .args()
-                    .iter()
-                    .map(|c| built.get(&egraph.find(*c)).copied().ok_or_else(|| format!("class {c} was not built")))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
-                let v = g.add(node.op.clone(), ty, &args);
-                built.insert(class, v);
+                (Some(node), _) => {
+                    *state = Visit::Listed;
+                    self.order.push((class, node));
+                }
             }
         }
+        Ok(())
     }
-    built.get(&root).copied().ok_or_else(|| format!("class {root} was not built"))
 }

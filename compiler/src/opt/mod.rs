@@ -238,7 +238,7 @@ pub(crate) fn optimize_with_rules(
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
     let spans = lang::class_spans(graph, eg, &class_of);
-    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c).clone(), &spans).map(|g| g.compact());
+    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c), &spans).map(|g| g.compact());
     let optimized = match result {
         Ok(g) => match verify(&g) {
             Ok(()) if same_signature(graph, &g) => g,
