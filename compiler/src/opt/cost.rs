@@ -41,7 +41,7 @@ impl Cost<'_> {
     pub fn own(&self, n: &ENode) -> f64 {
         let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
         let Some(tys) = tys else { return f64::INFINITY };
-        let Ok(out) = infer(&n.op, &tys, n.ty.as_deref()) else { return f64::INFINITY };
+        let Ok(out) = infer(n.op(), &tys, n.ty()) else { return f64::INFINITY };
         self.own_typed(n, &tys, &out)
     }
 
@@ -59,7 +59,7 @@ impl Cost<'_> {
         let out_elems = self.elems(&out.shape);
         let moved = |extra: f64| (out_elems + extra) * BYTES * FLOPS_PER_BYTE;
         let ins: f64 = tys.iter().map(|t| self.elems(&t.shape)).sum();
-        match &n.op {
+        match n.op() {
             Op::Param(_) | Op::Const(_) | Op::DimValue(_) => 0.0,
             Op::Iota { .. } | Op::Reshape => 1.0,
             // A strided view for the backends, but not free: folding transposes must pay.

@@ -1,28 +1,41 @@
 //! The e-graph language: one e-node per IR op, and an analysis carrying each class's type.
 //!
-//! An [`ENode`] is an [`Op`] plus, for ops whose result the operands do not determine (param,
-//! const, reshape, cast, iota), the result type. Identity is the op's canonical text plus its
-//! children, so two nodes are equal exactly when they print alike.
+//! An [`ENode`] is an [`OpKey`] plus its operand classes. The key is the [`Op`] and, for ops
+//! whose result the operands do not determine (param, const, reshape, cast, iota, flash), the
+//! result type. Identity is the key's canonical text plus the children, so two nodes are equal
+//! exactly when they print alike. Keys are interned per e-graph ([`Types::key`]): an e-node is
+//! a shared pointer and its operands, small enough that a long program's e-graph (egg keeps
+//! three copies of every node) stays in cache.
 
 use crate::ir::{Graph, Op, TensorType, Value, infer};
 use attn_dsl::Span;
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-/// One e-node.
-#[derive(Clone, Debug)]
-pub struct ENode {
+/// What identifies an e-node apart from its operands: its op and, for ops that carry one, its
+/// declared result type. One shared copy per e-graph of each ([`Types::key`]).
+#[derive(Debug)]
+pub struct OpKey {
     /// The operation.
     pub op: Op,
     /// The declared result type, for ops that carry one.
     pub ty: Option<Arc<TensorType>>,
-    key: Arc<str>,
-    /// Inline up to three operands: egg keeps three copies of every node (its node list, its
-    /// hash-cons table and the class), and most ops have at most three.
+    /// The canonical text: name, attributes, declared type. Equal texts are equal keys.
+    text: Box<str>,
+    /// Its number in the e-graph's [`Types`] (the e-node's discriminant).
+    id: usize,
+}
+
+/// One e-node.
+#[derive(Clone, Debug)]
+pub struct ENode {
+    key: Arc<OpKey>,
+    /// Inline up to three operands: most ops have at most three.
     children: SmallVec<[Id; 3]>,
 }
 
@@ -30,24 +43,27 @@ impl ENode {
     /// A node; `ty` is kept only for ops whose result type the operands do not determine. Its
     /// key is shared through `types` (see [`Types::key`]).
     pub fn new(types: &mut Types, op: Op, ty: Option<TensorType>, children: Vec<Id>) -> ENode {
-        use std::fmt::Write as _;
-        let ty = if carries_type(&op) { ty } else { None };
-        let mut key = op.name().to_string();
-        let attrs = op.attrs();
-        if !attrs.is_empty() {
-            let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let _ = write!(key, "[{}]", parts.join(", "));
-        }
-        if let Some(t) = &ty {
-            let _ = write!(key, " : {t}");
-        }
-        let ty = ty.map(|t| types.intern(t));
-        ENode { op, ty, key: types.key(key), children: children.into() }
+        ENode { key: types.key(op, ty), children: children.into() }
+    }
+
+    /// The operation.
+    pub fn op(&self) -> &Op {
+        &self.key.op
+    }
+
+    /// The declared result type, for ops that carry one.
+    pub fn ty(&self) -> Option<&TensorType> {
+        self.key.ty.as_deref()
     }
 
     /// The operand classes.
     pub fn args(&self) -> &[Id] {
         &self.children
+    }
+
+    /// Whether the two keys are equal: interned keys are equal when they are the same copy.
+    fn same_key(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.key, &other.key) || self.key.text == other.key.text
     }
 }
 
@@ -58,9 +74,24 @@ fn carries_type(op: &Op) -> bool {
     matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. } | Op::Flash(_))
 }
 
+/// An op's canonical text: its name, its attributes and its declared type.
+fn key_text(op: &Op, ty: Option<&TensorType>) -> String {
+    use std::fmt::Write as _;
+    let mut key = op.name().to_string();
+    let attrs = op.attrs();
+    if !attrs.is_empty() {
+        let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = write!(key, "[{}]", parts.join(", "));
+    }
+    if let Some(t) = ty {
+        let _ = write!(key, " : {t}");
+    }
+    key
+}
+
 impl PartialEq for ENode {
     fn eq(&self, other: &Self) -> bool {
-        self.key == other.key && self.children == other.children
+        self.same_key(other) && self.children == other.children
     }
 }
 
@@ -68,7 +99,7 @@ impl Eq for ENode {}
 
 impl Hash for ENode {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key.hash(state);
+        self.key.text.hash(state);
         self.children.hash(state);
     }
 }
@@ -81,25 +112,27 @@ impl PartialOrd for ENode {
 
 impl Ord for ENode {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (&self.key, &self.children).cmp(&(&other.key, &other.children))
+        let keys = if self.same_key(other) { std::cmp::Ordering::Equal } else { self.key.text.cmp(&other.key.text) };
+        keys.then_with(|| self.children.cmp(&other.children))
     }
 }
 
 impl fmt::Display for ENode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.key)
+        f.write_str(&self.key.text)
     }
 }
 
 impl Language for ENode {
-    type Discriminant = Arc<str>;
+    /// The key's number in its e-graph.
+    type Discriminant = usize;
 
     fn discriminant(&self) -> Self::Discriminant {
-        self.key.clone()
+        self.key.id
     }
 
     fn matches(&self, other: &Self) -> bool {
-        self.key == other.key && self.children.len() == other.children.len()
+        self.same_key(other) && self.children.len() == other.children.len()
     }
 
     fn children(&self) -> &[Id] {
@@ -124,7 +157,7 @@ pub struct Facts {
 /// The e-graph analysis: types via [`infer`], and scalar constants. Types are interned: a
 /// long program has a few distinct types across thousands of classes, and one shared copy
 /// each keeps the e-graph small enough to stay in cache (each type holds several heap-allocated
-/// symbolic dims).
+/// symbolic dims). So are e-node keys.
 #[derive(Clone, Debug, Default)]
 pub struct Types {
     interned: HashMap<TensorType, Arc<TensorType>>,
@@ -132,26 +165,53 @@ pub struct Types {
     /// address; the interned copies live as long as the e-graph): a long program repeats a few
     /// (op, operand types) pairs, and each is inferred once.
     inferred: HashMap<MemoKey, Option<Arc<TensorType>>>,
-    /// One shared copy of each e-node key: a long program repeats a few (`mul`, `add`), and
-    /// equal keys then compare and hash from the same memory.
-    keys: std::collections::HashSet<Arc<str>>,
+    /// One shared copy of each e-node key, found by its text.
+    keys: HashSet<ByText>,
 }
 
-/// An e-node's key and its children's interned types, by address.
-type MemoKey = (Arc<str>, [usize; MEMO_ARITY]);
+/// An interned key, hashed and compared by its text (so a key is found from its text).
+#[derive(Clone, Debug)]
+struct ByText(Arc<OpKey>);
+
+impl Borrow<str> for ByText {
+    fn borrow(&self) -> &str {
+        &self.0.text
+    }
+}
+
+impl PartialEq for ByText {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.text == other.0.text
+    }
+}
+
+impl Eq for ByText {}
+
+impl Hash for ByText {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.text.hash(state);
+    }
+}
+
+/// An e-node's key number and its children's interned types, by address.
+type MemoKey = (usize, [usize; MEMO_ARITY]);
 
 /// E-nodes with at most this many children have their inferred types memoised.
 const MEMO_ARITY: usize = 4;
 
 impl Types {
-    /// The shared copy of an e-node key.
-    pub fn key(&mut self, text: String) -> Arc<str> {
+    /// The shared key of `op` with declared type `ty` (kept only for ops that carry one).
+    pub fn key(&mut self, op: Op, ty: Option<TensorType>) -> Arc<OpKey> {
+        let ty = if carries_type(&op) { ty } else { None };
+        let text = key_text(&op, ty.as_ref());
         if let Some(shared) = self.keys.get(text.as_str()) {
-            return shared.clone();
+            return shared.0.clone();
         }
-        let shared: Arc<str> = text.into();
-        self.keys.insert(shared.clone());
-        shared
+        let ty = ty.map(|t| self.intern(t));
+        let id = self.keys.len();
+        let key = Arc::new(OpKey { op, ty, text: text.into_boxed_str(), id });
+        self.keys.insert(ByText(key.clone()));
+        key
     }
 
     /// The shared copy of `ty`.
@@ -178,7 +238,7 @@ impl Analysis<ENode> for Types {
             for (a, ty) in addrs.iter_mut().zip(t) {
                 *a = Arc::as_ptr(ty) as usize;
             }
-            (enode.key.clone(), addrs)
+            (enode.key.id, addrs)
         });
         let known = memo_key.as_ref().and_then(|k| egraph.analysis.inferred.get(k)).cloned();
         let ty = match known {
@@ -186,7 +246,7 @@ impl Analysis<ENode> for Types {
             None => {
                 let ty = tys.and_then(|tys| {
                     let tys: Vec<&TensorType> = tys.into_iter().map(|t| &**t).collect();
-                    infer(&enode.op, &tys, enode.ty.as_deref()).ok()
+                    infer(enode.op(), &tys, enode.ty()).ok()
                 });
                 let ty = ty.map(|t| egraph.analysis.intern(t));
                 if let Some(k) = memo_key {
@@ -195,7 +255,7 @@ impl Analysis<ENode> for Types {
                 ty
             }
         };
-        let konst = match &enode.op {
+        let konst = match enode.op() {
             Op::Const(v) => Some(*v),
             _ => None,
         };
@@ -271,7 +331,7 @@ pub fn unload<'a>(
             args.push(v.ok_or_else(|| format!("class {c} was not built"))?);
         }
         let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
-        let v = g.add(node.op.clone(), ty, &args);
+        let v = g.add(node.op().clone(), ty, &args);
         g.set_span(v, spans.get(usize::from(class)).copied().flatten());
         value[usize::from(class)] = Some(v);
     }

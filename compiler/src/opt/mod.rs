@@ -256,7 +256,7 @@ pub(crate) fn optimize_with_rules(
         .map(|(w, mm)| {
             let class = eg.find(class_of[mm.index()]);
             let chosen = extractor.find_best_node(class);
-            let outcome = if let Op::Flash(_) = &chosen.op {
+            let outcome = if let Op::Flash(_) = chosen.op() {
                 Ok(format!("{}", chosen))
             } else {
                 let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
@@ -348,13 +348,13 @@ fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extracted
             continue;
         }
         let class = eg.find(class_of[v.index()]);
-        let alternatives: Vec<&ENode> = eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)).collect();
+        let alternatives: Vec<&ENode> = eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)).collect();
         if alternatives.len() < 2 {
             continue;
         }
         let chosen = ex.find_best_node(class);
         let describe = |n: &ENode| {
-            let left_is_product = eg[n.args()[0]].nodes.iter().any(|m| matches!(m.op, Op::MatMul));
+            let left_is_product = eg[n.args()[0]].nodes.iter().any(|m| matches!(m.op(), Op::MatMul));
             if left_is_product { "(a @ b) @ c" } else { "a @ (b @ c)" }
         };
         let cost_of = |n: &ENode| ex.find_best_cost(eg.find(n.args()[0])) + ex.find_best_cost(eg.find(n.args()[1]));
