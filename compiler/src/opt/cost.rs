@@ -5,7 +5,7 @@
 //! (first letter S, N, M, T or L) are 1024, batch-like `B` 2, head counts `H`/`G` 8, everything
 //! else (head widths, feature sizes, prefixes) 64. Only the ordering of costs matters.
 
-use super::lang::{EG, ENode};
+use super::lang::{Classes, ENode};
 use crate::ir::{BinaryOp, Dim, Op, ScoreExpr, TensorType, infer};
 use egg::{CostFunction, Id};
 use std::collections::HashMap;
@@ -24,10 +24,10 @@ pub fn representative(name: &str) -> i64 {
     }
 }
 
-/// The cost function handed to egg's extractor.
+/// The cost function of extraction (also egg's [`CostFunction`]).
 pub struct Cost<'a> {
-    /// The e-graph (for operand types).
-    pub eg: &'a EG,
+    /// The e-graph's classes (for operand types).
+    pub classes: &'a Classes<'a>,
     /// Dim sizes to evaluate shapes at.
     pub env: HashMap<String, i64>,
 }
@@ -39,7 +39,7 @@ impl Cost<'_> {
 
     /// The node's own cost (without its operands).
     pub fn own(&self, n: &ENode) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
         let Some(tys) = tys else { return f64::INFINITY };
         let Ok(out) = infer(n.op(), &tys, n.ty()) else { return f64::INFINITY };
         self.own_typed(n, &tys, &out)
@@ -48,8 +48,8 @@ impl Cost<'_> {
     /// [`Self::own`] for a node of the class `class`, whose type the e-graph already knows
     /// (every node of a class has it): no type inference, so extraction stays cheap.
     pub fn own_in(&self, n: &ENode, class: Id) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
-        match (tys, self.eg[class].data.ty.as_deref()) {
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
+        match (tys, self.classes.get(class).ty) {
             (Some(tys), Some(out)) => self.own_typed(n, &tys, out),
             _ => f64::INFINITY,
         }

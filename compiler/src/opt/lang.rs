@@ -276,6 +276,59 @@ impl Analysis<ENode> for Types {
     }
 }
 
+/// An e-class as the walks after saturation read it: its nodes and its type.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassView<'a> {
+    /// The class's e-nodes (empty for an id that is no class).
+    pub nodes: &'a [ENode],
+    /// Its type (see [`Facts::ty`]).
+    pub ty: Option<&'a TensorType>,
+}
+
+/// The e-graph's classes in a table indexed by class id. egg keeps its classes in a hash map,
+/// and the walks over a saturated e-graph (costs, extraction, unloading, the report) look
+/// classes up by id again and again: on a long program the map is larger than the cache and
+/// nearly every probe missed it. One pass over the map, in its storage order, fills the table.
+pub struct Classes<'a> {
+    eg: &'a EG,
+    by_id: Vec<ClassView<'a>>,
+}
+
+impl<'a> Classes<'a> {
+    /// The table of `eg`'s classes.
+    pub fn new(eg: &'a EG) -> Classes<'a> {
+        let mut by_id = Vec::new();
+        for c in eg.classes() {
+            let k = usize::from(c.id);
+            if by_id.len() <= k {
+                by_id.resize(k + 1, ClassView::default());
+            }
+            by_id[k] = ClassView { nodes: &c.nodes, ty: c.data.ty.as_deref() };
+        }
+        Classes { eg, by_id }
+    }
+
+    /// The class of `id` (any id of it).
+    pub fn get(&self, id: Id) -> ClassView<'a> {
+        self.by_id.get(usize::from(self.eg.find(id))).copied().unwrap_or_default()
+    }
+
+    /// The canonical id of `id`'s class.
+    pub fn find(&self, id: Id) -> Id {
+        self.eg.find(id)
+    }
+
+    /// The canonical class ids, in increasing order.
+    pub fn ids(&self) -> impl Iterator<Item = Id> + '_ {
+        self.by_id.iter().enumerate().filter(|(_, c)| !c.nodes.is_empty()).map(|(k, _)| Id::from(k))
+    }
+
+    /// One more than the largest class id: the length of a table indexed by class.
+    pub fn slots(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
 /// A graph loaded into an e-graph.
 pub struct Loaded {
     /// The e-graph.
@@ -310,15 +363,15 @@ pub fn load(graph: &Graph) -> Loaded {
 /// fresh memory.
 pub fn unload<'a>(
     name: &str,
-    egraph: &'a EG,
+    classes: &Classes<'a>,
     params: &[Id],
     outputs: &[(String, Id)],
-    choose: &dyn Fn(Id) -> &'a ENode,
+    choose: &dyn Fn(Id) -> Option<&'a ENode>,
     spans: &[Option<Span>],
 ) -> Result<Graph, String> {
-    let mut walk = Walk { state: vec![Visit::New; class_slots(egraph)], order: Vec::new() };
+    let mut walk = Walk { state: vec![Visit::New; classes.slots()], order: Vec::new() };
     for root in params.iter().chain(outputs.iter().map(|(_, id)| id)) {
-        walk.visit(egraph, egraph.find(*root), choose)?;
+        walk.visit(classes, classes.find(*root), choose)?;
     }
     let edges = walk.order.iter().map(|(_, node)| node.args().len()).sum();
     let mut g = Graph::with_capacity(name, walk.order.len(), edges);
@@ -327,34 +380,28 @@ pub fn unload<'a>(
     for (class, node) in walk.order {
         args.clear();
         for c in node.args() {
-            let v = value.get(usize::from(egraph.find(*c))).copied().flatten();
+            let v = value.get(usize::from(classes.find(*c))).copied().flatten();
             args.push(v.ok_or_else(|| format!("class {c} was not built"))?);
         }
-        let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
+        let ty = classes.get(class).ty.cloned().ok_or_else(|| format!("class {class} has no type"))?;
         let v = g.add(node.op().clone(), ty, &args);
         g.set_span(v, spans.get(usize::from(class)).copied().flatten());
         value[usize::from(class)] = Some(v);
     }
     for (out, id) in outputs {
-        let v = value.get(usize::from(egraph.find(*id))).copied().flatten();
+        let v = value.get(usize::from(classes.find(*id))).copied().flatten();
         g.add_output(out.clone(), v.ok_or_else(|| format!("class {id} was not built"))?);
     }
     Ok(g)
 }
 
-/// One more than the largest class id: the length of a table indexed by class (egg numbers
-/// classes densely as it adds nodes).
-pub fn class_slots(egraph: &EG) -> usize {
-    egraph.classes().map(|c| usize::from(c.id) + 1).max().unwrap_or(0)
-}
-
 /// The source span of every class of the loaded graph that has one (the first node's, in
 /// topological order, of each class), indexed by canonical class id.
-pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> Vec<Option<Span>> {
-    let mut out = vec![None; class_slots(egraph)];
+pub fn class_spans(graph: &Graph, classes: &Classes<'_>, class_of: &[Id]) -> Vec<Option<Span>> {
+    let mut out = vec![None; classes.slots()];
     for v in graph.topo_order().unwrap_or_default() {
         if let Some(span) = graph.node(v).span
-            && let Some(slot) = out.get_mut(usize::from(egraph.find(class_of[v.index()])))
+            && let Some(slot) = out.get_mut(usize::from(classes.find(class_of[v.index()])))
             && slot.is_none()
         {
             *slot = Some(span);
@@ -383,7 +430,7 @@ impl<'a> Walk<'a> {
     /// Lists `root`'s class and everything it needs, operands first (in operand order, as a
     /// recursive walk would), with an explicit stack: extraction chains are as long as the
     /// program.
-    fn visit(&mut self, egraph: &EG, root: Id, choose: &dyn Fn(Id) -> &'a ENode) -> Result<(), String> {
+    fn visit(&mut self, classes: &Classes<'_>, root: Id, choose: &dyn Fn(Id) -> Option<&'a ENode>) -> Result<(), String> {
         // (class, its chosen node once its operands are queued)
         let mut stack: Vec<(Id, Option<&'a ENode>)> = vec![(root, None)];
         while let Some((class, chosen)) = stack.pop() {
@@ -394,11 +441,11 @@ impl<'a> Walk<'a> {
                 (None, Visit::Open) => return Err(format!("class {class} depends on itself")),
                 (None, Visit::New) => {
                     *state = Visit::Open;
-                    let node = choose(class);
+                    let node = choose(class).ok_or_else(|| format!("class {class} has no node"))?;
                     stack.push((class, Some(node)));
                     let first = stack.len();
                     for c in node.args() {
-                        let c = egraph.find(*c);
+                        let c = classes.find(*c);
                         if self.state.get(usize::from(c)) != Some(&Visit::Listed) {
                             stack.push((c, None));
                         }
