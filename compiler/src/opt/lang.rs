@@ -74,6 +74,11 @@ fn carries_type(op: &Op) -> bool {
     matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. } | Op::Flash(_))
 }
 
+/// Whether an op has no attributes: its text is its name.
+fn plain(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather)
+}
+
 /// An op's canonical text: its name, its attributes and its declared type.
 fn key_text(op: &Op, ty: Option<&TensorType>) -> String {
     use std::fmt::Write as _;
@@ -167,6 +172,10 @@ pub struct Types {
     inferred: HashMap<MemoKey, Option<Arc<TensorType>>>,
     /// One shared copy of each e-node key, found by its text.
     keys: HashSet<ByText>,
+    /// The key of each scalar constant by its value's bits and its type (by address): a long
+    /// program repeats a few constants, and printing each one's text to find its key cost
+    /// more than the rest of loading it.
+    consts: HashMap<(u64, usize), Arc<OpKey>>,
 }
 
 /// An interned key, hashed and compared by its text (so a key is found from its text).
@@ -202,12 +211,32 @@ const MEMO_ARITY: usize = 4;
 impl Types {
     /// The shared key of `op` with declared type `ty` (kept only for ops that carry one).
     pub fn key(&mut self, op: Op, ty: Option<TensorType>) -> Arc<OpKey> {
-        let ty = if carries_type(&op) { ty } else { None };
-        let text = key_text(&op, ty.as_ref());
+        if !carries_type(&op) {
+            // An op without attributes is its name: no text to build.
+            if plain(&op)
+                && let Some(shared) = self.keys.get(op.name())
+            {
+                return shared.0.clone();
+            }
+            return self.key_by_text(op, None);
+        }
+        let ty = ty.map(|t| self.intern(t));
+        let Op::Const(v) = op else { return self.key_by_text(op, ty) };
+        let bits = (v.to_bits(), ty.as_ref().map_or(0, |t| Arc::as_ptr(t) as usize));
+        if let Some(shared) = self.consts.get(&bits) {
+            return shared.clone();
+        }
+        let key = self.key_by_text(op, ty);
+        self.consts.insert(bits, key.clone());
+        key
+    }
+
+    /// The shared key of `op` with declared type `ty`, found by its text.
+    fn key_by_text(&mut self, op: Op, ty: Option<Arc<TensorType>>) -> Arc<OpKey> {
+        let text = key_text(&op, ty.as_deref());
         if let Some(shared) = self.keys.get(text.as_str()) {
             return shared.0.clone();
         }
-        let ty = ty.map(|t| self.intern(t));
         let id = self.keys.len();
         let key = Arc::new(OpKey { op, ty, text: text.into_boxed_str(), id });
         self.keys.insert(ByText(key.clone()));
