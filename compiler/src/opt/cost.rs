@@ -7,7 +7,8 @@
 
 use super::lang::{Classes, ENode};
 use crate::ir::{BinaryOp, Dim, Op, ScoreExpr, TensorType, infer};
-use egg::{CostFunction, Id};
+use egg::{CostFunction, Id, Language};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// Bytes per element moved (f32), and how many FLOPs one byte is worth.
@@ -27,12 +28,26 @@ pub fn representative(name: &str) -> i64 {
 /// The cost function of extraction (also egg's [`CostFunction`]).
 pub struct Cost<'a> {
     /// The e-graph's classes (for operand types).
-    pub classes: &'a Classes<'a>,
+    classes: &'a Classes<'a>,
     /// Dim sizes to evaluate shapes at.
-    pub env: HashMap<String, i64>,
+    env: HashMap<String, i64>,
+    /// [`Self::own_in`] by the node's key and its types (interned: by address): a long program
+    /// repeats a few (op, types) pairs, and evaluating their symbolic sizes is most of a cost.
+    known: RefCell<HashMap<OwnKey, f64>>,
 }
 
-impl Cost<'_> {
+/// An e-node's key number, and the addresses of its result type and its operands' types.
+type OwnKey = (usize, usize, [usize; OWN_ARITY]);
+
+/// E-nodes with at most this many operands have their own costs memoised.
+const OWN_ARITY: usize = 3;
+
+impl<'a> Cost<'a> {
+    /// The cost model over `classes`, with dims evaluated at `env`.
+    pub fn new(classes: &'a Classes<'a>, env: HashMap<String, i64>) -> Cost<'a> {
+        Cost { classes, env, known: RefCell::new(HashMap::new()) }
+    }
+
     fn elems(&self, shape: &[Dim]) -> f64 {
         shape.iter().map(|d| d.eval(&self.env).unwrap_or(64).max(0) as f64).product()
     }
@@ -48,11 +63,24 @@ impl Cost<'_> {
     /// [`Self::own`] for a node of the class `class`, whose type the e-graph already knows
     /// (every node of a class has it): no type inference, so extraction stays cheap.
     pub fn own_in(&self, n: &ENode, class: Id) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
-        match (tys, self.classes.get(class).ty) {
-            (Some(tys), Some(out)) => self.own_typed(n, &tys, out),
-            _ => f64::INFINITY,
+        let Some(out) = self.classes.get(class).ty else { return f64::INFINITY };
+        let mut key: OwnKey = (n.discriminant(), std::ptr::from_ref(out) as usize, [0; OWN_ARITY]);
+        if n.args().len() <= OWN_ARITY {
+            for (slot, c) in key.2.iter_mut().zip(n.args()) {
+                let Some(ty) = self.classes.get(*c).ty else { return f64::INFINITY };
+                *slot = std::ptr::from_ref(ty) as usize;
+            }
+            if let Some(known) = self.known.borrow().get(&key) {
+                return *known;
+            }
         }
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
+        let Some(tys) = tys else { return f64::INFINITY };
+        let own = self.own_typed(n, &tys, out);
+        if n.args().len() <= OWN_ARITY {
+            self.known.borrow_mut().insert(key, own);
+        }
+        own
     }
 
     fn own_typed(&self, n: &ENode, tys: &[&TensorType], out: &TensorType) -> f64 {

@@ -198,7 +198,7 @@ pub(crate) fn optimize_with_rules(
     // The input's cost, on the e-graph as loaded (each value's class holds just its node).
     let input_cost = {
         let classes = Classes::new(&loaded.egraph);
-        let cost = Cost { classes: &classes, env: env.clone() };
+        let cost = Cost::new(&classes, env.clone());
         graph
             .values()
             .map(|v| {
@@ -236,7 +236,7 @@ pub(crate) fn optimize_with_rules(
     report.egraph_classes = eg.number_of_classes();
 
     let classes = Classes::new(eg);
-    let cost = Cost { classes: &classes, env };
+    let cost = Cost::new(&classes, env);
     let extractor = Extracted::new(&classes, &cost);
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
@@ -364,7 +364,7 @@ fn association_decisions(graph: &Graph, classes: &Classes<'_>, class_of: &[Id], 
         let cost_of = |n: &ENode| ex.find_best_cost(n.args()[0]) + ex.find_best_cost(n.args()[1]);
         let mut options: Vec<String> = alternatives
             .iter()
-            .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost { classes, env: HashMap::new() }.own(n)))
+            .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost::new(classes, HashMap::new()).own(n)))
             .collect();
         options.dedup();
         out.push(format!("matmul %{}: kept {} ({})", numbers[v.index()], describe(chosen), options.join(", ")));
