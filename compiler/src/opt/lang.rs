@@ -366,7 +366,7 @@ pub struct Loaded {
     pub class_of: Vec<Id>,
 }
 
-/// Adds every node of `graph` to a fresh e-graph.
+/// Adds every node of `graph` to a fresh e-graph (not yet rebuilt: see [`EGraph::rebuild`]).
 pub fn load(graph: &Graph) -> Loaded {
     let mut egraph = EG::default();
     let mut class_of = vec![Id::from(0usize); graph.len()];
@@ -379,7 +379,8 @@ pub fn load(graph: &Graph) -> Loaded {
         let enode = ENode::new(&mut egraph.analysis, node.op.clone(), declared, children);
         class_of[v.index()] = egraph.add(enode);
     }
-    egraph.rebuild();
+    // No rebuild: nothing was merged, so every class holds its one node, canonical, and the
+    // runner rebuilds before its first search (each rebuild is a pass over the whole e-graph).
     Loaded { egraph, class_of }
 }
 
