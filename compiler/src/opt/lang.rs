@@ -426,10 +426,10 @@ pub fn unload<'a>(
 }
 
 /// The source span of every class of the loaded graph that has one (the first node's, in
-/// topological order, of each class), indexed by canonical class id.
-pub fn class_spans(graph: &Graph, classes: &Classes<'_>, class_of: &[Id]) -> Vec<Option<Span>> {
+/// `order`, the graph's topological order, of each class), indexed by canonical class id.
+pub fn class_spans(graph: &Graph, order: &[Value], classes: &Classes<'_>, class_of: &[Id]) -> Vec<Option<Span>> {
     let mut out = vec![None; classes.slots()];
-    for v in graph.topo_order().unwrap_or_default() {
+    for &v in order {
         if let Some(span) = graph.node(v).span
             && let Some(slot) = out.get_mut(usize::from(classes.find(class_of[v.index()])))
             && slot.is_none()

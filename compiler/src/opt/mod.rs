@@ -240,7 +240,10 @@ pub(crate) fn optimize_with_rules(
     let extractor = Extracted::new(&classes, &cost);
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
-    let spans = lang::class_spans(graph, &classes, &class_of);
+    // The input's topological order, for the walks below (a long program's is worth computing
+    // once).
+    let order = graph.topo_order().unwrap_or_default();
+    let spans = lang::class_spans(graph, &order, &classes, &class_of);
     let result = unload(&graph.name, &classes, &params, &outputs, &|c| extractor.find_best_node(c), &spans).map(|g| g.compact());
     let optimized = match result {
         Ok(g) => match verify(&g) {
@@ -252,8 +255,9 @@ pub(crate) fn optimize_with_rules(
     };
     report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, &classes, &outputs));
     let fuse = FuseAttention { pinned };
-    let numbers = crate::ir::value_numbers(graph);
-    report.fusions = attention_sites(graph)
+    let sites = attention_sites(graph, &order);
+    let numbers = if sites.is_empty() { Vec::new() } else { crate::ir::value_numbers(graph) };
+    report.fusions = sites
         .into_iter()
         .map(|(w, mm)| {
             let class = eg.find(class_of[mm.index()]);
@@ -267,7 +271,7 @@ pub(crate) fn optimize_with_rules(
             FusionNote { weights: numbers[w.index()], outcome }
         })
         .collect();
-    report.decisions = association_decisions(graph, &classes, &class_of, &extractor);
+    report.decisions = association_decisions(graph, &order, &classes, &class_of, &extractor);
     report.elapsed = start.elapsed();
     Optimized { graph: optimized, report }
 }
@@ -306,9 +310,9 @@ fn is_weights(op: &Op) -> bool {
 
 /// `(weights, matmul)` pairs: every `weights @ v` of the input. Sigmoids count only when their
 /// operand comes from a matmul chain (sigmoid attention), not e.g. a gate.
-fn attention_sites(graph: &Graph) -> Vec<(crate::ir::Value, crate::ir::Value)> {
+fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<(crate::ir::Value, crate::ir::Value)> {
     let mut out = Vec::new();
-    for v in graph.topo_order().unwrap_or_default() {
+    for &v in order {
         if !matches!(graph.node(v).op, Op::MatMul) {
             continue;
         }
@@ -339,10 +343,16 @@ fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extracted<'_>, classes: &Classe
 }
 
 /// For every matmul of the input with a matmul operand: which grouping was kept, with costs.
-fn association_decisions(graph: &Graph, classes: &Classes<'_>, class_of: &[Id], ex: &Extracted<'_>) -> Vec<String> {
-    let numbers = crate::ir::value_numbers(graph);
+fn association_decisions(
+    graph: &Graph,
+    order: &[crate::ir::Value],
+    classes: &Classes<'_>,
+    class_of: &[Id],
+    ex: &Extracted<'_>,
+) -> Vec<String> {
+    let mut numbers: Option<Vec<usize>> = None;
     let mut out = Vec::new();
-    for v in graph.topo_order().unwrap_or_default() {
+    for &v in order {
         if !matches!(graph.node(v).op, Op::MatMul) {
             continue;
         }
@@ -367,6 +377,7 @@ fn association_decisions(graph: &Graph, classes: &Classes<'_>, class_of: &[Id], 
             .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost::new(classes, HashMap::new()).own(n)))
             .collect();
         options.dedup();
+        let numbers = numbers.get_or_insert_with(|| crate::ir::value_numbers(graph));
         out.push(format!("matmul %{}: kept {} ({})", numbers[v.index()], describe(chosen), options.join(", ")));
     }
     out
