@@ -42,6 +42,11 @@ impl Graph {
         Graph { name: name.into(), ..Graph::default() }
     }
 
+    /// An empty graph with room for `nodes` nodes and `edges` operand edges.
+    pub fn with_capacity(name: impl Into<String>, nodes: usize, edges: usize) -> Graph {
+        Graph { name: name.into(), g: DiGraph::with_capacity(nodes, edges), ..Graph::default() }
+    }
+
     /// Adds a node with the given operands (in slot order). A `Param` node is also appended to
     /// the parameter list.
     pub fn add(&mut self, op: Op, ty: TensorType, args: &[Value]) -> Value {
@@ -194,6 +199,9 @@ impl Graph {
     /// renumbered in topological order. Consumes the graph: nodes are moved, not copied (a
     /// node's type is several allocations, and programs have tens of thousands of nodes).
     pub fn compact(self) -> Graph {
+        if self.is_compact() {
+            return self;
+        }
         let mut live = vec![false; self.g.node_count()];
         let mut stack: Vec<Value> = self.outputs.iter().map(|(_, v)| *v).chain(self.params.iter().copied()).collect();
         while let Some(v) = stack.pop() {
@@ -224,6 +232,33 @@ impl Graph {
             }
         }
         out
+    }
+    /// Whether [`Self::compact`] would return the graph unchanged: the parameters are its first
+    /// nodes, in order; every edge goes from a lower index to a higher one (so the topological
+    /// order is the index order); and every node is live. The optimizer's results are built
+    /// that way, and a long program's graph is megabytes to copy.
+    fn is_compact(&self) -> bool {
+        let n = self.g.node_count();
+        if self.params.iter().enumerate().any(|(i, p)| p.index() != i) {
+            return false;
+        }
+        if !self.g.edge_references().all(|e| e.source().index() < e.target().index()) {
+            return false;
+        }
+        // Users come after their operands: one backward pass marks everything live.
+        let mut live = vec![false; n];
+        for v in self.outputs.iter().map(|(_, v)| *v).chain(self.params.iter().copied()) {
+            live[v.index()] = true;
+        }
+        for i in (0..n).rev() {
+            if !live[i] {
+                return false;
+            }
+            for e in self.g.edges_directed(NodeIndex::new(i), Direction::Incoming) {
+                live[e.source().index()] = true;
+            }
+        }
+        true
     }
 }
 
@@ -267,5 +302,36 @@ mod tests {
         let compacted = g.compact();
         assert_eq!(compacted.len(), 6);
         assert_eq!(compacted.topo_order(), compacted.kahn_order());
+    }
+
+    /// A graph that is already compact comes back as it is (no copy), and compacting it the
+    /// long way gives the same graph.
+    #[test]
+    fn compact_graphs_are_kept() {
+        let scalar = TensorType { dtype: DType::F32, shape: vec![] };
+        let mut g = Graph::new("g");
+        let x = g.add(Op::Param("x".into()), scalar.clone(), &[]);
+        let y = g.add(Op::Param("y".into()), scalar.clone(), &[]);
+        let c = g.add(Op::Const(2.0), scalar.clone(), &[]);
+        let m = g.add(Op::Binary(BinaryOp::Mul), scalar.clone(), &[y, c]);
+        let s = g.add(Op::Binary(BinaryOp::Sub), scalar, &[m, x]);
+        g.add_output("out", s);
+        assert!(g.is_compact());
+        let text = g.to_string();
+        // An unused node, then a param after other nodes: neither is compact.
+        let mut dead = g.clone();
+        dead.add(Op::Const(1.0), TensorType { dtype: DType::F32, shape: vec![] }, &[]);
+        assert!(!dead.is_compact());
+        assert_eq!(dead.compact().to_string(), text);
+        let mut late = Graph::new("g");
+        let c = late.add(Op::Const(2.0), TensorType { dtype: DType::F32, shape: vec![] }, &[]);
+        let x = late.add(Op::Param("x".into()), TensorType { dtype: DType::F32, shape: vec![] }, &[]);
+        let m = late.add(Op::Binary(BinaryOp::Mul), TensorType { dtype: DType::F32, shape: vec![] }, &[x, c]);
+        late.add_output("out", m);
+        assert!(!late.is_compact());
+        let compacted = late.compact();
+        assert!(compacted.is_compact());
+        assert_eq!(compacted.params()[0].index(), 0);
+        assert_eq!(g.compact().to_string(), text);
     }
 }

@@ -5,9 +5,10 @@
 //! (first letter S, N, M, T or L) are 1024, batch-like `B` 2, head counts `H`/`G` 8, everything
 //! else (head widths, feature sizes, prefixes) 64. Only the ordering of costs matters.
 
-use super::lang::{EG, ENode};
+use super::lang::{Classes, ENode};
 use crate::ir::{BinaryOp, Dim, Op, ScoreExpr, TensorType, infer};
-use egg::{CostFunction, Id};
+use egg::{CostFunction, Id, Language};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// Bytes per element moved (f32), and how many FLOPs one byte is worth.
@@ -24,42 +25,69 @@ pub fn representative(name: &str) -> i64 {
     }
 }
 
-/// The cost function handed to egg's extractor.
+/// The cost function of extraction (also egg's [`CostFunction`]).
 pub struct Cost<'a> {
-    /// The e-graph (for operand types).
-    pub eg: &'a EG,
+    /// The e-graph's classes (for operand types).
+    classes: &'a Classes<'a>,
     /// Dim sizes to evaluate shapes at.
-    pub env: HashMap<String, i64>,
+    env: HashMap<String, i64>,
+    /// [`Self::own_in`] by the node's key and its types (interned: by address): a long program
+    /// repeats a few (op, types) pairs, and evaluating their symbolic sizes is most of a cost.
+    known: RefCell<HashMap<OwnKey, f64>>,
 }
 
-impl Cost<'_> {
+/// An e-node's key number, and the addresses of its result type and its operands' types.
+type OwnKey = (usize, usize, [usize; OWN_ARITY]);
+
+/// E-nodes with at most this many operands have their own costs memoised.
+const OWN_ARITY: usize = 3;
+
+impl<'a> Cost<'a> {
+    /// The cost model over `classes`, with dims evaluated at `env`.
+    pub fn new(classes: &'a Classes<'a>, env: HashMap<String, i64>) -> Cost<'a> {
+        Cost { classes, env, known: RefCell::new(HashMap::new()) }
+    }
+
     fn elems(&self, shape: &[Dim]) -> f64 {
         shape.iter().map(|d| d.eval(&self.env).unwrap_or(64).max(0) as f64).product()
     }
 
     /// The node's own cost (without its operands).
     pub fn own(&self, n: &ENode) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
         let Some(tys) = tys else { return f64::INFINITY };
-        let Ok(out) = infer(&n.op, &tys, n.ty.as_deref()) else { return f64::INFINITY };
+        let Ok(out) = infer(n.op(), &tys, n.ty()) else { return f64::INFINITY };
         self.own_typed(n, &tys, &out)
     }
 
     /// [`Self::own`] for a node of the class `class`, whose type the e-graph already knows
     /// (every node of a class has it): no type inference, so extraction stays cheap.
     pub fn own_in(&self, n: &ENode, class: Id) -> f64 {
-        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.eg[*c].data.ty.as_deref()).collect();
-        match (tys, self.eg[class].data.ty.as_deref()) {
-            (Some(tys), Some(out)) => self.own_typed(n, &tys, out),
-            _ => f64::INFINITY,
+        let Some(out) = self.classes.get(class).ty else { return f64::INFINITY };
+        let mut key: OwnKey = (n.discriminant(), std::ptr::from_ref(out) as usize, [0; OWN_ARITY]);
+        if n.args().len() <= OWN_ARITY {
+            for (slot, c) in key.2.iter_mut().zip(n.args()) {
+                let Some(ty) = self.classes.get(*c).ty else { return f64::INFINITY };
+                *slot = std::ptr::from_ref(ty) as usize;
+            }
+            if let Some(known) = self.known.borrow().get(&key) {
+                return *known;
+            }
         }
+        let tys: Option<Vec<&TensorType>> = n.args().iter().map(|c| self.classes.get(*c).ty).collect();
+        let Some(tys) = tys else { return f64::INFINITY };
+        let own = self.own_typed(n, &tys, out);
+        if n.args().len() <= OWN_ARITY {
+            self.known.borrow_mut().insert(key, own);
+        }
+        own
     }
 
     fn own_typed(&self, n: &ENode, tys: &[&TensorType], out: &TensorType) -> f64 {
         let out_elems = self.elems(&out.shape);
         let moved = |extra: f64| (out_elems + extra) * BYTES * FLOPS_PER_BYTE;
         let ins: f64 = tys.iter().map(|t| self.elems(&t.shape)).sum();
-        match &n.op {
+        match n.op() {
             Op::Param(_) | Op::Const(_) | Op::DimValue(_) => 0.0,
             Op::Iota { .. } | Op::Reshape => 1.0,
             // A strided view for the backends, but not free: folding transposes must pay.

@@ -8,36 +8,56 @@
 //! Ties keep the first node of the class, as egg does.
 
 use super::cost::Cost;
-use super::lang::{EG, ENode};
+use super::lang::{Classes, ENode};
 use egg::Id;
 use std::collections::VecDeque;
 
 /// The best node and its cost, per canonical class.
 pub struct Extracted<'a> {
-    eg: &'a EG,
+    classes: &'a Classes<'a>,
     /// Indexed by class id (ids are dense: egg numbers classes as it adds nodes).
     best: Vec<Option<(f64, usize)>>,
 }
 
 impl<'a> Extracted<'a> {
-    /// Finds the cheapest node of every class of `eg` that has one of finite or infinite cost
-    /// (a class all of whose nodes need an uncosted class has none; [`Self::find_best_node`]
-    /// then returns its first node). Tables are vectors indexed by class id, not hash maps:
-    /// every step looks up a class's children, and a long program has tens of thousands.
-    pub fn new(eg: &'a EG, cost: &Cost<'_>) -> Extracted<'a> {
-        let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
-        ids.sort();
-        let slots = ids.last().map_or(0, |id| usize::from(*id) + 1);
-        // Each node's own cost, once; and for each class, the classes whose nodes use it.
-        let mut own: Vec<Vec<f64>> = vec![Vec::new(); slots];
-        let mut users: Vec<Vec<Id>> = vec![Vec::new(); slots];
+    /// Finds the cheapest node of every class that has one of finite or infinite cost (a
+    /// class all of whose nodes need an uncosted class has none; [`Self::find_best_node`]
+    /// then returns its first node). Tables are flat vectors indexed by class id, not hash
+    /// maps or a vector per class: every step looks up a class's children, and a long program
+    /// has tens of thousands.
+    pub fn new(classes: &'a Classes<'a>, cost: &Cost<'_>) -> Extracted<'a> {
+        let ids: Vec<Id> = classes.ids().collect();
+        let slots = classes.slots();
+        // Each node's own cost, once: class `k`'s are `own[first[k]..]`, one per node.
+        let mut first: Vec<usize> = vec![0; slots];
+        let mut own: Vec<f64> = Vec::new();
+        // For each class, the classes whose nodes use it (once per use), as one table:
+        // class `k`'s users are `users[user_start[k]..user_start[k + 1]]`.
+        let mut user_start: Vec<usize> = vec![0; slots + 1];
         for &id in &ids {
-            let nodes = &eg[id].nodes;
-            own[usize::from(id)] = nodes.iter().map(|n| not_nan(cost.own_in(n, id))).collect();
+            let nodes = classes.get(id).nodes;
+            first[usize::from(id)] = own.len();
+            own.extend(nodes.iter().map(|n| not_nan(cost.own_in(n, id))));
             for n in nodes {
                 for child in n.args() {
-                    if let Some(u) = users.get_mut(usize::from(eg.find(*child))) {
-                        u.push(id);
+                    let c = usize::from(classes.find(*child));
+                    if c < slots {
+                        user_start[c + 1] += 1;
+                    }
+                }
+            }
+        }
+        for k in 0..slots {
+            user_start[k + 1] += user_start[k];
+        }
+        let mut users: Vec<Id> = vec![Id::from(0usize); user_start[slots]];
+        let mut filled: Vec<usize> = user_start[..slots].to_vec();
+        for &id in &ids {
+            for n in classes.get(id).nodes {
+                for child in n.args() {
+                    if let Some(at) = filled.get_mut(usize::from(classes.find(*child))) {
+                        users[*at] = id;
+                        *at += 1;
                     }
                 }
             }
@@ -51,14 +71,14 @@ impl<'a> Extracted<'a> {
         while let Some(id) = queue.pop_front() {
             let k = usize::from(id);
             queued[k] = false;
-            let own = &own[k];
+            let nodes = classes.get(id).nodes;
+            let own = &own[first[k]..first[k] + nodes.len()];
             let mut found: Option<(f64, usize)> = None;
-            for (i, n) in eg[id].nodes.iter().enumerate() {
-                let Some(&own_cost) = own.get(i) else { continue };
+            for (i, (n, &own_cost)) in nodes.iter().zip(own).enumerate() {
                 let total = n
                     .args()
                     .iter()
-                    .try_fold(own_cost, |acc, c| best.get(usize::from(eg.find(*c))).copied().flatten().map(|(b, _)| acc + b));
+                    .try_fold(own_cost, |acc, c| best.get(usize::from(classes.find(*c))).copied().flatten().map(|(b, _)| acc + b));
                 if let Some(total) = total.map(not_nan)
                     && found.is_none_or(|(f, _)| total < f)
                 {
@@ -70,7 +90,7 @@ impl<'a> Extracted<'a> {
                 continue;
             }
             best[k] = Some((total, i));
-            for user in &users[k] {
+            for user in &users[user_start[k]..user_start[k + 1]] {
                 let q = &mut queued[usize::from(*user)];
                 if !*q {
                     *q = true;
@@ -78,18 +98,18 @@ impl<'a> Extracted<'a> {
                 }
             }
         }
-        Extracted { eg, best }
+        Extracted { classes, best }
     }
 
     /// The best entry of a class.
     fn best_of(&self, class: Id) -> Option<(f64, usize)> {
-        self.best.get(usize::from(self.eg.find(class))).copied().flatten()
+        self.best.get(usize::from(self.classes.find(class))).copied().flatten()
     }
 
-    /// The cheapest node of `class`.
-    pub fn find_best_node(&self, class: Id) -> &'a ENode {
+    /// The cheapest node of `class` (`None` only for an id that is no class).
+    pub fn find_best_node(&self, class: Id) -> Option<&'a ENode> {
         let i = self.best_of(class).map_or(0, |(_, i)| i);
-        &self.eg[self.eg.find(class)].nodes[i]
+        self.classes.get(class).nodes.get(i)
     }
 
     /// The tree cost of `class`'s cheapest node (infinite when it has none).

@@ -1,28 +1,41 @@
 //! The e-graph language: one e-node per IR op, and an analysis carrying each class's type.
 //!
-//! An [`ENode`] is an [`Op`] plus, for ops whose result the operands do not determine (param,
-//! const, reshape, cast, iota), the result type. Identity is the op's canonical text plus its
-//! children, so two nodes are equal exactly when they print alike.
+//! An [`ENode`] is an [`OpKey`] plus its operand classes. The key is the [`Op`] and, for ops
+//! whose result the operands do not determine (param, const, reshape, cast, iota, flash), the
+//! result type. Identity is the key's canonical text plus the children, so two nodes are equal
+//! exactly when they print alike. Keys are interned per e-graph ([`Types::key`]): an e-node is
+//! a shared pointer and its operands, small enough that a long program's e-graph (egg keeps
+//! three copies of every node) stays in cache.
 
 use crate::ir::{Graph, Op, TensorType, Value, infer};
 use attn_dsl::Span;
 use egg::{Analysis, DidMerge, EGraph, Id, Language};
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-/// One e-node.
-#[derive(Clone, Debug)]
-pub struct ENode {
+/// What identifies an e-node apart from its operands: its op and, for ops that carry one, its
+/// declared result type. One shared copy per e-graph of each ([`Types::key`]).
+#[derive(Debug)]
+pub struct OpKey {
     /// The operation.
     pub op: Op,
     /// The declared result type, for ops that carry one.
     pub ty: Option<Arc<TensorType>>,
-    key: Arc<str>,
-    /// Inline up to three operands: egg keeps three copies of every node (its node list, its
-    /// hash-cons table and the class), and most ops have at most three.
+    /// The canonical text: name, attributes, declared type. Equal texts are equal keys.
+    text: Box<str>,
+    /// Its number in the e-graph's [`Types`] (the e-node's discriminant).
+    id: usize,
+}
+
+/// One e-node.
+#[derive(Clone, Debug)]
+pub struct ENode {
+    key: Arc<OpKey>,
+    /// Inline up to three operands: most ops have at most three.
     children: SmallVec<[Id; 3]>,
 }
 
@@ -30,24 +43,27 @@ impl ENode {
     /// A node; `ty` is kept only for ops whose result type the operands do not determine. Its
     /// key is shared through `types` (see [`Types::key`]).
     pub fn new(types: &mut Types, op: Op, ty: Option<TensorType>, children: Vec<Id>) -> ENode {
-        use std::fmt::Write as _;
-        let ty = if carries_type(&op) { ty } else { None };
-        let mut key = op.name().to_string();
-        let attrs = op.attrs();
-        if !attrs.is_empty() {
-            let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let _ = write!(key, "[{}]", parts.join(", "));
-        }
-        if let Some(t) = &ty {
-            let _ = write!(key, " : {t}");
-        }
-        let ty = ty.map(|t| types.intern(t));
-        ENode { op, ty, key: types.key(key), children: children.into() }
+        ENode { key: types.key(op, ty), children: children.into() }
+    }
+
+    /// The operation.
+    pub fn op(&self) -> &Op {
+        &self.key.op
+    }
+
+    /// The declared result type, for ops that carry one.
+    pub fn ty(&self) -> Option<&TensorType> {
+        self.key.ty.as_deref()
     }
 
     /// The operand classes.
     pub fn args(&self) -> &[Id] {
         &self.children
+    }
+
+    /// Whether the two keys are equal: interned keys are equal when they are the same copy.
+    fn same_key(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.key, &other.key) || self.key.text == other.key.text
     }
 }
 
@@ -58,9 +74,29 @@ fn carries_type(op: &Op) -> bool {
     matches!(op, Op::Param(_) | Op::Const(_) | Op::Reshape | Op::Cast | Op::Iota { .. } | Op::Flash(_))
 }
 
+/// Whether an op has no attributes: its text is its name.
+fn plain(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather)
+}
+
+/// An op's canonical text: its name, its attributes and its declared type.
+fn key_text(op: &Op, ty: Option<&TensorType>) -> String {
+    use std::fmt::Write as _;
+    let mut key = op.name().to_string();
+    let attrs = op.attrs();
+    if !attrs.is_empty() {
+        let parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = write!(key, "[{}]", parts.join(", "));
+    }
+    if let Some(t) = ty {
+        let _ = write!(key, " : {t}");
+    }
+    key
+}
+
 impl PartialEq for ENode {
     fn eq(&self, other: &Self) -> bool {
-        self.key == other.key && self.children == other.children
+        self.same_key(other) && self.children == other.children
     }
 }
 
@@ -68,7 +104,7 @@ impl Eq for ENode {}
 
 impl Hash for ENode {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key.hash(state);
+        self.key.text.hash(state);
         self.children.hash(state);
     }
 }
@@ -81,25 +117,27 @@ impl PartialOrd for ENode {
 
 impl Ord for ENode {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (&self.key, &self.children).cmp(&(&other.key, &other.children))
+        let keys = if self.same_key(other) { std::cmp::Ordering::Equal } else { self.key.text.cmp(&other.key.text) };
+        keys.then_with(|| self.children.cmp(&other.children))
     }
 }
 
 impl fmt::Display for ENode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.key)
+        f.write_str(&self.key.text)
     }
 }
 
 impl Language for ENode {
-    type Discriminant = Arc<str>;
+    /// The key's number in its e-graph.
+    type Discriminant = usize;
 
     fn discriminant(&self) -> Self::Discriminant {
-        self.key.clone()
+        self.key.id
     }
 
     fn matches(&self, other: &Self) -> bool {
-        self.key == other.key && self.children.len() == other.children.len()
+        self.same_key(other) && self.children.len() == other.children.len()
     }
 
     fn children(&self) -> &[Id] {
@@ -124,7 +162,7 @@ pub struct Facts {
 /// The e-graph analysis: types via [`infer`], and scalar constants. Types are interned: a
 /// long program has a few distinct types across thousands of classes, and one shared copy
 /// each keeps the e-graph small enough to stay in cache (each type holds several heap-allocated
-/// symbolic dims).
+/// symbolic dims). So are e-node keys.
 #[derive(Clone, Debug, Default)]
 pub struct Types {
     interned: HashMap<TensorType, Arc<TensorType>>,
@@ -132,26 +170,77 @@ pub struct Types {
     /// address; the interned copies live as long as the e-graph): a long program repeats a few
     /// (op, operand types) pairs, and each is inferred once.
     inferred: HashMap<MemoKey, Option<Arc<TensorType>>>,
-    /// One shared copy of each e-node key: a long program repeats a few (`mul`, `add`), and
-    /// equal keys then compare and hash from the same memory.
-    keys: std::collections::HashSet<Arc<str>>,
+    /// One shared copy of each e-node key, found by its text.
+    keys: HashSet<ByText>,
+    /// The key of each scalar constant by its value's bits and its type (by address): a long
+    /// program repeats a few constants, and printing each one's text to find its key cost
+    /// more than the rest of loading it.
+    consts: HashMap<(u64, usize), Arc<OpKey>>,
 }
 
-/// An e-node's key and its children's interned types, by address.
-type MemoKey = (Arc<str>, [usize; MEMO_ARITY]);
+/// An interned key, hashed and compared by its text (so a key is found from its text).
+#[derive(Clone, Debug)]
+struct ByText(Arc<OpKey>);
+
+impl Borrow<str> for ByText {
+    fn borrow(&self) -> &str {
+        &self.0.text
+    }
+}
+
+impl PartialEq for ByText {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.text == other.0.text
+    }
+}
+
+impl Eq for ByText {}
+
+impl Hash for ByText {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.text.hash(state);
+    }
+}
+
+/// An e-node's key number and its children's interned types, by address.
+type MemoKey = (usize, [usize; MEMO_ARITY]);
 
 /// E-nodes with at most this many children have their inferred types memoised.
 const MEMO_ARITY: usize = 4;
 
 impl Types {
-    /// The shared copy of an e-node key.
-    pub fn key(&mut self, text: String) -> Arc<str> {
-        if let Some(shared) = self.keys.get(text.as_str()) {
+    /// The shared key of `op` with declared type `ty` (kept only for ops that carry one).
+    pub fn key(&mut self, op: Op, ty: Option<TensorType>) -> Arc<OpKey> {
+        if !carries_type(&op) {
+            // An op without attributes is its name: no text to build.
+            if plain(&op)
+                && let Some(shared) = self.keys.get(op.name())
+            {
+                return shared.0.clone();
+            }
+            return self.key_by_text(op, None);
+        }
+        let ty = ty.map(|t| self.intern(t));
+        let Op::Const(v) = op else { return self.key_by_text(op, ty) };
+        let bits = (v.to_bits(), ty.as_ref().map_or(0, |t| Arc::as_ptr(t) as usize));
+        if let Some(shared) = self.consts.get(&bits) {
             return shared.clone();
         }
-        let shared: Arc<str> = text.into();
-        self.keys.insert(shared.clone());
-        shared
+        let key = self.key_by_text(op, ty);
+        self.consts.insert(bits, key.clone());
+        key
+    }
+
+    /// The shared key of `op` with declared type `ty`, found by its text.
+    fn key_by_text(&mut self, op: Op, ty: Option<Arc<TensorType>>) -> Arc<OpKey> {
+        let text = key_text(&op, ty.as_deref());
+        if let Some(shared) = self.keys.get(text.as_str()) {
+            return shared.0.clone();
+        }
+        let id = self.keys.len();
+        let key = Arc::new(OpKey { op, ty, text: text.into_boxed_str(), id });
+        self.keys.insert(ByText(key.clone()));
+        key
     }
 
     /// The shared copy of `ty`.
@@ -178,7 +267,7 @@ impl Analysis<ENode> for Types {
             for (a, ty) in addrs.iter_mut().zip(t) {
                 *a = Arc::as_ptr(ty) as usize;
             }
-            (enode.key.clone(), addrs)
+            (enode.key.id, addrs)
         });
         let known = memo_key.as_ref().and_then(|k| egraph.analysis.inferred.get(k)).cloned();
         let ty = match known {
@@ -186,7 +275,7 @@ impl Analysis<ENode> for Types {
             None => {
                 let ty = tys.and_then(|tys| {
                     let tys: Vec<&TensorType> = tys.into_iter().map(|t| &**t).collect();
-                    infer(&enode.op, &tys, enode.ty.as_deref()).ok()
+                    infer(enode.op(), &tys, enode.ty()).ok()
                 });
                 let ty = ty.map(|t| egraph.analysis.intern(t));
                 if let Some(k) = memo_key {
@@ -195,7 +284,7 @@ impl Analysis<ENode> for Types {
                 ty
             }
         };
-        let konst = match &enode.op {
+        let konst = match enode.op() {
             Op::Const(v) => Some(*v),
             _ => None,
         };
@@ -216,6 +305,59 @@ impl Analysis<ENode> for Types {
     }
 }
 
+/// An e-class as the walks after saturation read it: its nodes and its type.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassView<'a> {
+    /// The class's e-nodes (empty for an id that is no class).
+    pub nodes: &'a [ENode],
+    /// Its type (see [`Facts::ty`]).
+    pub ty: Option<&'a TensorType>,
+}
+
+/// The e-graph's classes in a table indexed by class id. egg keeps its classes in a hash map,
+/// and the walks over a saturated e-graph (costs, extraction, unloading, the report) look
+/// classes up by id again and again: on a long program the map is larger than the cache and
+/// nearly every probe missed it. One pass over the map, in its storage order, fills the table.
+pub struct Classes<'a> {
+    eg: &'a EG,
+    by_id: Vec<ClassView<'a>>,
+}
+
+impl<'a> Classes<'a> {
+    /// The table of `eg`'s classes.
+    pub fn new(eg: &'a EG) -> Classes<'a> {
+        let mut by_id = Vec::new();
+        for c in eg.classes() {
+            let k = usize::from(c.id);
+            if by_id.len() <= k {
+                by_id.resize(k + 1, ClassView::default());
+            }
+            by_id[k] = ClassView { nodes: &c.nodes, ty: c.data.ty.as_deref() };
+        }
+        Classes { eg, by_id }
+    }
+
+    /// The class of `id` (any id of it).
+    pub fn get(&self, id: Id) -> ClassView<'a> {
+        self.by_id.get(usize::from(self.eg.find(id))).copied().unwrap_or_default()
+    }
+
+    /// The canonical id of `id`'s class.
+    pub fn find(&self, id: Id) -> Id {
+        self.eg.find(id)
+    }
+
+    /// The canonical class ids, in increasing order.
+    pub fn ids(&self) -> impl Iterator<Item = Id> + '_ {
+        self.by_id.iter().enumerate().filter(|(_, c)| !c.nodes.is_empty()).map(|(k, _)| Id::from(k))
+    }
+
+    /// One more than the largest class id: the length of a table indexed by class.
+    pub fn slots(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
 /// A graph loaded into an e-graph.
 pub struct Loaded {
     /// The e-graph.
@@ -224,7 +366,7 @@ pub struct Loaded {
     pub class_of: Vec<Id>,
 }
 
-/// Adds every node of `graph` to a fresh e-graph.
+/// Adds every node of `graph` to a fresh e-graph (not yet rebuilt: see [`EGraph::rebuild`]).
 pub fn load(graph: &Graph) -> Loaded {
     let mut egraph = EG::default();
     let mut class_of = vec![Id::from(0usize); graph.len()];
@@ -237,81 +379,115 @@ pub fn load(graph: &Graph) -> Loaded {
         let enode = ENode::new(&mut egraph.analysis, node.op.clone(), declared, children);
         class_of[v.index()] = egraph.add(enode);
     }
-    egraph.rebuild();
+    // No rebuild: nothing was merged, so every class holds its one node, canonical, and the
+    // runner rebuilds before its first search (each rebuild is a pass over the whole e-graph).
     Loaded { egraph, class_of }
 }
 
 /// Rebuilds a graph from an e-graph: `choose` picks the e-node to use for a class. Parameters
 /// come first in their original order; `outputs` name the classes to return.
-/// `spans` gives the source span of each (canonical) class that has one.
-pub fn unload(
+/// `spans` gives the source span of each canonical class that has one ([`class_spans`]).
+///
+/// The classes to build are listed first, then the graph is made at its final size: a long
+/// program's result graph is megabytes, and growing it by doubling touched twice that in
+/// fresh memory.
+pub fn unload<'a>(
     name: &str,
-    egraph: &EG,
+    classes: &Classes<'a>,
     params: &[Id],
     outputs: &[(String, Id)],
-    choose: &dyn Fn(Id) -> ENode,
-    spans: &HashMap<Id, Span>,
+    choose: &dyn Fn(Id) -> Option<&'a ENode>,
+    spans: &[Option<Span>],
 ) -> Result<Graph, String> {
-    let mut g = Graph::new(name);
-    let mut built: HashMap<Id, Value> = HashMap::new();
-    for p in params {
-        build(egraph, egraph.find(*p), choose, &mut g, &mut built)?;
+    let mut walk = Walk { state: vec![Visit::New; classes.slots()], order: Vec::new() };
+    for root in params.iter().chain(outputs.iter().map(|(_, id)| id)) {
+        walk.visit(classes, classes.find(*root), choose)?;
+    }
+    let edges = walk.order.iter().map(|(_, node)| node.args().len()).sum();
+    let mut g = Graph::with_capacity(name, walk.order.len(), edges);
+    let mut value: Vec<Option<Value>> = vec![None; walk.state.len()];
+    let mut args = Vec::new();
+    for (class, node) in walk.order {
+        args.clear();
+        for c in node.args() {
+            let v = value.get(usize::from(classes.find(*c))).copied().flatten();
+            args.push(v.ok_or_else(|| format!("class {c} was not built"))?);
+        }
+        let ty = classes.get(class).ty.cloned().ok_or_else(|| format!("class {class} has no type"))?;
+        let v = g.add(node.op().clone(), ty, &args);
+        g.set_span(v, spans.get(usize::from(class)).copied().flatten());
+        value[usize::from(class)] = Some(v);
     }
     for (out, id) in outputs {
-        let v = build(egraph, egraph.find(*id), choose, &mut g, &mut built)?;
-        g.add_output(out.clone(), v);
-    }
-    for (class, v) in &built {
-        g.set_span(*v, spans.get(class).copied());
+        let v = value.get(usize::from(classes.find(*id))).copied().flatten();
+        g.add_output(out.clone(), v.ok_or_else(|| format!("class {id} was not built"))?);
     }
     Ok(g)
 }
 
 /// The source span of every class of the loaded graph that has one (the first node's, in
-/// topological order, of each class).
-pub fn class_spans(graph: &Graph, egraph: &EG, class_of: &[Id]) -> HashMap<Id, Span> {
-    let mut out = HashMap::new();
-    for v in graph.topo_order().unwrap_or_default() {
-        if let Some(span) = graph.node(v).span {
-            out.entry(egraph.find(class_of[v.index()])).or_insert(span);
+/// `order`, the graph's topological order, of each class), indexed by canonical class id.
+pub fn class_spans(graph: &Graph, order: &[Value], classes: &Classes<'_>, class_of: &[Id]) -> Vec<Option<Span>> {
+    let mut out = vec![None; classes.slots()];
+    for &v in order {
+        if let Some(span) = graph.node(v).span
+            && let Some(slot) = out.get_mut(usize::from(classes.find(class_of[v.index()])))
+            && slot.is_none()
+        {
+            *slot = Some(span);
         }
     }
     out
 }
 
-/// Adds `root`'s class and everything it needs to `g`, operands first (in operand order, as a
-/// recursive walk would), with an explicit stack: extraction chains are as long as the program.
-fn build(egraph: &EG, root: Id, choose: &dyn Fn(Id) -> ENode, g: &mut Graph, built: &mut HashMap<Id, Value>) -> Result<Value, String> {
-    // (class, its chosen node once its operands are queued)
-    let mut stack: Vec<(Id, Option<ENode>)> = vec![(root, None)];
-    let mut open: std::collections::HashSet<Id> = std::collections::HashSet::new();
-    while let Some((class, chosen)) = stack.pop() {
-        if built.contains_key(&class) {
-            continue;
-        }
-        match chosen {
-            None => {
-                // A class met again while its operands are still being built is its own operand.
-                if !open.insert(class) {
-                    return Err(format!("class {class} depends on itself"));
+/// Where a class stands in [`Walk`].
+#[derive(Clone, Copy, PartialEq)]
+enum Visit {
+    New,
+    /// Its operands are being listed.
+    Open,
+    Listed,
+}
+
+/// The classes to build, each after its operands, with their chosen nodes.
+struct Walk<'a> {
+    /// Indexed by class id.
+    state: Vec<Visit>,
+    order: Vec<(Id, &'a ENode)>,
+}
+
+impl<'a> Walk<'a> {
+    /// Lists `root`'s class and everything it needs, operands first (in operand order, as a
+    /// recursive walk would), with an explicit stack: extraction chains are as long as the
+    /// program.
+    fn visit(&mut self, classes: &Classes<'_>, root: Id, choose: &dyn Fn(Id) -> Option<&'a ENode>) -> Result<(), String> {
+        // (class, its chosen node once its operands are queued)
+        let mut stack: Vec<(Id, Option<&'a ENode>)> = vec![(root, None)];
+        while let Some((class, chosen)) = stack.pop() {
+            let state = self.state.get_mut(usize::from(class)).ok_or_else(|| format!("class {class} is not in the e-graph"))?;
+            match (chosen, *state) {
+                (_, Visit::Listed) => {}
+                // A class met again while its operands are still being listed is its own operand.
+                (None, Visit::Open) => return Err(format!("class {class} depends on itself")),
+                (None, Visit::New) => {
+                    *state = Visit::Open;
+                    let node = choose(class).ok_or_else(|| format!("class {class} has no node"))?;
+                    stack.push((class, Some(node)));
+                    let first = stack.len();
+                    for c in node.args() {
+                        let c = classes.find(*c);
+                        if self.state.get(usize::from(c)) != Some(&Visit::Listed) {
+                            stack.push((c, None));
+                        }
+                    }
+                    stack[first..].reverse();
                 }
-                let node = choose(class);
-                let operands: Vec<Id> = node.args().iter().map(|c| egraph.find(*c)).collect();
-                stack.push((class, Some(node)));
-                stack.extend(operands.into_iter().rev().filter(|c| !built.contains_key(c)).map(|c| (c, None)));
-            }
-            Some(node) => {
-                open.remove(&class);
-                let args = node
-                    .args()
-                    .iter()
-                    .map(|c| built.get(&egraph.find(*c)).copied().ok_or_else(|| format!("class {c} was not built")))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let ty = egraph[class].data.ty.as_deref().cloned().ok_or_else(|| format!("class {class} has no type"))?;
-                let v = g.add(node.op.clone(), ty, &args);
-                built.insert(class, v);
+                (Some(node), _) => {
+                    *state = Visit::Listed;
+                    self.order.push((class, node));
+                }
             }
         }
+        Ok(())
     }
-    built.get(&root).copied().ok_or_else(|| format!("class {root} was not built"))
 }

@@ -21,7 +21,7 @@ use crate::ir::{Graph, Module, Op, verify};
 use cost::{Cost, representative};
 use egg::{Id, Runner, SimpleScheduler};
 use extract::Extracted;
-use lang::{EG, ENode, load, unload};
+use lang::{Classes, ENode, load, unload};
 use rules::fusion::FuseAttention;
 use rules::{Rule, to_rewrite};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -197,12 +197,13 @@ pub(crate) fn optimize_with_rules(
     }
     // The input's cost, on the e-graph as loaded (each value's class holds just its node).
     let input_cost = {
-        let cost = Cost { eg: &loaded.egraph, env: env.clone() };
+        let classes = Classes::new(&loaded.egraph);
+        let cost = Cost::new(&classes, env.clone());
         graph
             .values()
             .map(|v| {
                 let class = loaded.class_of[v.index()];
-                loaded.egraph[class].nodes.first().map_or(0.0, |n| cost.own_in(n, class))
+                classes.get(class).nodes.first().map_or(0.0, |n| cost.own_in(n, class))
             })
             .sum()
     };
@@ -234,11 +235,16 @@ pub(crate) fn optimize_with_rules(
     report.egraph_nodes = eg.total_number_of_nodes();
     report.egraph_classes = eg.number_of_classes();
 
-    let extractor = Extracted::new(eg, &Cost { eg, env: env.clone() });
+    let classes = Classes::new(eg);
+    let cost = Cost::new(&classes, env);
+    let extractor = Extracted::new(&classes, &cost);
     let params: Vec<Id> = graph.params().iter().map(|p| class_of[p.index()]).collect();
     let outputs: Vec<(String, Id)> = graph.outputs().iter().map(|(n, v)| (n.clone(), class_of[v.index()])).collect();
-    let spans = lang::class_spans(graph, eg, &class_of);
-    let result = unload(&graph.name, eg, &params, &outputs, &|c| extractor.find_best_node(c).clone(), &spans).map(|g| g.compact());
+    // The input's topological order, for the walks below (a long program's is worth computing
+    // once).
+    let order = graph.topo_order().unwrap_or_default();
+    let spans = lang::class_spans(graph, &order, &classes, &class_of);
+    let result = unload(&graph.name, &classes, &params, &outputs, &|c| extractor.find_best_node(c), &spans).map(|g| g.compact());
     let optimized = match result {
         Ok(g) => match verify(&g) {
             Ok(()) if same_signature(graph, &g) => g,
@@ -247,16 +253,16 @@ pub(crate) fn optimize_with_rules(
         },
         Err(e) => fallback(&mut report, graph, e),
     };
-    let cost = Cost { eg, env };
-    report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, eg, &outputs));
+    report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, &classes, &outputs));
     let fuse = FuseAttention { pinned };
-    let numbers = crate::ir::value_numbers(graph);
-    report.fusions = attention_sites(graph)
+    let sites = attention_sites(graph, &order);
+    let numbers = if sites.is_empty() { Vec::new() } else { crate::ir::value_numbers(graph) };
+    report.fusions = sites
         .into_iter()
         .map(|(w, mm)| {
             let class = eg.find(class_of[mm.index()]);
             let chosen = extractor.find_best_node(class);
-            let outcome = if let Op::Flash(_) = &chosen.op {
+            let outcome = if let Some(chosen) = chosen.filter(|n| matches!(n.op(), Op::Flash(_))) {
                 Ok(format!("{}", chosen))
             } else {
                 let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
@@ -265,7 +271,7 @@ pub(crate) fn optimize_with_rules(
             FusionNote { weights: numbers[w.index()], outcome }
         })
         .collect();
-    report.decisions = association_decisions(graph, eg, &class_of, &extractor);
+    report.decisions = association_decisions(graph, &order, &classes, &class_of, &extractor);
     report.elapsed = start.elapsed();
     Optimized { graph: optimized, report }
 }
@@ -304,9 +310,9 @@ fn is_weights(op: &Op) -> bool {
 
 /// `(weights, matmul)` pairs: every `weights @ v` of the input. Sigmoids count only when their
 /// operand comes from a matmul chain (sigmoid attention), not e.g. a gate.
-fn attention_sites(graph: &Graph) -> Vec<(crate::ir::Value, crate::ir::Value)> {
+fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<(crate::ir::Value, crate::ir::Value)> {
     let mut out = Vec::new();
-    for v in graph.topo_order().unwrap_or_default() {
+    for &v in order {
         if !matches!(graph.node(v).op, Op::MatMul) {
             continue;
         }
@@ -320,25 +326,33 @@ fn attention_sites(graph: &Graph) -> Vec<(crate::ir::Value, crate::ir::Value)> {
     out
 }
 
-fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extracted<'_>, eg: &EG, outputs: &[(String, Id)]) -> f64 {
-    let mut seen = HashSet::new();
-    let mut stack: Vec<Id> = outputs.iter().map(|(_, c)| eg.find(*c)).collect();
+fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extracted<'_>, classes: &Classes<'_>, outputs: &[(String, Id)]) -> f64 {
+    let mut seen = vec![false; classes.slots()];
+    let mut stack: Vec<Id> = outputs.iter().map(|(_, c)| classes.find(*c)).collect();
     let mut total = 0.0;
     while let Some(c) = stack.pop() {
-        if seen.insert(c) {
-            let n = ex.find_best_node(c);
+        if let Some(seen) = seen.get_mut(usize::from(c))
+            && !std::mem::replace(seen, true)
+            && let Some(n) = ex.find_best_node(c)
+        {
             total += cost.own_in(n, c);
-            stack.extend(n.args().iter().map(|a| eg.find(*a)));
+            stack.extend(n.args().iter().map(|a| classes.find(*a)));
         }
     }
     total
 }
 
 /// For every matmul of the input with a matmul operand: which grouping was kept, with costs.
-fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extracted<'_>) -> Vec<String> {
-    let numbers = crate::ir::value_numbers(graph);
+fn association_decisions(
+    graph: &Graph,
+    order: &[crate::ir::Value],
+    classes: &Classes<'_>,
+    class_of: &[Id],
+    ex: &Extracted<'_>,
+) -> Vec<String> {
+    let mut numbers: Option<Vec<usize>> = None;
     let mut out = Vec::new();
-    for v in graph.topo_order().unwrap_or_default() {
+    for &v in order {
         if !matches!(graph.node(v).op, Op::MatMul) {
             continue;
         }
@@ -347,22 +361,23 @@ fn association_decisions(graph: &Graph, eg: &EG, class_of: &[Id], ex: &Extracted
         if !chain {
             continue;
         }
-        let class = eg.find(class_of[v.index()]);
-        let alternatives: Vec<&ENode> = eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)).collect();
+        let class = classes.find(class_of[v.index()]);
+        let alternatives: Vec<&ENode> = classes.get(class).nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)).collect();
         if alternatives.len() < 2 {
             continue;
         }
-        let chosen = ex.find_best_node(class);
+        let Some(chosen) = ex.find_best_node(class) else { continue };
         let describe = |n: &ENode| {
-            let left_is_product = eg[n.args()[0]].nodes.iter().any(|m| matches!(m.op, Op::MatMul));
+            let left_is_product = classes.get(n.args()[0]).nodes.iter().any(|m| matches!(m.op(), Op::MatMul));
             if left_is_product { "(a @ b) @ c" } else { "a @ (b @ c)" }
         };
-        let cost_of = |n: &ENode| ex.find_best_cost(eg.find(n.args()[0])) + ex.find_best_cost(eg.find(n.args()[1]));
+        let cost_of = |n: &ENode| ex.find_best_cost(n.args()[0]) + ex.find_best_cost(n.args()[1]);
         let mut options: Vec<String> = alternatives
             .iter()
-            .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost { eg, env: HashMap::new() }.own(n)))
+            .map(|n| format!("{} costs {:.3e}", describe(n), cost_of(n) + Cost::new(classes, HashMap::new()).own(n)))
             .collect();
         options.dedup();
+        let numbers = numbers.get_or_insert_with(|| crate::ir::value_numbers(graph));
         out.push(format!("matmul %{}: kept {} ({})", numbers[v.index()], describe(chosen), options.join(", ")));
     }
     out

@@ -128,7 +128,7 @@ fn rules_want_every_class_they_rewrite() {
                 if !rule.rewrite(eg, class.id).is_empty() {
                     fired.insert(rule.name());
                     assert!(
-                        class.nodes.iter().any(|n| rule.wants(&n.op)),
+                        class.nodes.iter().any(|n| rule.wants(n.op())),
                         "{} rewrites class {} but wants none of its nodes",
                         rule.name(),
                         class.id

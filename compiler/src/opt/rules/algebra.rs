@@ -24,7 +24,7 @@ impl Rule for FoldConstants {
             // Each constant as a value of its own type's class.
             let vals: Option<Vec<Scalar>> = n.args().iter().map(|a| Some(Scalar::load(ty(eg, *a)?.dtype, konst(eg, *a)?))).collect();
             let Some(vals) = vals else { continue };
-            let v = match (&n.op, vals.as_slice()) {
+            let v = match (n.op(), vals.as_slice()) {
                 (Op::Unary(u), [x]) => semantics::unary(*u, *x),
                 (Op::Binary(b), [x, y]) => semantics::binary(*b, *x, *y),
                 (Op::Cast, [x]) => *x,
@@ -54,7 +54,7 @@ impl Rule for Identities {
         let mut out = Vec::new();
         let t = ty(eg, class);
         for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(_))) {
-            let Op::Binary(b) = n.op else { continue };
+            let Op::Binary(b) = n.op() else { continue };
             let (x, y) = (n.args()[0], n.args()[1]);
             let keep = |v: Id, other: Id, unit: f64| konst(eg, other) == Some(unit) && ty(eg, v) == t;
             match b {

@@ -40,10 +40,10 @@ impl FuseAttention {
     /// One result per `matmul(weights, v)` node of the class: the fused tree, or why not.
     pub fn fuse(&self, eg: &EG, class: Id) -> Vec<Result<Build, String>> {
         let mut out = Vec::new();
-        for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)) {
+        for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)) {
             let (p, v) = (n.args()[0], n.args()[1]);
             for pn in eg[p].nodes.iter() {
-                let weights = match &pn.op {
+                let weights = match pn.op() {
                     Op::Softmax { axis } if ty(eg, p).is_some_and(|t| *axis + 1 == t.rank()) => Weights::Softmax,
                     Op::Softmax { .. } => {
                         out.push(Err("softmax is not over the key axis (the last one)".into()));
@@ -84,9 +84,9 @@ impl Rule for CastIntoFlash {
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
         let Some(target) = ty(eg, class).filter(|t| t.dtype.is_float()).cloned() else { return Vec::new() };
         let mut out = Vec::new();
-        for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::Cast)) {
+        for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::Cast)) {
             for f in eg[n.args()[0]].nodes.iter() {
-                let Op::Flash(spec) = &f.op else { continue };
+                let Op::Flash(spec) = f.op() else { continue };
                 let args = f.args();
                 let (Some(q), Some(v)) = (ty(eg, args[0]), ty(eg, args[2])) else { continue };
                 if q.dtype.promote(v.dtype).promote(target.dtype) == target.dtype {
@@ -130,7 +130,7 @@ fn untranspose(eg: &EG, kt: Id, rank: usize) -> Build {
     let mut swap: Vec<usize> = (0..rank).collect();
     swap.swap(rank - 2, rank - 1);
     for n in eg[kt].nodes.iter() {
-        if let Op::Transpose { perm } = &n.op
+        if let Op::Transpose { perm } = n.op()
             && *perm == swap
         {
             return Build::Class(n.args()[0]);
@@ -174,7 +174,7 @@ impl Cx<'_> {
         let t = ty(eg, class)?.clone();
         // The q @ kᵀ product itself.
         if t.shape == self.shape {
-            for n in eg[class].nodes.iter().filter(|n| matches!(n.op, Op::MatMul)) {
+            for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)) {
                 let pair = (eg.find(n.args()[0]), eg.find(n.args()[1]));
                 match self.leaf {
                     None => {
@@ -203,7 +203,7 @@ impl Cx<'_> {
 
     fn convert_node(&mut self, n: &super::super::lang::ENode, t: &TensorType, depth: usize) -> Option<ScoreExpr> {
         let a = n.args();
-        Some(match &n.op {
+        Some(match n.op() {
             Op::DimValue(d) => ScoreExpr::Dim(d.clone()),
             Op::Iota { axis } => ScoreExpr::Pos(self.aligned(t, *axis)?),
             Op::Unary(u) => ScoreExpr::Unary(*u, Box::new(self.convert(a[0], depth + 1)?)),

@@ -21,13 +21,13 @@ impl Rule for TransposeFold {
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
         let mut out = Vec::new();
         for n in nodes_where(eg, class, |op| matches!(op, Op::Transpose { .. })) {
-            let Op::Transpose { perm: outer } = &n.op else { continue };
+            let Op::Transpose { perm: outer } = n.op() else { continue };
             if outer.iter().enumerate().all(|(k, p)| k == *p) {
                 out.push(Build::Class(n.args()[0]));
                 continue;
             }
             for inner in nodes_where(eg, n.args()[0], |op| matches!(op, Op::Transpose { .. })) {
-                let Op::Transpose { perm: first } = &inner.op else { continue };
+                let Op::Transpose { perm: first } = inner.op() else { continue };
                 // Output axis k of the outer is its input axis outer[k] = axis first[outer[k]] of x.
                 let perm: Vec<usize> = outer.iter().map(|p| first[*p]).collect();
                 out.push(if perm.iter().enumerate().all(|(k, p)| k == *p) {

@@ -93,7 +93,7 @@ impl Searcher<ENode, Types> for Adapter {
             if out.len() >= limit {
                 break;
             }
-            if class.nodes.iter().any(|n| self.0.wants(&n.op)) && !self.0.rewrite(eg, class.id).is_empty() {
+            if class.nodes.iter().any(|n| self.0.wants(n.op())) && !self.0.rewrite(eg, class.id).is_empty() {
                 out.push(SearchMatches { eclass: class.id, substs: vec![Subst::default()], ast: None });
             }
         }
@@ -129,5 +129,5 @@ pub fn to_rewrite(rule: Arc<dyn Rule>) -> Result<Rewrite<ENode, Types>, String> 
 
 /// The nodes of a class whose op satisfies `f`.
 pub fn nodes_where<'a>(eg: &'a EG, class: Id, f: impl Fn(&Op) -> bool + 'a) -> impl Iterator<Item = &'a ENode> + 'a {
-    eg[class].nodes.iter().filter(move |n| f(&n.op))
+    eg[class].nodes.iter().filter(move |n| f(n.op()))
 }
