@@ -114,7 +114,7 @@ impl<'a> Cost<'a> {
                 let width = self.elems(&q[r - 1..]);
                 let rows = self.elems(&q[..r - 1]);
                 let per_score = expr_ops(&spec.score) + spec.mask.as_ref().map_or(0.0, expr_ops);
-                let products = match &n.op {
+                let products = match n.op() {
                     Op::FlashLse(_) => 1.0,
                     Op::FlashGrad { .. } => 3.0,
                     _ => 2.0,
