@@ -59,6 +59,7 @@ about 0.5 MiB are noise. Needs GNU time (/usr/bin/time).
     python3 bench/compare.py --memory         # the memory table only
     python3 bench/compare.py --train          # training: attnc --grad against PyTorch autograd,
                                               # causal, ALiBi, soft-capping, D=128, S=1024 and 4096
+    python3 bench/compare.py --train --memory # the peak memory of one training step, S=4096, 8192, 16384
     python3 bench/compare.py --cases block,softcap --sizes 256 --threads 2 --rounds 1
                                               # only these kinds, at these sequence lengths
     python3 bench/compare.py --out FILE       # also write the markdown tables to FILE
@@ -690,19 +691,22 @@ def attnc_peak_rss(cmd):
         return int(report.read().split()[-1]) * 1024
 
 
-def attnc_memory(exe, case, path, inputs, save):
-    """attnc's peak RSS of one call of `attnc run` on the inputs beyond its inputs and output
-    (fixed overhead included), and what `attnc bench` reports holding, in bytes."""
-    reported = run_attnc(exe, case, path, 1, warmup=0, save=inputs if save else None)["extra_bytes"]
-    cmd = attnc_command(exe, "run", case, path) + input_flags(inputs)
-    arrays = 4 * case.b * case.h * case.s * case.d * 4  # q, k, v and the output
+def attnc_memory(exe, case, path, inputs, save, grad=False):
+    """attnc's peak RSS of one call of `attnc run` on the inputs beyond its inputs and outputs
+    (fixed overhead included), and what `attnc bench` reports holding, in bytes. With `grad`,
+    of the entry with its gradients (inputs plus d_out, outputs plus d_q, d_k, d_v)."""
+    extra = ["--grad"] if grad else []
+    reported = run_attnc(exe, case, path, 1, warmup=0, save=inputs if save else None, extra=extra)["extra_bytes"]
+    cmd = attnc_command(exe, "run", case, path) + extra + input_flags(inputs)
+    arrays = (8 if grad else 4) * case.b * case.h * case.s * case.d * 4
     return attnc_peak_rss(cmd) - arrays, reported
 
 
 def peer_memory(framework, case, inputs):
     """The peak RSS increase of one call beyond its output in a fresh process (peak_memory.py);
-    None, with a note, if it fails."""
-    cmd = [sys.executable, str(ROOT / "bench" / "peak_memory.py"), framework, str(inputs), str(case.threads)]
+    None, with a note, if it fails. Framework `torch-train` is a training step of the case's
+    kind (TrainPeer)."""
+    cmd = [sys.executable, str(ROOT / "bench" / "peak_memory.py"), framework, str(inputs), str(case.threads), case.kind]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **FIXED_MMAP_THRESHOLD})
     if out.returncode != 0:
         note(f"{case.label()}: {framework} failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
@@ -749,6 +753,54 @@ def memory(args, exe):
     ]
 
 
+def train_memory(args, exe):
+    """The training peak-memory table (--train --memory), as markdown lines."""
+    kinds = [k for k in ("causal", "alibi", "softcap") if not args.cases or k in args.cases]
+    t = args.threads[0]
+    header = (
+        f"Peak memory of one training step (forward plus backward) beyond inputs, outputs and gradients (MiB), "
+        f"B=1 H=8 D=128, {t} thread(s), a fresh process each"
+    )
+    print(header, flush=True)
+    mib = lambda n: None if n is None else n / (1 << 20)
+    fixed = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in kinds:
+            case = Case(kind, MEMORY_REFERENCE_S, 128, t)
+            with tempfile.TemporaryDirectory(dir=tmp) as inputs:
+                measured, reported = attnc_memory(exe, case, case.program(tmp), inputs, save=True, grad=True)
+                fixed[kind] = measured - reported
+        rows = []
+        for s in args.sizes or [4096, 8192, 16384]:
+            for kind in kinds:
+                case = Case(kind, s, 128, t)
+                with tempfile.TemporaryDirectory(dir=tmp) as inputs:
+                    measured, reported = attnc_memory(exe, case, case.program(tmp), inputs, save=True, grad=True)
+                    # PyTorch keeps B·H·S² weights for its backward (ALiBi's float mask and the
+                    # eager soft-capping keep several such tensors; SDPA's causal path on the CPU
+                    # keeps O(S)).
+                    scores = case.b * case.h * s * s * 4
+                    need = scores * (1 if kind == "causal" else 6)
+                    limit = memory_limit()
+                    if kind == "causal" or need <= limit:
+                        torch_extra = peer_memory("torch-train", case, inputs)
+                    else:
+                        note(f"{case.label()}: torch skipped: it would need about {size(need)}, more than {size(limit)}")
+                        torch_extra = None
+                row = [case.label(), fmt(mib(measured - fixed[kind]), 2), fmt(mib(reported), 2), fmt(mib(torch_extra), 2)]
+                rows.append(row)
+                print(" | ".join(row), flush=True)
+    cols = ["case", "attnc", "attnc (own count)", "torch"]
+    overhead = ", ".join(f"{mib(v):.1f} MiB ({k})" for k, v in fixed.items())
+    return [header, ""] + markdown(cols, rows) + [
+        "",
+        f"attnc: peak RSS of `attnc run --grad` less inputs (q, k, v, d_out), outputs (out, d_q, d_k, d_v) and its fixed "
+        f"overhead ({overhead}, measured at S={MEMORY_REFERENCE_S}); own count: intermediates, tile tables and per-thread "
+        "scratch as `attnc bench --grad` reports them. torch: rise of the peak RSS during one forward plus backward, "
+        "less the output and the gradients.",
+    ]
+
+
 def comma_list(convert):
     return lambda text: [convert(x) for x in text.split(",")]
 
@@ -782,10 +834,13 @@ def main():
     exe = attnc_binary(build=not args.no_build)
     sections = []
     if args.train:
-        sections.append(training(args, exe))
+        if not args.memory:
+            sections.append(training(args, exe))
+        else:
+            sections.append(train_memory(args, exe))
     elif not args.memory:
         sections.append(timing(args, exe))
-    if args.memory or args.all:
+    if (args.memory or args.all) and not args.train:
         sections.append(memory(args, exe))
     text = "\n\n".join("\n".join(lines) for lines in sections)
     print()

@@ -7,7 +7,7 @@ use attn_runtime::{Program, RunOptions, Target};
 use attn_tests::{attn_files, checks, repo_root};
 use std::collections::HashMap;
 
-const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "opt", "schedule", "explain", "roundtrip", "run", "opt-numerics"];
+const DEFAULT_CHECKS: &[&str] = &["ast", "ir", "opt", "schedule", "explain", "grad", "roundtrip", "run", "opt-numerics"];
 
 #[test]
 fn examples() {
@@ -37,6 +37,10 @@ fn examples() {
                     Ok(text) => snaps.check(path, "explain", &text),
                     Err(d) => snaps.fail(format!("{name}: does not compile: {}", d[0])),
                 },
+                "grad" => match grad_text(&source) {
+                    Ok(text) => snaps.check(path, "grad", &text),
+                    Err(e) => snaps.fail(format!("{name}: {e}")),
+                },
                 "opt-numerics" => crate::optimizer::original_matches_optimized(&source, &name, &mut snaps),
                 "roundtrip" => roundtrip(&source, &name, &mut snaps),
                 "run" => run_interp(&source, &name, &mut snaps),
@@ -45,6 +49,29 @@ fn examples() {
         }
     }
     snaps.finish();
+}
+
+/// Every function with its gradients (`attnc build --grad --emit opt`): how its backward pass
+/// was built (which flash ops have a fused backward, or why not), then the derived program
+/// optimised.
+fn grad_text(source: &str) -> Result<String, String> {
+    let compiler = attn_compiler::Compiler::default();
+    let checked = compiler.check(source).map_err(|d| format!("does not compile: {}", d[0]))?;
+    let mut out = String::new();
+    for g in &checked.module.graphs {
+        match compiler.differentiate(g, None) {
+            Ok(derived) => {
+                match &derived.fused {
+                    Ok(lines) if lines.is_empty() => out.push_str("# backward: no fused attention; every op by its rule\n"),
+                    Ok(lines) => lines.iter().for_each(|l| out.push_str(&format!("# backward: {l}\n"))),
+                    Err(reason) => out.push_str(&format!("# backward not fused: {reason}\n")),
+                }
+                out.push_str(&format!("{}\n\n", compiler.optimize(&derived.graph).graph));
+            }
+            Err(e) => out.push_str(&format!("# {}: no derived program: {e}\n\n", g.name)),
+        }
+    }
+    Ok(out)
 }
 
 /// `print(parse(print(ir))) == print(ir)`, and the verifier accepts every graph.

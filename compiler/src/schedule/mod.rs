@@ -113,7 +113,8 @@ pub enum Tuning {
     /// Byte offset of a flash backward's second tile (`dPᵀ`, then `dSᵀ`) in a thread's scratch
     /// (CPU; the first, `Sᵀ` then `Pᵀ`, is at 0).
     ScratchGradS,
-    /// Byte offset of a flash backward's `dQᵀ` accumulator (`D × M`) in a thread's scratch (CPU).
+    /// Byte offset of a flash backward's `dQᵀ` accumulator (one `D × BlockM` panel per query block) in a
+    /// thread's scratch (CPU).
     ScratchGradQ,
     /// Byte offset of a flash backward's `dK` accumulator for one key block (CPU).
     ScratchGradK,

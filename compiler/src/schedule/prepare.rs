@@ -163,7 +163,7 @@ pub struct FlashBwdScratch {
     pub p: usize,
     /// `dPᵀ`, then `dSᵀ`: `BlockN × BlockM` f32.
     pub ds: usize,
-    /// `dQᵀ` of the whole batch index: `D × M` f32.
+    /// `dQᵀ` of the whole batch index, one `D × BlockM` panel per query block.
     pub dq: usize,
     /// `dK` of one key block: `BlockN × D` f32.
     pub dk: usize,
@@ -185,13 +185,13 @@ pub struct FlashBwdScratch {
 /// (64-byte aligned regions; sizes saturate, and [`prepare()`] refuses absurd totals).
 pub fn flash_bwd_scratch(bm: usize, bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdScratch {
     let round = |x: usize| x.saturating_mul(4).div_ceil(64).saturating_mul(64);
+    let padded = m.div_ceil(bm.max(1)).saturating_mul(bm);
     let ds = round(bn.saturating_mul(bm));
     let dq = ds.saturating_add(round(bn.saturating_mul(bm)));
-    let dk = dq.saturating_add(round(d.saturating_mul(m)));
+    let dk = dq.saturating_add(round(d.saturating_mul(padded)));
     let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
     let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
     let row = kt.saturating_add(round(d.saturating_mul(bn)));
-    let padded = m.div_ceil(bm.max(1)).saturating_mul(bm);
     let qt = row.saturating_add(round(bm.saturating_mul(2)));
     let dot = qt.saturating_add(round(d.saturating_mul(padded)));
     FlashBwdScratch { p: 0, ds, dq, dk, dv: dvo, kt, row, qt, dot, total: dot.saturating_add(round(dv.saturating_mul(padded))) }
@@ -329,7 +329,7 @@ impl Preparing<'_> {
         let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
         let batch = product(f.batch(), env)?;
         let (bm, bn) = match self.policy {
-            Policy::Cpu(cpu) => cpu.flash_bwd_blocks(m, n),
+            Policy::Cpu(cpu) => cpu.flash_bwd_blocks(m, n, f.spec.mask.is_some()),
             Policy::Cuda(_) => {
                 let head = cuda_pad_head(d.max(dv)).ok_or(PrepareError::HeadDim { step: s, width: d.max(dv) })?;
                 self.prepared.defines.push((format!("ATTNC_HD_{s}"), head));

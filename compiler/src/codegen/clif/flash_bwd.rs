@@ -270,7 +270,8 @@ pub fn emit(fx: &mut Fx, f: &FlashBwdKernel) {
         let it = item(fx, &p, w);
         let zero = fx.i64(0);
         if f.dq.is_some() {
-            let len = fx.mul(p.d, p.m);
+            let len = fx.mul(p.d, p.nqb);
+            let len = fx.mul(len, p.bm);
             zero_floats(fx, p.dq_acc, len);
         }
         if !p.targets.is_empty() {
@@ -530,10 +531,13 @@ fn products_after(fx: &mut Fx, p: &Prologue, it: &Item, t: &Tile, at: &At) {
             let h = fx.min(slice, left);
             let ko = fx.mul(d0, p.bn);
             let kt = fx.elem_addr(p.kt, ko);
-            let qo = fx.mul(d0, p.m);
-            let qo = fx.add(qo, at.i0);
+            // The query block's own D x BlockM panel of dQᵀ: rows BlockM apart, not M (which
+            // would put every row of a product in the same cache sets for power-of-two M).
+            let qo = fx.mul(t.qb, p.d);
+            let qo = fx.add(qo, d0);
+            let qo = fx.mul(qo, p.bm);
             let dq = fx.elem_addr(p.dq_acc, qo);
-            fx.call(abi::SGEMM_NN, &[h, rows, t.cols, kt, p.bn, p.ds_tile, p.bm, dq, p.m, one, accumulate]);
+            fx.call(abi::SGEMM_NN, &[h, rows, t.cols, kt, p.bn, p.ds_tile, p.bm, dq, p.bm, one, accumulate]);
         });
     }
     for sum in it.sums.iter().flatten() {
@@ -814,14 +818,24 @@ fn flush_sums(fx: &mut Fx, p: &Prologue, it: &Item) {
     }
 }
 
-/// `dQ` of the item from `dQᵀ`, rounded to its type.
+/// `dQ` of the item from the panels of `dQᵀ`, rounded to its type.
 fn write_dq(fx: &mut Fx, p: &Prologue, it: &Item, dq: &View) {
     let r = dq.shape.len();
     let (base, strides) = fx.view_base(dq);
     let zero = fx.i64(0);
     let off = fx.dot(zero, &it.bidx, &strides[..r - 2]);
     let dst = fx.elem_addr(base, off);
-    fx.call(abi::TRANSPOSE, &[p.dq_acc, p.m, p.d, p.m, dst, strides[r - 2]]);
+    fx.for_range(zero, p.nqb, |fx, qb| {
+        let i0 = fx.mul(qb, p.bm);
+        let left = fx.sub(p.m, i0);
+        let rows = fx.min(p.bm, left);
+        let po = fx.mul(qb, p.d);
+        let po = fx.mul(po, p.bm);
+        let panel = fx.elem_addr(p.dq_acc, po);
+        let o = fx.mul(i0, strides[r - 2]);
+        let to = fx.elem_addr(dst, o);
+        fx.call(abi::TRANSPOSE, &[panel, p.bm, p.d, rows, to, strides[r - 2]]);
+    });
     if matches!(dq.dtype, DType::F16 | DType::BF16) {
         fx.for_range(zero, p.m, |fx, i| {
             let o = fx.mul(i, strides[r - 2]);

@@ -202,3 +202,139 @@ fn scatter_add_rule() {
         1.0,
     );
 }
+
+/// [`check`] for a graph in IR text (a flash op as the optimizer makes it): every float
+/// parameter's gradient against a central difference, with the dims given.
+fn check_graph(text: &str, shapes: &[Vec<usize>], dims: &[(&str, i64)]) {
+    let graph: Graph = text.parse().unwrap();
+    let env: HashMap<String, i64> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let derived = differentiate(&graph, None).unwrap();
+    super::super::verify(&derived).unwrap();
+    assert!(derived.values().any(|v| matches!(derived.node(v).op, Op::FlashGrad { .. })), "not fused:\n{derived}");
+    let params: Vec<TensorType> = graph.params().iter().map(|p| graph.node(*p).ty.clone()).collect();
+    let inputs: Vec<Tensor> = shapes
+        .iter()
+        .zip(&params)
+        .enumerate()
+        .map(|(k, (s, t))| {
+            let n = s.iter().product();
+            if t.dtype == DType::I32 {
+                Tensor::new(DType::I32, s.clone(), crate::tensor::TensorData::I32((0..n as i32).map(|x| x / 3).collect())).unwrap()
+            } else {
+                Tensor::f32(s.clone(), values(n, k as u64, -1.0, 1.0)).unwrap()
+            }
+        })
+        .collect();
+    let run = |g: &Graph, xs: &[Tensor]| interp::run(g, xs, &env).unwrap();
+    let fwd = run(&graph, &inputs);
+    let cot: Vec<Tensor> = fwd
+        .iter()
+        .enumerate()
+        .map(|(k, o)| Tensor::f32(o.shape.clone(), values(o.shape.iter().product(), 100 + k as u64, -1.0, 1.0)).unwrap())
+        .collect();
+    let mut all = inputs.clone();
+    all.extend(cot.iter().cloned());
+    let outs = run(&derived, &all);
+    let grads = &outs[fwd.len()..];
+    let floats: Vec<usize> = params.iter().enumerate().filter(|(_, t)| t.dtype.is_float()).map(|(k, _)| k).collect();
+    assert_eq!(grads.len(), floats.len());
+    for (k, g) in floats.into_iter().zip(grads) {
+        let x = &inputs[k];
+        let dir = values(x.shape.iter().product(), 200 + k as u64, -1.0, 1.0);
+        let analytic: f64 = g.to_f64_vec().iter().zip(&dir).map(|(a, b)| a * f64::from(*b)).sum();
+        let h = 1e-3;
+        let shifted = |sign: f64| {
+            let mut xs = inputs.clone();
+            let v: Vec<f32> = x.to_f64_vec().iter().zip(&dir).map(|(a, d)| (a + sign * h * f64::from(*d)) as f32).collect();
+            xs[k] = Tensor::f32(x.shape.clone(), v).unwrap();
+            let o = run(&graph, &xs);
+            o.iter().zip(&cot).map(|(o, c)| o.to_f64_vec().iter().zip(c.to_f64_vec()).map(|(a, b)| a * b).sum::<f64>()).sum::<f64>()
+        };
+        let numeric = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
+        let scale: f64 = g.to_f64_vec().iter().map(|a| a.abs()).sum::<f64>().max(1e-3);
+        assert!((numeric - analytic).abs() <= 2e-2 * scale, "{text}\nparam {k}: finite difference {numeric}, gradient {analytic}");
+    }
+}
+
+#[test]
+fn flash_rule_against_central_differences() {
+    // ALiBi slopes (a load per head) under a causal mask, with grouped K/V heads.
+    check_graph(
+        "graph g {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, 1, S, D]
+  %2 = param[name=v] : f32[B, 1, S, D]
+  %3 = param[name=slopes] : f32[H]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.5 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+        &[vec![2, 3, 5, 4], vec![2, 1, 5, 4], vec![2, 1, 5, 4], vec![3]],
+        &[],
+    );
+    // Soft-capping with sigmoid weights, keys of another length and a wider value.
+    check_graph(
+        "graph g {
+  %0 = param[name=q] : f32[B, M, D]
+  %1 = param[name=k] : f32[B, N, D]
+  %2 = param[name=v] : f32[B, N, E]
+  %3 = flash[rank=3, weights=sigmoid, score=\"3.0 * tanh(s / 3.0) - 1.0\"] %0, %1, %2 : f32[B, M, E]
+  output out = %3
+}",
+        &[vec![2, 4, 3], vec![2, 6, 3], vec![2, 6, 5]],
+        &[],
+    );
+    // A relative-bias table gathered by clamped offsets, and a document mask read from data.
+    check_graph(
+        "graph g {
+  %0 = param[name=q] : f32[H, S, D]
+  %1 = param[name=k] : f32[H, S, D]
+  %2 = param[name=v] : f32[H, S, D]
+  %3 = param[name=table] : f32[H, R]
+  %4 = param[name=doc] : i32[S]
+  %5 = flash[rank=3, weights=softmax, score=\"s + x0[b, j - i + 2]\", mask=\"x1[i] == x1[j]\"] %0, %1, %2, %3, %4 : f32[H, S, D]
+  output out = %5
+}",
+        &[vec![2, 6, 3], vec![2, 6, 3], vec![2, 6, 3], vec![2, 5], vec![6]],
+        &[],
+    );
+}
+
+#[test]
+fn score_derivatives_come_from_the_shared_rules() {
+    let spec = |score: &str| FlashSpec { rank: 4, weights: Weights::Softmax, score: crate::ir::parse_expr(score, 4).unwrap(), mask: None };
+    let show = |e: &crate::ir::ScoreExpr| crate::ir::ShowExpr { expr: e, rank: 4 }.to_string();
+    let float = |_: usize| Class::Float;
+    let g = score_grad(&spec("50.0 * tanh(s)"), &float).unwrap();
+    assert_eq!(show(&g.ds), "50.0 * (1.0 - tanh(s) * tanh(s))");
+    assert!(g.loads.is_empty());
+    let g = score_grad(&spec("s * 0.125 + x0[h] * (j - i)"), &float).unwrap();
+    assert_eq!(show(&g.ds), "0.125");
+    assert_eq!(g.loads.len(), 1);
+    // `1.0 *` stays: it makes the integer offset a float, as the product in the score does.
+    assert_eq!(show(&g.loads[0].d), "1.0 * (j - i)");
+    // An integer operand has no gradient; positions and comparisons carry none either.
+    let g = score_grad(&spec("s + x0[h] * (j - i)"), &|_| Class::Int).unwrap();
+    assert!(g.loads.is_empty());
+}
+
+#[test]
+fn a_fully_masked_row_of_a_flash_op_has_zero_gradient() {
+    let text = "graph g {
+  %0 = param[name=q] : f32[S, D]
+  %1 = param[name=k] : f32[S, D]
+  %2 = param[name=v] : f32[S, D]
+  %3 = flash[rank=2, weights=softmax, score=\"s\", mask=\"i >= 2 && j <= i\"] %0, %1, %2 : f32[S, D]
+  output out = %3
+}";
+    let graph: Graph = text.parse().unwrap();
+    let derived = differentiate(&graph, None).unwrap();
+    let t = |seed| Tensor::f32(vec![5, 3], values(15, seed, -1.0, 1.0)).unwrap();
+    let outs = interp::run(&derived, &[t(1), t(2), t(3), t(4)], &HashMap::new()).unwrap();
+    for (name, g) in ["out", "d_q", "d_k", "d_v"].iter().zip(&outs) {
+        let v = g.to_f64_vec();
+        assert!(v.iter().all(|x| x.is_finite()), "{name}: {v:?}");
+    }
+    // Rows 0 and 1 keep no key: their output and query gradient are 0.
+    assert!(outs[0].to_f64_vec()[..6].iter().all(|x| *x == 0.0));
+    assert!(outs[1].to_f64_vec()[..6].iter().all(|x| *x == 0.0));
+}
