@@ -10,7 +10,7 @@
 //! with `--peak`); the report names the CPU model and the path.
 
 use super::{Exit, Failure, load, print_line};
-use attn_compiler::ir::{Graph, Op, tile_census};
+use attn_compiler::ir::{FlashWrt, Graph, Op, tile_census};
 use attn_runtime::cpu::{CpuOptions, TensorRef, default_threads};
 use attn_runtime::{RunOptions, Target, Tensor};
 use clap::Args;
@@ -216,6 +216,8 @@ fn ms(d: Duration) -> f64 {
 pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
     let size = |d: &attn_compiler::ir::Dim| d.eval(env).unwrap_or(0) as f64;
     let mut total = 0.0;
+    // The operand lists of flash backward groups already counted.
+    let mut counted: Vec<Vec<attn_compiler::ir::Value>> = Vec::new();
     for v in graph.values() {
         let node = graph.node(v);
         let args = graph.operands(v);
@@ -227,13 +229,30 @@ pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
                 let batch: f64 = out[..r - 2].iter().map(size).product();
                 total += 2.0 * batch * size(&out[r - 2]) * size(&out[r - 1]) * size(&a[a.len() - 1]);
             }
-            Op::Flash(spec) => {
+            // Attention: the products of the scores it keeps. Forward: Q·Kᵀ and P·V. Backward
+            // (one group of flash_grad nodes per flash op): the recomputed Q·Kᵀ and dO·Vᵀ once,
+            // then dQ = dS·K, dK = dSᵀ·Q and dV = Pᵀ·dO for the gradients asked for.
+            Op::Flash(spec) | Op::FlashGrad { spec, .. } => {
                 let (q, k, vv) = (&graph.node(args[0]).ty.shape, &graph.node(args[1]).ty.shape, &graph.node(args[2]).ty.shape);
                 let r = q.len();
-                let batch_sizes: Vec<i64> = node.ty.shape[..r - 2].iter().map(|d| d.eval(env).unwrap_or(0)).collect();
+                let batch_sizes: Vec<i64> = q[..r - 2].iter().map(|d| d.eval(env).unwrap_or(0)).collect();
                 let batch: f64 = batch_sizes.iter().map(|b| *b as f64).product();
-                let (m, n) = (size(&q[r - 2]), size(&k[r - 2]));
-                let dense = 2.0 * batch * m * n * (size(&q[r - 1]) + size(&vv[r - 1]));
+                let (m, n, d, dv) = (size(&q[r - 2]), size(&k[r - 2]), size(&q[r - 1]), size(&vv[r - 1]));
+                let width = match &node.op {
+                    Op::FlashGrad { wrt, .. } => {
+                        let first = !counted.contains(&args);
+                        if first {
+                            counted.push(args.clone());
+                        }
+                        let own = match wrt {
+                            FlashWrt::Q | FlashWrt::K => d,
+                            FlashWrt::V => dv,
+                            FlashWrt::Extra(_) => 0.0,
+                        };
+                        own + if first { d + dv } else { 0.0 }
+                    }
+                    _ => d + dv,
+                };
                 let kept = match &spec.mask {
                     None => 1.0,
                     Some(mask) => {
@@ -242,7 +261,7 @@ pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
                         (full as f64 + 0.5 * partial as f64) / all
                     }
                 };
-                total += dense * kept;
+                total += 2.0 * batch * m * n * width * kept;
             }
             _ => {}
         }
