@@ -110,26 +110,23 @@ pub enum Tuning {
     ScratchBias,
     /// Rows of `C` per matmul work item (CPU).
     MatMulRows,
-    /// Byte offset of a flash backward's second tile (`dPᵀ`, then `dSᵀ`) in a thread's scratch
-    /// (CPU; the first, `Sᵀ` then `Pᵀ`, is at 0).
+    /// Byte offset of a flash backward's `dSᵀ` rows (`BlockN × RowStride` f32) in a thread's
+    /// scratch (CPU; its `Pᵀ` rows are at 0).
     ScratchGradS,
-    /// Byte offset of a flash backward's `dQᵀ` accumulator (one `D × BlockM` panel per query block) in a
-    /// thread's scratch (CPU).
+    /// Byte offset of a flash backward's `dQᵀ` accumulator (`D × RowStride`) (CPU).
     ScratchGradQ,
-    /// Byte offset of a flash backward's `dK` accumulator for one key block (CPU).
+    /// Byte offset of a flash backward's `dK` of one key block (CPU).
     ScratchGradK,
-    /// Byte offset of a flash backward's `dV` accumulator for one key block (CPU).
+    /// Byte offset of a flash backward's `dV` of one key block (CPU).
     ScratchGradV,
     /// Byte offset of a flash backward's `Kᵀ` of one key block (CPU).
     ScratchKeysT,
-    /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, then the query
-    /// block's separable row terms, `BlockM` f32 each.
+    /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, then the separable
+    /// row terms of the queries, `RowStride` f32 each.
     ScratchGradRow,
-    /// Byte offset of a flash backward's `Qᵀ` of the batch index, one `D × BlockM` panel per
-    /// query block (CPU).
-    ScratchQueriesT,
-    /// Byte offset of a flash backward's `dOᵀ`, one `Dv × BlockM` panel per query block (CPU).
-    ScratchGradOutT,
+    /// Floats between a flash backward's rows of `Pᵀ`, `dSᵀ` and `dQᵀ` (CPU): `M` rounded up,
+    /// plus 16, so that no two rows share cache sets when `M` is a power of two.
+    RowStride,
 }
 
 /// What a buffer holds and who provides its memory.

@@ -180,16 +180,7 @@ impl Policy {
             (_, Kernel::FlashBwd(_)) => {
                 let mut t = vec![BlockM, BlockN, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
-                    t.extend([
-                        ScratchGradS,
-                        ScratchGradQ,
-                        ScratchGradK,
-                        ScratchGradV,
-                        ScratchKeysT,
-                        ScratchGradRow,
-                        ScratchQueriesT,
-                        ScratchGradOutT,
-                    ]);
+                    t.extend([ScratchGradS, ScratchGradQ, ScratchGradK, ScratchGradV, ScratchKeysT, ScratchGradRow, RowStride]);
                 }
                 t
             }

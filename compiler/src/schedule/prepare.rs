@@ -159,11 +159,13 @@ pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
 /// Byte offsets of the regions of a CPU flash backward's per-thread scratch, and its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashBwdScratch {
-    /// `Sᵀ`, then `Pᵀ`: `BlockN × BlockM` f32, at 0.
+    /// Floats between rows of `Pᵀ`, `dSᵀ` and `dQᵀ`: `M` rounded up to 16, plus 16.
+    pub stride: usize,
+    /// `Sᵀ`, then `Pᵀ`, of one key block against every query: `BlockN × stride` f32, at 0.
     pub p: usize,
-    /// `dPᵀ`, then `dSᵀ`: `BlockN × BlockM` f32.
+    /// `dPᵀ`, then `dSᵀ`: `BlockN × stride` f32.
     pub ds: usize,
-    /// `dQᵀ` of the whole batch index, one `D × BlockM` panel per query block.
+    /// `dQᵀ` of the whole batch index: `D × stride` f32.
     pub dq: usize,
     /// `dK` of one key block: `BlockN × D` f32.
     pub dk: usize,
@@ -171,30 +173,24 @@ pub struct FlashBwdScratch {
     pub dv: usize,
     /// `Kᵀ` of one key block: `D × BlockN` f32.
     pub kt: usize,
-    /// A key row's `dF`, then the query block's separable row terms: `2 × BlockM` f32.
+    /// A key row's `dF`, then the queries' separable row terms: `2 × stride` f32.
     pub row: usize,
-    /// `Qᵀ` of the batch index in `D × BlockM` panels, one per query block.
-    pub qt: usize,
-    /// `dOᵀ` in `Dv × BlockM` panels.
-    pub dot: usize,
     /// Total bytes.
     pub total: usize,
 }
 
-/// The backward's scratch layout for blocks of `bm × bn`, `m` query rows, widths `d` and `dv`
+/// The backward's scratch layout for key blocks of `bn`, `m` query rows, widths `d` and `dv`
 /// (64-byte aligned regions; sizes saturate, and [`prepare()`] refuses absurd totals).
-pub fn flash_bwd_scratch(bm: usize, bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdScratch {
+pub fn flash_bwd_scratch(bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdScratch {
     let round = |x: usize| x.saturating_mul(4).div_ceil(64).saturating_mul(64);
-    let padded = m.div_ceil(bm.max(1)).saturating_mul(bm);
-    let ds = round(bn.saturating_mul(bm));
-    let dq = ds.saturating_add(round(bn.saturating_mul(bm)));
-    let dk = dq.saturating_add(round(d.saturating_mul(padded)));
+    let stride = m.div_ceil(16).saturating_mul(16).saturating_add(16);
+    let ds = round(bn.saturating_mul(stride));
+    let dq = ds.saturating_add(round(bn.saturating_mul(stride)));
+    let dk = dq.saturating_add(round(d.saturating_mul(stride)));
     let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
     let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
     let row = kt.saturating_add(round(d.saturating_mul(bn)));
-    let qt = row.saturating_add(round(bm.saturating_mul(2)));
-    let dot = qt.saturating_add(round(d.saturating_mul(padded)));
-    FlashBwdScratch { p: 0, ds, dq, dk, dv: dvo, kt, row, qt, dot, total: dot.saturating_add(round(dv.saturating_mul(padded))) }
+    FlashBwdScratch { stride, p: 0, ds, dq, dk, dv: dvo, kt, row, total: row.saturating_add(round(stride.saturating_mul(2))) }
 }
 
 /// What a flash step works on, per run.
@@ -358,7 +354,7 @@ impl Preparing<'_> {
         let partials = batch.checked_mul(per_item).ok_or_else(|| PrepareError::Overflow("flash backward partial sums".into()))?;
         self.prepared.elems[f.partials] = count(partials, "flash backward partial sums")?;
         if let Policy::Cpu(_) = self.policy {
-            let layout = flash_bwd_scratch(bm as usize, bn as usize, m as usize, d as usize, dv as usize);
+            let layout = flash_bwd_scratch(bn as usize, m as usize, d as usize, dv as usize);
             count((layout.total / 4) as i64, "a flash backward's scratch")?;
             self.set(
                 s,
@@ -369,8 +365,7 @@ impl Preparing<'_> {
                     (Tuning::ScratchGradV, layout.dv as i64),
                     (Tuning::ScratchKeysT, layout.kt as i64),
                     (Tuning::ScratchGradRow, layout.row as i64),
-                    (Tuning::ScratchQueriesT, layout.qt as i64),
-                    (Tuning::ScratchGradOutT, layout.dot as i64),
+                    (Tuning::RowStride, layout.stride as i64),
                 ],
             );
             self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);

@@ -515,13 +515,13 @@ unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
 #[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
 pub(super) unsafe fn flash_bwd_row(
     isa: Isa,
-    u: *mut f32,
+    s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
     n: usize,
-    (factor, cbias, dscale): (f32, f32, f32),
+    scalars: (f32, f32, f32),
     flags: u32,
     df: *mut f32,
 ) {
@@ -529,10 +529,10 @@ pub(super) unsafe fn flash_bwd_row(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => flash_bwd_row_avx512(u, dp, lse, delta, rbias, n, (factor, cbias, dscale), flags, df),
+            Isa::Avx512 => flash_bwd_row_avx512(s, dp, lse, delta, rbias, n, scalars, flags, df),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => flash_bwd_row_avx2(u, dp, lse, delta, rbias, n, (factor, cbias, dscale), flags, df),
-            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(u, dp, lse, delta, rbias, n, factor, cbias, dscale, flags, df),
+            Isa::Avx2 => flash_bwd_row_avx2(s, dp, lse, delta, rbias, n, scalars, flags, df),
+            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(s, dp, lse, delta, rbias, n, scalars, flags, df),
         }
     }
 }
@@ -542,18 +542,18 @@ pub(super) unsafe fn flash_bwd_row(
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn flash_bwd_row_avx2(
-    u: *mut f32,
+    s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
     n: usize,
-    (factor, cbias, dscale): (f32, f32, f32),
+    scalars: (f32, f32, f32),
     flags: u32,
     df: *mut f32,
 ) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { super::lanes::flash_bwd_row::<true>(u, dp, lse, delta, rbias, n, factor, cbias, dscale, flags, df) }
+    unsafe { super::lanes::flash_bwd_row::<true>(s, dp, lse, delta, rbias, n, scalars, flags, df) }
 }
 
 /// AVX-512 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector.
@@ -561,25 +561,34 @@ unsafe fn flash_bwd_row_avx2(
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn flash_bwd_row_avx512(
-    u: *mut f32,
+    s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
     n: usize,
-    (factor, cbias, dscale): (f32, f32, f32),
+    (alpha, factor, cbias): (f32, f32, f32),
     flags: u32,
     df: *mut f32,
 ) {
     let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
-    let (fac, cb, ds, one, ninf) =
-        (_mm512_set1_ps(factor), _mm512_set1_ps(cbias), _mm512_set1_ps(dscale), _mm512_set1_ps(1.0), _mm512_set1_ps(f32::NEG_INFINITY));
+    let (al, fac, cb, ds, one, ninf) = (
+        _mm512_set1_ps(alpha),
+        _mm512_set1_ps(factor),
+        _mm512_set1_ps(cbias),
+        _mm512_set1_ps(alpha * factor),
+        _mm512_set1_ps(1.0),
+        _mm512_set1_ps(f32::NEG_INFINITY),
+    );
     let mut i = 0;
     while i < n {
         let m = if i + 16 <= n { 0xffff } else { super::x86_avx512::lanes(n - i) };
         // SAFETY: only the valid lanes of each row are read or written.
         unsafe {
-            let uv = _mm512_maskz_loadu_ps(m, u.add(i));
+            let mut uv = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(m, s.add(i)));
+            if tanh {
+                uv = tanh16(uv);
+            }
             let pv = _mm512_maskz_loadu_ps(m, dp.add(i));
             let mut bias = cb;
             if !rbias.is_null() {
@@ -600,7 +609,7 @@ unsafe fn flash_bwd_row_avx512(
                 (w, _mm512_mul_ps(w, _mm512_sub_ps(pv, dv)))
             };
             let d = if tanh { _mm512_mul_ps(ds, _mm512_fnmadd_ps(uv, uv, one)) } else { ds };
-            _mm512_mask_storeu_ps(u.add(i), m, w);
+            _mm512_mask_storeu_ps(s.add(i), m, w);
             _mm512_mask_storeu_ps(dp.add(i), m, _mm512_mul_ps(dfv, d));
             if !df.is_null() {
                 _mm512_mask_storeu_ps(df.add(i), m, dfv);

@@ -142,14 +142,39 @@ pub(super) unsafe fn row_max(x: *const f32, scale: f32, bias: *const f32, n: usi
     best
 }
 
-/// `y[i] = tanh(x[i])` as the SIMD paths compute it: the odd polynomial below
+/// `tanh` of every lane as the SIMD paths compute it: the odd polynomial below
 /// [`super::exp::TANH_SMALL`], `1 - 2/(e^{2|x|} + 1)` above, with the sign of `x`.
+#[inline(always)]
+fn tanh_v<const FMA: bool>(v: V) -> V {
+    use super::exp::{TANH_BIG, TANH_P, TANH_SMALL};
+    let mut twice = [0.0f32; L];
+    for l in 0..L {
+        let a = v[l].abs();
+        twice[l] = if a > TANH_BIG { 2.0 * TANH_BIG } else { a + a };
+    }
+    let e = exp_v::<FMA>(twice);
+    let mut out = [0.0f32; L];
+    for l in 0..L {
+        let a = v[l].abs();
+        let z = a * a;
+        let mut p = TANH_P[0];
+        for c in &TANH_P[1..] {
+            p = madd::<FMA>(p, z, *c);
+        }
+        let small = madd::<FMA>(p * z, a, a);
+        let big = 1.0 - 2.0 / (e[l] + 1.0);
+        let t = if a < TANH_SMALL { small } else { big };
+        out[l] = t.copysign(v[l]);
+    }
+    out
+}
+
+/// `y[i] = tanh(x[i])` by [`tanh_v`].
 ///
 /// # Safety
 /// `x` and `y` address `n` elements (they may be the same buffer).
 #[inline(always)]
 pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
-    use super::exp::{TANH_BIG, TANH_P, TANH_SMALL};
     let mut i = 0;
     while i < n {
         let len = L.min(n - i);
@@ -158,24 +183,10 @@ pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize)
             // SAFETY: `i + l < n`.
             *out = unsafe { *x.add(i + l) };
         }
-        let mut twice = [0.0f32; L];
-        for l in 0..L {
-            let a = v[l].abs();
-            twice[l] = if a > TANH_BIG { 2.0 * TANH_BIG } else { a + a };
-        }
-        let e = exp_v::<FMA>(twice);
-        for l in 0..len {
-            let a = v[l].abs();
-            let z = a * a;
-            let mut p = TANH_P[0];
-            for c in &TANH_P[1..] {
-                p = madd::<FMA>(p, z, *c);
-            }
-            let small = madd::<FMA>(p * z, a, a);
-            let big = 1.0 - 2.0 / (e[l] + 1.0);
-            let t = if a < TANH_SMALL { small } else { big };
+        let t = tanh_v::<FMA>(v);
+        for (l, t) in t.iter().enumerate().take(len) {
             // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = t.copysign(v[l]) };
+            unsafe { *y.add(i + l) = *t };
         }
         i += L;
     }
@@ -267,47 +278,50 @@ pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
 }
 
 /// One key row of a flash backward tile, queries along the row (see
-/// [`super::attnc_flash_bwd_row`]): weights into `u`, the scores' adjoints into `dp`, and `dF`
+/// [`super::attnc_flash_bwd_row`]): weights into `s`, the scores' adjoints into `dp`, and `dF`
 /// into `df` unless it is null.
 ///
 /// # Safety
-/// `u`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias` and `df`
+/// `s`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias` and `df`
 /// (unless null).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
 pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
-    u: *mut f32,
+    s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
     n: usize,
-    factor: f32,
-    cbias: f32,
-    dscale: f32,
+    (alpha, factor, cbias): (f32, f32, f32),
     flags: u32,
     df: *mut f32,
 ) {
     let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    let dscale = alpha * factor;
     let mut i = 0;
     while i < n {
         let len = L.min(n - i);
-        let (mut uv, mut pv, mut lv, mut dv, mut x) = ([0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L]);
+        let (mut uv, mut pv, mut lv, mut dv, mut rb) = ([0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L], [0.0f32; L]);
         for l in 0..len {
             // SAFETY: `i + l < n`; the optional rows are read only when given.
             unsafe {
-                uv[l] = *u.add(i + l);
+                uv[l] = alpha * *s.add(i + l);
                 pv[l] = *dp.add(i + l);
                 if !sigmoid {
                     lv[l] = *lse.add(i + l);
                     dv[l] = *delta.add(i + l);
                 }
-                let rb = if rbias.is_null() { 0.0 } else { *rbias.add(i + l) };
-                x[l] = madd::<FMA>(factor, uv[l], cbias + rb);
+                rb[l] = if rbias.is_null() { 0.0 } else { *rbias.add(i + l) };
             }
         }
+        if tanh {
+            uv = tanh_v::<FMA>(uv);
+        }
+        let mut x = [0.0f32; L];
         for l in 0..L {
-            x[l] = if sigmoid { -x[l] } else { x[l] - lv[l] };
+            let v = madd::<FMA>(factor, uv[l], cbias + rb[l]);
+            x[l] = if sigmoid { -v } else { v - lv[l] };
         }
         let e = exp_v::<FMA>(x);
         for l in 0..len {
@@ -321,7 +335,7 @@ pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
             let d = if tanh { dscale * madd::<FMA>(-uv[l], uv[l], 1.0) } else { dscale };
             // SAFETY: `i + l < n`.
             unsafe {
-                *u.add(i + l) = w;
+                *s.add(i + l) = w;
                 *dp.add(i + l) = dfl * d;
                 if !df.is_null() {
                     *df.add(i + l) = dfl;

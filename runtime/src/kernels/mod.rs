@@ -464,32 +464,32 @@ pub unsafe extern "C" fn attnc_norm_row_f32(x: *const f32, gamma: *const f32, be
 }
 
 /// C ABI: one key row of a flash backward tile, its `n` queries along the row. With
-/// `x = factor·u[r] + cbias + rbias[r]` (no `rbias` when null): the weight
-/// `p = exp(x - lse[r])` (0 where `lse[r] = -inf`; with `flags & 2`, sigmoid weights
-/// `p = sigmoid(x)` and no `lse`, `delta`), the score's adjoint `dF = p·(dp[r] - delta[r])`
-/// (sigmoid: `dp[r]·p·(1 - p)`), and `dS = dF·dscale` (with `flags & 1`, `u` holds `tanh` of the
-/// scores and `dS = dF·dscale·(1 - u[r]²)`). Writes `p` over `u`, `dS` over `dp`, and `dF` to
-/// `df` unless it is null.
+/// `u = alpha·s[r]` (with `flags & 1`, `u = tanh(alpha·s[r])`, soft-capping) and
+/// `x = factor·u + cbias + rbias[r]` (no `rbias` when null): the weight `p = exp(x - lse[r])`
+/// (0 where `lse[r] = -inf`; with `flags & 2`, sigmoid weights `p = sigmoid(x)` and no `lse`,
+/// `delta`), the score's adjoint `dF = p·(dp[r] - delta[r])` (sigmoid: `dp[r]·p·(1 - p)`), and
+/// `dS = dF·∂x/∂s = dF·alpha·factor` (times `1 - u²` after `tanh`). Writes `p` over `s`, `dS`
+/// over `dp`, and `dF` to `df` unless it is null.
 ///
 /// # Safety
-/// `u` and `dp` address `n` valid elements, and so do `lse` and `delta` (unless sigmoid),
+/// `s` and `dp` address `n` valid elements, and so do `lse` and `delta` (unless sigmoid),
 /// `rbias` and `df` (unless null); `df` does not overlap the others.
 #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
 pub unsafe extern "C" fn attnc_flash_bwd_row(
-    u: *mut f32,
+    s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
     n: usize,
+    alpha: f32,
     factor: f32,
     cbias: f32,
-    dscale: f32,
     flags: u32,
     df: *mut f32,
 ) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::flash_bwd_row(isa(), u, dp, lse, delta, rbias, n, (factor, cbias, dscale), flags, df) }
+    unsafe { exp::flash_bwd_row(isa(), s, dp, lse, delta, rbias, n, (alpha, factor, cbias), flags, df) }
 }
 
 /// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).

@@ -473,31 +473,33 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
         for n in SIZES {
             // Flags: plain softmax, softmax of tanh-staged scores, sigmoid weights.
             for flags in [0u32, 1, 2] {
-                let u0 = rng.vec(n);
+                let s0: Vec<f32> = rng.vec(n).iter().map(|x| 4.0 * x).collect();
                 let dp0 = rng.vec(n);
                 // A row of lse with one query that keeps no key (-inf).
                 let lse: Vec<f32> = (0..n).map(|r| if r == 1 { f32::NEG_INFINITY } else { 0.5 + rng.next() }).collect();
                 let delta = rng.vec(n);
                 let rbias = rng.vec(n);
-                let (factor, cbias, dscale) = (1.5f32, -0.25f32, 0.75f32);
-                let (mut u, mut dp, mut df) = (u0.clone(), dp0.clone(), vec![0.0f32; n]);
+                let (alpha, factor, cbias) = (0.3f32, 1.5f32, -0.25f32);
+                let (mut s, mut dp, mut df) = (s0.clone(), dp0.clone(), vec![0.0f32; n]);
                 // SAFETY: every row holds `n` elements.
                 unsafe {
                     exp::flash_bwd_row(
                         isa,
-                        u.as_mut_ptr(),
+                        s.as_mut_ptr(),
                         dp.as_mut_ptr(),
                         lse.as_ptr(),
                         delta.as_ptr(),
                         rbias.as_ptr(),
                         n,
-                        (factor, cbias, dscale),
+                        (alpha, factor, cbias),
                         flags,
                         df.as_mut_ptr(),
                     )
                 };
                 for r in 0..n {
-                    let x = f64::from(factor) * f64::from(u0[r]) + f64::from(cbias) + f64::from(rbias[r]);
+                    let u = f64::from(alpha) * f64::from(s0[r]);
+                    let u = if flags & 1 != 0 { u.tanh() } else { u };
+                    let x = f64::from(factor) * u + f64::from(cbias) + f64::from(rbias[r]);
                     let (w, dfr) = if flags & 2 != 0 {
                         let w = 1.0 / (1.0 + (-x).exp());
                         (w, f64::from(dp0[r]) * w * (1.0 - w))
@@ -507,9 +509,10 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
                         let w = (x - f64::from(lse[r])).exp();
                         (w, w * (f64::from(dp0[r]) - f64::from(delta[r])))
                     };
-                    let d = if flags & 1 != 0 { f64::from(dscale) * (1.0 - f64::from(u0[r]).powi(2)) } else { f64::from(dscale) };
+                    let scale = f64::from(alpha) * f64::from(factor);
+                    let d = if flags & 1 != 0 { scale * (1.0 - u * u) } else { scale };
                     let close = |got: f32, want: f64| (f64::from(got) - want).abs() <= 1e-5 * want.abs().max(1.0);
-                    assert!(close(u[r], w), "{isa} n={n} flags={flags} r={r}: p {} vs {w}", u[r]);
+                    assert!(close(s[r], w), "{isa} n={n} flags={flags} r={r}: p {} vs {w}", s[r]);
                     assert!(close(df[r], dfr), "{isa} n={n} flags={flags} r={r}: dF {} vs {dfr}", df[r]);
                     assert!(close(dp[r], dfr * d), "{isa} n={n} flags={flags} r={r}: dS {} vs {}", dp[r], dfr * d);
                 }

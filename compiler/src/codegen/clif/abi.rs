@@ -45,8 +45,8 @@ pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I6
 /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
 /// ldd)`.
 pub const TRANSPOSE: Import = Import { name: "attnc_transpose_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[] };
-/// One key row of a flash backward tile: `(u, dp, lse|0, delta|0, rbias|0, n, factor, cbias,
-/// dscale, flags, df|0)` (see the runtime's `attnc_flash_bwd_row`).
+/// One key row of a flash backward tile: `(s, dp, lse|0, delta|0, rbias|0, n, alpha, factor,
+/// cbias, flags, df|0)` (see the runtime's `attnc_flash_bwd_row`).
 pub const FLASH_BWD_ROW: Import =
     Import { name: "attnc_flash_bwd_row", params: &[I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.

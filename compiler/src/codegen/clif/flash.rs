@@ -222,15 +222,7 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashKernel) -> Prologue<'f> {
     let [bn, kps, nkb, entry_bytes] =
         [Tuning::BlockN, Tuning::KeysPerSplit, Tuning::KeyBlocks, Tuning::TileEntryBytes].map(|t| fx.tuning(step, t));
     let tiles = fx.buf(f.tiles);
-    let extras: Vec<Extra> = f
-        .extras
-        .iter()
-        .map(|x| {
-            let (base, strides) = fx.view_base(x);
-            let sizes = fx.dims(&x.shape);
-            Extra { dtype: x.dtype, base, strides, sizes }
-        })
-        .collect();
+    let extras = Extra::of_views(fx, &f.extras);
     let mut dims = HashMap::new();
     for dd in crate::schedule::score_dims(f) {
         let v = fx.dim(&dd);

@@ -13,6 +13,7 @@ mod builder;
 mod elementwise;
 mod flash;
 mod flash_bwd;
+mod flash_bwd_rows;
 mod matmul;
 mod ops;
 mod reduce;

@@ -26,6 +26,21 @@ pub struct Extra {
     pub sizes: Vec<Value>,
 }
 
+impl Extra {
+    /// Every extra operand of a flash kernel as the expressions read it (loaded now, in the
+    /// prologue).
+    pub fn of_views(fx: &mut Fx, views: &[crate::schedule::View]) -> Vec<Extra> {
+        views
+            .iter()
+            .map(|x| {
+                let (base, strides) = fx.view_base(x);
+                let sizes = fx.dims(&x.shape);
+                Extra { dtype: x.dtype, base, strides, sizes }
+            })
+            .collect()
+    }
+}
+
 /// Values of sub-expressions computed outside the score loop (scalars), by node address.
 pub type Hoisted = HashMap<*const ScoreExpr, Tv>;
 

@@ -262,16 +262,8 @@ impl Cx<'_> {
                 out.push(format!("  sum_[{k}] += {contrib};"));
                 out.push("}".into());
             } else {
-                let x = &f.extras[l.input];
                 let mut il = ops::Lines::new(&format!("y{k}"));
-                let mut flat = Vec::new();
-                let mut stride = "1LL".to_string();
-                for (axis, e) in l.index.iter().enumerate().rev() {
-                    let v = cx.eval(&mut il, e)?;
-                    let size = self.ints.dim(&x.shape[axis])?;
-                    flat.push(format!("attnc_clampi((i64){}, {size}) * {stride}", ops::convert(&v, Class::Int)));
-                    stride = format!("{stride} * {size}");
-                }
+                let flat = self.flat_index(&cx, &mut il, l)?;
                 out.push("red_[tid_] = 0.0f; at_[tid_] = -1;".into());
                 out.push("if (kin_ && df_ != 0.0f) {".into());
                 out.extend(indent(&body, 2));
@@ -340,6 +332,21 @@ impl Cx<'_> {
         Ok(out)
     }
 
+    /// The row-major offset of a load's clamped indices within its operand (its gradient's
+    /// element), as terms to add; statements into `il`.
+    fn flat_index(&self, cx: &ScoreCtx, il: &mut ops::Lines, l: &crate::ir::grad::LoadGrad) -> Result<Vec<String>, CudaEmitError> {
+        let x = &self.f.extras[l.input];
+        let mut flat = Vec::new();
+        let mut stride = "1LL".to_string();
+        for (axis, e) in l.index.iter().enumerate().rev() {
+            let v = cx.eval(il, e)?;
+            let size = self.ints.dim(&x.shape[axis])?;
+            flat.push(format!("attnc_clampi((i64){}, {size}) * {stride}", ops::convert(&v, Class::Int)));
+            stride = format!("{stride} * {size}");
+        }
+        Ok(flat)
+    }
+
     /// Adds the item-level register sums into the item's partial sums: over the block's threads
     /// in order, by thread 0.
     fn flush_sums(&self) -> Result<Vec<String>, CudaEmitError> {
@@ -354,16 +361,8 @@ impl Cx<'_> {
                 continue;
             }
             let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
-            let x = &f.extras[l.input];
             let mut il = ops::Lines::new(&format!("z{k}"));
-            let mut flat = Vec::new();
-            let mut stride = "1LL".to_string();
-            for (axis, e) in l.index.iter().enumerate().rev() {
-                let v = cx.eval(&mut il, e)?;
-                let size = self.ints.dim(&x.shape[axis])?;
-                flat.push(format!("attnc_clampi((i64){}, {size}) * {stride}", ops::convert(&v, Class::Int)));
-                stride = format!("{stride} * {size}");
-            }
+            let flat = self.flat_index(&cx, &mut il, l)?;
             out.push("attnc_sync();".into());
             out.push(format!("red_[tid_] = sum_[{k}];"));
             out.push("attnc_sync();".into());
