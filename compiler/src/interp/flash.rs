@@ -217,6 +217,7 @@ pub(super) fn flash_grad(
         return Err(bad(format!("flash_grad needs {fixed} operands before its extras")));
     }
     let (q, k, v, d_out) = (args[0], args[1], args[2], args[3]);
+    // The log-sum-exp and the forward's result (softmax weights).
     let stats = (fixed == 6).then(|| (args[4], args[5]));
     let extras = &args[fixed..];
     let g = Geometry::of(q, k, v, &bad)?;
@@ -241,6 +242,8 @@ pub(super) fn flash_grad(
             let qrow = &q.data[row * d..(row + 1) * d];
             let dorow = &d_out.data[row * dv..(row + 1) * dv];
             score_row(spec, &g, qrow, k, koff, &mut pos, env, &load, (&mut raw, &mut scores, &mut keep));
+            // delta = Σ d_out ∘ out over the row.
+            let delta = stats.map_or(0.0, |(_, out)| dorow.iter().zip(&out.data[row * dv..(row + 1) * dv]).map(|(a, b)| a * b).sum());
             for j in 0..n {
                 if !keep[j] {
                     continue;
@@ -252,7 +255,7 @@ pub(super) fn flash_grad(
                 };
                 let dp: f64 = dorow.iter().zip(g.vrow(v, voff, j)).map(|(a, c)| a * c).sum();
                 let df = match stats {
-                    Some((_, delta)) => p * (dp - delta.data[row]),
+                    Some(_) => p * (dp - delta),
                     None => dp * p * (1.0 - p),
                 };
                 pos[r - 1] = j as i64;

@@ -457,7 +457,7 @@ impl Builder {
     }
 
     /// The fused derivative of a flash op (FlashAttention-2's backward): its per-row
-    /// log-sum-exp ([`Op::FlashLse`]) and `delta = Σ g ∘ y` for softmax weights, then one
+    /// log-sum-exp ([`Op::FlashLse`]) and its result for softmax weights, then one
     /// [`Op::FlashGrad`] per operand that needs a gradient (q, k, v, and the float extras the
     /// score modification loads). Backends compute all of them in one pass that recomputes the
     /// weights tile by tile, so no score-sized buffer exists. An extra operand whose gradient is
@@ -497,11 +497,7 @@ impl Builder {
         let mut operands = vec![x[0], x[1], x[2], g];
         if spec.weights == Weights::Softmax {
             let lse = self.add(Op::FlashLse(Box::new(spec.clone())), x, None)?;
-            let gf = self.cast(g, DType::F32)?;
-            let yf = self.cast(y, DType::F32)?;
-            let prod = self.mul(gf, yf)?;
-            let delta = self.sum(prod, vec![r - 1], false)?;
-            operands.extend([lse, delta]);
+            operands.extend([lse, y]);
         }
         operands.extend_from_slice(extras);
         let mut out = Vec::new();

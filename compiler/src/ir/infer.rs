@@ -333,7 +333,7 @@ fn flash_lse(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<Ten
     Ok(TensorType::new(DType::F32, out.shape[..r - 1].to_vec()))
 }
 
-/// `flash_grad(q, k, v, d_out, [lse, delta,] extras…)`: see [`Op::FlashGrad`]. The gradient of
+/// `flash_grad(q, k, v, d_out, [lse, out,] extras…)`: see [`Op::FlashGrad`]. The gradient of
 /// q has q's type; of k and v, their dtype over the score's batch axes (`[…b, N, D]`,
 /// `[…b, N, Dv]`); of an extra operand, its type (which must be float).
 fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
@@ -350,10 +350,11 @@ fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[
     }
     if fixed == 6 {
         let rows = &out.shape[..r - 1];
-        for (what, t) in [("lse", args[4]), ("delta", args[5])] {
-            if t.dtype != DType::F32 || t.shape != rows {
-                return Err(format!("flash_grad's {what} must be f32{}, found {t}", shape_str(rows)));
-            }
+        if args[4].dtype != DType::F32 || args[4].shape != rows {
+            return Err(format!("flash_grad's lse must be f32{}, found {}", shape_str(rows), args[4]));
+        }
+        if args[5].shape != out.shape || !args[5].dtype.is_float() {
+            return Err(format!("flash_grad's out must be the flash op's result {}, found {}", shape_str(&out.shape), args[5]));
         }
     }
     let batch = &out.shape[..r - 2];

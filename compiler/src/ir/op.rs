@@ -265,9 +265,10 @@ pub enum Op {
     /// a row with every key masked. What the flash backward recomputes the weights from
     /// ([`Op::FlashGrad`]); backends compute it with its flash op when both are live.
     FlashLse(Box<FlashSpec>),
-    /// One gradient of a flash op: `flash_grad(q, k, v, d_out, [lse, delta,] extras...)`, where
+    /// One gradient of a flash op: `flash_grad(q, k, v, d_out, [lse, out,] extras...)`, where
     /// `d_out` is the cotangent of the flash op's result, and for softmax weights `lse` is
-    /// [`Op::FlashLse`] and `delta` the per-row `Σ d_out ∘ out` (f32). With `P` the weights and
+    /// [`Op::FlashLse`] and `out` the flash op's result, whose per-row `delta = Σ d_out ∘ out`
+    /// the weights' adjoint needs. With `P` the weights and
     /// `dP = d_out · vᵀ`, the score's adjoint is `dF = P (dP - delta)` (softmax) or
     /// `dF = dP · P (1 - P)` (sigmoid), zero wherever `P` is; its chain rule through the score
     /// modification gives `dS = dF · ∂F/∂s`. The result is, by [`FlashWrt`]: `dS · k`
@@ -320,7 +321,7 @@ impl FlashWrt {
 
 impl FlashSpec {
     /// Operands of an [`Op::FlashGrad`] of this op before its extras: q, k, v, d_out, and for
-    /// softmax weights lse and delta.
+    /// softmax weights lse and the forward's result.
     pub fn grad_fixed_operands(&self) -> usize {
         match self.weights {
             Weights::Softmax => 6,

@@ -47,6 +47,9 @@ struct Lowering<'g> {
     flash_of: HashMap<Value, Value>,
     /// The `flash_grad` nodes of one flash op, which one step computes, by any member.
     grads: HashMap<Value, Vec<Value>>,
+    /// A query gradient read only by a scaling `g * c`: the product and `c`, which the backward
+    /// step applies to its `dQ` products (see [`scaled_grads`]).
+    scaled: HashMap<Value, (Value, ScoreExpr)>,
 }
 
 /// Builds the schedule of a graph (which must verify).
@@ -62,6 +65,7 @@ pub fn lower(g: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
         lse_of: HashMap::new(),
         flash_of: HashMap::new(),
         grads: HashMap::new(),
+        scaled: HashMap::new(),
     };
     let live = live_values(g);
     let inline = inline_set(g, &live);
@@ -69,6 +73,7 @@ pub fn lower(g: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
     l.lse_of = lse_partners(g, &live);
     l.flash_of = l.lse_of.iter().map(|(f, s)| (*s, *f)).collect();
     l.grads = grad_groups(g, &live);
+    l.scaled = scaled_grads(g, &live);
     for (i, p) in g.params().iter().enumerate() {
         let node = g.node(*p);
         let buf = l.buffer(BufferKind::Param(i), node.ty.dtype, Dim::product(&node.ty.shape), *p);
@@ -107,8 +112,9 @@ fn scalar_expr(g: &Graph, v: Value) -> Option<ScoreExpr> {
     })
 }
 
-/// `q * c` (or `c * q`) feeding only a flash op's query, with `c` a scalar expression: the
-/// scale rides on the Q·Kᵀ product instead of a scaled copy of q. Maps such products to
+/// `q * c` (or `c * q`) feeding only flash ops' queries (a flash op, its log-sum-exp, its
+/// gradients), with `c` a scalar expression: the scale rides on the Q·Kᵀ product (and the
+/// backward's `dK` product) instead of a scaled copy of q. Maps such products to
 /// (the unscaled operand, the scale).
 fn folded_scales(g: &Graph, live: &[bool]) -> Vec<Option<(Value, ScoreExpr)>> {
     g.values()
@@ -117,11 +123,15 @@ fn folded_scales(g: &Graph, live: &[bool]) -> Vec<Option<(Value, ScoreExpr)>> {
             if !live[v.index()] || node.op != Op::Binary(BinaryOp::Mul) || !node.ty.dtype.is_float() {
                 return None;
             }
+            // Read only as the query of flash-family ops (a flash op, its log-sum-exp and its
+            // gradients), once each.
             let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
-            let only_query = users.len() == 1
-                && matches!(g.node(users[0]).op, Op::Flash(_))
-                && g.operands(users[0]).iter().position(|a| *a == v) == Some(0)
-                && g.operands(users[0]).iter().filter(|a| **a == v).count() == 1
+            let only_query = !users.is_empty()
+                && users.iter().all(|u| {
+                    matches!(g.node(*u).op, Op::Flash(_) | Op::FlashLse(_) | Op::FlashGrad { .. })
+                        && g.operands(*u).iter().position(|a| *a == v) == Some(0)
+                        && g.operands(*u).iter().filter(|a| **a == v).count() == 1
+                })
                 && !g.outputs().iter().any(|(_, o)| *o == v);
             if !only_query {
                 return None;
@@ -176,6 +186,32 @@ fn grad_groups(g: &Graph, live: &[bool]) -> HashMap<Value, Vec<Value>> {
         }
     }
     groups.into_iter().flat_map(|grp| grp.clone().into_iter().map(move |v| (v, grp.clone()))).collect()
+}
+
+/// Query gradients (`flash_grad` with `wrt=q`) whose only reader is a product `g * c` with a
+/// scalar `c` (the derivative of a query the schedule scaled, `q * c`): maps each to the
+/// product and `c`, so the backward step writes the product directly.
+fn scaled_grads(g: &Graph, live: &[bool]) -> HashMap<Value, (Value, ScoreExpr)> {
+    let mut out = HashMap::new();
+    for v in g.values().filter(|v| live[v.index()]) {
+        if !matches!(g.node(v).op, Op::FlashGrad { wrt: FlashWrt::Q, .. }) || g.outputs().iter().any(|(_, o)| *o == v) {
+            continue;
+        }
+        let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
+        let [m] = users[..] else { continue };
+        if g.node(m).op != Op::Binary(BinaryOp::Mul) || g.node(m).ty != g.node(v).ty {
+            continue;
+        }
+        let args = g.operands(m);
+        let other = if args[0] == v { args[1] } else { args[0] };
+        if args.iter().filter(|a| **a == v).count() != 1 {
+            continue;
+        }
+        if let Some(c) = scalar_expr(g, other) {
+            out.insert(v, (m, c));
+        }
+    }
+    out
 }
 
 /// Values the outputs depend on.
@@ -582,8 +618,16 @@ impl Lowering<'_> {
             return Err(self.unsupported(v, format!("flash_grad needs {fixed} operands before its extras")));
         }
         let mut dense = Vec::new();
-        for a in &args[..4] {
-            let x = self.view(*a)?;
+        let mut q_scale = None;
+        for (n, a) in args[..4].iter().enumerate() {
+            let a = match (n, self.folded[a.index()].clone()) {
+                (0, Some((x, c))) => {
+                    q_scale = Some(c);
+                    x
+                }
+                _ => *a,
+            };
+            let x = self.view(a)?;
             let last = x.shape.len().saturating_sub(1);
             dense.push(self.dense_if(v, x.clone(), x.dtype, |x| x.unit_stride(last)));
         }
@@ -600,7 +644,8 @@ impl Lowering<'_> {
             let a = self.view(args[4])?;
             let a = self.dense_if(v, a, DType::F32, View::is_contiguous);
             let b = self.view(args[5])?;
-            let b = self.dense_if(v, b, DType::F32, View::is_contiguous);
+            let last = b.shape.len().saturating_sub(1);
+            let b = self.dense_if(v, b.clone(), b.dtype, |x| x.unit_stride(last));
             Some((a, b))
         } else {
             None
@@ -613,11 +658,21 @@ impl Lowering<'_> {
         let grad =
             crate::ir::grad::score_grad(&spec, &|x| classes.get(x).copied().unwrap_or(Class::Float)).map_err(|e| self.unsupported(v, e))?;
         let (mut dq, mut dk, mut dv, mut dx) = (None, None, None, Vec::new());
+        let mut dq_scale = None;
         for m in &members {
             let Op::FlashGrad { wrt, .. } = &self.g.node(*m).op else { continue };
             let ty = self.g.node(*m).ty.clone();
-            let out = self.temp(*m, ty.dtype, &ty.shape);
+            // A scaled query gradient: the step writes the product's value in its place.
+            let holder = match self.scaled.get(m) {
+                Some((product, c)) => {
+                    dq_scale = Some(c.clone());
+                    *product
+                }
+                None => *m,
+            };
+            let out = self.temp(holder, ty.dtype, &ty.shape);
             self.place[m.index()] = Some(Place::View(out.clone()));
+            self.place[holder.index()] = Some(Place::View(out.clone()));
             match wrt {
                 FlashWrt::Q => dq = Some(out),
                 FlashWrt::K => dk = Some(out),
@@ -630,8 +685,27 @@ impl Lowering<'_> {
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
         let variant = self.policy.flash_bwd_variant();
         let linear = super::flash::BwdLinear::of(&spec, &grad);
-        let kernel =
-            FlashBwdKernel { spec: *spec, q, k, v: vv, d_out, lse, extras, dq, dk, dv, dx, grad, linear, step, tiles, partials, variant };
+        let kernel = FlashBwdKernel {
+            spec: *spec,
+            q,
+            q_scale,
+            k,
+            v: vv,
+            d_out,
+            lse,
+            extras,
+            dq,
+            dq_scale,
+            dk,
+            dv,
+            dx,
+            grad,
+            linear,
+            step,
+            tiles,
+            partials,
+            variant,
+        };
         let label = self.label(v);
         let reduce = !kernel.dx.is_empty();
         self.step(Kernel::FlashBwd(Box::new(kernel.clone())), label.clone(), v);

@@ -121,8 +121,8 @@ pub enum Tuning {
     ScratchGradV,
     /// Byte offset of a flash backward's `Kᵀ` of one key block (CPU).
     ScratchKeysT,
-    /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, then the separable
-    /// row terms of the queries, `RowStride` f32 each.
+    /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, the separable row
+    /// terms of the queries, and the rows' `delta = Σ d_out ∘ out`, `RowStride` f32 each.
     ScratchGradRow,
     /// Floats between a flash backward's rows of `Pᵀ`, `dSᵀ` and `dQᵀ` (CPU): `M` rounded up,
     /// plus 16, so that no two rows share cache sets when `M` is a power of two.
@@ -473,19 +473,25 @@ pub struct FlashBwdKernel {
     pub spec: FlashSpec,
     /// `[..b, M, D]`, unit stride along D.
     pub q: View,
+    /// The scale of the query the schedule folded in (the op's query is `q_scale · q`): it
+    /// rides on the `Sᵀ` and `dK` products.
+    pub q_scale: Option<ScoreExpr>,
     /// `[..b', N, D]`, unit stride along D.
     pub k: View,
     /// `[..b', N, Dv]`, unit stride along Dv.
     pub v: View,
     /// The cotangent of the result, `[..b, M, Dv]`, unit stride along Dv.
     pub d_out: View,
-    /// Softmax weights: the forward's log-sum-exp and `delta = Σ d_out ∘ out`, `[..b, M]` f32.
+    /// Softmax weights: the forward's log-sum-exp (`[..b, M]` f32) and result (`[..b, M, Dv]`,
+    /// unit stride along Dv), whose rows' `delta = Σ d_out ∘ out` the kernel forms.
     pub lse: Option<(View, View)>,
     /// Extra operands the expressions load from.
     pub extras: Vec<View>,
     /// Dense results, each present when the graph asks for it: `dQ` `[..b, M, D]`, `dK`
     /// `[..b, N, D]`, `dV` `[..b, N, Dv]`.
     pub dq: Option<View>,
+    /// A scale the graph applies to `dQ` (the derivative of a scaled query), written with it.
+    pub dq_scale: Option<ScoreExpr>,
     /// See `dq`.
     pub dk: Option<View>,
     /// See `dq`.
@@ -663,6 +669,7 @@ pub(crate) fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
     if let Some(lin) = &f.linear {
         exprs.extend(lin.alpha.iter().chain(&lin.factor).chain(&lin.sep));
     }
+    exprs.extend(f.q_scale.as_ref().into_iter().chain(&f.dq_scale));
     for e in exprs {
         dims_of(e, &mut out);
     }

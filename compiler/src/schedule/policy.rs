@@ -231,15 +231,14 @@ impl CpuPolicy {
         })
     }
 
-    /// Query rows per tile and keys per block of a flash backward: key blocks are the outer loop
-    /// (their `dK`, `dV` stay in scratch while every query block passes), query blocks the
-    /// inner one. Small tiles keep the five products' operands in L1 and L2 and skip more of a
-    /// mask; 64 keys let the products read their `B` operands in place. Measured on the
-    /// AVX-512 path (Zen 5, `attnc bench --grad`, interleaved, D = 128): with a mask 64 × 64
-    /// was fastest at S = 1024 (4% ahead of 128 × 128); without one, 128 × 64 at S = 4096 (3%
-    /// ahead of 64 × 64, 8% of 128 × 128).
-    pub fn flash_bwd_blocks(&self, m: i64, n: i64, masked: bool) -> (i64, i64) {
-        let (bm, bn) = self.flash_bwd_blocks.unwrap_or(if masked { (64, 64) } else { (128, 64) });
+    /// Query rows per tile and keys per block of a flash backward. Key blocks are the outer
+    /// loop: per key block one product each runs over the span of live query rows, so the key
+    /// block is the row count of four of the five products (and of the scratch rows of `Pᵀ`
+    /// and `dSᵀ`); query tiles only set how finely the mask is classified. Measured on the
+    /// AVX-512 path (Zen 5, `attnc bench --grad`, interleaved, D = 128, S = 4096): 64 keys
+    /// within noise of 48 and ahead of 96 and 128 (2–4%).
+    pub fn flash_bwd_blocks(&self, m: i64, n: i64) -> (i64, i64) {
+        let (bm, bn) = self.flash_bwd_blocks.unwrap_or((64, 64));
         (bm.clamp(1, m.max(1)), bn.clamp(1, (255 * super::tiles::CHUNK_COLS).min(n.max(1))))
     }
 

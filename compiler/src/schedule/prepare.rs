@@ -173,7 +173,8 @@ pub struct FlashBwdScratch {
     pub dv: usize,
     /// `Kᵀ` of one key block: `D × BlockN` f32.
     pub kt: usize,
-    /// A key row's `dF`, then the queries' separable row terms: `2 × stride` f32.
+    /// A key row's `dF`, the queries' separable row terms, then the rows' `delta`: `3 × stride`
+    /// f32.
     pub row: usize,
     /// Total bytes.
     pub total: usize,
@@ -190,7 +191,7 @@ pub fn flash_bwd_scratch(bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdSc
     let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
     let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
     let row = kt.saturating_add(round(d.saturating_mul(bn)));
-    FlashBwdScratch { stride, p: 0, ds, dq, dk, dv: dvo, kt, row, total: row.saturating_add(round(stride.saturating_mul(2))) }
+    FlashBwdScratch { stride, p: 0, ds, dq, dk, dv: dvo, kt, row, total: row.saturating_add(round(stride.saturating_mul(3))) }
 }
 
 /// What a flash step works on, per run.
@@ -325,7 +326,7 @@ impl Preparing<'_> {
         let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
         let batch = product(f.batch(), env)?;
         let (bm, bn) = match self.policy {
-            Policy::Cpu(cpu) => cpu.flash_bwd_blocks(m, n, f.spec.mask.is_some()),
+            Policy::Cpu(cpu) => cpu.flash_bwd_blocks(m, n),
             Policy::Cuda(_) => {
                 let head = cuda_pad_head(d.max(dv)).ok_or(PrepareError::HeadDim { step: s, width: d.max(dv) })?;
                 self.prepared.defines.push((format!("ATTNC_HD_{s}"), head));

@@ -143,8 +143,14 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
     }
     writeln!(out, ", dscore \"{}\"", show(&fk.grad.ds))?;
     writeln!(out, "  q = {}\n  k = {}\n  v = {}\n  d_out = {}", fk.q, fk.k, fk.v, fk.d_out)?;
-    if let Some((lse, delta)) = &fk.lse {
-        writeln!(out, "  lse = {lse}\n  delta = {delta}")?;
+    if let Some(c) = &fk.q_scale {
+        writeln!(out, "  q scaled by \"{}\"", show(c))?;
+    }
+    if let Some(c) = &fk.dq_scale {
+        writeln!(out, "  dq scaled by \"{}\"", show(c))?;
+    }
+    if let Some((lse, fwd)) = &fk.lse {
+        writeln!(out, "  lse = {lse}\n  out = {fwd}")?;
     }
     for (n, x) in fk.extras.iter().enumerate() {
         writeln!(out, "  x{n} = {x}")?;

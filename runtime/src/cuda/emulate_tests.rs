@@ -237,6 +237,18 @@ const BACKWARD_GRAPHS: &[(&str, &str)] = &[
 }",
     ),
     (
+        "f32 scaled query (folded into the products)",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = const[value=0.25] : f32[]
+  %4 = mul %0, %3 : f32[B, H, S, D]
+  %5 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %4, %1, %2 : f32[B, H, S, D]
+  output out = %5
+}",
+    ),
+    (
         "f32 relative bias table",
         "graph attn {
   %0 = param[name=q] : f32[B, H, S, D]

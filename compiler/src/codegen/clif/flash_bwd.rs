@@ -51,7 +51,7 @@ fn operand(fx: &mut Fx, view: &View, batch: &[Dim], width: Value) -> Operand {
     Operand { base, batch: bs, row }
 }
 
-/// A `[..b, M]` row statistic (lse, delta): base, batch strides, element stride.
+/// A `[..b, M]` row statistic (the log-sum-exp): base, batch strides, element stride.
 pub(super) struct RowStat {
     base: Value,
     batch: Vec<Value>,
@@ -97,7 +97,8 @@ pub(super) struct Prologue<'f> {
     k: Operand,
     v: Operand,
     d_out: Operand,
-    pub(super) stats: Option<(RowStat, RowStat)>,
+    /// Softmax weights: the log-sum-exp, and the forward's result.
+    pub(super) stats: Option<(RowStat, Operand)>,
     pub(super) extras: Vec<Extra>,
     pub(super) targets: Vec<Target>,
     /// Floats of partial sums per work item.
@@ -113,11 +114,16 @@ pub(super) struct Prologue<'f> {
     dk_acc: Value,
     dv_acc: Value,
     kt: Value,
-    /// A key row's `dF` and the queries' separable row terms (`stride` f32 each).
+    /// A key row's `dF`, the queries' separable row terms and the rows' `delta` (`stride` f32
+    /// each).
     pub(super) df_row: Value,
     pub(super) rb_row: Value,
+    pub(super) delta_row: Value,
     /// The scale of `s` in a linear score (1 without one).
     pub(super) alpha: Value,
+    /// The query's folded scale, and `dQ`'s (1 without one).
+    q_scale: Value,
+    dq_scale: Value,
     pub(super) lane_iota: Value,
 }
 
@@ -135,7 +141,7 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let k = operand(fx, &f.k, &batch, d);
     let v = operand(fx, &f.v, &batch, dv);
     let d_out = operand(fx, &f.d_out, &batch, dv);
-    let stats = f.lse.as_ref().map(|(l, dl)| (row_stat(fx, l, &batch), row_stat(fx, dl, &batch)));
+    let stats = f.lse.as_ref().map(|(l, o)| (row_stat(fx, l, &batch), operand(fx, o, &batch, dv)));
     let extras = Extra::of_views(fx, &f.extras);
     let mut per_item = fx.i64(0);
     let mut targets = Vec::new();
@@ -166,6 +172,7 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         fx.add(base, off)
     });
     let rb_row = fx.elem_addr(df_row, stride);
+    let delta_row = fx.elem_addr(rb_row, stride);
     let alpha = match f.linear.as_ref().and_then(|l| l.alpha.as_ref()) {
         Some(a) => {
             let none = Hoisted::new();
@@ -175,6 +182,17 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         }
         None => fx.f32(1.0),
     };
+    let scalar = |fx: &mut Fx, c: Option<&ScoreExpr>| match c {
+        Some(c) => {
+            let none = Hoisted::new();
+            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
+            let t = score::eval(fx, c, &env);
+            fx.cvt_f(t)
+        }
+        None => fx.f32(1.0),
+    };
+    let q_scale = scalar(fx, f.q_scale.as_ref());
+    let dq_scale = scalar(fx, f.dq_scale.as_ref());
     let lane_iota = fx.lane_iota();
     Prologue {
         f,
@@ -208,7 +226,10 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         kt,
         df_row,
         rb_row,
+        delta_row,
         alpha,
+        q_scale,
+        dq_scale,
         lane_iota,
     }
 }
@@ -225,6 +246,8 @@ pub(super) struct Item {
     pub(super) stats: Option<(Value, Value)>,
     /// This item's block of partial sums.
     pub(super) partial: Value,
+    /// Its forward result (softmax weights).
+    out: Option<Value>,
     pub(super) hoisted: Hoisted,
     /// A linear score's per-item factor.
     pub(super) factor: Value,
@@ -262,11 +285,48 @@ pub fn emit(fx: &mut Fx, f: &FlashBwdKernel) {
         if !p.targets.is_empty() {
             zero_floats(fx, it.partial, p.per_item);
         }
+        if let Some(out) = it.out {
+            deltas(fx, &p, &it, out);
+        }
         fx.for_range(zero, p.nkb, |fx, kb| key_block(fx, &p, &it, kb));
         flush_sums(fx, &p, &it);
         if let Some(dq) = &f.dq {
             write_dq(fx, &p, &it, dq);
         }
+    });
+}
+
+/// Every row's `delta = Σ d_out ∘ out` of the item into the delta vector.
+fn deltas(fx: &mut Fx, p: &Prologue, it: &Item, out: Value) {
+    let Some((_, o)) = &p.stats else { return };
+    let zero = fx.i64(0);
+    fx.for_range(zero, p.m, |fx, i| {
+        let z1 = fx.f32(0.0);
+        let z4 = fx.b.ins().splat(types::F32X4, z1);
+        let (acc4, acc1) = (fx.var(types::F32X4, z4), fx.var(types::F32, z1));
+        let doff = fx.mul(i, p.d_out.row);
+        let drow = fx.elem_addr(it.d_out, doff);
+        let ooff = fx.mul(i, o.row);
+        let orow = fx.elem_addr(out, ooff);
+        fx.rows(p.dv, &[drow, orow], &|fx, _, ptr| {
+            let fl = MemFlagsData::new().with_notrap();
+            let fty = fx.ty(Kind::F);
+            let a = fx.b.ins().load(fty, fl, ptr[0], 0);
+            let b = fx.b.ins().load(fty, fl, ptr[1], 0);
+            let var = if fx.lanes > 1 { acc4 } else { acc1 };
+            let t = fx.b.use_var(var);
+            let ab = fx.b.ins().fmul(a, b);
+            let t = fx.b.ins().fadd(t, ab);
+            fx.b.def_var(var, t);
+        });
+        let v4 = fx.b.use_var(acc4);
+        let mut total = fx.b.use_var(acc1);
+        for lane in 0..4u8 {
+            let x = fx.b.ins().extractlane(v4, lane);
+            total = fx.b.ins().fadd(total, x);
+        }
+        let at = fx.elem_addr(p.delta_row, i);
+        fx.store(total, at);
     });
 }
 
@@ -283,12 +343,12 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
     let f = p.f;
     let bidx = fx.unravel(w, &p.bdims);
     let (q, k, v, d_out) = (addr_of(fx, &p.q, &bidx), addr_of(fx, &p.k, &bidx), addr_of(fx, &p.v, &bidx), addr_of(fx, &p.d_out, &bidx));
-    let stats = p.stats.as_ref().map(|(l, dl)| {
+    let stats = p.stats.as_ref().map(|(l, _)| {
         let zero = fx.i64(0);
         let lo = fx.dot(zero, &bidx, &l.batch);
-        let dlo = fx.dot(zero, &bidx, &dl.batch);
-        (fx.elem_addr(l.base, lo), fx.elem_addr(dl.base, dlo))
+        (fx.elem_addr(l.base, lo), p.delta_row)
     });
+    let out = p.stats.as_ref().map(|(_, o)| addr_of(fx, o, &bidx));
     let poff = fx.mul(w, p.per_item);
     let partial = fx.elem_addr(p.partials, poff);
     let b_pos: Vec<Value> = bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
@@ -336,7 +396,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
             })
         })
         .collect();
-    Item { bidx, b_pos, q, k, v, d_out, stats, partial, hoisted, factor, sums }
+    Item { bidx, b_pos, q, k, v, d_out, stats, partial, out, hoisted, factor, sums }
 }
 
 /// The span of live query blocks of key block `kb` by the tile table: `(first, last)`, with
@@ -448,7 +508,7 @@ fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: 
     let one = fx.f32(1.0);
     let overwrite = fx.b.ins().iconst(types::I32, 0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
-    fx.call(abi::SGEMM_NT, &[s.cols, s.len, p.d, kp, p.k.row, qp, p.q.row, p.p_rows, p.stride, one, overwrite]);
+    fx.call(abi::SGEMM_NT, &[s.cols, s.len, p.d, kp, p.k.row, qp, p.q.row, p.p_rows, p.stride, p.q_scale, overwrite]);
     fx.call(abi::SGEMM_NT, &[s.cols, s.len, p.dv, vp, p.v.row, dop, p.d_out.row, p.ds_rows, p.stride, one, overwrite]);
     let sep_ok = match f.linear.as_ref().and_then(|l| l.sep.as_ref()) {
         Some(sep) => super::flash_bwd_rows::row_terms(fx, p, it, s, sep),
@@ -463,7 +523,7 @@ fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: 
         fx.call(abi::SGEMM_NN, &[s.cols, p.dv, s.len, p.p_rows, p.stride, dop, p.d_out.row, p.dv_acc, p.dv, one, overwrite]);
     }
     if f.dk.is_some() {
-        fx.call(abi::SGEMM_NN, &[s.cols, p.d, s.len, p.ds_rows, p.stride, qp, p.q.row, p.dk_acc, p.d, one, overwrite]);
+        fx.call(abi::SGEMM_NN, &[s.cols, p.d, s.len, p.ds_rows, p.stride, qp, p.q.row, p.dk_acc, p.d, p.q_scale, overwrite]);
     }
     if f.dq.is_some() {
         fx.call(abi::TRANSPOSE, &[kp, p.k.row, s.cols, p.d, p.kt, p.bn]);
@@ -477,7 +537,7 @@ fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: 
             let qo = fx.mul(d0, p.stride);
             let qo = fx.add(qo, s.r0);
             let dq = fx.elem_addr(p.dq_acc, qo);
-            fx.call(abi::SGEMM_NN, &[h, s.len, s.cols, kt, p.bn, p.ds_rows, p.stride, dq, p.stride, one, accumulate]);
+            fx.call(abi::SGEMM_NN, &[h, s.len, s.cols, kt, p.bn, p.ds_rows, p.stride, dq, p.stride, p.dq_scale, accumulate]);
         });
     }
 }

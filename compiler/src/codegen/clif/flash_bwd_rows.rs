@@ -176,11 +176,10 @@ fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Val
 fn stats_at(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value) -> (Value, Value, i64) {
     let null = fx.i64(0);
     match it.stats {
-        Some((l, dl)) => {
-            let (ls, ds) = p.stats.as_ref().map(|(a, b)| (a.step, b.step)).unwrap_or((null, null));
+        Some((l, deltas)) => {
+            let ls = p.stats.as_ref().map_or(null, |(a, _)| a.step);
             let lo = fx.mul(i0, ls);
-            let dlo = fx.mul(i0, ds);
-            (fx.elem_addr(l, lo), fx.elem_addr(dl, dlo), 0)
+            (fx.elem_addr(l, lo), fx.elem_addr(deltas, i0), 0)
         }
         None => (null, null, 2),
     }

@@ -58,6 +58,29 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         per_item.push(ints.dim(&Dim::product(&x.shape))?);
     }
     body.push(format!("const i64 per_item_ = {};", if per_item.is_empty() { "0LL".to_string() } else { per_item.join(" + ") }));
+    // The query's folded scale: q stands for `qscale_ · q`.
+    let qscale = match &f.q_scale {
+        Some(c) => {
+            let mut l = ops::Lines::new("qs");
+            let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
+            let v = cx.eval(&mut l, c)?;
+            body.extend(l.lines);
+            ops::convert(&v, Class::Float)
+        }
+        None => "1.0f".to_string(),
+    };
+    body.push(format!("const float qscale_ = {qscale};"));
+    let dqscale = match &f.dq_scale {
+        Some(c) => {
+            let mut l = ops::Lines::new("dqs");
+            let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
+            let v = cx.eval(&mut l, c)?;
+            body.extend(l.lines);
+            ops::convert(&v, Class::Float)
+        }
+        None => "1.0f".to_string(),
+    };
+    body.push(format!("const float dqscale_ = {dqscale};  // a scale the graph applies to dQ"));
     body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
     let mut it = Vec::new();
     let p = delinearize(ints, &mut it, "w_", &batch, "p")?;
@@ -65,7 +88,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
     }
     if let Some((l, dl)) = &f.lse {
-        it.push(format!("const i64 loff_ = {}, dloff_ = {};", stat_offset(ints, l, &batch, &p)?, stat_offset(ints, dl, &batch, &p)?));
+        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, dl, &batch, &p)?));
     }
     for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
         if let Some(view) = view {
@@ -138,23 +161,30 @@ impl Cx<'_> {
         Ok(ops::convert(&raw, Class::Float))
     }
 
-    /// Stages query row `i_` (its q and d_out, lse and delta) in shared memory.
+    /// Stages query row `i_` (its q and d_out, lse and `delta = Σ d_out ∘ out`) in shared
+    /// memory.
     fn stage_row(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = vec![
             "attnc_sync();  // every thread is done with the previous row".into(),
             "for (int c_ = tid_; c_ < HD_; c_ += KT_) {".to_string(),
-            format!("  Qs_[c_] = c_ < D_ ? {} : 0.0f;", self.elem(&f.q, "qoff_", "i_", "(i64)c_")?),
+            format!("  Qs_[c_] = c_ < D_ ? qscale_ * {} : 0.0f;", self.elem(&f.q, "qoff_", "i_", "(i64)c_")?),
             format!("  Ds_[c_] = c_ < DV_ ? {} : 0.0f;", self.elem(&f.d_out, "dooff_", "i_", "(i64)c_")?),
             "}".into(),
         ];
-        if let Some((l, dl)) = &f.lse {
-            let row = |v: &View, base: &str| -> Result<String, CudaEmitError> {
-                let s = &v.strides[v.strides.len() - 1];
-                let off = if s.as_const() == Some(1) { format!("{base} + i_") } else { format!("{base} + i_ * {}", self.ints.dim(s)?) };
-                Ok(load(v.buf, DType::F32, &off))
-            };
-            out.push(format!("if (tid_ == 0) {{ st_[0] = {}; st_[1] = {}; }}", row(l, "loff_")?, row(dl, "dloff_")?));
+        if let Some((l, o)) = &f.lse {
+            let s = &l.strides[l.strides.len() - 1];
+            let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
+            out.push("if (tid_ == 0) {".into());
+            out.push(format!("  st_[0] = {};", load(l.buf, DType::F32, &off)));
+            out.push("  float t_ = 0.0f;".into());
+            out.push(format!(
+                "  for (i64 c_ = 0; c_ < DV_; ++c_) t_ += {} * {};",
+                self.elem(&f.d_out, "dooff_", "i_", "c_")?,
+                self.elem(o, "ooff_", "i_", "c_")?
+            ));
+            out.push("  st_[1] = t_;".into());
+            out.push("}".into());
         }
         out.push("attnc_sync();".into());
         Ok(out)
@@ -323,7 +353,7 @@ impl Cx<'_> {
         row.push("}".into());
         row.push("for (int t2_ = 0; t2_ < T2_; ++t2_) {".into());
         row.push("  const i64 c_ = tid_ + (i64)KT_ * t2_;".into());
-        let value = round_to(dq.dtype, "dq_[t2_]");
+        let value = round_to(dq.dtype, "(dqscale_ * dq_[t2_])");
         row.push(format!("  if (c_ < D_) {}", store(dq.buf, dq.dtype, &self.at(dq, "dqoff_", "i_", "c_")?, &value)));
         row.push("}".into());
         out.extend(indent(&row, 4));
