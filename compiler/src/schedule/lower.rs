@@ -47,9 +47,9 @@ struct Lowering<'g> {
     flash_of: HashMap<Value, Value>,
     /// The `flash_grad` nodes of one flash op, which one step computes, by any member.
     grads: HashMap<Value, Vec<Value>>,
-    /// A query gradient read only by a scaling `g * c`: the product and `c`, which the backward
-    /// step applies to its `dQ` products (see [`scaled_grads`]).
-    scaled: HashMap<Value, (Value, ScoreExpr)>,
+    /// A query gradient read only by scalings `g * c …`: the products and the scale, which the
+    /// backward step applies to its `dQ` products (see [`scaled_grads`]).
+    scaled: HashMap<Value, (Vec<Value>, ScoreExpr)>,
 }
 
 /// Builds the schedule of a graph (which must verify).
@@ -136,22 +136,48 @@ fn folded_scales(g: &Graph, live: &[bool]) -> Vec<Option<(Value, ScoreExpr)>> {
             if !only_query {
                 return None;
             }
-            let args = g.operands(v);
-            let (x, c) = (args[0], args[1]);
-            let same = |a: Value| g.node(a).ty == node.ty;
-            if same(x)
-                && let Some(e) = scalar_expr(g, c)
-            {
-                return Some((x, e));
-            }
-            if same(c)
-                && let Some(e) = scalar_expr(g, x)
-            {
-                return Some((c, e));
-            }
-            None
+            let (x, e) = scaled(g, v)?;
+            Some(scale_chain(g, live, x, e))
         })
         .collect()
+}
+
+/// `x * c` (or `c * x`) with `c` a scalar expression and `x` of the product's type: `(x, c)`.
+fn scaled(g: &Graph, v: Value) -> Option<(Value, ScoreExpr)> {
+    let node = g.node(v);
+    if node.op != Op::Binary(BinaryOp::Mul) || !node.ty.dtype.is_float() {
+        return None;
+    }
+    let args = g.operands(v);
+    let (x, c) = (args[0], args[1]);
+    let same = |a: Value| g.node(a).ty == node.ty;
+    if same(x)
+        && let Some(e) = scalar_expr(g, c)
+    {
+        return Some((x, e));
+    }
+    if same(c)
+        && let Some(e) = scalar_expr(g, x)
+    {
+        return Some((c, e));
+    }
+    None
+}
+
+/// `(x, c)` with `x` itself a scaled value read only here (`x = y * c'`, not an output)
+/// followed down to `(y, c' · c)`, and so on: a chain of scales folds into one.
+fn scale_chain(g: &Graph, live: &[bool], mut x: Value, mut c: ScoreExpr) -> (Value, ScoreExpr) {
+    loop {
+        let users = g.users(x).into_iter().filter(|u| live[u.index()]).count();
+        let output = g.outputs().iter().any(|(_, o)| *o == x);
+        match scaled(g, x) {
+            Some((y, c2)) if users == 1 && !output => {
+                x = y;
+                c = ScoreExpr::bin(BinaryOp::Mul, c2, c);
+            }
+            _ => return (x, c),
+        }
+    }
 }
 
 /// Every live flash op with a live `flash_lse` of the same op (spec and operands), which its
@@ -188,27 +214,37 @@ fn grad_groups(g: &Graph, live: &[bool]) -> HashMap<Value, Vec<Value>> {
     groups.into_iter().flat_map(|grp| grp.clone().into_iter().map(move |v| (v, grp.clone()))).collect()
 }
 
-/// Query gradients (`flash_grad` with `wrt=q`) whose only reader is a product `g * c` with a
-/// scalar `c` (the derivative of a query the schedule scaled, `q * c`): maps each to the
-/// product and `c`, so the backward step writes the product directly.
-fn scaled_grads(g: &Graph, live: &[bool]) -> HashMap<Value, (Value, ScoreExpr)> {
+/// Query gradients (`flash_grad` with `wrt=q`) read only by a chain of scalings `g * c1 * c2 …`
+/// with scalar `c`s (the derivative of a query the schedule scaled): maps each to the chain's
+/// products (the last one holds the value) and the product of the scales, so that the backward
+/// step writes the last product directly.
+fn scaled_grads(g: &Graph, live: &[bool]) -> HashMap<Value, (Vec<Value>, ScoreExpr)> {
     let mut out = HashMap::new();
     for v in g.values().filter(|v| live[v.index()]) {
-        if !matches!(g.node(v).op, Op::FlashGrad { wrt: FlashWrt::Q, .. }) || g.outputs().iter().any(|(_, o)| *o == v) {
+        if !matches!(g.node(v).op, Op::FlashGrad { wrt: FlashWrt::Q, .. }) {
             continue;
         }
-        let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
-        let [m] = users[..] else { continue };
-        if g.node(m).op != Op::Binary(BinaryOp::Mul) || g.node(m).ty != g.node(v).ty {
-            continue;
+        let (mut at, mut chain, mut scale) = (v, Vec::new(), None::<ScoreExpr>);
+        loop {
+            let users: Vec<Value> = g.users(at).into_iter().filter(|u| live[u.index()]).collect();
+            if g.outputs().iter().any(|(_, o)| *o == at) {
+                break;
+            }
+            let [m] = users[..] else { break };
+            match scaled(g, m) {
+                Some((x, c)) if x == at && g.operands(m).iter().filter(|a| **a == at).count() == 1 => {
+                    scale = Some(match scale {
+                        Some(s) => ScoreExpr::bin(BinaryOp::Mul, s, c),
+                        None => c,
+                    });
+                    chain.push(m);
+                    at = m;
+                }
+                _ => break,
+            }
         }
-        let args = g.operands(m);
-        let other = if args[0] == v { args[1] } else { args[0] };
-        if args.iter().filter(|a| **a == v).count() != 1 {
-            continue;
-        }
-        if let Some(c) = scalar_expr(g, other) {
-            out.insert(v, (m, c));
+        if let Some(s) = scale {
+            out.insert(v, (chain, s));
         }
     }
     out
@@ -662,17 +698,19 @@ impl Lowering<'_> {
         for m in &members {
             let Op::FlashGrad { wrt, .. } = &self.g.node(*m).op else { continue };
             let ty = self.g.node(*m).ty.clone();
-            // A scaled query gradient: the step writes the product's value in its place.
-            let holder = match self.scaled.get(m) {
-                Some((product, c)) => {
+            // A scaled query gradient: the step writes the last product's value in its place.
+            let chain = match self.scaled.get(m) {
+                Some((chain, c)) => {
                     dq_scale = Some(c.clone());
-                    *product
+                    chain.clone()
                 }
-                None => *m,
+                None => Vec::new(),
             };
+            let holder = chain.last().copied().unwrap_or(*m);
             let out = self.temp(holder, ty.dtype, &ty.shape);
-            self.place[m.index()] = Some(Place::View(out.clone()));
-            self.place[holder.index()] = Some(Place::View(out.clone()));
+            for x in std::iter::once(m).chain(&chain) {
+                self.place[x.index()] = Some(Place::View(out.clone()));
+            }
             match wrt {
                 FlashWrt::Q => dq = Some(out),
                 FlashWrt::K => dk = Some(out),
