@@ -256,12 +256,18 @@ pub struct BwdLinear {
     pub factor: Option<ScoreExpr>,
     /// `sep(i, j)`, when the score has separable terms.
     pub sep: Option<ScoreExpr>,
+    /// A load of an extra operand (its place in the derivative's loads) whose gradient the row
+    /// kernel can sum: its index is the same for the whole work item and its derivative is
+    /// separable, `∂F/∂x = c(j) + r(i)`, so a key row's share is `c(j) Σ dF + Σ dF r(i)`
+    /// (ALiBi's slopes: `j - i`).
+    pub sum_load: Option<usize>,
 }
 
 impl BwdLinear {
     /// The linear form of `spec`'s score, if it has one and the derivatives of its loads read no
-    /// score (they are evaluated from positions after the row kernel ran).
-    pub fn of(spec: &FlashSpec, grad: &crate::ir::grad::ScoreGrad) -> Option<BwdLinear> {
+    /// score (they are evaluated from positions after the row kernel ran). `wanted` lists the
+    /// extra operands whose gradients are computed.
+    pub fn of(spec: &FlashSpec, grad: &crate::ir::grad::ScoreGrad, wanted: &[usize]) -> Option<BwdLinear> {
         if grad.loads.iter().any(|l| l.d.uses_score() || l.index.iter().any(ScoreExpr::uses_score)) {
             return None;
         }
@@ -271,6 +277,12 @@ impl BwdLinear {
             None => (&a.staged, None),
         };
         let factor = staged.factor.clone()?;
-        Some(BwdLinear { alpha: a.alpha, tanh: staged.tanh, factor, sep })
+        let rank = spec.rank;
+        let sum_load = grad.loads.iter().position(|l| {
+            wanted.contains(&l.input)
+                && l.index.iter().all(|e| level(e, rank) == Level::Item)
+                && (positions(&l.d, rank) == (false, false) || separate(&l.d, rank).is_some_and(|x| x.rest == ScoreExpr::Float(0.0)))
+        });
+        Some(BwdLinear { alpha: a.alpha, tanh: staged.tanh, factor, sep, sum_load })
     }
 }

@@ -722,7 +722,8 @@ impl Lowering<'_> {
         let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
         let variant = self.policy.flash_bwd_variant();
-        let linear = super::flash::BwdLinear::of(&spec, &grad);
+        let wanted: Vec<usize> = dx.iter().map(|(n, _)| *n).collect();
+        let linear = super::flash::BwdLinear::of(&spec, &grad, &wanted);
         let kernel = FlashBwdKernel {
             spec: *spec,
             q,

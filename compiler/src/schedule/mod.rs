@@ -122,7 +122,8 @@ pub enum Tuning {
     /// Byte offset of a flash backward's `Kᵀ` of one key block (CPU).
     ScratchKeysT,
     /// Byte offset of a flash backward's row vectors (CPU): a key row's `dF`, the separable row
-    /// terms of the queries, and the rows' `delta = Σ d_out ∘ out`, `RowStride` f32 each.
+    /// terms of the queries, the rows' `delta = Σ d_out ∘ out`, the row terms of a summed load's
+    /// derivative (`RowStride` f32 each), and two sums.
     ScratchGradRow,
     /// Floats between a flash backward's rows of `Pᵀ`, `dSᵀ` and `dQᵀ` (CPU): `M` rounded up,
     /// plus 16, so that no two rows share cache sets when `M` is a power of two.

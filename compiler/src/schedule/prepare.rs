@@ -173,8 +173,8 @@ pub struct FlashBwdScratch {
     pub dv: usize,
     /// `Kᵀ` of one key block: `D × BlockN` f32.
     pub kt: usize,
-    /// A key row's `dF`, the queries' separable row terms, then the rows' `delta`: `3 × stride`
-    /// f32.
+    /// A key row's `dF`, the queries' separable row terms, the rows' `delta`, the row terms of
+    /// a summed load's derivative (`4 × stride` f32), then two sums.
     pub row: usize,
     /// Total bytes.
     pub total: usize,
@@ -191,7 +191,17 @@ pub fn flash_bwd_scratch(bn: usize, m: usize, d: usize, dv: usize) -> FlashBwdSc
     let dvo = dk.saturating_add(round(bn.saturating_mul(d)));
     let kt = dvo.saturating_add(round(bn.saturating_mul(dv)));
     let row = kt.saturating_add(round(d.saturating_mul(bn)));
-    FlashBwdScratch { stride, p: 0, ds, dq, dk, dv: dvo, kt, row, total: row.saturating_add(round(stride.saturating_mul(3))) }
+    FlashBwdScratch {
+        stride,
+        p: 0,
+        ds,
+        dq,
+        dk,
+        dv: dvo,
+        kt,
+        row,
+        total: row.saturating_add(round(stride.saturating_mul(4).saturating_add(16))),
+    }
 }
 
 /// What a flash step works on, per run.

@@ -177,6 +177,9 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
         if let Some(sep) = &lin.sep {
             t.push_str(&format!(", separable \"{}\"", show(sep)));
         }
+        if let Some(k) = lin.sum_load {
+            t.push_str(&format!(", summing d x{}", fk.grad.loads[k].input));
+        }
         writeln!(out, "{t}")?;
     }
     writeln!(out, "  tiles = b{}, partial sums = b{}", fk.tiles, fk.partials)

@@ -523,16 +523,16 @@ pub(super) unsafe fn flash_bwd_row(
     n: usize,
     scalars: (f32, f32, f32),
     flags: u32,
-    df: *mut f32,
+    outs: (*mut f32, *const f32, *mut f32),
 ) {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => flash_bwd_row_avx512(s, dp, lse, delta, rbias, n, scalars, flags, df),
+            Isa::Avx512 => flash_bwd_row_avx512(s, dp, lse, delta, rbias, n, scalars, flags, outs),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => flash_bwd_row_avx2(s, dp, lse, delta, rbias, n, scalars, flags, df),
-            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(s, dp, lse, delta, rbias, n, scalars, flags, df),
+            Isa::Avx2 => flash_bwd_row_avx2(s, dp, lse, delta, rbias, n, scalars, flags, outs),
+            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(s, dp, lse, delta, rbias, n, scalars, flags, outs),
         }
     }
 }
@@ -550,10 +550,10 @@ unsafe fn flash_bwd_row_avx2(
     n: usize,
     scalars: (f32, f32, f32),
     flags: u32,
-    df: *mut f32,
+    outs: (*mut f32, *const f32, *mut f32),
 ) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { super::lanes::flash_bwd_row::<true>(s, dp, lse, delta, rbias, n, scalars, flags, df) }
+    unsafe { super::lanes::flash_bwd_row::<true>(s, dp, lse, delta, rbias, n, scalars, flags, outs) }
 }
 
 /// AVX-512 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector.
@@ -569,7 +569,7 @@ unsafe fn flash_bwd_row_avx512(
     n: usize,
     (alpha, factor, cbias): (f32, f32, f32),
     flags: u32,
-    df: *mut f32,
+    (df, w, sums): (*mut f32, *const f32, *mut f32),
 ) {
     let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
     let (al, fac, cb, ds, one, ninf) = (
@@ -580,6 +580,7 @@ unsafe fn flash_bwd_row_avx512(
         _mm512_set1_ps(1.0),
         _mm512_set1_ps(f32::NEG_INFINITY),
     );
+    let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut i = 0;
     while i < n {
         let m = if i + 16 <= n { 0xffff } else { super::x86_avx512::lanes(n - i) };
@@ -595,26 +596,39 @@ unsafe fn flash_bwd_row_avx512(
                 bias = _mm512_add_ps(bias, _mm512_maskz_loadu_ps(m, rbias.add(i)));
             }
             let x = _mm512_fmadd_ps(fac, uv, bias);
-            let (w, dfv) = if sigmoid {
+            let (wt, dfv) = if sigmoid {
                 let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-                let w = _mm512_div_ps(one, _mm512_add_ps(one, e));
-                (w, _mm512_mul_ps(_mm512_mul_ps(pv, w), _mm512_sub_ps(one, w)))
+                let wt = _mm512_div_ps(one, _mm512_add_ps(one, e));
+                (wt, _mm512_mul_ps(_mm512_mul_ps(pv, wt), _mm512_sub_ps(one, wt)))
             } else {
                 let lv = _mm512_maskz_loadu_ps(m, lse.add(i));
                 let dv = _mm512_maskz_loadu_ps(m, delta.add(i));
                 let e = exp16(_mm512_sub_ps(x, lv));
                 // A row with no kept key (lse = -inf) has no weights.
                 let empty = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(lv, ninf);
-                let w = _mm512_mask_mov_ps(e, empty, _mm512_setzero_ps());
-                (w, _mm512_mul_ps(w, _mm512_sub_ps(pv, dv)))
+                let wt = _mm512_mask_mov_ps(e, empty, _mm512_setzero_ps());
+                (wt, _mm512_mul_ps(wt, _mm512_sub_ps(pv, dv)))
             };
+            // Lanes past `n` hold garbage from the zeroed loads: keep them out of the sums.
+            let dfv = _mm512_maskz_mov_ps(m, dfv);
             let d = if tanh { _mm512_mul_ps(ds, _mm512_fnmadd_ps(uv, uv, one)) } else { ds };
-            _mm512_mask_storeu_ps(s.add(i), m, w);
+            _mm512_mask_storeu_ps(s.add(i), m, wt);
             _mm512_mask_storeu_ps(dp.add(i), m, _mm512_mul_ps(dfv, d));
             if !df.is_null() {
                 _mm512_mask_storeu_ps(df.add(i), m, dfv);
             }
+            if !w.is_null() {
+                s0 = _mm512_add_ps(s0, dfv);
+                s1 = _mm512_fmadd_ps(dfv, _mm512_maskz_loadu_ps(m, w.add(i)), s1);
+            }
         }
         i += 16;
+    }
+    if !w.is_null() {
+        // SAFETY: `sums` holds two floats when `w` is given.
+        unsafe {
+            *sums = _mm512_reduce_add_ps(s0);
+            *sums.add(1) = _mm512_reduce_add_ps(s1);
+        }
     }
 }

@@ -278,12 +278,12 @@ pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
 }
 
 /// One key row of a flash backward tile, queries along the row (see
-/// [`super::attnc_flash_bwd_row`]): weights into `s`, the scores' adjoints into `dp`, and `dF`
-/// into `df` unless it is null.
+/// [`super::attnc_flash_bwd_row`]): weights into `s`, the scores' adjoints into `dp`, `dF`
+/// into `df` unless it is null, and `Σ dF`, `Σ dF·w` into `sums` unless `w` is null.
 ///
 /// # Safety
-/// `s`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias` and `df`
-/// (unless null).
+/// `s`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias`, `df`
+/// and `w` (unless null); `sums` holds two floats when `w` is not null.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
 pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
@@ -295,10 +295,11 @@ pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
     n: usize,
     (alpha, factor, cbias): (f32, f32, f32),
     flags: u32,
-    df: *mut f32,
+    (df, w, sums): (*mut f32, *const f32, *mut f32),
 ) {
     let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
     let dscale = alpha * factor;
+    let (mut s0, mut s1) = ([0.0f32; L], [0.0f32; L]);
     let mut i = 0;
     while i < n {
         let len = L.min(n - i);
@@ -325,23 +326,34 @@ pub(super) unsafe fn flash_bwd_row<const FMA: bool>(
         }
         let e = exp_v::<FMA>(x);
         for l in 0..len {
-            let (w, dfl) = if sigmoid {
-                let w = 1.0 / (1.0 + e[l]);
-                (w, pv[l] * w * (1.0 - w))
+            let (wt, dfl) = if sigmoid {
+                let wt = 1.0 / (1.0 + e[l]);
+                (wt, pv[l] * wt * (1.0 - wt))
             } else {
-                let w = if lv[l] == f32::NEG_INFINITY { 0.0 } else { e[l] };
-                (w, w * (pv[l] - dv[l]))
+                let wt = if lv[l] == f32::NEG_INFINITY { 0.0 } else { e[l] };
+                (wt, wt * (pv[l] - dv[l]))
             };
             let d = if tanh { dscale * madd::<FMA>(-uv[l], uv[l], 1.0) } else { dscale };
             // SAFETY: `i + l < n`.
             unsafe {
-                *s.add(i + l) = w;
+                *s.add(i + l) = wt;
                 *dp.add(i + l) = dfl * d;
                 if !df.is_null() {
                     *df.add(i + l) = dfl;
                 }
+                if !w.is_null() {
+                    s0[l] += dfl;
+                    s1[l] = madd::<FMA>(dfl, *w.add(i + l), s1[l]);
+                }
             }
         }
         i += L;
+    }
+    if !w.is_null() {
+        // SAFETY: `sums` holds two floats when `w` is given.
+        unsafe {
+            *sums = s0.iter().sum();
+            *sums.add(1) = s1.iter().sum();
+        }
     }
 }

@@ -469,11 +469,13 @@ pub unsafe extern "C" fn attnc_norm_row_f32(x: *const f32, gamma: *const f32, be
 /// (0 where `lse[r] = -inf`; with `flags & 2`, sigmoid weights `p = sigmoid(x)` and no `lse`,
 /// `delta`), the score's adjoint `dF = p·(dp[r] - delta[r])` (sigmoid: `dp[r]·p·(1 - p)`), and
 /// `dS = dF·∂x/∂s = dF·alpha·factor` (times `1 - u²` after `tanh`). Writes `p` over `s`, `dS`
-/// over `dp`, and `dF` to `df` unless it is null.
+/// over `dp`, `dF` to `df` unless it is null, and, unless `w` is null, `Σ dF` and `Σ dF·w[r]`
+/// to `sums[0]`, `sums[1]` (a summed load's gradient).
 ///
 /// # Safety
 /// `s` and `dp` address `n` valid elements, and so do `lse` and `delta` (unless sigmoid),
-/// `rbias` and `df` (unless null); `df` does not overlap the others.
+/// `rbias`, `df` and `w` (unless null); `sums` holds two floats when `w` is not null; `df` and
+/// `sums` do not overlap the others.
 #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
 pub unsafe extern "C" fn attnc_flash_bwd_row(
     s: *mut f32,
@@ -487,9 +489,11 @@ pub unsafe extern "C" fn attnc_flash_bwd_row(
     cbias: f32,
     flags: u32,
     df: *mut f32,
+    w: *const f32,
+    sums: *mut f32,
 ) {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::flash_bwd_row(isa(), s, dp, lse, delta, rbias, n, (alpha, factor, cbias), flags, df) }
+    unsafe { exp::flash_bwd_row(isa(), s, dp, lse, delta, rbias, n, (alpha, factor, cbias), flags, (df, w, sums)) }
 }
 
 /// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).

@@ -480,7 +480,8 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
                 let delta = rng.vec(n);
                 let rbias = rng.vec(n);
                 let (alpha, factor, cbias) = (0.3f32, 1.5f32, -0.25f32);
-                let (mut s, mut dp, mut df) = (s0.clone(), dp0.clone(), vec![0.0f32; n]);
+                let weights = rng.vec(n);
+                let (mut s, mut dp, mut df, mut sums) = (s0.clone(), dp0.clone(), vec![0.0f32; n], [0.0f32; 2]);
                 // SAFETY: every row holds `n` elements.
                 unsafe {
                     exp::flash_bwd_row(
@@ -493,9 +494,10 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
                         n,
                         (alpha, factor, cbias),
                         flags,
-                        df.as_mut_ptr(),
+                        (df.as_mut_ptr(), weights.as_ptr(), sums.as_mut_ptr()),
                     )
                 };
+                let (mut want0, mut want1) = (0.0f64, 0.0f64);
                 for r in 0..n {
                     let u = f64::from(alpha) * f64::from(s0[r]);
                     let u = if flags & 1 != 0 { u.tanh() } else { u };
@@ -515,7 +517,19 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
                     assert!(close(s[r], w), "{isa} n={n} flags={flags} r={r}: p {} vs {w}", s[r]);
                     assert!(close(df[r], dfr), "{isa} n={n} flags={flags} r={r}: dF {} vs {dfr}", df[r]);
                     assert!(close(dp[r], dfr * d), "{isa} n={n} flags={flags} r={r}: dS {} vs {}", dp[r], dfr * d);
+                    want0 += dfr;
+                    want1 += dfr * f64::from(weights[r]);
                 }
+                assert!(
+                    (f64::from(sums[0]) - want0).abs() <= 1e-5 * (n as f64 + 1.0),
+                    "{isa} n={n} flags={flags}: Σ dF {} vs {want0}",
+                    sums[0]
+                );
+                assert!(
+                    (f64::from(sums[1]) - want1).abs() <= 1e-5 * (n as f64 + 1.0),
+                    "{isa} n={n} flags={flags}: Σ dF·w {} vs {want1}",
+                    sums[1]
+                );
             }
         }
     }

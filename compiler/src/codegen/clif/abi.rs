@@ -46,9 +46,9 @@ pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I6
 /// ldd)`.
 pub const TRANSPOSE: Import = Import { name: "attnc_transpose_f32", params: &[I64, I64, I64, I64, I64, I64], returns: &[] };
 /// One key row of a flash backward tile: `(s, dp, lse|0, delta|0, rbias|0, n, alpha, factor,
-/// cbias, flags, df|0)` (see the runtime's `attnc_flash_bwd_row`).
+/// cbias, flags, df|0, w|0, sums)` (see the runtime's `attnc_flash_bwd_row`).
 pub const FLASH_BWD_ROW: Import =
-    Import { name: "attnc_flash_bwd_row", params: &[I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64], returns: &[] };
+    Import { name: "attnc_flash_bwd_row", params: &[I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64, I64, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.
 pub const GELU: Import = Import { name: "attnc_gelu_f32", params: &[I64, I64, I64], returns: &[] };
 /// Layer/RMS norm of one dense f32 row in f64: `(x, gamma, beta|0, y, n, eps, rms)`.

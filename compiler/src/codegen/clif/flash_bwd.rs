@@ -119,6 +119,10 @@ pub(super) struct Prologue<'f> {
     pub(super) df_row: Value,
     pub(super) rb_row: Value,
     pub(super) delta_row: Value,
+    /// The row terms of a summed load's derivative (`stride` f32), and the row kernel's two
+    /// sums.
+    pub(super) w_row: Value,
+    pub(super) sums: Value,
     /// The scale of `s` in a linear score (1 without one).
     pub(super) alpha: Value,
     /// The query's folded scale, and `dQ`'s (1 without one).
@@ -173,6 +177,8 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
     });
     let rb_row = fx.elem_addr(df_row, stride);
     let delta_row = fx.elem_addr(rb_row, stride);
+    let w_row = fx.elem_addr(delta_row, stride);
+    let sums = fx.elem_addr(w_row, stride);
     let alpha = match f.linear.as_ref().and_then(|l| l.alpha.as_ref()) {
         Some(a) => {
             let none = Hoisted::new();
@@ -227,6 +233,8 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         df_row,
         rb_row,
         delta_row,
+        w_row,
+        sums,
         alpha,
         q_scale,
         dq_scale,
@@ -262,7 +270,7 @@ pub(super) struct Item {
 pub(super) struct Sum {
     pub(super) lanes: Variable,
     pub(super) one: Variable,
-    total: Variable,
+    pub(super) total: Variable,
 }
 
 fn addr_of(fx: &mut Fx, o: &Operand, bidx: &[Value]) -> Value {
@@ -510,10 +518,20 @@ fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: 
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     fx.call(abi::SGEMM_NT, &[s.cols, s.len, p.d, kp, p.k.row, qp, p.q.row, p.p_rows, p.stride, p.q_scale, overwrite]);
     fx.call(abi::SGEMM_NT, &[s.cols, s.len, p.dv, vp, p.v.row, dop, p.d_out.row, p.ds_rows, p.stride, one, overwrite]);
-    let sep_ok = match f.linear.as_ref().and_then(|l| l.sep.as_ref()) {
-        Some(sep) => super::flash_bwd_rows::row_terms(fx, p, it, s, sep),
-        None => fx.b.ins().iconst(types::I8, 1),
-    };
+    // Whether the row kernel's split of the span's scores (and of the summed load's
+    // derivative) into key and row terms holds: every term finite.
+    let mut ok = fx.b.ins().iconst(types::I8, 1);
+    if let Some(lin) = &f.linear {
+        if let Some(sep) = &lin.sep {
+            let t = super::flash_bwd_rows::row_terms(fx, p, it, s, sep, p.rb_row);
+            ok = fx.b.ins().band(ok, t);
+        }
+        if let Some(k) = lin.sum_load {
+            let t = super::flash_bwd_rows::row_terms(fx, p, it, s, &f.grad.loads[k].d, p.w_row);
+            ok = fx.b.ins().band(ok, t);
+        }
+    }
+    let sep_ok = ok;
     let zero = fx.i64(0);
     fx.for_range(zero, s.cols, |fx, c| {
         super::flash_bwd_rows::key_row(fx, p, it, s, c, sep_ok);

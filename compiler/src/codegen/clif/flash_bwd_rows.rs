@@ -14,9 +14,9 @@ use crate::ir::{ScoreExpr, Weights};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 
-/// The span's separable row terms `sep(i, j0) - sep(r0, j0)` into the row-term vector; returns
-/// whether they (and `sep(r0, j0)`) are all finite, which the split needs.
-pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &ScoreExpr) -> Value {
+/// The span's row terms `sep(i, j0) - sep(r0, j0)` of a separable expression into the vector at
+/// `into`; returns whether they (and `sep(r0, j0)`) are all finite, which the split needs.
+pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &ScoreExpr, into: Value) -> Value {
     let j32 = fx.b.ins().ireduce(types::I32, s.j0);
     let r0_32 = fx.b.ins().ireduce(types::I32, s.r0);
     let at_pos = |fx: &mut Fx, i: Value| -> Value {
@@ -35,7 +35,7 @@ pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &Sc
         let i = fx.b.ins().ireduce(types::I32, i);
         let x = at_pos(fx, i);
         let d = fx.b.ins().fsub(x, base);
-        let addr = fx.elem_addr(p.rb_row, r);
+        let addr = fx.elem_addr(into, r);
         fx.store(d, addr);
         // Finite exactly when `d - d == 0`.
         let dd = fx.b.ins().fsub(d, d);
@@ -154,11 +154,33 @@ fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Val
     let rb = if lin.sep.is_some() { fx.elem_addr(p.rb_row, at) } else { null };
     let i0 = fx.add(s.r0, at);
     let (lse, delta, sigmoid) = stats_at(fx, p, it, i0);
-    let extras = !p.targets.is_empty();
-    let df = if extras { fx.elem_addr(p.df_row, at) } else { null };
+    // A load whose gradient the kernel sums (`c(j) Σ dF + Σ dF r(i)`): the others, if any, are
+    // added from `dF` after it.
+    let summed = lin.sum_load.filter(|k| it.sums.get(*k).is_some_and(Option::is_some));
+    let rest = p.f.grad.loads.iter().enumerate().any(|(k, l)| Some(k) != summed && p.targets.iter().any(|t| t.input == l.input));
+    let df = if rest { fx.elem_addr(p.df_row, at) } else { null };
+    let w = if summed.is_some() { fx.elem_addr(p.w_row, at) } else { null };
     let flags = fx.b.ins().iconst(types::I32, i64::from(lin.tanh) | sigmoid);
-    fx.call(abi::FLASH_BWD_ROW, &[srow, drow, lse, delta, rb, n, p.alpha, it.factor, cb, flags, df]);
-    if extras {
+    fx.call(abi::FLASH_BWD_ROW, &[srow, drow, lse, delta, rb, n, p.alpha, it.factor, cb, flags, df, w, p.sums]);
+    if let (Some(k), Some(Some(sum))) = (summed, summed.map(|k| it.sums[k])) {
+        // This key row's share: c(j) Σ dF + Σ dF r(i), with c(j) the derivative at (r0, j).
+        let mut pos = it.b_pos.clone();
+        pos.extend([r0_32, row.j32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+        let c = score::eval(fx, &p.f.grad.loads[k].d, &env);
+        let c = fx.cvt_f(c);
+        let s0 = fx.load(types::F32, p.sums);
+        let second = fx.i64(1);
+        let s1_at = fx.elem_addr(p.sums, second);
+        let s1 = fx.load(types::F32, s1_at);
+        let share = fx.b.ins().fmul(c, s0);
+        let share = fx.b.ins().fadd(share, s1);
+        let wide = fx.b.ins().fpromote(types::F64, share);
+        let total = fx.b.use_var(sum.total);
+        let total = fx.b.ins().fadd(total, wide);
+        fx.b.def_var(sum.total, total);
+    }
+    if rest {
         fx.rows(n, &[df], &|fx, r, ptr| {
             let fty = fx.ty(Kind::F);
             let dfv = fx.b.ins().load(fty, MemFlagsData::new().with_notrap(), ptr[0], 0);
@@ -166,7 +188,7 @@ fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Val
             let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
             let z = fx.fconst(0.0);
             let live = fx.b.ins().fcmp(FloatCC::NotEqual, dfv, z);
-            extra_gradients(fx, p, it, &env, dfv, live);
+            extra_gradients(fx, p, it, &env, dfv, live, summed);
         });
     }
 }
@@ -199,10 +221,14 @@ fn positions(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value, j32: Value, r: Val
 }
 
 /// Each wanted load's `dF · ∂F/∂x` for these lanes (0 where `live` is false): into its
-/// item-level sum, or added at the index it loads.
-fn extra_gradients(fx: &mut Fx, p: &Prologue, it: &Item, env: &Env, df: Value, live: Value) {
+/// item-level sum, or added at the index it loads; but not the load `skip` (the row kernel
+/// summed it).
+fn extra_gradients(fx: &mut Fx, p: &Prologue, it: &Item, env: &Env, df: Value, live: Value, skip: Option<usize>) {
     let z = fx.fconst(0.0);
-    for (l, sum) in p.f.grad.loads.iter().zip(&it.sums) {
+    for (k, (l, sum)) in p.f.grad.loads.iter().zip(&it.sums).enumerate() {
+        if Some(k) == skip {
+            continue;
+        }
         let Some(target) = p.targets.iter().find(|t| t.input == l.input) else { continue };
         let d = score::eval(fx, &l.d, env);
         let d = fx.cvt_f(d);
@@ -293,6 +319,6 @@ fn general(fx: &mut Fx, p: &Prologue, it: &Item, row: &Row, (i0, at, rows): (Val
             z
         };
         fx.b.ins().store(fl, ds, ptr[1], 0);
-        extra_gradients(fx, p, it, &env, df, live);
+        extra_gradients(fx, p, it, &env, df, live, None);
     });
 }
