@@ -64,6 +64,10 @@ about 0.5 MiB are noise. Needs GNU time (/usr/bin/time).
                                               # only these kinds, at these sequence lengths
     python3 bench/compare.py --out FILE       # also write the markdown tables to FILE
     python3 bench/compare.py --no-build       # use target/release/attnc as it is
+    python3 bench/compare.py --isa avx2       # an AVX2 machine on an AVX-512 one: attnc with
+                                              # ATTNC_ISA=avx2, PyTorch held to AVX2 (ATen, MKL,
+                                              # oneDNN); ONNX Runtime cannot be held (MLAS picks
+                                              # its kernels from cpuid), the header says so
 
 --cases takes plain, causal, alibi, softcap, sliding, block, decode (a kind named there runs
 even where the mode would leave it out); --sizes replaces the sequence lengths of every case but
@@ -510,6 +514,26 @@ def machine(exe):
     )
 
 
+# What `--isa avx2` sets: attnc's path, and PyTorch's (its own kernels, MKL's and oneDNN's). Read
+# when the libraries load, so they are set before the script re-runs itself in its venv.
+AVX2_ENV = {
+    "ATTNC_ISA": "avx2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+
+
+def peers_isa(torch):
+    """One line saying which vector path each peer runs on."""
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        cap = "unknown"
+    held = " (held by --isa avx2)" if os.environ.get("ATEN_CPU_CAPABILITY") else ""
+    return f"peers: PyTorch kernels on {cap}{held}; ONNX Runtime's MLAS picks its own from cpuid (no override)"
+
+
 def timing(args, exe):
     """The timing table, as markdown lines."""
     import onnxruntime
@@ -519,7 +543,7 @@ def timing(args, exe):
     rounds = 2 if args.quick else args.rounds
     header = (
         f"attnc vs PyTorch {torch.__version__} and ONNX Runtime {onnxruntime.__version__} "
-        f"(fp32, CPU, medians of {rounds} interleaved rounds of {args.iters} runs)\n{machine(exe)}"
+        f"(fp32, CPU, medians of {rounds} interleaved rounds of {args.iters} runs)\n{machine(exe)}\n{peers_isa(torch)}"
     )
     print(header, flush=True)
     rows, decode_lines = [], []
@@ -823,12 +847,17 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=5, help="timed runs per round")
     ap.add_argument("--threads", type=comma_list(int), default=[1, 2], help="thread counts, comma-separated")
     ap.add_argument("--out", type=Path, help="also write the markdown tables here")
+    ap.add_argument("--isa", choices=["avx2", "portable"], help="attnc's kernel path (ATTNC_ISA); avx2 also holds PyTorch to AVX2")
     ap.add_argument("--no-build", action="store_true", help="use target/release/attnc as it is, without cargo build")
     return ap.parse_args(argv)
 
 
 def main():
     args = parse_args()
+    if args.isa == "avx2":
+        os.environ.update(AVX2_ENV)
+    elif args.isa:
+        os.environ["ATTNC_ISA"] = args.isa
     ensure_venv()
 
     exe = attnc_binary(build=not args.no_build)

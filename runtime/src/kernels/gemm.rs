@@ -53,6 +53,12 @@ pub(super) trait Kernel {
     const KC: usize = 512;
     /// Width of a packed `B` block (a multiple of `NR`): `KC · NC` floats = 1 MiB, half of L2.
     const NC: usize = 512;
+    /// Copies of each `A` element in a packed strip, or 0 to read `A` in place. A path without
+    /// a broadcast load (SSE2) packs each `rows × kc` strip once per `B` block as `kc` groups
+    /// of `rows` vectors of `A_SPLAT` equal lanes (element `(i, p)` at
+    /// `(p · rows + i) · A_SPLAT`), so its micro-tile loop multiplies by loaded vectors and
+    /// spends no shuffle per element; [`Kernel::tile`] then gets the packed strip.
+    const A_SPLAT: usize = 0;
 
     /// Packs the `kc × nc` block of `B` at `b` (element `(p, j)` at `b[j·ldb + p]` for `Nt`,
     /// `b[p·ldb + j]` for `Nn`) into `⌈nc/NR⌉` panels of `kc × NR`, zero past `nc`.
@@ -61,8 +67,9 @@ pub(super) trait Kernel {
     /// `b` addresses the whole block; `out` has room for the panels.
     unsafe fn pack(layout: Layout, b: *const f32, ldb: usize, kc: usize, nc: usize, out: *mut f32);
 
-    /// `tile (+)= alpha · A[rows × kc] · panel` with `A` rows at `a + i·lda` and panel rows
-    /// (`NR` floats each) at `panel + p·ldp`.
+    /// `tile (+)= alpha · A[rows × kc] · panel` with `A` rows at `a + i·lda` (or the packed
+    /// strip of [`Kernel::A_SPLAT`], `lda` unused) and panel rows (`NR` floats each) at
+    /// `panel + p·ldp`.
     ///
     /// # Safety
     /// `a`, `panel` and the tile of `C` are valid for the sizes given.
@@ -108,7 +115,11 @@ pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32,
 unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f32, c: *mut f32) {
     let (m, n, k) = (g.m, g.n, g.k);
     let panel_len = K::KC.min(k) * K::NC.min(n).next_multiple_of(K::NR);
-    with_scratch(panel_len, |packed| {
+    // The splatted `A` strip follows the panels, 64-byte aligned.
+    let strip_at = panel_len.next_multiple_of(16);
+    let strip_len = if K::A_SPLAT > 0 { K::KC.min(k) * K::MR * K::A_SPLAT } else { 0 };
+    with_scratch(strip_at + strip_len, |packed| {
+        let strip = packed.wrapping_add(strip_at);
         let blocks = m.div_ceil(K::MR);
         for pc in (0..k).step_by(K::KC) {
             let kc = K::KC.min(k - pc);
@@ -129,6 +140,13 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
                 let mut i0 = 0;
                 for blk in 0..blocks {
                     let rows = (m - i0).div_ceil(blocks - blk);
+                    let mut a_strip = a.wrapping_add(i0 * g.lda + pc) as *const f32;
+                    if K::A_SPLAT > 0 {
+                        // SAFETY: the strip lies inside `A`; `strip` holds `KC · MR · A_SPLAT`
+                        // floats.
+                        unsafe { splat_strip::<K>(a_strip, g.lda, rows, kc, strip) };
+                        a_strip = strip;
+                    }
                     for j0 in (0..nc).step_by(K::NR) {
                         let t = Tile {
                             c: c.wrapping_add(i0 * g.ldc + jc + j0),
@@ -143,7 +161,6 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
                         } else {
                             (packed.wrapping_add((j0 - full) * kc) as *const f32, K::NR)
                         };
-                        let a_strip = a.wrapping_add(i0 * g.lda + pc);
                         // SAFETY: the strip, the panel and the tile are in bounds.
                         unsafe { K::tile(kc, a_strip, g.lda, panel, ldp, &t) };
                     }
@@ -152,6 +169,27 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
             }
         }
     });
+}
+
+/// Packs the `rows × kc` strip of `A` at `a` (row stride `lda`) as [`Kernel::A_SPLAT`]
+/// describes.
+///
+/// # Safety
+/// `a` addresses the strip; `out` holds `kc · rows · K::A_SPLAT` floats.
+#[inline(always)]
+unsafe fn splat_strip<K: Kernel>(a: *const f32, lda: usize, rows: usize, kc: usize, out: *mut f32) {
+    for i in 0..rows {
+        for p in 0..kc {
+            // SAFETY: the caller's contract covers row `i`, column `p` and the group written.
+            unsafe {
+                let v = *a.add(i * lda + p);
+                let dst = out.add((p * rows + i) * K::A_SPLAT);
+                for l in 0..K::A_SPLAT {
+                    *dst.add(l) = v;
+                }
+            }
+        }
+    }
 }
 
 thread_local! {

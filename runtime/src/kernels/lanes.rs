@@ -48,12 +48,11 @@ fn exp_v<const FMA: bool>(x: V) -> V {
             p = madd::<FMA>(p, r, *c);
         }
         let e = madd::<FMA>(p, r * r, r) + 1.0;
-        // `n ∈ [-61, 129]` (garbage for NaN, whose `e` is NaN anyway): two normal halves.
+        // `n ∈ [-61, 129]` (garbage for NaN, whose `e` is NaN anyway): `2ⁿ⁻²` is normal there,
+        // and both products are exact (or overflow, as `e·2ⁿ` does), so `e·2ⁿ⁻²·4` is `e·2ⁿ`
+        // rounded once, in 4 vector operations where two normal halves took 8.
         let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-        let n1 = ni >> 1;
-        let n2 = ni.wrapping_sub(n1);
-        let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
-        let e = e * pow2(n1) * pow2(n2);
+        let e = e * f32::from_bits((ni.wrapping_add(127 - 2) as u32) << 23) * 4.0;
         y[l] = if e < FLUSH_BELOW { 0.0 } else { e };
     }
     y
@@ -65,12 +64,16 @@ fn exp_v<const FMA: bool>(x: V) -> V {
 /// `i + L ≤` the length of `x` (and of `bias` unless null).
 #[inline(always)]
 unsafe fn scores(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
+    // Whole-vector loads: per-lane loads under the bias test became scalar loads and shuffles.
+    // SAFETY: the caller's contract; `read_unaligned` needs no alignment.
+    let (xv, bv) = unsafe {
+        let xv = (x.add(i) as *const V).read_unaligned();
+        let bv = if bias.is_null() { [0.0; L] } else { (bias.add(i) as *const V).read_unaligned() };
+        (xv, bv)
+    };
     let mut v = [0.0; L];
-    for (l, out) in v.iter_mut().enumerate() {
-        // SAFETY: the caller's contract.
-        unsafe {
-            *out = scale * *x.add(i + l) + if bias.is_null() { 0.0 } else { *bias.add(i + l) };
-        }
+    for l in 0..L {
+        v[l] = scale * xv[l] + bv[l];
     }
     v
 }
@@ -230,18 +233,20 @@ pub(super) unsafe fn gelu<const FMA: bool>(x: *const f32, y: *mut f32, n: usize)
     }
 }
 
+/// Copies of each element of `A` in the micro-tile's packed strip: one 128-bit vector.
+pub(super) const SPLAT: usize = 4;
+
 /// `MR × 8` micro-tile of the GEMM driver: `C (+)= alpha · A[MR × kc] · panel[kc × 8]`, `MR · 2`
-/// 128-bit accumulators on SSE2 or NEON (12 of the 16 SSE registers for `MR = 6`), one
-/// 256-bit one per row on AVX2.
+/// 128-bit accumulators on SSE2 or NEON (12 of the 16 SSE registers for `MR = 6`). `A` comes
+/// splatted (see [`super::gemm::Kernel::A_SPLAT`]), so each multiplier is a loaded vector.
 ///
 /// # Safety
-/// Rows `< MR` of `A` (stride `lda`) hold `kc` elements; the panel `kc` rows of 8 (stride
-/// `ldp`); the tile of `C` is valid for `t.rows = MR` rows and `t.cols` columns.
+/// `a` holds `kc` groups of `MR` splatted elements of [`SPLAT`] floats; the panel `kc` rows of
+/// 8 (stride `ldp`); the tile of `C` is valid for `t.rows = MR` rows and `t.cols` columns.
 #[inline(always)]
 pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
     kc: usize,
     a: *const f32,
-    lda: usize,
     panel: *const f32,
     ldp: usize,
     t: &super::gemm::Tile,
@@ -251,10 +256,10 @@ pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
         // SAFETY: panel row `p` holds 8 floats (`[f32; 8]` has the alignment of `f32`).
         let b = unsafe { *(panel.add(p * ldp) as *const V) };
         for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: row `i < MR` of `A` holds `kc` elements.
-            let ai = unsafe { *a.add(i * lda + p) };
+            // SAFETY: group `p` of the strip holds `MR` vectors of `SPLAT` floats.
+            let ai = unsafe { *(a.add((p * MR + i) * SPLAT) as *const [f32; SPLAT]) };
             for l in 0..L {
-                row[l] = madd::<FMA>(ai, b[l], row[l]);
+                row[l] = madd::<FMA>(ai[l % SPLAT], b[l], row[l]);
             }
         }
     }
