@@ -140,7 +140,7 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
                 let mut i0 = 0;
                 for blk in 0..blocks {
                     let rows = (m - i0).div_ceil(blocks - blk);
-                    let mut a_strip = a.wrapping_add(i0 * g.lda + pc) as *const f32;
+                    let mut a_strip = a.wrapping_add(i0 * g.lda + pc);
                     if K::A_SPLAT > 0 {
                         // SAFETY: the strip lies inside `A`; `strip` holds `KC · MR · A_SPLAT`
                         // floats.
