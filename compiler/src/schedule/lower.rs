@@ -362,7 +362,7 @@ impl Lowering<'_> {
         let out = self.temp(v, dtype, &view.shape);
         let expr = if view.dtype == dtype { Expr::Load(0) } else { Expr::Cast(Box::new(Expr::Load(0)), dtype) };
         let label = format!("{} (copy)", self.label(v));
-        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr }, label, v);
+        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr, more: Vec::new() }, label, v);
         out
     }
 
@@ -421,7 +421,7 @@ impl Lowering<'_> {
         let expr = self.expr(v, &mut inputs)?;
         let out = self.temp(v, ty.dtype, &ty.shape);
         let label = self.label(v);
-        self.step(Kernel::Elementwise { out: out.clone(), inputs, expr }, label, v);
+        self.step(Kernel::Elementwise { out: out.clone(), inputs, expr, more: Vec::new() }, label, v);
         Ok(out)
     }
 
@@ -461,17 +461,37 @@ impl Lowering<'_> {
             }
             Op::Concat { axis } => {
                 let out = self.temp(v, ty.dtype, &ty.shape);
+                // Parts of one shape are one pass (shared loads, each input row read once);
+                // others a pass each.
+                let first = args.first().map(|a| self.g.node(*a).ty.shape.clone());
+                let one_pass = args.iter().all(|a| Some(&self.g.node(*a).ty.shape) == first.as_ref());
                 let mut at = Dim::constant(0);
+                let mut inputs = Vec::new();
+                let mut parts = Vec::new();
                 for a in args {
                     let part = self.g.node(a).ty.shape.clone();
                     let mut dst = out.clone();
                     dst.offset = at.mul(&out.strides[*axis]);
                     at = at.add(&part[*axis]);
                     dst.shape = part.clone();
-                    let mut inputs = Vec::new();
+                    if !one_pass {
+                        inputs = Vec::new();
+                    }
                     let expr = self.expr(a, &mut inputs)?;
                     let expr = if self.g.node(a).ty.dtype == ty.dtype { expr } else { Expr::Cast(Box::new(expr), ty.dtype) };
-                    self.step(Kernel::Elementwise { out: dst, inputs, expr }, label.clone(), v);
+                    if one_pass {
+                        parts.push((dst, expr));
+                    } else {
+                        self.step(
+                            Kernel::Elementwise { out: dst, inputs: std::mem::take(&mut inputs), expr, more: Vec::new() },
+                            label.clone(),
+                            v,
+                        );
+                    }
+                }
+                let mut parts = parts.into_iter();
+                if let Some((dst, expr)) = parts.next() {
+                    self.step(Kernel::Elementwise { out: dst, inputs, expr, more: parts.collect() }, label, v);
                 }
                 Ok(out)
             }
@@ -762,7 +782,11 @@ impl Lowering<'_> {
             return Ok(view);
         }
         let out = self.temp(v, view.dtype, shape);
-        self.step(Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr: Expr::Load(0) }, format!("{label} (broadcast)"), v);
+        self.step(
+            Kernel::Elementwise { out: out.clone(), inputs: vec![view], expr: Expr::Load(0), more: Vec::new() },
+            format!("{label} (broadcast)"),
+            v,
+        );
         Ok(out)
     }
 
@@ -781,7 +805,7 @@ impl Lowering<'_> {
             let buf = self.buffer(BufferKind::Output(i), ty.dtype, Dim::product(&ty.shape), v);
             let out = View::contiguous(buf, ty.dtype, ty.shape.clone());
             let label = format!("{} (output copy)", self.label(v));
-            self.step(Kernel::Elementwise { out, inputs: vec![view], expr: Expr::Load(0) }, label, v);
+            self.step(Kernel::Elementwise { out, inputs: vec![view], expr: Expr::Load(0), more: Vec::new() }, label, v);
             self.plan.outputs.push(buf);
         }
         Ok(())
@@ -792,7 +816,9 @@ impl Lowering<'_> {
 fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
     let bufs = |views: &[&View]| views.iter().map(|v| v.buf).collect::<Vec<_>>();
     match k {
-        Kernel::Elementwise { out, inputs, .. } => (inputs.iter().map(|v| v.buf).collect(), vec![out.buf]),
+        Kernel::Elementwise { out, inputs, more, .. } => {
+            (inputs.iter().map(|v| v.buf).collect(), std::iter::once(out).chain(more.iter().map(|(o, _)| o)).map(|o| o.buf).collect())
+        }
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
         Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => (vec![x.buf], vec![out.buf]),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
@@ -847,14 +873,17 @@ fn register_ints(plan: &mut Schedule) {
     }
     for s in &plan.steps {
         match &s.kernel {
-            Kernel::Elementwise { out, inputs, expr } => {
+            Kernel::Elementwise { out, inputs, expr, more } => {
                 view(out, &mut add);
                 inputs.iter().for_each(|v| view(v, &mut add));
-                expr.visit(&mut |e| {
-                    if let Expr::Dim(d) = e {
-                        add(d);
-                    }
-                });
+                for (o, e) in std::iter::once((out, expr)).chain(more.iter().map(|(o, e)| (o, e))) {
+                    view(o, &mut add);
+                    e.visit(&mut |e| {
+                        if let Expr::Dim(d) = e {
+                            add(d);
+                        }
+                    });
+                }
             }
             Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
             Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => {

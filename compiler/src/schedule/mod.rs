@@ -292,14 +292,18 @@ impl Expr {
 /// What a step computes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kernel {
-    /// `out[idx] = expr(idx)` over `out`'s shape.
+    /// `out[idx] = expr(idx)` over `out`'s shape, and `o[idx] = e(idx)` for each `(o, e)` of
+    /// `more` in the same pass (the parts of a concatenation of equal shapes: RoPE's two
+    /// rotated halves read each input row once).
     Elementwise {
         /// Where results go (any strides).
         out: View,
-        /// The loads the expression refers to, each broadcast to `out`'s shape.
+        /// The loads the expressions refer to, each broadcast to `out`'s shape.
         inputs: Vec<View>,
         /// The expression.
         expr: Expr,
+        /// Further outputs of `out`'s shape and their expressions, over the same inputs.
+        more: Vec<(View, Expr)>,
     },
     /// Batched `C = A @ B` with broadcast batch axes.
     MatMul {

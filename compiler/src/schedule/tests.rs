@@ -64,6 +64,30 @@ fn element_wise_chains_fuse_and_layout_ops_are_views() {
 }
 
 #[test]
+fn concatenated_parts_of_one_shape_are_one_pass() {
+    // RoPE's halves: one step computes both, over shared loads of x's two halves.
+    let src = "fn f(x: f32[S, 2*D], c: f32[S, D], s: f32[S, D]) -> f32[S, 2*D] {
+        let a = x[:, 0:D]
+        let b = x[:, D:2*D]
+        return concat([a * c - b * s, b * c + a * s], axis = -1) }";
+    let compiled = crate::check(src).expect("compiles");
+    let g = compiled.module.graphs.last().expect("a graph");
+    let plan = schedule(g, &Policy::default()).expect("schedules");
+    let parts: Vec<(usize, usize)> = plan
+        .steps
+        .iter()
+        .filter_map(|st| match &st.kernel {
+            Kernel::Elementwise { inputs, more, .. } => Some((inputs.len(), more.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parts, [(4, 1)], "one step, two outputs, four shared loads:\n{plan}");
+    // Parts of different shapes stay a pass each.
+    let (kinds, _) = plan_of("fn f(x: f32[N, 2], y: f32[N, 3]) -> f32[N, 5] { return concat([x * 2.0, y + 1.0], axis = -1) }", false);
+    assert_eq!(kinds, ["elementwise", "elementwise"]);
+}
+
+#[test]
 fn variants_follow_the_target_and_dtypes() {
     let g: Graph = "graph attn {
   %0 = param[name=q] : f16[B, H, S, 64]

@@ -90,9 +90,13 @@ impl fmt::Display for Schedule {
 
 fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
     match k {
-        Kernel::Elementwise { out: o, inputs, expr } => {
+        Kernel::Elementwise { out: o, inputs, expr, more } => {
             writeln!(out, "elementwise {expr}")?;
             writeln!(out, "  out = {o}")?;
+            for (n, (o, e)) in more.iter().enumerate() {
+                writeln!(out, "  and {e}")?;
+                writeln!(out, "  out{} = {o}", n + 1)?;
+            }
             for (n, v) in inputs.iter().enumerate() {
                 writeln!(out, "  in{n} = {v}")?;
             }

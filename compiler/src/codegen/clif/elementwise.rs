@@ -70,8 +70,11 @@ struct Kernel<'k> {
 }
 
 /// Emits the kernel `out[idx] = expr(idx)`: one row (every axis but the last) per work item.
-pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
+pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) {
     let k = prologue(fx, out, inputs, expr);
+    // Further outputs of the same shape: their rows follow the first's at the same index, so
+    // each input row is read from memory once.
+    let parts: Vec<Kernel> = more.iter().map(|(o, e)| prologue(fx, o, inputs, e)).collect();
     let rank = k.rank;
     let (lo, hi) = (fx.lo(), fx.hi());
     // The outer index is unravelled once per call and then stepped like an odometer, which
@@ -81,6 +84,9 @@ pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr) {
     fx.for_range(lo, hi, |fx, _| {
         let outer: Vec<Value> = index.iter().map(|v| fx.b.use_var(*v)).collect();
         k.row(fx, &outer);
+        for p in &parts {
+            p.row(fx, &outer);
+        }
         // Next row: bump the last outer axis, carrying into earlier ones.
         let mut carry = fx.i64(1);
         for a in (0..rank - 1).rev() {

@@ -99,7 +99,7 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
         let mut func = new_function(&name, call_conv);
         let mut fx = Fx::new(&mut func, &mut ctx, schedule, call_conv);
         match &step.kernel {
-            Kernel::Elementwise { out, inputs, expr } => elementwise::emit(&mut fx, out, inputs, expr),
+            Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&mut fx, out, inputs, expr, more),
             Kernel::MatMul { a, b, c, b_transposed, .. } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
             Kernel::Reduce { x, op, axes, out } => reduce::emit_reduce(&mut fx, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => reduce::emit_softmax(&mut fx, x, *axis, out),

@@ -11,17 +11,29 @@ use crate::schedule::policy::{CUDA_ELEMENTS, CUDA_THREADS};
 use crate::schedule::{Expr, View};
 
 /// The kernel of an element-wise step.
-pub(super) fn emit(ints: &Ints, items: &str, out: &View, inputs: &[View], expr: &Expr) -> Result<KernelSource, CudaEmitError> {
+pub(super) fn emit(
+    ints: &Ints,
+    items: &str,
+    out: &View,
+    inputs: &[View],
+    expr: &Expr,
+    more: &[(View, Expr)],
+) -> Result<KernelSource, CudaEmitError> {
     let mut body = vec![format!("const i64 n_ = {};", ints.dim(&Dim::product(&out.shape))?)];
     body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
     body.push(format!("  const i64 e_ = w_ * {CUDA_ELEMENTS}LL + threadIdx.x;"));
     body.push("  if (e_ >= n_) continue;".into());
     let mut inner = Vec::new();
     let idx = delinearize(ints, &mut inner, "e_", &out.shape, "i")?;
+    // Every output at the same index (they share the shape): one thread, one pass.
     let mut l = Lines::new("x");
-    let value = Eval { ints, inputs, idx: &idx }.eval(&mut l, expr)?;
+    let mut stores = Vec::new();
+    for (o, e) in std::iter::once((out, expr)).chain(more.iter().map(|(o, e)| (o, e))) {
+        let value = Eval { ints, inputs, idx: &idx }.eval(&mut l, e)?;
+        stores.push(super::cexpr::store(o.buf, o.dtype, &ints.offset(o, &idx)?, &ops::store_value(&value, o.dtype)));
+    }
     inner.extend(l.lines);
-    inner.push(super::cexpr::store(out.buf, out.dtype, &ints.offset(out, &idx)?, &ops::store_value(&value, out.dtype)));
+    inner.extend(stores);
     body.extend(super::cexpr::indent(&inner, 2));
     body.push("}".into());
     Ok(KernelSource { threads: CUDA_THREADS, items_per_block: 1, smem: super::Smem::None, body })

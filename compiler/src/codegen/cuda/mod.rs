@@ -127,7 +127,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             e => e,
         };
         let src = match &step.kernel {
-            Kernel::Elementwise { out, inputs, expr } => elementwise::emit(&ints, &items, out, inputs, expr),
+            Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&ints, &items, out, inputs, expr, more),
             Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
