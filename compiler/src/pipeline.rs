@@ -304,7 +304,8 @@ impl Compiler {
 }
 
 /// One line per fused flash backward of a derived graph (its `flash_grad` ops grouped by their
-/// operands): which gradients it gives, of which score modification and mask.
+/// operands): which gradients it gives, of which score modification and mask; and one line for
+/// its `prefix_attention` ops (causal linear attention, whose gradients are three more).
 fn backward_groups(g: &Graph) -> Vec<String> {
     let mut groups: Vec<(Vec<crate::ir::Value>, &crate::ir::FlashSpec, Vec<String>)> = Vec::new();
     for v in g.values() {
@@ -316,14 +317,22 @@ fn backward_groups(g: &Graph) -> Vec<String> {
             }
         }
     }
-    groups
+    let mut lines: Vec<String> = groups
         .into_iter()
         .map(|(_, spec, wrts)| {
             let show = |e| crate::ir::ShowExpr { expr: e, rank: spec.rank }.to_string();
             let mask = spec.mask.as_ref().map(|m| format!(", mask \"{}\"", show(m))).unwrap_or_default();
             format!("flash backward (score \"{}\"{mask}): d{} in one pass", show(&spec.score), wrts.join(", d"))
         })
-        .collect()
+        .collect();
+    let prefix = g.values().filter(|v| matches!(g.node(*v).op, Op::PrefixAttention { .. })).count();
+    if prefix > 0 {
+        lines.push(format!(
+            "causal linear attention: {prefix} prefix_attention op{} (forward and gradients), each with one D × Dv state, no prefix sums of k ⊗ v",
+            if prefix == 1 { "" } else { "s" }
+        ));
+    }
+    lines
 }
 
 /// What the optimizer did to one function, and the tile maps of its flash ops.

@@ -152,6 +152,7 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::Scan { op, axis, reverse } => reduce::scan(*op, args, *axis, *reverse, dtype, label),
         Op::ScatterAdd { axis } => reduce::scatter_add(args[0], args[1], args[2], *axis, dtype, label),
         Op::ArgSort { axis, descending } => reduce::argsort(args[0], *axis, *descending, label),
+        Op::PrefixAttention { reverse } => reduce::prefix_attention(args[0], args[1], args[2], *reverse, dtype, label),
         Op::LayerNorm { eps } => reduce::layer_norm(args[0], args[1], args[2], *eps, dtype, label),
         Op::RmsNorm { eps } => reduce::rms_norm(args[0], args[1], *eps, dtype, label),
         Op::Flash(spec) => super::flash::flash(spec, args, dtype, env, label),

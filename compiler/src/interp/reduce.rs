@@ -269,3 +269,40 @@ pub(super) fn scan(op: ScanOp, args: &[&Val], axis: usize, reverse: bool, dtype:
     }
     Ok(Val::new(dtype, x.shape.clone(), out))
 }
+
+/// `out[.., i, :] = Σ_{j ≤ i} (q_i · k_j) v_j` (`j ≥ i` when `reverse`)
+/// ([`Op::PrefixAttention`](crate::ir::Op::PrefixAttention)): the running state `Σ k_j ⊗ v_j`
+/// in f64, each output rounded once.
+pub(super) fn prefix_attention(q: &Val, k: &Val, v: &Val, reverse: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+    let r = q.shape.len();
+    if r < 2 || k.shape != q.shape || v.shape.len() != r || v.shape[..r - 1] != q.shape[..r - 1] {
+        return Err(bad(
+            node,
+            format!("prefix_attention needs q, k of [.., S, D] and v of [.., S, Dv], got {:?}, {:?}, {:?}", q.shape, k.shape, v.shape),
+        ));
+    }
+    let (s, d, dv) = (q.shape[r - 2], q.shape[r - 1], v.shape[r - 1]);
+    let batch: usize = q.shape[..r - 2].iter().product();
+    let mut shape = q.shape.clone();
+    shape[r - 1] = dv;
+    let mut out = filled(element_count(&shape, node)?, 0.0, node)?;
+    let mut state = filled(d * dv, 0.0, node)?;
+    for b in 0..batch {
+        state.fill(0.0);
+        for step in 0..s {
+            let i = if reverse { s - 1 - step } else { step };
+            let (qi, ki) = ((b * s + i) * d, (b * s + i) * d);
+            let vi = (b * s + i) * dv;
+            for x in 0..d {
+                let kx = k.data[ki + x];
+                for (y, st) in state[x * dv..(x + 1) * dv].iter_mut().enumerate() {
+                    *st += kx * v.data[vi + y];
+                }
+            }
+            for y in 0..dv {
+                out[vi + y] = (0..d).map(|x| q.data[qi + x] * state[x * dv + y]).sum();
+            }
+        }
+    }
+    Ok(Val::new(dtype, shape, out))
+}

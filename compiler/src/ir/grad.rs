@@ -409,6 +409,18 @@ impl Builder {
                 let c = self.bin(BinaryOp::Sub, g, s)?;
                 vec![(0, self.mul(y, c)?)]
             }
+            Op::PrefixAttention { reverse } => {
+                // out_i = Σ_{j ≤ i} (q_i·k_j) v_j: dq_i = Σ_{j ≤ i} (g_i·v_j) k_j; dk_j =
+                // Σ_{i ≥ j} (v_j·g_i) q_i; dv_j = Σ_{i ≥ j} (k_j·q_i) g_i (the other direction).
+                let (q, k, v) = (x[0], x[1], x[2]);
+                let same = Op::PrefixAttention { reverse: *reverse };
+                let other = Op::PrefixAttention { reverse: !*reverse };
+                vec![
+                    (0, self.add(same, &[g, v, k], None)?),
+                    (1, self.add(other.clone(), &[v, g, q], None)?),
+                    (2, self.add(other, &[k, q, g], None)?),
+                ]
+            }
             Op::Scan { op, axis, reverse } => {
                 let back =
                     |b: &mut Builder, op: ScanOp, args: &[Value]| b.add(Op::Scan { op, axis: *axis, reverse: !*reverse }, args, None);

@@ -71,6 +71,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Scan { op, axis, .. } => scan(*op, args, *axis),
         Op::ScatterAdd { axis } => scatter_add(args[0], args[1], args[2], *axis),
+        Op::PrefixAttention { .. } => prefix_attention(args[0], args[1], args[2]),
         Op::ArgSort { axis, .. } => {
             numeric(args[0], "the operand of argsort")?;
             if *axis >= args[0].rank() {
@@ -307,6 +308,19 @@ fn scatter_add(base: &TensorType, idx: &TensorType, src: &TensorType, axis: usiz
         return Err(format!("`scatter_add`'s values {src} must match {base} on every axis but {axis}"));
     }
     Ok(base.clone())
+}
+
+fn prefix_attention(q: &TensorType, k: &TensorType, v: &TensorType) -> Result<TensorType, String> {
+    if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(format!("`prefix_attention` needs q, k and v of one float type, found {q}, {k} and {v}"));
+    }
+    let r = q.rank();
+    if r < 2 || k.shape != q.shape || v.rank() != r || v.shape[..r - 1] != q.shape[..r - 1] {
+        return Err(format!("`prefix_attention` needs q and k of [.., S, D] and v of [.., S, Dv], found {q}, {k} and {v}"));
+    }
+    let mut shape = q.shape.clone();
+    shape[r - 1] = v.shape[r - 1].clone();
+    Ok(TensorType::new(v.dtype, shape))
 }
 
 fn norm(args: &[&TensorType]) -> Result<TensorType, String> {

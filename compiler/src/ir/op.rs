@@ -236,6 +236,15 @@ pub enum Op {
         /// From the last element to the first.
         reverse: bool,
     },
+    /// Causal linear attention, `prefix_attention(q, k, v)`: `out[.., i, :] = Σ_{j ≤ i} (q_i ·
+    /// k_j) v_j` along the second-to-last axis (`j ≥ i` when `reverse`), for `q`, `k` of
+    /// `[.., S, D]` and `v` of `[.., S, Dv]`. It is `sum(q ⊗ cumsum(k ⊗ v), D)` without the
+    /// `[.., S, D, Dv]` prefix sums: O(S·D·Dv) time and O(D·Dv) state. Accumulated in f64 per
+    /// output element in order of `j`, each output rounded once.
+    PrefixAttention {
+        /// Each position attends to itself and the later ones.
+        reverse: bool,
+    },
     /// The indices (i32) that sort `x` along `axis`, ascending or descending, stable
     /// ([`super::semantics::sorts_before`]).
     ArgSort {
@@ -461,6 +470,7 @@ impl Op {
             Op::Scan { op, .. } => op.name(),
             Op::ArgSort { .. } => "argsort",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::PrefixAttention { .. } => "prefix_attention",
             Op::LayerNorm { .. } => "layernorm",
             Op::RmsNorm { .. } => "rmsnorm",
             Op::Flash(_) => "flash",
@@ -484,6 +494,7 @@ impl Op {
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
             Op::Scan { axis, reverse, .. } => vec![("axis", Attr::Int(*axis)), ("reverse", Attr::Bool(*reverse))],
             Op::ArgSort { axis, descending } => vec![("axis", Attr::Int(*axis)), ("descending", Attr::Bool(*descending))],
+            Op::PrefixAttention { reverse } => vec![("reverse", Attr::Bool(*reverse))],
             Op::Flash(spec) | Op::FlashLse(spec) => flash_attrs(spec),
             Op::FlashGrad { spec, wrt } => {
                 let mut attrs = vec![("wrt", Attr::Name(wrt.name()))];
@@ -548,6 +559,12 @@ impl Op {
                 other => return Err(format!("`keepdim` must be true or false, found `{other}`")),
             };
             return Ok(Op::Reduce { op: *op, axes: list("axes")?, keepdim });
+        }
+        if name == "prefix_attention" {
+            return match get("reverse")? {
+                Attr::Bool(reverse) => Ok(Op::PrefixAttention { reverse: *reverse }),
+                other => Err(format!("`reverse` must be true or false, found `{other}`")),
+            };
         }
         Ok(match name {
             "param" => match get("name")? {
@@ -621,7 +638,7 @@ impl Op {
             Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
             Op::Scan { .. } | Op::ArgSort { .. } => Arity::Exact(1),
             Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
-            Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => Arity::Exact(3),
+            Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } | Op::PrefixAttention { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
             Op::Flash(_) | Op::FlashLse(_) => Arity::AtLeast(3),

@@ -103,6 +103,11 @@ impl<'a> Cost<'a> {
             }
             Op::Reduce { .. } | Op::Softmax { .. } | Op::Scan { .. } => 5.0 * ins + moved(ins),
             Op::ArgSort { .. } => 20.0 * ins + moved(ins),
+            // The state update k ⊗ v and the read q · state per position.
+            Op::PrefixAttention { .. } => {
+                let d = tys[0].shape.last().map_or(1.0, |d| self.elems(std::slice::from_ref(d)));
+                4.0 * out_elems * d + moved(ins)
+            }
             Op::ScatterAdd { .. } => 2.0 * ins + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
             // Products per score: Q·Kᵀ and P·V (forward), Q·Kᵀ alone (log-sum-exp), and the

@@ -537,6 +537,16 @@ impl Lowering<'_> {
                 self.step(Kernel::Scan { op: *op, a, x, axis: *axis, reverse: *reverse, out: out.clone() }, label, v);
                 Ok(out)
             }
+            Op::PrefixAttention { reverse } => {
+                let dense = |l: &mut Self, a: Value| {
+                    let view = l.view(a)?;
+                    Ok::<View, ScheduleError>(l.dense_if(v, view, DType::F32, View::is_contiguous))
+                };
+                let (q, k, vv) = (dense(self, args[0])?, dense(self, args[1])?, dense(self, args[2])?);
+                let out = self.temp(v, DType::F32, &ty.shape);
+                self.step(Kernel::PrefixAttention { q, k, v: vv, reverse: *reverse, out: out.clone() }, label, v);
+                Ok(if ty.dtype == DType::F32 { out } else { self.dense_if(v, out, ty.dtype, |_| true) })
+            }
             Op::ScatterAdd { axis } => {
                 let (base, idx, src) = (self.view(args[0])?, self.view(args[1])?, self.view(args[2])?);
                 let out = self.temp(v, ty.dtype, &ty.shape);
@@ -823,6 +833,7 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => (vec![x.buf], vec![out.buf]),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::ScatterAdd { base, idx, src, out, .. } => (bufs(&[base, idx, src]), vec![out.buf]),
+        Kernel::PrefixAttention { q, k, v, out, .. } => (bufs(&[q, k, v]), vec![out.buf]),
         Kernel::Norm { x, gamma, beta, out, .. } => {
             let mut r = bufs(&[x, gamma]);
             r.extend(beta.iter().map(|b| b.buf));
@@ -891,6 +902,7 @@ fn register_ints(plan: &mut Schedule) {
             }
             Kernel::Scan { a, x, out, .. } => [a.as_ref(), Some(x), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add)),
             Kernel::ScatterAdd { base, idx, src, out, .. } => [base, idx, src, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::PrefixAttention { q, k, v, out, .. } => [q, k, v, out].iter().for_each(|x| view(x, &mut add)),
             Kernel::Norm { x, gamma, beta, out, .. } => {
                 [Some(x), Some(gamma), beta.as_ref(), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add))
             }

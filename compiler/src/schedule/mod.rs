@@ -354,6 +354,22 @@ pub enum Kernel {
         /// Dense result.
         out: View,
     },
+    /// Causal linear attention ([`crate::ir::Op::PrefixAttention`]) in blocks of
+    /// [`PREFIX_BLOCK`] positions, one batch index per work item: per block, the products of the
+    /// block with the `D × Dv` state of the earlier blocks and within the block, then the state
+    /// update. `q`, `k`, `v` and `out` are dense f32, `[.., S, D]` and `[.., S, Dv]`.
+    PrefixAttention {
+        /// Queries.
+        q: View,
+        /// Keys.
+        k: View,
+        /// Values.
+        v: View,
+        /// Each position attends to itself and the later ones.
+        reverse: bool,
+        /// Dense f32 result.
+        out: View,
+    },
     /// The stable sorting permutation of `x` along `axis` (i32), one row per work item.
     ArgSort {
         /// The operand.
@@ -412,6 +428,7 @@ impl Kernel {
             Kernel::Softmax { .. } => "softmax",
             Kernel::Scan { op, .. } => op.name(),
             Kernel::ArgSort { .. } => "argsort",
+            Kernel::PrefixAttention { .. } => "prefix_attention",
             Kernel::ScatterAdd { .. } => "scatter_add",
             Kernel::Norm { .. } => "norm",
             Kernel::Flash(_) => "flash",
@@ -421,6 +438,10 @@ impl Kernel {
         }
     }
 }
+
+/// Positions per block of a [`Kernel::PrefixAttention`] step (the CPU's products; CUDA runs
+/// position by position).
+pub const PREFIX_BLOCK: i64 = 64;
 
 /// The operands, layout and analyses of a flash step (shared by its merge step).
 #[derive(Clone, Debug, PartialEq)]

@@ -313,6 +313,8 @@ impl Preparing<'_> {
                 product(&others, env)?
             }
             (Kernel::Norm { out, .. }, _) => rows(&out.shape)?,
+            // One batch index per item.
+            (Kernel::PrefixAttention { out, .. }, _) => product(&out.shape[..out.shape.len().saturating_sub(2)], env)?,
             (Kernel::Flash(f), _) => self.flash(s, f)?,
             (Kernel::FlashMerge(f), _) => {
                 let get = |t| self.tuning.get(&(f.step, t)).copied().unwrap_or(0);

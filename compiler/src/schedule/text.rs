@@ -110,6 +110,12 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
         Kernel::ScatterAdd { base, idx, src, axis, out: o } => {
             writeln!(out, "scatter_add along axis {axis}\n  base = {base}\n  idx = {idx}\n  src = {src}\n  out = {o}")?
         }
+        Kernel::PrefixAttention { q, k, v, reverse, out: o } => writeln!(
+            out,
+            "prefix_attention{} in blocks of {}\n  q = {q}\n  k = {k}\n  v = {v}\n  out = {o}",
+            if *reverse { ", reverse" } else { "" },
+            super::PREFIX_BLOCK
+        )?,
         Kernel::ArgSort { x, axis, descending, out: o } => {
             writeln!(out, "argsort along axis {axis}{}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?
         }

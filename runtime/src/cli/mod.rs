@@ -304,11 +304,15 @@ fn backward_summary(entry: &str, backward: &Result<Vec<String>, String>) -> Stri
             format!("backward of `{entry}`: no attention was fused in the forward pass, so every op is differentiated by its own rule")
         }
         Ok(lines) => {
-            let mut out = format!(
-                "backward of `{entry}`: fused ({} flash backward{}; each recomputes the weights tile by tile from q, k and the log-sum-exp the forward saves: no score-sized buffer)",
-                lines.len(),
-                if lines.len() == 1 { "" } else { "s" }
-            );
+            let flash = lines.iter().filter(|l| l.starts_with("flash backward")).count();
+            let mut out = if flash == 0 {
+                format!("backward of `{entry}`: fused")
+            } else {
+                format!(
+                    "backward of `{entry}`: fused ({flash} flash backward{}; each recomputes the weights tile by tile from q, k and the log-sum-exp the forward saves: no score-sized buffer)",
+                    if flash == 1 { "" } else { "s" }
+                )
+            };
             for l in lines {
                 out.push_str(&format!("\n  {l}"));
             }

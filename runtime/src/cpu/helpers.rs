@@ -64,6 +64,39 @@ pub unsafe extern "C" fn attnc_argsort_row(x: *const u8, x_stride: i64, n: i64, 
     }
 }
 
+/// Causal linear attention for one batch index ([`crate::kernels::prefix_attention`]): dense
+/// f32 `q`, `k` (`s × d`), `v`, `out` (`s × dv`), blocks of `block` positions, from the end when
+/// `reverse` is non-zero.
+///
+/// # Safety
+/// The pointers address those dense matrices (generated code passes one batch index of views it
+/// owns).
+pub unsafe extern "C" fn attnc_prefix_attention(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    out: *mut f32,
+    s: i64,
+    d: i64,
+    dv: i64,
+    block: i64,
+    reverse: i32,
+) {
+    let size = |n: i64| usize::try_from(n).unwrap_or(0);
+    let (s, d, dv) = (size(s), size(d), size(dv));
+    // SAFETY: the caller's contract.
+    let (q, k, v, out) = unsafe {
+        (
+            std::slice::from_raw_parts(q, s * d),
+            std::slice::from_raw_parts(k, s * d),
+            std::slice::from_raw_parts(v, s * dv),
+            std::slice::from_raw_parts_mut(out, s * dv),
+        )
+    };
+    // The slices are exactly the sizes asked for, so this cannot fail.
+    let _ = crate::kernels::prefix_attention(q, k, v, out, (s, d, dv), size(block), reverse != 0);
+}
+
 /// The helpers as `(symbol name, address)`, for the JIT to register.
 pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
@@ -75,5 +108,6 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_rem_f64", attnc_rem_f64 as *const u8),
         ("attnc_round_f16", attnc_round_f16 as *const u8),
         ("attnc_argsort_row", attnc_argsort_row as *const u8),
+        ("attnc_prefix_attention", attnc_prefix_attention as *const u8),
     ]
 }

@@ -23,6 +23,7 @@ mod gemv;
 mod lanes;
 mod peak;
 mod portable;
+mod prefix;
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
@@ -39,6 +40,7 @@ use thiserror::Error;
 
 pub use gemm::Layout;
 pub use peak::{PEAK_RUNS, one_run as peak_run, peak_gflops};
+pub use prefix::prefix_attention;
 
 /// An instruction-set path of the kernels, ordered from the most portable to the widest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -72,6 +72,11 @@ pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], 
 /// with bit 0): `(x, x_stride, n, out, out_stride, flags)`, strides in elements.
 pub const ARGSORT_ROW: Import = Import { name: "attnc_argsort_row", params: &[I64, I64, I64, I64, I64, I32], returns: &[] };
 
+/// Causal linear attention of one batch index: `(q, k, v, out, s, d, dv, block, reverse)`, dense
+/// f32 (see the runtime's `attnc_prefix_attention`).
+pub const PREFIX_ATTENTION: Import =
+    Import { name: "attnc_prefix_attention", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I32], returns: &[] };
+
 /// Every symbol generated code may import.
 pub const IMPORTS: &[Import] = &[
     SGEMM_NT,
@@ -93,6 +98,7 @@ pub const IMPORTS: &[Import] = &[
     REM,
     ROUND_F16,
     ARGSORT_ROW,
+    PREFIX_ATTENTION,
 ];
 
 impl Import {

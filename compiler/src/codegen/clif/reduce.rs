@@ -444,3 +444,30 @@ pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usiz
         });
     });
 }
+
+/// Causal linear attention, one batch index per work item, by the runtime's
+/// `attnc_prefix_attention` ([`abi::PREFIX_ATTENTION`]) on dense f32 views.
+pub fn emit_prefix_attention(fx: &mut Fx, q: &View, k: &View, v: &View, reverse: bool, out: &View) {
+    let r = q.shape.len();
+    let (qb, _) = fx.view_base(q);
+    let (kb, _) = fx.view_base(k);
+    let (vb, _) = fx.view_base(v);
+    let (ob, _) = fx.view_base(out);
+    let dims = fx.dims(&q.shape);
+    let dv = fx.dim(&v.shape[r - 1]);
+    let (s, d) = (dims[r - 2], dims[r - 1]);
+    let qk_item = fx.mul(s, d);
+    let v_item = fx.mul(s, dv);
+    let block = fx.i64(crate::schedule::PREFIX_BLOCK);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let qk_off = fx.mul(w, qk_item);
+        let v_off = fx.mul(w, v_item);
+        let qp = fx.elem_addr(qb, qk_off);
+        let kp = fx.elem_addr(kb, qk_off);
+        let vp = fx.elem_addr(vb, v_off);
+        let op = fx.elem_addr(ob, v_off);
+        let reverse = fx.b.ins().iconst(types::I32, i64::from(reverse));
+        fx.call(abi::PREFIX_ATTENTION, &[qp, kp, vp, op, s, d, dv, block, reverse]);
+    });
+}

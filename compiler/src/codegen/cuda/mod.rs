@@ -134,6 +134,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::ScatterAdd { base, idx, src, axis, out } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out),
             Kernel::ArgSort { x, axis, descending, out } => rows::argsort(&ints, &items, x, *axis, *descending, out),
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
+            Kernel::PrefixAttention { q, k, v, reverse, out } => rows::prefix_attention(&ints, &items, q, k, v, *reverse, out),
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&ints, &items, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),

@@ -317,3 +317,61 @@ pub(super) fn norm(
     item.push("}".into());
     Ok(rows(items, item))
 }
+
+/// The kernel of a causal linear attention step: one batch index per warp, lanes over the value
+/// columns. For each key width index `x` a running `Σ_{j ≤ i} k_j[x] v_j[e]` (in double, from
+/// the end when `reverse`) adds `q_i[x]` times itself into `out_i[e]`: O(S·D) per column, no
+/// state beyond a register. Correctness first: the CPU runs the blocked products instead.
+pub(super) fn prefix_attention(
+    ints: &Ints,
+    items: &str,
+    q: &View,
+    k: &View,
+    v: &View,
+    reverse: bool,
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let r = q.shape.len();
+    let (s, d, dv) = (ints.dim(&q.shape[r - 2])?, ints.dim(&q.shape[r - 1])?, ints.dim(&v.shape[r - 1])?);
+    let at = |x: &View, item: &str| -> Result<String, CudaEmitError> { Ok(format!("{} + w_ * {item}", ints.dim(&x.offset)?)) };
+    let item = vec![
+        format!("const i64 s_ = {s}, d_ = {d}, dv_ = {dv};"),
+        format!(
+            "const i64 q0_ = {}, k0_ = {}, v0_ = {}, o0_ = {};",
+            at(q, "s_ * d_")?,
+            at(k, "s_ * d_")?,
+            at(v, "s_ * dv_")?,
+            at(out, "s_ * dv_")?
+        ),
+        "for (i64 e_ = lane_; e_ < dv_; e_ += 32) {".into(),
+        "  for (i64 i_ = 0; i_ < s_; ++i_) {".into(),
+        format!("    {}", store(out.buf, DType::F32, "o0_ + i_ * dv_ + e_", "0.0f")),
+        "  }".into(),
+        "  for (i64 x_ = 0; x_ < d_; ++x_) {".into(),
+        "    double acc_ = 0.0;".into(),
+        "    for (i64 t_ = 0; t_ < s_; ++t_) {".into(),
+        format!("      const i64 i_ = {};", if reverse { "s_ - 1 - t_" } else { "t_" }),
+        format!(
+            "      acc_ += (double){} * (double){};",
+            load(k.buf, DType::F32, "k0_ + i_ * d_ + x_"),
+            load(v.buf, DType::F32, "v0_ + i_ * dv_ + e_")
+        ),
+        format!(
+            "      {}",
+            store(
+                out.buf,
+                DType::F32,
+                "o0_ + i_ * dv_ + e_",
+                &format!(
+                    "{} + (float)((double){} * acc_)",
+                    load(out.buf, DType::F32, "o0_ + i_ * dv_ + e_"),
+                    load(q.buf, DType::F32, "q0_ + i_ * d_ + x_")
+                )
+            )
+        ),
+        "    }".into(),
+        "  }".into(),
+        "}".into(),
+    ];
+    Ok(rows(items, item))
+}

@@ -10,6 +10,7 @@ pub mod algebra;
 pub mod assoc;
 pub mod fusion;
 pub mod layout;
+pub mod scan;
 
 use super::lang::{EG, ENode, Types};
 use crate::ir::{Op, TensorType, infer};
