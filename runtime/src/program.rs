@@ -205,6 +205,8 @@ impl RunError {
 
 /// The code of a run-time error shown against the source (see `docs/diagnostics.md`).
 pub const INPUT_MISMATCH: &str = "E0401";
+/// The code of an index out of range at run time (a gather, `take_along`, `scatter_add`).
+pub const INDEX_OUT_OF_RANGE: &str = "E0402";
 
 impl From<crate::cuda::CudaError> for RunError {
     /// Input problems become [`RunError::Interp`], as on the interpreter.
@@ -333,6 +335,13 @@ impl Program {
     /// when `given` (name, dtype, shape of each input) holds it. `None` when the error is about
     /// no parameter.
     pub fn run_error_diagnostic(&self, entry: &str, err: &RunError, given: &[(String, DType, Vec<usize>)]) -> Option<Diagnostic> {
+        if let RunError::Interp(InterpError::IndexOutOfRange { span: Some(span), index, axis, size, .. }) = err {
+            let what = format!("index {index} is out of range for axis {axis} of size {size}");
+            return Some(
+                Diagnostic::error(INDEX_OUT_OF_RANGE, what, *span, format!("indexed here: every index must lie in 0..{size}"))
+                    .with_help("indices are never clamped or wrapped; `clamp(i, 0, n - 1)` in the program clamps them explicitly"),
+            );
+        }
         let param = err.param()?;
         let graph = self.graph(entry).ok()?;
         let node = graph.params().iter().map(|p| graph.node(*p)).find(|n| matches!(&n.op, Op::Param(name) if name == param))?;

@@ -536,8 +536,8 @@ fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2
 
 #[test]
 fn scatter_add_matches_the_interpreter_bit_for_bit() {
-    // Along a leading and a trailing axis, f32 and f16, repeated and out-of-range positions
-    // (random i32 inputs are ids in [0, 4), against 3 rows).
+    // Along a leading and a trailing axis, f32 and f16, repeated positions (random i32 inputs
+    // are ids in [0, 4), against 4 rows and 5 columns).
     let src = "
 fn scatter(b: f32[N, E], i: i32[M, E], s: f32[M, E], h: f16[N, E], j: i32[N, M]) -> (a: f32[N, E], c: f16[N, E], t: f32[N, E]) {
     return scatter_add(b, i, s, axis = 0), scatter_add(h, i, cast(s, f16), axis = 0), scatter_add(b, j, cast(j, f32) * 0.25 - 0.5, axis = 1)
@@ -545,6 +545,80 @@ fn scatter(b: f32[N, E], i: i32[M, E], s: f32[M, E], h: f16[N, E], j: i32[N, M])
     same_bits_as_interpreter(
         src,
         "scatter",
-        &[(1, &[("N", 3), ("E", 5), ("M", 1)]), (2, &[("N", 3), ("E", 5), ("M", 7)]), (3, &[("N", 3), ("E", 5), ("M", 130)])],
+        &[(1, &[("N", 4), ("E", 5), ("M", 1)]), (2, &[("N", 4), ("E", 5), ("M", 7)]), (3, &[("N", 4), ("E", 5), ("M", 130)])],
     );
+}
+
+/// An index error's axis, index and the axis' size.
+type Fault = Option<(usize, i64, usize)>;
+
+/// The (axis, index, size) of an index error, or `None` for another outcome.
+fn index_fault(r: &Result<Vec<Tensor>, attn_compiler::interp::InterpError>) -> Fault {
+    match r {
+        Err(attn_compiler::interp::InterpError::IndexOutOfRange { axis, index, size, span: Some(_), .. }) => Some((*axis, *index, *size)),
+        _ => None,
+    }
+}
+
+#[test]
+fn indices_out_of_range_are_errors_like_the_interpreters() {
+    // A gather, take_along, scatter_add, and a score lookup the optimizer cannot prove in range
+    // (`i - j` is negative above the diagonal), which must fail even though the flash kernel
+    // skips the masked tiles.
+    let src = "
+fn g(t: f32[N, E], i: i32[M], x: f32[M, E], j: i32[M, 1]) -> f32[M, E] {
+    return t[i] + take_along(x, j, axis = 1)
+}
+fn s(b: f32[N, E], i: i32[M, E], v: f32[M, E]) -> f32[N, E] {
+    return scatter_add(b, i, v, axis = 0)
+}
+fn a(q: f32[H, S, D], k: f32[H, S, D], v: f32[H, S, D], rel: f32[H, S]) -> f32[H, S, D] {
+    let sc = q @ k.T
+    let (h, i, j) = indices(sc)
+    return softmax(where(j <= i, sc + rel[h, i - j], -inf), axis = -1) @ v
+}";
+    let program = Program::from_source(src, "ix.attn").expect("compiles");
+    // The attention still fuses, but its lookup is not folded into the flash loads: it is
+    // materialised by a checked gather over every (h, i, j), masked or not.
+    let optimized = attn_compiler::opt::optimize_module(program.module()).0;
+    let a = optimized.graphs.iter().find(|g| g.name == "a").expect("graph");
+    assert!(a.values().any(|v| matches!(a.node(v).op, Op::Gather)), "the unproven lookup stays a gather:\n{a}");
+    let f = |shape: Vec<usize>, v: Vec<f32>| Tensor::f32(shape, v).expect("tensor");
+    let int = |shape: Vec<usize>, v: Vec<i32>| Tensor::i32(shape, v).expect("tensor");
+    let table = f(vec![3, 2], (0..6).map(|v| v as f32).collect());
+    let x = f(vec![4, 2], (0..8).map(|v| v as f32).collect());
+    let cases: Vec<(&str, Vec<Tensor>, Fault)> = vec![
+        ("g", vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])], None),
+        ("g", vec![table.clone(), int(vec![4], vec![0, 3, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])], Some((0, 3, 3))),
+        ("g", vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, -1, 0])], Some((1, -1, 2))),
+        ("s", vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 2, 0, 0, 1, 1]), x.clone()], None),
+        ("s", vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 5, 0, 0, 1, 1]), x.clone()], Some((0, 5, 3))),
+    ];
+    for (entry, inputs, fault) in cases {
+        let dims = HashMap::new();
+        let want = interp::run(program.graph(entry).expect("graph"), &inputs, &dims);
+        assert_eq!(index_fault(&want), fault, "{entry}: interpreter");
+        for threads in [1, 2] {
+            let cpu = program.compile_cpu(entry, &CpuOptions { threads }).expect("cpu");
+            let got = cpu.run_tensors(&inputs, &dims).map_err(|e| match e {
+                CpuError::Input(e) => e,
+                e => panic!("{entry}: {e}"),
+            });
+            assert_eq!(index_fault(&got), fault, "{entry}, {threads} thread(s): cpu");
+            if let (Ok(got), Ok(want)) = (&got, &want) {
+                assert!(same_bits(got, want), "{entry}: cpu differs");
+            }
+        }
+    }
+    // The attention's lookup: position (i, j) reads rel[h, i - j], negative above the diagonal.
+    let g = program.graph("a").expect("graph");
+    let dims: HashMap<String, i64> = [("H", 2), ("S", 5), ("D", 4)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let inputs: Vec<Tensor> = program.random_inputs("a", 3, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    assert_eq!(index_fault(&interp::run(g, &inputs, &dims)), Some((1, -1, 5)));
+    let cpu = program.compile_cpu("a", &CpuOptions { threads: 1 }).expect("cpu");
+    let got = cpu.run_tensors(&inputs, &dims).map_err(|e| match e {
+        CpuError::Input(e) => e,
+        e => panic!("a: {e}"),
+    });
+    assert_eq!(index_fault(&got), Some((1, -1, 5)));
 }

@@ -130,13 +130,20 @@ pub enum InterpError {
         /// The axis' size.
         size: usize,
     },
-    /// A gather from a table with an empty axis (there is no element to clamp an index to).
-    #[error("{node}: cannot gather from axis {axis} of the table, which is empty")]
-    GatherEmpty {
-        /// The gather node.
+    /// An index outside its axis, in a gather (`table[idx]`, `take_along`, …) or a
+    /// `scatter_add`: never clamped, never read out of bounds.
+    #[error("{node}: index {index} is out of range for axis {axis} of size {size}")]
+    IndexOutOfRange {
+        /// The indexing node (`%N (gather)`).
         node: String,
-        /// The empty axis.
+        /// Where the indexing is written in the source, when known.
+        span: Option<attn_dsl::Span>,
+        /// The indexed axis of the table (gather) or the result (scatter_add).
         axis: usize,
+        /// The index given.
+        index: i64,
+        /// The axis' size.
+        size: usize,
     },
     /// Integer overflow while evaluating a symbolic dim.
     #[error("integer overflow evaluating {what}")]

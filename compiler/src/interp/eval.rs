@@ -60,7 +60,12 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
                     vals[o.index()].as_ref().ok_or_else(|| InterpError::Internal(format!("{label}: operand %{} is missing", o.index())))
                 })
                 .collect::<Result<Vec<&Val>, InterpError>>()?;
-            eval_node(node, &args, shape.clone(), &env, &label)?
+            eval_node(node, &args, shape.clone(), &env, &label).map_err(|e| match e {
+                InterpError::IndexOutOfRange { node: n, span: None, axis, index, size } => {
+                    InterpError::IndexOutOfRange { node: n, span: node.span, axis, index, size }
+                }
+                e => e,
+            })?
         };
         if val.shape != shape {
             return Err(InterpError::ShapeMismatch { node: label, expected: shape, actual: val.shape });

@@ -158,8 +158,9 @@ pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, 
     Ok(Val::new(dtype, shape, out))
 }
 
-/// `base` plus every `src` element at the (clamped) position `idx` names along `axis`, in
-/// order, each sum rounded to the element type ([`Op::ScatterAdd`](crate::ir::Op::ScatterAdd)).
+/// `base` plus every `src` element at the position `idx` names along `axis`, in order, each sum
+/// rounded to the element type ([`Op::ScatterAdd`](crate::ir::Op::ScatterAdd)); a position
+/// outside the axis is an error ([`InterpError::IndexOutOfRange`]).
 pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, InterpError> {
     if axis >= base.shape.len() || src.shape.len() != base.shape.len() || idx.shape != src.shape {
         return Err(bad(node, format!("scatter_add shapes {:?}, {:?}, {:?} do not fit", base.shape, idx.shape, src.shape)));
@@ -170,14 +171,15 @@ pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: 
         return Err(bad(node, format!("scatter_add values {:?} do not match {:?}", src.shape, base.shape)));
     }
     let mut out = base.data.clone();
-    if n == 0 {
-        return Ok(Val::new(dtype, base.shape.clone(), out));
-    }
     for o in 0..outer {
         for j in 0..inner {
             for i in 0..m {
                 let at = (o * m + i) * inner + j;
-                let t = (idx.data[at] as i64).clamp(0, n as i64 - 1) as usize;
+                let t = idx.data[at] as i64;
+                if t < 0 || t >= n as i64 {
+                    return Err(InterpError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: t, size: n });
+                }
+                let t = t as usize;
                 let to = (o * n + t) * inner + j;
                 out[to] = dtype.round(out[to] + src.data[at]);
             }

@@ -81,8 +81,8 @@ pub(super) fn concat(args: &[&Val], axis: usize, dtype: DType, node: &str) -> Re
     Ok(Val::new(dtype, shape, out))
 }
 
-/// `table[i0, i1, ...]`: one index tensor per table axis, broadcast together; each index is
-/// clamped into `[0, size - 1]` of its axis.
+/// `table[i0, i1, ...]`: one index tensor per table axis, broadcast together; an index outside
+/// `[0, size)` of its axis is an error ([`InterpError::IndexOutOfRange`]).
 pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) -> Result<Val, InterpError> {
     if indices.len() != table.shape.len() {
         return Err(bad(
@@ -100,20 +100,22 @@ pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) ->
     let mut offsets = filled(n, 0usize, node)?;
     for (axis, idx) in indices.iter().enumerate() {
         let size = table.shape[axis];
-        if size == 0 {
-            if n == 0 {
-                continue;
-            }
-            return Err(InterpError::GatherEmpty { node: node.to_string(), axis });
-        }
         let strides = broadcast_strides(&idx.shape, &row_major_strides(&idx.shape), &shape);
         let mut pos = 0;
+        let mut bad = None;
         walk(&shape, [&strides], |[o]| {
-            // `max`/`min` also send a NaN index (only possible in an ill-typed graph) to 0.
-            let i = idx.data[o].max(0.0).min((size - 1) as f64) as usize;
-            offsets[pos] += i * table_strides[axis];
+            let i = idx.data[o];
+            // A NaN index (only possible in an ill-typed graph) is out of range too.
+            if !(i >= 0.0 && i < size as f64) {
+                bad = bad.or(Some(i));
+            } else {
+                offsets[pos] += i as usize * table_strides[axis];
+            }
             pos += 1;
         });
+        if let Some(i) = bad {
+            return Err(InterpError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: i as i64, size });
+        }
     }
     let out = offsets.iter().map(|o| table.data[*o]).collect();
     Ok(Val::new(dtype, shape, out))

@@ -316,6 +316,17 @@ impl Lowering<'_> {
         }
     }
 
+    /// A new checked indexing site for node `v`, and the fault record it reports into.
+    fn site(&mut self, v: Value) -> usize {
+        if self.plan.fault.is_none() {
+            let b = self.buffer(BufferKind::Fault, DType::I32, Dim::constant(super::FAULT_WORDS), v);
+            self.plan.fault = Some(b);
+        }
+        let site = super::Site { label: format!("%{} ({})", self.numbers[v.index()], self.g.node(v).op.name()), span: self.g.node(v).span };
+        self.plan.sites.push(site);
+        self.plan.sites.len() - 1
+    }
+
     fn buffer(&mut self, kind: BufferKind, dtype: DType, elems: Dim, v: Value) -> usize {
         self.plan.buffers.push(Buffer { kind, dtype, elems, value: self.numbers[v.index()] });
         self.plan.buffers.len() - 1
@@ -403,7 +414,7 @@ impl Lowering<'_> {
                 for k in 1..args.len() {
                     idx.push(*sub(self, k, inputs)?);
                 }
-                Expr::Gather(t, idx, dtype)
+                Expr::Gather(t, idx, dtype, self.site(v))
             }
             _ => {
                 let view = self.view(v)?;
@@ -550,7 +561,8 @@ impl Lowering<'_> {
             Op::ScatterAdd { axis } => {
                 let (base, idx, src) = (self.view(args[0])?, self.view(args[1])?, self.view(args[2])?);
                 let out = self.temp(v, ty.dtype, &ty.shape);
-                self.step(Kernel::ScatterAdd { base, idx, src, axis: *axis, out: out.clone() }, label, v);
+                let site = self.site(v);
+                self.step(Kernel::ScatterAdd { base, idx, src, axis: *axis, out: out.clone(), site }, label, v);
                 Ok(out)
             }
             Op::ArgSort { axis, descending } => {

@@ -151,6 +151,23 @@ pub enum BufferKind {
         /// The flash step.
         step: usize,
     },
+    /// The run's fault record, four i32 ([`FAULT_WORDS`]): `site + 1` of the first index found
+    /// out of range (0: none), its axis, the index and the axis' size. Zeroed before each run
+    /// and read after it ([`Schedule::fault_error`]); kernels record into it and read clamped.
+    Fault,
+}
+
+/// The i32 words of the fault record ([`BufferKind::Fault`]).
+pub const FAULT_WORDS: i64 = 4;
+
+/// An indexing op whose indices are checked at run time (a gather or a scatter-add), named in
+/// the error a bad index gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Site {
+    /// `%N op`.
+    pub label: String,
+    /// Where it is written, when known.
+    pub span: Option<Span>,
 }
 
 /// One buffer. Its element count is symbolic, except for tile tables and partial states, which
@@ -254,8 +271,9 @@ pub enum Expr {
     Select(Box<Expr>, Box<Expr>, Box<Expr>, DType),
     /// Conversion to a type.
     Cast(Box<Expr>, DType),
-    /// `table[idx...]` with clamped indices; `table` is input `.0`.
-    Gather(usize, Vec<Expr>, DType),
+    /// `table[idx...]`; `table` is input `.0`. An index out of range is recorded as a fault of
+    /// site `.3` ([`Schedule::sites`]) and read clamped.
+    Gather(usize, Vec<Expr>, DType, usize),
 }
 
 impl Expr {
@@ -264,7 +282,7 @@ impl Expr {
         match self {
             Expr::Load(k) => input(*k),
             Expr::Const(_, t) | Expr::Unary(_, _, t) | Expr::Binary(_, _, _, t) | Expr::Select(_, _, _, t) | Expr::Cast(_, t) => *t,
-            Expr::Gather(_, _, t) => *t,
+            Expr::Gather(_, _, t, _) => *t,
             Expr::Dim(_) | Expr::Iota { .. } => DType::I32,
         }
     }
@@ -283,7 +301,7 @@ impl Expr {
                 a.visit(f);
                 b.visit(f);
             }
-            Expr::Gather(_, idx, _) => idx.iter().for_each(|e| e.visit(f)),
+            Expr::Gather(_, idx, ..) => idx.iter().for_each(|e| e.visit(f)),
             Expr::Load(_) | Expr::Const(..) | Expr::Dim(_) | Expr::Iota { .. } => {}
         }
     }
@@ -394,6 +412,8 @@ pub enum Kernel {
         axis: usize,
         /// Dense result, `base`'s shape.
         out: View,
+        /// The site a position out of range is recorded as ([`Schedule::sites`]).
+        site: usize,
     },
     /// Layer norm (`beta` given) or RMS norm over the last axis.
     Norm {
@@ -609,9 +629,27 @@ pub struct Schedule {
     pub params: Vec<BufSlot>,
     /// Bounds to check per run shape.
     pub checks: Vec<Check>,
+    /// The fault record, when a kernel checks indices ([`BufferKind::Fault`]).
+    pub fault: Option<BufSlot>,
+    /// The checked indexing ops, by site number.
+    pub sites: Vec<Site>,
 }
 
 impl Schedule {
+    /// The error a fault record read back after a run describes, or `None` when it records no
+    /// fault.
+    pub fn fault_error(&self, record: [i32; 4]) -> Option<crate::interp::InterpError> {
+        let site = usize::try_from(record[0]).ok()?.checked_sub(1)?;
+        let (label, span) = self.sites.get(site).map_or(("?".to_string(), None), |s| (s.label.clone(), s.span));
+        Some(crate::interp::InterpError::IndexOutOfRange {
+            node: label,
+            span,
+            axis: usize::try_from(record[1]).unwrap_or(0),
+            index: i64::from(record[2]),
+            size: usize::try_from(record[3]).unwrap_or(0),
+        })
+    }
+
     /// An empty schedule.
     fn new(name: &str, target: Target) -> Schedule {
         Schedule {
@@ -623,6 +661,8 @@ impl Schedule {
             outputs: Vec::new(),
             params: Vec::new(),
             checks: Vec::new(),
+            fault: None,
+            sites: Vec::new(),
         }
     }
 

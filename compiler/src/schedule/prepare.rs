@@ -44,6 +44,15 @@ pub enum PrepareError {
         /// The axis' size.
         size: i64,
     },
+    /// A flash op's extra operand (a table its score reads) is empty while the op has scores:
+    /// every index into it is out of range.
+    #[error("flash step {step}: its extra operand x{operand} is empty, so no index into it is in range")]
+    EmptyOperand {
+        /// The flash step.
+        step: usize,
+        /// Which extra operand.
+        operand: usize,
+    },
     /// A buffer with more elements than any target holds.
     #[error("{what} would have {elements} elements (the limit is {limit})")]
     TooLarge {
@@ -393,6 +402,15 @@ impl Preparing<'_> {
         let (m, n, d, dv) = (size(&m, env)?, size(&n, env)?, size(&d, env)?, size(&dv, env)?);
         let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
         let batch = product(f.batch(), env)?;
+        // Loads read clamped indices the optimizer proved in range, for non-empty tables: an
+        // empty one has none (the kernels would read outside it).
+        if batch > 0 && m > 0 && n > 0 {
+            for (operand, x) in f.extras.iter().enumerate() {
+                if product(&x.shape, env)? == 0 {
+                    return Err(PrepareError::EmptyOperand { step: s, operand });
+                }
+            }
+        }
         let blocks = match self.policy {
             Policy::Cpu(cpu) => cpu_blocks(cpu, m, n, batch, f.spec.mask.is_some()),
             Policy::Cuda(cuda) => self.cuda_blocks(cuda, s, f, (m, n, d, dv), batch)?,

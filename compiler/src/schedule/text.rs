@@ -39,7 +39,7 @@ impl fmt::Display for Expr {
             },
             Expr::Select(c, a, b, _) => write!(f, "where({c}, {a}, {b})"),
             Expr::Cast(a, t) => write!(f, "cast({a}, {t})"),
-            Expr::Gather(t, idx, _) => {
+            Expr::Gather(t, idx, ..) => {
                 let idx: Vec<String> = idx.iter().map(|e| e.to_string()).collect();
                 write!(f, "in{t}[{}]", idx.join(", "))
             }
@@ -65,6 +65,7 @@ impl fmt::Display for Schedule {
                 BufferKind::Temp => "temp".to_string(),
                 BufferKind::TileTable { step } => format!("tile table of step {step}"),
                 BufferKind::Partials { step } => format!("partial states of step {step}"),
+                BufferKind::Fault => "fault record (index checks)".to_string(),
             };
             match b.kind {
                 BufferKind::TileTable { .. } | BufferKind::Partials { .. } => {
@@ -107,7 +108,7 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
         }
         Kernel::Reduce { x, op, axes, out: o } => writeln!(out, "reduce {op:?} over axes {axes:?}\n  x = {x}\n  out = {o}")?,
         Kernel::Softmax { x, axis, out: o } => writeln!(out, "softmax over axis {axis}\n  x = {x}\n  out = {o}")?,
-        Kernel::ScatterAdd { base, idx, src, axis, out: o } => {
+        Kernel::ScatterAdd { base, idx, src, axis, out: o, .. } => {
             writeln!(out, "scatter_add along axis {axis}\n  base = {base}\n  idx = {idx}\n  src = {src}\n  out = {o}")?
         }
         Kernel::PrefixAttention { q, k, v, reverse, out: o } => writeln!(

@@ -97,6 +97,28 @@ pub unsafe extern "C" fn attnc_prefix_attention(
     let _ = crate::kernels::prefix_attention(q, k, v, out, (s, d, dv), size(block), reverse != 0);
 }
 
+/// Records an index out of range in a run's fault record (`site + 1`, axis, index, size as
+/// i32; the first fault wins, later ones leave it as it is).
+///
+/// # Safety
+/// `record` addresses the run's four-word fault record (generated code passes the
+/// `BufferKind::Fault` buffer), which outlives the run's threads.
+pub unsafe extern "C" fn attnc_index_fault(record: *mut i32, site: i64, axis: i64, index: i64, size: i64) {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    let word = |k: usize| {
+        // SAFETY: the record holds four aligned i32 words; other threads touch them only
+        // through these atomics.
+        unsafe { AtomicI32::from_ptr(record.add(k)) }
+    };
+    let tag = i32::try_from(site.saturating_add(1)).unwrap_or(i32::MAX);
+    if word(0).compare_exchange(0, tag, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        let clip = |x: i64| i32::try_from(x).unwrap_or(if x < 0 { i32::MIN } else { i32::MAX });
+        word(1).store(clip(axis), Ordering::Relaxed);
+        word(2).store(clip(index), Ordering::Relaxed);
+        word(3).store(clip(size), Ordering::Relaxed);
+    }
+}
+
 /// The helpers as `(symbol name, address)`, for the JIT to register.
 pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
@@ -109,5 +131,6 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_round_f16", attnc_round_f16 as *const u8),
         ("attnc_argsort_row", attnc_argsort_row as *const u8),
         ("attnc_prefix_attention", attnc_prefix_attention as *const u8),
+        ("attnc_index_fault", attnc_index_fault as *const u8),
     ]
 }

@@ -412,6 +412,8 @@ impl CpuProgram {
                 _ => TensorData::F32(vec![0.0; prepared.elems[*b]]),
             })
             .collect();
+        // The fault record of checked indices: zero, then what the first bad index wrote.
+        let mut fault = [0i32; 4];
         let mut bufs: Vec<*mut u8> = vec![std::ptr::null_mut(); plan.buffers.len()];
         for (b, buf) in plan.buffers.iter().enumerate() {
             bufs[b] = match buf.kind {
@@ -434,6 +436,7 @@ impl CpuProgram {
                 BufferKind::TileTable { .. } | BufferKind::Partials { .. } => {
                     state.side.get(&b).map_or(std::ptr::null_mut(), |m| m.as_ptr())
                 }
+                BufferKind::Fault => fault.as_mut_ptr() as *mut u8,
             };
         }
         let work = prepared.work(plan);
@@ -448,6 +451,9 @@ impl CpuProgram {
         let args =
             exec::Args { bufs: bufs.as_ptr(), ints: prepared.ints.as_ptr(), scratch: scratch_ptr, scratch_bytes: prepared.scratch_bytes };
         exec::run(&work, &self.code.funcs, args, threads).map_err(|e| CpuError::Spawn { threads, reason: e.to_string() })?;
+        if let Some(e) = plan.fault_error(fault) {
+            return Err(CpuError::Input(e));
+        }
         drop(scratch);
         drop(guard);
 

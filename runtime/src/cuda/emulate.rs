@@ -93,6 +93,9 @@ ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { volatile double m = a * b; return m + c; }
 ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
+ATTNC_DEV int attnc_cas(int* p, int expected, int value) {
+  __atomic_compare_exchange_n(p, &expected, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return expected;
+}
 // mma.sync.m16n8k16.row.col: lane L (g = L / 4, t = L % 4) holds A rows g and g+8, columns
 // 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3); B rows 2t, 2t+1 (reg 0) and 2t+8, 2t+9
 // (reg 1) of column g; C/D rows g (0, 1) and g+8 (2, 3), columns 2t, 2t+1. Low half first.
@@ -324,7 +327,15 @@ pub(crate) fn emulate_schedule(
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;
     let mut uploads: Vec<(usize, Vec<u8>)> = s.params.iter().zip(inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();
     uploads.extend(prep.tables.iter().cloned());
-    let raw = emulate(&program, &Run { prep: &prep, buffer_bytes: &bytes, launches: &ready, uploads, outputs: &s.outputs }, dir)?;
+    // The fault record is read back after the outputs (the buffers start zeroed).
+    let read: Vec<usize> = s.outputs.iter().copied().chain(s.fault).collect();
+    let mut raw = emulate(&program, &Run { prep: &prep, buffer_bytes: &bytes, launches: &ready, uploads, outputs: &read }, dir)?;
+    if s.fault.is_some() {
+        let record = raw.pop().unwrap_or_default();
+        if let Some(e) = s.fault_error(super::host::fault_words(&record)) {
+            return Err(e.to_string());
+        }
+    }
     s.outputs
         .iter()
         .zip(raw)

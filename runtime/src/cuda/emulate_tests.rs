@@ -300,3 +300,63 @@ fn flash_backward_kernels_run_emulated_like_the_interpreter() {
     let failures = run_jobs(jobs);
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Gathers (`t[i]`, `take_along`) and scatter-adds record an index out of range in the fault
+/// record, and the run gives the interpreter's error; in range, the results are the
+/// interpreter's.
+#[test]
+fn index_faults_are_errors_like_the_interpreters() {
+    if !compiler_or_skip("index_faults_are_errors_like_the_interpreters") {
+        return;
+    }
+    let src = "
+fn g(t: f32[N, E], i: i32[M], x: f32[M, E], j: i32[M, 1]) -> f32[M, E] {
+    return t[i] + take_along(x, j, axis = 1)
+}
+fn s(b: f32[N, E], i: i32[M, E], v: f32[M, E]) -> f32[N, E] {
+    return scatter_add(b, i, v, axis = 0)
+}";
+    let compiled = attn_compiler::check(src).unwrap_or_else(|d| panic!("{}", d[0]));
+    let f = |shape: Vec<usize>, v: Vec<f32>| Tensor::f32(shape, v).unwrap();
+    let int = |shape: Vec<usize>, v: Vec<i32>| Tensor::i32(shape, v).unwrap();
+    let table = f(vec![3, 2], (0..6).map(|v| v as f32).collect());
+    let x = f(vec![4, 2], (0..8).map(|v| v as f32).collect());
+    let cases = [
+        (0, vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])], None),
+        (
+            0,
+            vec![table.clone(), int(vec![4], vec![0, 3, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])],
+            Some("index 3 is out of range for axis 0 of size 3"),
+        ),
+        (
+            0,
+            vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, -1, 0])],
+            Some("index -1 is out of range for axis 1 of size 2"),
+        ),
+        (1, vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 2, 0, 0, 1, 1]), x.clone()], None),
+        (
+            1,
+            vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 5, 0, 0, 1, 1]), x.clone()],
+            Some("index 5 is out of range for axis 0 of size 3"),
+        ),
+    ];
+    for (n, (graph, inputs, fault)) in cases.into_iter().enumerate() {
+        let g = &compiled.module.graphs[graph];
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+        let env = bind_dims(g, &shapes, &HashMap::new()).unwrap();
+        let want = interp_run(g, &inputs, &env);
+        let got = emulate_schedule(&device_graph(Device::AsWritten(g)), &inputs, &env, &work_dir(&format!("faults{n}")));
+        match (fault, want, got) {
+            (None, Ok(want), Ok(got)) => {
+                // The emulation returns flat buffers.
+                let flat = |ts: &[Tensor]| ts.iter().map(|t| t.to_f64_vec()).collect::<Vec<_>>();
+                assert_eq!(flat(&want), flat(&got), "case {n}");
+            }
+            (Some(msg), Err(want), Err(got)) => {
+                assert!(want.to_string().contains(msg), "case {n}: interpreter: {want}");
+                assert!(got.contains(msg), "case {n}: emulated CUDA: {got}");
+            }
+            (fault, want, got) => panic!("case {n}: expected {fault:?}, interpreter {want:?}, emulated {got:?}"),
+        }
+    }
+}

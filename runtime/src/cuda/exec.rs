@@ -260,8 +260,25 @@ pub(super) fn run(
         }
         ex.tables_for = Some(table_key);
     }
+    // The fault record of checked indices starts at zero on every run.
+    if let Some(f) = ex.schedule.fault {
+        let slot = ex.buffers.get_mut(f).and_then(Option::as_mut).ok_or_else(poisoned)?;
+        gpu.stream.memcpy_htod(&[0u8; 16], slot).map_err(driver("clearing the fault record"))?;
+    }
     let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
     ex.launch_all(gpu, loaded, &prep, &ready)?;
+    if let Some(f) = ex.schedule.fault {
+        let mut record = [0u8; 16];
+        let src = ex
+            .buffer(f)?
+            .try_slice(0..16)
+            .ok_or_else(|| CudaError::Driver { what: "reading the fault record".into(), error: "it holds fewer than 16 bytes".into() })?;
+        gpu.stream.memcpy_dtoh(&src, &mut record).map_err(driver("copying the fault record to the host"))?;
+        gpu.stream.synchronize().map_err(driver("running the kernels"))?;
+        if let Some(e) = ex.schedule.fault_error(super::host::fault_words(&record)) {
+            return Err(CudaError::Input(e));
+        }
+    }
 
     // Outputs out.
     let mut outputs = Vec::new();

@@ -28,6 +28,15 @@ pub(super) fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Resul
     Tensor::new(dtype, shape, data)
 }
 
+/// The four i32 words of a fault record read back as bytes (zeros where short).
+pub(crate) fn fault_words(bytes: &[u8]) -> [i32; 4] {
+    let mut words = [0i32; 4];
+    for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+        *w = i32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
+    words
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,7 +144,7 @@ fn every_example_compiles_with_nvrtc() {
 /// f16 element-wise maths, f16/bf16 matmuls on tensor cores, integer, reversed, f16 and
 /// broadcast-coefficient scans, `take_along` and a gather by leading index, and sorts (top-k
 /// along a strided axis with ties, a descending integer argsort), and a scatter-add with
-/// repeated and out-of-range positions.
+/// repeated positions (indices out of range are errors: `index_faults_*`).
 pub(crate) const EVERY_OP: &str = "
 fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S, E])
     -> (a: f32[B, 2*S, E], r: f32[B, S, E], mx: f32[B, E], mn: i32[B, S], c: f16[B, S, E],
@@ -168,7 +168,7 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
     let lg = w[idx % E]
     let (tv, ti) = topk(floor(x * 2.0), 2, axis = 1)
     let ao = argsort(idx % 3, axis = 1, descending = true)
-    let sa = scatter_add(x, unsqueeze(idx % 5 - 1, -1) + cast(x * 0.0, i32), x * 2.0, axis = 1)
+    let sa = scatter_add(x, unsqueeze(idx % 5, -1) + cast(x * 0.0, i32), x * 2.0, axis = 1)
     return a, r, mx, mn, c, k, z, p, q, cp, sc, tk, lg, tv, ti, ao, sa
 }
 ";

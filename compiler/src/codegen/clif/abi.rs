@@ -77,6 +77,10 @@ pub const ARGSORT_ROW: Import = Import { name: "attnc_argsort_row", params: &[I6
 pub const PREFIX_ATTENTION: Import =
     Import { name: "attnc_prefix_attention", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I32], returns: &[] };
 
+/// Records an index out of range in the run's fault record (the first one wins): `(record,
+/// site, axis, index, size)` (see the runtime's `attnc_index_fault`).
+pub const INDEX_FAULT: Import = Import { name: "attnc_index_fault", params: &[I64, I64, I64, I64, I64], returns: &[] };
+
 /// Every symbol generated code may import.
 pub const IMPORTS: &[Import] = &[
     SGEMM_NT,
@@ -99,6 +103,7 @@ pub const IMPORTS: &[Import] = &[
     ROUND_F16,
     ARGSORT_ROW,
     PREFIX_ATTENTION,
+    INDEX_FAULT,
 ];
 
 impl Import {

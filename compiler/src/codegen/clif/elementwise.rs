@@ -227,7 +227,7 @@ fn scan(e: &Expr, load: &mut [bool], table: &mut [bool], dims: &mut Vec<Dim>) {
             scan(a, load, table, dims);
             scan(b, load, table, dims);
         }
-        Expr::Gather(t, idx, _) => {
+        Expr::Gather(t, idx, ..) => {
             table[*t] = true;
             for i in idx {
                 scan(i, load, table, dims);
@@ -355,7 +355,7 @@ impl Kernel<'_> {
                 let a = self.eval(fx, a, at);
                 fx.round_to(a, *dtype)
             }
-            Expr::Gather(t, idx, _) => {
+            Expr::Gather(t, idx, _, site) => {
                 let idx: Vec<Value> = idx
                     .iter()
                     .map(|e| {
@@ -363,15 +363,18 @@ impl Kernel<'_> {
                         fx.cvt_i(x)
                     })
                     .collect();
-                self.gather(fx, *t, &idx)
+                self.gather(fx, *t, &idx, *site)
             }
         }
     }
 
-    /// `table[idx...]` with each index clamped into its axis; lane by lane for vectors.
-    /// A gather's dtype is its table's (`ir::infer`), so the table's layout is all it needs.
-    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value]) -> Tv {
+    /// `table[idx...]`, an index out of range recorded as a fault of `site` (and read clamped);
+    /// lane by lane for vectors. A gather's dtype is its table's (`ir::infer`), so the table's
+    /// layout is all it needs.
+    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value], site: usize) -> Tv {
         let Some(table) = &self.tables[t] else { return fx.fail(format!("gather table {t} was not loaded")) };
-        clamped_load(fx, table.dtype, table.base, &table.strides, &table.sizes, idx)
+        let Some(record) = fx.schedule.fault else { return fx.fail("a checked gather without a fault record".to_string()) };
+        let check = Some(super::ops::Checked { record, site });
+        clamped_load(fx, table.dtype, table.base, &table.strides, &table.sizes, idx, check)
     }
 }

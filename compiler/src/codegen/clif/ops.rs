@@ -42,15 +42,43 @@ pub fn kind_of(dtype: DType) -> Kind {
     }
 }
 
-/// `x[idx...]` of a strided tensor with every index clamped into `[0, size-1]` (gather and
-/// extra-operand semantics), lane by lane when `fx` is vectorised. Bool tensors come back as
-/// masks.
-pub fn clamped_load(fx: &mut Fx, dtype: DType, base: Value, strides: &[Value], sizes: &[Value], idx: &[Value]) -> Tv {
+/// Where an index out of range is recorded: the fault record's buffer slot and the site.
+#[derive(Clone, Copy)]
+pub struct Checked {
+    /// The slot of [`crate::schedule::BufferKind::Fault`].
+    pub record: usize,
+    /// The indexing site ([`crate::schedule::Schedule::sites`]).
+    pub site: usize,
+}
+
+/// `x[idx...]` of a strided tensor, lane by lane when `fx` is vectorised; bool tensors come back
+/// as masks. With `check`, an index outside `[0, size)` is recorded as a fault (a gather's
+/// semantics: the run then fails); every index is read clamped into its axis either way, so no
+/// read leaves the tensor (the flash loads, whose indices the optimizer proved in range, pass
+/// no check).
+pub fn clamped_load(
+    fx: &mut Fx,
+    dtype: DType,
+    base: Value,
+    strides: &[Value],
+    sizes: &[Value],
+    idx: &[Value],
+    check: Option<Checked>,
+) -> Tv {
     let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
     let one = |fx: &mut Fx, idx: &[Value]| -> Value {
         let mut off = fx.i64(0);
-        for ((i, s), n) in idx.iter().zip(strides).zip(sizes) {
+        let mut empty = None;
+        for (axis, ((i, s), n)) in idx.iter().zip(strides).zip(sizes).enumerate() {
             let i = fx.b.ins().sextend(types::I64, *i);
+            if let Some(c) = check {
+                let bad = fx.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, *n);
+                fx.if_then(bad, |fx| fault(fx, c, axis, i, *n));
+                // An empty axis has no element to clamp to.
+                let zero = fx.i64(0);
+                let none = fx.b.ins().icmp(IntCC::Equal, *n, zero);
+                empty = Some(empty.map_or(none, |e| fx.b.ins().bor(e, none)));
+            }
             let (zero, one) = (fx.i64(0), fx.i64(1));
             let top = fx.sub(*n, one);
             let top = fx.max(top, zero);
@@ -59,7 +87,12 @@ pub fn clamped_load(fx: &mut Fx, dtype: DType, base: Value, strides: &[Value], s
             let t = fx.mul(i, *s);
             off = fx.add(off, t);
         }
-        let addr = fx.elem_addr(base, off);
+        let mut addr = fx.elem_addr(base, off);
+        if let (Some(c), Some(empty)) = (check, empty) {
+            // Then read the (zeroed) fault record instead: a value, never a wild read.
+            let record = fx.buf(c.record);
+            addr = fx.b.ins().select(empty, record, addr);
+        }
         fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
     };
     let v = if fx.lanes == 1 {
@@ -564,4 +597,12 @@ impl Fx<'_> {
         let (x, y) = (self.cvt_kind(a, k), self.cvt_kind(b, k));
         Tv { v: self.select_raw(c, x.v, y.v), k }
     }
+}
+
+/// Records index `index` of `axis` (of size `size`) out of range at site `c` (cold path).
+pub fn fault(fx: &mut Fx, c: Checked, axis: usize, index: Value, size: Value) {
+    let record = fx.buf(c.record);
+    let site = fx.i64(c.site as i64);
+    let axis = fx.i64(axis as i64);
+    fx.call(super::abi::INDEX_FAULT, &[record, site, axis, index, size]);
 }

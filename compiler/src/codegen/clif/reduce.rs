@@ -311,9 +311,15 @@ fn norm_loops(
     }
 }
 
-/// `out = base`, then every `src` element added at its clamped `idx` position along `axis`, in
-/// order, each sum rounded to the element type; one row per work item.
-pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: usize, out: &View) {
+/// `out = base`, then every `src` element added at its `idx` position along `axis`, in order,
+/// each sum rounded to the element type; one row per work item. A position out of range is
+/// recorded as a fault of `site` and skipped.
+pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: usize, out: &View, site: usize) {
+    let Some(record) = fx.schedule.fault else {
+        fx.fail("a checked scatter_add without a fault record");
+        return;
+    };
+    let check = super::ops::Checked { record, site };
     let (bb, bs) = fx.view_base(base);
     let (ib, is) = fx.view_base(idx);
     let (sb, ss) = fx.view_base(src);
@@ -334,23 +340,26 @@ pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: 
             let off = fx.add(oo, t);
             store(fx, v, out.dtype, ob, off);
         });
-        let one = fx.i64(1);
-        let last = fx.b.ins().isub(n, one);
         fx.for_range(zero, m, |fx, j| {
             let t = fx.mul(j, is[axis]);
             let off = fx.add(io, t);
             let k = load(fx, DType::I32, ib, off);
             let k = fx.b.ins().sextend(types::I64, k.v);
-            let k = fx.b.ins().smax(k, zero);
-            let k = fx.b.ins().smin(k, last);
-            let t = fx.mul(k, os[axis]);
-            let ooff = fx.add(oo, t);
-            let cur = load(fx, out.dtype, ob, ooff);
-            let t = fx.mul(j, ss[axis]);
-            let soff = fx.add(so, t);
-            let v = load(fx, src.dtype, sb, soff);
-            let sum = fx.b.ins().fadd(cur.v, v.v);
-            store(fx, Tv { v: sum, k: Kind::F }, out.dtype, ob, ooff);
+            let bad = fx.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, k, n);
+            fx.if_else(
+                bad,
+                |fx| super::ops::fault(fx, check, axis, k, n),
+                |fx| {
+                    let t = fx.mul(k, os[axis]);
+                    let ooff = fx.add(oo, t);
+                    let cur = load(fx, out.dtype, ob, ooff);
+                    let t = fx.mul(j, ss[axis]);
+                    let soff = fx.add(so, t);
+                    let v = load(fx, src.dtype, sb, soff);
+                    let sum = fx.b.ins().fadd(cur.v, v.v);
+                    store(fx, Tv { v: sum, k: Kind::F }, out.dtype, ob, ooff);
+                },
+            );
         });
     });
 }

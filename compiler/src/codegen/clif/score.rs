@@ -148,5 +148,5 @@ pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
 
 /// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
 fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
-    clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx)
+    clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx, None)
 }

@@ -98,16 +98,26 @@ impl Eval<'_> {
                 let a = self.eval(l, a)?;
                 stored(l, &a, *dtype)
             }
-            Expr::Gather(t, idx, _) => {
+            Expr::Gather(t, idx, _, site) => {
                 let table = self.input(*t)?;
+                let fault = self.ints.schedule.fault.ok_or_else(|| self.ints.fail("a checked gather without a fault record".into()))?;
                 let mut sub = Vec::new();
+                let mut sizes = Vec::new();
                 for (k, e) in idx.iter().enumerate() {
                     let i = self.eval(l, e)?;
                     let size = table.shape.get(k).map_or(Ok("1LL".to_string()), |d| self.ints.dim(d))?;
-                    sub.push(format!("attnc_clampi((i64){}, {size})", ops::convert(&i, Class::Int)));
+                    sub.push(format!("attnc_checki((i64){}, {size}, b{fault}, {site}, {k})", ops::convert(&i, Class::Int)));
+                    sizes.push(format!("{size} == 0"));
                 }
                 let off = self.ints.offset(table, &sub)?;
-                l.bind(load(table.buf, table.dtype, &off), Class::of(table.dtype))
+                // An empty axis has no element to read (the fault is recorded either way).
+                let value = if sizes.is_empty() {
+                    load(table.buf, table.dtype, &off)
+                } else {
+                    let zero = if Class::of(table.dtype) == Class::Float { "0.0f" } else { "0" };
+                    format!("(({}) ? {zero} : {})", sizes.join(" || "), load(table.buf, table.dtype, &off))
+                };
+                l.bind(value, Class::of(table.dtype))
             }
         })
     }

@@ -131,7 +131,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
-            Kernel::ScatterAdd { base, idx, src, axis, out } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out),
+            Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
             Kernel::ArgSort { x, axis, descending, out } => rows::argsort(&ints, &items, x, *axis, *descending, out),
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
             Kernel::PrefixAttention { q, k, v, reverse, out } => rows::prefix_attention(&ints, &items, q, k, v, *reverse, out),
@@ -177,6 +177,7 @@ fn preamble(schedule: &Schedule) -> String {
                 BufferKind::Temp => format!("%{}", b.value),
                 BufferKind::TileTable { step } => format!("tiles of step {step}"),
                 BufferKind::Partials { step } => format!("partials of step {step}"),
+                BufferKind::Fault => "fault record".to_string(),
             };
             format!("b{i} = {what}")
         })

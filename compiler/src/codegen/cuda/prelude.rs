@@ -75,6 +75,7 @@ ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sy
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); }
 ATTNC_DEV void attnc_sync() { __syncthreads(); }
 ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
+ATTNC_DEV int attnc_cas(int* p, int expected, int value) { return atomicCAS(p, expected, value); }
 #define ATTNC_SHARED __shared__
 #define ATTNC_DYN_SMEM extern __shared__ __align__(16) unsigned char attnc_smem[]
 #define ATTNC_KERNEL extern "C" __global__
@@ -123,8 +124,17 @@ ATTNC_DEV int attnc_wrap(i64 x) { return (int)(unsigned)(unsigned long long)x; }
 // Float to int: truncates toward zero, saturates, NaN is 0.
 ATTNC_DEV int attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647 : (x <= -2147483648.0f ? (-2147483647 - 1) : (int)x)); }
 ATTNC_DEV int attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647 : (x <= -2147483648.0 ? (-2147483647 - 1) : (int)x)); }
-// An index clamped into [0, n - 1] (gather and flash loads clamp).
+// An index clamped into [0, n - 1] (flash loads, whose indices are proven in range).
 ATTNC_DEV i64 attnc_clampi(i64 x, i64 n) { return x < 0 ? 0 : (x >= n ? n - 1 : x); }
+// A gather's or scatter-add's index: out of [0, n) it is recorded in the fault record `rec`
+// (site + 1, axis, index, size; the first fault wins) and the result clamped.
+ATTNC_DEV i64 attnc_checki(i64 x, i64 n, void* rec, int site, int axis) {
+  if (x < 0 || x >= n) {
+    int* r = (int*)rec;
+    if (attnc_cas(r, 0, site + 1) == 0) { r[1] = axis; r[2] = (int)x; r[3] = (int)n; }
+  }
+  return attnc_clampi(x, n);
+}
 ATTNC_DEV float attnc_warp_sum(float v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor(v, m); return v; }
 ATTNC_DEV double attnc_warp_sum_d(double v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_d(v, m); return v; }
 ATTNC_DEV long long attnc_warp_sum_ll(long long v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_ll(v, m); return v; }

@@ -188,7 +188,9 @@ pub(super) fn scatter_add(
     (base, idx, src): (&View, &View, &View),
     axis: usize,
     out: &View,
+    site: usize,
 ) -> Result<KernelSource, CudaEmitError> {
+    let fault = ints.schedule.fault.ok_or_else(|| ints.fail("a checked scatter_add without a fault record".into()))?;
     let mut item = Vec::new();
     let r = row(ints, out, vec![axis], &mut item)?;
     let at = |v: &View, pos: &str| -> Result<String, CudaEmitError> {
@@ -206,7 +208,8 @@ pub(super) fn scatter_add(
     body.push("}".into());
     body.push(format!("for (i64 j_ = 0; j_ < {m}; ++j_) {{"));
     body.push(format!("  i64 t_ = (i64){};", load(idx.buf, DType::I32, &at(idx, "j_")?)));
-    body.push("  t_ = t_ < 0 ? 0 : (t_ > n_ - 1 ? n_ - 1 : t_);".into());
+    // Out of range: recorded, and skipped.
+    body.push(format!("  if (t_ < 0 || t_ >= n_) {{ attnc_checki(t_, n_, b{fault}, {site}, {axis}); continue; }}"));
     let sum =
         round_to(out.dtype, &format!("({} + {})", load(out.buf, out.dtype, &at(out, "t_")?), load(src.buf, src.dtype, &at(src, "j_")?)));
     body.push(format!("  {}", store(out.buf, out.dtype, &at(out, "t_")?, &sum)));

@@ -114,17 +114,30 @@ fn uniform_scores_average_the_values() {
 }
 
 #[test]
-fn gather_clamps_indices() {
+fn gather_rejects_indices_out_of_range() {
     let mut g = Graph::new("gather");
     let table = param(&mut g, "t", f32ty(&["3", "2"]));
     let i0 = param(&mut g, "i0", ty(DType::I32, &["4"]));
     let i1 = param(&mut g, "i1", ty(DType::I32, &["1"]));
     let out = node(&mut g, Op::Gather, &[table, i0, i1]);
     g.add_output("out", out);
-    let res = run1(&g, &[tf(&[3, 2], &[0., 1., 2., 3., 4., 5.]), ti(&[4], &[-5, 1, 2, 7]), ti(&[1], &[9])]);
+    let table = tf(&[3, 2], &[0., 1., 2., 3., 4., 5.]);
+    let res = run1(&g, &[table.clone(), ti(&[4], &[2, 1, 0, 2]), ti(&[1], &[1])]);
     assert_eq!(res.shape, vec![4]);
-    // Column index 9 clamps to 1; rows -5 and 7 clamp to 0 and 2.
-    assert_eq!(res.to_f64_vec(), vec![1., 3., 5., 5.]);
+    assert_eq!(res.to_f64_vec(), vec![5., 3., 1., 5.]);
+    // Never clamped: each axis' first bad index, with the axis and its size.
+    for (rows, col, axis, index, size) in [(vec![0, 1, -5, 2], 1, 0, -5, 3), (vec![0, 1, 2, 3], 1, 0, 3, 3), (vec![0, 1, 2, 0], 9, 1, 9, 2)]
+    {
+        let err = run(&g, &[table.clone(), ti(&[4], &rows), ti(&[1], &[col])], &HashMap::new()).unwrap_err();
+        match err {
+            InterpError::IndexOutOfRange { axis: a, index: i, size: n, .. } => assert_eq!((a, i, n), (axis, index, size)),
+            e => panic!("expected an index error, got {e}"),
+        }
+    }
+    // An empty table has no index in range.
+    let checked = crate::check("fn f(t: f32[N, D], i: i32[M]) -> f32[M, D] { return t[i] }").unwrap();
+    let err = run(&checked.module.graphs[0], &[tf(&[0, 2], &[]), ti(&[4], &[0; 4])], &HashMap::new()).unwrap_err();
+    assert!(matches!(err, InterpError::IndexOutOfRange { axis: 0, index: 0, size: 0, span: Some(_), .. }), "{err}");
 }
 
 #[test]
@@ -408,12 +421,16 @@ fn sorts_are_stable_with_nan_above_every_number() {
 }
 
 #[test]
-fn scatter_add_accumulates_in_order_at_clamped_positions() {
+fn scatter_add_accumulates_in_order_and_rejects_positions_out_of_range() {
     let checked = crate::check("fn f(b: f32[N], i: i32[M], s: f32[M]) -> f32[N] { return scatter_add(b, i, s, axis = 0) }").unwrap();
     let b = Tensor::f32(vec![3], vec![1.0, 2.0, 3.0]).unwrap();
-    let i = Tensor::i32(vec![5], vec![2, 0, 2, -4, 9]).unwrap();
     let s = Tensor::f32(vec![5], vec![10.0, 20.0, 30.0, 40.0, 50.0]).unwrap();
-    let out = crate::interp::run(&checked.module.graphs[0], &[b, i, s], &HashMap::new()).unwrap();
-    // -4 clamps to 0 and 9 to 2.
-    assert_eq!(out[0].to_f64_vec(), [61.0, 2.0, 93.0]);
+    let g = &checked.module.graphs[0];
+    let out = crate::interp::run(g, &[b.clone(), Tensor::i32(vec![5], vec![2, 0, 2, 0, 1]).unwrap(), s.clone()], &HashMap::new()).unwrap();
+    assert_eq!(out[0].to_f64_vec(), [61.0, 52.0, 43.0]);
+    for (bad, index) in [(-4, -4), (3, 3)] {
+        let i = Tensor::i32(vec![5], vec![2, 0, bad, 0, 1]).unwrap();
+        let err = crate::interp::run(g, &[b.clone(), i, s.clone()], &HashMap::new()).unwrap_err();
+        assert!(matches!(err, InterpError::IndexOutOfRange { axis: 0, index: i, size: 3, span: Some(_), .. } if i == index), "{err}");
+    }
 }

@@ -221,10 +221,14 @@ impl Cx<'_> {
             Op::Cast if t.dtype == DType::F32 => self.convert(a[0], depth + 1)?,
             Op::Gather => {
                 let table = self.eg.find(a[0]);
+                let sizes = ty(self.eg, table)?.shape.clone();
                 let mut index = Vec::new();
-                for ix in &a[1..] {
+                for (ix, size) in a[1..].iter().zip(&sizes) {
                     let e = self.convert(*ix, depth + 1)?;
-                    if e.uses_score() {
+                    // A gather's out-of-range index is a run-time error, and the flash kernels
+                    // skip masked tiles without evaluating them: only indices proven in range
+                    // at every score position fold into the loads.
+                    if e.uses_score() || !in_range(&e, &self.shape, size) {
                         return None;
                     }
                     index.push(e);
@@ -336,6 +340,90 @@ fn keeps_neg_inf(op: BinaryOp, c: &ScoreExpr) -> bool {
         _ => return false,
     };
     v.is_finite() && (v > 0.0 || matches!(op, BinaryOp::Add | BinaryOp::Sub))
+}
+
+/// Whether the integer score expression `e` lies in `[0, size)` at every position of a score
+/// tensor of `shape`, for every value of the dims.
+fn in_range(e: &ScoreExpr, shape: &[Dim], size: &Dim) -> bool {
+    bounds(e, shape, 0).is_some_and(|(lo, hi)| nonneg(&lo) && nonneg(&size.sub(&Dim::constant(1)).sub(&hi)))
+}
+
+/// A dim provably ≥ 0 whatever the (non-negative) sizes: no negative coefficient.
+fn nonneg(d: &Dim) -> bool {
+    d.terms().all(|(_, c)| c >= 0)
+}
+
+/// Bounds `[lo, hi]` of an integer score expression over every score position, as dims;
+/// `None` where they are not known (data, floats, unproven comparisons).
+fn bounds(e: &ScoreExpr, shape: &[Dim], depth: usize) -> Option<(Dim, Dim)> {
+    if depth > 64 {
+        return None;
+    }
+    let b = |x: &ScoreExpr| bounds(x, shape, depth + 1);
+    // The larger of two dims when provable.
+    let larger = |a: &Dim, c: &Dim| {
+        if nonneg(&a.sub(c)) {
+            Some(a.clone())
+        } else if nonneg(&c.sub(a)) {
+            Some(c.clone())
+        } else {
+            None
+        }
+    };
+    let smaller = |a: &Dim, c: &Dim| {
+        if nonneg(&a.sub(c)) {
+            Some(c.clone())
+        } else if nonneg(&c.sub(a)) {
+            Some(a.clone())
+        } else {
+            None
+        }
+    };
+    Some(match e {
+        ScoreExpr::Pos(k) => (Dim::constant(0), shape.get(*k)?.sub(&Dim::constant(1))),
+        ScoreExpr::Int(c) => (Dim::constant(*c), Dim::constant(*c)),
+        ScoreExpr::Dim(d) => (d.clone(), d.clone()),
+        ScoreExpr::Unary(UnaryOp::Neg, x) => {
+            let (lo, hi) = b(x)?;
+            (Dim::constant(0).sub(&hi), Dim::constant(0).sub(&lo))
+        }
+        ScoreExpr::Binary(op, x, y) => {
+            let ((xl, xh), (yl, yh)) = (b(x)?, b(y)?);
+            match op {
+                BinaryOp::Add => (xl.add(&yl), xh.add(&yh)),
+                BinaryOp::Sub => (xl.sub(&yh), xh.sub(&yl)),
+                // Products of non-negative ranges, or by a constant.
+                BinaryOp::Mul => match (yl.as_const().filter(|_| yl == yh), xl.as_const().filter(|_| xl == xh)) {
+                    (Some(c), _) | (None, Some(c)) => {
+                        let (l, h) = if yl == yh { (xl, xh) } else { (yl, yh) };
+                        let k = Dim::constant(c);
+                        if c >= 0 { (l.mul(&k), h.mul(&k)) } else { (h.mul(&k), l.mul(&k)) }
+                    }
+                    _ if nonneg(&xl) && nonneg(&yl) => (xl.mul(&yl), xh.mul(&yh)),
+                    _ => return None,
+                },
+                // max(a, b) ≥ both lower bounds, so either will do; its upper bound needs the
+                // larger one (and min the other way round).
+                // `x % y` takes the divisor's sign: in [0, y - 1] for y ≥ 1. A divisor that is a
+                // size counts as ≥ 1: an empty table is refused when a run is prepared.
+                BinaryOp::Rem => {
+                    let size = matches!(**y, ScoreExpr::Dim(_));
+                    if !(size || nonneg(&yl.sub(&Dim::constant(1)))) {
+                        return None;
+                    }
+                    (Dim::constant(0), yh.sub(&Dim::constant(1)))
+                }
+                BinaryOp::Max => (larger(&xl, &yl).unwrap_or(if yl.as_const().is_some() { yl } else { xl }), larger(&xh, &yh)?),
+                BinaryOp::Min => (smaller(&xl, &yl)?, smaller(&xh, &yh).unwrap_or(if yh.as_const().is_some() { yh } else { xh })),
+                _ => return None,
+            }
+        }
+        ScoreExpr::Select(_, x, y) => {
+            let ((xl, xh), (yl, yh)) = (b(x)?, b(y)?);
+            (smaller(&xl, &yl)?, larger(&xh, &yh)?)
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -548,5 +636,34 @@ mod tests {
   output out = %3
 }",
         );
+    }
+
+    #[test]
+    fn lookups_fold_only_when_their_index_is_proven_in_range() {
+        use super::in_range;
+        use crate::ir::{BinaryOp, Dim, ScoreExpr};
+        let shape = [Dim::sym("H"), Dim::sym("S"), Dim::sym("S")];
+        let (h, i, j) = (ScoreExpr::Pos(0), ScoreExpr::Pos(1), ScoreExpr::Pos(2));
+        let bin = ScoreExpr::bin;
+        let rel = bin(BinaryOp::Sub, j.clone(), i.clone());
+        // T5-style buckets: clamp(j - i, -16, 16) + 16 in a table of 33.
+        let bucket = bin(
+            BinaryOp::Add,
+            bin(BinaryOp::Min, bin(BinaryOp::Max, rel.clone(), ScoreExpr::Int(-16)), ScoreExpr::Int(16)),
+            ScoreExpr::Int(16),
+        );
+        assert!(in_range(&bucket, &shape, &Dim::constant(33)));
+        assert!(!in_range(&bucket, &shape, &Dim::constant(32)));
+        assert!(in_range(&h, &shape, &Dim::sym("H")));
+        // j - i + S - 1 lies in [0, 2S - 2].
+        let shifted = bin(BinaryOp::Add, rel.clone(), bin(BinaryOp::Sub, ScoreExpr::Dim(Dim::sym("S")), ScoreExpr::Int(1)));
+        assert!(in_range(&shifted, &shape, &Dim::sym("S").mul(&Dim::constant(2)).sub(&Dim::constant(1))));
+        // (j - i) % R in a table of R (the divisor's sign); % 0 is not a bucket.
+        let wrapped = bin(BinaryOp::Rem, rel.clone(), ScoreExpr::Dim(Dim::sym("R")));
+        assert!(in_range(&wrapped, &shape, &Dim::sym("R")));
+        assert!(!in_range(&bin(BinaryOp::Rem, rel.clone(), ScoreExpr::Int(0)), &shape, &Dim::sym("R")));
+        // Negative above (or below) the diagonal, and data-dependent indices: not proven.
+        assert!(!in_range(&rel, &shape, &Dim::sym("S")));
+        assert!(!in_range(&ScoreExpr::Load { input: 0, index: vec![i] }, &shape, &Dim::sym("S")));
     }
 }
