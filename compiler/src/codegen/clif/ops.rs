@@ -53,9 +53,9 @@ pub struct Checked {
 
 /// `x[idx...]` of a strided tensor, lane by lane when `fx` is vectorised; bool tensors come back
 /// as masks. With `check`, an index outside `[0, size)` is recorded as a fault (a gather's
-/// semantics: the run then fails); every index is read clamped into its axis either way, so no
-/// read leaves the tensor (the flash loads, whose indices the optimizer proved in range, pass
-/// no check).
+/// semantics: the run then fails) and the element read is a zero of the fault record; without
+/// (the flash loads, whose indices the optimizer proved in range) indices are clamped into
+/// their axes. Either way no read leaves the tensor.
 pub fn clamped_load(
     fx: &mut Fx,
     dtype: DType,
@@ -68,30 +68,31 @@ pub fn clamped_load(
     let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
     let one = |fx: &mut Fx, idx: &[Value]| -> Value {
         let mut off = fx.i64(0);
-        let mut empty = None;
+        let mut any_bad = None;
         for (axis, ((i, s), n)) in idx.iter().zip(strides).zip(sizes).enumerate() {
             let i = fx.b.ins().sextend(types::I64, *i);
-            if let Some(c) = check {
+            let i = if let Some(c) = check {
+                // Unsigned: a negative index is out of range too (and every index of an empty
+                // axis).
                 let bad = fx.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, *n);
                 fx.if_then(bad, |fx| fault(fx, c, axis, i, *n));
-                // An empty axis has no element to clamp to.
-                let zero = fx.i64(0);
-                let none = fx.b.ins().icmp(IntCC::Equal, *n, zero);
-                empty = Some(empty.map_or(none, |e| fx.b.ins().bor(e, none)));
-            }
-            let (zero, one) = (fx.i64(0), fx.i64(1));
-            let top = fx.sub(*n, one);
-            let top = fx.max(top, zero);
-            let i = fx.min(i, top);
-            let i = fx.max(i, zero);
+                any_bad = Some(any_bad.map_or(bad, |a| fx.b.ins().bor(a, bad)));
+                i
+            } else {
+                let (zero, one) = (fx.i64(0), fx.i64(1));
+                let top = fx.sub(*n, one);
+                let top = fx.max(top, zero);
+                let i = fx.min(i, top);
+                fx.max(i, zero)
+            };
             let t = fx.mul(i, *s);
             off = fx.add(off, t);
         }
         let mut addr = fx.elem_addr(base, off);
-        if let (Some(c), Some(empty)) = (check, empty) {
-            // Then read the (zeroed) fault record instead: a value, never a wild read.
+        if let (Some(c), Some(bad)) = (check, any_bad) {
+            // A bad index reads the (zeroed) fault record instead: a value, never a wild read.
             let record = fx.buf(c.record);
-            addr = fx.b.ins().select(empty, record, addr);
+            addr = fx.b.ins().select(bad, record, addr);
         }
         fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
     };
