@@ -293,10 +293,9 @@ pub(super) fn prefix_attention(q: &Val, k: &Val, v: &Val, reverse: bool, dtype: 
         state.fill(0.0);
         for step in 0..s {
             let i = if reverse { s - 1 - step } else { step };
-            let (qi, ki) = ((b * s + i) * d, (b * s + i) * d);
-            let vi = (b * s + i) * dv;
+            let (qi, vi) = ((b * s + i) * d, (b * s + i) * dv);
             for x in 0..d {
-                let kx = k.data[ki + x];
+                let kx = k.data[qi + x];
                 for (y, st) in state[x * dv..(x + 1) * dv].iter_mut().enumerate() {
                     *st += kx * v.data[vi + y];
                 }

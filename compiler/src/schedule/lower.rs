@@ -473,36 +473,29 @@ impl Lowering<'_> {
             Op::Concat { axis } => {
                 let out = self.temp(v, ty.dtype, &ty.shape);
                 // Parts of one shape are one pass (shared loads, each input row read once);
-                // others a pass each.
-                let first = args.first().map(|a| self.g.node(*a).ty.shape.clone());
-                let one_pass = args.iter().all(|a| Some(&self.g.node(*a).ty.shape) == first.as_ref());
+                // others a pass each: groups of (inputs, parts), one step per group.
+                let one_pass = args.windows(2).all(|w| self.g.node(w[0]).ty.shape == self.g.node(w[1]).ty.shape);
+                let mut groups: Vec<(Vec<View>, Parts)> = Vec::new();
                 let mut at = Dim::constant(0);
-                let mut inputs = Vec::new();
-                let mut parts = Vec::new();
                 for a in args {
                     let part = self.g.node(a).ty.shape.clone();
                     let mut dst = out.clone();
                     dst.offset = at.mul(&out.strides[*axis]);
                     at = at.add(&part[*axis]);
-                    dst.shape = part.clone();
-                    if !one_pass {
-                        inputs = Vec::new();
+                    dst.shape = part;
+                    if !one_pass || groups.is_empty() {
+                        groups.push((Vec::new(), Vec::new()));
                     }
-                    let expr = self.expr(a, &mut inputs)?;
+                    let Some((inputs, parts)) = groups.last_mut() else { continue };
+                    let expr = self.expr(a, inputs)?;
                     let expr = if self.g.node(a).ty.dtype == ty.dtype { expr } else { Expr::Cast(Box::new(expr), ty.dtype) };
-                    if one_pass {
-                        parts.push((dst, expr));
-                    } else {
-                        self.step(
-                            Kernel::Elementwise { out: dst, inputs: std::mem::take(&mut inputs), expr, more: Vec::new() },
-                            label.clone(),
-                            v,
-                        );
-                    }
+                    parts.push((dst, expr));
                 }
-                let mut parts = parts.into_iter();
-                if let Some((dst, expr)) = parts.next() {
-                    self.step(Kernel::Elementwise { out: dst, inputs, expr, more: parts.collect() }, label, v);
+                for (inputs, parts) in groups {
+                    let mut parts = parts.into_iter();
+                    if let Some((dst, expr)) = parts.next() {
+                        self.step(Kernel::Elementwise { out: dst, inputs, expr, more: parts.collect() }, label.clone(), v);
+                    }
                 }
                 Ok(out)
             }
@@ -833,6 +826,9 @@ impl Lowering<'_> {
         Ok(())
     }
 }
+
+/// The outputs of one element-wise pass and their expressions.
+type Parts = Vec<(View, Expr)>;
 
 /// Buffers a kernel reads and writes.
 fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {

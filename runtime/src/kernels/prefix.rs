@@ -48,11 +48,8 @@ pub fn prefix_attention(
         sgemm_nn(&gemm(rows, dv, rows, rows, dv, dv, true), a, vb, ob)?;
         // state += K_bᵀ · V_b.
         let kt = &mut keys_t[..d * rows];
-        for (j, key) in kb.chunks_exact(d.max(1)).take(rows).enumerate() {
-            for (x, value) in key.iter().enumerate() {
-                kt[x * rows + j] = *value;
-            }
-        }
+        // SAFETY: `kb` holds `rows` rows of `d`, `kt` `d` rows of `rows`; they do not overlap.
+        unsafe { super::rows::transpose(kb.as_ptr(), d, rows, d, kt.as_mut_ptr(), rows) };
         sgemm_nn(&gemm(d, dv, rows, rows, dv, dv, true), kt, vb, &mut state)?;
     }
     Ok(())

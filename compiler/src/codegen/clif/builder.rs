@@ -265,6 +265,16 @@ impl<'a> Fx<'a> {
         v
     }
 
+    /// `ok &= (x is finite)` for an i8 flag variable: `x - x` is 0 exactly when `x` is finite.
+    pub fn and_finite(&mut self, ok: Variable, x: Value) {
+        let d = self.b.ins().fsub(x, x);
+        let z = self.f32(0.0);
+        let finite = self.b.ins().fcmp(FloatCC::Equal, d, z);
+        let prev = self.b.use_var(ok);
+        let both = self.b.ins().band(prev, finite);
+        self.b.def_var(ok, both);
+    }
+
     /// Emits `for i in start..end { body(i) }` (signed i64 bounds, step 1).
     pub fn for_range(&mut self, start: Value, end: Value, body: impl FnOnce(&mut Self, Value)) {
         self.for_step(start, end, 1, body);

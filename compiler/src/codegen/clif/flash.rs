@@ -357,12 +357,7 @@ fn separable_ok(fx: &mut Fx, p: &Prologue, block: &QueryBlock, b_pos: &[Value], 
         let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted };
         let t = score::eval(fx, &x.sep, &env);
         let t = fx.cvt_f(t);
-        let d = fx.b.ins().fsub(t, t);
-        let z = fx.f32(0.0);
-        let finite = fx.b.ins().fcmp(FloatCC::Equal, d, z);
-        let prev = fx.b.use_var(ok);
-        let both = fx.b.ins().band(prev, finite);
-        fx.b.def_var(ok, both);
+        fx.and_finite(ok, t);
     });
     fx.b.use_var(ok)
 }

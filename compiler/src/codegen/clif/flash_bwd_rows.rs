@@ -37,13 +37,7 @@ pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &Sc
         let d = fx.b.ins().fsub(x, base);
         let addr = fx.elem_addr(into, r);
         fx.store(d, addr);
-        // Finite exactly when `d - d == 0`.
-        let dd = fx.b.ins().fsub(d, d);
-        let z = fx.f32(0.0);
-        let finite = fx.b.ins().fcmp(FloatCC::Equal, dd, z);
-        let prev = fx.b.use_var(ok);
-        let both = fx.b.ins().band(prev, finite);
-        fx.b.def_var(ok, both);
+        fx.and_finite(ok, d);
     });
     fx.b.use_var(ok)
 }

@@ -360,25 +360,18 @@ fn bounds(e: &ScoreExpr, shape: &[Dim], depth: usize) -> Option<(Dim, Dim)> {
         return None;
     }
     let b = |x: &ScoreExpr| bounds(x, shape, depth + 1);
-    // The larger of two dims when provable.
-    let larger = |a: &Dim, c: &Dim| {
+    // Two dims as (smaller, larger) when their order is provable.
+    let order = |a: &Dim, c: &Dim| {
         if nonneg(&a.sub(c)) {
-            Some(a.clone())
+            Some((c.clone(), a.clone()))
         } else if nonneg(&c.sub(a)) {
-            Some(c.clone())
+            Some((a.clone(), c.clone()))
         } else {
             None
         }
     };
-    let smaller = |a: &Dim, c: &Dim| {
-        if nonneg(&a.sub(c)) {
-            Some(c.clone())
-        } else if nonneg(&c.sub(a)) {
-            Some(a.clone())
-        } else {
-            None
-        }
-    };
+    let larger = |a: &Dim, c: &Dim| order(a, c).map(|(_, hi)| hi);
+    let smaller = |a: &Dim, c: &Dim| order(a, c).map(|(lo, _)| lo);
     Some(match e {
         ScoreExpr::Pos(k) => (Dim::constant(0), shape.get(*k)?.sub(&Dim::constant(1))),
         ScoreExpr::Int(c) => (Dim::constant(*c), Dim::constant(*c)),
