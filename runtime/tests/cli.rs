@@ -564,6 +564,35 @@ fn bench_names_the_machine_and_rejects_zero_iterations() {
     assert!(peak.contains("GFLOP/s") && !peak.contains("inf"), "{out}");
 }
 
+#[test]
+fn bench_times_given_inputs_and_derives_dims_from_them() {
+    let d = Dir::new();
+    let saved = d.path("saved");
+    let save = d.attnc(&[
+        "bench",
+        "prog.attn",
+        "--dim",
+        "S=12",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--save-inputs",
+        saved.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&save), 0, "{}", stderr(&save));
+    // q from a file fixes B, S and D; the other inputs are random at those dims.
+    let q = format!("q={}", saved.join("q.npy").display());
+    let o = d.attnc(&["bench", "prog.attn", "--input", &q, "--iters", "1", "--warmup", "0", "--threads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("S=12"), "{}", stdout(&o));
+    let o = d.attnc(&["bench", "prog.attn", "--input", &q.replacen("q=", "qq=", 1), "--iters", "1"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("no parameter named `qq`"), "{}", stderr(&o));
+}
+
 // ---- build --emit svg ----
 
 /// An example program's absolute path.

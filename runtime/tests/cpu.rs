@@ -192,6 +192,63 @@ fn long_sequences_match_the_interpreter() {
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
 
+/// Multi-head additive attention with a scale and a causal mask: it fuses into one flash op with
+/// additive scores, holds no M×N×A temporary (nothing beyond the projections), and matches the interpreter on the three
+/// forms of the score kernel (inputs scaled small, as given, and with an infinity).
+#[test]
+fn masked_additive_attention_fuses_and_matches_the_interpreter() {
+    let source =
+        "fn additive(q: f32[B, H, M, Dq], k: f32[B, H, N, Dk], w_q: f32[Dq, A], w_k: f32[Dk, A], v_a: f32[A]) -> f32[B, H, M, Dk] {
+    let qa = unsqueeze(q @ w_q, 3)
+    let ka = unsqueeze(k @ w_k, 2)
+    let scores = sum(tanh(qa + ka) * v_a, axis = A) * 0.5
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i + 3, scores, -inf), axis = -1) @ k
+}";
+    let program = Program::from_source(source, "additive.attn").expect("compiles");
+    let mut compiled = program.compile_cpu("additive", &CpuOptions { threads: 1 }).expect("compiles");
+    let fused: Vec<_> = compiled
+        .graph()
+        .values()
+        .filter(|v| matches!(&compiled.graph().node(*v).op, Op::Flash(f) if f.pair != attn_compiler::ir::Pair::Dot))
+        .collect();
+    assert_eq!(fused.len(), 1, "not fused:\n{}", compiled.graph());
+    let mut failures = Vec::new();
+    for (n, (m, scale)) in [(1, 1.0f32), (65, 0.05), (130, 1.0), (77, f32::INFINITY)].into_iter().enumerate() {
+        let dims = HashMap::from([
+            ("B".into(), 2),
+            ("H".into(), 2),
+            ("M".into(), m),
+            ("N".into(), m + 5),
+            ("Dq".into(), 24),
+            ("Dk".into(), 16),
+            ("A".into(), 40),
+        ]);
+        let mut inputs: Vec<Tensor> =
+            program.random_inputs("additive", n as u64, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        if scale.is_finite() {
+            let data: Vec<f32> = inputs[2].to_f64_vec().iter().map(|x| *x as f32 * scale).collect();
+            inputs[2] = Tensor::f32(inputs[2].shape.clone(), data).expect("tensor");
+        } else {
+            // One infinite query element: its row takes the direct form.
+            let mut data: Vec<f32> = inputs[0].to_f64_vec().iter().map(|x| *x as f32).collect();
+            data[5] = f32::INFINITY;
+            inputs[0] = Tensor::f32(inputs[0].shape.clone(), data).expect("tensor");
+        }
+        let want = interp::run(program.graph("additive").expect("graph"), &inputs, &dims).expect("interpreter");
+        check(
+            &mut compiled,
+            &Case { inputs: inputs.clone(), dims: dims.clone(), want },
+            &format!("additive M={m} x{scale}"),
+            &mut failures,
+        );
+        let stats = compiled.prepare(&inputs.iter().map(TensorRef::of).collect::<Vec<_>>(), &dims).expect("plans");
+        // Nothing larger than the key projection `[B, H, N, A]`.
+        assert!(stats.largest_temp_bytes <= (2 * 2 * (m + 5) * 40 * 4) as usize, "M={m}: {stats:?}");
+    }
+    assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
+}
+
 #[test]
 fn decode_splits_keys_and_merges_deterministically() {
     // M = 1 with a long key range splits the keys (split-KV); any thread count gives the same bits.
@@ -297,7 +354,7 @@ fn random_score_mods_and_masks_match_the_interpreter() {
         let score = if rng.random_bool(0.8) { ScoreExpr::bin(BinaryOp::Add, s, score_expr(&mut rng, 3)) } else { s };
         let mask = if rng.random_bool(0.8) { Some(mask_expr(&mut rng, 2)) } else { None };
         let weights = if rng.random_bool(0.8) { Weights::Softmax } else { Weights::Sigmoid };
-        let spec = FlashSpec { rank: 4, weights, score, mask };
+        let spec = FlashSpec { rank: 4, weights, score, mask, pair: attn_compiler::ir::Pair::Dot };
         let kv_batch = (rng.random_bool(0.5), rng.random_bool(0.5));
         let g = flash_graph(spec.clone(), kv_batch);
         let (b, h) = (rng.random_range(1..3usize), rng.random_range(1..4usize));
@@ -441,7 +498,13 @@ fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
         ("s + x0[h] * i", Some("j <= i")),
         ("s - x0[h] * (i + j) + x1[b, j]", None),
     ] {
-        let spec = FlashSpec { rank: 4, weights: Weights::Softmax, score: parse(score), mask: mask.map(parse) };
+        let spec = FlashSpec {
+            rank: 4,
+            weights: Weights::Softmax,
+            score: parse(score),
+            mask: mask.map(parse),
+            pair: attn_compiler::ir::Pair::Dot,
+        };
         let g = flash_graph(spec, (true, true));
         let mut rng = StdRng::seed_from_u64(5);
         let (b, h, m, n, d) = (1, slopes.len(), 70, 90, 16);

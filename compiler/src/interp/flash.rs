@@ -7,7 +7,7 @@ use super::InterpError;
 use super::value::{Val, element_count, filled, row_major_strides};
 use crate::ir::grad::score_grad;
 use crate::ir::semantics::{Class, Scalar, max_f, unary_f};
-use crate::ir::{DType, FlashSpec, FlashWrt, UnaryOp, Weights};
+use crate::ir::{DType, FlashSpec, FlashWrt, Pair, UnaryOp, Weights};
 use std::collections::HashMap;
 
 /// The `load` of a flash op's score and mask expressions: element `idx` of extra operand
@@ -39,10 +39,12 @@ struct Geometry {
     batch: Vec<usize>,
     kst: Vec<usize>,
     vst: Vec<usize>,
+    /// The extra operands' ranks.
+    extra_ranks: Vec<usize>,
 }
 
 impl Geometry {
-    fn of(q: &Val, k: &Val, v: &Val, bad: &dyn Fn(String) -> InterpError) -> Result<Geometry, InterpError> {
+    fn of(q: &Val, k: &Val, v: &Val, extras: &[&Val], bad: &dyn Fn(String) -> InterpError) -> Result<Geometry, InterpError> {
         let r = q.shape.len();
         if r < 2 || k.shape.len() != r || v.shape.len() != r {
             return Err(bad("q, k and v must have the same rank".into()));
@@ -53,7 +55,8 @@ impl Geometry {
             return Err(bad(format!("q {:?}, k {:?}, v {:?} do not fit", q.shape, k.shape, v.shape)));
         }
         let (kst, vst) = (row_major_strides(&k.shape), row_major_strides(&v.shape));
-        Ok(Geometry { r, m, d, n, dv, batch: q.shape[..r - 2].to_vec(), kst, vst })
+        let extra_ranks = extras.iter().map(|x| x.shape.len()).collect();
+        Ok(Geometry { r, m, d, n, dv, batch: q.shape[..r - 2].to_vec(), kst, vst, extra_ranks })
     }
 
     fn batch_count(&self) -> usize {
@@ -107,10 +110,26 @@ fn score_row(
     (raw, scores, keep): (&mut [f64], &mut [f64], &mut [bool]),
 ) {
     let r = g.r;
+    // The additive weight's row for this batch index: its axes right-aligned with the score's
+    // batch axes (size-1 axes read index 0 by the loader's clamp).
+    let w: Vec<f64> = match spec.pair {
+        Pair::Dot => Vec::new(),
+        Pair::Additive { weight } => {
+            let rank = g.extra_ranks.get(weight).copied().unwrap_or(1).max(1);
+            let mut idx: Vec<i64> = pos[(r - 2 + 1).saturating_sub(rank)..r - 2].to_vec();
+            idx.push(0);
+            (0..g.d)
+                .map(|a| {
+                    idx[rank - 1] = a as i64;
+                    load(weight, &idx).as_f()
+                })
+                .collect()
+        }
+    };
+    let weight = |a: usize| w.get(a).copied().unwrap_or(f64::NAN);
     for j in 0..g.n {
         pos[r - 1] = j as i64;
-        let s: f64 = qrow.iter().zip(g.krow(k, koff, j)).map(|(a, c)| a * c).sum();
-        let s = DType::F32.round(s);
+        let s = DType::F32.round(spec.pair.eval(qrow, g.krow(k, koff, j), &weight));
         raw[j] = s;
         scores[j] = spec.score.eval(s, pos, env, load).as_f();
         keep[j] = spec.mask.as_ref().is_none_or(|mk| mk.eval(s, pos, env, load).as_b());
@@ -131,7 +150,7 @@ fn row_stats(scores: &[f64], keep: &[bool]) -> (f64, f64) {
 pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
     let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
     let [q, k, v, extras @ ..] = args else { return Err(bad("flash needs q, k, v".into())) };
-    let g = Geometry::of(q, k, v, &bad)?;
+    let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n, dv) = (g.r, g.m, g.d, g.n, g.dv);
     let batch_count = g.batch_count();
     let mut out = filled(element_count(&[batch_count, m, dv], label)?, 0.0, label)?;
@@ -175,7 +194,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
 pub(super) fn flash_lse(spec: &FlashSpec, args: &[&Val], env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
     let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
     let [q, k, v, extras @ ..] = args else { return Err(bad("flash_lse needs q, k, v".into())) };
-    let g = Geometry::of(q, k, v, &bad)?;
+    let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n) = (g.r, g.m, g.d, g.n);
     let batch_count = g.batch_count();
     let mut out = filled(element_count(&[batch_count, m], label)?, 0.0, label)?;
@@ -220,7 +239,7 @@ pub(super) fn flash_grad(
     // The log-sum-exp and the forward's result (softmax weights).
     let stats = (fixed == 6).then(|| (args[4], args[5]));
     let extras = &args[fixed..];
-    let g = Geometry::of(q, k, v, &bad)?;
+    let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n, dv) = (g.r, g.m, g.d, g.n, g.dv);
     let classes: Vec<Class> = extras.iter().map(|x| Class::of(x.dtype)).collect();
     let derivative =

@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! s      = q[b…, i, :] · k[b…, j, :]          (k is not transposed; batch dims broadcast)
+//!          or Σ_a w[b…, a] · tanh(q[b…, i, a] + k[b…, j, a])   (additive pairing, [`Pair`])
 //! score  = F(s, b…, i, j, x0[…], x1[…], …)     the score modification
 //! keep   = P(b…, i, j, x…)                      the mask predicate (absent: keep all)
 //! w      = softmax_j(keep ? score : -inf)       or sigmoid(score)·keep without normalisation
@@ -36,6 +37,45 @@ impl Weights {
         match self {
             Weights::Softmax => "softmax",
             Weights::Sigmoid => "sigmoid",
+        }
+    }
+}
+
+/// How a query row and a key row form the raw score `s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pair {
+    /// `s = q_i · k_j` (dot-product attention).
+    Dot,
+    /// `s = Σ_a w[a] · tanh(q_i[a] + k_j[a])` (additive attention, Bahdanau et al. 2014), with
+    /// `w` the extra operand `weight` (`[…b″, D]`, its batch axes right-aligned with the
+    /// score's and broadcasting). Printed `additive(x0)`.
+    Additive {
+        /// Which extra operand holds `w`.
+        weight: usize,
+    },
+}
+
+impl Pair {
+    /// The spelling in the IR text (`None` for the default, [`Pair::Dot`]).
+    pub fn text(self) -> Option<String> {
+        match self {
+            Pair::Dot => None,
+            Pair::Additive { weight } => Some(format!("additive(x{weight})")),
+        }
+    }
+
+    /// Inverse of [`Pair::text`].
+    pub fn parse(text: &str) -> Option<Pair> {
+        let n = text.trim().strip_prefix("additive(x")?.strip_suffix(')')?;
+        n.parse().ok().map(|weight| Pair::Additive { weight })
+    }
+
+    /// The raw score of one query row and key row by the scalar semantics (`w(a)` reads the
+    /// weight), in f64: the reference every backend follows.
+    pub fn eval(self, q: &[f64], k: &[f64], w: &dyn Fn(usize) -> f64) -> f64 {
+        match self {
+            Pair::Dot => q.iter().zip(k).map(|(a, c)| a * c).sum(),
+            Pair::Additive { .. } => q.iter().zip(k).enumerate().map(|(a, (x, y))| w(a) * semantics::unary_f(UnaryOp::Tanh, x + y)).sum(),
         }
     }
 }
@@ -80,6 +120,8 @@ pub struct FlashSpec {
     pub score: ScoreExpr,
     /// Keys where this is false are excluded; `None` keeps every key.
     pub mask: Option<ScoreExpr>,
+    /// How `s` is formed from a query row and a key row.
+    pub pair: Pair,
 }
 
 /// Position names for a score tensor of the given rank: `i`, `j` last; batch axes `b`, `h`

@@ -485,6 +485,9 @@ impl Builder {
     ) -> Result<Vec<(usize, Value)>, GradError> {
         let r = spec.rank;
         let unfused = |reason: String| GradError::Unfused { graph: self.name.clone(), reason };
+        if spec.pair != crate::ir::Pair::Dot {
+            return Err(unfused("additive scores have no fused derivative yet; the unfused graph is differentiated".into()));
+        }
         let extras = &x[3..];
         let dtypes: Vec<DType> = extras.iter().map(|e| self.ty(*e).dtype).collect();
         let class = |n: usize| dtypes.get(n).map_or(Class::Float, |d| Class::of(*d));

@@ -352,6 +352,9 @@ fn flash_lse(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<Ten
 /// `[…b, N, Dv]`); of an extra operand, its type (which must be float).
 fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
     use super::op::FlashWrt;
+    if spec.pair != super::flash::Pair::Dot {
+        return Err("flash_grad is defined for dot-product scores only (additive attention differentiates unfused)".into());
+    }
     let fixed = spec.grad_fixed_operands();
     let [q, k, v, d_out, ..] = args else { return Err("flash_grad takes q, k, v, d_out and more operands".into()) };
     let extras = &args[fixed..];
@@ -436,6 +439,21 @@ fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType], declared: Option<
     }
     if let Some(msg) = bad {
         return Err(msg);
+    }
+    if let super::flash::Pair::Additive { weight } = spec.pair {
+        let w =
+            extras.get(weight).ok_or_else(|| format!("additive weight x{weight} is not an operand ({} extra operands)", extras.len()))?;
+        let batch = &q.shape[..r - 2];
+        let fits = w.rank() >= 1
+            && w.rank() < r
+            && w.shape[w.rank() - 1] == q.shape[r - 1]
+            && w.shape[..w.rank() - 1].iter().zip(&batch[batch.len() + 1 - w.rank()..]).all(|(a, b)| a == b || *a == one);
+        if !w.dtype.is_float() || !fits {
+            return Err(format!(
+                "additive weight x{weight} must be a float [.., {}] whose batch dims broadcast into {q}, found {w}",
+                q.shape[r - 1]
+            ));
+        }
     }
     let mut shape = q.shape[..r - 1].to_vec();
     shape.push(v.shape[r - 1].clone());

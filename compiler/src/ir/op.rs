@@ -1,7 +1,7 @@
 //! The closed set of IR operations, with their names and attributes in the text form.
 
 use super::dim::Dim;
-use super::flash::{FlashSpec, ShowExpr, Weights, parse_expr};
+use super::flash::{FlashSpec, Pair, ShowExpr, Weights, parse_expr};
 use std::fmt;
 
 /// One-operand element-wise operations.
@@ -610,7 +610,11 @@ impl Op {
                     Some(t) => Some(parse_expr(&t, rank).map_err(|e| format!("mask: {e}"))?),
                     None => None,
                 };
-                let spec = Box::new(FlashSpec { rank, weights, score, mask });
+                let pair = match text("pair")? {
+                    None => Pair::Dot,
+                    Some(t) => Pair::parse(&t).ok_or_else(|| format!("`pair` must be additive(x<N>), found `{t}`"))?,
+                };
+                let spec = Box::new(FlashSpec { rank, weights, score, mask, pair });
                 match name {
                     "flash_lse" if spec.weights != Weights::Softmax => return Err("`flash_lse` needs softmax weights".into()),
                     "flash_lse" => Op::FlashLse(spec),
@@ -656,6 +660,9 @@ fn flash_attrs(spec: &FlashSpec) -> Vec<(&'static str, Attr)> {
     ];
     if let Some(mask) = &spec.mask {
         attrs.push(("mask", Attr::Name(ShowExpr { expr: mask, rank: spec.rank }.to_string())));
+    }
+    if let Some(pair) = spec.pair.text() {
+        attrs.push(("pair", Attr::Name(pair)));
     }
     attrs
 }

@@ -710,6 +710,46 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn additive_flash_round_trips_and_checks_its_weight() {
+        let text = "graph g {
+  %0 = param[name=q] : f32[B, M, A]
+  %1 = param[name=k] : f32[B, N, A]
+  %2 = param[name=v] : f32[B, N, E]
+  %3 = param[name=w] : f32[A]
+  %4 = flash[rank=3, weights=softmax, score=\"s * 0.5\", pair=\"additive(x0)\"] %0, %1, %2, %3 : f32[B, M, E]
+  output out = %4
+}";
+        let g = Graph::parse(text).unwrap();
+        assert_eq!(g.to_string(), text);
+        assert!(crate::ir::verify(&g).is_ok());
+        let problem = |t: &str| match Graph::parse(t) {
+            Err(e) => e.message,
+            Ok(g) => crate::ir::verify(&g).err().map(|e| format!("{e:?}")).unwrap_or_default(),
+        };
+        let with = |w: &str, pair: &str| text.replace("f32[A]", w).replace("additive(x0)", pair);
+        for (w, pair, message) in [
+            ("f32[E]", "additive(x0)", "additive weight x0 must be a float [.., A]"),
+            ("i32[A]", "additive(x0)", "additive weight x0 must be a float"),
+            ("f32[A]", "additive(x1)", "additive weight x1 is not an operand"),
+            ("f32[A]", "additive(y)", "`pair` must be additive(x<N>)"),
+        ] {
+            let e = problem(&with(w, pair));
+            assert!(e.contains(message), "{w} {pair}: {e}");
+        }
+        // Its derivative is not a flash_grad: the unfused graph is differentiated instead.
+        let grad = "graph g {
+  %0 = param[name=q] : f32[M, A]
+  %1 = param[name=k] : f32[N, A]
+  %2 = param[name=v] : f32[N, E]
+  %3 = param[name=d] : f32[M, E]
+  %4 = param[name=w] : f32[A]
+  %5 = flash_grad[rank=2, weights=sigmoid, score=s, pair=\"additive(x0)\", wrt=q] %0, %1, %2, %3, %4 : f32[M, A]
+  output out = %5
+}";
+        assert!(problem(grad).contains("dot-product scores only"), "{}", problem(grad));
+    }
+
+    #[test]
     fn numbering_follows_topological_order() {
         let mut g = Graph::new("g");
         let c = add(&mut g, Op::Const(1.5), &[], Some(TensorType::scalar(DType::F32)));

@@ -124,7 +124,13 @@ impl<'a> Cost<'a> {
                     Op::FlashGrad { .. } => 3.0,
                     _ => 2.0,
                 };
-                2.0 * products * rows * n_keys * width + rows * n_keys * (per_score + 4.0) + moved(ins)
+                // An additive score costs a `tanh` (about ten operations) and an add and an FMA
+                // per width element where a dot product costs one FMA.
+                let pair = match spec.pair {
+                    crate::ir::Pair::Dot => 0.0,
+                    crate::ir::Pair::Additive { .. } => 10.0 * width,
+                };
+                2.0 * products * rows * n_keys * width + rows * n_keys * (pair + per_score + 4.0) + moved(ins)
             }
         }
     }

@@ -126,13 +126,12 @@ fn folded_scales(g: &Graph, live: &[bool]) -> Vec<Option<(Value, ScoreExpr)>> {
             // Read only as the query of flash-family ops (a flash op, its log-sum-exp and its
             // gradients), once each.
             let users: Vec<Value> = g.users(v).into_iter().filter(|u| live[u.index()]).collect();
-            let only_query = !users.is_empty()
-                && users.iter().all(|u| {
-                    matches!(g.node(*u).op, Op::Flash(_) | Op::FlashLse(_) | Op::FlashGrad { .. })
-                        && g.operands(*u).iter().position(|a| *a == v) == Some(0)
-                        && g.operands(*u).iter().filter(|a| **a == v).count() == 1
-                })
-                && !g.outputs().iter().any(|(_, o)| *o == v);
+            let only_query = !users.is_empty() && users.iter().all(|u| {
+                // A scale of an additive score's query does not factor out of the `tanh`.
+                matches!(&g.node(*u).op, Op::Flash(f) | Op::FlashLse(f) | Op::FlashGrad { spec: f, .. } if f.pair == crate::ir::Pair::Dot)
+                    && g.operands(*u).iter().position(|a| *a == v) == Some(0)
+                    && g.operands(*u).iter().filter(|a| **a == v).count() == 1
+            }) && !g.outputs().iter().any(|(_, o)| *o == v);
             if !only_query {
                 return None;
             }
@@ -645,6 +644,14 @@ impl Lowering<'_> {
         }
         let [q, k, vv]: [View; 3] = qkv.try_into().map_err(|_| self.unsupported(v, "flash needs q, k and v"))?;
         let r = q.shape.len();
+        if let crate::ir::Pair::Additive { weight } = spec.pair {
+            let w = extras.get(weight).cloned().ok_or_else(|| self.unsupported(v, "the additive weight is not an operand"))?;
+            if [q.dtype, k.dtype, w.dtype].iter().any(|d| *d != DType::F32) {
+                return Err(self.unsupported(v, "additive scores run on f32 q, k and weight only"));
+            }
+            let last = w.shape.len().saturating_sub(1);
+            extras[weight] = self.dense_if(v, w, DType::F32, |x| x.unit_stride(last));
+        }
         if self.policy.target() == Target::Cuda {
             for w in [&q.shape[r - 1], &vv.shape[r - 1]] {
                 if let Some(c) = w.as_const().filter(|c| *c > CUDA_MAX_HEAD) {
@@ -665,7 +672,7 @@ impl Lowering<'_> {
         let step = self.plan.steps.len();
         let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
-        let variant = self.policy.flash_variant([q.dtype, k.dtype, vv.dtype], q.shape[r - 2].as_const());
+        let variant = self.policy.flash_variant([q.dtype, k.dtype, vv.dtype], q.shape[r - 2].as_const(), spec.pair == crate::ir::Pair::Dot);
         let analysis = FlashAnalysis::of(spec, q_scale);
         let kernel =
             FlashKernel { spec: spec.clone(), q, k, v: vv, extras, out: out.clone(), lse, step, tiles, partials, variant, analysis };

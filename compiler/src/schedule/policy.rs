@@ -143,10 +143,12 @@ impl Policy {
     }
 
     /// The variant of a flash op with q, k, v of these dtypes and `rows` query rows when that is
-    /// a constant.
-    pub fn flash_variant(&self, dtypes: [DType; 3], rows: Option<i64>) -> Variant {
+    /// a constant. Additive scores (`dot` false) run on the SIMT kernel on CUDA: they are sums
+    /// of `tanh`, not products for the tensor cores.
+    pub fn flash_variant(&self, dtypes: [DType; 3], rows: Option<i64>, dot: bool) -> Variant {
         match self {
             Policy::Cpu(_) => Variant::Tiled,
+            Policy::Cuda(_) if !dot => Variant::Simt,
             Policy::Cuda(_) if rows.is_some_and(|m| (1..=CUDA_DECODE_MAX_ROWS).contains(&m)) => Variant::SplitKv,
             Policy::Cuda(_) if dtypes.iter().all(|d| *d == dtypes[0]) && matches!(dtypes[0], DType::F16 | DType::BF16) => {
                 Variant::TensorCore

@@ -1,4 +1,4 @@
-//! `attnc bench`: time an entry point on seeded random inputs and report the median time,
+//! `attnc bench`: time an entry point on seeded random inputs (or given ones) and report the median time,
 //! useful GFLOP/s and the fraction of this machine's FMA peak.
 //!
 //! Useful FLOPs count the dense products the program needs: `2·M·N·D + 2·M·N·Dv` per batch
@@ -26,6 +26,12 @@ pub struct BenchArgs {
     /// The function to time (default: the last one in the file).
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
+    /// Time on these inputs instead of random ones: NAME=PATH (.npy or .safetensors), or
+    /// PATH.safetensors for every tensor named like a parameter; the parameters none gives are
+    /// random. (Most programs take the same time on any values; additive attention's score
+    /// kernel picks its form from the magnitudes.) Repeatable.
+    #[arg(long = "input", value_name = "[NAME=]PATH", value_parser = super::run::parse_named_path)]
+    pub inputs: Vec<super::run::NamedPath>,
     /// The size of a dim (unset dims are 8). Repeatable.
     #[arg(long = "dim", value_name = "NAME=N", value_parser = super::run::parse_dim)]
     pub dims: Vec<(String, i64)>,
@@ -66,9 +72,10 @@ pub fn bench(args: &BenchArgs, ui: super::Ui) -> Result<(), Failure> {
         Some(name) => program.entry(name).map_err(|e| Failure::new(Exit::Usage, e))?,
         None => program.default_entry().ok_or_else(|| Failure::new(Exit::Program, "the program defines no function"))?,
     };
-    let given: HashMap<String, i64> = args.dims.iter().cloned().collect();
-    let dims = program.random_dims(&entry.name, &given).map_err(|e| Failure::new(Exit::Usage, e))?;
-    let inputs = program.random_inputs(&entry.name, args.seed, &dims).map_err(|e| Failure::new(Exit::Runtime, e))?;
+    let given = super::run::given_dims(&args.dims)?;
+    let (mut inputs, dims) = super::run::gather_inputs(&program, &entry, &args.inputs, Some(args.seed), given)?;
+    // In parameter order, as the timed runs pass them.
+    inputs.sort_by_key(|(name, _)| entry.params.iter().position(|(p, _)| p == name));
     if let Some(dir) = &args.save_inputs {
         std::fs::create_dir_all(dir).map_err(|e| Failure::new(Exit::File, format!("cannot create {}: {e}", dir.display())))?;
         for (name, tensor) in &inputs {
@@ -238,6 +245,9 @@ pub fn useful_flops(graph: &Graph, env: &HashMap<String, i64>) -> f64 {
                 let batch_sizes: Vec<i64> = q[..r - 2].iter().map(|d| d.eval(env).unwrap_or(0)).collect();
                 let batch: f64 = batch_sizes.iter().map(|b| *b as f64).product();
                 let (m, n, d, dv) = (size(&q[r - 2]), size(&k[r - 2]), size(&q[r - 1]), size(&vv[r - 1]));
+                // An additive score is four operations per width element (add, tanh, multiply,
+                // add) where a dot product is two.
+                let d = if spec.pair == attn_compiler::ir::Pair::Dot { d } else { 2.0 * d };
                 let width = match &node.op {
                     Op::FlashGrad { wrt, .. } => {
                         let first = !counted.contains(&args);

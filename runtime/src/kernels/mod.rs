@@ -17,6 +17,7 @@
 //! ~4% of a 128-row one, so 128-row query blocks amortise a key block best. Each call packs
 //! into a per-thread buffer that is allocated once and reused.
 
+mod additive;
 mod exp;
 mod gemm;
 mod gemv;
@@ -395,6 +396,56 @@ product_entry!(
     Layout::Nn
 );
 
+/// C ABI: additive attention scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for
+/// `r < m`, `c < n`, `a < k`, row-major with leading dimensions (`C` is overwritten).
+///
+/// # Safety
+/// For non-empty shapes the pointers must address `(m-1)·lda + k`, `(n-1)·ldb + k` and
+/// `(m-1)·ldc + n` valid elements, and `w` `k`; `C` must not overlap the others.
+#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+pub unsafe extern "C" fn attnc_additive_nt(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    w: *const f32,
+) {
+    // SAFETY: forwarded from the caller's contract; `isa()` is supported.
+    unsafe { additive::additive_nt(isa(), (m, n, k), a, lda, b, ldb, c, ldc, alpha, w) }
+}
+
+/// Additive attention scores on `isa` ([`attnc_additive_nt`]): `a` is `m × k`, `b` `n × k`,
+/// `c` `m × n`, dense row-major, `w` of `k`.
+pub fn additive_nt(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    alpha: f32,
+    w: &[f32],
+) -> Result<(), KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    for (operand, len, need) in
+        [("a", a.len(), m.saturating_mul(k)), ("b", b.len(), n.saturating_mul(k)), ("c", c.len(), m.saturating_mul(n)), ("w", w.len(), k)]
+    {
+        if len < need {
+            return Err(KernelError::TooShort { operand, len, need });
+        }
+    }
+    // SAFETY: the slices hold the elements the shapes need and the path is supported.
+    unsafe { additive::additive_nt(isa, (m, n, k), a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), n, alpha, w.as_ptr()) };
+    Ok(())
+}
+
 /// C ABI: `y[i] = exp(x[i])` for `i < n` (`x` and `y` may be the same buffer).
 ///
 /// # Safety
@@ -528,6 +579,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_sgemm_nn", attnc_sgemm_nn as *const u8),
         ("attnc_gemv_nt", attnc_gemv_nt as *const u8),
         ("attnc_gemv_nn", attnc_gemv_nn as *const u8),
+        ("attnc_additive_nt", attnc_additive_nt as *const u8),
         ("attnc_exp_f32", attnc_exp_f32 as *const u8),
         ("attnc_exp_sum_f32", attnc_exp_sum_f32 as *const u8),
         ("attnc_softmax_step_f32", attnc_softmax_step_f32 as *const u8),

@@ -534,3 +534,42 @@ fn flash_bwd_row_matches_an_f64_reference_on_every_path() {
         }
     }
 }
+
+/// `alpha · Σ_a w[a]·tanh(q[a] + k[a])` in f64.
+fn additive_ref(q: &[f32], k: &[f32], w: &[f32], alpha: f32) -> f64 {
+    let s: f64 = q.iter().zip(k).zip(w).map(|((x, y), w)| f64::from(*w) * (f64::from(*x) + f64::from(*y)).tanh()).sum();
+    f64::from(alpha) * s
+}
+
+#[test]
+fn additive_scores_match_f64_on_every_path() {
+    let mut rng = Rng(7);
+    // Shapes across the 64- and 16-key blocks, tails and a single row; inputs scaled so that
+    // some rows and tiles leave the product form's range (the direct form then runs).
+    for isa in available_isas() {
+        for &(m, n, k, scale) in
+            &[(1, 1, 1, 1.0), (3, 17, 5, 1.0), (7, 64, 128, 2.0), (5, 81, 33, 0.5), (4, 130, 12, 12.0), (2, 20, 9, 30.0)]
+        {
+            let q: Vec<f32> = rng.vec(m * k).iter().map(|x| x * scale).collect();
+            let kk: Vec<f32> = rng.vec(n * k).iter().map(|x| x * scale).collect();
+            let w = rng.vec(k);
+            let mut c = vec![f32::NAN; m * n];
+            crate::kernels::additive_nt(isa, (m, n, k), &q, &kk, &mut c, 0.5, &w).unwrap();
+            for r in 0..m {
+                for col in 0..n {
+                    let want = additive_ref(&q[r * k..(r + 1) * k], &kk[col * k..(col + 1) * k], &w, 0.5);
+                    let bound: f64 = w.iter().map(|x| f64::from(x.abs())).sum::<f64>() * 1e-6 + 1e-6;
+                    let got = f64::from(c[r * n + col]);
+                    assert!((got - want).abs() <= bound, "{isa} {m}x{n}x{k} x{scale} [{r},{col}]: {got} vs {want}");
+                }
+            }
+        }
+        // Infinities and NaN follow the scalar semantics: tanh(±inf) = ±1, NaN propagates.
+        let (q, kk, w) = ([f32::INFINITY, 0.5, 0.1, f32::NAN], [0.25, -0.5, 0.3, 1.0], [1.0, 2.0, 3.0]);
+        let mut c = [0.0f32; 4];
+        crate::kernels::additive_nt(isa, (4, 1, 1), &q, &kk[..1], &mut c, 1.0, &w[..1]).unwrap();
+        assert_eq!(c[0], 1.0, "{isa}");
+        assert!((f64::from(c[1]) - 0.75f64.tanh()).abs() < 1e-6, "{isa}");
+        assert!(c[3].is_nan(), "{isa}");
+    }
+}

@@ -34,6 +34,11 @@ pub const SGEMM_NN: Import =
 pub const GEMV_NT: Import = Import { name: "attnc_gemv_nt", params: SGEMM_NT.params, returns: &[] };
 /// [`SGEMM_NN`] for a few rows of `A`: same parameters.
 pub const GEMV_NN: Import = Import { name: "attnc_gemv_nn", params: SGEMM_NN.params, returns: &[] };
+/// Additive scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for `r < m`, `c < n`,
+/// `a < k`: `(m, n, k, a, lda, b, ldb, c, ldc, alpha, w)` (see the runtime's
+/// `attnc_additive_nt`).
+pub const ADDITIVE_NT: Import =
+    Import { name: "attnc_additive_nt", params: &[I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I64], returns: &[] };
 /// `y[i] = exp(x[i] - shift)`, returns `Σ y`: `(x, y, n, shift) -> sum`.
 pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I64, I64, F32], returns: &[F32] };
 /// One online-softmax step over a row of scores `factor·x` (plus an optional key bias): updates
@@ -87,6 +92,7 @@ pub const IMPORTS: &[Import] = &[
     SGEMM_NN,
     GEMV_NT,
     GEMV_NN,
+    ADDITIVE_NT,
     EXP_SUM,
     SOFTMAX_STEP,
     TANH,

@@ -26,7 +26,7 @@ use super::builder::Fx;
 use super::matmul::batch_strides;
 use super::ops::{Kind, Tv};
 use super::score::{self, Env, Extra, Hoisted};
-use crate::ir::{DType, Dim, ScoreExpr, Weights};
+use crate::ir::{DType, Dim, Pair, ScoreExpr, Weights};
 use crate::schedule::tiles::{CHUNK_COLS, CHUNK_ROWS};
 use crate::schedule::{FlashKernel, Level, Tuning};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -207,6 +207,8 @@ struct Prologue<'f> {
     dims: HashMap<Dim, Value>,
     /// The scale of the Q·Kᵀ product.
     alpha: Value,
+    /// Additive scores: the weight vector's first element and batch strides.
+    weight: Option<(Value, Vec<Value>)>,
     scratch: Scratch,
     lane_iota: Value,
 }
@@ -245,7 +247,15 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashKernel) -> Prologue<'f> {
     });
     let scratch = Scratch { tile: base, acc, max, sum, bias };
     let lane_iota = fx.lane_iota();
-    Prologue { f, c, q, k, v, n, d, lda, ldk, ldv, bn, kps, nkb, tiles, entry_bytes, extras, dims, alpha, scratch, lane_iota }
+    let weight = match f.spec.pair {
+        Pair::Dot => None,
+        Pair::Additive { weight } => f.extras.get(weight).map(|view| {
+            let (base, strides) = fx.view_base(view);
+            let bs = batch_strides_of(fx, view, &strides, &batch);
+            (base, bs)
+        }),
+    };
+    Prologue { f, c, q, k, v, n, d, lda, ldk, ldv, bn, kps, nkb, tiles, entry_bytes, extras, dims, alpha, weight, scratch, lane_iota }
 }
 
 /// One work item: a query block's rows against one key split.
@@ -253,6 +263,8 @@ struct Item {
     block: QueryBlock,
     /// The query block's first row of q.
     qp: Value,
+    /// The batch index's additive weight vector.
+    wp: Option<Value>,
     /// Offsets of the batch index's k and v.
     koff: Value,
     voff: Value,
@@ -308,6 +320,10 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
     let qrow = fx.mul(block.i0, p.q.row);
     let qoff = fx.add(qoff, qrow);
     let qp = fx.elem_addr(p.q.base, qoff);
+    let wp = p.weight.as_ref().map(|(base, bs)| {
+        let off = fx.dot(zero, &block.bidx, bs);
+        fx.elem_addr(*base, off)
+    });
     let koff = fx.dot(zero, &block.bidx, &p.k.batch);
     let voff = fx.dot(zero, &block.bidx, &p.v.batch);
     let kstart = fx.mul(sp, p.kps);
@@ -339,7 +355,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
     };
     let factor = factor_of(fx, &f.analysis.staged);
     let rest_factor = f.analysis.separated.as_ref().and_then(|(_, rest)| factor_of(fx, rest));
-    Item { block, qp, koff, voff, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
+    Item { block, qp, wp, koff, voff, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
 }
 
 /// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
@@ -490,7 +506,13 @@ fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc)
     let overwrite = fx.b.ins().iconst(types::I32, 0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     let one = fx.f32(1.0);
-    products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]);
+    match it.wp {
+        // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
+        Some(wp) => {
+            fx.call(abi::ADDITIVE_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, wp]);
+        }
+        None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]),
+    }
     // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
     let t = Tile {
         cols: cc,

@@ -23,7 +23,7 @@ use super::ops::{self, Lines};
 use super::score::{ScoreCtx, score_lines};
 use super::{CudaEmitError, KernelSource, Smem};
 use crate::ir::semantics::Class;
-use crate::ir::{Dim, Weights};
+use crate::ir::{Dim, Pair, Weights};
 use crate::schedule::policy::{CUDA_FLASH_THREADS, CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_ROW_WARPS, CUDA_SIMT_ROWS, CUDA_THREADS};
 use crate::schedule::{FlashKernel, Tuning, Variant, View};
 
@@ -90,8 +90,42 @@ impl<'a> Flash<'a> {
             out.push(format!("const i64 {name} = {};", self.ints.offset(&bview, &p)?));
         }
         out.push("(void)sp_; (void)koff_; (void)voff_;".into());
+        if let Some(w) = self.weight() {
+            // The additive weight's axes before its last are batch axes, right-aligned.
+            let own = w.shape.len().saturating_sub(1);
+            let lead = self.batch.len().saturating_sub(own);
+            let strides = (0..self.batch.len())
+                .map(|t| match t.checked_sub(lead) {
+                    Some(a) if w.shape[a].as_const() != Some(1) => w.strides[a].clone(),
+                    _ => Dim::constant(0),
+                })
+                .collect();
+            let bview = View { shape: self.batch.clone(), strides, ..w.clone() };
+            out.push(format!("const i64 woff_ = {};", self.ints.offset(&bview, &p)?));
+        }
         out.extend(self.lse_offset(&p)?);
         Ok(p)
+    }
+
+    /// The additive weight vector (dense along its last axis), when the scores are additive.
+    fn weight(&self) -> Option<&View> {
+        match self.f.spec.pair {
+            Pair::Dot => None,
+            Pair::Additive { weight } => self.f.extras.get(weight),
+        }
+    }
+
+    /// The statement adding row `r_`'s score against key row `lane_` to `s_`, from the staged
+    /// Q and K tiles: a dot product, or the additive `Σ w·tanh(q + k)` (over the true width: the
+    /// weight has no padding).
+    fn raw_score(&self) -> Result<String, CudaEmitError> {
+        Ok(match self.weight() {
+            None => "for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
+            Some(w) => format!(
+                "for (int cc_ = 0; cc_ < (int)D_; ++cc_) s_ += {} * tanhf(Qs_[r_ * HD_ + cc_] + Ks_[lane_ * HDP_ + cc_]);",
+                super::cexpr::load(w.buf, w.dtype, "woff_ + cc_")
+            ),
+        })
     }
 
     /// The element offset of row `row`, column `col` of a view within the batch index whose
@@ -181,6 +215,9 @@ impl<'a> Flash<'a> {
 /// The kernel of a flash step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashKernel) -> Result<KernelSource, CudaEmitError> {
     let fl = Flash::new(ints, f);
+    if f.spec.pair != Pair::Dot && f.variant != Variant::Simt {
+        return Err(ints.fail(format!("additive scores run on the SIMT flash kernel, not the {} one", f.variant.name())));
+    }
     match f.variant {
         Variant::TensorCore => tensor_core(&fl, items),
         Variant::SplitKv => split_kv(&fl, items),
@@ -238,7 +275,7 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         "  const i64 i_ = q0_ + r_;".into(),
         "  float s_ = 0.0f;".into(),
         "  #pragma unroll 8".into(),
-        "  for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
+        format!("  {}", fl.raw_score()?),
         "  s_ *= alpha_;".into(),
         "  bool keep_ = j_ < N_;".into(),
     ];

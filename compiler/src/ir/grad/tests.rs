@@ -301,7 +301,13 @@ fn flash_rule_against_central_differences() {
 
 #[test]
 fn score_derivatives_come_from_the_shared_rules() {
-    let spec = |score: &str| FlashSpec { rank: 4, weights: Weights::Softmax, score: crate::ir::parse_expr(score, 4).unwrap(), mask: None };
+    let spec = |score: &str| FlashSpec {
+        rank: 4,
+        weights: Weights::Softmax,
+        score: crate::ir::parse_expr(score, 4).unwrap(),
+        mask: None,
+        pair: crate::ir::Pair::Dot,
+    };
     let show = |e: &crate::ir::ScoreExpr| crate::ir::ShowExpr { expr: e, rank: 4 }.to_string();
     let float = |_: usize| Class::Float;
     let g = score_grad(&spec("50.0 * tanh(s)"), &float).unwrap();

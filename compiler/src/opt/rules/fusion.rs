@@ -1,5 +1,10 @@
 //! Flash fusion: `matmul(softmax(F(matmul(q, kᵀ))), v)` becomes one `flash` op.
 //!
+//! Additive scores fuse the same way: `reduce_sum(tanh(q′ + k′) * w, last axis)` with `q′` of
+//! shape `[…b, M, 1, A]`, `k′` of `[…b, 1, N, A]` and `w` of `[A]` (Bahdanau's
+//! `vᵀ tanh(W qᵢ + U kⱼ)`) is the raw score of a flash op with [`Pair::Additive`]: the kernels
+//! evaluate it tile by tile from the two projected matrices, never forming the `M×N×A` tensor.
+//!
 //! `F` is any chain of element-wise ops on the scores whose other operands are scalars, tensors
 //! that broadcast along the score axes, positions (`iota`), dims and gathers from tables. It is
 //! translated into the op's score modification ([`ScoreExpr`]); `where(p, s, -inf)` and
@@ -11,7 +16,7 @@
 //! elsewhere (an output, another user): fusing would compute the scores twice.
 
 use super::{Build, EG, Rule, konst, ty};
-use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Op, ScoreExpr, TensorType, UnaryOp, Weights};
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Op, Pair, ReduceOp, ScoreExpr, TensorType, UnaryOp, Weights};
 use egg::Id;
 use std::collections::HashSet;
 
@@ -108,21 +113,59 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     }
     let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, path: Vec::new() };
     let expr = cx.convert(scores, 0).ok_or("the scores are not an element-wise function of one q @ kᵀ")?;
-    let (q, kt) = cx.leaf.ok_or("no q @ kᵀ product feeds the scores")?;
+    let leaf = cx.leaf.ok_or("no q @ kᵀ product (or additive score sum(tanh(q + k) * w)) feeds the scores")?;
     if !expr.uses_score() {
         return Err("the scores do not depend on q @ kᵀ".into());
     }
-    for t in [ty(eg, q), ty(eg, kt), ty(eg, v)] {
-        if t.is_none_or(|t| t.rank() != rank) {
-            return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
+    let (q, k, pair) = match leaf {
+        Leaf::Dot(q, kt) => (Build::Class(q), untranspose(eg, kt, rank), Pair::Dot),
+        Leaf::Additive { q, k, w } => {
+            let weight = cx.extras.iter().position(|e| *e == w).ok_or("the additive weight is not an operand")?;
+            (squeeze(eg, q, rank - 1), squeeze(eg, k, rank - 2), Pair::Additive { weight })
         }
+    };
+    if let Leaf::Dot(q, kt) = leaf {
+        for t in [ty(eg, q), ty(eg, kt)] {
+            if t.is_none_or(|t| t.rank() != rank) {
+                return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
+            }
+        }
+    }
+    if ty(eg, v).is_none_or(|t| t.rank() != rank) {
+        return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
     }
     let (score, preds) = split_mask(expr);
     let mask = preds.into_iter().reduce(|a, b| ScoreExpr::bin(BinaryOp::And, a, b));
-    let spec = FlashSpec { rank, weights, score, mask };
-    let mut args = vec![Build::Class(q), untranspose(eg, kt, rank), Build::Class(v)];
+    let spec = FlashSpec { rank, weights, score, mask, pair };
+    let mut args = vec![q, k, Build::Class(v)];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
     Ok(Build::Node(Op::Flash(Box::new(spec)), out, args))
+}
+
+/// Where the raw score `s` of a fused op comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Leaf {
+    /// `matmul(q, kᵀ)`: the classes of `q` and `kᵀ`.
+    Dot(Id, Id),
+    /// `reduce_sum(tanh(q′ + k′) * w)`: the classes of `q′` (`[…b, M, 1, A]`), `k′`
+    /// (`[…b′, 1, N, A]`) and `w` (`[A]`, an extra operand).
+    Additive { q: Id, k: Id, w: Id },
+}
+
+/// `class` without its size-1 axis `axis`: the operand of a reshape that inserted it if there
+/// is one (`unsqueeze(q @ w_q, 2)`), else a reshape.
+fn squeeze(eg: &EG, class: Id, axis: usize) -> Build {
+    let Some(t) = ty(eg, class) else { return Build::Class(class) };
+    let mut shape = t.shape.clone();
+    if axis < shape.len() {
+        shape.remove(axis);
+    }
+    for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::Reshape)) {
+        if ty(eg, n.args()[0]).is_some_and(|a| a.shape == shape) {
+            return Build::Class(n.args()[0]);
+        }
+    }
+    Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(class)])
 }
 
 /// `k` from `kᵀ`: the operand of a last-two-axes transpose if there is one, else a transpose.
@@ -144,8 +187,8 @@ struct Cx<'a> {
     eg: &'a EG,
     /// Shape of the score tensor.
     shape: Vec<Dim>,
-    /// `(q, kᵀ)` once found.
-    leaf: Option<(Id, Id)>,
+    /// The source of the raw score once found.
+    leaf: Option<Leaf>,
     /// Classes read by `Load`.
     extras: Vec<Id>,
     /// Bounds the work on deep or shared sub-graphs.
@@ -172,16 +215,20 @@ impl Cx<'_> {
     fn convert_class(&mut self, class: Id, depth: usize) -> Option<ScoreExpr> {
         let eg = self.eg;
         let t = ty(eg, class)?.clone();
-        // The q @ kᵀ product itself.
+        // The q @ kᵀ product itself, or an additive score.
         if t.shape == self.shape {
-            for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)) {
-                let pair = (eg.find(n.args()[0]), eg.find(n.args()[1]));
+            let dots = eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul));
+            let found = dots.map(|n| Leaf::Dot(eg.find(n.args()[0]), eg.find(n.args()[1]))).chain(self.additive(class));
+            for leaf in found.collect::<Vec<_>>() {
                 match self.leaf {
                     None => {
-                        self.leaf = Some(pair);
+                        if let Leaf::Additive { w, .. } = leaf {
+                            self.extra(w);
+                        }
+                        self.leaf = Some(leaf);
                         return Some(ScoreExpr::Score);
                     }
-                    Some(l) if l == pair => return Some(ScoreExpr::Score),
+                    Some(l) if l == leaf => return Some(ScoreExpr::Score),
                     Some(_) => {}
                 }
             }
@@ -237,6 +284,52 @@ impl Cx<'_> {
             }
             _ => return None,
         })
+    }
+
+    /// The additive scores `reduce_sum(tanh(q′ + k′) * w)` over the last axis in `class`, if
+    /// it has them: `q′` spans the query axis and has size 1 on the key axis, `k′` the reverse,
+    /// both with the score's batch axes (`k′`'s may be 1), `w` is an f32 vector over the summed
+    /// axis. Only f32 operands fuse (the kernels' products are f32).
+    fn additive(&self, class: Id) -> Option<Leaf> {
+        let eg = self.eg;
+        let r = self.shape.len();
+        let one = Dim::constant(1);
+        let f32_ty = |c: Id| ty(eg, c).filter(|t| t.dtype == DType::F32);
+        for n in eg[class].nodes.iter() {
+            let Op::Reduce { op: ReduceOp::Sum, axes, keepdim: false } = n.op() else { continue };
+            if axes.as_slice() != [r] {
+                continue;
+            }
+            let Some(width) = f32_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else { continue };
+            for m in eg[n.args()[0]].nodes.iter().filter(|m| matches!(m.op(), Op::Binary(BinaryOp::Mul))) {
+                for (t, w) in [(m.args()[0], m.args()[1]), (m.args()[1], m.args()[0])] {
+                    if f32_ty(w).is_none_or(|wt| wt.shape != [width.clone()]) {
+                        continue;
+                    }
+                    for th in eg[t].nodes.iter().filter(|x| matches!(x.op(), Op::Unary(UnaryOp::Tanh))) {
+                        for add in eg[th.args()[0]].nodes.iter().filter(|x| matches!(x.op(), Op::Binary(BinaryOp::Add))) {
+                            let (a, b) = (add.args()[0], add.args()[1]);
+                            let side = |c: Id, query: bool| {
+                                f32_ty(c).is_some_and(|t| {
+                                    let (along, flat) = if query { (r - 2, r - 1) } else { (r - 1, r - 2) };
+                                    t.rank() == r + 1
+                                        && t.shape[along] == self.shape[along]
+                                        && t.shape[flat] == one
+                                        && t.shape[r] == width
+                                        && (0..r - 2).all(|x| t.shape[x] == self.shape[x] || (!query && t.shape[x] == one))
+                                })
+                            };
+                            for (q, k) in [(a, b), (b, a)] {
+                                if side(q, true) && side(k, false) {
+                                    return Some(Leaf::Additive { q: eg.find(q), k: eg.find(k), w: eg.find(w) });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// A tensor that broadcasts along the score axes, read per element.
