@@ -560,7 +560,9 @@ impl Lowering<'_> {
             Op::ArgSort { axis, descending } => {
                 let x = self.view(args[0])?;
                 let out = self.temp(v, ty.dtype, &ty.shape);
-                self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone() }, label, v);
+                // CUDA merges sorted runs in parallel, from one permutation into another.
+                let scratch = (self.policy.target() == Target::Cuda).then(|| self.temp(v, ty.dtype, &ty.shape));
+                self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone(), scratch }, label, v);
                 Ok(out)
             }
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
@@ -845,7 +847,8 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
             (inputs.iter().map(|v| v.buf).collect(), std::iter::once(out).chain(more.iter().map(|(o, _)| o)).map(|o| o.buf).collect())
         }
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
-        Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => (vec![x.buf], vec![out.buf]),
+        Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => (vec![x.buf], vec![out.buf]),
+        Kernel::ArgSort { x, out, scratch, .. } => (vec![x.buf], std::iter::once(out).chain(scratch).map(|v| v.buf).collect()),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::ScatterAdd { base, idx, src, out, .. } => (bufs(&[base, idx, src]), vec![out.buf]),
         Kernel::PrefixAttention { q, k, v, out, .. } => (bufs(&[q, k, v]), vec![out.buf]),
@@ -912,8 +915,9 @@ fn register_ints(plan: &mut Schedule) {
                 }
             }
             Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
-            Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } | Kernel::ArgSort { x, out, .. } => {
-                [x, out].iter().for_each(|v| view(v, &mut add))
+            Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => [x, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::ArgSort { x, out, scratch, .. } => {
+                [Some(x), Some(out), scratch.as_ref()].into_iter().flatten().for_each(|v| view(v, &mut add))
             }
             Kernel::Scan { a, x, out, .. } => [a.as_ref(), Some(x), Some(out)].into_iter().flatten().for_each(|v| view(v, &mut add)),
             Kernel::ScatterAdd { base, idx, src, out, .. } => [base, idx, src, out].iter().for_each(|v| view(v, &mut add)),

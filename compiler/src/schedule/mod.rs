@@ -398,6 +398,8 @@ pub enum Kernel {
         descending: bool,
         /// Dense result, `x`'s shape.
         out: View,
+        /// A second permutation of `out`'s shape that a merge sort ping-pongs with (CUDA).
+        scratch: Option<View>,
     },
     /// `base` with `src` added at `idx`'s positions along `axis` ([`crate::ir::Op::ScatterAdd`]),
     /// one row (every axis but `axis`) per work item.

@@ -117,8 +117,11 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
             if *reverse { ", reverse" } else { "" },
             super::PREFIX_BLOCK
         )?,
-        Kernel::ArgSort { x, axis, descending, out: o } => {
-            writeln!(out, "argsort along axis {axis}{}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?
+        Kernel::ArgSort { x, axis, descending, out: o, scratch } => {
+            writeln!(out, "argsort along axis {axis}{}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?;
+            if let Some(s) = scratch {
+                writeln!(out, "  scratch = {s}")?;
+            }
         }
         Kernel::Scan { op, a, x, axis, reverse, out: o } => {
             writeln!(out, "{} along axis {axis}{}", op.name(), if *reverse { ", reversed" } else { "" })?;

@@ -360,3 +360,25 @@ fn s(b: f32[N, E], i: i32[M, E], v: f32[M, E]) -> f32[N, E] {
         }
     }
 }
+
+/// Argsorts longer than a block's threads (each thread places several elements per merge pass,
+/// the last run of each pass without a partner), with many ties (stable: by index), both
+/// directions, a NaN-free float key and an integer one, exactly like the interpreter.
+#[test]
+fn long_argsorts_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("long_argsorts_run_emulated_like_the_interpreter") {
+        return;
+    }
+    let source = "fn sorts(x: f32[B, N], k: i32[B, N]) -> (a: i32[B, N], d: i32[B, N], c: i32[B, N]) {
+    return argsort(floor(x * 4.0)), argsort(k % 7, descending = true), argsort(x, axis = 0)
+}";
+    let compiled = attn_compiler::check(source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    for n in [1, 2, 257, 700] {
+        let env = sizes(&g, &[("B", 3), ("N", n)]);
+        let wd = work_dir(&format!("argsort-{n}"));
+        let err = check(&format!("argsort N={n}"), &g, Device::AsWritten(&g), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        assert_eq!(err, 0.0, "N={n}: the permutations differ");
+    }
+}

@@ -174,6 +174,14 @@ fn c_abi_entry_points_match_wrappers() {
         unsafe { entry(m, n, k, a.as_ptr(), k, b.as_ptr(), ldb, got.as_mut_ptr(), n, 2.0, 1) };
         assert_eq!(got, want);
     }
+    // The additive scores' entry point, against its wrapper.
+    let w = rng.vec(k);
+    let mut want = vec![0.0; m * n];
+    additive_nt(isa(), (m, n, k), &a, &b, &mut want, 0.5, &w).unwrap();
+    let mut got = vec![0.0; m * n];
+    // SAFETY: dense buffers of exactly the shapes passed.
+    unsafe { attnc_additive_nt(m, n, k, a.as_ptr(), k, b.as_ptr(), k, got.as_mut_ptr(), n, 0.5, w.as_ptr()) };
+    assert_eq!(got, want);
     let names: Vec<&str> = symbols().iter().map(|s| s.0).collect();
     assert_eq!(
         names,
@@ -182,6 +190,7 @@ fn c_abi_entry_points_match_wrappers() {
             "attnc_sgemm_nn",
             "attnc_gemv_nt",
             "attnc_gemv_nn",
+            "attnc_additive_nt",
             "attnc_exp_f32",
             "attnc_exp_sum_f32",
             "attnc_softmax_step_f32",

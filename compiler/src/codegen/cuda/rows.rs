@@ -219,8 +219,12 @@ pub(super) fn scatter_add(
     Ok(rows(items, item))
 }
 
-/// The kernel of an argsort step: one row per item, insertion-sorted by the warp's first lane
-/// into the output row (stable; O(n²) per row), with the order of `attnc_sorts_before`.
+/// The kernel of an argsort step: one row per item, taken by a whole block, as a merge sort of
+/// index permutations between `out` and `scratch`. Pass `w` merges sorted runs of `w` into runs
+/// of `2w`: every thread places its elements at their rank within their own run plus the count
+/// of the partner run's elements that sort before them (a binary search). The order of
+/// `attnc_sorts_before` is total (ties by index), so ranks never collide and the sort is
+/// stable. O(n log² n) comparisons per row, spread over the block's threads.
 pub(super) fn argsort(
     ints: &Ints,
     items: &str,
@@ -228,12 +232,13 @@ pub(super) fn argsort(
     axis: usize,
     descending: bool,
     out: &View,
+    scratch: Option<&View>,
 ) -> Result<KernelSource, CudaEmitError> {
+    let scratch = scratch.ok_or_else(|| ints.fail("the CUDA argsort needs a scratch permutation".to_string()))?;
     let mut item = Vec::new();
     let r = row(ints, x, vec![axis], &mut item)?;
-    let o = Row { ints, x: out, outer: r.outer.clone(), outer_idx: r.outer_idx.clone(), inner: r.inner.clone() };
     let class = if Class::of(x.dtype) == Class::Int { Class::Int } else { Class::Float };
-    // Element `e_` of the input row as a double, and the output row's element `e_`.
+    // Element `at` of the input row as a double, into `into`.
     let value_of = |lines: &mut Vec<String>, at: &str, into: &str| -> Result<(), CudaEmitError> {
         lines.push("{".into());
         lines.push(format!("  const i64 e_ = {at};"));
@@ -242,32 +247,66 @@ pub(super) fn argsort(
         lines.push("}".into());
         Ok(())
     };
-    let out_off = |at: &str| -> Result<String, CudaEmitError> {
-        let mut idx = vec!["0LL".to_string(); out.shape.len()];
-        for (k, a) in o.outer.iter().enumerate() {
-            idx[*a] = o.outer_idx[k].clone();
+    // Element `at` of the row of a permutation view (`out` or `scratch`).
+    let off = |v: &View, at: &str| -> Result<String, CudaEmitError> {
+        let mut idx = vec!["0LL".to_string(); v.shape.len()];
+        for (k, a) in r.outer.iter().enumerate() {
+            idx[*a] = r.outer_idx[k].clone();
         }
         idx[axis] = at.to_string();
-        ints.offset(out, &idx)
+        ints.offset(v, &idx)
     };
-    let mut body = vec!["double vi_;".to_string()];
-    value_of(&mut body, "i_", "vi_")?;
-    body.push("i64 j_ = i_;".into());
-    body.push("while (j_ > 0) {".into());
-    let mut inner = vec![format!("const int prev_ = {};", load(out.buf, DType::I32, &out_off("(j_ - 1)")?)), "double vp_;".into()];
-    value_of(&mut inner, "(i64)prev_", "vp_")?;
-    inner.push(format!("if (!attnc_sorts_before(vi_, i_, vp_, (i64)prev_, {})) break;", i32::from(descending)));
-    inner.push(store(out.buf, DType::I32, &out_off("j_")?, "prev_"));
-    inner.push("j_ -= 1;".into());
-    body.extend(indent(&inner, 2));
-    body.push("}".into());
-    body.push(store(out.buf, DType::I32, &out_off("j_")?, "(int)i_"));
-    item.push("if (lane_ == 0) {".into());
-    item.push("  for (i64 i_ = 0; i_ < n_; ++i_) {".into());
-    item.extend(indent(&body, 4));
-    item.push("  }".into());
+    let (o, t) = (out, scratch);
+    let load_perm = |from_out: &str, at: &str| -> Result<String, CudaEmitError> {
+        Ok(format!("({from_out} ? {} : {})", load(o.buf, DType::I32, &off(o, at)?), load(t.buf, DType::I32, &off(t, at)?)))
+    };
+    let store_perm = |to_out: &str, at: &str, value: &str| -> Result<String, CudaEmitError> {
+        Ok(format!(
+            "if ({to_out}) {} else {}",
+            store(o.buf, DType::I32, &off(o, at)?, value),
+            store(t.buf, DType::I32, &off(t, at)?, value)
+        ))
+    };
+    let threads = CUDA_THREADS;
+    item.push(format!("for (i64 e_ = threadIdx.x; e_ < n_; e_ += {threads}) {}", store(o.buf, DType::I32, &off(o, "e_")?, "(int)e_")));
+    item.push("int in_out_ = 1;  // which permutation holds the sorted runs".into());
+    item.push("for (i64 w2_ = 1; w2_ < n_; w2_ *= 2) {".into());
+    let mut pass = vec!["attnc_sync();".to_string(), format!("for (i64 i_ = threadIdx.x; i_ < n_; i_ += {threads}) {{")];
+    let mut el = vec![format!("const int me_ = {};", load_perm("in_out_", "i_")?), "double vme_;".into()];
+    value_of(&mut el, "(i64)me_", "vme_")?;
+    el.extend([
+        "const i64 run_ = i_ / w2_, start_ = run_ * w2_, base_ = (run_ & ~(i64)1) * w2_;".to_string(),
+        "const i64 ps_ = (run_ ^ 1) * w2_, pe_ = ps_ + w2_ < n_ ? ps_ + w2_ : n_;".into(),
+        "i64 lo_ = 0, hi_ = ps_ < n_ ? pe_ - ps_ : 0;".into(),
+        "while (lo_ < hi_) {".into(),
+        "  const i64 mid_ = (lo_ + hi_) / 2;".into(),
+    ]);
+    let mut search = vec![format!("const int other_ = {};", load_perm("in_out_", "(ps_ + mid_)")?), "double vo_;".into()];
+    value_of(&mut search, "(i64)other_", "vo_")?;
+    search.push(format!(
+        "if (attnc_sorts_before(vo_, (i64)other_, vme_, (i64)me_, {})) lo_ = mid_ + 1; else hi_ = mid_;",
+        i32::from(descending)
+    ));
+    el.extend(indent(&search, 2));
+    el.push("}".into());
+    el.push(store_perm("!in_out_", "(base_ + (i_ - start_) + lo_)", "me_")?);
+    pass.extend(indent(&el, 2));
+    pass.push("}".into());
+    pass.push("in_out_ = !in_out_;".into());
+    item.extend(indent(&pass, 2));
     item.push("}".into());
-    Ok(rows(items, item))
+    item.push("attnc_sync();".into());
+    item.push("if (!in_out_) {".into());
+    item.push(format!(
+        "  for (i64 e_ = threadIdx.x; e_ < n_; e_ += {threads}) {}",
+        store(o.buf, DType::I32, &off(o, "e_")?, &load(t.buf, DType::I32, &off(t, "e_")?))
+    ));
+    item.push("}".into());
+    item.push("attnc_sync();  // before the next row reuses the permutations' rows".into());
+    let mut body = vec![format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{")];
+    body.extend(indent(&item, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads, items_per_block: 1, smem: Smem::None, body })
 }
 
 /// A store of `value` into `o`'s view at element `e_` of the row.
