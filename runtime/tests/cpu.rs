@@ -588,11 +588,15 @@ fn leading_index_gathers_and_take_along_pick_the_right_elements() {
 
 #[test]
 fn sorts_match_the_interpreter_bit_for_bit() {
-    // Float and integer rows, ascending and descending, along a strided axis, top-k.
+    // Float and integer rows, ascending and descending, along a strided axis, top-k (selected,
+    // not sorted, when fewer places than elements are read: one place along a strided axis,
+    // four of five with ties).
     let src = "
-fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2], i: i32[S, 2], t: i32[S, E]) {
+fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2], i: i32[S, 2], t: i32[S, E], o: i32[1, E], f: i32[S, 4]) {
     let (v, i) = topk(x * 0.0 + floor(x * 2.0), 2)
-    return argsort(x, axis = 0), sort(floor(x), axis = 1, descending = true), v, i, argsort(n % 3, axis = 0, descending = true)
+    let (v1, o) = topk(floor(x * 2.0), 1, axis = 0)
+    let (v4, f) = topk(cast(n % 2, f32), 4)
+    return argsort(x, axis = 0), sort(floor(x), axis = 1, descending = true), v, i, argsort(n % 3, axis = 0, descending = true), o, f
 }";
     same_bits_as_interpreter(src, "sorts", &[(1, &[("S", 1), ("E", 5)]), (2, &[("S", 9), ("E", 5)]), (3, &[("S", 130), ("E", 5)])]);
 }

@@ -562,7 +562,8 @@ impl Lowering<'_> {
                 let out = self.temp(v, ty.dtype, &ty.shape);
                 // CUDA merges sorted runs in parallel, from one permutation into another.
                 let scratch = (self.policy.target() == Target::Cuda).then(|| self.temp(v, ty.dtype, &ty.shape));
-                self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone(), scratch }, label, v);
+                let limit = self.sort_limit(v, *axis);
+                self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone(), scratch, limit }, label, v);
                 Ok(out)
             }
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
@@ -681,6 +682,26 @@ impl Lowering<'_> {
         self.step(Kernel::Flash(Box::new(kernel.clone())), label.clone(), v);
         self.step(Kernel::FlashMerge(Box::new(kernel)), format!("{label} (merge)"), v);
         Ok(out)
+    }
+
+    /// How many leading places along `axis` the users of the sort `v` read, when every user is
+    /// a slice `[0, k)` along that axis with a constant `k` (`topk`) and `v` is no output.
+    fn sort_limit(&self, v: Value, axis: usize) -> Option<i64> {
+        if self.g.outputs().iter().any(|(_, o)| *o == v) {
+            return None;
+        }
+        let zero = Dim::constant(0);
+        let mut limit = None;
+        for u in self.g.users(v) {
+            match &self.g.node(u).op {
+                Op::Slice { axis: a, start, end } if *a == axis && *start == zero => {
+                    let k = end.as_const()?;
+                    limit = Some(limit.map_or(k, |l: i64| l.max(k)));
+                }
+                _ => return None,
+            }
+        }
+        limit
     }
 
     fn operand_types(&self, v: Value) -> Vec<&crate::ir::TensorType> {

@@ -400,6 +400,9 @@ pub enum Kernel {
         out: View,
         /// A second permutation of `out`'s shape that a merge sort ping-pongs with (CUDA).
         scratch: Option<View>,
+        /// Only the first `limit` places of each row are read (`topk`'s slice of an argsort):
+        /// a target may select them instead of sorting the row and leave the rest unwritten.
+        limit: Option<i64>,
     },
     /// `base` with `src` added at `idx`'s positions along `axis` ([`crate::ir::Op::ScatterAdd`]),
     /// one row (every axis but `axis`) per work item.

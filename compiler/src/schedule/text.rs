@@ -117,8 +117,9 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
             if *reverse { ", reverse" } else { "" },
             super::PREFIX_BLOCK
         )?,
-        Kernel::ArgSort { x, axis, descending, out: o, scratch } => {
-            writeln!(out, "argsort along axis {axis}{}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?;
+        Kernel::ArgSort { x, axis, descending, out: o, scratch, limit } => {
+            let first = limit.map_or(String::new(), |k| format!(", first {k} read"));
+            writeln!(out, "argsort along axis {axis}{}{first}\n  x = {x}\n  out = {o}", if *descending { ", descending" } else { "" })?;
             if let Some(s) = scratch {
                 writeln!(out, "  scratch = {s}")?;
             }

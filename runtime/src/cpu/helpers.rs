@@ -41,27 +41,56 @@ pub extern "C" fn attnc_round_f16(x: f32) -> f32 {
 }
 
 /// The stable sorting permutation of one row ([`semantics::sorts_before`]): `n` elements at
-/// `x` (f32, or i32 when `flags & 2`), `x_stride` elements apart; their order (i32) into `out`,
-/// `out_stride` apart; descending when `flags & 1`.
+/// `x` (f32, or i32 when `flags & 2`), `x_stride` elements apart; the first `places` entries of
+/// their order (i32) into `out`, `out_stride` apart (the rest is not written); descending when
+/// `flags & 1`. Fewer places than elements select them first (`topk`: linear for one place)
+/// instead of sorting the row.
 ///
 /// # Safety
 /// `x` and `out` address `n` elements at their strides (generated code passes a row of a view
 /// it owns).
-pub unsafe extern "C" fn attnc_argsort_row(x: *const u8, x_stride: i64, n: i64, out: *mut i32, out_stride: i64, flags: i32) {
+pub unsafe extern "C" fn attnc_argsort_row(x: *const u8, x_stride: i64, n: i64, out: *mut i32, out_stride: i64, flags: i32, places: i64) {
     let n = usize::try_from(n).unwrap_or(0);
+    let places = usize::try_from(places).unwrap_or(0).min(n);
+    if places == 0 {
+        return;
+    }
     let read = |i: usize| -> f64 {
         let at = (i as i64).wrapping_mul(x_stride) as isize;
         // SAFETY: row element i of the caller's view.
         unsafe { if flags & 2 != 0 { f64::from(*x.cast::<i32>().offset(at)) } else { f64::from(*x.cast::<f32>().offset(at)) } }
     };
     let descending = flags & 1 != 0;
-    // (key, index) pairs are distinct, so an unstable sort of them is the stable order.
-    let mut order: Vec<(u64, u32)> = (0..n).map(|i| (semantics::sort_key(read(i), descending), i as u32)).collect();
-    order.sort_unstable();
-    for (rank, (_, i)) in order.into_iter().enumerate() {
-        // SAFETY: row element `rank` of the caller's output view.
+    let write = |rank: usize, i: u32| {
+        // SAFETY: row element `rank < n` of the caller's output view.
         unsafe { *out.offset((rank as i64).wrapping_mul(out_stride) as isize) = i as i32 };
+    };
+    // (key, index) pairs are distinct, so any sort of them is the stable order.
+    let key = |i: usize| (semantics::sort_key(read(i), descending), i as u32);
+    if places == 1 {
+        if let Some((_, i)) = (0..n).map(key).min() {
+            write(0, i);
+        }
+        return;
     }
+    // `take` leaves an empty Vec behind; during thread teardown a fresh one is used.
+    let mut order = ORDER.try_with(std::cell::Cell::take).unwrap_or_default();
+    order.clear();
+    order.extend((0..n).map(key));
+    if places < n {
+        order.select_nth_unstable(places - 1);
+        order.truncate(places);
+    }
+    order.sort_unstable();
+    for (rank, (_, i)) in order.iter().enumerate() {
+        write(rank, *i);
+    }
+    let _ = ORDER.try_with(|cell| cell.set(order));
+}
+
+thread_local! {
+    /// Per-thread `(key, index)` buffer of [`attnc_argsort_row`], reused across rows.
+    static ORDER: std::cell::Cell<Vec<(u64, u32)>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Causal linear attention for one batch index ([`crate::kernels::prefix_attention`]): dense

@@ -74,8 +74,9 @@ pub const REM: Import = Import { name: "attnc_rem_f64", params: &[F64, F64], ret
 pub const ROUND_F16: Import = Import { name: "attnc_round_f16", params: &[F32], returns: &[F32] };
 
 /// The stable sorting permutation of one strided row (f32, or i32 with flag bit 1; descending
-/// with bit 0): `(x, x_stride, n, out, out_stride, flags)`, strides in elements.
-pub const ARGSORT_ROW: Import = Import { name: "attnc_argsort_row", params: &[I64, I64, I64, I64, I64, I32], returns: &[] };
+/// with bit 0), its first `places` entries: `(x, x_stride, n, out, out_stride, flags, places)`,
+/// strides in elements.
+pub const ARGSORT_ROW: Import = Import { name: "attnc_argsort_row", params: &[I64, I64, I64, I64, I64, I32, I64], returns: &[] };
 
 /// Causal linear attention of one batch index: `(q, k, v, out, s, d, dv, block, reverse)`, dense
 /// f32 (see the runtime's `attnc_prefix_attention`).

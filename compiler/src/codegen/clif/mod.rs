@@ -106,7 +106,7 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
             Kernel::Scan { op, a, x, axis, reverse, out } => reduce::emit_scan(&mut fx, *op, a.as_ref(), x, *axis, *reverse, out),
             Kernel::PrefixAttention { q, k, v, reverse, out } => reduce::emit_prefix_attention(&mut fx, q, k, v, *reverse, out),
             Kernel::ScatterAdd { base, idx, src, axis, out, site } => reduce::emit_scatter_add(&mut fx, base, idx, src, *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, .. } => reduce::emit_argsort(&mut fx, x, *axis, *descending, out),
+            Kernel::ArgSort { x, axis, descending, out, limit, .. } => reduce::emit_argsort(&mut fx, x, *axis, *descending, out, *limit),
             Kernel::Norm { x, gamma, beta, eps, out } => reduce::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&mut fx, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),

@@ -366,7 +366,7 @@ pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: 
 
 /// The sorting permutation along `axis`, one row per work item, by the runtime's
 /// `attnc_argsort_row` ([`abi::ARGSORT_ROW`]).
-pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &View) {
+pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &View, limit: Option<i64>) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let dims = fx.dims(&x.shape);
@@ -377,7 +377,15 @@ pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &
         let xrow = fx.elem_addr(xb, xo);
         let orow = fx.elem_addr(ob, oo);
         let flags = fx.b.ins().iconst(types::I32, flags);
-        fx.call(abi::ARGSORT_ROW, &[xrow, xs[axis], dims[axis], orow, os[axis], flags]);
+        // Places written: the row's length, or the leading ones the users read.
+        let places = match limit {
+            Some(k) => {
+                let k = fx.i64(k);
+                fx.min(k, dims[axis])
+            }
+            None => dims[axis],
+        };
+        fx.call(abi::ARGSORT_ROW, &[xrow, xs[axis], dims[axis], orow, os[axis], flags, places]);
     });
 }
 

@@ -132,7 +132,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
             Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, scratch } => {
+            Kernel::ArgSort { x, axis, descending, out, scratch, .. } => {
                 rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref())
             }
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
