@@ -192,12 +192,13 @@ fn long_sequences_match_the_interpreter() {
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
 
-/// Multi-head additive attention with a scale and a causal mask: it fuses into one flash op with
-/// additive scores, holds no M×N×A temporary (nothing beyond the projections), and matches the interpreter on the three
-/// forms of the score kernel (inputs scaled small, as given, and with an infinity).
+/// Multi-head additive attention with a scale and a causal mask (one weight vector), and with
+/// a weight vector per head: each fuses into one flash op with additive scores, holds no M×N×A
+/// temporary (nothing beyond the projections), and matches the interpreter on the three forms
+/// of the score kernel (inputs scaled small, as given, and with an infinity).
 #[test]
 fn masked_additive_attention_fuses_and_matches_the_interpreter() {
-    let source =
+    let shared =
         "fn additive(q: f32[B, H, M, Dq], k: f32[B, H, N, Dk], w_q: f32[Dq, A], w_k: f32[Dk, A], v_a: f32[A]) -> f32[B, H, M, Dk] {
     let qa = unsqueeze(q @ w_q, 3)
     let ka = unsqueeze(k @ w_k, 2)
@@ -205,46 +206,51 @@ fn masked_additive_attention_fuses_and_matches_the_interpreter() {
     let (b, h, i, j) = indices(scores)
     return softmax(where(j <= i + 3, scores, -inf), axis = -1) @ k
 }";
-    let program = Program::from_source(source, "additive.attn").expect("compiles");
-    let mut compiled = program.compile_cpu("additive", &CpuOptions { threads: 1 }).expect("compiles");
-    let fused: Vec<_> = compiled
-        .graph()
-        .values()
-        .filter(|v| matches!(&compiled.graph().node(*v).op, Op::Flash(f) if f.pair != attn_compiler::ir::Pair::Dot))
-        .collect();
-    assert_eq!(fused.len(), 1, "not fused:\n{}", compiled.graph());
+    let per_head =
+        "fn additive(q: f32[B, H, M, Dq], k: f32[B, H, N, Dk], w_q: f32[Dq, A], w_k: f32[Dk, A], v_a: f32[H, A]) -> f32[B, H, M, Dk] {
+    let qa = unsqueeze(q @ w_q, 3)
+    let ka = unsqueeze(k @ w_k, 2)
+    return softmax(sum(unsqueeze(unsqueeze(v_a, 1), 1) * tanh(qa + ka), axis = A), axis = -1) @ k
+}";
     let mut failures = Vec::new();
-    for (n, (m, scale)) in [(1, 1.0f32), (65, 0.05), (130, 1.0), (77, f32::INFINITY)].into_iter().enumerate() {
-        let dims = HashMap::from([
-            ("B".into(), 2),
-            ("H".into(), 2),
-            ("M".into(), m),
-            ("N".into(), m + 5),
-            ("Dq".into(), 24),
-            ("Dk".into(), 16),
-            ("A".into(), 40),
-        ]);
-        let mut inputs: Vec<Tensor> =
-            program.random_inputs("additive", n as u64, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
-        if scale.is_finite() {
-            let data: Vec<f32> = inputs[2].to_f64_vec().iter().map(|x| *x as f32 * scale).collect();
-            inputs[2] = Tensor::f32(inputs[2].shape.clone(), data).expect("tensor");
-        } else {
-            // One infinite query element: its row takes the direct form.
-            let mut data: Vec<f32> = inputs[0].to_f64_vec().iter().map(|x| *x as f32).collect();
-            data[5] = f32::INFINITY;
-            inputs[0] = Tensor::f32(inputs[0].shape.clone(), data).expect("tensor");
+    for (name, source) in [("shared weight", shared), ("weight per head", per_head)] {
+        let program = Program::from_source(source, "additive.attn").expect("compiles");
+        let mut compiled = program.compile_cpu("additive", &CpuOptions { threads: 1 }).expect("compiles");
+        let graph = compiled.graph();
+        let fused = graph.values().filter(|v| matches!(&graph.node(*v).op, Op::Flash(f) if f.pair != attn_compiler::ir::Pair::Dot)).count();
+        assert_eq!(fused, 1, "{name}: not fused:\n{graph}");
+        for (n, (m, scale)) in [(1, 1.0f32), (65, 0.05), (130, 1.0), (77, f32::INFINITY)].into_iter().enumerate() {
+            let dims = HashMap::from([
+                ("B".into(), 2),
+                ("H".into(), 2),
+                ("M".into(), m),
+                ("N".into(), m + 5),
+                ("Dq".into(), 24),
+                ("Dk".into(), 16),
+                ("A".into(), 40),
+            ]);
+            let mut inputs: Vec<Tensor> =
+                program.random_inputs("additive", n as u64, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+            if scale.is_finite() {
+                let data: Vec<f32> = inputs[2].to_f64_vec().iter().map(|x| *x as f32 * scale).collect();
+                inputs[2] = Tensor::f32(inputs[2].shape.clone(), data).expect("tensor");
+            } else {
+                // One infinite query element: its row takes the direct form.
+                let mut data: Vec<f32> = inputs[0].to_f64_vec().iter().map(|x| *x as f32).collect();
+                data[5] = f32::INFINITY;
+                inputs[0] = Tensor::f32(inputs[0].shape.clone(), data).expect("tensor");
+            }
+            let want = interp::run(program.graph("additive").expect("graph"), &inputs, &dims).expect("interpreter");
+            check(
+                &mut compiled,
+                &Case { inputs: inputs.clone(), dims: dims.clone(), want },
+                &format!("{name} M={m} x{scale}"),
+                &mut failures,
+            );
+            let stats = compiled.prepare(&inputs.iter().map(TensorRef::of).collect::<Vec<_>>(), &dims).expect("plans");
+            // Nothing larger than the key projection `[B, H, N, A]`.
+            assert!(stats.largest_temp_bytes <= (2 * 2 * (m + 5) * 40 * 4) as usize, "{name} M={m}: {stats:?}");
         }
-        let want = interp::run(program.graph("additive").expect("graph"), &inputs, &dims).expect("interpreter");
-        check(
-            &mut compiled,
-            &Case { inputs: inputs.clone(), dims: dims.clone(), want },
-            &format!("additive M={m} x{scale}"),
-            &mut failures,
-        );
-        let stats = compiled.prepare(&inputs.iter().map(TensorRef::of).collect::<Vec<_>>(), &dims).expect("plans");
-        // Nothing larger than the key projection `[B, H, N, A]`.
-        assert!(stats.largest_temp_bytes <= (2 * 2 * (m + 5) * 40 * 4) as usize, "M={m}: {stats:?}");
     }
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }

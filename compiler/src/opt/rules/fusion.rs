@@ -1,7 +1,7 @@
 //! Flash fusion: `matmul(softmax(F(matmul(q, kᵀ))), v)` becomes one `flash` op.
 //!
 //! Additive scores fuse the same way: `reduce_sum(tanh(q′ + k′) * w, last axis)` with `q′` of
-//! shape `[…b, M, 1, A]`, `k′` of `[…b, 1, N, A]` and `w` of `[A]` (Bahdanau's
+//! shape `[…b, M, 1, A]`, `k′` of `[…b, 1, N, A]` and `w` of `[A]` or `[…b, 1, 1, A]` (Bahdanau's
 //! `vᵀ tanh(W qᵢ + U kⱼ)`) is the raw score of a flash op with [`Pair::Additive`]: the kernels
 //! evaluate it tile by tile from the two projected matrices, never forming the `M×N×A` tensor.
 //!
@@ -139,6 +139,18 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     let spec = FlashSpec { rank, weights, score, mask, pair };
     let mut args = vec![q, k, Build::Class(v)];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
+    if let (Leaf::Additive { w, .. }, Pair::Additive { weight }) = (leaf, pair) {
+        // The weight without its size-1 query and key axes: `[…b″, A]`.
+        if let Some(t) = ty(eg, w).filter(|t| t.rank() >= 3) {
+            let r = t.rank();
+            let mut shape = t.shape.clone();
+            shape.drain(r - 3..r - 1);
+            args[3 + weight] = Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(w)]);
+        } else if let Some(t) = ty(eg, w).filter(|t| t.rank() == 2) {
+            // `[1, A]`: the size-1 axis is the key axis.
+            args[3 + weight] = Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, vec![t.shape[1].clone()])), vec![Build::Class(w)]);
+        }
+    }
     Ok(Build::Node(Op::Flash(Box::new(spec)), out, args))
 }
 
@@ -148,7 +160,8 @@ enum Leaf {
     /// `matmul(q, kᵀ)`: the classes of `q` and `kᵀ`.
     Dot(Id, Id),
     /// `reduce_sum(tanh(q′ + k′) * w)`: the classes of `q′` (`[…b, M, 1, A]`), `k′`
-    /// (`[…b′, 1, N, A]`) and `w` (`[A]`, an extra operand).
+    /// (`[…b′, 1, N, A]`) and `w` (`[A]`, or `[…b″, 1, 1, A]` per batch index; an extra
+    /// operand, without its size-1 axes).
     Additive { q: Id, k: Id, w: Id },
 }
 
@@ -303,7 +316,21 @@ impl Cx<'_> {
             let Some(width) = f32_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else { continue };
             for m in eg[n.args()[0]].nodes.iter().filter(|m| matches!(m.op(), Op::Binary(BinaryOp::Mul))) {
                 for (t, w) in [(m.args()[0], m.args()[1]), (m.args()[1], m.args()[0])] {
-                    if f32_ty(w).is_none_or(|wt| wt.shape != [width.clone()]) {
+                    // `w` over the summed axis, per batch index or shared: `[…b″, 1, 1, A]`
+                    // right-aligned (or `[A]`), with no extent along the query or key axis.
+                    let one_at = |wt: &TensorType, axis: usize| {
+                        let off = (r + 1).saturating_sub(wt.rank());
+                        axis < off || wt.shape[axis - off] == one
+                    };
+                    let fits = |wt: &TensorType| {
+                        let off = (r + 1).saturating_sub(wt.rank());
+                        wt.rank() <= r + 1
+                            && wt.shape.last() == Some(&width)
+                            && one_at(wt, r - 2)
+                            && one_at(wt, r - 1)
+                            && (off..r - 2).all(|x| wt.shape[x - off] == one || wt.shape[x - off] == self.shape[x])
+                    };
+                    if f32_ty(w).is_none_or(|wt| !fits(wt)) {
                         continue;
                     }
                     for th in eg[t].nodes.iter().filter(|x| matches!(x.op(), Op::Unary(UnaryOp::Tanh))) {
