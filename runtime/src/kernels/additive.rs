@@ -176,11 +176,15 @@ pub(super) unsafe fn additive_nt(
                     for ((e, m), n) in eq.iter_mut().zip(mq.iter()).zip(nq.iter()) {
                         *e = scaled(*m, *n);
                     }
-                    fast_row(isa, eq.as_ptr(), ek.as_ptr(), wn2.as_ptr(), dims, out, alpha, wsum);
+                    let terms =
+                        Terms { row: (eq.as_ptr(), eq.as_ptr()), keys: (ek.as_ptr(), ek.as_ptr()), wn2: wn2.as_ptr(), dims, alpha, wsum };
+                    product_row::<false>(isa, &terms, out);
                 }
                 Form::Wide => {
                     split_exp(isa, q, k, mq, nq);
-                    wide_row(isa, (mq, nq), (mk, nk), wn2, dims, out, alpha, wsum);
+                    let terms =
+                        Terms { row: (mq.as_ptr(), nq.as_ptr()), keys: (mk.as_ptr(), nk.as_ptr()), wn2: wn2.as_ptr(), dims, alpha, wsum };
+                    product_row::<true>(isa, &terms, out);
                 }
                 Form::Direct => direct_row(isa, q, raw, w, dims, row, out, alpha),
             }
@@ -225,418 +229,277 @@ unsafe fn direct_row(
     }
 }
 
-/// One row by the product form on `isa`.
-///
-/// # Safety
-/// `eq` and `wn2` address `k` elements, `ek` `k × npad`, `out` `n`; `isa` is supported.
-#[allow(clippy::too_many_arguments)]
-unsafe fn fast_row(
-    isa: Isa,
-    eq: *const f32,
-    ek: *const f32,
+/// One row's inputs to the product forms: the row's values and the packed keys' (narrow:
+/// `e^{2x}` in the first of each pair; wide: `(m, n)`), `−2·w`, `(k, npad, n)`, the scale and
+/// `Σ w`.
+struct Terms {
+    row: (*const f32, *const f32),
+    keys: (*const f32, *const f32),
     wn2: *const f32,
     dims: (usize, usize, usize),
-    out: *mut f32,
     alpha: f32,
     wsum: f32,
-) {
+}
+
+/// One row by a product form (`WIDE`: the wide one) on `isa`.
+///
+/// # Safety
+/// The row's values and `wn2` address `k` elements, the keys' `k × npad`, `out` `n`; `isa` is
+/// supported.
+unsafe fn product_row<const WIDE: bool>(isa: Isa, t: &Terms, out: *mut f32) {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => fast_row_avx512(eq, ek, wn2, dims, out, alpha, wsum),
+            Isa::Avx512 => row_avx512::<WIDE>(t, out),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => fast_row_avx2(eq, ek, wn2, dims, out, alpha, wsum),
-            _ => fast_row_portable(eq, ek, wn2, dims, out, alpha, wsum),
+            Isa::Avx2 => row_avx2::<WIDE>(t, out),
+            _ => row_portable::<WIDE>(t, out),
         }
     }
 }
 
-/// `V` vectors of 16 keys from column `c0`: `alpha·(wsum + Σ_a wn2[a] / (1 + eq[a]·ek[a, c]))`.
+/// The vector operations the product forms need, for one register width. Implementations are
+/// inlined into a `#[target_feature]` function of their instruction set.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_avx512<const V: usize>(
-    eq: *const f32,
-    ek: *const f32,
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    c0: usize,
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let one = _mm512_set1_ps(1.0);
-    let mut acc = [_mm512_setzero_ps(); V];
-    // SAFETY: `c0 + 16·V ≤ npad`, and the caller's contract covers the rest.
-    unsafe {
-        for x in 0..k {
-            let e = _mm512_set1_ps(*eq.add(x));
-            let wx = _mm512_set1_ps(*wn2.add(x));
-            let keys = ek.add(x * npad + c0);
-            for (v, s) in acc.iter_mut().enumerate() {
-                let t = _mm512_fmadd_ps(e, _mm512_loadu_ps(keys.add(16 * v)), one);
-                // 1/t by the 14-bit estimate and one Newton step.
-                let r = _mm512_rcp14_ps(t);
-                let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(t, r, one), r);
-                *s = _mm512_fmadd_ps(wx, r, *s);
-            }
-        }
-        let (al, ws) = (_mm512_set1_ps(alpha), _mm512_set1_ps(wsum));
-        for (v, s) in acc.iter().enumerate() {
-            let col = c0 + 16 * v;
-            if col < n {
-                let m = super::x86_avx512::lanes(n - col);
-                _mm512_mask_storeu_ps(out.add(col), m, _mm512_mul_ps(al, _mm512_add_ps(ws, *s)));
-            }
-        }
-    }
+trait Simd {
+    /// Lanes per vector.
+    const L: usize;
+    type V: Copy;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a·b + c`, fused.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `x` clamped into `±EXP2_LIMIT`.
+    unsafe fn clamp(x: Self::V) -> Self::V;
+    /// `1 + p·2ᵉ` for integral `e` within `±EXP2_LIMIT`.
+    unsafe fn one_plus_scaled(p: Self::V, e: Self::V) -> Self::V;
+    /// `1/t`: the instruction's estimate refined by one Newton step.
+    unsafe fn recip(t: Self::V) -> Self::V;
+    /// Stores the first `n` lanes (`n ≥ 1`).
+    unsafe fn store(p: *mut f32, x: Self::V, n: usize);
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn fast_row_avx512(
-    eq: *const f32,
-    ek: *const f32,
-    wn2: *const f32,
-    dims: (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let npad = dims.1;
-    let mut c0 = 0;
-    // SAFETY: blocks stay inside `npad`; forwarded otherwise.
-    unsafe {
-        while c0 + 64 <= npad {
-            block_avx512::<4>(eq, ek, wn2, dims, c0, out, alpha, wsum);
-            c0 += 64;
-        }
-        while c0 < npad {
-            block_avx512::<1>(eq, ek, wn2, dims, c0, out, alpha, wsum);
-            c0 += 16;
-        }
-    }
-}
-
-/// [`block_avx512`] with 8-lane vectors (12-bit reciprocal estimate and one Newton step).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_avx2<const V: usize>(
-    eq: *const f32,
-    ek: *const f32,
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    c0: usize,
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let one = _mm256_set1_ps(1.0);
-    let mut acc = [_mm256_setzero_ps(); V];
-    // SAFETY: `c0 + 8·V ≤ npad`, and the caller's contract covers the rest.
-    unsafe {
-        for x in 0..k {
-            let e = _mm256_set1_ps(*eq.add(x));
-            let wx = _mm256_set1_ps(*wn2.add(x));
-            let keys = ek.add(x * npad + c0);
-            for (v, s) in acc.iter_mut().enumerate() {
-                let t = _mm256_fmadd_ps(e, _mm256_loadu_ps(keys.add(8 * v)), one);
-                let r = _mm256_rcp_ps(t);
-                let r = _mm256_fmadd_ps(r, _mm256_fnmadd_ps(t, r, one), r);
-                *s = _mm256_fmadd_ps(wx, r, *s);
-            }
-        }
-        let (al, ws) = (_mm256_set1_ps(alpha), _mm256_set1_ps(wsum));
-        for (v, s) in acc.iter().enumerate() {
-            let col = c0 + 8 * v;
-            if col < n {
-                let m = super::x86_avx2::lanes(n - col);
-                _mm256_maskstore_ps(out.add(col), m, _mm256_mul_ps(al, _mm256_add_ps(ws, *s)));
-            }
-        }
-    }
-}
+struct Avx512;
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fast_row_avx2(
-    eq: *const f32,
-    ek: *const f32,
-    wn2: *const f32,
-    dims: (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let npad = dims.1;
-    let mut c0 = 0;
-    // SAFETY: blocks stay inside `npad`; forwarded otherwise.
-    unsafe {
-        while c0 + 32 <= npad {
-            block_avx2::<4>(eq, ek, wn2, dims, c0, out, alpha, wsum);
-            c0 += 32;
-        }
-        while c0 < npad {
-            block_avx2::<1>(eq, ek, wn2, dims, c0, out, alpha, wsum);
-            c0 += 8;
-        }
-    }
-}
-
-/// The narrow form as fixed-width lane loops with a true division (vectorised by LLVM for
-/// the baseline target).
-unsafe fn fast_row_portable(
-    eq: *const f32,
-    ek: *const f32,
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
+impl Simd for Avx512 {
     const L: usize = 16;
-    // SAFETY: the caller's contract: `k` row values and weights, `k × npad` key values.
-    let (eq, wn2, ek) =
-        unsafe { (std::slice::from_raw_parts(eq, k), std::slice::from_raw_parts(wn2, k), std::slice::from_raw_parts(ek, k * npad)) };
-    for c0 in (0..npad).step_by(L) {
-        let mut acc = [0.0f32; L];
-        for x in 0..k {
-            let (e, wx) = (eq[x], wn2[x]);
-            let keys = &ek[x * npad + c0..x * npad + c0 + L];
-            let mut t = [0.0f32; L];
-            for l in 0..L {
-                t[l] = 1.0 + e * keys[l];
-            }
-            for l in 0..L {
-                acc[l] += wx / t[l];
-            }
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the caller's 16 floats.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn clamp(x: __m512) -> __m512 {
+        unsafe { _mm512_min_ps(_mm512_set1_ps(EXP2_LIMIT), _mm512_max_ps(_mm512_set1_ps(-EXP2_LIMIT), x)) }
+    }
+    #[inline(always)]
+    unsafe fn one_plus_scaled(p: __m512, e: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(_mm512_scalef_ps(p, e), _mm512_set1_ps(1.0)) }
+    }
+    #[inline(always)]
+    unsafe fn recip(t: __m512) -> __m512 {
+        // The 14-bit estimate and one Newton step.
+        unsafe {
+            let r = _mm512_rcp14_ps(t);
+            _mm512_fmadd_ps(r, _mm512_fnmadd_ps(t, r, _mm512_set1_ps(1.0)), r)
         }
-        for (l, s) in acc.iter().enumerate() {
-            if c0 + l < n {
-                // SAFETY: `c0 + l < n`.
-                unsafe { *out.add(c0 + l) = alpha * (wsum + s) };
-            }
-        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, x: __m512, n: usize) {
+        // SAFETY: the caller's `n` floats.
+        unsafe { _mm512_mask_storeu_ps(p, super::x86_avx512::lanes(n), x) }
     }
 }
 
-/// One row by the wide form on `isa`: `(m_q, n_q)` of the row, `(m_k, n_k)` of the packed keys.
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Simd for Avx2 {
+    const L: usize = 8;
+    type V = __m256;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller's 8 floats.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn clamp(x: __m256) -> __m256 {
+        unsafe { _mm256_min_ps(_mm256_set1_ps(EXP2_LIMIT), _mm256_max_ps(_mm256_set1_ps(-EXP2_LIMIT), x)) }
+    }
+    #[inline(always)]
+    unsafe fn one_plus_scaled(p: __m256, e: __m256) -> __m256 {
+        // 2ᵉ from its exponent bits.
+        unsafe {
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(e), _mm256_set1_epi32(127))));
+            _mm256_fmadd_ps(p, pow2, _mm256_set1_ps(1.0))
+        }
+    }
+    #[inline(always)]
+    unsafe fn recip(t: __m256) -> __m256 {
+        // The 12-bit estimate and one Newton step.
+        unsafe {
+            let r = _mm256_rcp_ps(t);
+            _mm256_fmadd_ps(r, _mm256_fnmadd_ps(t, r, _mm256_set1_ps(1.0)), r)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, x: __m256, n: usize) {
+        // SAFETY: the caller's `n` floats.
+        unsafe { _mm256_maskstore_ps(p, super::x86_avx2::lanes(n), x) }
+    }
+}
+
+/// `V` vectors of keys from column `c0` of one row: `alpha·(Σ w + Σ_a (−2w[a]) / t)` with
+/// `t = 1 + E_q[a]·E_k[a]` (narrow) or `1 + m_q·m_k·2^{clamp(n_q + n_k)}` (`WIDE`).
 ///
 /// # Safety
-/// As [`fast_row`], with each pair of slices holding `k` (row) and `k × npad` (keys).
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_row(
-    isa: Isa,
-    q: (&[f32], &[f32]),
-    keys: (&[f32], &[f32]),
-    wn2: &[f32],
-    dims: (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let (mq, nq, mk, nk) = (q.0.as_ptr(), q.1.as_ptr(), keys.0.as_ptr(), keys.1.as_ptr());
-    let wn2 = wn2.as_ptr();
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+/// `c0 + L·V ≤ npad`; [`Terms`]' contract.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block<S: Simd, const V: usize, const WIDE: bool>(t: &Terms, c0: usize, out: *mut f32) {
+    let (k, npad, n) = t.dims;
+    // SAFETY: every load is inside the row's `k` values or the keys' `k × npad`; stores inside `n`.
     unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => wide_row_avx512(mq, nq, mk, nk, wn2, dims, out, alpha, wsum),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => wide_row_avx2(mq, nq, mk, nk, wn2, dims, out, alpha, wsum),
-            _ => wide_row_portable(mq, nq, mk, nk, wn2, dims, out, alpha, wsum),
+        let one = S::splat(1.0);
+        let mut acc = [S::splat(0.0); V];
+        for x in 0..k {
+            let (r0, r1) = (S::splat(*t.row.0.add(x)), S::splat(*t.row.1.add(x)));
+            let wx = S::splat(*t.wn2.add(x));
+            let (k0, k1) = (t.keys.0.add(x * npad + c0), t.keys.1.add(x * npad + c0));
+            for (v, s) in acc.iter_mut().enumerate() {
+                let d = if WIDE {
+                    let p = S::mul(r0, S::load(k0.add(S::L * v)));
+                    S::one_plus_scaled(p, S::clamp(S::add(r1, S::load(k1.add(S::L * v)))))
+                } else {
+                    S::fma(r0, S::load(k0.add(S::L * v)), one)
+                };
+                *s = S::fma(wx, S::recip(d), *s);
+            }
+        }
+        let (al, ws) = (S::splat(t.alpha), S::splat(t.wsum));
+        for (v, s) in acc.iter().enumerate() {
+            let col = c0 + S::L * v;
+            if col < n {
+                S::store(out.add(col), S::mul(al, S::add(ws, *s)), n - col);
+            }
         }
     }
 }
 
-/// [`block_avx512`] in the wide form: `t = 1 + m_q·m_k·2^{clamp(n_q + n_k)}`.
+/// A row in blocks of 4 vectors, then single vectors to the padded width.
+///
+/// # Safety
+/// [`Terms`]' contract; `npad` a multiple of `S::L`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_block_avx512<const V: usize>(
-    (mq, nq): (*const f32, *const f32),
-    (mk, nk): (*const f32, *const f32),
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    c0: usize,
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let (one, lo, hi) = (_mm512_set1_ps(1.0), _mm512_set1_ps(-EXP2_LIMIT), _mm512_set1_ps(EXP2_LIMIT));
-    let mut acc = [_mm512_setzero_ps(); V];
-    // SAFETY: `c0 + 16·V ≤ npad`, and the caller's contract covers the rest.
+#[inline(always)]
+unsafe fn row<S: Simd, const WIDE: bool>(t: &Terms, out: *mut f32) {
+    let npad = t.dims.1;
+    let mut c0 = 0;
+    // SAFETY: blocks stay inside `npad`.
     unsafe {
-        for x in 0..k {
-            let (m, e) = (_mm512_set1_ps(*mq.add(x)), _mm512_set1_ps(*nq.add(x)));
-            let wx = _mm512_set1_ps(*wn2.add(x));
-            let (ms, ns) = (mk.add(x * npad + c0), nk.add(x * npad + c0));
-            for (v, s) in acc.iter_mut().enumerate() {
-                let p = _mm512_mul_ps(m, _mm512_loadu_ps(ms.add(16 * v)));
-                let e2 = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_add_ps(e, _mm512_loadu_ps(ns.add(16 * v)))));
-                let t = _mm512_add_ps(_mm512_scalef_ps(p, e2), one);
-                let r = _mm512_rcp14_ps(t);
-                let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(t, r, one), r);
-                *s = _mm512_fmadd_ps(wx, r, *s);
-            }
+        while c0 + 4 * S::L <= npad {
+            block::<S, 4, WIDE>(t, c0, out);
+            c0 += 4 * S::L;
         }
-        let (al, ws) = (_mm512_set1_ps(alpha), _mm512_set1_ps(wsum));
-        for (v, s) in acc.iter().enumerate() {
-            let col = c0 + 16 * v;
-            if col < n {
-                let m = super::x86_avx512::lanes(n - col);
-                _mm512_mask_storeu_ps(out.add(col), m, _mm512_mul_ps(al, _mm512_add_ps(ws, *s)));
-            }
+        while c0 < npad {
+            block::<S, 1, WIDE>(t, c0, out);
+            c0 += S::L;
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_row_avx512(
-    mq: *const f32,
-    nq: *const f32,
-    mk: *const f32,
-    nk: *const f32,
-    wn2: *const f32,
-    dims: (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let npad = dims.1;
-    let mut c0 = 0;
-    // SAFETY: blocks stay inside `npad`; forwarded otherwise.
-    unsafe {
-        while c0 + 64 <= npad {
-            wide_block_avx512::<4>((mq, nq), (mk, nk), wn2, dims, c0, out, alpha, wsum);
-            c0 += 64;
-        }
-        while c0 < npad {
-            wide_block_avx512::<1>((mq, nq), (mk, nk), wn2, dims, c0, out, alpha, wsum);
-            c0 += 16;
-        }
-    }
-}
-
-/// [`wide_block_avx512`] with 8-lane vectors: `2^{n}` built from its exponent bits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_block_avx2<const V: usize>(
-    (mq, nq): (*const f32, *const f32),
-    (mk, nk): (*const f32, *const f32),
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    c0: usize,
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let (one, lo, hi) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-EXP2_LIMIT), _mm256_set1_ps(EXP2_LIMIT));
-    let bias = _mm256_set1_epi32(127);
-    let mut acc = [_mm256_setzero_ps(); V];
-    // SAFETY: `c0 + 8·V ≤ npad`, and the caller's contract covers the rest.
-    unsafe {
-        for x in 0..k {
-            let (m, e) = (_mm256_set1_ps(*mq.add(x)), _mm256_set1_ps(*nq.add(x)));
-            let wx = _mm256_set1_ps(*wn2.add(x));
-            let (ms, ns) = (mk.add(x * npad + c0), nk.add(x * npad + c0));
-            for (v, s) in acc.iter_mut().enumerate() {
-                let p = _mm256_mul_ps(m, _mm256_loadu_ps(ms.add(8 * v)));
-                let e2 = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(e, _mm256_loadu_ps(ns.add(8 * v)))));
-                let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(e2), bias)));
-                let t = _mm256_fmadd_ps(p, pow2, one);
-                let r = _mm256_rcp_ps(t);
-                let r = _mm256_fmadd_ps(r, _mm256_fnmadd_ps(t, r, one), r);
-                *s = _mm256_fmadd_ps(wx, r, *s);
-            }
-        }
-        let (al, ws) = (_mm256_set1_ps(alpha), _mm256_set1_ps(wsum));
-        for (v, s) in acc.iter().enumerate() {
-            let col = c0 + 8 * v;
-            if col < n {
-                let m = super::x86_avx2::lanes(n - col);
-                _mm256_maskstore_ps(out.add(col), m, _mm256_mul_ps(al, _mm256_add_ps(ws, *s)));
-            }
-        }
-    }
+unsafe fn row_avx512<const WIDE: bool>(t: &Terms, out: *mut f32) {
+    // SAFETY: forwarded, AVX-512F enabled here.
+    unsafe { row::<Avx512, WIDE>(t, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_row_avx2(
-    mq: *const f32,
-    nq: *const f32,
-    mk: *const f32,
-    nk: *const f32,
-    wn2: *const f32,
-    dims: (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
-    let npad = dims.1;
-    let mut c0 = 0;
-    // SAFETY: blocks stay inside `npad`; forwarded otherwise.
-    unsafe {
-        while c0 + 32 <= npad {
-            wide_block_avx2::<4>((mq, nq), (mk, nk), wn2, dims, c0, out, alpha, wsum);
-            c0 += 32;
-        }
-        while c0 < npad {
-            wide_block_avx2::<1>((mq, nq), (mk, nk), wn2, dims, c0, out, alpha, wsum);
-            c0 += 8;
-        }
-    }
+unsafe fn row_avx2<const WIDE: bool>(t: &Terms, out: *mut f32) {
+    // SAFETY: forwarded, AVX2 and FMA enabled here.
+    unsafe { row::<Avx2, WIDE>(t, out) }
 }
 
-/// The wide form as lane loops with a true division; `2ⁿ` from the bits of `n + 1.5·2²³`
-/// (integer lanes, no float-to-int conversion, which SSE2 has no saturating form of).
-#[allow(clippy::too_many_arguments)]
-unsafe fn wide_row_portable(
-    mq: *const f32,
-    nq: *const f32,
-    mk: *const f32,
-    nk: *const f32,
-    wn2: *const f32,
-    (k, npad, n): (usize, usize, usize),
-    out: *mut f32,
-    alpha: f32,
-    wsum: f32,
-) {
+/// The product forms as lane loops with a true division (vectorised by LLVM for the baseline
+/// target); the wide form's `2ⁿ` from the bits of `n + 1.5·2²³` (integer lanes, no
+/// float-to-int conversion, which SSE2 has no saturating form of).
+///
+/// # Safety
+/// [`Terms`]' contract; `npad` a multiple of 16.
+unsafe fn row_portable<const WIDE: bool>(t: &Terms, out: *mut f32) {
     const L: usize = 16;
+    let (k, npad, n) = t.dims;
     let bias = ROUND.to_bits().wrapping_sub(127);
-    // SAFETY: the caller's contract: `k` row values, `k × npad` key values, `n` outputs.
-    let (mq, nq, wn2) =
-        unsafe { (std::slice::from_raw_parts(mq, k), std::slice::from_raw_parts(nq, k), std::slice::from_raw_parts(wn2, k)) };
+    // SAFETY: the caller's contract: `k` row values and weights, `k × npad` key values.
+    let (r0, r1, wn2) =
+        unsafe { (std::slice::from_raw_parts(t.row.0, k), std::slice::from_raw_parts(t.row.1, k), std::slice::from_raw_parts(t.wn2, k)) };
     // SAFETY: as above.
-    let (mk, nk) = unsafe { (std::slice::from_raw_parts(mk, k * npad), std::slice::from_raw_parts(nk, k * npad)) };
+    let (k0, k1) = unsafe { (std::slice::from_raw_parts(t.keys.0, k * npad), std::slice::from_raw_parts(t.keys.1, k * npad)) };
     for c0 in (0..npad).step_by(L) {
         let mut acc = [0.0f32; L];
         for x in 0..k {
-            let (m, e, wx) = (mq[x], nq[x], wn2[x]);
             let at = x * npad + c0;
-            let (ms, ns) = (&mk[at..at + L], &nk[at..at + L]);
-            let mut t = [0.0f32; L];
+            let (a0, a1) = (&k0[at..at + L], &k1[at..at + L]);
+            let mut d = [0.0f32; L];
             for l in 0..L {
-                let e2 = e + ns[l];
-                let e2 = if e2 < -EXP2_LIMIT { -EXP2_LIMIT } else { e2 };
-                let e2 = if e2 > EXP2_LIMIT { EXP2_LIMIT } else { e2 };
-                t[l] = 1.0 + m * ms[l] * f32::from_bits((e2 + ROUND).to_bits().wrapping_sub(bias) << 23);
+                d[l] = if WIDE {
+                    let e = r1[x] + a1[l];
+                    let e = if e < -EXP2_LIMIT { -EXP2_LIMIT } else { e };
+                    let e = if e > EXP2_LIMIT { EXP2_LIMIT } else { e };
+                    1.0 + r0[x] * a0[l] * f32::from_bits((e + ROUND).to_bits().wrapping_sub(bias) << 23)
+                } else {
+                    1.0 + r0[x] * a0[l]
+                };
             }
             for l in 0..L {
-                acc[l] += wx / t[l];
+                acc[l] += wn2[x] / d[l];
             }
         }
         for (l, s) in acc.iter().enumerate() {
             if c0 + l < n {
                 // SAFETY: `c0 + l < n`.
-                unsafe { *out.add(c0 + l) = alpha * (wsum + s) };
+                unsafe { *out.add(c0 + l) = t.alpha * (t.wsum + s) };
             }
         }
     }
