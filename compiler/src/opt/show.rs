@@ -102,12 +102,26 @@ pub fn block_summary(g: &Graph) -> String {
         let (m, n) = map.grid.size;
         let _ = writeln!(
             out,
-            "# %{}: {MAP_TILE}x{MAP_TILE} tiles at {m}x{n} scores: {full} full, {partial} partial (mask tested), {skip} skipped ({:.0}% of the work)",
+            "# %{}: {MAP_TILE}x{MAP_TILE} tiles at {m}x{n} scores: {full} full, {partial} partial (mask tested), {skip} skipped ({} of the work)",
             map.value,
-            100.0 * (full + partial) as f64 / total as f64
+            percent((full + partial) as f64 / total as f64)
         );
     }
     out
+}
+
+/// A share as a percentage, whole unless that would round a share that is not 0 or 1 to 0% or
+/// 100% (a chunked mask skips 99.8% of a long sequence's tiles, not all of them).
+fn percent(share: f64) -> String {
+    let p = 100.0 * share;
+    for decimals in 0..4 {
+        let text = format!("{p:.decimals$}");
+        let rounded: f64 = text.parse().unwrap_or(p);
+        if (rounded != 0.0 || p == 0.0) && (rounded != 100.0 || p == 100.0) {
+            return format!("{text}%");
+        }
+    }
+    format!("{p:.4}%")
 }
 
 /// The most characters a text map is wide and tall; larger maps are downsampled.
@@ -123,10 +137,10 @@ impl FlashTileMap {
         let (m, n) = self.grid.size;
         let (tm, tn) = self.grid.tile;
         format!(
-            "{m}x{n} scores in {tm}x{tn} tiles ({}x{}): {full} full, {partial} partial (mask tested), {skip} skipped; {:.0}% of the scores skipped",
+            "{m}x{n} scores in {tm}x{tn} tiles ({}x{}): {full} full, {partial} partial (mask tested), {skip} skipped; {} of the scores skipped",
             self.grid.rows,
             self.grid.cols,
-            100.0 * self.grid.skipped_share()
+            percent(self.grid.skipped_share())
         )
     }
 
@@ -183,5 +197,20 @@ impl fmt::Display for FlashTileMap {
             f.write_char('\n')?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent;
+
+    #[test]
+    fn percentages_round_to_0_or_100_only_when_exact() {
+        assert_eq!(percent(0.0), "0%");
+        assert_eq!(percent(1.0), "100%");
+        assert_eq!(percent(0.5), "50%");
+        assert_eq!(percent(0.998), "99.8%");
+        assert_eq!(percent(0.9999), "99.99%");
+        assert_eq!(percent(0.0001), "0.01%");
     }
 }
