@@ -251,6 +251,21 @@ fn masked_additive_attention_fuses_and_matches_the_interpreter() {
             // Nothing larger than the key projection `[B, H, N, A]`.
             assert!(stats.largest_temp_bytes <= (2 * 2 * (m + 5) * 40 * 4) as usize, "{name} M={m}: {stats:?}");
         }
+        // Wider than the score kernel's buffers are sized for: a typed error, not an abort.
+        let dims = HashMap::from([
+            ("B".into(), 1),
+            ("H".into(), 1),
+            ("M".into(), 2),
+            ("N".into(), 2),
+            ("Dq".into(), 2),
+            ("Dk".into(), 2),
+            ("A".into(), 9000),
+        ]);
+        let inputs: Vec<Tensor> = program.random_inputs("additive", 1, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        match compiled.run_tensors(&inputs, &dims) {
+            Err(e @ CpuError::Unsupported(_)) => assert!(e.to_string().contains("additive scores of width 9000"), "{e}"),
+            other => panic!("{name}: expected the width limit, got {other:?}"),
+        }
     }
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }

@@ -13,6 +13,10 @@ use crate::ir::{Dim, DimError};
 use std::collections::HashMap;
 use thiserror::Error;
 
+/// The widest additive (Bahdanau) score a flash op takes: the CPU kernel's per-thread buffers
+/// hold about `4 · width · 256` floats (32 MiB at this width).
+pub const MAX_ADDITIVE_WIDTH: i64 = 8192;
+
 /// Why a schedule cannot run with these dims on this target.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum PrepareError {
@@ -52,6 +56,16 @@ pub enum PrepareError {
         step: usize,
         /// Which extra operand.
         operand: usize,
+    },
+    /// Additive scores wider than the score kernels' per-thread tile buffers are sized for.
+    #[error("flash step {step}: additive scores of width {width} (the limit is {limit})")]
+    AdditiveWidth {
+        /// The flash step.
+        step: usize,
+        /// The attention width (q's and k's last axis).
+        width: i64,
+        /// [`MAX_ADDITIVE_WIDTH`].
+        limit: i64,
     },
     /// A buffer with more elements than any target holds.
     #[error("{what} would have {elements} elements (the limit is {limit})")]
@@ -402,6 +416,10 @@ impl Preparing<'_> {
         let (m, n, d, dv) = (size(&m, env)?, size(&n, env)?, size(&d, env)?, size(&dv, env)?);
         let batch_sizes: Vec<i64> = f.batch().iter().map(|x| size(x, env)).collect::<Result<_, _>>()?;
         let batch = product(f.batch(), env)?;
+        // The CPU's additive score kernel packs a key tile's `4 · width · 256` floats per thread.
+        if f.spec.pair != crate::ir::Pair::Dot && d > MAX_ADDITIVE_WIDTH {
+            return Err(PrepareError::AdditiveWidth { step: s, width: d, limit: MAX_ADDITIVE_WIDTH });
+        }
         // Loads read clamped indices the optimizer proved in range, for non-empty tables: an
         // empty one has none (the kernels would read outside it).
         if batch > 0 && m > 0 && n > 0 {

@@ -81,6 +81,10 @@ pub enum CpuError {
         /// The operating system's reason.
         reason: String,
     },
+    /// The schedule cannot run at these sizes or with these operands (a kernel's limit, an
+    /// empty table a score reads), though the inputs fit the entry.
+    #[error(transparent)]
+    Unsupported(attn_compiler::schedule::PrepareError),
     /// An inconsistency inside the backend (a bug).
     #[error("internal error in the CPU backend: {0}")]
     Internal(String),

@@ -143,6 +143,7 @@ pub fn prepare_error(e: PrepareError) -> CpuError {
         PrepareError::TooLarge { what, elements, limit } => InterpError::TooLarge { what, shape: vec![elements.max(0) as usize], limit },
         PrepareError::Negative { dim, value } => InterpError::NegativeDim { node: "a buffer".into(), dim, value },
         PrepareError::Overflow(what) => InterpError::Overflow { what },
+        e @ (PrepareError::AdditiveWidth { .. } | PrepareError::EmptyOperand { .. }) => return CpuError::Unsupported(e),
         other => return CpuError::Internal(other.to_string()),
     })
 }
