@@ -159,3 +159,26 @@ fn every_rule_builds() {
         assert!(super::rules::to_rewrite(rule.clone()).is_ok(), "rule `{}` does not build", rule.name());
     }
 }
+
+/// Additive (Bahdanau) scores fuse over f32 projections; over f16 ones `explain` says why not.
+#[test]
+fn additive_scores_fuse_for_f32_and_say_why_not_otherwise() {
+    let source = |t: &str| {
+        format!(
+            "fn bahdanau(q: {t}[B, M, D], k: {t}[B, N, D], w_q: {t}[D, A], w_k: {t}[D, A], v_a: {t}[A]) -> {t}[B, M, D] {{
+    let scores = sum(tanh(unsqueeze(q @ w_q, 2) + unsqueeze(k @ w_k, 1)) * v_a, axis = A)
+    return softmax(scores, axis = -1) @ k
+}}"
+        )
+    };
+    let optimize = |t: &str| {
+        let checked = crate::check(&source(t)).unwrap_or_else(|d| panic!("{}", d[0]));
+        super::optimize(&checked.module.graphs[0], &OptOptions::default())
+    };
+    let o = optimize("f32");
+    assert!(o.graph.to_string().contains("pair=\"additive(x0)\""), "{}", o.graph);
+    let o = optimize("f16");
+    assert!(!o.graph.to_string().contains("flash["), "{}", o.graph);
+    let report = o.report.to_string();
+    assert!(report.contains("not fused: additive scores fuse for f32 operands only, found f16"), "{report}");
+}

@@ -111,9 +111,14 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     if rank < 2 || !st.dtype.is_float() {
         return Err("the scores are not a float matrix".into());
     }
-    let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, path: Vec::new() };
-    let expr = cx.convert(scores, 0).ok_or("the scores are not an element-wise function of one q @ kᵀ")?;
-    let leaf = cx.leaf.ok_or("no q @ kᵀ product (or additive score sum(tanh(q + k) * w)) feeds the scores")?;
+    let mut cx =
+        Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, refused: Default::default(), path: Vec::new() };
+    let expr = cx
+        .convert(scores, 0)
+        .ok_or_else(|| cx.refused.take().unwrap_or_else(|| "the scores are not an element-wise function of one q @ kᵀ".to_string()))?;
+    let leaf = cx.leaf.ok_or_else(|| {
+        cx.refused.take().unwrap_or_else(|| "no q @ kᵀ product (or additive score sum(tanh(q + k) * w)) feeds the scores".to_string())
+    })?;
     if !expr.uses_score() {
         return Err("the scores do not depend on q @ kᵀ".into());
     }
@@ -206,6 +211,8 @@ struct Cx<'a> {
     extras: Vec<Id>,
     /// Bounds the work on deep or shared sub-graphs.
     budget: usize,
+    /// Why an additive score that was found could not be the leaf, for `explain`.
+    refused: std::cell::RefCell<Option<String>>,
     /// Classes being converted, outermost first. Rewrites such as `x * 1 = x` put a node in
     /// the class it reads (`mul(c, 1)` in class `c`); such a node has no finite expression, so
     /// it fails at once instead of spending the budget that its class's other nodes need.
@@ -313,7 +320,12 @@ impl Cx<'_> {
             if axes.as_slice() != [r] {
                 continue;
             }
-            let Some(width) = f32_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else { continue };
+            let Some(width) = f32_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else {
+                if let Some(t) = ty(eg, n.args()[0]).filter(|t| t.rank() == r + 1 && t.dtype != DType::F32) {
+                    *self.refused.borrow_mut() = Some(format!("additive scores fuse for f32 operands only, found {}", t.dtype));
+                }
+                continue;
+            };
             for m in eg[n.args()[0]].nodes.iter().filter(|m| matches!(m.op(), Op::Binary(BinaryOp::Mul))) {
                 for (t, w) in [(m.args()[0], m.args()[1]), (m.args()[1], m.args()[0])] {
                     // `w` over the summed axis, per batch index or shared: `[…b″, 1, 1, A]`
