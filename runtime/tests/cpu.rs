@@ -267,6 +267,25 @@ fn masked_additive_attention_fuses_and_matches_the_interpreter() {
             other => panic!("{name}: expected the width limit, got {other:?}"),
         }
     }
+    // In f16 (stored as f32 on the CPU, rounded per op): within an f16 rounding or two of the
+    // interpreter.
+    let program = Program::from_source(&shared.replace("f32", "f16"), "additive16.attn").expect("compiles");
+    let compiled = program.compile_cpu("additive", &CpuOptions { threads: 2 }).expect("compiles");
+    let dims = HashMap::from([
+        ("B".into(), 2),
+        ("H".into(), 2),
+        ("M".into(), 65),
+        ("N".into(), 70),
+        ("Dq".into(), 24),
+        ("Dk".into(), 16),
+        ("A".into(), 40),
+    ]);
+    let inputs: Vec<Tensor> = program.random_inputs("additive", 3, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    let want = interp::run(program.graph("additive").expect("graph"), &inputs, &dims).expect("interpreter")[0].to_f64_vec();
+    let got = compiled.run_tensors(&inputs, &dims).expect("runs")[0].to_f64_vec();
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let err = got.iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs())) / scale;
+    assert!(err < 4e-3, "f16: max|diff|/max|ref| = {err:e}");
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
 

@@ -649,11 +649,9 @@ impl Lowering<'_> {
         let r = q.shape.len();
         if let crate::ir::Pair::Additive { weight } = spec.pair {
             let w = extras.get(weight).cloned().ok_or_else(|| self.unsupported(v, "the additive weight is not an operand"))?;
-            if [q.dtype, k.dtype, w.dtype].iter().any(|d| *d != DType::F32) {
-                return Err(self.unsupported(v, "additive scores run on f32 q, k and weight only"));
-            }
+            // Dense along its last axis (the kernels read it as a vector), in its own type.
             let last = w.shape.len().saturating_sub(1);
-            extras[weight] = self.dense_if(v, w, DType::F32, |x| x.unit_stride(last));
+            extras[weight] = self.dense_if(v, w.clone(), w.dtype, |x| x.unit_stride(last));
         }
         if self.policy.target() == Target::Cuda {
             for w in [&q.shape[r - 1], &vv.shape[r - 1]] {

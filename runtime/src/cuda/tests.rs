@@ -251,6 +251,17 @@ pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
   output out = %4
 }",
     ),
+    (
+        "f16 additive scores",
+        "graph attn {
+  %0 = param[name=q] : f16[B, H, S, D]
+  %1 = param[name=k] : f16[B, H, S, D]
+  %2 = param[name=v] : f16[B, H, S, E]
+  %3 = param[name=w] : f16[D]
+  %4 = flash[rank=4, weights=softmax, score=s, pair=\"additive(x0)\"] %0, %1, %2, %3 : f16[B, H, S, E]
+  output out = %4
+}",
+    ),
 ];
 
 #[test]

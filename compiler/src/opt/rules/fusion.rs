@@ -111,14 +111,9 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     if rank < 2 || !st.dtype.is_float() {
         return Err("the scores are not a float matrix".into());
     }
-    let mut cx =
-        Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, refused: Default::default(), path: Vec::new() };
-    let expr = cx
-        .convert(scores, 0)
-        .ok_or_else(|| cx.refused.take().unwrap_or_else(|| "the scores are not an element-wise function of one q @ kᵀ".to_string()))?;
-    let leaf = cx.leaf.ok_or_else(|| {
-        cx.refused.take().unwrap_or_else(|| "no q @ kᵀ product (or additive score sum(tanh(q + k) * w)) feeds the scores".to_string())
-    })?;
+    let mut cx = Cx { eg, shape: st.shape.clone(), leaf: None, extras: Vec::new(), budget: 400, path: Vec::new() };
+    let expr = cx.convert(scores, 0).ok_or("the scores are not an element-wise function of one q @ kᵀ")?;
+    let leaf = cx.leaf.ok_or("no q @ kᵀ product (or additive score sum(tanh(q + k) * w)) feeds the scores")?;
     if !expr.uses_score() {
         return Err("the scores do not depend on q @ kᵀ".into());
     }
@@ -211,8 +206,6 @@ struct Cx<'a> {
     extras: Vec<Id>,
     /// Bounds the work on deep or shared sub-graphs.
     budget: usize,
-    /// Why an additive score that was found could not be the leaf, for `explain`.
-    refused: std::cell::RefCell<Option<String>>,
     /// Classes being converted, outermost first. Rewrites such as `x * 1 = x` put a node in
     /// the class it reads (`mul(c, 1)` in class `c`); such a node has no finite expression, so
     /// it fails at once instead of spending the budget that its class's other nodes need.
@@ -308,24 +301,19 @@ impl Cx<'_> {
 
     /// The additive scores `reduce_sum(tanh(q′ + k′) * w)` over the last axis in `class`, if
     /// it has them: `q′` spans the query axis and has size 1 on the key axis, `k′` the reverse,
-    /// both with the score's batch axes (`k′`'s may be 1), `w` is an f32 vector over the summed
-    /// axis. Only f32 operands fuse (the kernels' products are f32).
+    /// both with the score's batch axes (`k′`'s may be 1), `w` is a float vector over the summed
+    /// axis (the kernels compute in f32 whatever the storage type).
     fn additive(&self, class: Id) -> Option<Leaf> {
         let eg = self.eg;
         let r = self.shape.len();
         let one = Dim::constant(1);
-        let f32_ty = |c: Id| ty(eg, c).filter(|t| t.dtype == DType::F32);
+        let float_ty = |c: Id| ty(eg, c).filter(|t| t.dtype.is_float());
         for n in eg[class].nodes.iter() {
             let Op::Reduce { op: ReduceOp::Sum, axes, keepdim: false } = n.op() else { continue };
             if axes.as_slice() != [r] {
                 continue;
             }
-            let Some(width) = f32_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else {
-                if let Some(t) = ty(eg, n.args()[0]).filter(|t| t.rank() == r + 1 && t.dtype != DType::F32) {
-                    *self.refused.borrow_mut() = Some(format!("additive scores fuse for f32 operands only, found {}", t.dtype));
-                }
-                continue;
-            };
+            let Some(width) = float_ty(n.args()[0]).filter(|t| t.rank() == r + 1).map(|t| t.shape[r].clone()) else { continue };
             for m in eg[n.args()[0]].nodes.iter().filter(|m| matches!(m.op(), Op::Binary(BinaryOp::Mul))) {
                 for (t, w) in [(m.args()[0], m.args()[1]), (m.args()[1], m.args()[0])] {
                     // `w` over the summed axis, per batch index or shared: `[…b″, 1, 1, A]`
@@ -342,14 +330,14 @@ impl Cx<'_> {
                             && one_at(wt, r - 1)
                             && (off..r - 2).all(|x| wt.shape[x - off] == one || wt.shape[x - off] == self.shape[x])
                     };
-                    if f32_ty(w).is_none_or(|wt| !fits(wt)) {
+                    if float_ty(w).is_none_or(|wt| !fits(wt)) {
                         continue;
                     }
                     for th in eg[t].nodes.iter().filter(|x| matches!(x.op(), Op::Unary(UnaryOp::Tanh))) {
                         for add in eg[th.args()[0]].nodes.iter().filter(|x| matches!(x.op(), Op::Binary(BinaryOp::Add))) {
                             let (a, b) = (add.args()[0], add.args()[1]);
                             let side = |c: Id, query: bool| {
-                                f32_ty(c).is_some_and(|t| {
+                                float_ty(c).is_some_and(|t| {
                                     let (along, flat) = if query { (r - 2, r - 1) } else { (r - 1, r - 2) };
                                     t.rank() == r + 1
                                         && t.shape[along] == self.shape[along]
