@@ -560,9 +560,11 @@ impl Lowering<'_> {
             Op::ArgSort { axis, descending } => {
                 let x = self.view(args[0])?;
                 let out = self.temp(v, ty.dtype, &ty.shape);
-                // CUDA merges sorted runs in parallel, from one permutation into another.
-                let scratch = (self.policy.target() == Target::Cuda).then(|| self.temp(v, ty.dtype, &ty.shape));
+                // CUDA merges sorted runs in parallel, from one permutation into another (unless
+                // it selects a few leading places).
                 let limit = self.sort_limit(v, *axis);
+                let merges = limit.is_none_or(|k| k > super::policy::CUDA_SELECT_MAX);
+                let scratch = (self.policy.target() == Target::Cuda && merges).then(|| self.temp(v, ty.dtype, &ty.shape));
                 self.step(Kernel::ArgSort { x, axis: *axis, descending: *descending, out: out.clone(), scratch, limit }, label, v);
                 Ok(out)
             }

@@ -264,6 +264,9 @@ impl CpuPolicy {
 
 /// Threads per block of every CUDA kernel except the flash ones.
 pub const CUDA_THREADS: u32 = 256;
+/// The most leading places of an argsort (`topk`) the CUDA kernel selects one by one (a pass
+/// over the row each) rather than merge-sorting the row.
+pub const CUDA_SELECT_MAX: i64 = 16;
 /// Elements per work item (one per thread) of an element-wise kernel.
 pub const CUDA_ELEMENTS: i64 = 256;
 /// Rows and columns of `C` per matmul work item.

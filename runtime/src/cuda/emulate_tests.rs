@@ -365,7 +365,8 @@ fn s(b: f32[N, E], i: i32[M, E], v: f32[M, E]) -> f32[N, E] {
 
 /// Argsorts longer than a block's threads (each thread places several elements per merge pass,
 /// the last run of each pass without a partner), with many ties (stable: by index), both
-/// directions, a NaN-free float key and an integer one, exactly like the interpreter.
+/// directions, a NaN-free float key and an integer one, exactly like the interpreter; and
+/// top-k, selected (k ≤ 16) or merge-sorted (k = 20), along either axis.
 #[test]
 fn long_argsorts_run_emulated_like_the_interpreter() {
     if !compiler_or_skip("long_argsorts_run_emulated_like_the_interpreter") {
@@ -382,5 +383,22 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
         let err = check(&format!("argsort N={n}"), &g, Device::AsWritten(&g), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&wd);
         assert_eq!(err, 0.0, "N={n}: the permutations differ");
+    }
+    // Top-k: a few places selected (one pass each), more merge-sorted; ties by index.
+    let source = "fn tops(x: f32[B, N], k: i32[B, N]) -> (a: i32[B, 1], b: i32[B, 3], c: i32[B, 20], d: f32[3, N]) {
+    let (va, a) = topk(floor(x * 4.0), 1)
+    let (vb, b) = topk(cast(k % 5, f32), 3)
+    let (vc, c) = topk(floor(x * 2.0), 20)
+    let (d, ib) = topk(-floor(x * 3.0), 3, axis = 0)
+    return a, b, c, d
+}";
+    let compiled = attn_compiler::check(source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    for n in [20, 257, 700] {
+        let env = sizes(&g, &[("B", 4), ("N", n)]);
+        let wd = work_dir(&format!("topk-{n}"));
+        let err = check(&format!("topk N={n}"), &g, Device::AsWritten(&g), &env, 6, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        assert_eq!(err, 0.0, "N={n}: the top-k differ");
     }
 }

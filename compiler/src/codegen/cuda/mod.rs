@@ -132,9 +132,10 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
             Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, scratch, .. } => {
-                rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref())
-            }
+            Kernel::ArgSort { x, axis, descending, out, scratch, limit } => match limit {
+                Some(k) if *k <= crate::schedule::policy::CUDA_SELECT_MAX => rows::argselect(&ints, &items, x, *axis, *descending, out, *k),
+                _ => rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref()),
+            },
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
             Kernel::PrefixAttention { q, k, v, reverse, out } => rows::prefix_attention(&ints, &items, q, k, v, *reverse, out),
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),

@@ -309,6 +309,69 @@ pub(super) fn argsort(
     Ok(KernelSource { threads, items_per_block: 1, smem: Smem::None, body })
 }
 
+/// The kernel of an argsort step whose users read only its first `k` places (`topk`): one
+/// block per row picks them in order, each as the block-wide minimum (by `attnc_sorts_before`,
+/// ties by index) of the elements that sort after the previous pick. `k` passes over the row
+/// and a shared-memory reduction each; the places after `k` are not written (the schedule's
+/// `limit`).
+pub(super) fn argselect(
+    ints: &Ints,
+    items: &str,
+    x: &View,
+    axis: usize,
+    descending: bool,
+    out: &View,
+    k: i64,
+) -> Result<KernelSource, CudaEmitError> {
+    let threads = CUDA_THREADS;
+    let mut item = Vec::new();
+    let r = row(ints, x, vec![axis], &mut item)?;
+    let class = if Class::of(x.dtype) == Class::Int { Class::Int } else { Class::Float };
+    let mut off_idx = vec!["0LL".to_string(); out.shape.len()];
+    for (n, a) in r.outer.iter().enumerate() {
+        off_idx[*a] = r.outer_idx[n].clone();
+    }
+    off_idx[axis] = "p_".to_string();
+    let desc = i32::from(descending);
+    item.push("double lv_ = 0.0; i64 li_ = -1;  // the previous pick".into());
+    item.push(format!("for (i64 p_ = 0; p_ < {k} && p_ < n_; ++p_) {{"));
+    let mut pass = vec!["double bv_ = 0.0; i64 bi_ = -1;".to_string(), format!("for (i64 e_ = threadIdx.x; e_ < n_; e_ += {threads}) {{")];
+    let mut el = r.element(class)?;
+    el.push("const double d_ = (double)v_;".into());
+    el.push(format!("if (li_ >= 0 && !attnc_sorts_before(lv_, li_, d_, e_, {desc})) continue;  // picked already"));
+    el.push(format!("if (bi_ < 0 || attnc_sorts_before(d_, e_, bv_, bi_, {desc})) {{ bv_ = d_; bi_ = e_; }}"));
+    pass.extend(indent(&el, 2));
+    pass.push("}".into());
+    pass.extend([
+        "sv_[threadIdx.x] = bv_; si_[threadIdx.x] = bi_;".to_string(),
+        "attnc_sync();".into(),
+        format!("for (int h_ = {} ; h_ > 0; h_ >>= 1) {{", threads / 2),
+        "  if ((int)threadIdx.x < h_) {".into(),
+        "    const double ov_ = sv_[threadIdx.x + h_]; const i64 oi_ = si_[threadIdx.x + h_];".into(),
+        format!(
+            "    if (oi_ >= 0 && (si_[threadIdx.x] < 0 || attnc_sorts_before(ov_, oi_, sv_[threadIdx.x], si_[threadIdx.x], {desc}))) {{"
+        ),
+        "      sv_[threadIdx.x] = ov_; si_[threadIdx.x] = oi_;".into(),
+        "    }".into(),
+        "  }".into(),
+        "  attnc_sync();".into(),
+        "}".into(),
+        "lv_ = sv_[0]; li_ = si_[0];".into(),
+        format!("if (threadIdx.x == 0) {}", store(out.buf, DType::I32, &ints.offset(out, &off_idx)?, "(int)li_")),
+        "attnc_sync();  // before the next pass overwrites the reduction".into(),
+    ]);
+    item.extend(indent(&pass, 2));
+    item.push("}".into());
+    let mut body = vec![
+        format!("ATTNC_SHARED double sv_[{threads}];  // each thread's best value, then the block's"),
+        format!("ATTNC_SHARED i64 si_[{threads}];  // and its index (-1: none)"),
+        format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"),
+    ];
+    body.extend(indent(&item, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads, items_per_block: 1, smem: Smem::None, body })
+}
+
 /// A store of `value` into `o`'s view at element `e_` of the row.
 fn store_at(o: &Row, dtype: DType, value: &str) -> Result<String, CudaEmitError> {
     let mut idx = vec!["0LL".to_string(); o.x.shape.len()];
