@@ -26,7 +26,6 @@ Uses bench/.venv (made by bench/compare.py) and target/release/attnc (built unle
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,20 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / "bench" / ".venv"
+from example_bench import ROOT, attnc_json, ensure_venv
+
 EXAMPLE = ROOT / "examples" / "bahdanau.attn"
 NAMES = ["q", "k", "w_q", "w_k", "v_a"]
-
-
-def ensure_venv():
-    """Re-runs this script inside bench/.venv (compare.py creates it with torch and numpy)."""
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        sys.exit(f"{VENV} does not exist: run `python3 bench/compare.py --quick` once to create it")
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def bahdanau_torch(t, q, k, w_q, w_k, v_a):
@@ -110,11 +99,8 @@ def attnc_args(d, inputs):
 
 
 def attnc_bench(exe, d, inputs, threads, iters):
-    cmd = [str(exe), "bench", str(EXAMPLE), "--json", "--iters", str(iters), "--warmup", "1", "--threads", str(threads)]
-    out = subprocess.run(cmd + attnc_args(d, inputs), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
-    return next(json.loads(l[len("json: "):]) for l in out.stdout.splitlines() if l.startswith("json: "))
+    cmd = [exe, "bench", EXAMPLE, "--json", "--iters", iters, "--warmup", 1, "--threads", threads]
+    return attnc_json(cmd + attnc_args(d, inputs))
 
 
 def attnc_output(exe, d, inputs, out_dir):
@@ -138,7 +124,7 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--torch-memory", nargs=2, metavar=("INPUTS", "THREADS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    ensure_venv()
+    ensure_venv(__file__)
     if args.torch_memory:
         return torch_memory(args.torch_memory[0], int(args.torch_memory[1]))
     import numpy as np

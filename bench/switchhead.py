@@ -22,8 +22,6 @@ Uses bench/.venv (made by bench/compare.py) and target/release/attnc (built unle
 """
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,19 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / "bench" / ".venv"
+from example_bench import ROOT, attnc_json, ensure_venv
+
 EXAMPLE = ROOT / "examples" / "switchhead.attn"
-
-
-def ensure_venv():
-    """Re-runs this script inside bench/.venv (compare.py creates it with torch and numpy)."""
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        sys.exit(f"{VENV} does not exist: run `python3 bench/compare.py --quick` once to create it")
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def dims(args, s):
@@ -53,10 +41,7 @@ def dims(args, s):
 def attnc(exe, d, threads, iters):
     cmd = [str(exe), "bench", str(EXAMPLE), "--json", "--iters", str(iters), "--warmup", "1", "--threads", str(threads)]
     cmd += [a for k, v in d.items() for a in ("--dim", f"{k}={v}")]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
-    return next(json.loads(l[len("json: "):]) for l in out.stdout.splitlines() if l.startswith("json: "))
+    return attnc_json(cmd)
 
 
 def attnc_output(exe, d, inputs, out_dir):
@@ -98,7 +83,7 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
-    ensure_venv()
+    ensure_venv(__file__)
     import numpy as np
     import torch
 
