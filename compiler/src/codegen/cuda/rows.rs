@@ -54,6 +54,16 @@ impl Row<'_> {
         Ok(lines)
     }
 
+    /// The offset in `v` (a view with the row's outer axes) of element `at` along `axis`.
+    fn offset_in(&self, v: &View, axis: usize, at: &str) -> Result<String, CudaEmitError> {
+        let mut idx = vec!["0LL".to_string(); v.shape.len()];
+        for (k, a) in self.outer.iter().enumerate() {
+            idx[*a] = self.outer_idx[k].clone();
+        }
+        idx[axis] = at.to_string();
+        self.ints.offset(v, &idx)
+    }
+
     /// `for (e_ over the row) { v_ = x[...]; each }` with lanes striding the row.
     fn pass(&self, class: Class, each: &str) -> Result<Vec<String>, CudaEmitError> {
         let mut out = vec!["for (i64 e_ = lane_; e_ < n_; e_ += 32) {".to_string()];
@@ -193,14 +203,7 @@ pub(super) fn scatter_add(
     let fault = ints.schedule.fault.ok_or_else(|| ints.fail("a checked scatter_add without a fault record".into()))?;
     let mut item = Vec::new();
     let r = row(ints, out, vec![axis], &mut item)?;
-    let at = |v: &View, pos: &str| -> Result<String, CudaEmitError> {
-        let mut index = vec!["0LL".to_string(); v.shape.len()];
-        for (k, a) in r.outer.iter().enumerate() {
-            index[*a] = r.outer_idx[k].clone();
-        }
-        index[axis] = pos.to_string();
-        ints.offset(v, &index)
-    };
+    let at = |v: &View, pos: &str| r.offset_in(v, axis, pos);
     let m = ints.dim(&src.shape[axis])?;
     item.push("if (lane_ == 0) {".into());
     let mut body = vec!["for (i64 e_ = 0; e_ < n_; ++e_) {".to_string()];
@@ -248,14 +251,7 @@ pub(super) fn argsort(
         Ok(())
     };
     // Element `at` of the row of a permutation view (`out` or `scratch`).
-    let off = |v: &View, at: &str| -> Result<String, CudaEmitError> {
-        let mut idx = vec!["0LL".to_string(); v.shape.len()];
-        for (k, a) in r.outer.iter().enumerate() {
-            idx[*a] = r.outer_idx[k].clone();
-        }
-        idx[axis] = at.to_string();
-        ints.offset(v, &idx)
-    };
+    let off = |v: &View, at: &str| r.offset_in(v, axis, at);
     let (o, t) = (out, scratch);
     let load_perm = |from_out: &str, at: &str| -> Result<String, CudaEmitError> {
         Ok(format!("({from_out} ? {} : {})", load(o.buf, DType::I32, &off(o, at)?), load(t.buf, DType::I32, &off(t, at)?)))
@@ -327,11 +323,6 @@ pub(super) fn argselect(
     let mut item = Vec::new();
     let r = row(ints, x, vec![axis], &mut item)?;
     let class = if Class::of(x.dtype) == Class::Int { Class::Int } else { Class::Float };
-    let mut off_idx = vec!["0LL".to_string(); out.shape.len()];
-    for (n, a) in r.outer.iter().enumerate() {
-        off_idx[*a] = r.outer_idx[n].clone();
-    }
-    off_idx[axis] = "p_".to_string();
     let desc = i32::from(descending);
     item.push("double lv_ = 0.0; i64 li_ = -1;  // the previous pick".into());
     item.push(format!("for (i64 p_ = 0; p_ < {k} && p_ < n_; ++p_) {{"));
@@ -357,7 +348,7 @@ pub(super) fn argselect(
         "  attnc_sync();".into(),
         "}".into(),
         "lv_ = sv_[0]; li_ = si_[0];".into(),
-        format!("if (threadIdx.x == 0) {}", store(out.buf, DType::I32, &ints.offset(out, &off_idx)?, "(int)li_")),
+        format!("if (threadIdx.x == 0) {}", store(out.buf, DType::I32, &r.offset_in(out, axis, "p_")?, "(int)li_")),
         "attnc_sync();  // before the next pass overwrites the reduction".into(),
     ]);
     item.extend(indent(&pass, 2));
@@ -374,12 +365,7 @@ pub(super) fn argselect(
 
 /// A store of `value` into `o`'s view at element `e_` of the row.
 fn store_at(o: &Row, dtype: DType, value: &str) -> Result<String, CudaEmitError> {
-    let mut idx = vec!["0LL".to_string(); o.x.shape.len()];
-    for (k, a) in o.outer.iter().enumerate() {
-        idx[*a] = o.outer_idx[k].clone();
-    }
-    idx[o.inner[0]] = "e_".into();
-    Ok(store(o.x.buf, dtype, &o.ints.offset(o.x, &idx)?, value))
+    Ok(store(o.x.buf, dtype, &o.offset_in(o.x, o.inner[0], "e_")?, value))
 }
 
 /// The kernel of a layer norm (`beta` given) or RMS norm step over the last axis, in double.
