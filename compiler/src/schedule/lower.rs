@@ -652,8 +652,8 @@ impl Lowering<'_> {
         if let crate::ir::Pair::Additive { weight } = spec.pair {
             let w = extras.get(weight).cloned().ok_or_else(|| self.unsupported(v, "the additive weight is not an operand"))?;
             // Dense along its last axis (the kernels read it as a vector), in its own type.
-            let last = w.shape.len().saturating_sub(1);
-            extras[weight] = self.dense_if(v, w.clone(), w.dtype, |x| x.unit_stride(last));
+            let (last, dtype) = (w.shape.len().saturating_sub(1), w.dtype);
+            extras[weight] = self.dense_if(v, w, dtype, |x| x.unit_stride(last));
         }
         if self.policy.target() == Target::Cuda {
             for w in [&q.shape[r - 1], &vv.shape[r - 1]] {

@@ -139,17 +139,14 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     let spec = FlashSpec { rank, weights, score, mask, pair };
     let mut args = vec![q, k, Build::Class(v)];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
-    if let (Leaf::Additive { w, .. }, Pair::Additive { weight }) = (leaf, pair) {
-        // The weight without its size-1 query and key axes: `[…b″, A]`.
-        if let Some(t) = ty(eg, w).filter(|t| t.rank() >= 3) {
-            let r = t.rank();
-            let mut shape = t.shape.clone();
-            shape.drain(r - 3..r - 1);
-            args[3 + weight] = Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(w)]);
-        } else if let Some(t) = ty(eg, w).filter(|t| t.rank() == 2) {
-            // `[1, A]`: the size-1 axis is the key axis.
-            args[3 + weight] = Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, vec![t.shape[1].clone()])), vec![Build::Class(w)]);
-        }
+    if let (Leaf::Additive { w, .. }, Pair::Additive { weight }) = (leaf, pair)
+        && let Some(t) = ty(eg, w).filter(|t| t.rank() >= 2)
+    {
+        // The weight without the size-1 axes aligned with the query and key axes (the two
+        // before its last, where it has them): `[…b″, A]`.
+        let r = t.rank();
+        let shape = t.shape.iter().enumerate().filter(|(x, _)| *x + 3 < r || *x + 1 == r).map(|(_, d)| d.clone()).collect();
+        args[3 + weight] = Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(w)]);
     }
     Ok(Build::Node(Op::Flash(Box::new(spec)), out, args))
 }
