@@ -100,12 +100,16 @@ pub struct CudaPolicy {
     pub sm_count: u32,
     /// Largest dynamic shared memory one block may use, in bytes.
     pub max_smem_per_block: u32,
+    /// Query rows per block of the tensor-core flash kernel (64 or 128), instead of
+    /// [`cuda_mma_row_tiles`]'s choice: a tuning knob (`ATTNC_CUDA_MMA_ROWS`, read by the
+    /// runtime); every choice computes the same result.
+    pub mma_rows: Option<i64>,
 }
 
 impl Default for CudaPolicy {
     /// An A100-like device (108 SMs, 163 KiB of shared memory per block).
     fn default() -> CudaPolicy {
-        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912 }
+        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None }
     }
 }
 
@@ -279,7 +283,8 @@ pub const CUDA_FLASH_THREADS: u32 = 128;
 pub const CUDA_SIMT_ROWS: i64 = 16;
 /// Keys per tile of the SIMT flash kernel and per chunk of the split-KV decode (one per lane).
 pub const CUDA_LANE_KEYS: i64 = 32;
-/// Query rows per block of the tensor-core flash kernel (4 warps × 16 rows).
+/// Query rows per warp and m-tile of the tensor-core flash kernel (`mma.m16n8k16`'s 16);
+/// a block of 4 warps has 64 of them per m-tile.
 pub const CUDA_MMA_ROWS: i64 = 64;
 /// The largest constant query length that uses the split-KV decode kernel.
 pub const CUDA_DECODE_MAX_ROWS: i64 = 4;
@@ -304,6 +309,20 @@ pub fn cuda_mma_keys(head: i64) -> i64 {
 }
 
 impl CudaPolicy {
+    /// The tensor-core flash kernel's m-tiles per warp (16 query rows each; a block has
+    /// `64 · tiles` rows) for a padded head width: 2 up to 128, as FlashAttention-2 gives each
+    /// warp 32 rows (each K and V fragment loaded from shared memory feeds two `mma`s, and each
+    /// K/V tile is copied once for 128 rows), 1 above (the accumulators would not fit in
+    /// registers). `mma_rows` overrides it where the width allows.
+    pub fn mma_row_tiles(&self, head: i64) -> i64 {
+        let widest = if head <= 128 { 2 } else { 1 };
+        match self.mma_rows {
+            Some(r) if r >= CUDA_MMA_ROWS => (r / CUDA_MMA_ROWS).min(widest),
+            Some(_) => 1,
+            None => widest,
+        }
+    }
+
     /// Key splits of a split-KV decode: enough warps to cover the device about 8 times over,
     /// at most one per chunk of [`CUDA_LANE_KEYS`] keys.
     pub fn decode_splits(&self, batch: i64, n: i64) -> i64 {

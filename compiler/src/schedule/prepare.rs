@@ -472,7 +472,8 @@ impl Preparing<'_> {
     }
 
     /// The CUDA kernels' blocks, and their compile-time values (`ATTNC_HD_{step}`, the padded
-    /// head width; `ATTNC_BN_{step}`, the tensor-core key tile).
+    /// head width; `ATTNC_BN_{step}`, the tensor-core key tile; `ATTNC_MT_{step}`, its m-tiles
+    /// per warp).
     fn cuda_blocks(
         &mut self,
         cuda: &CudaPolicy,
@@ -487,8 +488,10 @@ impl Preparing<'_> {
         let (bm, bn, splits) = match f.variant {
             Variant::TensorCore => {
                 let bn = cuda_mma_keys(head);
+                let tiles = cuda.mma_row_tiles(head);
                 self.prepared.defines.push((format!("ATTNC_BN_{s}"), bn));
-                (CUDA_MMA_ROWS, bn, 1)
+                self.prepared.defines.push((format!("ATTNC_MT_{s}"), tiles));
+                (CUDA_MMA_ROWS * tiles, bn, 1)
             }
             Variant::SplitKv => (m.max(1), CUDA_LANE_KEYS, cuda.decode_splits(batch, n)),
             _ => (CUDA_SIMT_ROWS, CUDA_LANE_KEYS, 1),

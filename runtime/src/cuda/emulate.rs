@@ -90,6 +90,12 @@ ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   w.ll[l] = v; w.bar->arrive_and_wait(); long long r = w.ll[l ^ m]; w.bar->arrive_and_wait(); return r;
 }
+ATTNC_DEV bool attnc_any(bool p) {
+  auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
+  w.ll[l] = p ? 1 : 0; w.bar->arrive_and_wait(); bool r = false;
+  for (int i = 0; i < 32; ++i) r = r || w.ll[i] != 0;
+  w.bar->arrive_and_wait(); return r;
+}
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { volatile double m = a * b; return m + c; }
 ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
@@ -292,9 +298,10 @@ pub(crate) fn compiler_or_skip(test: &str) -> bool {
     false
 }
 
-/// The device policy of the emulation (a small device: few SMs, so decodes split little).
+/// The device policy of the emulation (a small device: few SMs, so decodes split little;
+/// `ATTNC_CUDA_MMA_ROWS` as on the device).
 fn policy() -> Policy {
-    Policy::Cuda(CudaPolicy { sm_count: 2, max_smem_per_block: 232_448 })
+    Policy::Cuda(CudaPolicy { sm_count: 2, max_smem_per_block: 232_448, mma_rows: super::mma_rows_knob() })
 }
 
 /// A graph as the device runs it: scheduled as written, or compiled by the pipeline.

@@ -110,7 +110,11 @@ impl Gpu {
 
     /// The block policy for this device.
     fn policy(&self) -> Policy {
-        Policy::Cuda(CudaPolicy { sm_count: self.info.sm_count, max_smem_per_block: self.limits().max_smem_per_block })
+        Policy::Cuda(CudaPolicy {
+            sm_count: self.info.sm_count,
+            max_smem_per_block: self.limits().max_smem_per_block,
+            mma_rows: super::mma_rows_knob(),
+        })
     }
 
     /// Launch limits: dynamic shared memory leaves 1 KiB for the kernels' static arrays (the

@@ -39,6 +39,12 @@ use thiserror::Error;
 
 pub use exec::DeviceInfo;
 
+/// The tuning knob `ATTNC_CUDA_MMA_ROWS` (query rows per block of the tensor-core flash
+/// kernel, 64 or 128; every choice computes the same result), when set to a number.
+pub(crate) fn mma_rows_knob() -> Option<i64> {
+    std::env::var("ATTNC_CUDA_MMA_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok())
+}
+
 /// Why the CUDA target could not run a graph.
 #[derive(Debug, Error, Clone, PartialEq)]
 #[non_exhaustive]

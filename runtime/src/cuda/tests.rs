@@ -273,17 +273,22 @@ fn flash_kernels_compile_for_every_head_width() {
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&g);
-        for hd in (32..=256).step_by(32) {
+        // Every head width with its default m-tiles per warp, and 64 and 128 with one m-tile too
+        // (`ATTNC_CUDA_MMA_ROWS=64`).
+        let widths = (32..=256).step_by(32).map(|hd| (hd, None)).chain([(64, Some(64)), (128, Some(64))]);
+        for (hd, rows) in widths {
+            let tiles = CudaPolicy { mma_rows: rows, ..CudaPolicy::default() }.mma_row_tiles(hd);
             let mut defines = Vec::new();
             for (n, step) in s.steps.iter().enumerate() {
                 if let Kernel::Flash(f) = &step.kernel {
                     defines.push((format!("ATTNC_HD_{n}"), hd));
                     if f.variant == Variant::TensorCore {
                         defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
+                        defines.push((format!("ATTNC_MT_{n}"), tiles));
                     }
                 }
             }
-            jobs.push((format!("{label} HD={hd}"), p.source.clone(), defines));
+            jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), defines));
         }
     }
     let (failures, spills) = compile_all(jobs);
@@ -313,6 +318,7 @@ fn flash_backward_kernels_compile_for_every_head_width() {
                         defines.push((format!("ATTNC_HD_{n}"), hd));
                         if f.variant == Variant::TensorCore {
                             defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
+                            defines.push((format!("ATTNC_MT_{n}"), CudaPolicy::default().mma_row_tiles(hd)));
                         }
                     }
                     _ => {}

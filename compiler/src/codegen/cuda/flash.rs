@@ -5,10 +5,11 @@
 //! MQA without copies), and the position-free scale applied to `q · k` (`alpha`). Work item =
 //! (batch index, query block, key split), as on the CPU. Three variants:
 //!
-//! - `TensorCore`: q, k, v all f16 or all bf16. 4 warps, 64 query rows per block (16 per
-//!   warp), key tiles of `ATTNC_BN_{step}`; S = QKᵀ and O += PV with `mma.sync.m16n8k16` (f32
-//!   accumulation), P rounded to the input type as FlashAttention-2 does; row statistics in
-//!   registers, reduced over the 4 lanes that share a row.
+//! - `TensorCore`: q, k, v all f16 or all bf16. 4 warps, `16 · ATTNC_MT_{step}` query rows
+//!   per warp (`ATTNC_MT_{step}` m-tiles: each K and V fragment read from shared memory feeds
+//!   that many `mma`s), key tiles of `ATTNC_BN_{step}`; S = QKᵀ and O += PV with
+//!   `mma.sync.m16n8k16` (f32 accumulation), P rounded to the input type as FlashAttention-2
+//!   does; row statistics in registers, reduced over the 4 lanes that share a row.
 //! - `Simt`: any other dtypes, in f32. 4 warps × 4 query rows, key tiles of 32 (one key per
 //!   lane); each warp keeps its rows' O in registers (lane `l` owns columns `l + 32t`).
 //! - `SplitKv` (constant query length ≤ 4): each warp takes one work item's key split for all
@@ -342,24 +343,27 @@ fn simt_weights(softmax: bool) -> Vec<String> {
 
 fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     let step = fl.f.step;
-    let rows = CUDA_MMA_ROWS;
     let bf16 = fl.f.k.dtype == crate::ir::DType::BF16;
     let (mma, conv, pack) = if bf16 { ("attnc_mma_b", "attnc_f2b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_f2h", "attnc_pack_h") };
     let mut pre = vec![
         "ATTNC_DYN_SMEM;".to_string(),
-        format!("constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step};  // head width; keys per tile"),
+        format!(
+            "constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step}, MT_ = ATTNC_MT_{step};  // head width; keys per tile; m-tiles per warp"
+        ),
+        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: warp w has rows [16 MT_ w, 16 MT_ (w + 1))"),
         "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
-        "u16* Qs_ = (u16*)attnc_smem;  // [64][LD_]".into(),
-        format!("u16* Ks_ = Qs_ + {rows} * LD_;    // [BN_][LD_]"),
+        "u16* Qs_ = (u16*)attnc_smem;  // [BM_][LD_]".into(),
+        "u16* Ks_ = Qs_ + BM_ * LD_;   // [BN_][LD_]".into(),
         "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
         "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
         "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
         "// Shared addresses (bytes) of the row this lane gives ldmatrix, at the first 16 x 16 step:".into(),
-        "// Q's A fragment (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8), K's B fragments of two".into(),
+        "// Q's A fragment of the warp's first m-tile (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8),".into(),
+        "// K's B fragments of two".into(),
         "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
         "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
-        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 * MT_ + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
         "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
         "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
     ];
@@ -367,29 +371,36 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     let mut it = Vec::new();
     // Causal-like masks give later query blocks more live tiles: start those first.
     let p = fl.item(&mut it, true)?;
-    it.push(format!("const i64 q0_ = qb_ * {rows};"));
-    it.push("const i64 ri0_ = q0_ + warp_ * 16 + g_, ri1_ = ri0_ + 8;  // this lane's two rows".into());
+    it.push("const i64 q0_ = qb_ * BM_;".into());
+    it.push("const i64 rw_ = q0_ + warp_ * 16 * MT_ + g_;  // this lane's rows: rw_ + 16 mt + 8 h (m-tile mt, half h)".into());
     it.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
     it.extend(mma_stage_setup(fl)?);
     it.push("attnc_sync();  // the previous item's last reads of Qs_, Ks_ and Vs_".into());
-    it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
+    it.push(format!("for (int e_ = tid_; e_ < BM_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
     it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
     it.extend(indent(&fl.q("qi_", "qc_")?, 2));
     it.push(format!("  Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
     it.push("}".into());
-    // Up to head width 128 the warp's Q fragments stay in registers (32 at most); wider heads
-    // read them from shared memory for every key tile, to keep the kernel clear of spills.
+    // Up to 128 columns of Q per warp (MT_ · HD_) its Q fragments stay in registers (32 at
+    // most); more are read from shared memory for every key tile, to keep the kernel clear of
+    // spills.
     it.push("attnc_sync();".into());
-    it.push("unsigned qf_[HD_ <= 128 ? HD_ / 16 : 1][4];".into());
-    it.push("if constexpr (HD_ <= 128) {".into());
+    it.push("constexpr bool QR_ = MT_ * HD_ <= 128;".into());
+    it.push("unsigned qf_[QR_ ? MT_ : 1][QR_ ? HD_ / 16 : 1][4];".into());
+    it.push("if constexpr (QR_) {".into());
     it.push("  #pragma unroll".into());
-    it.push("  for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
-    it.push("    attnc_ldsm_x4(qf_[ks_], qa_s_ + 32u * ks_);".into());
+    it.push("  for (int mt_ = 0; mt_ < MT_; ++mt_)".into());
+    it.push("    #pragma unroll".into());
+    it.push("    for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
+    it.push("      attnc_ldsm_x4(qf_[mt_][ks_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);".into());
     it.push("}".into());
-    it.push("float o_[DT_][4];".into());
+    it.push("float o_[MT_][DT_][4], m_[MT_][2], l_[MT_][2];  // row maxima in base 2".into());
     it.push("#pragma unroll".into());
-    it.push("for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] = 0.0f; o_[t_][1] = 0.0f; o_[t_][2] = 0.0f; o_[t_][3] = 0.0f; }".into());
-    it.push("float m0_ = -ATTNC_INF, m1_ = -ATTNC_INF, l0_ = 0.0f, l1_ = 0.0f;  // row maxima in base 2".into());
+    it.push("for (int mt_ = 0; mt_ < MT_; ++mt_) {".into());
+    it.push("  m_[mt_][0] = -ATTNC_INF; m_[mt_][1] = -ATTNC_INF; l_[mt_][0] = 0.0f; l_[mt_][1] = 0.0f;".into());
+    it.push("  #pragma unroll".into());
+    it.push("  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] = 0.0f; o_[mt_][t_][1] = 0.0f; o_[mt_][t_][2] = 0.0f; o_[mt_][t_][3] = 0.0f; }".into());
+    it.push("}".into());
     it.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
     // Pipelined as FlashAttention-2 does, one K and one V buffer: V(t) is copied while S(t) =
     // Q K(t)ᵀ and the softmax run, and K(next) while O += P V(t).
@@ -432,29 +443,32 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     let elem = |body: Vec<String>| -> Vec<String> {
         let mut out = vec![
             "#pragma unroll".into(),
-            "for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
+            "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
             "  #pragma unroll".into(),
-            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+            "  for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
+            "    #pragma unroll".into(),
+            "    for (int e_ = 0; e_ < 4; ++e_) {".into(),
         ];
-        out.extend(indent(&body, 4));
+        out.extend(indent(&body, 6));
+        out.push("    }".into());
         out.push("  }".into());
         out.push("}".into());
         out
     };
-    let position = "const i64 i_ = e_ < 2 ? ri0_ : ri1_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
-    let mut general = vec![position.clone(), "const float s_e_ = s_[nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
+    let position = "const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
+    let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
     general.extend(fl.score(p, "i_", "j_", "s_e_")?);
     if !fl.softmax {
-        general.push("s_[nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+        general.push("s_[mt_][nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
         return Ok(elem(general));
     }
     general.push("const float x_ = keep_ ? sc_ * ATTNC_LOG2E : -ATTNC_INF;".into());
-    general.push("s_[nt_][e_] = x_;".into());
-    general.push("if (e_ < 2) mx0_ = fmaxf(mx0_, x_); else mx1_ = fmaxf(mx1_, x_);".into());
+    general.push("s_[mt_][nt_][e_] = x_;".into());
+    general.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
     let fast = if matches!(fl.f.analysis.score, crate::ir::ScoreExpr::Score) {
-        vec!["const float x_ = s_[nt_][e_] * alpha2_;".to_string()]
+        vec!["const float x_ = s_[mt_][nt_][e_] * alpha2_;".to_string()]
     } else {
-        let mut v = vec![position, "const float s_e_ = s_[nt_][e_] * alpha_;".into()];
+        let mut v = vec![position, "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into()];
         let ctx = {
             let mut pos = p.to_vec();
             pos.push("i_".into());
@@ -467,8 +481,8 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
         v
     };
     let mut fast = fast;
-    fast.push("s_[nt_][e_] = x_;".into());
-    fast.push("if (e_ < 2) mx0_ = fmaxf(mx0_, x_); else mx1_ = fmaxf(mx1_, x_);".into());
+    fast.push("s_[mt_][nt_][e_] = x_;".into());
+    fast.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
     // fmaxf drops NaN from the row maximum; a NaN score still reaches the output through its
     // weight (2^NaN), as in the interpreter.
     let mut out = vec!["const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_;  // no mask, no key beyond N_".to_string(), "if (fast_) {".into()];
@@ -562,29 +576,40 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
 /// key n-tiles).
 fn mma_scores(mma: &str) -> Vec<String> {
     format!(
-        "float s_[NT_][4];
+        "float s_[MT_][NT_][4];
 #pragma unroll
-for (int nt_ = 0; nt_ < NT_; ++nt_) {{ s_[nt_][0] = 0.0f; s_[nt_][1] = 0.0f; s_[nt_][2] = 0.0f; s_[nt_][3] = 0.0f; }}
+for (int mt_ = 0; mt_ < MT_; ++mt_)
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; ++nt_) {{ s_[mt_][nt_][0] = 0.0f; s_[mt_][nt_][1] = 0.0f; s_[mt_][nt_][2] = 0.0f; s_[mt_][nt_][3] = 0.0f; }}
 #pragma unroll
 for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
-  // A: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of the warp's 16 rows.
-  unsigned a_[4];
-  if constexpr (HD_ <= 128) {{
-    a_[0] = qf_[ks_][0]; a_[1] = qf_[ks_][1]; a_[2] = qf_[ks_][2]; a_[3] = qf_[ks_][3];
-  }} else {{
-    attnc_ldsm_x4(a_, qa_s_ + 32u * ks_);
+  // A of each m-tile: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of its 16 rows.
+  unsigned a_[MT_][4];
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    if constexpr (QR_) {{
+      a_[mt_][0] = qf_[mt_][ks_][0]; a_[mt_][1] = qf_[mt_][ks_][1]; a_[mt_][2] = qf_[mt_][ks_][2]; a_[mt_][3] = qf_[mt_][ks_][3];
+    }} else {{
+      attnc_ldsm_x4(a_[mt_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);
+    }}
   }}
   #pragma unroll
   for (int nt_ = 0; nt_ < NT_; nt_ += 2) {{
     // B of n-tiles nt, nt+1: key rows of the tile (lm_ >> 1), columns 0-7 | 8-15 (lm_ & 1).
     unsigned kb_[4];
     attnc_ldsm_x4(kb_, kb_s_ + 2u * (nt_ * 8 * LD_ + ks_ * 16));
-    {mma}(s_[nt_], a_, kb_);
-    {mma}(s_[nt_ + 1], a_, kb_ + 2);
+    #pragma unroll
+    for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+      {mma}(s_[mt_][nt_], a_[mt_], kb_);
+      {mma}(s_[mt_][nt_ + 1], a_[mt_], kb_ + 2);
+    }}
   }}
 }}
-// Accumulator element e of n-tile nt: row e < 2 ? ri0_ : ri1_, key k0_ + 8 nt + 2 tg_ + (e & 1).
-float mx0_ = -ATTNC_INF, mx1_ = -ATTNC_INF;"
+// Accumulator element e of m-tile mt, n-tile nt: row rw_ + 16 mt + 8 (e >> 1), key
+// k0_ + 8 nt + 2 tg_ + (e & 1).
+float mx_[MT_][2];
+#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {{ mx_[mt_][0] = -ATTNC_INF; mx_[mt_][1] = -ATTNC_INF; }}"
     )
     .lines()
     .map(String::from)
@@ -592,25 +617,35 @@ float mx0_ = -ATTNC_INF, mx1_ = -ATTNC_INF;"
 }
 
 /// The online-softmax update of the tensor-core kernel (row maxima over the 4 lanes of a row).
-const MMA_SOFTMAX: &str = "// Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
-mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 1)); mx0_ = fmaxf(mx0_, attnc_shfl_xor(mx0_, 2));
-mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 1)); mx1_ = fmaxf(mx1_, attnc_shfl_xor(mx1_, 2));
-const float mn0_ = fmaxf(m0_, mx0_), mn1_ = fmaxf(m1_, mx1_);
-const float sc0_ = mn0_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m0_ - mn0_);
-const float sc1_ = mn1_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m1_ - mn1_);
-m0_ = mn0_; m1_ = mn1_; l0_ *= sc0_; l1_ *= sc1_;
-const float ml0_ = mn0_ == -ATTNC_INF ? 0.0f : mn0_, ml1_ = mn1_ == -ATTNC_INF ? 0.0f : mn1_;
-#pragma unroll
-for (int nt_ = 0; nt_ < NT_; ++nt_) {
+const MMA_SOFTMAX: &str = "#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {
+  float sc_[2], ml_[2];
   #pragma unroll
-  for (int e_ = 0; e_ < 4; ++e_) {
-    const float p_ = attnc_exp2_fast(s_[nt_][e_] - (e_ < 2 ? ml0_ : ml1_));
-    s_[nt_][e_] = p_;
-    if (e_ < 2) l0_ += p_; else l1_ += p_;
+  for (int h_ = 0; h_ < 2; ++h_) {
+    // Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
+    float mx = mx_[mt_][h_];
+    mx = fmaxf(mx, attnc_shfl_xor(mx, 1)); mx = fmaxf(mx, attnc_shfl_xor(mx, 2));
+    const float mn_ = fmaxf(m_[mt_][h_], mx);
+    sc_[h_] = mn_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m_[mt_][h_] - mn_);
+    m_[mt_][h_] = mn_; l_[mt_][h_] *= sc_[h_];
+    ml_[h_] = mn_ == -ATTNC_INF ? 0.0f : mn_;
   }
-}
-#pragma unroll
-for (int t_ = 0; t_ < DT_; ++t_) { o_[t_][0] *= sc0_; o_[t_][1] *= sc0_; o_[t_][2] *= sc1_; o_[t_][3] *= sc1_; }";
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; ++nt_) {
+    #pragma unroll
+    for (int e_ = 0; e_ < 4; ++e_) {
+      const float p_ = attnc_exp2_fast(s_[mt_][nt_][e_] - ml_[e_ >> 1]);
+      s_[mt_][nt_][e_] = p_;
+      l_[mt_][e_ >> 1] += p_;
+    }
+  }
+  // Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
+  // the multiplies (a warp-uniform branch).
+  if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
+    #pragma unroll
+    for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
+  }
+}";
 
 /// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
 /// n-tiles; V's B fragments come transposed through `ldmatrix.trans` (two d-tiles per load).
@@ -618,15 +653,24 @@ fn mma_pv(mma: &str, pack: &str) -> Vec<String> {
     format!(
         "#pragma unroll
 for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
-  const unsigned pa_[4] = {{{pack}(s_[2 * kk_][0], s_[2 * kk_][1]), {pack}(s_[2 * kk_][2], s_[2 * kk_][3]),
-                           {pack}(s_[2 * kk_ + 1][0], s_[2 * kk_ + 1][1]), {pack}(s_[2 * kk_ + 1][2], s_[2 * kk_ + 1][3])}};
+  unsigned pa_[MT_][4];
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    pa_[mt_][0] = {pack}(s_[mt_][2 * kk_][0], s_[mt_][2 * kk_][1]);
+    pa_[mt_][1] = {pack}(s_[mt_][2 * kk_][2], s_[mt_][2 * kk_][3]);
+    pa_[mt_][2] = {pack}(s_[mt_][2 * kk_ + 1][0], s_[mt_][2 * kk_ + 1][1]);
+    pa_[mt_][3] = {pack}(s_[mt_][2 * kk_ + 1][2], s_[mt_][2 * kk_ + 1][3]);
+  }}
   #pragma unroll
   for (int t_ = 0; t_ < DT_; t_ += 2) {{
     // B of d-tiles t, t+1: keys 0-7 | 8-15 of the step (lm_ & 1), columns of the tile (lm_ >> 1).
     unsigned vb_[4];
     attnc_ldsm_x4_t(vb_, vb_s_ + 2u * (kk_ * 16 * LD_ + t_ * 8));
-    {mma}(o_[t_], pa_, vb_);
-    {mma}(o_[t_ + 1], pa_, vb_ + 2);
+    #pragma unroll
+    for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+      {mma}(o_[mt_][t_], pa_[mt_], vb_);
+      {mma}(o_[mt_][t_ + 1], pa_[mt_], vb_ + 2);
+    }}
   }}
 }}"
     )
@@ -637,26 +681,33 @@ for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
 
 /// The tensor-core kernel's rows: sums over the 4 lanes of a row, then the output.
 fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
-    let mut out = Vec::new();
+    let mut out = vec![
+        "#pragma unroll".to_string(),
+        "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
+        "  float inv_[2];".into(),
+        "  #pragma unroll".into(),
+        "  for (int h_ = 0; h_ < 2; ++h_) {".into(),
+    ];
     if fl.softmax {
-        out.push("l0_ += attnc_shfl_xor(l0_, 1); l0_ += attnc_shfl_xor(l0_, 2);".into());
-        out.push("l1_ += attnc_shfl_xor(l1_, 1); l1_ += attnc_shfl_xor(l1_, 2);".into());
-        out.push("const float inv0_ = l0_ == 0.0f ? 0.0f : 1.0f / l0_, inv1_ = l1_ == 0.0f ? 0.0f : 1.0f / l1_;".into());
+        out.push("    float l = l_[mt_][h_];".into());
+        out.push("    l += attnc_shfl_xor(l, 1); l += attnc_shfl_xor(l, 2);".into());
+        out.push("    inv_[h_] = l == 0.0f ? 0.0f : 1.0f / l;".into());
         // The row maxima are in base 2: ln Σ e^x = m · ln 2 + ln Σ 2^(x log2 e - m).
-        if let (Some(a), Some(b)) =
-            (fl.store_lse("ri0_", "m0_ * 0.6931471805599453f + logf(l0_)")?, fl.store_lse("ri1_", "m1_ * 0.6931471805599453f + logf(l1_)")?)
-        {
-            out.push(format!("if (tg_ == 0) {{ if (ri0_ < M_) {a} if (ri1_ < M_) {b} }}"));
+        if let Some(st) = fl.store_lse("ri_", "m_[mt_][h_] * 0.6931471805599453f + logf(l)")? {
+            out.push("    const i64 ri_ = rw_ + mt_ * 16 + h_ * 8;".into());
+            out.push(format!("    if (tg_ == 0 && ri_ < M_) {st}"));
         }
     } else {
-        out.push("const float inv0_ = 1.0f, inv1_ = 1.0f;".into());
+        out.push("    inv_[h_] = 1.0f;".into());
     }
-    out.push("#pragma unroll".into());
-    out.push("for (int t_ = 0; t_ < DT_; ++t_) {".into());
+    out.push("  }".into());
     out.push("  #pragma unroll".into());
-    out.push("  for (int e_ = 0; e_ < 4; ++e_) {".into());
-    out.push("    const i64 i_ = e_ < 2 ? ri0_ : ri1_, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
-    out.push(format!("    if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[t_][e_] * (e_ < 2 ? inv0_ : inv1_))")?));
+    out.push("  for (int t_ = 0; t_ < DT_; ++t_) {".into());
+    out.push("    #pragma unroll".into());
+    out.push("    for (int e_ = 0; e_ < 4; ++e_) {".into());
+    out.push("      const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
+    out.push(format!("      if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[mt_][t_][e_] * inv_[e_ >> 1])")?));
+    out.push("    }".into());
     out.push("  }".into());
     out.push("}".into());
     Ok(out)

@@ -3,6 +3,7 @@
 //! by the CUDA runtime and the host emulation.
 
 use super::{CudaProgram, Smem, storage_bytes};
+use crate::schedule::policy::CUDA_MMA_ROWS;
 use crate::schedule::{Prepared, Schedule};
 use thiserror::Error;
 
@@ -73,7 +74,8 @@ pub fn launches(
             Smem::FlashMma(s) => {
                 let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
                 let bn = define(format!("ATTNC_BN_{s}")).ok_or_else(|| LaunchError::Internal(format!("no key tile for step {s}")))?;
-                (64 + 2 * bn) * (hd + 8) * 2
+                let mt = define(format!("ATTNC_MT_{s}")).ok_or_else(|| LaunchError::Internal(format!("no m-tiles for step {s}")))?;
+                (CUDA_MMA_ROWS * mt + 2 * bn) * (hd + 8) * 2
             }
         };
         if smem > i64::from(limits.max_smem_per_block) {

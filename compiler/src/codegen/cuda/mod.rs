@@ -198,6 +198,10 @@ fn preamble(schedule: &Schedule) -> String {
             if f.variant == crate::schedule::Variant::TensorCore {
                 let _ =
                     writeln!(src, "#ifndef ATTNC_BN_{s}\n#define ATTNC_BN_{s} 64 // keys per tile of step {s}; set from the dims\n#endif");
+                let _ = writeln!(
+                    src,
+                    "#ifndef ATTNC_MT_{s}\n#define ATTNC_MT_{s} 2 // query m-tiles per warp of step {s}; set from the dims\n#endif"
+                );
             }
         }
     }

@@ -92,28 +92,47 @@ fn launches_follow_the_prepared_work() {
     let s = schedule(&g, &cuda()).expect("schedules");
     let p = render(&s).expect("renders");
     let env: HashMap<String, i64> = [("B", 2), ("H", 3), ("S", 130), ("D", 80)].map(|(k, v)| (k.to_string(), v)).into();
-    let prep = prepare(&s, &env, &cuda()).expect("prepares");
-    assert_eq!(prep.defines, vec![("ATTNC_HD_0".to_string(), 96), ("ATTNC_BN_0".to_string(), 64)]);
     let limits = DeviceLimits { max_smem_per_block: 232_448 };
-    let ready = launches(&p, &s, &prep, &limits).expect("launches");
-    // 6 batch indices × 3 query blocks of 64; the merge has no work (no split).
-    assert_eq!(ready.len(), 1);
-    assert_eq!(ready[0].grid, [18, 1, 1]);
-    assert_eq!(ready[0].smem_bytes, (64 + 128) * (96 + 8) * 2);
-    // 3 × 3 tiles of 64: lower triangle full, diagonal partial, upper skipped.
-    let classes: Vec<u8> = prep.tables[0].1.chunks(5).map(|e| e[0]).collect();
-    assert_eq!(classes, vec![2, 0, 0, 1, 2, 0, 1, 1, 2]);
-    // Too little shared memory is an error, not a failed launch.
-    assert!(matches!(launches(&p, &s, &prep, &DeviceLimits { max_smem_per_block: 1024 }), Err(LaunchError::SharedMemory { .. })));
+    // Head width 96: two m-tiles per warp by default (128 query rows per block), one when
+    // `ATTNC_CUDA_MMA_ROWS=64` asks.
+    for (rows, tiles) in [(None, 2), (Some(64), 1)] {
+        let policy = Policy::Cuda(CudaPolicy { mma_rows: rows, ..CudaPolicy::default() });
+        let prep = prepare(&s, &env, &policy).expect("prepares");
+        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles)].map(|(k, v)| (k.to_string(), v));
+        assert_eq!(prep.defines, defines.to_vec());
+        let ready = launches(&p, &s, &prep, &limits).expect("launches");
+        // 6 batch indices × the query blocks; the merge has no work (no split).
+        assert_eq!(ready.len(), 1);
+        let bm = 64 * tiles;
+        assert_eq!(ready[0].grid, [6 * (130 + bm as u32 - 1) / bm as u32, 1, 1]);
+        assert_eq!(ready[0].smem_bytes, (bm as u32 + 128) * (96 + 8) * 2);
+        // Key tiles of 64: blocks below the diagonal full, on it partial, above it skipped.
+        let entry = crate::schedule::tiles::entry_bytes(bm as usize);
+        let classes: Vec<u8> = prep.tables[0].1.chunks(entry).map(|e| e[0]).collect();
+        let want: &[u8] = if tiles == 2 { &[2, 2, 0, 1, 1, 2] } else { &[2, 0, 0, 1, 2, 0, 1, 1, 2] };
+        assert_eq!(classes, want);
+        // Too little shared memory is an error, not a failed launch.
+        assert!(matches!(launches(&p, &s, &prep, &DeviceLimits { max_smem_per_block: 1024 }), Err(LaunchError::SharedMemory { .. })));
+    }
     // Empty tensors launch nothing.
     let empty: HashMap<String, i64> = [("B", 0), ("H", 3), ("S", 5), ("D", 8)].map(|(k, v)| (k.to_string(), v)).into();
     assert!(launches(&p, &s, &prepare(&s, &empty, &cuda()).expect("prepares"), &limits).expect("launches").is_empty());
 }
 
 #[test]
+fn mma_row_tiles_follow_the_head_width_and_the_knob() {
+    let with = |rows| CudaPolicy { mma_rows: rows, ..CudaPolicy::default() };
+    assert_eq!([32, 64, 128, 160, 256].map(|hd| with(None).mma_row_tiles(hd)), [2, 2, 2, 1, 1]);
+    assert_eq!([64, 128, 256].map(|hd| with(Some(64)).mma_row_tiles(hd)), [1, 1, 1]);
+    // More rows than the width allows, or an odd request, is clamped, never an error.
+    assert_eq!([64, 256].map(|hd| with(Some(128)).mma_row_tiles(hd)), [2, 1]);
+    assert_eq!([with(Some(1)).mma_row_tiles(64), with(Some(4096)).mma_row_tiles(64)], [1, 2]);
+}
+
+#[test]
 fn decode_splits_follow_the_device() {
     let g = flash_graph("f32", "B, H, 1, D", "B, H, T, D", "s", None, "softmax");
-    let policy = Policy::Cuda(CudaPolicy { sm_count: 132, max_smem_per_block: 232_448 });
+    let policy = Policy::Cuda(CudaPolicy { sm_count: 132, max_smem_per_block: 232_448, mma_rows: None });
     let s = schedule(&g, &policy).expect("schedules");
     let env: HashMap<String, i64> = [("B", 1), ("H", 8), ("T", 32768), ("D", 128)].map(|(k, v)| (k.to_string(), v)).into();
     let prep = prepare(&s, &env, &policy).expect("prepares");
