@@ -178,6 +178,29 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
 /// operand, sigmoid weights, split-KV decode, and additive scores with a weight per head.
 pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
     (
+        // Bare q·k on tensor cores: the short path keeps scores unscaled (one FMA per weight).
+        "f16 plain scaled scores",
+        "graph attn {
+  %0 = param[name=q] : f16[B, H, S, D]
+  %1 = param[name=k] : f16[B, H, S, D]
+  %2 = param[name=v] : f16[B, H, S, D]
+  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\"] %0, %1, %2 : f16[B, H, S, D]
+  output out = %3
+}",
+    ),
+    (
+        // A negative scale: the row maximum is not the scaled maximum of the raw scores (taken
+        // as one, the weights would overflow f16).
+        "f16 negative scale",
+        "graph attn {
+  %0 = param[name=q] : f16[B, H, S, D]
+  %1 = param[name=k] : f16[B, H, S, D]
+  %2 = param[name=v] : f16[B, H, S, D]
+  %3 = flash[rank=4, weights=softmax, score=\"s * -2.0\"] %0, %1, %2 : f16[B, H, S, D]
+  output out = %3
+}",
+    ),
+    (
         "f16 causal alibi gqa",
         "graph attn {
   %0 = param[name=q] : f16[B, H, S, D]

@@ -465,8 +465,13 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     general.push("const float x_ = keep_ ? sc_ * ATTNC_LOG2E : -ATTNC_INF;".into());
     general.push("s_[mt_][nt_][e_] = x_;".into());
     general.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
-    let fast = if matches!(fl.f.analysis.score, crate::ir::ScoreExpr::Score) {
-        vec!["const float x_ = s_[mt_][nt_][e_] * alpha2_;".to_string()]
+    // A bare `q · k` (plain scores, positive finite scale) stays unscaled on the short path: its
+    // row maximum is the unscaled one times the scale (rounding is monotonic), and each weight
+    // is then one fused multiply-add and one `ex2`, `2^(s · α log2 e − m)`. Other short paths
+    // store scaled scores (`a2_` = 1).
+    let plain = matches!(fl.f.analysis.score, crate::ir::ScoreExpr::Score);
+    let fast = if plain {
+        vec!["mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], s_[mt_][nt_][e_]);".to_string()]
     } else {
         let mut v = vec![position, "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into()];
         let ctx = {
@@ -478,18 +483,32 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
         let sc = ScoreCtx { ints: fl.ints, s: Some("s_e_"), pos: &ctx, extras: &fl.f.extras };
         v.extend(score_lines(&sc, &fl.f.analysis.score, None, "sc")?);
         v.push("const float x_ = sc_ * ATTNC_LOG2E;".into());
+        v.push("s_[mt_][nt_][e_] = x_;".into());
+        v.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
         v
     };
-    let mut fast = fast;
-    fast.push("s_[mt_][nt_][e_] = x_;".into());
-    fast.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
     // fmaxf drops NaN from the row maximum; a NaN score still reaches the output through its
     // weight (2^NaN), as in the interpreter.
-    let mut out = vec!["const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_;  // no mask, no key beyond N_".to_string(), "if (fast_) {".into()];
+    let mut out = vec![
+        if plain {
+            "const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_ && alpha2_ > 0.0f && alpha2_ < ATTNC_INF;  // no mask, no key beyond N_"
+        } else {
+            "const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_;  // no mask, no key beyond N_"
+        }
+        .to_string(),
+    ];
+    out.push("if (fast_) {".into());
     out.extend(indent(&elem(fast), 2));
+    if plain {
+        out.push("  #pragma unroll".into());
+        out.push("  for (int mt_ = 0; mt_ < MT_; ++mt_) { mx_[mt_][0] *= alpha2_; mx_[mt_][1] *= alpha2_; }".into());
+    }
     out.push("} else {".into());
     out.extend(indent(&elem(general), 2));
     out.push("}".into());
+    out.push(
+        if plain { "const float a2_ = fast_ ? alpha2_ : 1.0f;  // the scale still to apply" } else { "const float a2_ = 1.0f;" }.into(),
+    );
     out.extend(MMA_SOFTMAX.lines().map(String::from));
     Ok(out)
 }
@@ -537,13 +556,22 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         out.push("if (vec_) {".into());
         out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
         out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0) {{"));
+        // One pointer per thread, stepped by RS_ rows; one 32-bit bound per tile.
+        let view = if which == 'k' { &fl.f.k } else { &fl.f.v };
+        let row_stride = fl.ints.dim(&view.strides[view.strides.len() - 2])?;
+        let first = fl.kv_raw(which, &format!("({k0} + r0_)"), "(i64)cc_")?;
         out.push("    const int r0_ = tid_ / CPR_, cc_ = (tid_ % CPR_) * 8;".into());
-        out.push("    const i64 c64_ = cc_;".into());
+        out.push(format!("    const u16* src_ = &{first};"));
+        out.push(format!("    const i64 step_ = (i64)RS_ * {row_stride};"));
+        out.push(format!("    const i64 left64_ = N_ - ({k0} + r0_);  // rows of this thread's column inside the matrix"));
+        out.push(format!("    const int left_ = cc_ < {width} ? (int)(left64_ < BN_ ? left64_ : BN_) : 0;"));
         out.push("    #pragma unroll".into());
         out.push("    for (int c_ = 0; c_ < BN_ / RS_; ++c_) {".into());
-        out.push("      const int r_ = r0_ + c_ * RS_;".into());
-        out.push(format!("      const i64 jr_ = {k0} + r_;"));
-        out.extend(copy.iter().cloned());
+        out.push("      const bool in_ = c_ * RS_ < left_;".into());
+        out.push(format!(
+            "      attnc_cp16({buf}s_ + 2u * ((r0_ + c_ * RS_) * LD_ + cc_), in_ ? (const void*)src_ : (const void*){base}, in_);"
+        ));
+        out.push("      src_ += step_;".into());
         out.push("    }".into());
         out.push("  } else {".into());
         out.push(format!("    for (int e_ = tid_; e_ < BN_ * CPR_; e_ += {CUDA_FLASH_THREADS}) {{"));
@@ -634,7 +662,7 @@ for (int mt_ = 0; mt_ < MT_; ++mt_) {
   for (int nt_ = 0; nt_ < NT_; ++nt_) {
     #pragma unroll
     for (int e_ = 0; e_ < 4; ++e_) {
-      const float p_ = attnc_exp2_fast(s_[mt_][nt_][e_] - ml_[e_ >> 1]);
+      const float p_ = attnc_exp2_fast(fmaf(s_[mt_][nt_][e_], a2_, -ml_[e_ >> 1]));
       s_[mt_][nt_][e_] = p_;
       l_[mt_][e_ >> 1] += p_;
     }
