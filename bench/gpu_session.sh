@@ -10,6 +10,9 @@
 #           emitted CUDA of the benchmark programs, D=128 and D=64)
 #   rows    the tensor-core kernel with 64 and 128 query rows per block (ATTNC_CUDA_MMA_ROWS),
 #           attnc alone on f16 cases, interleaved, into rows.txt
+#   versus PATH
+#           another attnc binary (e.g. the previous commit's) against this one, the same way,
+#           into versus.txt
 #   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
 #           throughput, occupancy, warp stalls, into ncu.txt
 #   quick   bench/compare_gpu.py --quick --check
@@ -90,24 +93,33 @@ while [ $i -lt ${#steps[@]} ]; do
         echo "ncu: exit $?"
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Issued Ipc|No Eligible|Warp Cycles" "$OUT/ncu.txt" | head -40
         ;;
-    rows)
-        # The tensor-core kernel's query rows per block (ATTNC_CUDA_MMA_ROWS: 64 = one m-tile
-        # per warp, 128 = two), attnc alone, interleaved over two rounds.
-        echo "== rows"
+    rows | versus)
+        # rows: the tensor-core kernel's query rows per block (ATTNC_CUDA_MMA_ROWS: 64 = one
+        # m-tile per warp, 128 = two). versus PATH: another attnc binary (e.g. the previous
+        # commit's) against this one. attnc alone, f16, interleaved over two rounds.
+        if [ "$step" = versus ]; then
+            other=${steps[$i]:?versus needs the other attnc binary}
+            i=$((i + 1))
+            variants=("other|$other|" "this|$ATTNC|")
+        else
+            variants=("rows=64|$ATTNC|64" "rows=128|$ATTNC|128")
+        fi
+        echo "== $step"
         for kind in none causal alibi softcap; do
-            python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['$kind']; print(c.PROGRAM.format(t='f16', extra=e.format(t='f16'), body=b))" > "$OUT/rows-$kind.attn"
+            python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['$kind']; print(c.PROGRAM.format(t='f16', extra=e.format(t='f16'), body=b))" > "$OUT/ab-$kind.attn"
         done
         for round in 1 2; do
             for spec in "none 128 4096" "causal 128 4096" "alibi 128 4096" "softcap 128 4096" "none 64 4096" "none 128 16384" "causal 128 1024"; do
                 set -- $spec
-                for rows in 64 128; do
-                    ms=$(ATTNC_CUDA_MMA_ROWS=$rows timeout 60 "$ATTNC" bench "$OUT/rows-$1.attn" --target cuda --json --iters 20 --warmup 3 \
+                for v in "${variants[@]}"; do
+                    IFS='|' read -r label bin rows <<< "$v"
+                    ms=$(ATTNC_CUDA_MMA_ROWS=$rows timeout 60 "$bin" bench "$OUT/ab-$1.attn" --target cuda --json --iters 20 --warmup 3 \
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
-                    echo "round $round $1 D=$2 S=$3 rows=$rows: $ms ms"
+                    echo "round $round $1 D=$2 S=$3 $label: $ms ms"
                 done
             done
-        done > "$OUT/rows.txt" 2>&1
-        cat "$OUT/rows.txt"
+        done > "$OUT/$step.txt" 2>&1
+        cat "$OUT/$step.txt"
         ;;
     quick)
         echo "== quick"
