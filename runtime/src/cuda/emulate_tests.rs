@@ -224,7 +224,7 @@ fn every_op_runs_emulated_like_the_interpreter() {
 /// f32 flash ops whose score modifications load extra operands with gradients: per batch
 /// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
 /// one contribution at a time), with grouped-query K/V.
-const BACKWARD_GRAPHS: &[(&str, &str)] = &[
+pub(super) const BACKWARD_GRAPHS: &[(&str, &str)] = &[
     (
         "f32 causal alibi gqa",
         "graph attn {
