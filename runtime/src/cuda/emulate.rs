@@ -29,6 +29,7 @@ const HOST_PRELUDE: &str = r#"#include <cmath>
 #include <limits>
 #include <thread>
 #include <barrier>
+#include <atomic>
 #include <vector>
 #include <memory>
 #define __device__
@@ -98,6 +99,17 @@ ATTNC_DEV bool attnc_any(bool p) {
 }
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { volatile double m = a * b; return m + c; }
 ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
+ATTNC_DEV int attnc_sync_or(int p) {
+  static std::atomic<int> acc{0};
+  if (p) acc.fetch_or(1);
+  attnc_emu::block_bar->arrive_and_wait();
+  const int r = acc.load();
+  attnc_emu::block_bar->arrive_and_wait();
+  if (attnc_emu::tid.x == 0) acc.store(0);
+  attnc_emu::block_bar->arrive_and_wait();
+  return r;
+}
+ATTNC_DEV float attnc_rcp_fast(float x) { return 1.0f / x; }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
 ATTNC_DEV int attnc_cas(int* p, int expected, int value) {
   __atomic_compare_exchange_n(p, &expected, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return expected;

@@ -402,3 +402,51 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
         assert_eq!(err, 0.0, "N={n}: the top-k differ");
     }
 }
+
+/// Additive scores take the product form `1 − 2/(1 + e^{2q}·e^{2k})` only where the item's q
+/// and the tile's k lie within ±20, else `tanhf` per term: queries and keys scaled past it,
+/// and one infinite key (its tile direct, the others product, within the same rows), give the
+/// interpreter's results too.
+#[test]
+fn additive_scores_take_both_forms_emulated() {
+    if !compiler_or_skip("additive_scores_take_both_forms_emulated") {
+        return;
+    }
+    let (_, text) = FLASH_GRAPHS.iter().find(|(l, _)| l.starts_with("f32 additive")).expect("an f32 additive graph");
+    let g: Graph = text.parse().unwrap();
+    let env = sizes(&g, &[("D", 24), ("E", 16), ("S", 70)]);
+    let (inputs, _) = reference_run(&g, &env, 41).unwrap();
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(&g, &shapes, &env).unwrap();
+    let map = |t: &Tensor, f: &dyn Fn(usize, f64) -> f64| {
+        let v: Vec<f64> = t.to_f64_vec().into_iter().enumerate().map(|(i, x)| f(i, x)).collect();
+        Tensor::from_f64(t.dtype, t.shape.clone(), &v).unwrap()
+    };
+    let cases: [(&str, Vec<Tensor>); 3] = [
+        ("within ±20", inputs.clone()),
+        // `e^{2q}·e^{2k}` would be `inf · 0` or overflow where `q + k` is moderate.
+        (
+            "queries and keys × 40",
+            vec![map(&inputs[0], &|_, x| 40.0 * x), map(&inputs[1], &|_, x| 40.0 * x), inputs[2].clone(), inputs[3].clone()],
+        ),
+        (
+            "one infinite key",
+            vec![inputs[0].clone(), map(&inputs[1], &|i, x| if i == 3 { f64::INFINITY } else { x }), inputs[2].clone(), inputs[3].clone()],
+        ),
+    ];
+    let schedule = device_graph(Device::AsWritten(&g));
+    let mut failures = Vec::new();
+    for (n, (label, inputs)) in cases.iter().enumerate() {
+        let expected = interp_run(&g, inputs, &env).unwrap();
+        let wd = work_dir(&format!("additive-forms{n}"));
+        let got = emulate_schedule(&schedule, inputs, &env, &wd).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        let scale = expected[0].to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+        let err = max_rel(&got[0], &expected[0], (0.1 * scale).max(1.0));
+        eprintln!("{label}: max relative error {err:.1e}");
+        if err.is_nan() || err > 1e-4 {
+            failures.push(format!("{label}: max relative error {err:e} > 1e-4"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -116,17 +116,31 @@ impl<'a> Flash<'a> {
         }
     }
 
-    /// The statement adding row `r_`'s score against key row `lane_` to `s_`, from the staged
+    /// The statements adding row `r_`'s score against key row `lane_` to `s_`, from the staged
     /// Q and K tiles: a dot product, or the additive `Σ w·tanh(q + k)` (over the true width: the
-    /// weight has no padding).
-    fn raw_score(&self) -> Result<String, CudaEmitError> {
-        Ok(match self.weight() {
-            None => "for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
-            Some(w) => format!(
-                "for (int cc_ = 0; cc_ < (int)D_; ++cc_) s_ += {} * tanhf(Qs_[r_ * HD_ + cc_] + Ks_[lane_ * HDP_ + cc_]);",
-                super::cexpr::load(w.buf, w.dtype, "woff_ + cc_")
-            ),
-        })
+    /// weight has no padding). Additive terms take the product form `1 − 2/(1 + e^{2q}·e^{2k})`
+    /// (the exponentials staged once per row and per key: one fused multiply-add, one
+    /// reciprocal and one more per term) when the item's Q and the tile's K lie within ±20,
+    /// where the product cannot overflow; else `tanhf(q + k)` per term (wider, infinite or NaN
+    /// inputs).
+    fn raw_score(&self) -> Vec<String> {
+        match self.weight() {
+            None => vec![
+                "#pragma unroll 8".into(),
+                "for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
+            ],
+            Some(_) => [
+                "if (qn_ && kn_) {",
+                "  #pragma unroll 8",
+                "  for (int cc_ = 0; cc_ < (int)D_; ++cc_)",
+                "    s_ += Ws_[cc_] * fmaf(-2.0f, attnc_rcp_fast(fmaf(Qe_[r_ * HD_ + cc_], Ke_[lane_ * HDP_ + cc_], 1.0f)), 1.0f);",
+                "} else {",
+                "  for (int cc_ = 0; cc_ < (int)D_; ++cc_) s_ += Ws_[cc_] * tanhf(Qs_[r_ * HD_ + cc_] + Ks_[lane_ * HDP_ + cc_]);",
+                "}",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
     }
 
     /// The element offset of row `row`, column `col` of a view within the batch index whose
@@ -239,16 +253,36 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         format!("float* Vs_ = Ks_ + {keys} * HDP_;     // [{keys}][HD_]"),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5;".into(),
     ];
+    let additive = fl.weight();
+    if additive.is_some() {
+        pre.push(format!("float* Qe_ = Vs_ + {keys} * HD_;     // e^(2q), [{rows}][HD_]"));
+        pre.push(format!("float* Ke_ = Qe_ + {rows} * HD_;     // e^(2k), [{keys}][HD_ + 1]"));
+        pre.push(format!("float* Ws_ = Ke_ + {keys} * HDP_;    // the additive weight, [HD_]"));
+    }
     pre.extend(fl.head()?);
     let mut it = Vec::new();
     let p = fl.item(&mut it, false)?;
     it.push(format!("const i64 q0_ = qb_ * {rows};"));
     it.push("attnc_sync();".into());
+    if additive.is_some() {
+        it.push("int qw_ = 0;  // some q outside ±20, or not finite".into());
+    }
     it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
     it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
     it.extend(indent(&fl.q("qi_", "qc_")?, 2));
     it.push("  Qs_[e_] = x_;".into());
+    if additive.is_some() {
+        it.push("  Qe_[e_] = expf(2.0f * x_);".into());
+        it.push("  qw_ |= !(fabsf(x_) <= 20.0f);".into());
+    }
     it.push("}".into());
+    if let Some(w) = additive {
+        it.push(format!(
+            "for (int c_ = tid_; c_ < HD_; c_ += {CUDA_FLASH_THREADS}) Ws_[c_] = c_ < D_ ? {} : 0.0f;",
+            super::cexpr::load(w.buf, w.dtype, "woff_ + c_")
+        ));
+        it.push("const bool qn_ = !attnc_sync_or(qw_);  // the product form holds for this item's rows".into());
+    }
     it.push("float o_[4][T_], m_[4], l_[4];".into());
     it.push("#pragma unroll".into());
     it.push(
@@ -261,25 +295,34 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
         format!("const i64 k0_ = kt_ * {keys};"),
         "attnc_sync();".into(),
+        if additive.is_some() { "int kw_ = 0;  // some k outside ±20, or not finite" } else { "// K and V rows of the tile" }.into(),
         format!("for (int e_ = tid_; e_ < {keys} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
         "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
         "  const i64 jr_ = k0_ + r_, c64_ = cc_;".into(),
         "  const bool in_ = jr_ < N_;".into(),
-        format!("  Ks_[r_ * HDP_ + cc_] = (in_ && c64_ < D_) ? {} : 0.0f;", fl.kv('k', "jr_", "c64_")?),
+        format!("  const float kx_ = (in_ && c64_ < D_) ? {} : 0.0f;", fl.kv('k', "jr_", "c64_")?),
+        "  Ks_[r_ * HDP_ + cc_] = kx_;".into(),
         format!("  Vs_[r_ * HD_ + cc_] = (in_ && c64_ < DV_) ? {} : 0.0f;", fl.kv('v', "jr_", "c64_")?),
-        "}".into(),
-        "attnc_sync();".into(),
+    ];
+    if additive.is_some() {
+        tile.push("  Ke_[r_ * HDP_ + cc_] = expf(2.0f * kx_);".into());
+        tile.push("  kw_ |= !(fabsf(kx_) <= 20.0f);".into());
+        tile.push("}".into());
+        tile.push("const bool kn_ = !attnc_sync_or(kw_);  // the product form holds for this tile's keys".into());
+    } else {
+        tile.push("}".into());
+        tile.push("attnc_sync();".into());
+    }
+    tile.extend([
         "const i64 j_ = k0_ + lane_;".into(),
         "#pragma unroll".into(),
         "for (int rr_ = 0; rr_ < 4; ++rr_) {".into(),
         "  const int r_ = warp_ * 4 + rr_;".into(),
         "  const i64 i_ = q0_ + r_;".into(),
         "  float s_ = 0.0f;".into(),
-        "  #pragma unroll 8".into(),
-        format!("  {}", fl.raw_score()?),
-        "  s_ *= alpha_;".into(),
-        "  bool keep_ = j_ < N_;".into(),
-    ];
+    ]);
+    tile.extend(indent(&fl.raw_score(), 2));
+    tile.extend(["  s_ *= alpha_;".into(), "  bool keep_ = j_ < N_;".into()]);
     tile.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 2));
     tile.extend(indent(&simt_weights(fl.softmax), 2));
     tile.push("}".into());
@@ -303,7 +346,8 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.push("  }".into());
     it.push("}".into());
     let body = fl.blocks(items, pre, it);
-    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashSimt(fl.f.step), body })
+    let smem = if additive.is_some() { Smem::FlashSimtAdditive(fl.f.step) } else { Smem::FlashSimt(fl.f.step) };
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem, body })
 }
 
 /// One row's weights and its update of the running state (SIMT).

@@ -71,6 +71,10 @@ pub fn launches(
                 let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
                 (16 * hd + 32 * (hd + 1) + 32 * hd) * 4
             }
+            Smem::FlashSimtAdditive(s) => {
+                let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
+                (2 * (16 * hd + 32 * (hd + 1)) + 32 * hd + hd) * 4
+            }
             Smem::FlashMma(s) => {
                 let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
                 let bn = define(format!("ATTNC_BN_{s}")).ok_or_else(|| LaunchError::Internal(format!("no key tile for step {s}")))?;

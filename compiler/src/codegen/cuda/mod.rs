@@ -74,7 +74,10 @@ pub enum Smem {
     None,
     /// The SIMT flash kernel of a step: `(16·HD + 32·(HD+1) + 32·HD)` floats.
     FlashSimt(usize),
-    /// The tensor-core flash kernel of a step: `(64 + 2·BN)·(HD+8)` halves.
+    /// The SIMT flash kernel with additive scores: also `e^{2q}`, `e^{2k}` and the weight,
+    /// `(2·(16·HD + 32·(HD+1)) + 32·HD + HD)` floats.
+    FlashSimtAdditive(usize),
+    /// The tensor-core flash kernel of a step: `(64·MT + 2·BN)·(HD+8)` halves.
     FlashMma(usize),
 }
 

@@ -73,6 +73,9 @@ ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xff
 ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 // a * b + c in double, rounded after each step (never contracted into an FMA): scans.
 ATTNC_DEV bool attnc_any(bool p) { return __any_sync(0xffffffffu, p); }
+ATTNC_DEV int attnc_sync_or(int p) { return __syncthreads_or(p); }
+// 1/x on the special-function unit (about 1 ulp; additive flash scores only).
+ATTNC_DEV float attnc_rcp_fast(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); }
 ATTNC_DEV void attnc_sync() { __syncthreads(); }
 ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
