@@ -101,7 +101,7 @@ pub struct CudaPolicy {
     /// Largest dynamic shared memory one block may use, in bytes.
     pub max_smem_per_block: u32,
     /// Query rows per block of the tensor-core flash kernel (64 or 128), instead of
-    /// [`cuda_mma_row_tiles`]'s choice: a tuning knob (`ATTNC_CUDA_MMA_ROWS`, read by the
+    /// [`CudaPolicy::mma_row_tiles`]'s choice: a tuning knob (`ATTNC_CUDA_MMA_ROWS`, read by the
     /// runtime); every choice computes the same result.
     pub mma_rows: Option<i64>,
 }
@@ -283,8 +283,9 @@ pub const CUDA_FLASH_THREADS: u32 = 128;
 pub const CUDA_SIMT_ROWS: i64 = 16;
 /// Keys per tile of the SIMT flash kernel and per chunk of the split-KV decode (one per lane).
 pub const CUDA_LANE_KEYS: i64 = 32;
-/// Query rows per warp and m-tile of the tensor-core flash kernel (`mma.m16n8k16`'s 16);
-/// a block of 4 warps has 64 of them per m-tile.
+/// Query rows per block and m-tile of the tensor-core flash kernel: 4 warps × 16 rows
+/// (`mma.m16n8k16`'s 16). A block has `CUDA_MMA_ROWS · tiles` rows
+/// ([`CudaPolicy::mma_row_tiles`]).
 pub const CUDA_MMA_ROWS: i64 = 64;
 /// The largest constant query length that uses the split-KV decode kernel.
 pub const CUDA_DECODE_MAX_ROWS: i64 = 4;
