@@ -178,9 +178,9 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
 /// `a` addresses the strip; `out` holds `kc · rows · K::A_SPLAT` floats.
 #[inline(always)]
 unsafe fn splat_strip<K: Kernel>(a: *const f32, lda: usize, rows: usize, kc: usize, out: *mut f32) {
-    // Four columns of a row per load, each splatted to its group: a vector load and a shuffle
-    // and a store per element, with the index arithmetic shared by four (element by element,
-    // with a multiply per address, the splat took 2.7 cycles per element).
+    // Four columns of a row per pass, each splatted to its group, the address arithmetic
+    // shared by the four (element by element, with a multiply per address, the splat took 2.7
+    // cycles per element).
     let full = kc / 4 * 4;
     for p0 in (0..full).step_by(4) {
         for i in 0..rows {
