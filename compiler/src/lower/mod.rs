@@ -5,8 +5,8 @@
 //! module only turns their complaints into diagnostics that point at the source, with a label on
 //! each operand saying what its type is.
 //!
-//! Split by construct: this file (driver, scopes, functions and calls), [`expr`] (expressions,
-//! operators, indexing) and [`builtins`] (built-in functions). [`lint`] finds the warnings.
+//! Split by construct: this file (driver, scopes, functions and calls), `expr` (expressions,
+//! operators, indexing) and `builtins` (built-in functions). [`lint`] finds the warnings.
 
 mod builtins;
 mod expr;

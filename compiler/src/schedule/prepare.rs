@@ -64,7 +64,7 @@ pub enum PrepareError {
         step: usize,
         /// The attention width (q's and k's last axis).
         width: i64,
-        /// [`MAX_ADDITIVE_WIDTH`].
+        /// `MAX_ADDITIVE_WIDTH` (8192).
         limit: i64,
     },
     /// A buffer with more elements than any target holds.

@@ -21,7 +21,7 @@ pub mod codes {
     pub const BAD_NUMBER: &str = "E0003";
     /// Something other than a function, `dim` or `const` at top level.
     pub const BAD_ITEM: &str = "E0004";
-    /// An expression nested deeper than [`super::MAX_DEPTH`].
+    /// An expression nested deeper than `MAX_DEPTH` (256).
     pub const TOO_DEEP: &str = "E0005";
 }
 

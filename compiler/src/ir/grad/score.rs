@@ -33,7 +33,7 @@ pub struct LoadGrad {
 }
 
 /// The derivatives of `spec`'s score modification; `extra` gives each extra operand's class.
-/// Fails when a derivative would exceed [`MAX_GRAD_NODES`].
+/// Fails when a derivative would exceed `MAX_GRAD_NODES` (4096) nodes.
 pub fn score_grad(spec: &FlashSpec, extra: &dyn Fn(usize) -> Class) -> Result<ScoreGrad, String> {
     let mut b = Exprs { extra };
     let mut ds = Vec::new();
