@@ -21,6 +21,8 @@ docs/performance.md.
     python3 bench/compare_gpu.py --quick              # S=1024 and 4096, D=128, f16 only
     python3 bench/compare_gpu.py --cases alibi,softcap --dtypes bf16
     python3 bench/compare_gpu.py --check              # also compare attnc's output with PyTorch
+    python3 bench/compare_gpu.py --train --cases none,causal --seqs 1024,4096
+                                                      # training steps: attnc --grad vs SDPA
 
 Needs: an NVIDIA GPU (sm_80+), PyTorch with CUDA, a release build of attnc
 (`cargo build --release -p attn-runtime`), NVRTC (see docs/cuda.md).
@@ -68,10 +70,10 @@ def slopes(h):
     return [2.0 ** (-8.0 * (i + 1) / h) for i in range(h)]
 
 
-def attnc_time(attnc, path, b, h, s, d, iters, warmup):
+def attnc_time(attnc, path, b, h, s, d, iters, warmup, extra=()):
     cmd = [str(attnc), "bench", str(path), "--target", "cuda", "--json",
            "--iters", str(iters), "--warmup", str(warmup),
-           "--dim", f"B={b}", "--dim", f"H={h}", "--dim", f"S={s}", "--dim", f"D={d}"]
+           "--dim", f"B={b}", "--dim", f"H={h}", "--dim", f"S={s}", "--dim", f"D={d}", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
@@ -184,6 +186,67 @@ def rel_err(got, want):
     return ((got - want).norm() / want.norm()).item()
 
 
+def sdpa_train_fn(q, k, v, dout, kind):
+    """One training step of SDPA (flash / cuDNN backends): forward, then backward with the
+    cotangent `dout` into fresh gradients of q, k and v."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(*leaves, is_causal=kind == "causal")
+        out.backward(dout)
+    return step
+
+
+def training(args, dtypes, dims, seqs, kinds):
+    """The training table (--train): attnc `bench --grad` (forward plus the fused backward,
+    gradients of every input) against one SDPA training step, interleaved per case. Times in
+    ms; the ratio is SDPA time / attnc time."""
+    import torch
+    b, h = 4, 16
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}
+    rows = []
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in dtypes:
+            for kind in kinds:
+                if kind not in ("none", "causal"):
+                    print(f"# {kind}: skipped (SDPA has no fused path for it)", file=sys.stderr)
+                    continue
+                path = Path(tmp) / f"attn_{t}_{kind}.attn"
+                extra, body = BODIES[kind]
+                path.write_text(PROGRAM.format(t=t, extra=extra.format(t=t), body=body))
+                for d in dims:
+                    for s in seqs:
+                        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+                        q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch_dtype[t], generator=gen)
+                                         for _ in range(4))
+                        try:
+                            a_ms = attnc_time(args.attnc, path, b, h, s, d, args.iters, args.warmup, extra=["--grad"])
+                        except RuntimeError as e:
+                            print(f"# {t} D={d} S={s} {kind}: attnc failed: {e}", file=sys.stderr)
+                            a_ms = None
+                        s_ms = torch_time(sdpa_train_fn(q, k, v, dout, kind), args.iters, args.warmup)
+                        rows.append((t, d, s, kind, a_ms, s_ms))
+                        fmt = lambda x: "-" if x is None else f"{x:.3f}"
+                        print(f"# train {t} D={d} S={s} {kind}: attnc {fmt(a_ms)} ms, sdpa {fmt(s_ms)} ms"
+                              f" [{time.time() - started:.0f} s]", file=sys.stderr, flush=True)
+                        del q, k, v, dout
+                        torch.cuda.empty_cache()
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"
+    ratio = lambda a, p: "-" if a is None or p is None else f"{p / a:.2f}"
+    lines = [f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; B={b}, H={h}; one training step "
+             f"(forward plus backward, gradients of q, k, v); median ms of {args.iters} runs after {args.warmup} warm-ups.",
+             "", "| dtype | D | S | mask | attnc ms | SDPA ms | SDPA/attnc |", "|---|---|---|---|---|---|---|"]
+    for t, d, s, kind, a, sd in rows:
+        lines.append(f"| {t} | {d} | {s} | {kind} | {fmt(a)} | {fmt(sd)} | {ratio(a, sd)} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attnc", default=str(ROOT / "target" / "release" / "attnc"))
@@ -197,6 +260,8 @@ def main():
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compiles take a while)")
     ap.add_argument("--check", action="store_true",
                     help="also compare attnc's and SDPA's outputs with a float32 reference (S <= 4096)")
+    ap.add_argument("--train", action="store_true",
+                    help="the training table instead: attnc --grad against one SDPA training step (none and causal)")
     ap.add_argument("--out", help="also write the markdown table here")
     args = ap.parse_args()
 
@@ -214,6 +279,12 @@ def main():
     dtypes = split(args.dtypes, ["f16"] if args.quick else ["f16", "bf16"])
     dims = split(args.dims, [128] if args.quick else [64, 128], int)
     seqs = split(args.seqs, [1024, 4096] if args.quick else [1024, 4096, 16384], int)
+    if args.train:
+        table = training(args, dtypes, dims, seqs, kinds)
+        print(table)
+        if args.out:
+            Path(args.out).write_text(table + "\n")
+        return
     b, h = 4, 16
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}
     sl = torch.tensor(slopes(h), device="cuda", dtype=torch.float32)

@@ -15,6 +15,8 @@
 #           into versus.txt
 #   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
 #           throughput, occupancy, warp stalls, into ncu.txt
+#   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
+#           training step, f16, none and causal, S=1024 and 4096, into train.md
 #   quick   bench/compare_gpu.py --quick --check
 #   bench   bench/compare_gpu.py with the remaining arguments (e.g. the full table)
 #
@@ -120,6 +122,13 @@ while [ $i -lt ${#steps[@]} ]; do
             done
         done > "$OUT/$step.txt" 2>&1
         cat "$OUT/$step.txt"
+        ;;
+    train)
+        echo "== train"
+        PYTHONUNBUFFERED=1 timeout 400 python3 bench/compare_gpu.py --attnc "$ATTNC" --train --cases none,causal \
+            --dtypes f16 --seqs 1024,4096 --iters 10 --warmup 2 --out "$OUT/train.md" 2> "$OUT/train.log"
+        echo "train: exit $?"
+        tail -8 "$OUT/train.log"
         ;;
     quick)
         echo "== quick"
