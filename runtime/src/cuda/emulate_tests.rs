@@ -224,7 +224,7 @@ fn every_op_runs_emulated_like_the_interpreter() {
 /// f32 flash ops whose score modifications load extra operands with gradients: per batch
 /// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
 /// one contribution at a time), with grouped-query K/V.
-pub(super) const BACKWARD_GRAPHS: &[(&str, &str)] = &[
+const BACKWARD_GRAPHS: &[(&str, &str)] = &[
     (
         "f32 causal alibi gqa",
         "graph attn {
@@ -261,30 +261,22 @@ pub(super) const BACKWARD_GRAPHS: &[(&str, &str)] = &[
     ),
 ];
 
-#[test]
-fn flash_backward_kernels_run_emulated_like_the_interpreter() {
-    if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter") {
-        return;
-    }
-    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
-    // Additive scores have no fused backward (their derivative is the unfused graph's).
-    let graphs = FLASH_GRAPHS.iter().chain(BACKWARD_GRAPHS).filter(|(_, t)| !t.contains("additive("));
-    for (n, (label, text)) in graphs.enumerate() {
-        let g: Graph = text.parse().unwrap();
-        let dtype = g.node(g.params()[0]).ty.dtype;
-        // Every gradient of the flash op, the forward writing its log-sum-exp: 70 keys are one
-        // key chunk of the backward, 150 two; 70 query rows three query tiles, one ragged. With
-        // f16/bf16 inputs only q, k and v: an f32 bias's gradient sums `dF` weighted by
-        // positions over every score, which amplifies the rounding of the forward's output
-        // (through `delta`) far beyond the type's precision; the f32 graphs check it.
-        let wrt: Option<Vec<String>> = (dtype != DType::F32).then(|| ["q", "k", "v"].map(String::from).to_vec());
-        let derived = attn_compiler::ir::grad::differentiate(&g, wrt.as_deref()).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let label = format!("{label} (backward)");
-        let wd = work_dir(&format!("flash-bwd{n}"));
-        jobs.push(Box::new(move || {
-            let env = sizes(&derived, &[("D", 24), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)]);
-            let err = check(&label, &derived, Device::AsWritten(&derived), &env, 21 + n as u64, &wd)?;
-            let _ = std::fs::remove_dir_all(&wd);
+/// The derivatives the flash backward tests run (here and on the device): every flash graph
+/// but the additive ones (no fused backward: their derivative is the unfused graph's), with
+/// its label and tolerance. Every gradient of the flash op, the forward writing its
+/// log-sum-exp; with f16/bf16 inputs only q, k and v: an f32 bias's gradient sums `dF`
+/// weighted by positions over every score, which amplifies the rounding of the forward's
+/// output (through `delta`) far beyond the type's precision; the f32 graphs check it.
+pub(super) fn backward_cases() -> Vec<(String, Graph, f64)> {
+    FLASH_GRAPHS
+        .iter()
+        .chain(BACKWARD_GRAPHS)
+        .filter(|(_, t)| !t.contains("additive("))
+        .map(|(label, text)| {
+            let g: Graph = text.parse().unwrap();
+            let dtype = g.node(g.params()[0]).ty.dtype;
+            let wrt: Option<Vec<String>> = (dtype != DType::F32).then(|| ["q", "k", "v"].map(String::from).to_vec());
+            let derived = attn_compiler::ir::grad::differentiate(&g, wrt.as_deref()).unwrap_or_else(|e| panic!("{label}: {e}"));
             // f16/bf16 results are rounded to their type, and the forward's output (rounded,
             // with P rounded by the tensor cores) feeds delta: a few roundings of the type.
             let tol = match dtype {
@@ -292,6 +284,25 @@ fn flash_backward_kernels_run_emulated_like_the_interpreter() {
                 DType::BF16 => 8e-2,
                 _ => 1e-4,
             };
+            (format!("{label} (backward)"), derived, tol)
+        })
+        .collect()
+}
+
+#[test]
+fn flash_backward_kernels_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter") {
+        return;
+    }
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for (n, (label, derived, tol)) in backward_cases().into_iter().enumerate() {
+        let wd = work_dir(&format!("flash-bwd{n}"));
+        jobs.push(Box::new(move || {
+            // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query
+            // tiles, one ragged.
+            let env = sizes(&derived, &[("D", 24), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)]);
+            let err = check(&label, &derived, Device::AsWritten(&derived), &env, 21 + n as u64, &wd)?;
+            let _ = std::fs::remove_dir_all(&wd);
             if err > tol {
                 return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
             }

@@ -136,31 +136,19 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
 }
 
-/// The flash backward on the device: every gradient of the flash graphs (q, k and v for
-/// f16/bf16 inputs, as in the emulation), the forward writing its log-sum-exp, at sizes that
-/// cross several key chunks and query tiles, against the interpreter's derivative.
+/// The flash backward on the device: the emulation's cases
+/// ([`super::emulate_tests::backward_cases`]) at sizes that cross several key chunks and query
+/// tiles, against the interpreter's derivative.
 #[test]
 fn flash_backward_kernels_on_the_gpu_match_the_interpreter() {
     let Some(_turn) = enabled("flash_backward_kernels_on_the_gpu_match_the_interpreter") else {
         return;
     };
     let mut failures = Vec::new();
-    let graphs = FLASH_GRAPHS.iter().chain(super::emulate_tests::BACKWARD_GRAPHS).filter(|(_, t)| !t.contains("additive("));
-    for (n, (label, text)) in graphs.enumerate() {
-        let g: Graph = text.parse().unwrap();
-        let dtype = g.node(g.params()[0]).ty.dtype;
-        let wrt: Option<Vec<String>> = (dtype != DType::F32).then(|| ["q", "k", "v"].map(String::from).to_vec());
-        let derived = attn_compiler::ir::grad::differentiate(&g, wrt.as_deref()).unwrap_or_else(|e| panic!("{label}: {e}"));
-        // As in the emulation: a few roundings of the type (the forward's rounded output feeds
-        // delta), f32 end to end.
-        let tol = match dtype {
-            DType::F16 => 1e-2,
-            DType::BF16 => 8e-2,
-            _ => 1e-4,
-        };
+    for (n, (label, derived, tol)) in super::emulate_tests::backward_cases().into_iter().enumerate() {
         for d in [32i64, 128] {
             let env = sizes(&derived, &[("D", d), ("E", d), ("S", 333), ("T", 517), ("M", 190), ("N", 257), ("R", 9)]);
-            if let Err(e) = compare(&format!("{label} (backward) D={d}"), &derived, &env, 29 + n as u64, tol, Metric::Elementwise) {
+            if let Err(e) = compare(&format!("{label} D={d}"), &derived, &env, 29 + n as u64, tol, Metric::Elementwise) {
                 failures.push(e);
             }
         }

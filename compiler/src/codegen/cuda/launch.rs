@@ -3,7 +3,7 @@
 //! by the CUDA runtime and the host emulation.
 
 use super::{CudaProgram, Smem, storage_bytes};
-use crate::schedule::policy::CUDA_MMA_ROWS;
+use crate::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_SIMT_ROWS};
 use crate::schedule::{Prepared, Schedule};
 use thiserror::Error;
 
@@ -59,7 +59,16 @@ pub fn launches(
     if work.len() != program.kernels.len() {
         return Err(LaunchError::Internal(format!("{} kernels for {} steps", program.kernels.len(), work.len())));
     }
-    let define = |name: String| prepared.defines.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    // A compile-time value of step `s` that `prepare` set (`ATTNC_{name}_{s}`).
+    let define = |name: &str, s: usize, what: &str| {
+        let key = format!("ATTNC_{name}_{s}");
+        prepared
+            .defines
+            .iter()
+            .find(|(n, _)| *n == key)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| LaunchError::Internal(format!("no {what} for step {s}")))
+    };
     let mut out = Vec::new();
     for (k, items) in program.kernels.iter().zip(work) {
         if items <= 0 {
@@ -67,18 +76,16 @@ pub fn launches(
         }
         let smem: i64 = match k.smem {
             Smem::None => 0,
-            Smem::FlashSimt(s) => {
-                let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
-                (16 * hd + 32 * (hd + 1) + 32 * hd) * 4
-            }
-            Smem::FlashSimtAdditive(s) => {
-                let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
-                (2 * (16 * hd + 32 * (hd + 1)) + 32 * hd + hd) * 4
+            Smem::FlashSimt(s) | Smem::FlashSimtAdditive(s) => {
+                let hd = define("HD", s, "head width")?;
+                let (rows, keys) = (CUDA_SIMT_ROWS, CUDA_LANE_KEYS);
+                // Q, K (rows skewed by one), V; additive scores add e^(2q), e^(2k) and the weight.
+                let tiles = rows * hd + keys * (hd + 1) + keys * hd;
+                let additive = if matches!(k.smem, Smem::FlashSimtAdditive(_)) { rows * hd + keys * (hd + 1) + hd } else { 0 };
+                (tiles + additive) * 4
             }
             Smem::FlashMma(s) => {
-                let hd = define(format!("ATTNC_HD_{s}")).ok_or_else(|| LaunchError::Internal(format!("no head width for step {s}")))?;
-                let bn = define(format!("ATTNC_BN_{s}")).ok_or_else(|| LaunchError::Internal(format!("no key tile for step {s}")))?;
-                let mt = define(format!("ATTNC_MT_{s}")).ok_or_else(|| LaunchError::Internal(format!("no m-tiles for step {s}")))?;
+                let (hd, bn, mt) = (define("HD", s, "head width")?, define("BN", s, "key tile")?, define("MT", s, "m-tiles")?);
                 (CUDA_MMA_ROWS * mt + 2 * bn) * (hd + 8) * 2
             }
         };
