@@ -186,6 +186,26 @@ def rel_err(got, want):
     return ((got - want).norm() / want.norm()).item()
 
 
+def program_text(t, kind):
+    """The .attn program of a case: dtype `t`, mask `kind`."""
+    extra, body = BODIES[kind]
+    return PROGRAM.format(t=t, extra=extra.format(t=t), body=body)
+
+
+def write_program(tmp, t, kind):
+    """The case's .attn program in `tmp`; returns its path."""
+    path = Path(tmp) / f"attn_{t}_{kind}.attn"
+    path.write_text(program_text(t, kind))
+    return path
+
+
+def case_tensors(b, h, s, d, dtype, count):
+    """`count` seeded random [b, h, s, d] tensors on the GPU (the same for every run of a case)."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(count)]
+
+
 def sdpa_train_fn(q, k, v, dout, kind):
     """One training step of SDPA (flash / cuDNN backends): forward, then backward with the
     cotangent `dout` into fresh gradients of q, k and v."""
@@ -217,14 +237,10 @@ def training(args, dtypes, dims, seqs, kinds):
                 if kind not in ("none", "causal"):
                     print(f"# {kind}: skipped (SDPA has no fused path for it)", file=sys.stderr)
                     continue
-                path = Path(tmp) / f"attn_{t}_{kind}.attn"
-                extra, body = BODIES[kind]
-                path.write_text(PROGRAM.format(t=t, extra=extra.format(t=t), body=body))
+                path = write_program(tmp, t, kind)
                 for d in dims:
                     for s in seqs:
-                        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
-                        q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch_dtype[t], generator=gen)
-                                         for _ in range(4))
+                        q, k, v, dout = case_tensors(b, h, s, d, torch_dtype[t], 4)
                         try:
                             a_ms = attnc_time(args.attnc, path, b, h, s, d, args.iters, args.warmup, extra=["--grad"])
                         except RuntimeError as e:
@@ -296,14 +312,10 @@ def main():
             # The slopes in the case's dtype, as the program declares them (also for the peers).
             slt = sl.to(torch_dtype[t])
             for kind in kinds:
-                path = Path(tmp) / f"attn_{t}_{kind}.attn"
-                extra, body = BODIES[kind]
-                path.write_text(PROGRAM.format(t=t, extra=extra.format(t=t), body=body))
+                path = write_program(tmp, t, kind)
                 for d in dims:
                     for s in seqs:
-                        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
-                        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch_dtype[t], generator=gen)
-                                   for _ in range(3))
+                        q, k, v = case_tensors(b, h, s, d, torch_dtype[t], 3)
                         f = flops(b, h, s, d, kind)
                         try:
                             a_ms = attnc_time(args.attnc, path, b, h, s, d, args.iters, args.warmup)

@@ -49,6 +49,11 @@ if [ -z "${ATTNC_NVRTC_LIB:-}" ]; then
 fi
 export ATTNC_EXAMPLES_DIR="$PWD/examples"
 
+# program KIND DEST: compare_gpu.py's f16 benchmark program for a mask kind, written to DEST.
+program() {
+    python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; print(c.program_text('f16', sys.argv[1]))" "$1" > "$2"
+}
+
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
@@ -75,7 +80,7 @@ while [ $i -lt ${#steps[@]} ]; do
     ptxas)
         echo "== ptxas"
         for kind in none alibi; do
-            python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['$kind']; print(c.PROGRAM.format(t='f16', extra=e.format(t='f16'), body=b))" > "$OUT/$kind.attn"
+            program "$kind" "$OUT/$kind.attn"
             "$ATTNC" build "$OUT/$kind.attn" --emit cuda > "$OUT/$kind.cu"
             for hd in 64 128; do
                 echo "-- $kind HD=$hd"
@@ -86,7 +91,7 @@ while [ $i -lt ${#steps[@]} ]; do
         ;;
     ncu)
         echo "== ncu"
-        python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['none']; print(c.PROGRAM.format(t='f16', extra=e, body=b))" > /tmp/attnc-ncu.attn
+        program none /tmp/attnc-ncu.attn
         timeout 300 ncu --target-processes all -k regex:attnc_s0_flash --launch-count 1 \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
             --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
@@ -108,7 +113,7 @@ while [ $i -lt ${#steps[@]} ]; do
         fi
         echo "== $step"
         for kind in none causal alibi softcap; do
-            python3 -c "import sys; sys.path.insert(0, 'bench'); import compare_gpu as c; e, b = c.BODIES['$kind']; print(c.PROGRAM.format(t='f16', extra=e.format(t='f16'), body=b))" > "$OUT/ab-$kind.attn"
+            program "$kind" "$OUT/ab-$kind.attn"
         done
         for round in 1 2; do
             for spec in "none 128 4096" "causal 128 4096" "alibi 128 4096" "softcap 128 4096" "none 64 4096" "none 128 16384" "causal 128 1024"; do
