@@ -2,7 +2,7 @@
 //! the measured FMA peak. A benchmark, not a test:
 //!
 //! ```text
-//! cargo run --release -p attn-runtime --example kernel_bench [-- --quick]
+//! cargo run --release -p attn-runtime --example kernel_bench [-- --quick] [--rows]
 //! cargo run --release -p attn-runtime --example kernel_bench --features bench-gemm [-- --quick]
 //! ```
 //!
@@ -17,7 +17,7 @@
 //! to each batch sees the same clock.
 
 use attn_runtime::kernels::{
-    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, peak_gflops, peak_run, sgemm_nn, sgemm_nt,
+    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, peak_gflops, peak_run, sgemm_nn, sgemm_nt, softmax_step,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -124,6 +124,8 @@ fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: us
 
 fn main() -> Result<(), KernelError> {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--rows`: only the row kernels (softmax), not the products.
+    let rows_only = std::env::args().any(|a| a == "--rows");
     let batches = if quick { 11 } else { 41 };
     let isas = available_isas();
     println!("dispatched path: {}", attn_runtime::kernels::isa());
@@ -150,7 +152,7 @@ fn main() -> Result<(), KernelError> {
     let peak_name = reference_isa().name();
     println!("\nmedians of {batches} batches; %peak: ratio to the {peak_name} peak loop timed right after each batch");
     println!("{:<6} {:>2} {:>5} {:>5} {:>5}  {:>8}  {:>9}  {:>7}", "op", "", "m", "n", "k", "isa", "GFLOP/s", "%peak");
-    for &(name, layout, m, n, k) in shapes {
+    for &(name, layout, m, n, k) in shapes.iter().filter(|_| !rows_only) {
         for isa in isas.iter().rev() {
             let (rate, ratio) = gemm_rate(*isa, layout, (m, n, k), batches)?;
             let pct = ratio.map(|r| format!("{:6.1}%", 100.0 * r)).unwrap_or_default();
@@ -173,6 +175,18 @@ fn main() -> Result<(), KernelError> {
             let _ = black_box(exp_sum(*isa, black_box(&x), &mut y, 0.5));
         });
         println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 128.0 / rate);
+    }
+    // The flash kernel's step: a row of 256 scaled scores (one key block) against a running
+    // max that stays put, so only the max pass and the bounded `exp` run.
+    println!("\nsoftmax_step (row of 256 scores, running max kept):");
+    let x: Vec<f32> = (0..256).map(|i| ((i * 37) % 101) as f32 * 0.05 - 2.0).collect();
+    let mut y = vec![0.0f32; 256];
+    for isa in isas.iter().rev() {
+        let (rate, _) = measure(batches, 256.0, || {
+            let mut state = (3.0f32, 1.0f32);
+            let _ = black_box(softmax_step(*isa, black_box(&x), 0.125, None, &mut y, &mut state));
+        });
+        println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 256.0 / rate);
     }
     Ok(())
 }
