@@ -130,6 +130,34 @@ pub(super) unsafe fn softmax_step(
     }
 }
 
+/// Softmax of one dense row, as `ir::semantics` defines it: `y = exp(x - max) / Σ exp(x - max)`;
+/// a row with no element above `-inf` is 0, and a NaN or `+inf` element makes the row NaN.
+/// The sum is in f32 lanes (the interpreter's is f64: a few ulp apart), then one reciprocal.
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+pub(super) unsafe fn softmax_row(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: the caller's contract; `x[i]` is read before `y[i]` is written in each pass.
+    unsafe {
+        let max = row_max(isa, x, 1.0, std::ptr::null(), n);
+        if max == f32::NEG_INFINITY {
+            // The max passes NaN over: a NaN here is the row's only non-`-inf` element.
+            let nan = (0..n).any(|i| (*x.add(i)).is_nan());
+            let fill = if nan { f32::NAN } else { 0.0 };
+            for i in 0..n {
+                *y.add(i) = fill;
+            }
+            return;
+        }
+        // Every `x - max` is at most 0 (or NaN: `+inf - +inf` too), within the bounded form.
+        let sum = exp_sum_with::<true>(isa, x, 1.0, std::ptr::null(), y, n, max);
+        let inv = 1.0 / sum;
+        for i in 0..n {
+            *y.add(i) *= inv;
+        }
+    }
+}
+
 /// `e^x`, or 0 where that is below [`FLUSH_BELOW`] (computed without subnormal steps).
 pub(super) fn exp_flushed(x: f32) -> f32 {
     if x < EXP_LO {

@@ -311,6 +311,19 @@ pub fn softmax_step(
     Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), scale, b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
 }
 
+/// Softmax of the whole row `x` into `y` on `isa` (see [`attnc_softmax_row_f32`]).
+pub fn softmax_row(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    if y.len() < x.len() {
+        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
+    }
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    unsafe { exp::softmax_row(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
+    Ok(())
+}
+
 /// `y[i] = tanh(x[i])` on `isa`; accurate to a few ulp, `±1` for large `|x|`, NaN stays NaN.
 pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
     if !isa.is_supported() {
@@ -488,6 +501,16 @@ pub unsafe extern "C" fn attnc_softmax_step_f32(
     unsafe { exp::softmax_step(isa(), x, scale, bias, y, n, max, sum) }
 }
 
+/// C ABI: softmax of one dense row of `n` elements, `y = exp(x - max) / Σ exp(x - max)` (`x`
+/// may be `y`): 0 for a row with no element above `-inf`, NaN for a row with a NaN or `+inf`.
+///
+/// # Safety
+/// As [`attnc_exp_f32`].
+pub unsafe extern "C" fn attnc_softmax_row_f32(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { exp::softmax_row(isa(), x, y, n) }
+}
+
 /// C ABI: `y[i] = tanh(x[i])` for `i < n` (`x` and `y` may be the same buffer).
 ///
 /// # Safety
@@ -583,6 +606,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_exp_f32", attnc_exp_f32 as *const u8),
         ("attnc_exp_sum_f32", attnc_exp_sum_f32 as *const u8),
         ("attnc_softmax_step_f32", attnc_softmax_step_f32 as *const u8),
+        ("attnc_softmax_row_f32", attnc_softmax_row_f32 as *const u8),
         ("attnc_tanh_f32", attnc_tanh_f32 as *const u8),
         ("attnc_transpose_f32", attnc_transpose_f32 as *const u8),
         ("attnc_flash_bwd_row", attnc_flash_bwd_row as *const u8),

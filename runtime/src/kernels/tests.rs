@@ -328,6 +328,54 @@ fn exp_sum_shifts_and_runs_in_place() {
     }
 }
 
+/// A whole-row softmax on every path against the f64 definition, at every tail length, in
+/// place through the C ABI, and with the non-finite rows of `ir::semantics`: no element above
+/// `-inf` gives 0, a NaN or `+inf` element gives NaN.
+#[test]
+fn softmax_row_is_the_softmax_of_the_row() {
+    let mut rng = Rng(0x5eed_50f7);
+    for isa in available_isas() {
+        for n in SIZES {
+            let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 30.0).collect();
+            let mut y = vec![7.0; n];
+            softmax_row(isa, &x, &mut y).unwrap();
+            let m = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+            let den: f64 = x.iter().map(|v| (*v as f64 - m).exp()).sum();
+            for (k, (xi, yi)) in x.iter().zip(&y).enumerate() {
+                let want = (*xi as f64 - m).exp() / den;
+                // `x - max` rounds in f32 (|x - max| < 60: 4e-6 relative in `exp`).
+                assert!((*yi as f64 - want).abs() <= 1e-5 * want + 1e-18, "{isa} n={n} [{k}]: {yi} vs {want}");
+            }
+        }
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let rows: [(&[f32], Option<f32>); 5] = [
+            (&[-inf; 9], Some(0.0)),
+            (&[-inf, nan, -inf], None),
+            (&[1.0, 2.0, nan, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], None),
+            (&[inf, 0.0, -inf], None),
+            (&[-inf, 3.0, -inf], Some(-1.0)),
+        ];
+        for (row, fill) in rows {
+            let mut y = vec![7.0; row.len()];
+            softmax_row(isa, row, &mut y).unwrap();
+            match fill {
+                Some(-1.0) => assert_eq!(y, [0.0, 1.0, 0.0], "{isa}"),
+                Some(v) => assert!(y.iter().all(|y| *y == v), "{isa} {row:?}: {y:?}"),
+                None => assert!(y.iter().all(|y| y.is_nan()), "{isa} {row:?}: {y:?}"),
+            }
+        }
+    }
+    let x: Vec<f32> = (0..21).map(|i| (i as f32 * 0.9).sin() * 5.0).collect();
+    let mut buf = x.clone();
+    // SAFETY: `buf` holds `len` elements; the entry point allows x == y.
+    unsafe { attnc_softmax_row_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
+    let mut want = vec![0.0; x.len()];
+    softmax_row(Isa::Portable, &x, &mut want).unwrap();
+    for (got, want) in buf.iter().zip(&want) {
+        assert!((got - want).abs() <= 1e-6 * want);
+    }
+}
+
 /// A softmax step over tiles of one row, with and without a bias and a score factor, on every
 /// path: the running
 /// state and rescaled accumulator give the same softmax as an f64 reference; the shift moves

@@ -45,6 +45,8 @@ pub const EXP_SUM: Import = Import { name: "attnc_exp_sum_f32", params: &[I64, I
 /// the row's running max and sum and returns the accumulator's scale:
 /// `(x, factor, bias|0, y, n, &max, &sum) -> scale`.
 pub const SOFTMAX_STEP: Import = Import { name: "attnc_softmax_step_f32", params: &[I64, F32, I64, I64, I64, I64, I64], returns: &[F32] };
+/// Softmax of one dense f32 row: `(x, y, n)`.
+pub const SOFTMAX_ROW: Import = Import { name: "attnc_softmax_row_f32", params: &[I64, I64, I64], returns: &[] };
 /// `y[i] = tanh(x[i])`: `(x, y, n)`.
 pub const TANH: Import = Import { name: "attnc_tanh_f32", params: &[I64, I64, I64], returns: &[] };
 /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
@@ -96,6 +98,7 @@ pub const IMPORTS: &[Import] = &[
     ADDITIVE_NT,
     EXP_SUM,
     SOFTMAX_STEP,
+    SOFTMAX_ROW,
     TANH,
     TRANSPOSE,
     FLASH_BWD_ROW,

@@ -125,70 +125,99 @@ fn row_offsets(fx: &mut Fx, w: Value, axis: usize, dims: &[Value], xs: &[Value],
     (xo, oo)
 }
 
-/// Softmax along `axis`, one row per work item; a row whose max is `-inf` gives zeros.
+/// Softmax along `axis`, one row per work item; a row whose max is `-inf` gives zeros. Dense
+/// f32 rows (the usual case) go to the row kernel; anything else runs [`softmax_loops`].
 pub fn emit_softmax(fx: &mut Fx, x: &View, axis: usize, out: &View) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let dims = fx.dims(&x.shape);
     let (n, xstep, ostep) = (dims[axis], xs[axis], os[axis]);
+    let dense = (x.dtype == DType::F32 && out.dtype == DType::F32).then(|| {
+        let xd = fx.b.ins().icmp_imm_s(IntCC::Equal, xstep, 1);
+        let od = fx.b.ins().icmp_imm_s(IntCC::Equal, ostep, 1);
+        fx.b.ins().band(xd, od)
+    });
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
         let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
-        let zero = fx.i64(0);
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let max = fx.var(types::F32, ninf);
-        let at = |fx: &mut Fx, base: Value, step: Value, i: Value| {
-            let t = fx.mul(i, step);
-            fx.add(base, t)
+        let Some(dense) = dense else {
+            return softmax_loops(fx, x, out, (xb, xo, xstep), (ob, oo, ostep), n);
         };
-        fx.for_range(zero, n, |fx, i| {
-            let off = at(fx, xo, xstep, i);
-            let v = load(fx, x.dtype, xb, off);
-            let v = fx.cvt_f(v);
-            let m = fx.b.use_var(max);
-            let m = fx.b.ins().fmax(m, v);
-            fx.b.def_var(max, m);
-        });
-        let m = fx.b.use_var(max);
-        let masked = fx.feq(m, ninf);
         fx.if_else(
-            masked,
+            dense,
             |fx| {
-                let z = fx.f32(0.0);
-                fx.for_range(zero, n, |fx, i| {
-                    let off = at(fx, oo, ostep, i);
-                    store(fx, Tv { v: z, k: Kind::F }, out.dtype, ob, off);
-                });
+                let xp = fx.elem_addr(xb, xo);
+                let op = fx.elem_addr(ob, oo);
+                fx.call(abi::SOFTMAX_ROW, &[xp, op, n]);
             },
-            |fx| {
-                let zero64 = fx.f64(0.0);
-                let sum = fx.var(types::F64, zero64);
-                fx.for_range(zero, n, |fx, i| {
-                    let off = at(fx, xo, xstep, i);
-                    let v = load(fx, x.dtype, xb, off);
-                    let v = fx.cvt_f(v);
-                    let d = fx.b.ins().fsub(v, m);
-                    let e = fx.exp(d);
-                    let ooff = at(fx, oo, ostep, i);
-                    let addr = fx.elem_addr(ob, ooff);
-                    fx.store(e, addr);
-                    let s = fx.b.use_var(sum);
-                    let e64 = fx.b.ins().fpromote(types::F64, e);
-                    let s = fx.b.ins().fadd(s, e64);
-                    fx.b.def_var(sum, s);
-                });
-                let s = fx.b.use_var(sum);
-                let s32 = fx.b.ins().fdemote(types::F32, s);
-                fx.for_range(zero, n, |fx, i| {
-                    let ooff = at(fx, oo, ostep, i);
-                    let addr = fx.elem_addr(ob, ooff);
-                    let e = fx.load(types::F32, addr);
-                    let p = fx.b.ins().fdiv(e, s32);
-                    store(fx, Tv { v: p, k: Kind::F }, out.dtype, ob, ooff);
-                });
-            },
+            |fx| softmax_loops(fx, x, out, (xb, xo, xstep), (ob, oo, ostep), n),
         );
     });
+}
+
+/// One row of [`emit_softmax`] as scalar loops (any dtype, any strides), the sum in f64.
+fn softmax_loops(
+    fx: &mut Fx,
+    x: &View,
+    out: &View,
+    (xb, xo, xstep): (Value, Value, Value),
+    (ob, oo, ostep): (Value, Value, Value),
+    n: Value,
+) {
+    let zero = fx.i64(0);
+    let ninf = fx.f32(f32::NEG_INFINITY);
+    let max = fx.var(types::F32, ninf);
+    let at = |fx: &mut Fx, base: Value, step: Value, i: Value| {
+        let t = fx.mul(i, step);
+        fx.add(base, t)
+    };
+    fx.for_range(zero, n, |fx, i| {
+        let off = at(fx, xo, xstep, i);
+        let v = load(fx, x.dtype, xb, off);
+        let v = fx.cvt_f(v);
+        let m = fx.b.use_var(max);
+        let m = fx.b.ins().fmax(m, v);
+        fx.b.def_var(max, m);
+    });
+    let m = fx.b.use_var(max);
+    let masked = fx.feq(m, ninf);
+    fx.if_else(
+        masked,
+        |fx| {
+            let z = fx.f32(0.0);
+            fx.for_range(zero, n, |fx, i| {
+                let off = at(fx, oo, ostep, i);
+                store(fx, Tv { v: z, k: Kind::F }, out.dtype, ob, off);
+            });
+        },
+        |fx| {
+            let zero64 = fx.f64(0.0);
+            let sum = fx.var(types::F64, zero64);
+            fx.for_range(zero, n, |fx, i| {
+                let off = at(fx, xo, xstep, i);
+                let v = load(fx, x.dtype, xb, off);
+                let v = fx.cvt_f(v);
+                let d = fx.b.ins().fsub(v, m);
+                let e = fx.exp(d);
+                let ooff = at(fx, oo, ostep, i);
+                let addr = fx.elem_addr(ob, ooff);
+                fx.store(e, addr);
+                let s = fx.b.use_var(sum);
+                let e64 = fx.b.ins().fpromote(types::F64, e);
+                let s = fx.b.ins().fadd(s, e64);
+                fx.b.def_var(sum, s);
+            });
+            let s = fx.b.use_var(sum);
+            let s32 = fx.b.ins().fdemote(types::F32, s);
+            fx.for_range(zero, n, |fx, i| {
+                let ooff = at(fx, oo, ostep, i);
+                let addr = fx.elem_addr(ob, ooff);
+                let e = fx.load(types::F32, addr);
+                let p = fx.b.ins().fdiv(e, s32);
+                store(fx, Tv { v: p, k: Kind::F }, out.dtype, ob, ooff);
+            });
+        },
+    );
 }
 
 /// Layer norm (`beta` given) or RMS norm over the last axis, in f64, one row per work item.
