@@ -64,9 +64,9 @@ unsafe fn exp_sum_with<const BOUNDED: bool>(
     unsafe {
         match (isa, bias.is_null()) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => exp_sum_avx512::<false>(x, scale, bias, y, n, shift),
+            (Isa::Avx512, true) => exp_sum_avx512::<false, BOUNDED>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => exp_sum_avx512::<true>(x, scale, bias, y, n, shift),
+            (Isa::Avx512, false) => exp_sum_avx512::<true, BOUNDED>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
@@ -75,6 +75,10 @@ unsafe fn exp_sum_with<const BOUNDED: bool>(
         }
     }
 }
+
+/// Adding then subtracting this (1.5·2²³) rounds to an integer; the sum's low mantissa bits are
+/// that integer.
+const ROUND: f32 = 12_582_912.0;
 
 /// How far a tile's max may exceed the running max before the shift moves: below this the
 /// old shift is kept, so the accumulator needs no rescaling; `exp` of the excess stays below
@@ -306,11 +310,42 @@ fn flush16(y: __m512) -> __m512 {
     _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(FLUSH_BELOW)), y)
 }
 
-/// AVX-512 `exp_sum` (with the bias term when `BIAS`): full vectors, then one masked vector
-/// for the tail.
+/// [`exp16`] of lanes that are at most [`RESCALE_SLACK`] (or NaN), as [`exp8_bounded`]: no
+/// upper clamp, `n` from the rounding constant's bits, and `2ⁿ·q + 2ⁿ` in one FMA instead of
+/// `vscalefps` (`2ⁿ` is normal for `n ∈ [-61, 12]`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
+fn exp16_bounded(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
+    let t = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(ROUND));
+    let n = _mm512_sub_ps(t, _mm512_set1_ps(ROUND));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let c = |i: usize| _mm512_set1_ps(EXP_P[i]);
+    let r2 = _mm512_mul_ps(r, r);
+    let a = _mm512_fmadd_ps(c(0), r, c(1));
+    let b = _mm512_fmadd_ps(c(2), r, c(3));
+    let d = _mm512_fmadd_ps(c(4), r, c(5));
+    let p = _mm512_fmadd_ps(_mm512_fmadd_ps(a, r2, b), r2, d);
+    let q = _mm512_fmadd_ps(p, r2, r);
+    let bias = _mm512_set1_epi32(127 - ROUND.to_bits() as i32);
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_castps_si512(t), bias)));
+    flush16(_mm512_fmadd_ps(q, pow2, pow2))
+}
+
+/// AVX-512 `exp_sum` (with the bias term when `BIAS`; [`exp16_bounded`] when `BOUNDED`): full
+/// vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool>(
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> f32 {
+    let exp16 = |v: __m512| if BOUNDED { exp16_bounded(v) } else { exp16(v) };
     let sc = _mm512_set1_ps(scale);
     let s = _mm512_set1_ps(shift);
     let mut sum = _mm512_setzero_ps();
@@ -392,8 +427,6 @@ fn exp8(x: __m256) -> __m256 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn exp8_bounded(x: __m256) -> __m256 {
-    /// Adding then subtracting this rounds to an integer; the sum's low mantissa bits are `n`.
-    const ROUND: f32 = 12_582_912.0;
     // `max_ps` returns its second operand when either is NaN: a NaN lane stays NaN.
     let x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
     let t = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(ROUND));

@@ -194,6 +194,7 @@ fn c_abi_entry_points_match_wrappers() {
             "attnc_exp_f32",
             "attnc_exp_sum_f32",
             "attnc_softmax_step_f32",
+            "attnc_softmax_row_f32",
             "attnc_tanh_f32",
             "attnc_transpose_f32",
             "attnc_flash_bwd_row",
