@@ -277,14 +277,20 @@ pub fn gemv_nn(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), Kern
 /// `exp(-inf) = 0`, NaN stays NaN, results below the smallest subnormal are 0 and above
 /// `f32::MAX` are `inf`; accurate to about 2 ulp.
 pub fn exp_sum(isa: Isa, x: &[f32], y: &mut [f32], shift: f32) -> Result<f32, KernelError> {
+    row_operands(isa, x, y)?;
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), 1.0, std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
+}
+
+/// A row kernel's checks: `isa` runs here and `y` holds at least as many elements as `x`.
+fn row_operands(isa: Isa, x: &[f32], y: &[f32]) -> Result<(), KernelError> {
     if !isa.is_supported() {
         return Err(KernelError::Unsupported(isa));
     }
     if y.len() < x.len() {
         return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
     }
-    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), 1.0, std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
+    Ok(())
 }
 
 /// One online-softmax step over the row `scale·x (+ bias)` on `isa`, updating the running `(max, sum)`
@@ -313,12 +319,7 @@ pub fn softmax_step(
 
 /// Softmax of the whole row `x` into `y` on `isa` (see [`attnc_softmax_row_f32`]).
 pub fn softmax_row(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::Unsupported(isa));
-    }
-    if y.len() < x.len() {
-        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
-    }
+    row_operands(isa, x, y)?;
     // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
     unsafe { exp::softmax_row(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
     Ok(())
@@ -326,12 +327,7 @@ pub fn softmax_row(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError
 
 /// `y[i] = tanh(x[i])` on `isa`; accurate to a few ulp, `±1` for large `|x|`, NaN stays NaN.
 pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::Unsupported(isa));
-    }
-    if y.len() < x.len() {
-        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
-    }
+    row_operands(isa, x, y)?;
     // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
     unsafe { exp::tanh(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
     Ok(())
@@ -584,12 +580,7 @@ pub unsafe extern "C" fn attnc_transpose_f32(src: *const f32, lds: usize, rows: 
 
 /// `y[i] = gelu(x[i])` on `isa`, the erf form within a few 1e-7 absolute of the exact one.
 pub fn gelu(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    if !isa.is_supported() {
-        return Err(KernelError::Unsupported(isa));
-    }
-    if y.len() < x.len() {
-        return Err(KernelError::TooShort { operand: "y", len: y.len(), need: x.len() });
-    }
+    row_operands(isa, x, y)?;
     // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
     unsafe { rows::gelu(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
     Ok(())
