@@ -581,6 +581,27 @@ fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
     );
 }
 
+#[test]
+fn transposing_copies_match_the_interpreter_bit_for_bit() {
+    // Copies that transpose matrices run as blocked transposes, in runs of output rows that the
+    // threads' work items split anywhere (also inside a matrix): batched and plain, with sizes
+    // of 1, below, at and above the 8 × 8 blocks.
+    let src = "
+fn tr(x: f32[B, S, E], y: f32[S, E]) -> (t: f32[B, E, S], u: f32[E, S]) {
+    return x.T, y.T
+}";
+    same_bits_as_interpreter(
+        src,
+        "tr",
+        &[
+            (1, &[("B", 3), ("S", 7), ("E", 5)]),
+            (2, &[("B", 2), ("S", 130), ("E", 33)]),
+            (3, &[("B", 1), ("S", 1), ("E", 9)]),
+            (4, &[("B", 4), ("S", 16), ("E", 1)]),
+        ],
+    );
+}
+
 /// Compiles `entry` of `src` for the CPU and checks it against the interpreter bit for bit on
 /// seeded random inputs at each `(seed, dims)`, with 1 and 2 threads.
 fn same_bits_as_interpreter(src: &str, entry: &str, cases: &[(u64, &[(&str, i64)])]) {

@@ -71,6 +71,11 @@ struct Kernel<'k> {
 
 /// Emits the kernel `out[idx] = expr(idx)`: one row (every axis but the last) per work item.
 pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) {
+    if let (Expr::Load(0), [input], []) = (expr, inputs, more)
+        && is_transpose(out, input)
+    {
+        return emit_transpose(fx, out, input);
+    }
     let k = prologue(fx, out, inputs, expr);
     // Further outputs of the same shape: their rows follow the first's at the same index, so
     // each input row is read from memory once.
@@ -97,6 +102,66 @@ pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr, more: &[(View
             fx.b.def_var(index[a], next);
             carry = fx.b.ins().uextend(types::I64, wrap);
         }
+    });
+}
+
+/// Whether copying `input` into `out` transposes matrices: f32 both, the same shape, `out`
+/// dense along its last axis, and `input` dense along the one before instead (a transposed
+/// operand materialised for a matrix product, `x.T @ y`). Element by element such a copy reads
+/// one strided column per output row.
+fn is_transpose(out: &View, input: &View) -> bool {
+    let rank = out.shape.len();
+    let stride_is = |v: &View, axis: usize, want: i64| v.strides[axis].as_const() == Some(want);
+    let wide = |axis: usize| out.shape[axis].as_const().is_none_or(|d| d > 1);
+    rank >= 2
+        && out.dtype == DType::F32
+        && input.dtype == DType::F32
+        && input.shape == out.shape
+        && input.strides.len() == rank
+        && out.strides.len() == rank
+        && stride_is(out, rank - 1, 1)
+        && stride_is(input, rank - 2, 1)
+        && !stride_is(input, rank - 1, 1)
+        && wide(rank - 1)
+        && wide(rank - 2)
+}
+
+/// [`is_transpose`]'s copy by the runtime's blocked transpose: the work items are output rows,
+/// and each run of them inside one matrix is one call (`rows` of the input's matrix become the
+/// call's columns).
+fn emit_transpose(fx: &mut Fx, out: &View, input: &View) {
+    let rank = out.shape.len();
+    let sizes = fx.dims(&out.shape);
+    let (ob, os) = fx.view_base(out);
+    let (ib, is) = fx.view_base(input);
+    let (r, n) = (sizes[rank - 2], sizes[rank - 1]);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, r, 0);
+    fx.if_then(any, |fx| {
+        let first = fx.b.ins().udiv(lo, r);
+        let end = fx.ceil_div(hi, r);
+        fx.for_range(first, end, |fx, m| {
+            let row0 = fx.mul(m, r);
+            let from = fx.sub(lo, row0);
+            let zero = fx.i64(0);
+            let r0 = fx.max(from, zero);
+            let to = fx.sub(hi, row0);
+            let r1 = fx.min(to, r);
+            let cols = fx.sub(r1, r0);
+            let some = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cols, 0);
+            fx.if_then(some, |fx| {
+                let idx = fx.unravel(m, &sizes[..rank - 2]);
+                let zero = fx.i64(0);
+                let ioff = fx.dot(zero, &idx, &is[..rank - 2]);
+                let ioff = fx.add(ioff, r0);
+                let ooff = fx.dot(zero, &idx, &os[..rank - 2]);
+                let orow = fx.mul(r0, os[rank - 2]);
+                let ooff = fx.add(ooff, orow);
+                let src = fx.elem_addr(ib, ioff);
+                let dst = fx.elem_addr(ob, ooff);
+                fx.call(abi::TRANSPOSE, &[src, is[rank - 1], n, cols, dst, os[rank - 2]]);
+            });
+        });
     });
 }
 
