@@ -27,7 +27,11 @@ fn store(fx: &mut Fx, x: Tv, dtype: DType, base: Value, off: Value) {
     fx.store(v, addr);
 }
 
-/// `out[w] = reduce(x[w, ...])` over `axes`, one output element per work item.
+/// `out[w] = reduce(x[w, ...])` over `axes`, one output element per work item. Where the
+/// innermost kept axis has a multiple of [`GROUP`] elements, aligned runs of that many items
+/// walk the reduced axes together, one accumulator each: the same order per element (so the
+/// same bits), but independent chains and shared addressing. A reduction over a leading axis
+/// (`sum(x, axis = S)` of `[B, S, R]`) otherwise waits on one f64 add per element.
 pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &View) {
     let rank = x.shape.len();
     let (xb, xs) = fx.view_base(x);
@@ -43,12 +47,64 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
         }
         c
     };
-    let int = kind_of(x.dtype) == Kind::I;
+    let r = Reduce { x, xb, xs: &xs, dims: &dims, axes, op, int: kind_of(x.dtype) == Kind::I, count, ob, out };
     let (lo, hi) = (fx.lo(), fx.hi());
-    fx.for_range(lo, hi, |fx, w| {
-        let idx = fx.unravel(w, &kept_dims);
-        let zero = fx.i64(0);
-        let base = fx.dot(zero, &idx, &kept_strides);
+    let items = |fx: &mut Fx, from: Value, to: Value| {
+        fx.for_range(from, to, |fx, w| {
+            let idx = fx.unravel(w, &kept_dims);
+            let zero = fx.i64(0);
+            let base = fx.dot(zero, &idx, &kept_strides);
+            r.items(fx, w, base, zero, 1);
+        });
+    };
+    let (Some(&inner), Some(&step)) = (kept_dims.last(), kept_strides.last()) else {
+        return items(fx, lo, hi);
+    };
+    let rem = fx.b.ins().band_imm_s(inner, GROUP as i64 - 1);
+    let grouped = fx.b.ins().icmp_imm_s(IntCC::Equal, rem, 0);
+    fx.if_else(
+        grouped,
+        |fx| {
+            // Single items up to the first multiple of GROUP, groups, single items after.
+            let up = fx.b.ins().iadd_imm_s(lo, GROUP as i64 - 1);
+            let start = fx.b.ins().band_imm_s(up, -(GROUP as i64));
+            let start = fx.min(start, hi);
+            let end = fx.b.ins().band_imm_s(hi, -(GROUP as i64));
+            let end = fx.max(end, start);
+            items(fx, lo, start);
+            fx.for_step(start, end, GROUP as i64, |fx, w| {
+                let idx = fx.unravel(w, &kept_dims);
+                let zero = fx.i64(0);
+                let base = fx.dot(zero, &idx, &kept_strides);
+                r.items(fx, w, base, step, GROUP);
+            });
+            items(fx, end, hi);
+        },
+        |fx| items(fx, lo, hi),
+    );
+}
+
+/// Items a reduction's work runs together where it can (see [`emit_reduce`]).
+const GROUP: usize = 4;
+
+/// One reduction step's operands, for [`Reduce::items`].
+struct Reduce<'a> {
+    x: &'a View,
+    xb: Value,
+    xs: &'a [Value],
+    dims: &'a [Value],
+    axes: &'a [usize],
+    op: ReduceOp,
+    int: bool,
+    count: Value,
+    ob: Value,
+    out: &'a View,
+}
+
+impl Reduce<'_> {
+    /// Items `w .. w + n`, whose elements start at `base + l·step` for `l < n`.
+    fn items(&self, fx: &mut Fx, w: Value, base: Value, step: Value, n: usize) {
+        let (op, int) = (self.op, self.int);
         let (acc_ty, init) = match (op, int) {
             (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
             (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
@@ -57,45 +113,54 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
             (ReduceOp::Max, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
             (ReduceOp::Min, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MAX))),
         };
-        let acc = fx.var(acc_ty, init);
-        nest(fx, axes, &dims, &xs, base, &mut |fx, off| {
-            let v = load(fx, x.dtype, xb, off);
-            let a = fx.b.use_var(acc);
-            let r = match (op, int) {
-                (ReduceOp::Sum | ReduceOp::Mean, false) => {
-                    let w = fx.b.ins().fpromote(types::F64, v.v);
-                    fx.b.ins().fadd(a, w)
+        let accs: Vec<Variable> = (0..n).map(|_| fx.var(acc_ty, init)).collect();
+        nest(fx, self.axes, self.dims, self.xs, base, &mut |fx, off| {
+            let mut at = off;
+            for (l, acc) in accs.iter().enumerate() {
+                if l > 0 {
+                    at = fx.add(at, step);
                 }
-                (ReduceOp::Sum | ReduceOp::Mean, true) => {
-                    let w = fx.b.ins().sextend(types::I64, v.v);
-                    fx.b.ins().iadd(a, w)
-                }
-                (ReduceOp::Max, false) => fx.b.ins().fmax(a, v.v),
-                (ReduceOp::Min, false) => fx.b.ins().fmin(a, v.v),
-                (ReduceOp::Max, true) => fx.b.ins().smax(a, v.v),
-                (ReduceOp::Min, true) => fx.b.ins().smin(a, v.v),
-            };
-            fx.b.def_var(acc, r);
-        });
-        let a = fx.b.use_var(acc);
-        let result = match (op, int) {
-            (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
-            // Integer sums wrap, like every integer op.
-            (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
-            (ReduceOp::Mean, _) => {
-                let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
-                let n = fx.b.ins().fcvt_from_sint(types::F64, count);
-                let m = fx.b.ins().fdiv(s, n);
-                let zero = fx.f64(0.0);
-                let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
-                let m = fx.b.ins().select(empty, zero, m);
-                Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
+                let v = load(fx, self.x.dtype, self.xb, at);
+                let a = fx.b.use_var(*acc);
+                let r = match (op, int) {
+                    (ReduceOp::Sum | ReduceOp::Mean, false) => {
+                        let w = fx.b.ins().fpromote(types::F64, v.v);
+                        fx.b.ins().fadd(a, w)
+                    }
+                    (ReduceOp::Sum | ReduceOp::Mean, true) => {
+                        let w = fx.b.ins().sextend(types::I64, v.v);
+                        fx.b.ins().iadd(a, w)
+                    }
+                    (ReduceOp::Max, false) => fx.b.ins().fmax(a, v.v),
+                    (ReduceOp::Min, false) => fx.b.ins().fmin(a, v.v),
+                    (ReduceOp::Max, true) => fx.b.ins().smax(a, v.v),
+                    (ReduceOp::Min, true) => fx.b.ins().smin(a, v.v),
+                };
+                fx.b.def_var(*acc, r);
             }
-            (_, false) => Tv { v: a, k: Kind::F },
-            (_, true) => Tv { v: a, k: Kind::I },
-        };
-        store(fx, result, out.dtype, ob, w);
-    });
+        });
+        for (l, acc) in accs.iter().enumerate() {
+            let a = fx.b.use_var(*acc);
+            let result = match (op, int) {
+                (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
+                // Integer sums wrap, like every integer op.
+                (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
+                (ReduceOp::Mean, _) => {
+                    let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
+                    let n = fx.b.ins().fcvt_from_sint(types::F64, self.count);
+                    let m = fx.b.ins().fdiv(s, n);
+                    let zero = fx.f64(0.0);
+                    let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
+                    let m = fx.b.ins().select(empty, zero, m);
+                    Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
+                }
+                (_, false) => Tv { v: a, k: Kind::F },
+                (_, true) => Tv { v: a, k: Kind::I },
+            };
+            let o = fx.b.ins().iadd_imm_s(w, l as i64);
+            store(fx, result, self.out.dtype, self.ob, o);
+        }
+    }
 }
 
 /// Nested loops over `axes` (in order), calling `body` with each element's offset.
