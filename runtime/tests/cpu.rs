@@ -567,7 +567,8 @@ fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
 #[test]
 fn scans_match_the_interpreter_bit_for_bit() {
     // Every scan variant: forward and reversed, integer (wrapping), f16, a broadcast coefficient
-    // (with exact element-wise operands only: tanh, exp... may differ in the last bit).
+    // (with exact element-wise operands only: tanh, exp... may differ in the last bit), rows one
+    // by one and in groups.
     let src = "
 fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
     -> (s: f32[B, S, E], r: f32[B, S, E], p: f32[B, S, E], l: f32[B, S, E], lr: f32[B, S, E], i: i32[B, S], f: f16[B, S, E]) {
@@ -577,7 +578,14 @@ fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
     same_bits_as_interpreter(
         src,
         "scans",
-        &[(1, &[("S", 1), ("E", 5), ("B", 3)]), (2, &[("S", 7), ("E", 5), ("B", 3)]), (3, &[("S", 130), ("E", 5), ("B", 3)])],
+        &[
+            (1, &[("S", 1), ("E", 5), ("B", 3)]),
+            (2, &[("S", 7), ("E", 5), ("B", 3)]),
+            (3, &[("S", 130), ("E", 5), ("B", 3)]),
+            // Rows in aligned groups of four (E = 8, 12; S = 4 for the last-axis scan).
+            (4, &[("S", 4), ("E", 8), ("B", 3)]),
+            (5, &[("S", 9), ("E", 12), ("B", 2)]),
+        ],
     );
 }
 

@@ -485,75 +485,132 @@ pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &
 
 /// A running sum, product or linear recurrence along `axis`, one row per work item, in f64
 /// (i64 for integers, wrapping), each output rounded once, as the interpreter computes it.
+/// Aligned runs of [`GROUP`] rows that are neighbours along the innermost other axis run
+/// together, one recurrence each (as [`emit_reduce`] groups its items).
 pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let a = a.map(|a| (a, fx.view_base(a)));
     let dims = fx.dims(&x.shape);
-    let (n, xstep, ostep) = (dims[axis], xs[axis], os[axis]);
-    let int = kind_of(x.dtype) == Kind::I;
+    let scan =
+        Scan { op, a: a.as_ref().map(|(v, (b, s))| (*v, *b, s.as_slice())), x, xb, xs: &xs, out, ob, os: &os, dims: &dims, axis, reverse };
     let (lo, hi) = (fx.lo(), fx.hi());
-    fx.for_range(lo, hi, |fx, w| {
-        let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
-        let ao = a.as_ref().map(|(_, (_, s))| {
-            let (ao, _) = row_offsets(fx, w, axis, &dims, s, &os);
-            ao
-        });
+    let rows = |fx: &mut Fx, from: Value, to: Value| fx.for_range(from, to, |fx, w| scan.rows(fx, w, 1));
+    // The innermost axis other than `axis`: neighbouring work items step along it.
+    let Some(inner) = (0..dims.len()).rev().find(|k| *k != axis) else {
+        return rows(fx, lo, hi);
+    };
+    let rem = fx.b.ins().band_imm_s(dims[inner], GROUP as i64 - 1);
+    let grouped = fx.b.ins().icmp_imm_s(IntCC::Equal, rem, 0);
+    fx.if_else(
+        grouped,
+        |fx| {
+            let up = fx.b.ins().iadd_imm_s(lo, GROUP as i64 - 1);
+            let start = fx.b.ins().band_imm_s(up, -(GROUP as i64));
+            let start = fx.min(start, hi);
+            let end = fx.b.ins().band_imm_s(hi, -(GROUP as i64));
+            let end = fx.max(end, start);
+            rows(fx, lo, start);
+            fx.for_step(start, end, GROUP as i64, |fx, w| scan.rows(fx, w, GROUP));
+            rows(fx, end, hi);
+        },
+        |fx| rows(fx, lo, hi),
+    );
+}
+
+/// One scan step's operands, for [`Scan::rows`].
+struct Scan<'a> {
+    op: ScanOp,
+    /// The linear recurrence's coefficients: view, base and strides.
+    a: Option<(&'a View, Value, &'a [Value])>,
+    x: &'a View,
+    xb: Value,
+    xs: &'a [Value],
+    out: &'a View,
+    ob: Value,
+    os: &'a [Value],
+    dims: &'a [Value],
+    axis: usize,
+    reverse: bool,
+}
+
+impl Scan<'_> {
+    /// Work items `w .. w + n` (neighbours along the innermost other axis when `n > 1`).
+    fn rows(&self, fx: &mut Fx, w: Value, n: usize) {
+        let (op, axis, dims) = (self.op, self.axis, self.dims);
+        let (xo, oo) = row_offsets(fx, w, axis, dims, self.xs, self.os);
+        let ao = self.a.map(|(_, _, s)| row_offsets(fx, w, axis, dims, s, self.os).0);
+        let inner = (0..dims.len()).rev().find(|k| *k != axis);
+        // Lane `l`'s offsets: the first row's plus `l` steps along the inner axis.
+        let lane = |fx: &mut Fx, base: Value, strides: &[Value], l: usize| match inner {
+            Some(k) if l > 0 => {
+                let t = fx.b.ins().imul_imm_s(strides[k], l as i64);
+                fx.add(base, t)
+            }
+            _ => base,
+        };
+        let xls: Vec<Value> = (0..n).map(|l| lane(fx, xo, self.xs, l)).collect();
+        let ols: Vec<Value> = (0..n).map(|l| lane(fx, oo, self.os, l)).collect();
+        let als: Vec<Option<Value>> = (0..n).map(|l| ao.zip(self.a).map(|(ao, (_, _, s))| lane(fx, ao, s, l))).collect();
+        let int = kind_of(self.x.dtype) == Kind::I;
         let (acc_ty, init) = match (op, int) {
             (ScanOp::Prod, true) => (types::I64, fx.i64(1)),
             (_, true) => (types::I64, fx.i64(0)),
             (ScanOp::Prod, false) => (types::F64, fx.f64(1.0)),
             (_, false) => (types::F64, fx.f64(0.0)),
         };
-        let acc = fx.var(acc_ty, init);
+        let accs: Vec<Variable> = (0..n).map(|_| fx.var(acc_ty, init)).collect();
+        let (count, xstep, ostep) = (dims[axis], self.xs[axis], self.os[axis]);
         let zero = fx.i64(0);
-        fx.for_range(zero, n, |fx, step| {
-            let i = if reverse {
+        fx.for_range(zero, count, |fx, step| {
+            let i = if self.reverse {
                 let one = fx.i64(1);
-                let last = fx.b.ins().isub(n, one);
+                let last = fx.b.ins().isub(count, one);
                 fx.b.ins().isub(last, step)
             } else {
                 step
             };
-            let t = fx.mul(i, xstep);
-            let off = fx.add(xo, t);
-            let v = load(fx, x.dtype, xb, off);
-            let prev = fx.b.use_var(acc);
-            let next = if int {
-                let v = fx.b.ins().sextend(types::I64, v.v);
-                if op == ScanOp::Prod { fx.b.ins().imul(prev, v) } else { fx.b.ins().iadd(prev, v) }
-            } else {
-                let v = fx.b.ins().fpromote(types::F64, v.v);
-                match op {
-                    ScanOp::Sum => fx.b.ins().fadd(prev, v),
-                    ScanOp::Prod => fx.b.ins().fmul(prev, v),
-                    ScanOp::Linear => {
-                        let coef = match (&a, ao) {
-                            (Some((av, (ab, as_))), Some(ao)) => {
-                                let t = fx.mul(i, as_[axis]);
-                                let aoff = fx.add(ao, t);
-                                let c = load(fx, av.dtype, *ab, aoff);
-                                let c = fx.cvt_f(c);
-                                fx.b.ins().fpromote(types::F64, c)
-                            }
-                            _ => fx.f64(1.0),
-                        };
-                        let m = fx.b.ins().fmul(coef, prev);
-                        fx.b.ins().fadd(m, v)
+            let xt = fx.mul(i, xstep);
+            let ot = fx.mul(i, ostep);
+            let at = self.a.map(|(_, _, s)| fx.mul(i, s[axis]));
+            for l in 0..n {
+                let off = fx.add(xls[l], xt);
+                let v = load(fx, self.x.dtype, self.xb, off);
+                let prev = fx.b.use_var(accs[l]);
+                let next = if int {
+                    let v = fx.b.ins().sextend(types::I64, v.v);
+                    if op == ScanOp::Prod { fx.b.ins().imul(prev, v) } else { fx.b.ins().iadd(prev, v) }
+                } else {
+                    let v = fx.b.ins().fpromote(types::F64, v.v);
+                    match op {
+                        ScanOp::Sum => fx.b.ins().fadd(prev, v),
+                        ScanOp::Prod => fx.b.ins().fmul(prev, v),
+                        ScanOp::Linear => {
+                            let coef = match (self.a, als[l], at) {
+                                (Some((av, ab, _)), Some(ao), Some(at)) => {
+                                    let aoff = fx.add(ao, at);
+                                    let c = load(fx, av.dtype, ab, aoff);
+                                    let c = fx.cvt_f(c);
+                                    fx.b.ins().fpromote(types::F64, c)
+                                }
+                                _ => fx.f64(1.0),
+                            };
+                            let m = fx.b.ins().fmul(coef, prev);
+                            fx.b.ins().fadd(m, v)
+                        }
                     }
-                }
-            };
-            fx.b.def_var(acc, next);
-            let result = if int {
-                Tv { v: fx.b.ins().ireduce(types::I32, next), k: Kind::I }
-            } else {
-                Tv { v: fx.b.ins().fdemote(types::F32, next), k: Kind::F }
-            };
-            let t = fx.mul(i, ostep);
-            let ooff = fx.add(oo, t);
-            store(fx, result, out.dtype, ob, ooff);
+                };
+                fx.b.def_var(accs[l], next);
+                let result = if int {
+                    Tv { v: fx.b.ins().ireduce(types::I32, next), k: Kind::I }
+                } else {
+                    Tv { v: fx.b.ins().fdemote(types::F32, next), k: Kind::F }
+                };
+                let ooff = fx.add(ols[l], ot);
+                store(fx, result, self.out.dtype, self.ob, ooff);
+            }
         });
-    });
+    }
 }
 
 /// Causal linear attention, one batch index per work item, by the runtime's
