@@ -203,6 +203,30 @@ pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize)
     }
 }
 
+/// `sigmoid(x) = 1 / (1 + exp(-x))` of every element (0 for `-inf` and below -88.7, 1 above
+/// 41.6 where `exp(-x)` flushes to 0, NaN stays NaN).
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer).
+#[inline(always)]
+pub(super) unsafe fn sigmoid<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let len = L.min(n - i);
+        let mut neg = [0.0f32; L];
+        for (l, out) in neg.iter_mut().enumerate().take(len) {
+            // SAFETY: `i + l < n`.
+            *out = -unsafe { *x.add(i + l) };
+        }
+        let e = exp_v::<FMA>(neg);
+        for (l, e) in e.iter().enumerate().take(len) {
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = 1.0 / (1.0 + e) };
+        }
+        i += L;
+    }
+}
+
 /// `gelu(x) = x/2 · (1 + erf(x/√2))` of every element, as [`super::rows`] computes it on
 /// AVX-512 (`erfc` by Abramowitz & Stegun 7.1.26 with the vectorised `exp`).
 ///

@@ -516,6 +516,15 @@ pub unsafe extern "C" fn attnc_tanh_f32(x: *const f32, y: *mut f32, n: usize) {
     unsafe { exp::tanh(isa(), x, y, n) }
 }
 
+/// C ABI: `y[i] = sigmoid(x[i])` for `i < n` (`x` may be `y`).
+///
+/// # Safety
+/// As [`attnc_exp_f32`].
+pub unsafe extern "C" fn attnc_sigmoid_f32(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { rows::sigmoid(isa(), x, y, n) }
+}
+
 /// C ABI: `y[i] = gelu(x[i])` (the exact, erf form) for `i < n` (`x` may be `y`).
 ///
 /// # Safety
@@ -586,6 +595,14 @@ pub fn gelu(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// `y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))` on `isa` (see [`attnc_sigmoid_f32`]).
+pub fn sigmoid(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    row_operands(isa, x, y)?;
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    unsafe { rows::sigmoid(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
+    Ok(())
+}
+
 /// The kernels' C ABI entry points as `(symbol name, address)`, for the JIT to register.
 pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
@@ -602,6 +619,7 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("attnc_transpose_f32", attnc_transpose_f32 as *const u8),
         ("attnc_flash_bwd_row", attnc_flash_bwd_row as *const u8),
         ("attnc_gelu_f32", attnc_gelu_f32 as *const u8),
+        ("attnc_sigmoid_f32", attnc_sigmoid_f32 as *const u8),
         ("attnc_norm_row_f32", attnc_norm_row_f32 as *const u8),
     ]
 }

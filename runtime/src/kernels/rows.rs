@@ -1,11 +1,64 @@
 //! Whole-row kernels for the unfused element-wise and normalisation steps that dominate a
 //! transformer block outside its matmuls: GELU (a vectorised `erfc`: 16 lanes on AVX-512, the lane kernel elsewhere) and layer
-//! / RMS norm (f64 sums, as the reference interpreter).
+//! / RMS norm (f64 sums, as the reference interpreter); and sigmoid rows (sigmoid attention's
+//! weights).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use super::Isa;
+
+/// `y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))` for `i < n` on `isa`, with the kernels' `exp`
+/// (0 where `x ≤ -88.7`, NaN stays NaN).
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+pub(super) unsafe fn sigmoid(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => sigmoid_avx512(x, y, n),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => sigmoid_avx2(x, y, n),
+            _ => super::lanes::sigmoid::<{ super::lanes::HAS_FMA }>(x, y, n),
+        }
+    }
+}
+
+/// The lane kernel compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sigmoid_avx2(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: forwarded.
+    unsafe { super::lanes::sigmoid::<true>(x, y, n) }
+}
+
+/// Sigmoid of 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sigmoid16(x: __m512) -> __m512 {
+    let one = _mm512_set1_ps(1.0);
+    let e = super::exp::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    _mm512_div_ps(one, _mm512_add_ps(one, e))
+}
+
+/// AVX-512 `sigmoid`: full vectors, then one masked vector for the tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sigmoid_avx512(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 ≤ n`.
+        unsafe { _mm512_storeu_ps(y.add(i), sigmoid16(_mm512_loadu_ps(x.add(i)))) };
+        i += 16;
+    }
+    if i < n {
+        let m = super::x86_avx512::lanes(n - i);
+        // SAFETY: only the `n - i` valid lanes are read or written.
+        unsafe { _mm512_mask_storeu_ps(y.add(i), m, sigmoid16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
+    }
+}
 
 /// Abramowitz & Stegun 7.1.26: `erfc(z) ≈ t·P(t)·e^{-z²}`, `t = 1/(1 + p·z)` for `z ≥ 0`
 /// (absolute error below 1.5e-7).

@@ -56,6 +56,8 @@ pub const TRANSPOSE: Import = Import { name: "attnc_transpose_f32", params: &[I6
 /// cbias, flags, df|0, w|0, sums)` (see the runtime's `attnc_flash_bwd_row`).
 pub const FLASH_BWD_ROW: Import =
     Import { name: "attnc_flash_bwd_row", params: &[I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64, I64, I64], returns: &[] };
+/// `y[i] = sigmoid(x[i])`: `(x, y, n)`.
+pub const SIGMOID: Import = Import { name: "attnc_sigmoid_f32", params: &[I64, I64, I64], returns: &[] };
 /// `y[i] = gelu(x[i])`: `(x, y, n)`.
 pub const GELU: Import = Import { name: "attnc_gelu_f32", params: &[I64, I64, I64], returns: &[] };
 /// Layer/RMS norm of one dense f32 row in f64: `(x, gamma, beta|0, y, n, eps, rms)`.
@@ -103,6 +105,7 @@ pub const IMPORTS: &[Import] = &[
     TRANSPOSE,
     FLASH_BWD_ROW,
     GELU,
+    SIGMOID,
     NORM_ROW,
     LOG,
     SIN,

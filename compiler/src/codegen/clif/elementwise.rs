@@ -196,12 +196,12 @@ fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Ker
     }
     let vectorize = out_view.unit_stride(rank - 1) && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
     let lane_iota = vectorize.then(|| fx.lane_iota());
-    // A lone GELU of a dense f32 row (a transformer's FFN activation) calls the row kernel:
-    // 16 lanes with a vectorised erfc instead of four.
+    // A lone GELU or sigmoid of a dense f32 row (a transformer's FFN activation, a gate) calls
+    // the row kernel: 16 lanes with a vectorised erfc or exp instead of four.
     let row_kernel = match expr {
-        Expr::Unary(UnaryOp::Gelu, a, DType::F32) if out.dtype == DType::F32 && vectorize => match **a {
+        Expr::Unary(op @ (UnaryOp::Gelu | UnaryOp::Sigmoid), a, DType::F32) if out.dtype == DType::F32 && vectorize => match **a {
             Expr::Load(k) if inputs[k].dtype == DType::F32 && operands[k].as_ref().is_some_and(|o| o.inner == Inner::One) => {
-                Some((abi::GELU, k))
+                Some((if *op == UnaryOp::Gelu { abi::GELU } else { abi::SIGMOID }, k))
             }
             _ => None,
         },

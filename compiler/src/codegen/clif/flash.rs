@@ -791,17 +791,13 @@ impl Tile<'_> {
         }
     }
 
-    /// Sigmoid weights of row `rr` in place: `keep ? sigmoid(score) : 0`.
+    /// Sigmoid weights of row `rr` in place: `keep ? sigmoid(score) : 0`: the modified scores
+    /// (`-inf` where masked out) by generated code, then the sigmoid by the row kernel.
     fn sigmoid(&self, fx: &mut Fx, rr: Value, masked: bool) {
         let row = self.row(fx, rr);
         self.stage(fx, row);
-        let hoisted = self.row_hoisted(fx, rr);
-        fx.rows(self.cols, &[row], &|fx, c, p| {
-            let s = ldp(fx, p[0]);
-            let x = self.modified(fx, rr, c, s, masked, &hoisted);
-            let w = fx.sigmoid(x);
-            stp(fx, w, p[0]);
-        });
+        self.modify(fx, rr, masked);
+        fx.call(abi::SIGMOID, &[row, row, self.cols]);
     }
 }
 
