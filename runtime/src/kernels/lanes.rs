@@ -210,20 +210,26 @@ pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize)
 /// `x` and `y` address `n` elements (they may be the same buffer).
 #[inline(always)]
 pub(super) unsafe fn sigmoid<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
+    let row = |v: V| {
+        let e = exp_v::<FMA>(v.map(|x| -x));
+        e.map(|e| 1.0 / (1.0 + e))
+    };
     let mut i = 0;
-    while i < n {
-        let len = L.min(n - i);
-        let mut neg = [0.0f32; L];
-        for (l, out) in neg.iter_mut().enumerate().take(len) {
-            // SAFETY: `i + l < n`.
-            *out = -unsafe { *x.add(i + l) };
-        }
-        let e = exp_v::<FMA>(neg);
-        for (l, e) in e.iter().enumerate().take(len) {
-            // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = 1.0 / (1.0 + e) };
-        }
+    while i + L <= n {
+        // SAFETY: `i + L ≤ n`; `read_unaligned`/`write_unaligned` need no alignment.
+        unsafe { (y.add(i) as *mut V).write_unaligned(row((x.add(i) as *const V).read_unaligned())) };
         i += L;
+    }
+    if i < n {
+        let mut v = [0.0f32; L];
+        for (l, out) in v.iter_mut().enumerate().take(n - i) {
+            // SAFETY: `i + l < n`.
+            *out = unsafe { *x.add(i + l) };
+        }
+        for (l, s) in row(v).iter().enumerate().take(n - i) {
+            // SAFETY: `i + l < n`.
+            unsafe { *y.add(i + l) = *s };
+        }
     }
 }
 
