@@ -60,27 +60,34 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
     let (Some(&inner), Some(&step)) = (kept_dims.last(), kept_strides.last()) else {
         return items(fx, lo, hi);
     };
+    in_groups(fx, inner, (lo, hi), &items, &|fx, w| {
+        let idx = fx.unravel(w, &kept_dims);
+        let zero = fx.i64(0);
+        let base = fx.dot(zero, &idx, &kept_strides);
+        r.items(fx, w, base, step, GROUP);
+    });
+}
+
+/// Work items `lo..hi`, where neighbours `w, w + 1, …` step along an axis of `inner` elements:
+/// when `inner` is a multiple of [`GROUP`], the aligned groups inside the range by `group(w)`
+/// (never across the axis's end) and the items before and after them by `single(from, to)`;
+/// otherwise all by `single`.
+fn in_groups(fx: &mut Fx, inner: Value, (lo, hi): (Value, Value), single: &dyn Fn(&mut Fx, Value, Value), group: &dyn Fn(&mut Fx, Value)) {
     let rem = fx.b.ins().band_imm_s(inner, GROUP as i64 - 1);
     let grouped = fx.b.ins().icmp_imm_s(IntCC::Equal, rem, 0);
     fx.if_else(
         grouped,
         |fx| {
-            // Single items up to the first multiple of GROUP, groups, single items after.
             let up = fx.b.ins().iadd_imm_s(lo, GROUP as i64 - 1);
             let start = fx.b.ins().band_imm_s(up, -(GROUP as i64));
             let start = fx.min(start, hi);
             let end = fx.b.ins().band_imm_s(hi, -(GROUP as i64));
             let end = fx.max(end, start);
-            items(fx, lo, start);
-            fx.for_step(start, end, GROUP as i64, |fx, w| {
-                let idx = fx.unravel(w, &kept_dims);
-                let zero = fx.i64(0);
-                let base = fx.dot(zero, &idx, &kept_strides);
-                r.items(fx, w, base, step, GROUP);
-            });
-            items(fx, end, hi);
+            single(fx, lo, start);
+            fx.for_step(start, end, GROUP as i64, |fx, w| group(fx, w));
+            single(fx, end, hi);
         },
-        |fx| items(fx, lo, hi),
+        |fx| single(fx, lo, hi),
     );
 }
 
@@ -500,22 +507,7 @@ pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usiz
     let Some(inner) = (0..dims.len()).rev().find(|k| *k != axis) else {
         return rows(fx, lo, hi);
     };
-    let rem = fx.b.ins().band_imm_s(dims[inner], GROUP as i64 - 1);
-    let grouped = fx.b.ins().icmp_imm_s(IntCC::Equal, rem, 0);
-    fx.if_else(
-        grouped,
-        |fx| {
-            let up = fx.b.ins().iadd_imm_s(lo, GROUP as i64 - 1);
-            let start = fx.b.ins().band_imm_s(up, -(GROUP as i64));
-            let start = fx.min(start, hi);
-            let end = fx.b.ins().band_imm_s(hi, -(GROUP as i64));
-            let end = fx.max(end, start);
-            rows(fx, lo, start);
-            fx.for_step(start, end, GROUP as i64, |fx, w| scan.rows(fx, w, GROUP));
-            rows(fx, end, hi);
-        },
-        |fx| rows(fx, lo, hi),
-    );
+    in_groups(fx, dims[inner], (lo, hi), &rows, &|fx, w| scan.rows(fx, w, GROUP));
 }
 
 /// One scan step's operands, for [`Scan::rows`].
