@@ -499,12 +499,12 @@ pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usiz
     let (ob, os) = fx.view_base(out);
     let a = a.map(|a| (a, fx.view_base(a)));
     let dims = fx.dims(&x.shape);
-    let scan =
-        Scan { op, a: a.as_ref().map(|(v, (b, s))| (*v, *b, s.as_slice())), x, xb, xs: &xs, out, ob, os: &os, dims: &dims, axis, reverse };
+    let inner = (0..dims.len()).rev().find(|k| *k != axis);
+    let a = a.as_ref().map(|(v, (b, s))| (*v, *b, s.as_slice()));
+    let scan = Scan { op, a, x, xb, xs: &xs, out, ob, os: &os, dims: &dims, axis, inner, reverse };
     let (lo, hi) = (fx.lo(), fx.hi());
     let rows = |fx: &mut Fx, from: Value, to: Value| fx.for_range(from, to, |fx, w| scan.rows(fx, w, 1));
-    // The innermost axis other than `axis`: neighbouring work items step along it.
-    let Some(inner) = (0..dims.len()).rev().find(|k| *k != axis) else {
+    let Some(inner) = scan.inner else {
         return rows(fx, lo, hi);
     };
     in_groups(fx, dims[inner], (lo, hi), &rows, &|fx, w| scan.rows(fx, w, GROUP));
@@ -523,6 +523,8 @@ struct Scan<'a> {
     os: &'a [Value],
     dims: &'a [Value],
     axis: usize,
+    /// The innermost axis other than `axis`: neighbouring work items step along it.
+    inner: Option<usize>,
     reverse: bool,
 }
 
@@ -532,9 +534,8 @@ impl Scan<'_> {
         let (op, axis, dims) = (self.op, self.axis, self.dims);
         let (xo, oo) = row_offsets(fx, w, axis, dims, self.xs, self.os);
         let ao = self.a.map(|(_, _, s)| row_offsets(fx, w, axis, dims, s, self.os).0);
-        let inner = (0..dims.len()).rev().find(|k| *k != axis);
         // Lane `l`'s offsets: the first row's plus `l` steps along the inner axis.
-        let lane = |fx: &mut Fx, base: Value, strides: &[Value], l: usize| match inner {
+        let lane = |fx: &mut Fx, base: Value, strides: &[Value], l: usize| match self.inner {
             Some(k) if l > 0 => {
                 let t = fx.b.ins().imul_imm_s(strides[k], l as i64);
                 fx.add(base, t)
