@@ -178,18 +178,40 @@ unsafe fn drive<K: Kernel>(g: &Gemm, layout: Layout, a: *const f32, b: *const f3
 /// `a` addresses the strip; `out` holds `kc · rows · K::A_SPLAT` floats.
 #[inline(always)]
 unsafe fn splat_strip<K: Kernel>(a: *const f32, lda: usize, rows: usize, kc: usize, out: *mut f32) {
-    // Four columns of a row per pass, each splatted to its group, the address arithmetic
-    // shared by the four (element by element, with a multiply per address, the splat took 2.7
-    // cycles per element).
+    // The driver's even row blocks have `MR` or `MR - 1` rows (fewer only when `m < MR`): a
+    // constant row count makes every store's offset a constant (with the count and the
+    // addresses computed per element the splat took 1.9 cycles per element; see
+    // docs/performance.md).
+    // SAFETY (whole function): forwarded.
+    unsafe {
+        match rows {
+            6 => splat_rows::<K, 6>(a, lda, rows, kc, out),
+            5 => splat_rows::<K, 5>(a, lda, rows, kc, out),
+            4 => splat_rows::<K, 4>(a, lda, rows, kc, out),
+            _ => splat_rows::<K, 0>(a, lda, rows, kc, out),
+        }
+    }
+}
+
+/// [`splat_strip`] for `R` rows (`R = 0`: `rows`, known only at run time).
+///
+/// # Safety
+/// As [`splat_strip`]; `R` is 0 or `rows`.
+#[inline(always)]
+unsafe fn splat_rows<K: Kernel, const R: usize>(a: *const f32, lda: usize, rows: usize, kc: usize, out: *mut f32) {
+    let rows = if R > 0 { R } else { rows };
+    // Four columns of a row per pass, each splatted to its group.
     let full = kc / 4 * 4;
     for p0 in (0..full).step_by(4) {
+        // SAFETY: the caller's contract covers columns `p0..p0 + 4` of every row and the four
+        // groups from `p0`.
+        let (src, base) = unsafe { (a.add(p0), out.add(p0 * rows * K::A_SPLAT)) };
         for i in 0..rows {
-            // SAFETY: the caller's contract covers row `i`, columns `p0..p0 + 4` and the groups
-            // written.
+            // SAFETY: as above, for row `i`.
             unsafe {
-                let v = (a.add(i * lda + p0) as *const [f32; 4]).read_unaligned();
+                let v = (src.add(i * lda) as *const [f32; 4]).read_unaligned();
                 for (q, x) in v.iter().enumerate() {
-                    let dst = out.add(((p0 + q) * rows + i) * K::A_SPLAT);
+                    let dst = base.add((q * rows + i) * K::A_SPLAT);
                     for l in 0..K::A_SPLAT {
                         *dst.add(l) = *x;
                     }
