@@ -286,13 +286,21 @@ impl Fx<'_> {
     }
 
     /// `e^x` (f32, ≈1 ulp; underflows to 0 below -87.3, `inf` above 88.7, NaN stays NaN).
+    ///
+    /// `n = round(x·log₂e)` by adding and subtracting `1.5·2²³` (the same round-to-nearest-even
+    /// as `nearest`), and `2ⁿ` from the low bits of that sum: in range the same bits as clamping,
+    /// rounding and converting, in 4 vector operations where those took about 23 (x86 lowers
+    /// `fmin`, `fmax` and the saturating conversion to 7–8 instructions each). Out of range the
+    /// lanes are garbage until the last three selects replace them.
     pub fn exp(&mut self, x: Value) -> Value {
         let (hi, lo) = (self.fconst(88.72283), self.fconst(-87.33654));
-        let xc = self.b.ins().fmin(x, hi);
-        let xc = self.b.ins().fmax(xc, lo);
+        let xc = x;
         let log2e = self.fconst(std::f32::consts::LOG2_E);
         let t = self.b.ins().fmul(xc, log2e);
-        let n = self.b.ins().nearest(t);
+        const ROUND: f32 = 12_582_912.0;
+        let round = self.fconst(ROUND);
+        let rounded = self.b.ins().fadd(t, round);
+        let n = self.b.ins().fsub(rounded, round);
         let (c1, c2) = (self.fconst(0.693_359_4), self.fconst(-2.121_944_4e-4));
         let r = self.b.ins().fmul(n, c1);
         let r = self.b.ins().fsub(xc, r);
@@ -311,11 +319,12 @@ impl Fx<'_> {
         let one = self.fconst(1.0);
         p = self.b.ins().fadd(p, one);
         let ity = self.ty(Kind::I);
-        let ni = self.b.ins().fcvt_to_sint_sat(ity, n);
-        let bias = self.iconst(127);
-        let e = self.b.ins().iadd(ni, bias);
-        let e = self.b.ins().ishl_imm_s(e, 23);
         let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
+        // bits(rounded) - bits(ROUND) = n; adding the exponent bias and shifting makes 2ⁿ.
+        let bits = self.b.ins().bitcast(ity, fl, rounded);
+        let bias = self.iconst(127 - ROUND.to_bits() as i64);
+        let e = self.b.ins().iadd(bits, bias);
+        let e = self.b.ins().ishl_imm_s(e, 23);
         let fty = self.ty(Kind::F);
         let scale = self.b.ins().bitcast(fty, fl, e);
         let y = self.b.ins().fmul(p, scale);
