@@ -5,10 +5,11 @@
 //!
 //! Rules:
 //! - Element-wise ops (unary, binary, select, cast, constants, dim values, iota, gather) are
-//!   inlined into their user when they have one user that is itself element-wise (or a concat);
-//!   constants, dim values and iota are inlined into any number of element-wise users. The rest
-//!   are kernel roots whose result is stored, and so is every [`MAX_INLINE_DEPTH`]-th op of a
-//!   longer chain.
+//!   inlined into their user when they have one user that is itself element-wise (or a concat,
+//!   or a reduction that keeps the last axis: [`Kernel::ReduceOf`] computes each element as it
+//!   reads it); constants, dim values, iota and subtrees of at most [`MAX_SHARED_OPS`] cheap
+//!   ops are inlined into any number of such users. The rest are kernel roots whose result is
+//!   stored, and so is every [`MAX_INLINE_DEPTH`]-th op of a longer chain.
 //! - Transpose and slice are views; reshape is a view of a dense operand and a copy otherwise.
 //! - Matmul and flash read their operands in place when the inner axis has unit stride
 //!   (transposed K of `q @ k.T` included); otherwise a dense copy is made first.
@@ -18,7 +19,8 @@
 use super::flash::FlashAnalysis;
 use super::policy::{CUDA_MAX_HEAD, Policy, Target};
 use super::{
-    Buffer, BufferKind, Check, Expr, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, ScheduleError, Step, Tuning, View, row_major,
+    Buffer, BufferKind, Check, Expr, FlashBwdKernel, FlashKernel, Fused, IntValue, Kernel, Schedule, ScheduleError, Step, Tuning, View,
+    row_major,
 };
 use crate::ir::semantics::Class;
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, FlashWrt, Graph, Op, ScoreExpr, Value, value_numbers};
@@ -271,6 +273,35 @@ fn is_elementwise(op: &Op) -> bool {
 /// an expression (building, rendering, emulating) whatever the program's length.
 pub const MAX_INLINE_DEPTH: usize = 64;
 
+/// The most operations an element-wise value with several users may take to be recomputed by
+/// each of them instead of stored: a subtraction and a cast recomputed beat a write and reads of
+/// a tensor that can be far larger than its operands (`κ - u` broadcast to `[B, T, K, U]` in
+/// `examples/location_attention.attn`).
+pub const MAX_SHARED_OPS: usize = 4;
+
+/// What computing `op` once costs, in [`MAX_SHARED_OPS`] units: `None` for the ops too
+/// expensive to compute twice (transcendental functions, division, powers, and gathers, whose
+/// scattered reads cost more than a stored copy's: `examples/reformer.attn` ran 45% slower
+/// with its sorted queries gathered by each of their three users).
+fn shared_cost(op: &Op) -> Option<usize> {
+    use crate::ir::{BinaryOp as B, UnaryOp as U};
+    match op {
+        Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } => Some(0),
+        Op::Cast | Op::Select => Some(1),
+        Op::Unary(U::Neg | U::Not | U::Relu | U::Abs | U::Floor) => Some(1),
+        Op::Binary(B::Div | B::Rem | B::Pow) => None,
+        Op::Binary(_) => Some(1),
+        _ => None,
+    }
+}
+
+/// Whether `op` (a user of `v`) is a reduction that computes `v` per element as it reads it
+/// ([`Kernel::ReduceOf`]): one that keeps `v`'s last axis.
+fn reduces_inline(g: &Graph, v: Value, op: &Op) -> bool {
+    let rank = g.node(v).ty.rank();
+    matches!(op, Op::Reduce { axes, .. } if rank >= 2 && !axes.contains(&(rank - 1)))
+}
+
 /// Which live values are computed inline by their users.
 fn inline_set(g: &Graph, live: &[bool]) -> Vec<bool> {
     let mut is_output = vec![false; g.len()];
@@ -278,8 +309,10 @@ fn inline_set(g: &Graph, live: &[bool]) -> Vec<bool> {
         is_output[v.index()] = true;
     }
     let mut inline = vec![false; g.len()];
-    // Depth of the expression tree rooted at each value when it is computed inline.
+    // Depth of the expression tree rooted at each value when it is computed inline, and its
+    // cost (`None`: too expensive to compute more than once).
     let mut depth = vec![0usize; g.len()];
+    let mut cost: Vec<Option<usize>> = vec![None; g.len()];
     for v in g.topo_order().unwrap_or_default() {
         let op = &g.node(v).op;
         if !live[v.index()] || is_output[v.index()] || !is_elementwise(op) {
@@ -290,12 +323,14 @@ fn inline_set(g: &Graph, live: &[bool]) -> Vec<bool> {
         let fits = |u: &Value| {
             let uop = &g.node(*u).op;
             let as_table = matches!(uop, Op::Gather) && g.operands(*u).first() == Some(&v);
-            (is_elementwise(uop) || matches!(uop, Op::Concat { .. })) && !as_table
+            (is_elementwise(uop) || matches!(uop, Op::Concat { .. }) || reduces_inline(g, v, uop)) && !as_table
         };
         let cheap = matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. });
         depth[v.index()] = 1 + g.operands(v).iter().filter(|a| inline[a.index()]).map(|a| depth[a.index()]).max().unwrap_or(0);
-        inline[v.index()] =
-            !users.is_empty() && users.iter().all(fits) && (cheap || users.len() == 1) && depth[v.index()] < MAX_INLINE_DEPTH;
+        cost[v.index()] = shared_cost(op)
+            .and_then(|own| g.operands(v).iter().filter(|a| inline[a.index()]).try_fold(own, |c, a| Some(c + cost[a.index()]?)));
+        let shared = users.len() == 1 || cheap || cost[v.index()].is_some_and(|c| c <= MAX_SHARED_OPS);
+        inline[v.index()] = !users.is_empty() && users.iter().all(fits) && shared && depth[v.index()] < MAX_INLINE_DEPTH;
     }
     inline
 }
@@ -513,6 +548,21 @@ impl Lowering<'_> {
                 let variant = self.policy.matmul_variant(a.dtype, b.dtype);
                 self.step(Kernel::MatMul { a, b, c: c.clone(), b_transposed, variant }, label, v);
                 Ok(c)
+            }
+            Op::Reduce { op, axes, keepdim }
+                if matches!(self.place[args[0].index()], Some(Place::Inline)) && reduces_inline(self.g, args[0], &node.op) =>
+            {
+                let _ = keepdim;
+                let xt = self.g.node(args[0]).ty.clone();
+                self.place[args[0].index()] = Some(Place::Inline);
+                let mut inputs = Vec::new();
+                let expr = self.expr(args[0], &mut inputs)?;
+                let kept: Vec<Dim> =
+                    xt.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
+                let out = self.temp(v, ty.dtype, &kept);
+                let x = Fused { inputs, expr, shape: xt.shape.clone(), dtype: xt.dtype };
+                self.step(Kernel::ReduceOf { x, op: *op, axes: axes.clone(), out: out.clone() }, label, v);
+                Ok(View::contiguous(out.buf, ty.dtype, ty.shape.clone()))
             }
             Op::Reduce { op, axes, keepdim } => {
                 let x = self.view(args[0])?;
@@ -869,6 +919,7 @@ fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         }
         Kernel::MatMul { a, b, c, .. } => (bufs(&[a, b]), vec![c.buf]),
         Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => (vec![x.buf], vec![out.buf]),
+        Kernel::ReduceOf { x, out, .. } => (x.inputs.iter().map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::ArgSort { x, out, scratch, .. } => (vec![x.buf], std::iter::once(out).chain(scratch).map(|v| v.buf).collect()),
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::ScatterAdd { base, idx, src, out, .. } => (bufs(&[base, idx, src]), vec![out.buf]),
@@ -937,6 +988,15 @@ fn register_ints(plan: &mut Schedule) {
             }
             Kernel::MatMul { a, b, c, .. } => [a, b, c].iter().for_each(|v| view(v, &mut add)),
             Kernel::Reduce { x, out, .. } | Kernel::Softmax { x, out, .. } => [x, out].iter().for_each(|v| view(v, &mut add)),
+            Kernel::ReduceOf { x, out, .. } => {
+                x.inputs.iter().chain([out]).for_each(|v| view(v, &mut add));
+                x.shape.iter().for_each(&mut add);
+                x.expr.visit(&mut |e| {
+                    if let Expr::Dim(d) = e {
+                        add(d);
+                    }
+                });
+            }
             Kernel::ArgSort { x, out, scratch, .. } => {
                 [Some(x), Some(out), scratch.as_ref()].into_iter().flatten().for_each(|v| view(v, &mut add))
             }

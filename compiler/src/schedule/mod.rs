@@ -307,6 +307,20 @@ impl Expr {
     }
 }
 
+/// An element-wise expression over `shape` that a kernel evaluates where it would read a
+/// stored operand.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fused {
+    /// The loads the expression refers to, each broadcast to `shape`.
+    pub inputs: Vec<View>,
+    /// The expression.
+    pub expr: Expr,
+    /// The operand's shape.
+    pub shape: Vec<Dim>,
+    /// The operand's dtype.
+    pub dtype: DType,
+}
+
 /// What a step computes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kernel {
@@ -340,6 +354,19 @@ pub enum Kernel {
     Reduce {
         /// The operand.
         x: View,
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes.
+        axes: Vec<usize>,
+        /// Dense result.
+        out: View,
+    },
+    /// A reduction over `axes` of an element-wise expression, each element computed as the
+    /// reduction reads it: the operand is never stored. The last axis is never reduced (the
+    /// CPU computes four neighbouring outputs' elements as one vector along it).
+    ReduceOf {
+        /// The operand.
+        x: Fused,
         /// Which reduction.
         op: ReduceOp,
         /// Reduced axes.
@@ -449,7 +476,7 @@ impl Kernel {
         match self {
             Kernel::Elementwise { .. } => "elementwise",
             Kernel::MatMul { .. } => "matmul",
-            Kernel::Reduce { .. } => "reduce",
+            Kernel::Reduce { .. } | Kernel::ReduceOf { .. } => "reduce",
             Kernel::Softmax { .. } => "softmax",
             Kernel::Scan { op, .. } => op.name(),
             Kernel::ArgSort { .. } => "argsort",

@@ -324,7 +324,9 @@ impl Preparing<'_> {
                     Policy::Cuda(_) => batch.saturating_mul(ceil_div(m, CUDA_MATMUL_TILE)).saturating_mul(ceil_div(n, CUDA_MATMUL_TILE)),
                 }
             }
-            (Kernel::Reduce { out, .. }, _) => product(&out.shape, env)?,
+            (Kernel::Reduce { out, .. }, _) | (Kernel::ReduceOf { out, .. }, Policy::Cuda(_)) => product(&out.shape, env)?,
+            // A row of outputs along the kept last axis per item: vectors along it.
+            (Kernel::ReduceOf { out, .. }, Policy::Cpu(_)) => rows(&out.shape)?,
             (
                 Kernel::Softmax { x, axis, .. }
                 | Kernel::Scan { x, axis, .. }

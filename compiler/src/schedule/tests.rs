@@ -55,6 +55,24 @@ fn fused_attention_is_one_kernel_without_temporaries() {
 }
 
 #[test]
+fn reductions_compute_their_operand_and_cheap_shared_values_are_recomputed() {
+    // Location attention's window: the distance feeds two products (recomputed: one op), and
+    // the sum over K keeps the last axis, so nothing of [B, K, U] is stored.
+    let src = "fn f(kappa: f32[B, K, 1], beta: f32[B, K, 1], u: f32[U]) -> f32[B, 1, U] {
+        let d = kappa - u
+        return sum(exp(-beta * d * d), axis = 1, keepdim = true) }";
+    assert_eq!(plan_of(src, false), (vec!["reduce"], 0));
+    // A reduction over the last axis reads a stored operand.
+    let src = "fn f(x: f32[N, M]) -> f32[N] { return sum(exp(x), axis = -1) }";
+    assert_eq!(plan_of(src, false), (vec!["elementwise", "reduce"], 1));
+    // An `exp` with two users is stored once, not computed by each.
+    let src = "fn f(x: f32[N, M]) -> (a: f32[N, M], b: f32[N, M]) {
+        let e = exp(x)
+        return e + 1.0, e * 2.0 }";
+    assert_eq!(plan_of(src, false), (vec!["elementwise"; 3], 1));
+}
+
+#[test]
 fn element_wise_chains_fuse_and_layout_ops_are_views() {
     let src = "fn f(x: f32[N, M], y: f32[M]) -> f32[M, N] {
         return transpose(exp(x * 2.0 + y) - 1.0, 0, 1) }";

@@ -107,6 +107,14 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
             writeln!(out, "  a = {a}\n  b = {b}\n  c = {c}")?;
         }
         Kernel::Reduce { x, op, axes, out: o } => writeln!(out, "reduce {op:?} over axes {axes:?}\n  x = {x}\n  out = {o}")?,
+        Kernel::ReduceOf { x, op, axes, out: o } => {
+            let shape: Vec<String> = x.shape.iter().map(|d| d.to_string()).collect();
+            writeln!(out, "reduce {op:?} over axes {axes:?} of {} [{}] {}", x.dtype.name(), shape.join(", "), x.expr)?;
+            writeln!(out, "  out = {o}")?;
+            for (n, v) in x.inputs.iter().enumerate() {
+                writeln!(out, "  in{n} = {v}")?;
+            }
+        }
         Kernel::Softmax { x, axis, out: o } => writeln!(out, "softmax over axis {axis}\n  x = {x}\n  out = {o}")?,
         Kernel::ScatterAdd { base, idx, src, axis, out: o, .. } => {
             writeln!(out, "scatter_add along axis {axis}\n  base = {base}\n  idx = {idx}\n  src = {src}\n  out = {o}")?

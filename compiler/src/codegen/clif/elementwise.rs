@@ -52,7 +52,10 @@ struct At<'c> {
     rows: &'c [Option<Value>],
 }
 
-struct Kernel<'k> {
+/// An element-wise expression over a shape, with everything loop-invariant loaded: a kernel of
+/// its own ([`emit`]) or the operand another kernel computes as it reads it
+/// ([`super::reduce::emit_reduce_of`]).
+pub(super) struct Kernel<'k> {
     rank: usize,
     operands: Vec<Option<Operand>>,
     tables: Vec<Option<Table>>,
@@ -171,17 +174,32 @@ fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Ker
     // A scalar kernel runs as one row of one element.
     let shape: Vec<Dim> = if out.shape.is_empty() { vec![Dim::constant(1)] } else { out.shape.clone() };
     let out_strides: Vec<Dim> = if out.strides.is_empty() { vec![Dim::constant(0)] } else { out.strides.clone() };
+    let out_view = View { shape: shape.clone(), strides: out_strides, ..out.clone() };
+    build(fx, &shape, Some(&out_view), inputs, expr)
+}
+
+/// The expression `expr` over `shape` (rank ≥ 1) with no output of its own: its inputs'
+/// strides, tables and dims loaded, and four lanes along the last axis where every input
+/// steps by one element (or is broadcast) along it.
+pub(super) fn expression<'k>(fx: &mut Fx, shape: &[Dim], inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
+    build(fx, shape, None, inputs, expr)
+}
+
+/// [`prologue`] and [`expression`].
+fn build<'k>(fx: &mut Fx, shape: &[Dim], out: Option<&View>, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
     let rank = shape.len();
     let (mut as_load, mut as_table) = (vec![false; inputs.len()], vec![false; inputs.len()]);
     let mut dim_leaves = Vec::new();
     scan(expr, &mut as_load, &mut as_table, &mut dim_leaves);
     let sizes: Vec<Value> = shape.iter().map(|d| fx.dim(d)).collect();
-    let out_view = View { shape: shape.clone(), strides: out_strides, ..out.clone() };
-    let (out_base, out_st) = fx.view_base(&out_view);
+    let (out_base, out_st) = match out {
+        Some(out) => fx.view_base(out),
+        None => (fx.i64(0), Vec::new()),
+    };
     let mut operands = Vec::new();
     let mut tables = Vec::new();
     for (k, view) in inputs.iter().enumerate() {
-        operands.push(as_load[k].then(|| operand(fx, view, &shape)));
+        operands.push(as_load[k].then(|| operand(fx, view, shape)));
         tables.push(as_table[k].then(|| {
             let (base, strides) = fx.view_base(view);
             let sizes = fx.dims(&view.shape);
@@ -194,29 +212,40 @@ fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Ker
         let v = fx.b.ins().ireduce(types::I32, v);
         dims.insert(d, v);
     }
-    let vectorize = out_view.unit_stride(rank - 1) && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
+    let out_dense = out.is_none_or(|o| o.unit_stride(rank - 1));
+    let vectorize = out_dense && operands.iter().flatten().all(|o| !matches!(o.inner, Inner::Stride(_)));
     let lane_iota = vectorize.then(|| fx.lane_iota());
     // A lone GELU or sigmoid of a dense f32 row (a transformer's FFN activation, a gate) calls
     // the row kernel: 16 lanes with a vectorised erfc or exp instead of four.
+    let out_dtype = out.map_or(DType::F32, |o| o.dtype);
     let row_kernel = match expr {
-        Expr::Unary(op @ (UnaryOp::Gelu | UnaryOp::Sigmoid), a, DType::F32) if out.dtype == DType::F32 && vectorize => match **a {
-            Expr::Load(k) if inputs[k].dtype == DType::F32 && operands[k].as_ref().is_some_and(|o| o.inner == Inner::One) => {
-                Some((if *op == UnaryOp::Gelu { abi::GELU } else { abi::SIGMOID }, k))
+        Expr::Unary(op @ (UnaryOp::Gelu | UnaryOp::Sigmoid), a, DType::F32) if out.is_some() && out_dtype == DType::F32 && vectorize => {
+            match **a {
+                Expr::Load(k) if inputs[k].dtype == DType::F32 && operands[k].as_ref().is_some_and(|o| o.inner == Inner::One) => {
+                    Some((if *op == UnaryOp::Gelu { abi::GELU } else { abi::SIGMOID }, k))
+                }
+                _ => None,
             }
-            _ => None,
-        },
+        }
         _ => None,
     };
-    Kernel { rank, operands, tables, dims, lane_iota, expr, out_dtype: out.dtype, out_base, out_strides: out_st, sizes, row_kernel }
+    Kernel { rank, operands, tables, dims, lane_iota, expr, out_dtype, out_base, out_strides: out_st, sizes, row_kernel }
 }
 
 impl Kernel<'_> {
-    /// One row at outer index `outer`: a row kernel, or four lanes at a time where the layout
-    /// allows, then one at a time.
-    fn row(&self, fx: &mut Fx, outer: &[Value]) {
-        let rank = self.rank;
-        let rows: Vec<Option<Value>> = self
-            .operands
+    /// The size of each axis.
+    pub(super) fn sizes(&self) -> &[Value] {
+        &self.sizes
+    }
+
+    /// Whether the expression runs four lanes at a time along the last axis.
+    pub(super) fn vectorized(&self) -> bool {
+        self.lane_iota.is_some()
+    }
+
+    /// The row addresses of the loaded inputs at outer index `outer` (every axis but the last).
+    pub(super) fn rows(&self, fx: &mut Fx, outer: &[Value]) -> Vec<Option<Value>> {
+        self.operands
             .iter()
             .map(|o| {
                 o.as_ref().map(|o| {
@@ -230,7 +259,38 @@ impl Kernel<'_> {
                     fx.elem_addr(o.base, off)
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// `rows` moved along outer `axis` by `by` elements of its index.
+    pub(super) fn rows_along(&self, fx: &mut Fx, rows: &[Option<Value>], axis: usize, by: Value) -> Vec<Option<Value>> {
+        self.operands
+            .iter()
+            .zip(rows)
+            .map(|(o, r)| match (o, r) {
+                (Some(o), Some(r)) => Some(match o.outer[axis] {
+                    Some(s) => {
+                        let t = fx.mul(by, s);
+                        fx.elem_addr(*r, t)
+                    }
+                    None => *r,
+                }),
+                _ => *r,
+            })
+            .collect()
+    }
+
+    /// The expression at outer index `outer` and last-axis index `j` (`fx.lanes` lanes from
+    /// `j`), with the inputs' row addresses `rows` for that outer index.
+    pub(super) fn value(&self, fx: &mut Fx, outer: &[Value], j: Value, rows: &[Option<Value>]) -> Tv {
+        self.eval(fx, self.expr, &At { outer, j, rows })
+    }
+
+    /// One row at outer index `outer`: a row kernel, or four lanes at a time where the layout
+    /// allows, then one at a time.
+    fn row(&self, fx: &mut Fx, outer: &[Value]) {
+        let rank = self.rank;
+        let rows = self.rows(fx, outer);
         let zero = fx.i64(0);
         let out_off = fx.dot(zero, outer, &self.out_strides[..rank - 1]);
         let out_row = fx.elem_addr(self.out_base, out_off);

@@ -102,6 +102,7 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
             Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&mut fx, out, inputs, expr, more),
             Kernel::MatMul { a, b, c, b_transposed, .. } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
             Kernel::Reduce { x, op, axes, out } => reduce::emit_reduce(&mut fx, x, *op, axes, out),
+            Kernel::ReduceOf { x, op, axes, out } => reduce::emit_reduce_of(&mut fx, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => reduce::emit_softmax(&mut fx, x, *axis, out),
             Kernel::Scan { op, a, x, axis, reverse, out } => reduce::emit_scan(&mut fx, *op, a.as_ref(), x, *axis, *reverse, out),
             Kernel::PrefixAttention { q, k, v, reverse, out } => reduce::emit_prefix_attention(&mut fx, q, k, v, *reverse, out),

@@ -6,7 +6,7 @@ use super::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, kind_of};
 use crate::ir::{DType, ReduceOp, ScanOp};
-use crate::schedule::View;
+use crate::schedule::{Fused, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
@@ -68,6 +68,224 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
     });
 }
 
+/// `out = reduce(x)` over `axes` of an element-wise expression, each element computed as it is
+/// read. A work item is a row of outputs along the kept last axis: four neighbouring outputs'
+/// elements are one vector of the expression (where its inputs allow), walked over the reduced
+/// axes in the interpreter's order, one accumulator per output (the same bits as storing the
+/// operand and reducing it).
+pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
+    let e = super::elementwise::expression(fx, &x.shape, &x.inputs, &x.expr);
+    let rank = x.shape.len();
+    let sizes = e.sizes().to_vec();
+    let Some(&inner) = sizes.last() else {
+        fx.fail("a fused reduction of a scalar".to_string());
+        return;
+    };
+    let kept: Vec<usize> = (0..rank - 1).filter(|a| !axes.contains(a)).collect();
+    let kept_dims: Vec<Value> = kept.iter().map(|a| sizes[*a]).collect();
+    let (ob, _) = fx.view_base(out);
+    let mut count = fx.i64(1);
+    for a in axes {
+        count = fx.mul(count, sizes[*a]);
+    }
+    let int = kind_of(x.dtype) == Kind::I;
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let kept_idx = fx.unravel(w, &kept_dims);
+        // The reduced axes at 0: the first element's rows, moved along each reduced axis below.
+        let zero = fx.i64(0);
+        let mut outer = vec![zero; rank - 1];
+        for (a, i) in kept.iter().zip(&kept_idx) {
+            outer[*a] = *i;
+        }
+        let rows = e.rows(fx, &outer);
+        let row_out = fx.mul(w, inner);
+        let chunk = |fx: &mut Fx, j: Value, lanes: u8| {
+            let acc = Lanes::new(fx, op, int, lanes);
+            walk(fx, &e, axes, &sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
+                fx.lanes = lanes;
+                let v = e.value(fx, outer, j, rows);
+                fx.lanes = 1;
+                let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+                acc.add(fx, v.v);
+            });
+            for (l, a) in acc.results(fx).into_iter().enumerate() {
+                let result = finish(fx, op, int, a, count);
+                let o = fx.add(row_out, j);
+                let o = fx.b.ins().iadd_imm_s(o, l as i64);
+                store(fx, result, out.dtype, ob, o);
+            }
+        };
+        let mut start = fx.i64(0);
+        if e.vectorized() {
+            let mask = fx.i64(-4);
+            let end = fx.b.ins().band(inner, mask);
+            fx.for_step(start, end, 4, |fx, j| chunk(fx, j, 4));
+            start = end;
+        }
+        fx.for_range(start, inner, |fx, j| chunk(fx, j, 1));
+    });
+}
+
+/// The accumulators of `lanes` neighbouring outputs of a fused reduction. Float sums are two
+/// f64x2 vectors (lanes 0–1 and 2–3 promoted), float max and min one f32x4: lane by lane the
+/// same operations in the same order as one scalar accumulator per output. Integer reductions
+/// (and single lanes) keep one scalar accumulator per lane.
+enum Lanes {
+    Sum(Variable, Variable),
+    MaxMin(Variable, bool),
+    Each(Vec<Variable>, ReduceOp, bool),
+}
+
+impl Lanes {
+    fn new(fx: &mut Fx, op: ReduceOp, int: bool, lanes: u8) -> Lanes {
+        match (op, int, lanes) {
+            (ReduceOp::Sum | ReduceOp::Mean, false, 4) => {
+                let z = fx.f64(0.0);
+                let z = fx.b.ins().splat(types::F64X2, z);
+                Lanes::Sum(fx.var(types::F64X2, z), fx.var(types::F64X2, z))
+            }
+            (ReduceOp::Max | ReduceOp::Min, false, 4) => {
+                let max = op == ReduceOp::Max;
+                let init = fx.f32(if max { f32::NEG_INFINITY } else { f32::INFINITY });
+                let init = fx.b.ins().splat(types::F32X4, init);
+                Lanes::MaxMin(fx.var(types::F32X4, init), max)
+            }
+            _ => {
+                let (ty, init) = accumulator(fx, op, int);
+                Lanes::Each((0..lanes).map(|_| fx.var(ty, init)).collect(), op, int)
+            }
+        }
+    }
+
+    /// Adds the element(s) `v` (f32 or i32, `lanes` of them).
+    fn add(&self, fx: &mut Fx, v: Value) {
+        match self {
+            Lanes::Sum(lo, hi) => {
+                // Lanes 2 and 3 moved down for the second promotion.
+                let bytes: Vec<u8> = (8..16).chain(8..16).collect();
+                let mask = fx.b.func.dfg.immediates.push(bytes.into());
+                let flags = cranelift_codegen::ir::MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+                let b = fx.b.ins().bitcast(types::I8X16, flags, v);
+                let b = fx.b.ins().shuffle(b, b, mask);
+                let upper = fx.b.ins().bitcast(types::F32X4, flags, b);
+                for (acc, x) in [(lo, v), (hi, upper)] {
+                    let w = fx.b.ins().fvpromote_low(x);
+                    let a = fx.b.use_var(*acc);
+                    let r = fx.b.ins().fadd(a, w);
+                    fx.b.def_var(*acc, r);
+                }
+            }
+            Lanes::MaxMin(acc, max) => {
+                let a = fx.b.use_var(*acc);
+                let r = if *max { fx.b.ins().fmax(a, v) } else { fx.b.ins().fmin(a, v) };
+                fx.b.def_var(*acc, r);
+            }
+            Lanes::Each(accs, op, int) => {
+                for (l, acc) in accs.iter().enumerate() {
+                    let s = if accs.len() > 1 { fx.b.ins().extractlane(v, l as u8) } else { v };
+                    let a = fx.b.use_var(*acc);
+                    let r = combine(fx, *op, *int, a, s);
+                    fx.b.def_var(*acc, r);
+                }
+            }
+        }
+    }
+
+    /// Each lane's accumulator, in the scalar form [`finish`] takes.
+    fn results(&self, fx: &mut Fx) -> Vec<Value> {
+        match self {
+            Lanes::Sum(lo, hi) => {
+                let (lo, hi) = (fx.b.use_var(*lo), fx.b.use_var(*hi));
+                (0..4u8).map(|l| fx.b.ins().extractlane(if l < 2 { lo } else { hi }, l % 2)).collect()
+            }
+            Lanes::MaxMin(acc, _) => {
+                let a = fx.b.use_var(*acc);
+                (0..4u8).map(|l| fx.b.ins().extractlane(a, l)).collect()
+            }
+            Lanes::Each(accs, ..) => accs.iter().map(|a| fx.b.use_var(*a)).collect(),
+        }
+    }
+}
+
+/// What a fused reduction does per element: given its outer index and the inputs' row
+/// addresses there.
+type ElementFn<'a> = dyn FnMut(&mut Fx, &[Value], &[Option<Value>]) + 'a;
+
+/// Nested loops over the reduced `axes` (in order), calling `body` with the outer index and the
+/// inputs' row addresses of each element.
+fn walk(
+    fx: &mut Fx,
+    e: &super::elementwise::Kernel,
+    axes: &[usize],
+    sizes: &[Value],
+    (outer, rows): (&mut Vec<Value>, &[Option<Value>]),
+    body: &mut ElementFn,
+) {
+    match axes.split_first() {
+        None => body(fx, outer, rows),
+        Some((a, rest)) => {
+            let zero = fx.i64(0);
+            fx.for_range(zero, sizes[*a], |fx, i| {
+                let moved = e.rows_along(fx, rows, *a, i);
+                let mut outer = outer.clone();
+                outer[*a] = i;
+                walk(fx, e, rest, sizes, (&mut outer, &moved), body);
+            });
+        }
+    }
+}
+
+/// The accumulator type and initial value of a reduction.
+fn accumulator(fx: &mut Fx, op: ReduceOp, int: bool) -> (types::Type, Value) {
+    match (op, int) {
+        (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
+        (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
+        (ReduceOp::Max, false) => (types::F32, fx.f32(f32::NEG_INFINITY)),
+        (ReduceOp::Min, false) => (types::F32, fx.f32(f32::INFINITY)),
+        (ReduceOp::Max, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
+        (ReduceOp::Min, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MAX))),
+    }
+}
+
+/// The accumulator `a` combined with the element `v` (f32 or i32).
+fn combine(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, v: Value) -> Value {
+    match (op, int) {
+        (ReduceOp::Sum | ReduceOp::Mean, false) => {
+            let w = fx.b.ins().fpromote(types::F64, v);
+            fx.b.ins().fadd(a, w)
+        }
+        (ReduceOp::Sum | ReduceOp::Mean, true) => {
+            let w = fx.b.ins().sextend(types::I64, v);
+            fx.b.ins().iadd(a, w)
+        }
+        (ReduceOp::Max, false) => fx.b.ins().fmax(a, v),
+        (ReduceOp::Min, false) => fx.b.ins().fmin(a, v),
+        (ReduceOp::Max, true) => fx.b.ins().smax(a, v),
+        (ReduceOp::Min, true) => fx.b.ins().smin(a, v),
+    }
+}
+
+/// The result of a reduction from its accumulator (`count` elements reduced).
+fn finish(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, count: Value) -> Tv {
+    match (op, int) {
+        (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
+        // Integer sums wrap, like every integer op.
+        (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
+        (ReduceOp::Mean, _) => {
+            let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
+            let n = fx.b.ins().fcvt_from_sint(types::F64, count);
+            let m = fx.b.ins().fdiv(s, n);
+            let zero = fx.f64(0.0);
+            let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
+            let m = fx.b.ins().select(empty, zero, m);
+            Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
+        }
+        (_, false) => Tv { v: a, k: Kind::F },
+        (_, true) => Tv { v: a, k: Kind::I },
+    }
+}
+
 /// Work items `lo..hi`, where neighbours `w, w + 1, …` step along an axis of `inner` elements:
 /// when `inner` is a multiple of [`GROUP`], the aligned groups inside the range by `group(w)`
 /// (never across the axis's end) and the items before and after them by `single(from, to)`;
@@ -112,14 +330,7 @@ impl Reduce<'_> {
     /// Items `w .. w + n`, whose elements start at `base + l·step` for `l < n`.
     fn items(&self, fx: &mut Fx, w: Value, base: Value, step: Value, n: usize) {
         let (op, int) = (self.op, self.int);
-        let (acc_ty, init) = match (op, int) {
-            (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
-            (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
-            (ReduceOp::Max, false) => (types::F32, fx.f32(f32::NEG_INFINITY)),
-            (ReduceOp::Min, false) => (types::F32, fx.f32(f32::INFINITY)),
-            (ReduceOp::Max, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
-            (ReduceOp::Min, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MAX))),
-        };
+        let (acc_ty, init) = accumulator(fx, op, int);
         let accs: Vec<Variable> = (0..n).map(|_| fx.var(acc_ty, init)).collect();
         nest(fx, self.axes, self.dims, self.xs, base, &mut |fx, off| {
             let mut at = off;
@@ -129,41 +340,13 @@ impl Reduce<'_> {
                 }
                 let v = load(fx, self.x.dtype, self.xb, at);
                 let a = fx.b.use_var(*acc);
-                let r = match (op, int) {
-                    (ReduceOp::Sum | ReduceOp::Mean, false) => {
-                        let w = fx.b.ins().fpromote(types::F64, v.v);
-                        fx.b.ins().fadd(a, w)
-                    }
-                    (ReduceOp::Sum | ReduceOp::Mean, true) => {
-                        let w = fx.b.ins().sextend(types::I64, v.v);
-                        fx.b.ins().iadd(a, w)
-                    }
-                    (ReduceOp::Max, false) => fx.b.ins().fmax(a, v.v),
-                    (ReduceOp::Min, false) => fx.b.ins().fmin(a, v.v),
-                    (ReduceOp::Max, true) => fx.b.ins().smax(a, v.v),
-                    (ReduceOp::Min, true) => fx.b.ins().smin(a, v.v),
-                };
+                let r = combine(fx, op, int, a, v.v);
                 fx.b.def_var(*acc, r);
             }
         });
         for (l, acc) in accs.iter().enumerate() {
             let a = fx.b.use_var(*acc);
-            let result = match (op, int) {
-                (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
-                // Integer sums wrap, like every integer op.
-                (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
-                (ReduceOp::Mean, _) => {
-                    let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
-                    let n = fx.b.ins().fcvt_from_sint(types::F64, self.count);
-                    let m = fx.b.ins().fdiv(s, n);
-                    let zero = fx.f64(0.0);
-                    let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
-                    let m = fx.b.ins().select(empty, zero, m);
-                    Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
-                }
-                (_, false) => Tv { v: a, k: Kind::F },
-                (_, true) => Tv { v: a, k: Kind::I },
-            };
+            let result = finish(fx, op, int, a, self.count);
             let o = fx.b.ins().iadd_imm_s(w, l as i64);
             store(fx, result, self.out.dtype, self.ob, o);
         }

@@ -40,11 +40,11 @@ pub(super) fn emit(
 }
 
 /// Evaluates an element-wise expression at the kernel's index.
-struct Eval<'a> {
-    ints: &'a Ints<'a>,
-    inputs: &'a [View],
+pub(super) struct Eval<'a> {
+    pub(super) ints: &'a Ints<'a>,
+    pub(super) inputs: &'a [View],
     /// The output's index, one expression per axis.
-    idx: &'a [String],
+    pub(super) idx: &'a [String],
 }
 
 impl Eval<'_> {
@@ -63,7 +63,7 @@ impl Eval<'_> {
         self.inputs.get(k).ok_or_else(|| self.ints.fail(format!("the expression reads input {k}, which the kernel lacks")))
     }
 
-    fn eval(&self, l: &mut Lines, e: &Expr) -> Result<CVal, CudaEmitError> {
+    pub(super) fn eval(&self, l: &mut Lines, e: &Expr) -> Result<CVal, CudaEmitError> {
         Ok(match e {
             Expr::Load(k) => {
                 let v = self.input(*k)?;

@@ -133,6 +133,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&ints, &items, out, inputs, expr, more),
             Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
             Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
+            Kernel::ReduceOf { x, op, axes, out } => rows::reduce_of(&ints, &items, x, *op, axes, out),
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
             Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
             Kernel::ArgSort { x, axis, descending, out, scratch, limit } => match limit {

@@ -9,8 +9,8 @@ use super::ops::{self, CVal};
 use super::{CudaEmitError, KernelSource, Smem};
 use crate::ir::semantics::Class;
 use crate::ir::{DType, Dim, ReduceOp, ScanOp};
-use crate::schedule::View;
 use crate::schedule::policy::{CUDA_ROW_WARPS, CUDA_THREADS};
+use crate::schedule::{Fused, View};
 
 /// The loop over a row kernel's work items, one per warp, around `item`.
 fn rows(items: &str, item: Vec<String>) -> KernelSource {
@@ -90,6 +90,54 @@ pub(super) fn reduce(ints: &Ints, items: &str, x: &View, op: ReduceOp, axes: &[u
     let mut item = Vec::new();
     let r = row(ints, x, axes.to_vec(), &mut item)?;
     let int = Class::of(x.dtype) == Class::Int;
+    let (acc_ty, init, combine, finish, class) = reduction(op, int);
+    item.push(format!("{acc_ty} acc_ = {init};"));
+    item.extend(r.pass(class, combine)?);
+    reduced(ints, item, items, (op, int, finish), out)
+}
+
+/// The kernel of a reduction of an element-wise expression: [`reduce`], each element computed
+/// at its index instead of loaded.
+pub(super) fn reduce_of(
+    ints: &Ints,
+    items: &str,
+    x: &Fused,
+    op: ReduceOp,
+    axes: &[usize],
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
+    let mut item = Vec::new();
+    let outer: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).collect();
+    let outer_shape: Vec<Dim> = outer.iter().map(|a| x.shape[*a].clone()).collect();
+    let inner_shape: Vec<Dim> = axes.iter().map(|a| x.shape[*a].clone()).collect();
+    item.push(format!("const i64 n_ = {};", ints.dim(&Dim::product(&inner_shape))?));
+    let outer_idx = delinearize(ints, &mut item, "w_", &outer_shape, "o")?;
+    let int = Class::of(x.dtype) == Class::Int;
+    let (acc_ty, init, combine, finish, class) = reduction(op, int);
+    item.push(format!("{acc_ty} acc_ = {init};"));
+    let mut element = Vec::new();
+    let inner_idx = delinearize(ints, &mut element, "e_", &inner_shape, "r")?;
+    let mut idx = vec!["0LL".to_string(); x.shape.len()];
+    for (k, a) in outer.iter().enumerate() {
+        idx[*a] = outer_idx[k].clone();
+    }
+    for (k, a) in axes.iter().enumerate() {
+        idx[*a] = inner_idx[k].clone();
+    }
+    let mut l = ops::Lines::new("x");
+    let value = super::elementwise::Eval { ints, inputs: &x.inputs, idx: &idx }.eval(&mut l, &x.expr)?;
+    element.extend(l.lines);
+    element.push(format!("const {} v_ = {};", super::cexpr::ctype(class), ops::convert(&value, class)));
+    element.push(combine.to_string());
+    item.push("for (i64 e_ = lane_; e_ < n_; e_ += 32) {".to_string());
+    item.extend(indent(&element, 2));
+    item.push("}".into());
+    reduced(ints, item, items, (op, int, finish), out)
+}
+
+/// A reduction's accumulator type, initial value, combining and warp-combining statements, and
+/// the class its elements are read as.
+fn reduction(op: ReduceOp, int: bool) -> (&'static str, &'static str, &'static str, &'static str, Class) {
     let (acc_ty, init, combine, finish, class) = match (op, int) {
         (ReduceOp::Sum | ReduceOp::Mean, true) => ("long long", "0", "acc_ += v_;", "acc_ = attnc_warp_sum_ll(acc_);", Class::Int),
         (ReduceOp::Sum | ReduceOp::Mean, false) => ("double", "0.0", "acc_ += (double)v_;", "acc_ = attnc_warp_sum_d(acc_);", Class::Float),
@@ -102,8 +150,18 @@ pub(super) fn reduce(ints: &Ints, items: &str, x: &View, op: ReduceOp, axes: &[u
     };
     // Integer max and min are exact in double.
     let class = if int && matches!(op, ReduceOp::Max | ReduceOp::Min) { Class::Int } else { class };
-    item.push(format!("{acc_ty} acc_ = {init};"));
-    item.extend(r.pass(class, combine)?);
+    (acc_ty, init, combine, finish, class)
+}
+
+/// The end of a reduction's item (`acc_` holds the lane's part): the warp's combination, and
+/// the result stored by lane 0.
+fn reduced(
+    ints: &Ints,
+    mut item: Vec<String>,
+    items: &str,
+    (op, int, finish): (ReduceOp, bool, &str),
+    out: &View,
+) -> Result<KernelSource, CudaEmitError> {
     item.push(finish.to_string());
     let value = match (op, int, out.dtype) {
         (ReduceOp::Mean, _, _) => CVal::float("(float)(n_ == 0 ? 0.0 : (double)acc_ / (double)n_)"),
