@@ -122,8 +122,181 @@ fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: us
     })
 }
 
+/// The portable path's 6 × 8 SSE2 micro-tile loop, written in assembly in four forms (96
+/// flops per iteration, 12 accumulators, L1-resident operands): as LLVM compiles
+/// `lanes::micro` (2 panel loads, 6 splat loads, 6 register copies, 12 `mulps`, 12 `addps`),
+/// with a load per product instead of the copies, with VEX three-operand forms, and with no
+/// loads at all. GFLOP/s, best of 5 runs of 20 M iterations: what the baseline x86-64 target
+/// can reach with this shape.
+#[cfg(target_arch = "x86_64")]
+fn sse_ceiling() {
+    use std::arch::asm;
+    macro_rules! variant {
+        ($name:expr, $($body:literal),* $(,)?) => {{
+            let buf = vec![1.0f32; 1024];
+            let p = buf.as_ptr();
+            let iters: u64 = 20_000_000;
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = Instant::now();
+                // SAFETY: the loop reads `buf` (4 KiB) and writes only the registers it lists.
+                unsafe {
+                    asm!(
+                        "xorps xmm0, xmm0", "xorps xmm1, xmm1", "xorps xmm2, xmm2", "xorps xmm3, xmm3",
+                        "xorps xmm4, xmm4", "xorps xmm5, xmm5", "xorps xmm6, xmm6", "xorps xmm7, xmm7",
+                        "xorps xmm8, xmm8", "xorps xmm9, xmm9", "xorps xmm10, xmm10", "xorps xmm11, xmm11",
+                        "movups xmm12, [{p}]", "movups xmm13, [{p}+16]",
+                        "2:",
+                        $($body,)*
+                        "dec {n}",
+                        "jnz 2b",
+                        p = in(reg) p, n = inout(reg) iters => _,
+                        out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _, out("xmm4") _, out("xmm5") _,
+                        out("xmm6") _, out("xmm7") _, out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                        out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+                        options(nostack, readonly),
+                    );
+                }
+                best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+            }
+            println!("  {:<44} {:6.1} GFLOP/s", $name, 96.0 / best * 1e-9);
+        }};
+    }
+    println!("\nSSE2 6 × 8 micro-tile loop (assembly):");
+    variant!(
+        "as compiled (8 loads, 6 copies)",
+        "movups xmm13, [{p}]",
+        "movups xmm12, [{p}+16]",
+        "movups xmm14, [{p}+64]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm0, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm1, xmm14",
+        "movups xmm14, [{p}+80]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm2, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm3, xmm14",
+        "movups xmm14, [{p}+96]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm4, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm5, xmm14",
+        "movups xmm14, [{p}+112]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm6, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm7, xmm14",
+        "movups xmm14, [{p}+128]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm8, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm9, xmm14",
+        "movups xmm14, [{p}+144]",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm10, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm11, xmm14",
+    );
+    variant!(
+        "a load per product (14 loads, no copies)",
+        "movups xmm13, [{p}]",
+        "movups xmm12, [{p}+16]",
+        "movups xmm14, [{p}+64]",
+        "mulps xmm14, xmm13",
+        "addps xmm0, xmm14",
+        "movups xmm15, [{p}+80]",
+        "mulps xmm15, xmm12",
+        "addps xmm1, xmm15",
+        "movups xmm14, [{p}+96]",
+        "mulps xmm14, xmm13",
+        "addps xmm2, xmm14",
+        "movups xmm15, [{p}+112]",
+        "mulps xmm15, xmm12",
+        "addps xmm3, xmm15",
+        "movups xmm14, [{p}+128]",
+        "mulps xmm14, xmm13",
+        "addps xmm4, xmm14",
+        "movups xmm15, [{p}+144]",
+        "mulps xmm15, xmm12",
+        "addps xmm5, xmm15",
+        "movups xmm14, [{p}+160]",
+        "mulps xmm14, xmm13",
+        "addps xmm6, xmm14",
+        "movups xmm15, [{p}+176]",
+        "mulps xmm15, xmm12",
+        "addps xmm7, xmm15",
+        "movups xmm14, [{p}+192]",
+        "mulps xmm14, xmm13",
+        "addps xmm8, xmm14",
+        "movups xmm15, [{p}+208]",
+        "mulps xmm15, xmm12",
+        "addps xmm9, xmm15",
+        "movups xmm14, [{p}+224]",
+        "mulps xmm14, xmm13",
+        "addps xmm10, xmm14",
+        "movups xmm15, [{p}+240]",
+        "mulps xmm15, xmm12",
+        "addps xmm11, xmm15",
+    );
+    variant!(
+        "no loads (register operands only)",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm0, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm1, xmm14",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm2, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm3, xmm14",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm4, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm5, xmm14",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm6, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm7, xmm14",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm8, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm9, xmm14",
+        "movaps xmm14, xmm13",
+        "movaps xmm15, xmm13",
+        "mulps xmm15, xmm14",
+        "addps xmm10, xmm15",
+        "mulps xmm14, xmm12",
+        "addps xmm11, xmm14",
+    );
+}
+
 fn main() -> Result<(), KernelError> {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--sse-ceiling`: only the assembly forms of the portable micro-tile loop.
+    #[cfg(target_arch = "x86_64")]
+    if std::env::args().any(|a| a == "--sse-ceiling") {
+        sse_ceiling();
+        if let Some(best) = peak_gflops(Isa::Avx2) {
+            println!("  (AVX2 FMA peak: {best:.1} GFLOP/s, best of {PEAK_RUNS} runs)");
+        }
+        return Ok(());
+    }
     // `--rows`: only the row kernels (softmax), not the products.
     let rows_only = std::env::args().any(|a| a == "--rows");
     let batches = if quick { 11 } else { 41 };
