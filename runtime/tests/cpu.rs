@@ -634,16 +634,20 @@ fn red(x: f32[B, S, R], n: i32[B, S, R]) -> (s: f32[B, R], m: f32[B, R], hi: f32
 
 #[test]
 fn fused_reductions_match_the_interpreter_bit_for_bit() {
-    // Reductions of element-wise expressions that keep the last axis compute each element as
-    // they read it (no stored operand): four neighbouring outputs as one vector where R allows,
-    // one by one in the tail (R = 5, 1), every op, f32 and i32, one and two reduced axes, a
-    // value shared by two reductions and a product, broadcast operands.
+    // Reductions of element-wise expressions compute each element as they read it (no stored
+    // operand). Over leading axes: four neighbouring outputs as one vector where R allows, one
+    // by one in the tail (R = 5, 1). Over the last axis: four consecutive elements as one
+    // vector, combined in order. Every op, f32 and i32, one, two and all reduced axes, a value
+    // shared by reductions and a product, broadcast operands, a 1-D operand.
     let src = "
 fn fr(x: f32[B, S, R], y: f32[S, R], n: i32[B, S, R])
-    -> (s: f32[B, R], m: f32[B, R], hi: f32[B, R], lo: f32[S, R], t: i32[B, R], u: f32[R], d: f32[B, 1, R]) {
+    -> (s: f32[B, R], m: f32[B, R], hi: f32[B, R], lo: f32[S, R], t: i32[B, R], u: f32[R], d: f32[B, 1, R],
+        rs: f32[B, S], rm: f32[B, S], rx: f32[B, 1, 1], ri: i32[S], all: f32[1], v: f32[1]) {
     let z = x * y - 0.5
     return sum(z, axis = 1), mean(abs(x) + y, axis = 1), max(x * 2.0, axis = 1), min(x - y, axis = 0),
-        sum(n * 3 + 1, axis = 1), sum(z * z, axis = [0, 1]), max(y - x, axis = 1, keepdim = true)
+        sum(n * 3 + 1, axis = 1), sum(z * z, axis = [0, 1]), max(y - x, axis = 1, keepdim = true),
+        sum(z, axis = 2), mean(x * y, axis = -1), max(z - y, axis = [1, 2], keepdim = true), min(n - 2, axis = [0, 2]),
+        reshape(sum(z * 2.0), [1]), reshape(sum(reshape(y, [S * R]) + 1.0, axis = 0), [1])
 }";
     let program = Program::from_source(src, "test.attn").expect("compiles");
     let graph = program.graph("fr").expect("graph");

@@ -6,8 +6,7 @@
 //! Rules:
 //! - Element-wise ops (unary, binary, select, cast, constants, dim values, iota, gather) are
 //!   inlined into their user when they have one user that is itself element-wise (or a concat,
-//!   or a reduction that keeps the last axis: [`Kernel::ReduceOf`] computes each element as it
-//!   reads it); constants, dim values, iota and subtrees of at most [`MAX_SHARED_OPS`] cheap
+//!   or a reduction: [`Kernel::ReduceOf`] computes each element as it reads it); constants, dim values, iota and subtrees of at most [`MAX_SHARED_OPS`] cheap
 //!   ops are inlined into any number of such users. The rest are kernel roots whose result is
 //!   stored, and so is every [`MAX_INLINE_DEPTH`]-th op of a longer chain.
 //! - Transpose and slice are views; reshape is a view of a dense operand and a copy otherwise.
@@ -296,10 +295,11 @@ fn shared_cost(op: &Op) -> Option<usize> {
 }
 
 /// Whether `op` (a user of `v`) is a reduction that computes `v` per element as it reads it
-/// ([`Kernel::ReduceOf`]): one that keeps `v`'s last axis.
+/// ([`Kernel::ReduceOf`]): any reduction of a tensor whose reduced axes are listed in order
+/// (the order its elements are combined in).
 fn reduces_inline(g: &Graph, v: Value, op: &Op) -> bool {
     let rank = g.node(v).ty.rank();
-    matches!(op, Op::Reduce { axes, .. } if rank >= 2 && !axes.contains(&(rank - 1)))
+    matches!(op, Op::Reduce { axes, .. } if rank >= 1 && axes.windows(2).all(|w| w[0] < w[1]) && axes.iter().all(|a| *a < rank))
 }
 
 /// Which live values are computed inline by their users.

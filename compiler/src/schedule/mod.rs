@@ -361,9 +361,10 @@ pub enum Kernel {
         /// Dense result.
         out: View,
     },
-    /// A reduction over `axes` of an element-wise expression, each element computed as the
-    /// reduction reads it: the operand is never stored. The last axis is never reduced (the
-    /// CPU computes four neighbouring outputs' elements as one vector along it).
+    /// A reduction over `axes` (in increasing order) of an element-wise expression, each
+    /// element computed as the reduction reads it: the operand is never stored. The CPU
+    /// computes four elements along the last axis as one vector: four neighbouring outputs'
+    /// where that axis is kept, four consecutive elements of one output where it is reduced.
     ReduceOf {
         /// The operand.
         x: Fused,

@@ -324,9 +324,11 @@ impl Preparing<'_> {
                     Policy::Cuda(_) => batch.saturating_mul(ceil_div(m, CUDA_MATMUL_TILE)).saturating_mul(ceil_div(n, CUDA_MATMUL_TILE)),
                 }
             }
-            (Kernel::Reduce { out, .. }, _) | (Kernel::ReduceOf { out, .. }, Policy::Cuda(_)) => product(&out.shape, env)?,
-            // A row of outputs along the kept last axis per item: vectors along it.
-            (Kernel::ReduceOf { out, .. }, Policy::Cpu(_)) => rows(&out.shape)?,
+            // On the CPU, a row of outputs along a kept last axis per item (vectors along it).
+            (Kernel::ReduceOf { x, axes, out, .. }, Policy::Cpu(_)) if !axes.contains(&x.shape.len().saturating_sub(1)) => {
+                rows(&out.shape)?
+            }
+            (Kernel::Reduce { out, .. } | Kernel::ReduceOf { out, .. }, _) => product(&out.shape, env)?,
             (
                 Kernel::Softmax { x, axis, .. }
                 | Kernel::Scan { x, axis, .. }

@@ -69,10 +69,11 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
 }
 
 /// `out = reduce(x)` over `axes` of an element-wise expression, each element computed as it is
-/// read. A work item is a row of outputs along the kept last axis: four neighbouring outputs'
-/// elements are one vector of the expression (where its inputs allow), walked over the reduced
-/// axes in the interpreter's order, one accumulator per output (the same bits as storing the
-/// operand and reducing it).
+/// read, walked over the reduced axes in the interpreter's order with one accumulator per output
+/// (the same bits as storing the operand and reducing it). Where the last axis is kept, a work
+/// item is a row of outputs along it and four neighbouring outputs' elements are one vector of
+/// the expression (where its inputs allow); where it is reduced, a work item is one output and
+/// four consecutive elements along it are one vector, combined lane by lane in order.
 pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
     let e = super::elementwise::expression(fx, &x.shape, &x.inputs, &x.expr);
     let rank = x.shape.len();
@@ -81,6 +82,9 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
         fx.fail("a fused reduction of a scalar".to_string());
         return;
     };
+    if axes.contains(&(rank - 1)) {
+        return reduce_of_along_last(fx, &e, x, op, axes, out);
+    }
     let kept: Vec<usize> = (0..rank - 1).filter(|a| !axes.contains(a)).collect();
     let kept_dims: Vec<Value> = kept.iter().map(|a| sizes[*a]).collect();
     let (ob, _) = fx.view_base(out);
@@ -124,6 +128,61 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
             start = end;
         }
         fx.for_range(start, inner, |fx, j| chunk(fx, j, 1));
+    });
+}
+
+/// [`emit_reduce_of`] where the last axis is reduced: one output per work item.
+fn reduce_of_along_last(fx: &mut Fx, e: &super::elementwise::Kernel, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
+    let rank = x.shape.len();
+    let sizes = e.sizes().to_vec();
+    let inner = sizes[rank - 1];
+    let kept: Vec<usize> = (0..rank - 1).filter(|a| !axes.contains(a)).collect();
+    let kept_dims: Vec<Value> = kept.iter().map(|a| sizes[*a]).collect();
+    // The reduced axes before the last one, walked outside it.
+    let outer_axes: Vec<usize> = axes.iter().copied().filter(|a| *a + 1 < rank).collect();
+    let (ob, _) = fx.view_base(out);
+    let mut count = fx.i64(1);
+    for a in axes {
+        count = fx.mul(count, sizes[*a]);
+    }
+    let int = kind_of(x.dtype) == Kind::I;
+    let vectorized = e.vectorized();
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let kept_idx = fx.unravel(w, &kept_dims);
+        let zero = fx.i64(0);
+        let mut outer = vec![zero; rank - 1];
+        for (a, i) in kept.iter().zip(&kept_idx) {
+            outer[*a] = *i;
+        }
+        let rows = e.rows(fx, &outer);
+        let (acc_ty, init) = accumulator(fx, op, int);
+        let acc = fx.var(acc_ty, init);
+        walk(fx, e, &outer_axes, &sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
+            let element = |fx: &mut Fx, j: Value, lanes: u8| {
+                fx.lanes = lanes;
+                let v = e.value(fx, outer, j, rows);
+                fx.lanes = 1;
+                let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+                for l in 0..lanes {
+                    let s = if lanes > 1 { fx.b.ins().extractlane(v.v, l) } else { v.v };
+                    let a = fx.b.use_var(acc);
+                    let r = combine(fx, op, int, a, s);
+                    fx.b.def_var(acc, r);
+                }
+            };
+            let mut start = fx.i64(0);
+            if vectorized {
+                let mask = fx.i64(-4);
+                let end = fx.b.ins().band(inner, mask);
+                fx.for_step(start, end, 4, |fx, j| element(fx, j, 4));
+                start = end;
+            }
+            fx.for_range(start, inner, |fx, j| element(fx, j, 1));
+        });
+        let a = fx.b.use_var(acc);
+        let result = finish(fx, op, int, a, count);
+        store(fx, result, out.dtype, ob, w);
     });
 }
 
