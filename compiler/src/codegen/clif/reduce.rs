@@ -82,27 +82,15 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
         fx.fail("a fused reduction of a scalar".to_string());
         return;
     };
+    let items = Items::new(fx, &sizes, axes, x.dtype);
     if axes.contains(&(rank - 1)) {
-        return reduce_of_along_last(fx, &e, x, op, axes, out);
+        return reduce_of_along_last(fx, &e, &items, op, axes, out);
     }
-    let kept: Vec<usize> = (0..rank - 1).filter(|a| !axes.contains(a)).collect();
-    let kept_dims: Vec<Value> = kept.iter().map(|a| sizes[*a]).collect();
     let (ob, _) = fx.view_base(out);
-    let mut count = fx.i64(1);
-    for a in axes {
-        count = fx.mul(count, sizes[*a]);
-    }
-    let int = kind_of(x.dtype) == Kind::I;
+    let (int, count) = (items.int, items.count);
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
-        let kept_idx = fx.unravel(w, &kept_dims);
-        // The reduced axes at 0: the first element's rows, moved along each reduced axis below.
-        let zero = fx.i64(0);
-        let mut outer = vec![zero; rank - 1];
-        for (a, i) in kept.iter().zip(&kept_idx) {
-            outer[*a] = *i;
-        }
-        let rows = e.rows(fx, &outer);
+        let (outer, rows) = items.first(fx, &e, w);
         let row_out = fx.mul(w, inner);
         let chunk = |fx: &mut Fx, j: Value, lanes: u8| {
             let acc = Lanes::new(fx, op, int, lanes);
@@ -131,34 +119,57 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
     });
 }
 
-/// [`emit_reduce_of`] where the last axis is reduced: one output per work item.
-fn reduce_of_along_last(fx: &mut Fx, e: &super::elementwise::Kernel, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
-    let rank = x.shape.len();
-    let sizes = e.sizes().to_vec();
-    let inner = sizes[rank - 1];
-    let kept: Vec<usize> = (0..rank - 1).filter(|a| !axes.contains(a)).collect();
-    let kept_dims: Vec<Value> = kept.iter().map(|a| sizes[*a]).collect();
-    // The reduced axes before the last one, walked outside it.
-    let outer_axes: Vec<usize> = axes.iter().copied().filter(|a| *a + 1 < rank).collect();
-    let (ob, _) = fx.view_base(out);
-    let mut count = fx.i64(1);
-    for a in axes {
-        count = fx.mul(count, sizes[*a]);
+/// The work items of a fused reduction: the kept axes before the last and their sizes, and
+/// how many elements each output reduces.
+struct Items {
+    kept: Vec<usize>,
+    kept_dims: Vec<Value>,
+    sizes: Vec<Value>,
+    count: Value,
+    int: bool,
+}
+
+impl Items {
+    fn new(fx: &mut Fx, sizes: &[Value], axes: &[usize], dtype: DType) -> Items {
+        let kept: Vec<usize> = (0..sizes.len().saturating_sub(1)).filter(|a| !axes.contains(a)).collect();
+        let kept_dims = kept.iter().map(|a| sizes[*a]).collect();
+        let mut count = fx.i64(1);
+        for a in axes {
+            count = fx.mul(count, sizes[*a]);
+        }
+        Items { kept, kept_dims, sizes: sizes.to_vec(), count, int: kind_of(dtype) == Kind::I }
     }
-    let int = kind_of(x.dtype) == Kind::I;
-    let vectorized = e.vectorized();
-    let (lo, hi) = (fx.lo(), fx.hi());
-    fx.for_range(lo, hi, |fx, w| {
-        let kept_idx = fx.unravel(w, &kept_dims);
+
+    /// Work item `w`'s first element: its outer index (the reduced axes at 0) and the inputs'
+    /// rows there, which the walk moves along each reduced axis.
+    fn first(&self, fx: &mut Fx, e: &super::elementwise::Kernel, w: Value) -> (Vec<Value>, Vec<Option<Value>>) {
+        let kept_idx = fx.unravel(w, &self.kept_dims);
         let zero = fx.i64(0);
-        let mut outer = vec![zero; rank - 1];
-        for (a, i) in kept.iter().zip(&kept_idx) {
+        let mut outer = vec![zero; self.sizes.len().saturating_sub(1)];
+        for (a, i) in self.kept.iter().zip(&kept_idx) {
             outer[*a] = *i;
         }
         let rows = e.rows(fx, &outer);
+        (outer, rows)
+    }
+}
+
+/// [`emit_reduce_of`] where the last axis is reduced: one output per work item.
+fn reduce_of_along_last(fx: &mut Fx, e: &super::elementwise::Kernel, items: &Items, op: ReduceOp, axes: &[usize], out: &View) {
+    let sizes = &items.sizes;
+    let rank = sizes.len();
+    let inner = sizes[rank - 1];
+    // The reduced axes before the last one, walked outside it.
+    let outer_axes: Vec<usize> = axes.iter().copied().filter(|a| *a + 1 < rank).collect();
+    let (ob, _) = fx.view_base(out);
+    let (int, count) = (items.int, items.count);
+    let vectorized = e.vectorized();
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let (outer, rows) = items.first(fx, e, w);
         let (acc_ty, init) = accumulator(fx, op, int);
         let acc = fx.var(acc_ty, init);
-        walk(fx, e, &outer_axes, &sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
+        walk(fx, e, &outer_axes, sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
             let element = |fx: &mut Fx, j: Value, lanes: u8| {
                 fx.lanes = lanes;
                 let v = e.value(fx, outer, j, rows);
