@@ -6,9 +6,10 @@
 //! Rules:
 //! - Element-wise ops (unary, binary, select, cast, constants, dim values, iota, gather) are
 //!   inlined into their user when they have one user that is itself element-wise (or a concat,
-//!   or a reduction: [`Kernel::ReduceOf`] computes each element as it reads it); constants, dim values, iota and subtrees of at most [`MAX_SHARED_OPS`] cheap
-//!   ops are inlined into any number of such users. The rest are kernel roots whose result is
-//!   stored, and so is every [`MAX_INLINE_DEPTH`]-th op of a longer chain.
+//!   or a reduction: [`Kernel::ReduceOf`] computes each element as it reads it); constants, dim
+//!   values, iota and subtrees of at most [`MAX_SHARED_OPS`] cheap ops are inlined into any
+//!   number of such users. The rest are kernel roots whose result is stored, and so is every
+//!   [`MAX_INLINE_DEPTH`]-th op of a longer chain.
 //! - Transpose and slice are views; reshape is a view of a dense operand and a copy otherwise.
 //! - Matmul and flash read their operands in place when the inner axis has unit stride
 //!   (transposed K of `q @ k.T` included); otherwise a dense copy is made first.
@@ -549,28 +550,25 @@ impl Lowering<'_> {
                 self.step(Kernel::MatMul { a, b, c: c.clone(), b_transposed, variant }, label, v);
                 Ok(c)
             }
-            Op::Reduce { op, axes, keepdim }
-                if matches!(self.place[args[0].index()], Some(Place::Inline)) && reduces_inline(self.g, args[0], &node.op) =>
-            {
-                let _ = keepdim;
-                let xt = self.g.node(args[0]).ty.clone();
-                self.place[args[0].index()] = Some(Place::Inline);
-                let mut inputs = Vec::new();
-                let expr = self.expr(args[0], &mut inputs)?;
+            Op::Reduce { op, axes, .. } => {
+                // The result in keepdim layout: the reduced axes of the operand's shape at 1.
+                let x_ty = self.g.node(args[0]).ty.clone();
                 let kept: Vec<Dim> =
-                    xt.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
-                let out = self.temp(v, ty.dtype, &kept);
-                let x = Fused { inputs, expr, shape: xt.shape.clone(), dtype: xt.dtype };
-                self.step(Kernel::ReduceOf { x, op: *op, axes: axes.clone(), out: out.clone() }, label, v);
-                Ok(View::contiguous(out.buf, ty.dtype, ty.shape.clone()))
-            }
-            Op::Reduce { op, axes, keepdim } => {
-                let x = self.view(args[0])?;
-                let kept: Vec<Dim> =
-                    x.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
-                let out = self.temp(v, ty.dtype, &kept);
-                self.step(Kernel::Reduce { x, op: *op, axes: axes.clone(), out: out.clone() }, label, v);
-                let _ = keepdim;
+                    x_ty.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
+                let (op, axes) = (*op, axes.clone());
+                let (kernel, out) =
+                    if matches!(self.place[args[0].index()], Some(Place::Inline)) && reduces_inline(self.g, args[0], &node.op) {
+                        let mut inputs = Vec::new();
+                        let expr = self.expr(args[0], &mut inputs)?;
+                        let x = Fused { inputs, expr, shape: x_ty.shape, dtype: x_ty.dtype };
+                        let out = self.temp(v, ty.dtype, &kept);
+                        (Kernel::ReduceOf { x, op, axes, out: out.clone() }, out)
+                    } else {
+                        let x = self.view(args[0])?;
+                        let out = self.temp(v, ty.dtype, &kept);
+                        (Kernel::Reduce { x, op, axes, out: out.clone() }, out)
+                    };
+                self.step(kernel, label, v);
                 Ok(View::contiguous(out.buf, ty.dtype, ty.shape.clone()))
             }
             Op::Softmax { axis } => {

@@ -533,17 +533,7 @@ fn tanh16(x: __m512) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tanh_avx512(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: `i + 16 ≤ n`.
-        unsafe { _mm512_storeu_ps(y.add(i), tanh16(_mm512_loadu_ps(x.add(i)))) };
-        i += 16;
-    }
-    if i < n {
-        let m = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe { _mm512_mask_storeu_ps(y.add(i), m, tanh16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
-    }
+    super::x86_avx512::map16!(tanh16, x, y, n)
 }
 
 /// `tanh` of 8 lanes, as [`tanh16`].

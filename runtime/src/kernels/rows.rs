@@ -47,17 +47,7 @@ fn sigmoid16(x: __m512) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn sigmoid_avx512(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: `i + 16 ≤ n`.
-        unsafe { _mm512_storeu_ps(y.add(i), sigmoid16(_mm512_loadu_ps(x.add(i)))) };
-        i += 16;
-    }
-    if i < n {
-        let m = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe { _mm512_mask_storeu_ps(y.add(i), m, sigmoid16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
-    }
+    super::x86_avx512::map16!(sigmoid16, x, y, n)
 }
 
 /// Abramowitz & Stegun 7.1.26: `erfc(z) ≈ t·P(t)·e^{-z²}`, `t = 1/(1 + p·z)` for `z ≥ 0`
@@ -114,17 +104,7 @@ fn gelu16(x: __m512) -> __m512 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn gelu_avx512(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: `i + 16 ≤ n`.
-        unsafe { _mm512_storeu_ps(y.add(i), gelu16(_mm512_loadu_ps(x.add(i)))) };
-        i += 16;
-    }
-    if i < n {
-        let m = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe { _mm512_mask_storeu_ps(y.add(i), m, gelu16(_mm512_maskz_loadu_ps(m, x.add(i)))) };
-    }
+    super::x86_avx512::map16!(gelu16, x, y, n)
 }
 
 /// Sums `f(x[i])` over a row in f64 with eight independent accumulators (so the adds

@@ -162,6 +162,31 @@ fn transpose16(r: &mut [__m512; 16]) {
     }
 }
 
+/// `y[i] = $f(x[i])` for `i < n` by a 16-lane function `$f` (`__m512 → __m512`): full vectors,
+/// then one masked vector for the tail. A macro rather than a generic function, so that `$f` is
+/// called (and inlined) inside the caller's `#[target_feature]` context.
+///
+/// # Safety
+/// Expands to unsafe code: `x` and `y` address `n` elements (they may be the same buffer), and
+/// the caller enables AVX-512F.
+macro_rules! map16 {
+    ($f:ident, $x:expr, $y:expr, $n:expr) => {{
+        let (x, y, n): (*const f32, *mut f32, usize) = ($x, $y, $n);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: `i + 16 ≤ n`.
+            unsafe { _mm512_storeu_ps(y.add(i), $f(_mm512_loadu_ps(x.add(i)))) };
+            i += 16;
+        }
+        if i < n {
+            let m = super::x86_avx512::lanes(n - i);
+            // SAFETY: only the `n - i` valid lanes are read or written.
+            unsafe { _mm512_mask_storeu_ps(y.add(i), m, $f(_mm512_maskz_loadu_ps(m, x.add(i)))) };
+        }
+    }};
+}
+pub(super) use map16;
+
 /// Bit mask of the first `n` of 16 lanes (all for `n ≥ 16`).
 #[inline(always)]
 pub(super) fn lanes(n: usize) -> __mmask16 {

@@ -280,10 +280,14 @@ impl Kernel<'_> {
             .collect()
     }
 
-    /// The expression at outer index `outer` and last-axis index `j` (`fx.lanes` lanes from
-    /// `j`), with the inputs' row addresses `rows` for that outer index.
-    pub(super) fn value(&self, fx: &mut Fx, outer: &[Value], j: Value, rows: &[Option<Value>]) -> Tv {
-        self.eval(fx, self.expr, &At { outer, j, rows })
+    /// The expression at outer index `outer` and last-axis index `j` (`lanes` lanes from `j`),
+    /// with the inputs' row addresses `rows` for that outer index; a truth value as i32 0/1.
+    pub(super) fn value(&self, fx: &mut Fx, outer: &[Value], (j, lanes): (Value, u8), rows: &[Option<Value>]) -> Tv {
+        fx.lanes = lanes;
+        let v = self.eval(fx, self.expr, &At { outer, j, rows });
+        let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+        fx.lanes = 1;
+        v
     }
 
     /// One row at outer index `outer`: a row kernel, or four lanes at a time where the layout

@@ -92,13 +92,10 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
     fx.for_range(lo, hi, |fx, w| {
         let (outer, rows) = items.first(fx, &e, w);
         let row_out = fx.mul(w, inner);
-        let chunk = |fx: &mut Fx, j: Value, lanes: u8| {
+        along_last(fx, inner, e.vectorized(), &|fx, j, lanes| {
             let acc = Lanes::new(fx, op, int, lanes);
-            walk(fx, &e, axes, &sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
-                fx.lanes = lanes;
-                let v = e.value(fx, outer, j, rows);
-                fx.lanes = 1;
-                let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+            walk(fx, &e, axes, &sizes, (&outer, &rows), &mut |fx, outer, rows| {
+                let v = e.value(fx, outer, (j, lanes), rows);
                 acc.add(fx, v.v);
             });
             for (l, a) in acc.results(fx).into_iter().enumerate() {
@@ -107,16 +104,21 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
                 let o = fx.b.ins().iadd_imm_s(o, l as i64);
                 store(fx, result, out.dtype, ob, o);
             }
-        };
-        let mut start = fx.i64(0);
-        if e.vectorized() {
-            let mask = fx.i64(-4);
-            let end = fx.b.ins().band(inner, mask);
-            fx.for_step(start, end, 4, |fx, j| chunk(fx, j, 4));
-            start = end;
-        }
-        fx.for_range(start, inner, |fx, j| chunk(fx, j, 1));
+        });
     });
+}
+
+/// `body(j, lanes)` over the last axis's `inner` indices: four lanes at a time while they fit
+/// (when `vectorized`), then one.
+fn along_last(fx: &mut Fx, inner: Value, vectorized: bool, body: &dyn Fn(&mut Fx, Value, u8)) {
+    let mut start = fx.i64(0);
+    if vectorized {
+        let mask = fx.i64(-4);
+        let end = fx.b.ins().band(inner, mask);
+        fx.for_step(start, end, 4, |fx, j| body(fx, j, 4));
+        start = end;
+    }
+    fx.for_range(start, inner, |fx, j| body(fx, j, 1));
 }
 
 /// The work items of a fused reduction: the kept axes before the last and their sizes, and
@@ -169,27 +171,16 @@ fn reduce_of_along_last(fx: &mut Fx, e: &super::elementwise::Kernel, items: &Ite
         let (outer, rows) = items.first(fx, e, w);
         let (acc_ty, init) = accumulator(fx, op, int);
         let acc = fx.var(acc_ty, init);
-        walk(fx, e, &outer_axes, sizes, (&mut outer.clone(), &rows), &mut |fx, outer, rows| {
-            let element = |fx: &mut Fx, j: Value, lanes: u8| {
-                fx.lanes = lanes;
-                let v = e.value(fx, outer, j, rows);
-                fx.lanes = 1;
-                let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+        walk(fx, e, &outer_axes, sizes, (&outer, &rows), &mut |fx, outer, rows| {
+            along_last(fx, inner, vectorized, &|fx, j, lanes| {
+                let v = e.value(fx, outer, (j, lanes), rows);
                 for l in 0..lanes {
                     let s = if lanes > 1 { fx.b.ins().extractlane(v.v, l) } else { v.v };
                     let a = fx.b.use_var(acc);
                     let r = combine(fx, op, int, a, s);
                     fx.b.def_var(acc, r);
                 }
-            };
-            let mut start = fx.i64(0);
-            if vectorized {
-                let mask = fx.i64(-4);
-                let end = fx.b.ins().band(inner, mask);
-                fx.for_step(start, end, 4, |fx, j| element(fx, j, 4));
-                start = end;
-            }
-            fx.for_range(start, inner, |fx, j| element(fx, j, 1));
+            });
         });
         let a = fx.b.use_var(acc);
         let result = finish(fx, op, int, a, count);
@@ -289,7 +280,7 @@ fn walk(
     e: &super::elementwise::Kernel,
     axes: &[usize],
     sizes: &[Value],
-    (outer, rows): (&mut Vec<Value>, &[Option<Value>]),
+    (outer, rows): (&[Value], &[Option<Value>]),
     body: &mut ElementFn,
 ) {
     match axes.split_first() {
@@ -298,9 +289,9 @@ fn walk(
             let zero = fx.i64(0);
             fx.for_range(zero, sizes[*a], |fx, i| {
                 let moved = e.rows_along(fx, rows, *a, i);
-                let mut outer = outer.clone();
+                let mut outer = outer.to_vec();
                 outer[*a] = i;
-                walk(fx, e, rest, sizes, (&mut outer, &moved), body);
+                walk(fx, e, rest, sizes, (&outer, &moved), body);
             });
         }
     }

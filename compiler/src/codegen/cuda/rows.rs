@@ -77,12 +77,19 @@ impl Row<'_> {
 /// Splits `x`'s axes into the item's (`outer`) and the row's (`inner`), and binds the item's
 /// index from `w_`.
 fn row<'a>(ints: &'a Ints<'a>, x: &'a View, inner: Vec<usize>, item: &mut Vec<String>) -> Result<Row<'a>, CudaEmitError> {
-    let outer: Vec<usize> = (0..x.shape.len()).filter(|a| !inner.contains(a)).collect();
-    let outer_shape: Vec<Dim> = outer.iter().map(|a| x.shape[*a].clone()).collect();
-    let inner_shape: Vec<Dim> = inner.iter().map(|a| x.shape[*a].clone()).collect();
+    let (outer, outer_idx) = split(ints, &x.shape, &inner, item)?;
+    Ok(Row { ints, x, outer, outer_idx, inner })
+}
+
+/// The axes of `shape` not in `inner` (the item's) and their index bound from `w_`, with the
+/// row's length bound to `n_`.
+fn split(ints: &Ints, shape: &[Dim], inner: &[usize], item: &mut Vec<String>) -> Result<(Vec<usize>, Vec<String>), CudaEmitError> {
+    let outer: Vec<usize> = (0..shape.len()).filter(|a| !inner.contains(a)).collect();
+    let outer_shape: Vec<Dim> = outer.iter().map(|a| shape[*a].clone()).collect();
+    let inner_shape: Vec<Dim> = inner.iter().map(|a| shape[*a].clone()).collect();
     item.push(format!("const i64 n_ = {};", ints.dim(&Dim::product(&inner_shape))?));
     let outer_idx = delinearize(ints, item, "w_", &outer_shape, "o")?;
-    Ok(Row { ints, x, outer, outer_idx, inner })
+    Ok((outer, outer_idx))
 }
 
 /// The kernel of a reduction step: one output element per item.
@@ -107,11 +114,8 @@ pub(super) fn reduce_of(
     out: &View,
 ) -> Result<KernelSource, CudaEmitError> {
     let mut item = Vec::new();
-    let outer: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).collect();
-    let outer_shape: Vec<Dim> = outer.iter().map(|a| x.shape[*a].clone()).collect();
+    let (outer, outer_idx) = split(ints, &x.shape, axes, &mut item)?;
     let inner_shape: Vec<Dim> = axes.iter().map(|a| x.shape[*a].clone()).collect();
-    item.push(format!("const i64 n_ = {};", ints.dim(&Dim::product(&inner_shape))?));
-    let outer_idx = delinearize(ints, &mut item, "w_", &outer_shape, "o")?;
     let int = Class::of(x.dtype) == Class::Int;
     let (acc_ty, init, combine, finish, class) = reduction(op, int);
     item.push(format!("{acc_ty} acc_ = {init};"));
