@@ -17,6 +17,9 @@
 #           throughput, occupancy, warp stalls, into ncu.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
 #           training step, f16, none and causal, S=1024 and 4096, into train.md
+#   additive
+#           bench/bahdanau.py --target cuda: additive attention against PyTorch eager, with inputs
+#           in the product form's range (trained) and outside it (wide), into additive.txt
 #   quick   bench/compare_gpu.py --quick --check
 #   bench   bench/compare_gpu.py with the remaining arguments (e.g. the full table)
 #
@@ -134,6 +137,13 @@ while [ $i -lt ${#steps[@]} ]; do
             --dtypes f16 --seqs 1024,4096 --iters 10 --warmup 2 --out "$OUT/train.md" 2> "$OUT/train.log"
         echo "train: exit $?"
         tail -8 "$OUT/train.log"
+        ;;
+    additive)
+        echo "== additive"
+        PYTHONUNBUFFERED=1 timeout 200 python3 bench/bahdanau.py --target cuda --attnc "$ATTNC" --sizes 1024,2048 \
+            --rounds 2 --iters 10 > "$OUT/additive.txt" 2>&1
+        echo "additive: exit $?"
+        cat "$OUT/additive.txt"
         ;;
     quick)
         echo "== quick"
