@@ -357,7 +357,8 @@ impl Preparing<'_> {
     }
 
     /// Blocks, tile table, per-item partial sums and scratch of flash backward step `s`; its work
-    /// items (one per batch index).
+    /// items: on the CPU one per batch index; on CUDA one per key chunk of each batch index (their
+    /// partial sums), then, when `dQ` is asked for, one per query tile of each.
     fn flash_bwd(&mut self, s: usize, f: &FlashBwdKernel) -> Result<i64, PrepareError> {
         let env = self.env;
         let (m, n, d, dv) = f.sizes();
@@ -391,7 +392,17 @@ impl Preparing<'_> {
         let per_item = f.dx.iter().try_fold(0i64, |acc, (_, x)| {
             acc.checked_add(product(&x.shape, env)?).ok_or_else(|| PrepareError::Overflow("the extra operands' gradients".into()))
         })?;
-        let partials = batch.checked_mul(per_item).ok_or_else(|| PrepareError::Overflow("flash backward partial sums".into()))?;
+        let overflow = || PrepareError::Overflow("flash backward work items".into());
+        // (Items, floats per partial sum): CUDA keeps each sum as a double in two floats.
+        let (items, summed) = match self.policy {
+            Policy::Cpu(_) => (batch, batch),
+            Policy::Cuda(_) => {
+                let keys = batch.checked_mul(nkb).ok_or_else(overflow)?;
+                let queries = if f.dq.is_some() { batch.checked_mul(nqb).ok_or_else(overflow)? } else { 0 };
+                (keys.checked_add(queries).ok_or_else(overflow)?, keys.checked_mul(2).ok_or_else(overflow)?)
+            }
+        };
+        let partials = summed.checked_mul(per_item).ok_or_else(|| PrepareError::Overflow("flash backward partial sums".into()))?;
         self.prepared.elems[f.partials] = count(partials, "flash backward partial sums")?;
         if let Policy::Cpu(_) = self.policy {
             let layout = flash_bwd_scratch(bn as usize, m as usize, d as usize, dv as usize);
@@ -410,7 +421,7 @@ impl Preparing<'_> {
             );
             self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);
         }
-        Ok(batch)
+        Ok(items)
     }
 
     /// Block sizes, tile table, partial states and scratch of flash step `s`; its work items.

@@ -66,6 +66,12 @@ enum Metric {
     Elementwise,
     /// max |diff| / max |ref| ([`scaled_max_diff`]): whole programs.
     Scaled,
+    /// A flash backward: element-wise for `d_q`, `d_k` and `d_v`; scaled for the extra
+    /// operands' gradients. Each of those elements sums a term of every score, computed in f32
+    /// from `dS = P (dP − delta)`, where dP and delta cancel: on an H200, `d_slopes` of the
+    /// causal ALiBi graph at S = 333 was off by 2.2e-4 element-wise (7.2e-5 scaled) against the
+    /// f64 interpreter with every sum in double, and the host emulation shows the same.
+    Backward,
 }
 
 fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, tol: f64, metric: Metric) -> Result<(), String> {
@@ -74,16 +80,20 @@ fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, to
     if got.len() != expected.len() {
         return Err(format!("{label}: {} outputs, expected {}", got.len(), expected.len()));
     }
-    for (g, e) in got.iter().zip(&expected) {
+    for ((g, e), (name, _)) in got.iter().zip(&expected).zip(graph.outputs()) {
         let (elementwise, scaled) = (max_rel(g, e), scaled_max_diff(g, e));
         let err = match metric {
             Metric::Elementwise => elementwise,
             Metric::Scaled => scaled,
+            Metric::Backward if ["d_q", "d_k", "d_v"].contains(&name.as_str()) => elementwise,
+            Metric::Backward => scaled,
         };
         if err.is_nan() || err > tol {
-            return Err(format!("{label}: error {err:e} > {tol:e} (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})"));
+            return Err(format!(
+                "{label} {name}: error {err:e} > {tol:e} (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})"
+            ));
         }
-        eprintln!("{label}: ok (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})");
+        eprintln!("{label} {name}: ok (element-wise {elementwise:.1e}, max|diff|/max|ref| {scaled:.1e})");
     }
     Ok(())
 }
@@ -148,7 +158,7 @@ fn flash_backward_kernels_on_the_gpu_match_the_interpreter() {
     for (n, (label, derived, tol)) in super::emulate_tests::backward_cases().into_iter().enumerate() {
         for d in [32i64, 128] {
             let env = sizes(&derived, &[("D", d), ("E", d), ("S", 333), ("T", 517), ("M", 190), ("N", 257), ("R", 9)]);
-            if let Err(e) = compare(&format!("{label} D={d}"), &derived, &env, 29 + n as u64, tol, Metric::Elementwise) {
+            if let Err(e) = compare(&format!("{label} D={d}"), &derived, &env, 29 + n as u64, tol, Metric::Backward) {
                 failures.push(e);
             }
         }

@@ -1,16 +1,18 @@
 //! The flash backward kernel (SIMT, f32 compute) and the sum of its extra operands' gradients,
-//! rendered from the schedule's [`FlashBwdKernel`]. Work item = one batch index (one block of
-//! [`CUDA_BWD_KEYS`] threads), as on the CPU, so no two blocks add into one value and every sum
-//! runs in a fixed order:
+//! rendered from the schedule's [`FlashBwdKernel`]. A block has [`CUDA_BWD_KEYS`] threads and
+//! one of two kinds of work item, so that no two blocks add into one value and every sum runs
+//! in a fixed order:
 //!
-//! 1. Key chunks of [`CUDA_BWD_KEYS`] keys, one per thread, each holding its key's `k`, `v`, `dK`
-//!    and `dV` rows; for every query row of every query tile of [`CUDA_BWD_ROWS`] rows the tile
-//!    table does not skip, the row's `q`, `d_out`, `lse` and `delta` are staged in shared
-//!    memory and each thread forms its score, weight, `dF` and `dS`, adding into `dK`, `dV` and
-//!    the extra operands' gradients (per-item partial sums; contributions whose index depends
-//!    on the positions are added by one thread in key order).
-//! 2. `dQ` row by row: the row's `dS` against each key chunk (recomputed), staged in shared
-//!    memory, then `dQ[i, c] = Σ_j dS_ij k_j[c]` with threads over columns.
+//! 1. A key chunk of one batch index (items `0 .. batch · key blocks`): one key per thread,
+//!    holding its `k`, `v`, `dK` and `dV` rows; for every query row of every query tile of
+//!    [`CUDA_BWD_ROWS`] rows the tile table does not skip, the row's `q`, `d_out`, `lse` and
+//!    `delta` are staged in shared memory and each thread forms its score, weight, `dF` and
+//!    `dS`, adding into `dK`, `dV` and the extra operands' gradients (partial sums per item,
+//!    which [`emit_reduce`] adds in item order; contributions whose index depends on the
+//!    positions are added by one thread in key order).
+//! 2. A query tile of one batch index (the next `batch · query blocks` items, when `dQ` is
+//!    asked for): `dQ` row by row, the row's `dS` against each key chunk (recomputed), staged
+//!    in shared memory, then `dQ[i, c] = Σ_j dS_ij k_j[c]` with threads over columns.
 //!
 //! This is the correctness-first kernel (no tensor cores, `k`/`v` rows in thread-local
 //! arrays); it is checked under the host emulation and compiled by NVRTC.
@@ -38,6 +40,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "ATTNC_SHARED float st_[2];  // the row's lse and delta".into(),
         "ATTNC_SHARED float red_[KT_];  // one value per thread: dS, or a contribution to add".into(),
         "ATTNC_SHARED i64 at_[KT_];  // where each thread's contribution goes (-1: nowhere)".into(),
+        "ATTNC_SHARED double wsum_[KT_ / 32];  // one sum per warp".into(),
         "const int tid_ = threadIdx.x;".into(),
         format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
         format!(
@@ -48,7 +51,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         ),
         format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
         format!("float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, true)),
-        "(void)nkb_; (void)red_; (void)at_; (void)part_; (void)st_;".into(),
+        "(void)nkb_; (void)red_; (void)at_; (void)part_; (void)st_; (void)wsum_;".into(),
     ];
     // Per-item partial sums: the gradients of the extra operands in turn.
     let mut per_item = Vec::new();
@@ -81,9 +84,15 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         None => "1.0f".to_string(),
     };
     body.push(format!("const float dqscale_ = {dqscale};  // a scale the graph applies to dQ"));
+    let nb = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
+    body.push(format!("const i64 kitems_ = {nb} * nkb_;  // key-chunk items; query-tile items follow"));
     body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
-    let mut it = Vec::new();
-    let p = delinearize(ints, &mut it, "w_", &batch, "p")?;
+    let mut it = vec![
+        "const bool keys_ = w_ < kitems_;".to_string(),
+        "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
+        "const i64 part_of_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key chunk or query tile".into(),
+    ];
+    let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
     for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
         it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
     }
@@ -95,8 +104,9 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
             it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
         }
     }
-    it.push("float* __restrict__ mine_ = part_ + w_ * per_item_;  // this item's partial sums".into());
-    it.push("for (i64 e_ = tid_; e_ < per_item_; e_ += KT_) mine_[e_] = 0.0f;".into());
+    // Each partial sum is a double kept in two floats (attnc_acc2).
+    it.push("float* __restrict__ mine_ = part_ + (keys_ ? w_ : 0) * 2 * per_item_;  // this item's partial sums".into());
+    it.push("if (keys_) for (i64 e_ = tid_; e_ < 2 * per_item_; e_ += KT_) mine_[e_] = 0.0f;".into());
     // Item-level sums (one per load whose index depends on batch positions only).
     let rank = f.spec.rank;
     let item_sums: Vec<bool> = f
@@ -105,14 +115,20 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         .iter()
         .map(|l| f.dx.iter().any(|(x, _)| *x == l.input) && l.index.iter().all(|e| level(e, rank) == Level::Item))
         .collect();
-    it.push(format!("float sum_[{}];", item_sums.len().max(1)));
-    it.push(format!("for (int l_ = 0; l_ < {}; ++l_) sum_[l_] = 0.0f;", item_sums.len().max(1)));
+    // In double: a bias's gradient sums every score of the item, with much cancellation.
+    it.push(format!("double sum_[{}];", item_sums.len().max(1)));
+    it.push(format!("for (int l_ = 0; l_ < {}; ++l_) sum_[l_] = 0.0;", item_sums.len().max(1)));
     let cx = Cx { ints, f, p: &p, softmax, offsets: &offsets, item_sums: &item_sums };
-    it.extend(cx.keys_phase()?);
+    it.push("if (keys_) {".into());
+    let mut key_lines = cx.keys_phase()?;
+    key_lines.extend(cx.flush_sums()?);
+    it.extend(indent(&key_lines, 2));
+    it.push("}".into());
     if f.dq.is_some() {
-        it.extend(cx.query_phase()?);
+        it.push("else {".into());
+        it.extend(indent(&cx.query_phase()?, 2));
+        it.push("}".into());
     }
-    it.extend(cx.flush_sums()?);
     body.extend(indent(&it, 2));
     body.push("}".into());
     let _ = CUDA_THREADS;
@@ -175,15 +191,19 @@ impl Cx<'_> {
         if let Some((l, o)) = &f.lse {
             let s = &l.strides[l.strides.len() - 1];
             let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
-            out.push("if (tid_ == 0) {".into());
-            out.push(format!("  st_[0] = {};", load(l.buf, DType::F32, &off)));
-            out.push("  float t_ = 0.0f;".into());
+            // delta by the first warp: a lane per column (in double), then a fixed shuffle tree.
+            out.push("if (tid_ < 32) {".into());
+            out.push("  double t_ = 0.0;".into());
             out.push(format!(
-                "  for (i64 c_ = 0; c_ < DV_; ++c_) t_ += {} * {};",
+                "  for (i64 c_ = tid_; c_ < DV_; c_ += 32) t_ += (double){} * (double){};",
                 self.elem(&f.d_out, "dooff_", "i_", "c_")?,
                 self.elem(o, "ooff_", "i_", "c_")?
             ));
-            out.push("  st_[1] = t_;".into());
+            out.push("  t_ = attnc_warp_sum_d(t_);".into());
+            out.push("  if (tid_ == 0) {".into());
+            out.push(format!("    st_[0] = {};", load(l.buf, DType::F32, &off)));
+            out.push("    st_[1] = (float)t_;".into());
+            out.push("  }".into());
             out.push("}".into());
         }
         out.push("attnc_sync();".into());
@@ -228,7 +248,8 @@ impl Cx<'_> {
     fn keys_phase(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = vec![
-            "for (i64 k0_ = 0; k0_ < N_; k0_ += KT_) {".to_string(),
+            "{".to_string(),
+            "  const i64 k0_ = part_of_ * KT_;".into(),
             "  const i64 j_ = k0_ + tid_;".into(),
             "  const bool kin_ = j_ < N_;".into(),
             "  float kj_[HD_], vj_[HD_], dk_[HD_], dv_[HD_];".into(),
@@ -289,7 +310,7 @@ impl Cx<'_> {
             if self.item_sums[k] {
                 out.push("if (kin_ && df_ != 0.0f) {".into());
                 out.extend(indent(&body, 2));
-                out.push(format!("  sum_[{k}] += {contrib};"));
+                out.push(format!("  sum_[{k}] += (double)({contrib});"));
                 out.push("}".into());
             } else {
                 let mut il = ops::Lines::new(&format!("y{k}"));
@@ -302,7 +323,10 @@ impl Cx<'_> {
                 out.push(format!("  at_[tid_] = {} + {};", self.offsets[slot], flat.join(" + ")));
                 out.push("}".into());
                 out.push("attnc_sync();".into());
-                out.push("if (tid_ == 0) for (int t_ = 0; t_ < KT_; ++t_) if (at_[t_] >= 0) mine_[at_[t_]] += red_[t_];".into());
+                out.push(
+                    "if (tid_ == 0) for (int t_ = 0; t_ < KT_; ++t_) if (at_[t_] >= 0) attnc_acc2(mine_ + 2 * at_[t_], (double)red_[t_]);"
+                        .into(),
+                );
                 out.push("attnc_sync();".into());
             }
         }
@@ -314,7 +338,8 @@ impl Cx<'_> {
         let f = self.f;
         let Some(dq) = &f.dq else { return Ok(Vec::new()) };
         let mut out = vec![
-            "for (i64 qt_ = 0; qt_ < nqb_; ++qt_) {".to_string(),
+            "{".to_string(),
+            "  const i64 qt_ = part_of_;".into(),
             "  for (int r_ = 0; r_ < QR_; ++r_) {".into(),
             "    const i64 i_ = qt_ * QR_ + r_;".into(),
             "    if (i_ >= M_) break;".into(),
@@ -393,14 +418,16 @@ impl Cx<'_> {
             let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
             let mut il = ops::Lines::new(&format!("z{k}"));
             let flat = self.flat_index(&cx, &mut il, l)?;
+            // The block's sum in double: each warp's by a fixed shuffle tree, then the warps'
+            // in order by thread 0.
             out.push("attnc_sync();".into());
-            out.push(format!("red_[tid_] = sum_[{k}];"));
+            out.push(format!("{{ const double w_sum_ = attnc_warp_sum_d(sum_[{k}]); if (tid_ % 32 == 0) wsum_[tid_ / 32] = w_sum_; }}"));
             out.push("attnc_sync();".into());
             out.push("if (tid_ == 0) {".into());
             out.extend(indent(&il.lines, 2));
-            out.push("  float t_ = 0.0f;".into());
-            out.push("  for (int u_ = 0; u_ < KT_; ++u_) t_ += red_[u_];".into());
-            out.push(format!("  mine_[{} + {}] += t_;", self.offsets[slot], flat.join(" + ")));
+            out.push("  double t_ = 0.0;".into());
+            out.push("  for (int u_ = 0; u_ < KT_ / 32; ++u_) t_ += wsum_[u_];".into());
+            out.push(format!("  attnc_acc2(mine_ + 2 * ({} + {}), t_);", self.offsets[slot], flat.join(" + ")));
             out.push("}".into());
         }
         out.push("attnc_sync();  // the next item reuses the shared arrays".into());
@@ -413,8 +440,11 @@ impl Cx<'_> {
 pub(super) fn emit_reduce(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
     let batch = f.batch().to_vec();
     let count = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
-    let mut body =
-        vec![format!("const i64 nitems_ = {count};"), format!("const float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, false))];
+    let chunks = ints.tuning(f.step, Tuning::KeyBlocks)?;
+    let mut body = vec![
+        format!("const i64 nitems_ = {count} * {chunks};  // the key-chunk items"),
+        format!("const float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, false)),
+    ];
     let mut start = "0LL".to_string();
     let mut ranges = Vec::new();
     for (_, x) in &f.dx {
@@ -427,10 +457,13 @@ pub(super) fn emit_reduce(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Resul
     body.push(format!(
         "for (i64 e_ = (i64)blockIdx.x * {CUDA_THREADS} + threadIdx.x; e_ < {items}; e_ += (i64)gridDim.x * {CUDA_THREADS}) {{"
     ));
-    body.push("  float t_ = 0.0f;".into());
-    body.push("  for (i64 w_ = 0; w_ < nitems_; ++w_) t_ += part_[w_ * per_item_ + e_];".into());
+    body.push("  double t_ = 0.0;".into());
+    body.push("  for (i64 w_ = 0; w_ < nitems_; ++w_) {".into());
+    body.push("    const float* h_ = part_ + 2 * (w_ * per_item_ + e_);  // a double in two floats".into());
+    body.push("    t_ += (double)h_[0] + (double)h_[1];".into());
+    body.push("  }".into());
     for (lo, hi, x) in ranges {
-        let value = round_to(x.dtype, "t_");
+        let value = round_to(x.dtype, "(float)t_");
         body.push(format!("  if (e_ >= {lo} && e_ < {hi}) {}", store(x.buf, x.dtype, &format!("e_ - {lo}"), &value)));
     }
     body.push("}".into());

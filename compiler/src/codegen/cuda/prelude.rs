@@ -141,6 +141,14 @@ ATTNC_DEV i64 attnc_checki(i64 x, i64 n, void* rec, int site, int axis) {
 }
 ATTNC_DEV float attnc_warp_sum(float v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor(v, m); return v; }
 ATTNC_DEV double attnc_warp_sum_d(double v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_d(v, m); return v; }
+// A double kept in two floats (high part, then the rest): `p += x` in double (the flash
+// backward's partial sums of a bias's gradient, where the terms cancel).
+ATTNC_DEV void attnc_acc2(float* p, double x) {
+  const double v = (double)p[0] + (double)p[1] + x;
+  const float h = (float)v;
+  p[0] = h;
+  p[1] = (float)(v - (double)h);
+}
 ATTNC_DEV long long attnc_warp_sum_ll(long long v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_ll(v, m); return v; }
 // Warp maxima and minima propagate NaN.
 ATTNC_DEV float attnc_warp_max(float v) { for (int m = 16; m > 0; m >>= 1) v = attnc_fmax(v, attnc_shfl_xor(v, m)); return v; }
