@@ -834,7 +834,8 @@ impl Lowering<'_> {
         let step = self.plan.steps.len();
         let tiles = self.buffer(BufferKind::TileTable { step }, DType::Bool, Dim::constant(0), v);
         let partials = self.buffer(BufferKind::Partials { step }, DType::F32, Dim::constant(0), v);
-        let variant = self.policy.flash_bwd_variant();
+        let variant =
+            self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == crate::ir::Pair::Dot, !dx.is_empty());
         let wanted: Vec<usize> = dx.iter().map(|(n, _)| *n).collect();
         let linear = super::flash::BwdLinear::of(&spec, &grad, &wanted);
         let kernel = FlashBwdKernel {

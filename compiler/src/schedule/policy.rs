@@ -161,10 +161,17 @@ impl Policy {
         }
     }
 
-    /// The variant of a flash backward: the CPU's tiles, CUDA's SIMT kernel.
-    pub fn flash_bwd_variant(&self) -> Variant {
+    /// The variant of a flash backward: the CPU's tiles; on CUDA tensor cores for dot-product
+    /// scores whose `q`, `k`, `v` and `d_out` share f16 or bf16 and whose extra operands need no
+    /// gradient, else the SIMT kernel.
+    pub fn flash_bwd_variant(&self, dtypes: [DType; 4], dot: bool, extra_grads: bool) -> Variant {
         match self {
             Policy::Cpu(_) => Variant::Tiled,
+            Policy::Cuda(_)
+                if dot && !extra_grads && dtypes.iter().all(|d| *d == dtypes[0]) && matches!(dtypes[0], DType::F16 | DType::BF16) =>
+            {
+                Variant::TensorCore
+            }
             Policy::Cuda(_) => Variant::Simt,
         }
     }
@@ -293,6 +300,10 @@ pub const CUDA_DECODE_MAX_ROWS: i64 = 4;
 pub const CUDA_BWD_ROWS: i64 = 32;
 /// Keys per block of the CUDA flash backward (one per thread of a block).
 pub const CUDA_BWD_KEYS: i64 = 128;
+
+/// Keys of a key block, and query rows of a query tile, of the tensor-core flash backward (four
+/// warps of 16; each inner step takes half a block). Both are its tile table's block sizes.
+pub const CUDA_MMA_BWD_BLOCK: i64 = 64;
 /// The widest head the CUDA flash kernels hold in registers.
 pub const CUDA_MAX_HEAD: i64 = 256;
 

@@ -4,8 +4,8 @@
 //! values. Pure arithmetic on the host, shared by the CPU and CUDA runtimes and the tests.
 
 use super::policy::{
-    CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_ROWS, CUDA_SIMT_ROWS, CpuPolicy, CudaPolicy,
-    Policy, cuda_mma_keys, cuda_pad_head,
+    CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_BWD_BLOCK, CUDA_MMA_ROWS, CUDA_SIMT_ROWS,
+    CpuPolicy, CudaPolicy, Policy, cuda_mma_keys, cuda_pad_head,
 };
 use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
 use crate::interp::MAX_ELEMENTS;
@@ -370,7 +370,7 @@ impl Preparing<'_> {
             Policy::Cuda(_) => {
                 let head = cuda_pad_head(d.max(dv)).ok_or(PrepareError::HeadDim { step: s, width: d.max(dv) })?;
                 self.prepared.defines.push((format!("ATTNC_HD_{s}"), head));
-                (CUDA_BWD_ROWS, CUDA_BWD_KEYS)
+                if f.variant == Variant::TensorCore { (CUDA_MMA_BWD_BLOCK, CUDA_MMA_BWD_BLOCK) } else { (CUDA_BWD_ROWS, CUDA_BWD_KEYS) }
             }
         };
         let (nqb, nkb) = (ceil_div(m, bm), ceil_div(n, bn));

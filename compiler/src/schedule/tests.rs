@@ -138,6 +138,40 @@ fn variants_follow_the_target_and_dtypes() {
 }
 
 #[test]
+fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradients() {
+    let text = |dtype: &str| {
+        format!(
+            "graph attn {{
+  %0 = param[name=q] : {dtype}[B, H, S, 64]
+  %1 = param[name=k] : {dtype}[B, H, S, 64]
+  %2 = param[name=v] : {dtype}[B, H, S, 64]
+  %3 = param[name=slopes] : f32[H]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : {dtype}[B, H, S, 64]
+  output out = %4
+}}"
+        )
+    };
+    let variant = |dtype: &str, wrt: Option<&[String]>, policy: &Policy| {
+        let g: Graph = text(dtype).parse().expect("parses");
+        let derived = crate::ir::grad::differentiate(&g, wrt).expect("differentiates");
+        let s = schedule(&derived, policy).expect("schedules");
+        let found = s.steps.iter().find_map(|st| match &st.kernel {
+            Kernel::FlashBwd(f) => Some(f.variant),
+            _ => None,
+        });
+        found.expect("a flash backward step")
+    };
+    let qkv: Vec<String> = ["q", "k", "v"].map(String::from).to_vec();
+    let cuda = Policy::Cuda(CudaPolicy::default());
+    assert_eq!(variant("f16", Some(&qkv), &cuda), Variant::TensorCore);
+    assert_eq!(variant("bf16", Some(&qkv), &cuda), Variant::TensorCore);
+    // The slopes' gradient (an extra operand's) and f32 operands take the SIMT kernel.
+    assert_eq!(variant("f16", None, &cuda), Variant::Simt);
+    assert_eq!(variant("f32", Some(&qkv), &cuda), Variant::Simt);
+    assert_eq!(variant("f16", Some(&qkv), &Policy::default()), Variant::Tiled);
+}
+
+#[test]
 fn score_scales_split_from_positions() {
     let e = |t: &str| parse_expr(t, 4).expect("parses");
     assert_eq!(split_scale(&e("s * 0.125")), (ScoreExpr::Score, Some(ScoreExpr::Float(0.125))));

@@ -136,17 +136,27 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
 }
 
 /// The offset of a `[..b', rows, width]` view's batch index `p` (broadcast axes step 0).
-fn batch_offset(ints: &Ints, view: &View, batch: &[Dim], p: &[String]) -> Result<String, CudaEmitError> {
+pub(super) fn batch_offset(ints: &Ints, view: &View, batch: &[Dim], p: &[String]) -> Result<String, CudaEmitError> {
     let strides = view.batch_strides(batch);
     let bview = View { shape: batch.to_vec(), strides, ..view.clone() };
     ints.offset(&bview, p)
 }
 
 /// The offset of a `[..b, M]` row statistic's batch index `p`.
-fn stat_offset(ints: &Ints, view: &View, batch: &[Dim], p: &[String]) -> Result<String, CudaEmitError> {
+pub(super) fn stat_offset(ints: &Ints, view: &View, batch: &[Dim], p: &[String]) -> Result<String, CudaEmitError> {
     let nb = batch.len();
     let bview = View { shape: batch.to_vec(), strides: view.strides[..nb].to_vec(), ..view.clone() };
     ints.offset(&bview, p)
+}
+
+/// `base + row * stride + col * stride` of a `[.., rows, width]` view's element within the batch
+/// index whose offset is `base`.
+pub(super) fn row_col(ints: &Ints, view: &View, base: &str, row: &str, col: &str) -> Result<String, CudaEmitError> {
+    let r = view.shape.len();
+    let term = |i: &str, s: &Dim| -> Result<String, CudaEmitError> {
+        Ok(if s.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", ints.dim(s)?) })
+    };
+    Ok(format!("{base} + {} + {}", term(row, &view.strides[r - 2])?, term(col, &view.strides[r - 1])?))
 }
 
 /// What the kernel's phases share.
@@ -164,11 +174,7 @@ struct Cx<'a> {
 impl Cx<'_> {
     /// `row * stride + col` of a view's element within its batch index.
     fn at(&self, view: &View, base: &str, row: &str, col: &str) -> Result<String, CudaEmitError> {
-        let r = view.shape.len();
-        let term = |i: &str, s: &Dim| -> Result<String, CudaEmitError> {
-            Ok(if s.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", self.ints.dim(s)?) })
-        };
-        Ok(format!("{base} + {} + {}", term(row, &view.strides[r - 2])?, term(col, &view.strides[r - 1])?))
+        row_col(self.ints, view, base, row, col)
     }
 
     /// A float element of a `[.., rows, width]` operand.

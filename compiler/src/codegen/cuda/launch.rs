@@ -3,7 +3,7 @@
 //! by the CUDA runtime and the host emulation.
 
 use super::{CudaProgram, Smem, storage_bytes};
-use crate::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_SIMT_ROWS};
+use crate::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_BWD_BLOCK, CUDA_MMA_ROWS, CUDA_SIMT_ROWS};
 use crate::schedule::{Prepared, Schedule};
 use thiserror::Error;
 
@@ -83,6 +83,10 @@ pub fn launches(
                 let tiles = rows * hd + keys * (hd + 1) + keys * hd;
                 let additive = if matches!(k.smem, Smem::FlashSimtAdditive(_)) { rows * hd + keys * (hd + 1) + hd } else { 0 };
                 (tiles + additive) * 4
+            }
+            Smem::FlashBwdMma(s) => {
+                let (hd, b) = (define("HD", s, "head width")?, CUDA_MMA_BWD_BLOCK);
+                (2 * b + b) * (hd + 8) * 2 + 2 * b * 4
             }
             Smem::FlashMma(s) => {
                 let (hd, bn, mt) = (define("HD", s, "head width")?, define("BN", s, "key tile")?, define("MT", s, "m-tiles")?);

@@ -23,6 +23,7 @@ mod cexpr;
 mod elementwise;
 mod flash;
 mod flash_bwd;
+mod flash_bwd_mma;
 mod launch;
 mod matmul;
 mod ops;
@@ -79,6 +80,8 @@ pub enum Smem {
     FlashSimtAdditive(usize),
     /// The tensor-core flash kernel of a step: `(64·MT + 2·BN)·(HD+8)` halves.
     FlashMma(usize),
+    /// The tensor-core flash backward of a step: `3·64·(HD+8)` halves and `2·64` floats.
+    FlashBwdMma(usize),
 }
 
 /// One step's kernel: its name and how it is launched.
@@ -145,6 +148,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&ints, &items, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),
+            Kernel::FlashBwd(f) if f.variant == crate::schedule::Variant::TensorCore => flash_bwd_mma::emit(&ints, &items, f),
             Kernel::FlashBwd(f) => flash_bwd::emit(&ints, &items, f),
             Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&ints, &items, f),
         }
@@ -153,6 +157,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
         let variant = match &step.kernel {
             Kernel::MatMul { variant, .. } => format!(" ({})", variant.name()),
             Kernel::Flash(f) => format!(" ({})", f.variant.name()),
+            Kernel::FlashBwd(f) => format!(" ({})", f.variant.name()),
             _ => String::new(),
         };
         let _ = writeln!(text, "\n// step {s}: {}{variant}", step.label);

@@ -1,0 +1,432 @@
+//! The flash backward on tensor cores (FlashAttention-2's backward with `mma.sync.m16n8k16`,
+//! f32 accumulation), for f16/bf16 `q`, `k`, `v` and `d_out` when no extra operand's gradient
+//! is asked for ([`Variant::TensorCore`](crate::schedule::Variant) of a [`FlashBwdKernel`]).
+//! A block has four warps and one of two kinds of work item, each owning what it writes, so
+//! every sum runs in a fixed order:
+//!
+//! 1. A block of [`CUDA_MMA_BWD_BLOCK`] keys of one batch index (items `0 .. batch · key
+//!    blocks`); warp `w` owns keys `16w .. 16w + 16` and their `dK` and `dV` rows in
+//!    registers. K and V stay in shared memory; for each query tile the tile table does not skip,
+//!    half a tile (32 rows) at a time, Q, `d_out` and the rows' `lse` and `delta` are staged,
+//!    and `Sᵀ = K Qᵀ`, `dPᵀ = V d_outᵀ` (tensor cores), the weights and `dSᵀ` (per element,
+//!    through the score modification and the mask), then `dV += Pᵀ d_out` and `dK += dSᵀ Q`
+//!    (tensor cores, P and dS rounded to the operands' type).
+//! 2. A tile of [`CUDA_MMA_BWD_BLOCK`] query rows (the next `batch · query blocks` items, when
+//!    `dQ` is asked for): warp `w` owns rows `16w .. 16w + 16` and their `dQ` in registers; for
+//!    each live key tile, half at a time, `S = Q Kᵀ`, `dP = d_out Vᵀ`, `dS`, then `dQ += dS K`.
+//!
+//! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
+
+use super::cexpr::{Ints, delinearize, indent, load, ptr, round_to, store};
+use super::flash_bwd::{batch_offset, row_col, stat_offset};
+use super::ops;
+use super::score::{ScoreCtx, score_lines};
+use super::{CudaEmitError, KernelSource, Smem};
+use crate::ir::semantics::Class;
+use crate::ir::{DType, Dim, Weights};
+use crate::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
+use crate::schedule::{FlashBwdKernel, Tuning, View};
+
+/// The tensor-core backward kernel of a flash backward step.
+pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
+    if !f.dx.is_empty() {
+        return Err(ints.fail("the tensor-core flash backward writes no extra operand's gradient".into()));
+    }
+    let step = f.step;
+    let bf16 = f.k.dtype == DType::BF16;
+    let (mma, pack) = if bf16 { ("attnc_mma_b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_pack_h") };
+    let batch = f.batch().to_vec();
+    let (m, n, d, dv) = f.sizes();
+    let tuning = |t| ints.tuning(step, t);
+    let blk = CUDA_MMA_BWD_BLOCK;
+    let half = blk / 2;
+    let mut body = vec![
+        "ATTNC_DYN_SMEM;".to_string(),
+        format!(
+            "constexpr int HD_ = ATTNC_HD_{step}, LD_ = HD_ + 8, DT_ = HD_ / 8, KS_ = HD_ / 16;  // head width (padded); shared row stride (halves)"
+        ),
+        format!("constexpr int BL_ = {blk}, HB_ = {half};  // rows of a block, of half a tile"),
+        "u16* A_ = (u16*)attnc_smem;  // [BL_][LD_]: K (key items) or Q (query items)".into(),
+        "u16* B_ = A_ + BL_ * LD_;     // [BL_][LD_]: V or d_out".into(),
+        "u16* C_ = B_ + BL_ * LD_;     // [HB_][LD_]: Q or K, half a tile".into(),
+        "u16* E_ = C_ + HB_ * LD_;     // [HB_][LD_]: d_out or V".into(),
+        "float* L_ = (float*)(E_ + HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
+        "float* G_ = L_ + BL_;                  // [BL_]: the rows' delta = Σ d_out ∘ out".into(),
+        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
+        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
+        "// The row this lane gives ldmatrix (elements from a 16 x 16 corner): an A fragment or".into(),
+        "// transposed B fragments (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8), B fragments of two".into(),
+        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8).".into(),
+        "const int fa_ = ((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8;".into(),
+        "const int fb_ = ((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8;".into(),
+        "const unsigned As_ = attnc_saddr(A_), Bs_ = attnc_saddr(B_), Cs_ = attnc_saddr(C_), Es_ = attnc_saddr(E_);".into(),
+        format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
+        format!(
+            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
+            tuning(Tuning::QueryBlocks)?,
+            tuning(Tuning::KeyBlocks)?,
+            tuning(Tuning::TileEntryBytes)?
+        ),
+        format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
+    ];
+    for (name, c) in [("qscale_", &f.q_scale), ("dqscale_", &f.dq_scale)] {
+        let mut lines = Vec::new();
+        let v = scale(ints, f, c.as_ref(), name, &mut lines)?;
+        body.extend(lines);
+        body.push(format!("const float {name} = {v};"));
+    }
+    let nb = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
+    body.push(format!("const i64 kitems_ = {nb} * nkb_;  // key-block items; query-tile items follow"));
+    body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
+    let mut it = vec![
+        "const bool keys_ = w_ < kitems_;".to_string(),
+        "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
+        "const i64 blk_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key block or query tile".into(),
+    ];
+    let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
+    for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
+        it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
+    }
+    if let Some((l, o)) = &f.lse {
+        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, o, &batch, &p)?));
+    }
+    for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
+        if let Some(view) = view {
+            it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
+        }
+    }
+    it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
+    it.push("attnc_sync();  // the previous item is done with shared memory".into());
+    let cx = Cx { ints, f, p: &p, mma, pack };
+    it.push(cx.vec_line()?);
+    it.push("if (keys_) {".into());
+    it.extend(indent(&cx.key_block()?, 2));
+    it.push("}".into());
+    if f.dq.is_some() {
+        it.push("else {".into());
+        it.extend(indent(&cx.query_tile()?, 2));
+        it.push("}".into());
+    }
+    body.extend(indent(&it, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashBwdMma(step), body })
+}
+
+/// A folded scale's value (`1.0f` when there is none); its statements into `lines`.
+fn scale(
+    ints: &Ints,
+    f: &FlashBwdKernel,
+    c: Option<&crate::ir::ScoreExpr>,
+    prefix: &str,
+    lines: &mut Vec<String>,
+) -> Result<String, CudaEmitError> {
+    let Some(c) = c else { return Ok("1.0f".into()) };
+    let mut l = ops::Lines::new(prefix.trim_end_matches('_'));
+    let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
+    let v = cx.eval(&mut l, c)?;
+    lines.extend(l.lines);
+    Ok(ops::convert(&v, Class::Float))
+}
+
+/// What the two kinds of work item share.
+struct Cx<'a> {
+    ints: &'a Ints<'a>,
+    f: &'a FlashBwdKernel,
+    p: &'a [String],
+    mma: &'a str,
+    pack: &'a str,
+}
+
+impl Cx<'_> {
+    /// Copies rows `first ..` (`rows` of them) of a `[.., rows, width]` operand into shared
+    /// buffer `buf` as raw halves, zero outside the matrix and beyond the width: 16 bytes at a
+    /// time by `cp.async` when `vec_`, else element by element. The caller waits
+    /// (`attnc_cp_wait_all`) and syncs before reading.
+    fn stage(
+        &self,
+        buf: &str,
+        rows: &str,
+        (view, base): (&View, &str),
+        first: &str,
+        (limit, width): (&str, &str),
+    ) -> Result<Vec<String>, CudaEmitError> {
+        let at = row_col(self.ints, view, base, "x_", "(i64)c_")?;
+        let src = ptr(view.buf, view.dtype, false);
+        let scalar = vec![
+            format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+            "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
+            format!("  const i64 x_ = {first} + r_;"),
+            format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {src}[{at}] : (u16)0;"),
+            "}".into(),
+        ];
+        if !self.unit_columns() {
+            return Ok(scalar);
+        }
+        let mut out = vec![
+            "if (vec_) {".to_string(),
+            format!("  for (int e_ = tid_; e_ < {rows} * (HD_ / 8); e_ += {CUDA_FLASH_THREADS}) {{"),
+            "    const int r_ = e_ / (HD_ / 8), c_ = (e_ % (HD_ / 8)) * 8;".into(),
+            format!("    const i64 x_ = {first} + r_;"),
+            format!("    const bool in_ = x_ < {limit} && c_ < {width};"),
+            format!(
+                "    attnc_cp16(attnc_saddr({buf}) + 2u * (r_ * LD_ + c_), in_ ? (const void*)&{src}[{at}] : (const void*){src}, in_);"
+            ),
+            "  }".into(),
+            "  attnc_cp_commit();".into(),
+            "} else {".into(),
+        ];
+        out.extend(indent(&scalar, 2));
+        out.push("}".into());
+        Ok(out)
+    }
+
+    /// Whether q, k, v and d_out have unit column stride (known at emission): the condition for
+    /// any 16-byte copy of their rows.
+    fn unit_columns(&self) -> bool {
+        let f = self.f;
+        [&f.q, &f.k, &f.v, &f.d_out].iter().all(|view| view.strides.last().and_then(Dim::as_const) == Some(1))
+    }
+
+    /// `const bool vec_`: whether this item's rows can be copied 16 bytes at a time (widths, row
+    /// strides and offsets multiples of 8 halves, checked per run).
+    fn vec_line(&self) -> Result<String, CudaEmitError> {
+        if !self.unit_columns() {
+            return Ok("const bool vec_ = false;".into());
+        }
+        let f = self.f;
+        let mut conds = vec!["D_ % 8 == 0".to_string(), "DV_ % 8 == 0".into()];
+        for (view, base) in [(&f.q, "qoff_"), (&f.k, "koff_"), (&f.v, "voff_"), (&f.d_out, "dooff_")] {
+            conds.push(format!("{base} % 8 == 0"));
+            conds.push(format!("{} % 8 == 0", self.ints.dim(&view.strides[view.strides.len() - 2])?));
+        }
+        Ok(format!("const bool vec_ = {};  // 16-byte copies", conds.join(" && ")))
+    }
+
+    /// Each of rows `first ..` (`rows` of them) gets its log-sum-exp and `delta` in `L_` and
+    /// `G_` (softmax weights), one thread per row.
+    fn stage_stats(&self, rows: &str, first: &str) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let Some((l, o)) = &f.lse else { return Ok(Vec::new()) };
+        let s = &l.strides[l.strides.len() - 1];
+        let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
+        let elem = |view: &View, base: &str| -> Result<String, CudaEmitError> {
+            let raw =
+                ops::CVal { text: load(view.buf, view.dtype, &row_col(self.ints, view, base, "i_", "c_")?), class: Class::of(view.dtype) };
+            Ok(ops::convert(&raw, Class::Float))
+        };
+        // 128 / rows consecutive lanes per row, each summing every (128 / rows)-th column, then
+        // a fixed shuffle tree over them.
+        Ok(vec![
+            "{".into(),
+            format!("  constexpr int TR_ = {CUDA_FLASH_THREADS} / {rows};  // threads per row"),
+            format!("  const int sr_ = tid_ / TR_, part_ = tid_ % TR_;"),
+            format!("  const i64 i_ = {first} + sr_;"),
+            "  float t_ = 0.0f;".into(),
+            format!(
+                "  if (i_ < M_) for (i64 c_ = part_; c_ < DV_; c_ += TR_) t_ += {} * {};",
+                elem(&f.d_out, "dooff_")?,
+                elem(o, "ooff_")?
+            ),
+            "  #pragma unroll".into(),
+            "  for (int m_ = 1; m_ < TR_; m_ <<= 1) t_ += attnc_shfl_xor(t_, m_);".into(),
+            "  if (part_ == 0) {".into(),
+            format!("    L_[sr_] = i_ < M_ ? {} : 0.0f;", load(l.buf, DType::F32, &off)),
+            "    G_[sr_] = t_;".into(),
+            "  }".into(),
+            "}".into(),
+        ])
+    }
+
+    /// `acc[16 rows][32 columns] = X Yᵀ` over the padded head width: X's 16 rows from shared
+    /// address `xs` (`xrow` the warp's first row), Y's 32 rows from `ys`.
+    fn product(&self, acc: &str, xs: &str, xrow: &str, ys: &str) -> Vec<String> {
+        let mma = self.mma;
+        vec![
+            format!("float {acc}[4][4];"),
+            "#pragma unroll".into(),
+            format!(
+                "for (int nt_ = 0; nt_ < 4; ++nt_) {{ {acc}[nt_][0] = 0.0f; {acc}[nt_][1] = 0.0f; {acc}[nt_][2] = 0.0f; {acc}[nt_][3] = 0.0f; }}"
+            ),
+            "#pragma unroll".into(),
+            "for (int ks_ = 0; ks_ < KS_; ++ks_) {".into(),
+            "  unsigned a_[4];".into(),
+            format!("  attnc_ldsm_x4(a_, {xs} + 2u * (fa_ + ({xrow}) * LD_ + ks_ * 16));"),
+            "  #pragma unroll".into(),
+            "  for (int nt_ = 0; nt_ < 4; nt_ += 2) {".into(),
+            "    unsigned b_[4];".into(),
+            format!("    attnc_ldsm_x4(b_, {ys} + 2u * (fb_ + nt_ * 8 * LD_ + ks_ * 16));"),
+            format!("    {mma}({acc}[nt_], a_, b_);"),
+            format!("    {mma}({acc}[nt_ + 1], a_, b_ + 2);"),
+            "  }".into(),
+            "}".into(),
+        ]
+    }
+
+    /// `acc[16][HD_] += X Z` for X = the 16 × 32 accumulator `x` (rounded to the operand type)
+    /// and Z's 32 rows in shared memory at `zs` (transposed `ldmatrix`).
+    fn accumulate(&self, acc: &str, x: &str, zs: &str) -> Vec<String> {
+        let (mma, pack) = (self.mma, self.pack);
+        vec![
+            "#pragma unroll".into(),
+            "for (int kk_ = 0; kk_ < 2; ++kk_) {".into(),
+            "  unsigned a_[4];".into(),
+            format!("  a_[0] = {pack}({x}[2 * kk_][0], {x}[2 * kk_][1]);"),
+            format!("  a_[1] = {pack}({x}[2 * kk_][2], {x}[2 * kk_][3]);"),
+            format!("  a_[2] = {pack}({x}[2 * kk_ + 1][0], {x}[2 * kk_ + 1][1]);"),
+            format!("  a_[3] = {pack}({x}[2 * kk_ + 1][2], {x}[2 * kk_ + 1][3]);"),
+            "  #pragma unroll".into(),
+            "  for (int t_ = 0; t_ < DT_; t_ += 2) {".into(),
+            "    unsigned b_[4];".into(),
+            format!("    attnc_ldsm_x4_t(b_, {zs} + 2u * (fa_ + kk_ * 16 * LD_ + t_ * 8));"),
+            format!("    {mma}({acc}[t_], a_, b_);"),
+            format!("    {mma}({acc}[t_ + 1], a_, b_ + 2);"),
+            "  }".into(),
+            "}".into(),
+        ]
+    }
+
+    /// Per accumulator element (`nt_`, `e_`) at query `i_`, key `j_`, statistics row `sr_`: the
+    /// weight into `s_` and `dS` into `dp_` (from the raw product `s_` and `dP` in `dp_`).
+    fn weights(&self, position: &str) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let mut pos = self.p.to_vec();
+        pos.push("i_".into());
+        pos.push("j_".into());
+        let cx = ScoreCtx { ints: self.ints, s: Some("sv_"), pos: &pos, extras: &f.extras };
+        let mut el = vec![position.to_string(), "const float sv_ = s_[nt_][e_] * qscale_, dpv_ = dp_[nt_][e_];".into()];
+        el.push("float p_ = 0.0f, ds_ = 0.0f;".into());
+        el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
+        el.extend(score_lines(&cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?);
+        if f.spec.weights == Weights::Softmax {
+            el.push("p_ = (keep_ && L_[sr_] != -ATTNC_INF) ? expf(sc_ - L_[sr_]) : 0.0f;".into());
+            el.push("const float df_ = p_ * (dpv_ - G_[sr_]);".into());
+        } else {
+            el.push("p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+            el.push("const float df_ = dpv_ * p_ * (1.0f - p_);".into());
+        }
+        el.push("if (df_ != 0.0f) {  // where dF is 0 nothing flows, even through an inf or NaN derivative".into());
+        let mut l = ops::Lines::new("g");
+        let dsv = cx.eval(&mut l, &f.grad.ds)?;
+        el.extend(indent(&l.lines, 2));
+        el.push(format!("  ds_ = df_ * {};", ops::convert(&dsv, Class::Float)));
+        el.push("}".into());
+        el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
+        let mut out = vec![
+            "#pragma unroll".to_string(),
+            "for (int nt_ = 0; nt_ < 4; ++nt_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+        ];
+        out.extend(indent(&el, 4));
+        out.push("  }".into());
+        out.push("}".into());
+        Ok(out)
+    }
+
+    /// Stores accumulator `acc` (`[DT_][4]`, rows `row` of the warp) times `scale` into a
+    /// result's rows below `limit`, columns below `width`.
+    fn store_rows(&self, acc: &str, view: &View, base: &str, scale: &str, limit: &str, width: &str) -> Result<Vec<String>, CudaEmitError> {
+        let value = round_to(view.dtype, &format!("({scale} * {acc}[t_][e_])"));
+        Ok(vec![
+            "#pragma unroll".into(),
+            "for (int t_ = 0; t_ < DT_; ++t_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+            "    const i64 r_ = row0_ + g_ + (e_ >> 1) * 8, c_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into(),
+            format!(
+                "    if (r_ < {limit} && c_ < {width}) {}",
+                store(view.buf, view.dtype, &row_col(self.ints, view, base, "r_", "c_")?, &value)
+            ),
+            "  }".into(),
+            "}".into(),
+        ])
+    }
+
+    fn zero(acc: &str) -> Vec<String> {
+        vec![
+            format!("float {acc}[DT_][4];"),
+            "#pragma unroll".into(),
+            format!(
+                "for (int t_ = 0; t_ < DT_; ++t_) {{ {acc}[t_][0] = 0.0f; {acc}[t_][1] = 0.0f; {acc}[t_][2] = 0.0f; {acc}[t_][3] = 0.0f; }}"
+            ),
+        ]
+    }
+
+    /// Work item 1: `dK` and `dV` of a key block.
+    fn key_block(&self) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let mut out = vec!["const i64 kb0_ = blk_ * BL_, row0_ = kb0_ + warp_ * 16;  // the block's keys; the warp's".to_string()];
+        out.extend(self.stage("A_", "BL_", (&f.k, "koff_"), "kb0_", ("N_", "D_"))?);
+        out.extend(self.stage("B_", "BL_", (&f.v, "voff_"), "kb0_", ("N_", "DV_"))?);
+        out.extend(Self::zero("dk_"));
+        out.extend(Self::zero("dv_"));
+        out.push("for (i64 qt_ = 0; qt_ < nqb_; ++qt_) {".into());
+        out.push("  const int cls_ = tbl_[(qt_ * nkb_ + blk_) * entry_];  // 0 skip, 1 full, 2 partial".into());
+        out.push("  if (cls_ == 0) continue;".into());
+        out.push("  for (int hq_ = 0; hq_ < 2; ++hq_) {".into());
+        let mut h = vec![
+            "const i64 q0_ = qt_ * BL_ + hq_ * HB_;".to_string(),
+            "if (q0_ >= M_) break;".into(),
+            "attnc_sync();  // every warp is done with C_, E_, L_ and G_ (and K, V are in)".into(),
+        ];
+        h.extend(self.stage("C_", "HB_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
+        h.extend(self.stage("E_", "HB_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
+        h.extend(self.stage_stats("HB_", "q0_")?);
+        h.push("attnc_cp_wait_all();".into());
+        h.push("attnc_sync();".into());
+        h.push("// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.".into());
+        h.extend(self.product("s_", "As_", "warp_ * 16", "Cs_"));
+        h.extend(self.product("dp_", "Bs_", "warp_ * 16", "Es_"));
+        h.extend(self.weights("const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = q0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;")?);
+        h.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
+        h.extend(self.accumulate("dv_", "s_", "Es_"));
+        h.extend(self.accumulate("dk_", "dp_", "Cs_"));
+        out.extend(indent(&h, 4));
+        out.push("  }".into());
+        out.push("}".into());
+        if let Some(dk) = &f.dk {
+            out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
+        }
+        if let Some(dv) = &f.dv {
+            out.extend(self.store_rows("dv_", dv, "dvoff_", "1.0f", "N_", "DV_")?);
+        }
+        Ok(out)
+    }
+
+    /// Work item 2: `dQ` of a query tile.
+    fn query_tile(&self) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let Some(dq) = &f.dq else { return Ok(Vec::new()) };
+        let mut out = vec!["const i64 q0_ = blk_ * BL_, row0_ = q0_ + warp_ * 16;  // the tile's rows; the warp's".to_string()];
+        out.extend(self.stage("A_", "BL_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
+        out.extend(self.stage("B_", "BL_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
+        out.extend(self.stage_stats("BL_", "q0_")?);
+        out.extend(Self::zero("dq_"));
+        out.push("for (i64 kb_ = 0; kb_ < nkb_; ++kb_) {".into());
+        out.push("  const int cls_ = tbl_[(blk_ * nkb_ + kb_) * entry_];  // 0 skip, 1 full, 2 partial".into());
+        out.push("  if (cls_ == 0) continue;".into());
+        out.push("  for (int hk_ = 0; hk_ < 2; ++hk_) {".into());
+        let mut h = vec![
+            "const i64 k0_ = kb_ * BL_ + hk_ * HB_;".to_string(),
+            "if (k0_ >= N_) break;".into(),
+            "attnc_sync();  // every warp is done with C_ and E_ (and Q, d_out, L_, G_ are in)".into(),
+        ];
+        h.extend(self.stage("C_", "HB_", (&f.k, "koff_"), "k0_", ("N_", "D_"))?);
+        h.extend(self.stage("E_", "HB_", (&f.v, "voff_"), "k0_", ("N_", "DV_"))?);
+        h.push("attnc_cp_wait_all();".into());
+        h.push("attnc_sync();".into());
+        h.push("// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.".into());
+        h.extend(self.product("s_", "As_", "warp_ * 16", "Cs_"));
+        h.extend(self.product("dp_", "Bs_", "warp_ * 16", "Es_"));
+        h.extend(self.weights(
+            "const int sr_ = warp_ * 16 + g_ + (e_ >> 1) * 8; const i64 i_ = q0_ + sr_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);",
+        )?);
+        h.push("// dQ += dS K".into());
+        h.extend(self.accumulate("dq_", "dp_", "Cs_"));
+        out.extend(indent(&h, 4));
+        out.push("  }".into());
+        out.push("}".into());
+        out.extend(self.store_rows("dq_", dq, "dqoff_", "dqscale_", "M_", "D_")?);
+        Ok(out)
+    }
+}
