@@ -165,6 +165,7 @@ ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
 }
 ATTNC_DEV void attnc_cp_commit() {}
 ATTNC_DEV void attnc_cp_wait_all() {}
+ATTNC_DEV void attnc_cp_wait_1() {}
 ATTNC_DEV float attnc_exp2_fast(float x) { return std::exp2(x); }
 ATTNC_DEV float attnc_exp_fast(float x) { return std::exp2(x * ATTNC_LOG2E); }
 ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, true); }

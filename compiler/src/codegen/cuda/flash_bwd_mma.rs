@@ -7,7 +7,8 @@
 //! 1. A block of [`CUDA_MMA_BWD_BLOCK`] keys of one batch index (items `0 .. batch · key
 //!    blocks`); warp `w` owns keys `16w .. 16w + 16` and their `dK` and `dV` rows in
 //!    registers. K and V stay in shared memory; for each query tile the tile table does not skip,
-//!    half a tile (32 rows) at a time, Q, `d_out` and the rows' `lse` and `delta` are staged,
+//!    half a tile (32 rows) at a time, Q, `d_out` (copied while the previous half tile is
+//!    worked on: two buffers) and the rows' `lse` and `delta` are staged,
 //!    and `Sᵀ = K Qᵀ`, `dPᵀ = V d_outᵀ` (tensor cores), the weights and `dSᵀ` (per element,
 //!    through the score modification and the mask), then `dV += Pᵀ d_out` and `dK += dSᵀ Q`
 //!    (tensor cores, P and dS rounded to the operands' type).
@@ -48,9 +49,9 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         format!("constexpr int BL_ = {blk}, HB_ = {half};  // rows of a block, of half a tile"),
         "u16* A_ = (u16*)attnc_smem;  // [BL_][LD_]: K (key items) or Q (query items)".into(),
         "u16* B_ = A_ + BL_ * LD_;     // [BL_][LD_]: V or d_out".into(),
-        "u16* C_ = B_ + BL_ * LD_;     // [HB_][LD_]: Q or K, half a tile".into(),
-        "u16* E_ = C_ + HB_ * LD_;     // [HB_][LD_]: d_out or V".into(),
-        "float* L_ = (float*)(E_ + HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
+        "u16* C_ = B_ + BL_ * LD_;     // [2][HB_][LD_]: Q or K, half a tile, two buffers".into(),
+        "u16* E_ = C_ + 2 * HB_ * LD_; // [2][HB_][LD_]: d_out or V".into(),
+        "float* L_ = (float*)(E_ + 2 * HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
         "float* G_ = L_ + BL_;                  // [BL_]: the rows' delta = Σ d_out ∘ out".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
         "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
@@ -128,6 +129,19 @@ fn scale(
     Ok(ops::convert(&v, Class::Float))
 }
 
+/// Copies a half tile into a buffer: (the buffer's index expression, the first row).
+type Stage<'a> = dyn Fn(&str, &str) -> Result<Vec<String>, CudaEmitError> + 'a;
+
+/// An item's half tiles: how many, and expressions of a half tile `@`: whether it is worked on,
+/// its tile's class, its first row.
+#[derive(Clone, Copy)]
+struct Walk<'a> {
+    count: &'a str,
+    live: &'a str,
+    class: &'a str,
+    first: &'a str,
+}
+
 /// What the two kinds of work item share.
 struct Cx<'a> {
     ints: &'a Ints<'a>,
@@ -140,8 +154,8 @@ struct Cx<'a> {
 impl Cx<'_> {
     /// Copies rows `first ..` (`rows` of them) of a `[.., rows, width]` operand into shared
     /// buffer `buf` as raw halves, zero outside the matrix and beyond the width: 16 bytes at a
-    /// time by `cp.async` when `vec_`, else element by element. The caller waits
-    /// (`attnc_cp_wait_all`) and syncs before reading.
+    /// time by `cp.async` when `vec_`, else element by element. The caller commits, waits and
+    /// syncs before reading.
     fn stage(
         &self,
         buf: &str,
@@ -172,7 +186,6 @@ impl Cx<'_> {
                 "    attnc_cp16(attnc_saddr({buf}) + 2u * (r_ * LD_ + c_), in_ ? (const void*)&{src}[{at}] : (const void*){src}, in_);"
             ),
             "  }".into(),
-            "  attnc_cp_commit();".into(),
             "} else {".into(),
         ];
         out.extend(indent(&scalar, 2));
@@ -352,38 +365,81 @@ impl Cx<'_> {
         ]
     }
 
+    /// The loop over an item's live half tiles (`count` of them; `live`, `class` and `first`
+    /// are expressions of a half tile `@`: whether it is worked on, its tile's class, its first
+    /// row). Half tile `h_` is copied into
+    /// buffer `cb_` while the previous one is worked on. Around `body`, which reads `x0_` (the
+    /// first row), `cls_` and the buffers' shared addresses `Cb_`, `Eb_`; `stats` run before it
+    /// (synchronously, after the next copies are on their way).
+    fn half_tiles(&self, walk: &Walk, stage: &Stage, stats: Vec<String>, body: Vec<String>) -> Result<Vec<String>, CudaEmitError> {
+        let Walk { count, live, class, first } = *walk;
+        let at = |x: &str, h: &str| x.replace('@', h);
+        let mut out = vec![
+            format!("auto live_ = [&](i64 h) -> bool {{ return {}; }};", at(live, "h")),
+            "i64 h_ = 0;".into(),
+            format!("while (h_ < {count} && !live_(h_)) ++h_;"),
+            "int cb_ = 0;  // the buffer of half tile h_".into(),
+            format!("if (h_ < {count}) {{"),
+            format!("  const i64 f0_ = {};", at(first, "h_")),
+        ];
+        out.extend(indent(&stage("0", "f0_")?, 2));
+        out.push("  attnc_cp_commit();".into());
+        out.push("}".into());
+        out.push(format!("while (h_ < {count}) {{"));
+        let mut it = vec![
+            "i64 hn_ = h_ + 1;".to_string(),
+            format!("while (hn_ < {count} && !live_(hn_)) ++hn_;"),
+            format!("const int cls_ = {};  // 0 skip, 1 full, 2 partial", at(class, "h_")),
+            format!("const i64 x0_ = {};  // the half tile's first row", at(first, "h_")),
+            "attnc_sync();  // every warp is done with the other buffer and with L_, G_".into(),
+            format!("if (hn_ < {count}) {{"),
+            format!("  const i64 f0_ = {};", at(first, "hn_")),
+        ];
+        it.extend(indent(&stage("cb_ ^ 1", "f0_")?, 2));
+        it.push("  attnc_cp_commit();".into());
+        it.push("}".into());
+        it.extend(stats);
+        it.push(format!("if (hn_ < {count}) attnc_cp_wait_1(); else attnc_cp_wait_all();  // this half tile is in"));
+        it.push("attnc_sync();".into());
+        it.push("const unsigned Cb_ = Cs_ + cb_ * (2u * HB_ * LD_), Eb_ = Es_ + cb_ * (2u * HB_ * LD_);".into());
+        it.extend(body);
+        it.push("cb_ ^= 1;".into());
+        it.push("h_ = hn_;".into());
+        out.extend(indent(&it, 2));
+        out.push("}".into());
+        Ok(out)
+    }
+
     /// Work item 1: `dK` and `dV` of a key block.
     fn key_block(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = vec!["const i64 kb0_ = blk_ * BL_, row0_ = kb0_ + warp_ * 16;  // the block's keys; the warp's".to_string()];
         out.extend(self.stage("A_", "BL_", (&f.k, "koff_"), "kb0_", ("N_", "D_"))?);
         out.extend(self.stage("B_", "BL_", (&f.v, "voff_"), "kb0_", ("N_", "DV_"))?);
+        out.push("attnc_cp_commit();".into());
         out.extend(Self::zero("dk_"));
         out.extend(Self::zero("dv_"));
-        out.push("for (i64 qt_ = 0; qt_ < nqb_; ++qt_) {".into());
-        out.push("  const int cls_ = tbl_[(qt_ * nkb_ + blk_) * entry_];  // 0 skip, 1 full, 2 partial".into());
-        out.push("  if (cls_ == 0) continue;".into());
-        out.push("  for (int hq_ = 0; hq_ < 2; ++hq_) {".into());
-        let mut h = vec![
-            "const i64 q0_ = qt_ * BL_ + hq_ * HB_;".to_string(),
-            "if (q0_ >= M_) break;".into(),
-            "attnc_sync();  // every warp is done with C_, E_, L_ and G_ (and K, V are in)".into(),
-        ];
-        h.extend(self.stage("C_", "HB_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
-        h.extend(self.stage("E_", "HB_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
-        h.extend(self.stage_stats("HB_", "q0_")?);
-        h.push("attnc_cp_wait_all();".into());
-        h.push("attnc_sync();".into());
-        h.push("// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.".into());
-        h.extend(self.product("s_", "As_", "warp_ * 16", "Cs_"));
-        h.extend(self.product("dp_", "Bs_", "warp_ * 16", "Es_"));
-        h.extend(self.weights("const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = q0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;")?);
-        h.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
-        h.extend(self.accumulate("dv_", "s_", "Es_"));
-        h.extend(self.accumulate("dk_", "dp_", "Cs_"));
-        out.extend(indent(&h, 4));
-        out.push("  }".into());
-        out.push("}".into());
+        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
+            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.q, "qoff_"), row, ("M_", "D_"))?;
+            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.d_out, "dooff_"), row, ("M_", "DV_"))?);
+            Ok(v)
+        };
+        let mut body = vec!["// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.".to_string()];
+        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
+        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        body.extend(
+            self.weights("const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = x0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;")?,
+        );
+        body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
+        body.extend(self.accumulate("dv_", "s_", "Eb_"));
+        body.extend(self.accumulate("dk_", "dp_", "Cb_"));
+        let walk = Walk {
+            count: "2 * nqb_",
+            live: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < M_",
+            class: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_]",
+            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+        };
+        out.extend(self.half_tiles(&walk, &stage, self.stage_stats("HB_", "x0_")?, body)?);
         if let Some(dk) = &f.dk {
             out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
         }
@@ -400,32 +456,29 @@ impl Cx<'_> {
         let mut out = vec!["const i64 q0_ = blk_ * BL_, row0_ = q0_ + warp_ * 16;  // the tile's rows; the warp's".to_string()];
         out.extend(self.stage("A_", "BL_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
         out.extend(self.stage("B_", "BL_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
+        out.push("attnc_cp_commit();".into());
         out.extend(self.stage_stats("BL_", "q0_")?);
         out.extend(Self::zero("dq_"));
-        out.push("for (i64 kb_ = 0; kb_ < nkb_; ++kb_) {".into());
-        out.push("  const int cls_ = tbl_[(blk_ * nkb_ + kb_) * entry_];  // 0 skip, 1 full, 2 partial".into());
-        out.push("  if (cls_ == 0) continue;".into());
-        out.push("  for (int hk_ = 0; hk_ < 2; ++hk_) {".into());
-        let mut h = vec![
-            "const i64 k0_ = kb_ * BL_ + hk_ * HB_;".to_string(),
-            "if (k0_ >= N_) break;".into(),
-            "attnc_sync();  // every warp is done with C_ and E_ (and Q, d_out, L_, G_ are in)".into(),
-        ];
-        h.extend(self.stage("C_", "HB_", (&f.k, "koff_"), "k0_", ("N_", "D_"))?);
-        h.extend(self.stage("E_", "HB_", (&f.v, "voff_"), "k0_", ("N_", "DV_"))?);
-        h.push("attnc_cp_wait_all();".into());
-        h.push("attnc_sync();".into());
-        h.push("// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.".into());
-        h.extend(self.product("s_", "As_", "warp_ * 16", "Cs_"));
-        h.extend(self.product("dp_", "Bs_", "warp_ * 16", "Es_"));
-        h.extend(self.weights(
-            "const int sr_ = warp_ * 16 + g_ + (e_ >> 1) * 8; const i64 i_ = q0_ + sr_, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);",
+        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
+            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.k, "koff_"), row, ("N_", "D_"))?;
+            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.v, "voff_"), row, ("N_", "DV_"))?);
+            Ok(v)
+        };
+        let mut body = vec!["// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.".to_string()];
+        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
+        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        body.extend(self.weights(
+            "const int sr_ = warp_ * 16 + g_ + (e_ >> 1) * 8; const i64 i_ = q0_ + sr_, j_ = x0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);",
         )?);
-        h.push("// dQ += dS K".into());
-        h.extend(self.accumulate("dq_", "dp_", "Cs_"));
-        out.extend(indent(&h, 4));
-        out.push("  }".into());
-        out.push("}".into());
+        body.push("// dQ += dS K".into());
+        body.extend(self.accumulate("dq_", "dp_", "Cb_"));
+        let walk = Walk {
+            count: "2 * nkb_",
+            live: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < N_",
+            class: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_]",
+            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+        };
+        out.extend(self.half_tiles(&walk, &stage, Vec::new(), body)?);
         out.extend(self.store_rows("dq_", dq, "dqoff_", "dqscale_", "M_", "D_")?);
         Ok(out)
     }

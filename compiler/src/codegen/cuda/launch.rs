@@ -86,7 +86,8 @@ pub fn launches(
             }
             Smem::FlashBwdMma(s) => {
                 let (hd, b) = (define("HD", s, "head width")?, CUDA_MMA_BWD_BLOCK);
-                (2 * b + b) * (hd + 8) * 2 + 2 * b * 4
+                // Two blocks, two double-buffered half tiles; the rows' statistics.
+                4 * b * (hd + 8) * 2 + 2 * b * 4
             }
             Smem::FlashMma(s) => {
                 let (hd, bn, mt) = (define("HD", s, "head width")?, define("BN", s, "key tile")?, define("MT", s, "m-tiles")?);

@@ -80,7 +80,7 @@ pub enum Smem {
     FlashSimtAdditive(usize),
     /// The tensor-core flash kernel of a step: `(64·MT + 2·BN)·(HD+8)` halves.
     FlashMma(usize),
-    /// The tensor-core flash backward of a step: `3·64·(HD+8)` halves and `2·64` floats.
+    /// The tensor-core flash backward of a step: `4·64·(HD+8)` halves and `2·64` floats.
     FlashBwdMma(usize),
 }
 

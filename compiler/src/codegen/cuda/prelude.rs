@@ -65,6 +65,8 @@ ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
 }
 ATTNC_DEV void attnc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 ATTNC_DEV void attnc_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// Every committed group but the newest is in (a prefetch may still be on its way).
+ATTNC_DEV void attnc_cp_wait_1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 // 2^x on the special-function unit (about 2 ulp; flash softmax weights only).
 ATTNC_DEV float attnc_exp2_fast(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 ATTNC_DEV float attnc_exp_fast(float x) { return attnc_exp2_fast(x * ATTNC_LOG2E); }
