@@ -15,6 +15,8 @@
 #           into versus.txt
 #   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
 #           throughput, occupancy, warp stalls, into ncu.txt
+#   bwd     the tensor-core flash backward against the SIMT one (ATTNC_CUDA_BWD=simt), attnc bench
+#           --grad alone, f16, interleaved, into bwd.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
 #           training step, f16, none and causal, S=1024 and 4096, into train.md
 #   additive
@@ -130,6 +132,27 @@ while [ $i -lt ${#steps[@]} ]; do
             done
         done > "$OUT/$step.txt" 2>&1
         cat "$OUT/$step.txt"
+        ;;
+    bwd)
+        # The tensor-core flash backward against the SIMT one (ATTNC_CUDA_BWD=simt): attnc bench
+        # --grad, f16, interleaved over two rounds.
+        echo "== bwd"
+        for kind in none causal; do
+            program "$kind" "$OUT/bwd-$kind.attn"
+        done
+        for round in 1 2; do
+            for spec in "none 64 1024" "none 128 1024" "causal 128 1024" "none 128 4096"; do
+                set -- $spec
+                for mode in tc simt; do
+                    knob=""
+                    [ "$mode" = simt ] && knob=simt
+                    ms=$(ATTNC_CUDA_BWD=$knob timeout 120 "$ATTNC" bench "$OUT/bwd-$1.attn" --target cuda --grad --json --iters 5 --warmup 1 \
+                        --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
+                    echo "round $round $1 D=$2 S=$3 $mode: $ms ms"
+                done
+            done
+        done > "$OUT/bwd.txt" 2>&1
+        cat "$OUT/bwd.txt"
         ;;
     train)
         echo "== train"

@@ -104,12 +104,16 @@ pub struct CudaPolicy {
     /// [`CudaPolicy::mma_row_tiles`]'s choice: a tuning knob (`ATTNC_CUDA_MMA_ROWS`, read by the
     /// runtime); every choice computes the same result.
     pub mma_rows: Option<i64>,
+    /// Every flash backward on the SIMT kernel, tensor cores or not: a knob for comparing the
+    /// two (`ATTNC_CUDA_BWD=simt`, read by the runtime); both compute the same gradients up to
+    /// rounding.
+    pub simt_backward: bool,
 }
 
 impl Default for CudaPolicy {
     /// An A100-like device (108 SMs, 163 KiB of shared memory per block).
     fn default() -> CudaPolicy {
-        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None }
+        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None, simt_backward: false }
     }
 }
 
@@ -167,8 +171,12 @@ impl Policy {
     pub fn flash_bwd_variant(&self, dtypes: [DType; 4], dot: bool, extra_grads: bool) -> Variant {
         match self {
             Policy::Cpu(_) => Variant::Tiled,
-            Policy::Cuda(_)
-                if dot && !extra_grads && dtypes.iter().all(|d| *d == dtypes[0]) && matches!(dtypes[0], DType::F16 | DType::BF16) =>
+            Policy::Cuda(c)
+                if !c.simt_backward
+                    && dot
+                    && !extra_grads
+                    && dtypes.iter().all(|d| *d == dtypes[0])
+                    && matches!(dtypes[0], DType::F16 | DType::BF16) =>
             {
                 Variant::TensorCore
             }

@@ -169,6 +169,8 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradient
     assert_eq!(variant("f16", None, &cuda), Variant::Simt);
     assert_eq!(variant("f32", Some(&qkv), &cuda), Variant::Simt);
     assert_eq!(variant("f16", Some(&qkv), &Policy::default()), Variant::Tiled);
+    // The comparison knob.
+    assert_eq!(variant("f16", Some(&qkv), &Policy::Cuda(CudaPolicy { simt_backward: true, ..CudaPolicy::default() })), Variant::Simt);
 }
 
 #[test]

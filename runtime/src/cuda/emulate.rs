@@ -314,7 +314,12 @@ pub(crate) fn compiler_or_skip(test: &str) -> bool {
 /// The device policy of the emulation (a small device: few SMs, so decodes split little;
 /// `ATTNC_CUDA_MMA_ROWS` as on the device).
 fn policy() -> Policy {
-    Policy::Cuda(CudaPolicy { sm_count: 2, max_smem_per_block: 232_448, mma_rows: super::mma_rows_knob() })
+    Policy::Cuda(CudaPolicy {
+        sm_count: 2,
+        max_smem_per_block: 232_448,
+        mma_rows: super::mma_rows_knob(),
+        simt_backward: super::simt_backward_knob(),
+    })
 }
 
 /// A graph as the device runs it: scheduled as written, or compiled by the pipeline.

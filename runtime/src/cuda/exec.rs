@@ -114,6 +114,7 @@ impl Gpu {
             sm_count: self.info.sm_count,
             max_smem_per_block: self.limits().max_smem_per_block,
             mma_rows: super::mma_rows_knob(),
+            simt_backward: super::simt_backward_knob(),
         })
     }
 

@@ -45,6 +45,12 @@ pub(crate) fn mma_rows_knob() -> Option<i64> {
     std::env::var("ATTNC_CUDA_MMA_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok())
 }
 
+/// `ATTNC_CUDA_BWD=simt`: every flash backward on the SIMT kernel (for comparing it with the
+/// tensor-core one).
+pub(crate) fn simt_backward_knob() -> bool {
+    std::env::var("ATTNC_CUDA_BWD").is_ok_and(|s| s.trim() == "simt")
+}
+
 /// Why the CUDA target could not run a graph.
 #[derive(Debug, Error, Clone, PartialEq)]
 #[non_exhaustive]

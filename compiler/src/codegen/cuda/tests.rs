@@ -132,7 +132,7 @@ fn mma_row_tiles_follow_the_head_width_and_the_knob() {
 #[test]
 fn decode_splits_follow_the_device() {
     let g = flash_graph("f32", "B, H, 1, D", "B, H, T, D", "s", None, "softmax");
-    let policy = Policy::Cuda(CudaPolicy { sm_count: 132, max_smem_per_block: 232_448, mma_rows: None });
+    let policy = Policy::Cuda(CudaPolicy { sm_count: 132, max_smem_per_block: 232_448, ..CudaPolicy::default() });
     let s = schedule(&g, &policy).expect("schedules");
     let env: HashMap<String, i64> = [("B", 1), ("H", 8), ("T", 32768), ("D", 128)].map(|(k, v)| (k.to_string(), v)).into();
     let prep = prepare(&s, &env, &policy).expect("prepares");
