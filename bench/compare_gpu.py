@@ -254,7 +254,8 @@ def training(args, dtypes, dims, seqs, kinds):
                         del q, k, v, dout
                         torch.cuda.empty_cache()
     fmt = lambda x: "-" if x is None else f"{x:.3f}"
-    ratio = lambda a, p: "-" if a is None or p is None else f"{p / a:.2f}"
+    # Three significant digits: far from parity, two decimals would print 0.00.
+    ratio = lambda a, p: "-" if a is None or p is None else f"{p / a:.3g}"
     lines = [f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; B={b}, H={h}; one training step "
              f"(forward plus backward, gradients of q, k, v); median ms of {args.iters} runs after {args.warmup} warm-ups.",
              "", "| dtype | D | S | mask | attnc ms | SDPA ms | SDPA/attnc |", "|---|---|---|---|---|---|---|"]

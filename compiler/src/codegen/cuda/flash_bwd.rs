@@ -29,7 +29,6 @@ use crate::schedule::{FlashBwdKernel, Level, Tuning, View, level};
 /// The backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
     let step = f.step;
-    let batch = f.batch().to_vec();
     let (m, n, d, dv) = f.sizes();
     let softmax = f.spec.weights == Weights::Softmax;
     let tuning = |t| ints.tuning(step, t);
@@ -61,49 +60,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         per_item.push(ints.dim(&Dim::product(&x.shape))?);
     }
     body.push(format!("const i64 per_item_ = {};", if per_item.is_empty() { "0LL".to_string() } else { per_item.join(" + ") }));
-    // The query's folded scale: q stands for `qscale_ · q`.
-    let qscale = match &f.q_scale {
-        Some(c) => {
-            let mut l = ops::Lines::new("qs");
-            let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
-            let v = cx.eval(&mut l, c)?;
-            body.extend(l.lines);
-            ops::convert(&v, Class::Float)
-        }
-        None => "1.0f".to_string(),
-    };
-    body.push(format!("const float qscale_ = {qscale};"));
-    let dqscale = match &f.dq_scale {
-        Some(c) => {
-            let mut l = ops::Lines::new("dqs");
-            let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
-            let v = cx.eval(&mut l, c)?;
-            body.extend(l.lines);
-            ops::convert(&v, Class::Float)
-        }
-        None => "1.0f".to_string(),
-    };
-    body.push(format!("const float dqscale_ = {dqscale};  // a scale the graph applies to dQ"));
-    let nb = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
-    body.push(format!("const i64 kitems_ = {nb} * nkb_;  // key-chunk items; query-tile items follow"));
-    body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
-    let mut it = vec![
-        "const bool keys_ = w_ < kitems_;".to_string(),
-        "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
-        "const i64 part_of_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key chunk or query tile".into(),
-    ];
-    let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
-    for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
-        it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
-    }
-    if let Some((l, dl)) = &f.lse {
-        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, dl, &batch, &p)?));
-    }
-    for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
-        if let Some(view) = view {
-            it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
-        }
-    }
+    let (mut it, p) = items_head(ints, f, items, &mut body)?;
     // Each partial sum is a double kept in two floats (attnc_acc2).
     it.push("float* __restrict__ mine_ = part_ + (keys_ ? w_ : 0) * 2 * per_item_;  // this item's partial sums".into());
     it.push("if (keys_) for (i64 e_ = tid_; e_ < 2 * per_item_; e_ += KT_) mine_[e_] = 0.0f;".into());
@@ -133,6 +90,53 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     body.push("}".into());
     let _ = CUDA_THREADS;
     Ok(KernelSource { threads: keys as u32, items_per_block: 1, smem: Smem::None, body })
+}
+
+/// What both backward kernels start with: the query's folded scale `qscale_` (q stands for
+/// `qscale_ · q`) and the one the graph applies to dQ, `dqscale_`, then the loop over work
+/// items, into `body`. Returns the work item's first statements (its batch index `item_`, its key
+/// chunk or query tile `blk_` by `keys_`, the operands' batch offsets) and the batch positions.
+pub(super) fn items_head(
+    ints: &Ints,
+    f: &FlashBwdKernel,
+    items: &str,
+    body: &mut Vec<String>,
+) -> Result<(Vec<String>, Vec<String>), CudaEmitError> {
+    let batch = f.batch().to_vec();
+    for (name, c) in [("qscale_", &f.q_scale), ("dqscale_", &f.dq_scale)] {
+        let value = match c {
+            Some(c) => {
+                let mut l = ops::Lines::new(name.trim_end_matches('_'));
+                let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
+                let v = cx.eval(&mut l, c)?;
+                body.extend(l.lines);
+                ops::convert(&v, Class::Float)
+            }
+            None => "1.0f".to_string(),
+        };
+        body.push(format!("const float {name} = {value};"));
+    }
+    let nb = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
+    body.push(format!("const i64 kitems_ = {nb} * nkb_;  // key-chunk items; query-tile items follow"));
+    body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
+    let mut it = vec![
+        "const bool keys_ = w_ < kitems_;".to_string(),
+        "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
+        "const i64 blk_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key chunk or query tile".into(),
+    ];
+    let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
+    for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
+        it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
+    }
+    if let Some((l, o)) = &f.lse {
+        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, o, &batch, &p)?));
+    }
+    for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
+        if let Some(view) = view {
+            it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
+        }
+    }
+    Ok((it, p))
 }
 
 /// The offset of a `[..b', rows, width]` view's batch index `p` (broadcast axes step 0).
@@ -255,7 +259,7 @@ impl Cx<'_> {
         let f = self.f;
         let mut out = vec![
             "{".to_string(),
-            "  const i64 k0_ = part_of_ * KT_;".into(),
+            "  const i64 k0_ = blk_ * KT_;".into(),
             "  const i64 j_ = k0_ + tid_;".into(),
             "  const bool kin_ = j_ < N_;".into(),
             "  float kj_[HD_], vj_[HD_], dk_[HD_], dv_[HD_];".into(),
@@ -345,7 +349,7 @@ impl Cx<'_> {
         let Some(dq) = &f.dq else { return Ok(Vec::new()) };
         let mut out = vec![
             "{".to_string(),
-            "  const i64 qt_ = part_of_;".into(),
+            "  const i64 qt_ = blk_;".into(),
             "  for (int r_ = 0; r_ < QR_; ++r_) {".into(),
             "    const i64 i_ = qt_ * QR_ + r_;".into(),
             "    if (i_ >= M_) break;".into(),

@@ -18,8 +18,8 @@
 //!
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
-use super::cexpr::{Ints, delinearize, indent, load, ptr, round_to, store};
-use super::flash_bwd::{batch_offset, row_col, stat_offset};
+use super::cexpr::{Ints, indent, load, ptr, round_to, store};
+use super::flash_bwd::{items_head, row_col};
 use super::ops;
 use super::score::{ScoreCtx, score_lines};
 use super::{CudaEmitError, KernelSource, Smem};
@@ -36,7 +36,6 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     let step = f.step;
     let bf16 = f.k.dtype == DType::BF16;
     let (mma, pack) = if bf16 { ("attnc_mma_b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_pack_h") };
-    let batch = f.batch().to_vec();
     let (m, n, d, dv) = f.sizes();
     let tuning = |t| ints.tuning(step, t);
     let blk = CUDA_MMA_BWD_BLOCK;
@@ -70,32 +69,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         ),
         format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
     ];
-    for (name, c) in [("qscale_", &f.q_scale), ("dqscale_", &f.dq_scale)] {
-        let mut lines = Vec::new();
-        let v = scale(ints, f, c.as_ref(), name, &mut lines)?;
-        body.extend(lines);
-        body.push(format!("const float {name} = {v};"));
-    }
-    let nb = if batch.is_empty() { "1LL".to_string() } else { ints.dim(&Dim::product(&batch))? };
-    body.push(format!("const i64 kitems_ = {nb} * nkb_;  // key-block items; query-tile items follow"));
-    body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
-    let mut it = vec![
-        "const bool keys_ = w_ < kitems_;".to_string(),
-        "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
-        "const i64 blk_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key block or query tile".into(),
-    ];
-    let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
-    for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
-        it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
-    }
-    if let Some((l, o)) = &f.lse {
-        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, o, &batch, &p)?));
-    }
-    for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
-        if let Some(view) = view {
-            it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
-        }
-    }
+    let (mut it, p) = items_head(ints, f, items, &mut body)?;
     it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
     it.push("attnc_sync();  // the previous item is done with shared memory".into());
     let cx = Cx { ints, f, p: &p, mma, pack };
@@ -111,22 +85,6 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     body.extend(indent(&it, 2));
     body.push("}".into());
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashBwdMma(step), body })
-}
-
-/// A folded scale's value (`1.0f` when there is none); its statements into `lines`.
-fn scale(
-    ints: &Ints,
-    f: &FlashBwdKernel,
-    c: Option<&crate::ir::ScoreExpr>,
-    prefix: &str,
-    lines: &mut Vec<String>,
-) -> Result<String, CudaEmitError> {
-    let Some(c) = c else { return Ok("1.0f".into()) };
-    let mut l = ops::Lines::new(prefix.trim_end_matches('_'));
-    let cx = ScoreCtx { ints, s: None, pos: &[], extras: &f.extras };
-    let v = cx.eval(&mut l, c)?;
-    lines.extend(l.lines);
-    Ok(ops::convert(&v, Class::Float))
 }
 
 /// Copies a half tile into a buffer: (the buffer's index expression, the first row).
