@@ -139,20 +139,22 @@ fn variants_follow_the_target_and_dtypes() {
 
 #[test]
 fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradients() {
-    let text = |dtype: &str| {
+    // `dtype` of q, k, v; `result` of the op (an f32 bias may widen it to f32).
+    let text = |dtype: &str, result: &str| {
         format!(
             "graph attn {{
   %0 = param[name=q] : {dtype}[B, H, S, 64]
   %1 = param[name=k] : {dtype}[B, H, S, 64]
   %2 = param[name=v] : {dtype}[B, H, S, 64]
   %3 = param[name=slopes] : f32[H]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : {dtype}[B, H, S, 64]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : {result}[B, H, S, 64]
   output out = %4
 }}"
         )
     };
     let variant = |dtype: &str, wrt: Option<&[String]>, policy: &Policy| {
-        let g: Graph = text(dtype).parse().expect("parses");
+        let (dtype, result) = dtype.split_once('>').unwrap_or((dtype, dtype));
+        let g: Graph = text(dtype, result).parse().expect("parses");
         let derived = crate::ir::grad::differentiate(&g, wrt).expect("differentiates");
         let s = schedule(&derived, policy).expect("schedules");
         let found = s.steps.iter().find_map(|st| match &st.kernel {
@@ -165,6 +167,8 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradient
     let cuda = Policy::Cuda(CudaPolicy::default());
     assert_eq!(variant("f16", Some(&qkv), &cuda), Variant::TensorCore);
     assert_eq!(variant("bf16", Some(&qkv), &cuda), Variant::TensorCore);
+    // An f32 result (so an f32 d_out) is rounded to the operands' type on staging.
+    assert_eq!(variant("f16>f32", Some(&qkv), &cuda), Variant::TensorCore);
     // The slopes' gradient (an extra operand's) and f32 operands take the SIMT kernel.
     assert_eq!(variant("f16", None, &cuda), Variant::Simt);
     assert_eq!(variant("f32", Some(&qkv), &cuda), Variant::Simt);

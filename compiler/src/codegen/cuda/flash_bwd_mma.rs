@@ -1,6 +1,7 @@
 //! The flash backward on tensor cores (FlashAttention-2's backward with `mma.sync.m16n8k16`,
-//! f32 accumulation), for f16/bf16 `q`, `k`, `v` and `d_out` when no extra operand's gradient
-//! is asked for ([`Variant::TensorCore`](crate::schedule::Variant) of a [`FlashBwdKernel`]).
+//! f32 accumulation), for f16/bf16 `q`, `k`, `v` (and `d_out` of their type or f32, rounded to
+//! it on staging: an f32 bias makes the op's result f32) when no extra operand's gradient is
+//! asked for ([`Variant::TensorCore`](crate::schedule::Variant) of a [`FlashBwdKernel`]).
 //! A block has four warps and one of two kinds of work item, each owning what it writes, so
 //! every sum runs in a fixed order:
 //!
@@ -35,7 +36,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     }
     let step = f.step;
     let bf16 = f.k.dtype == DType::BF16;
-    let (mma, pack) = if bf16 { ("attnc_mma_b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_pack_h") };
+    let (mma, pack, conv) = if bf16 { ("attnc_mma_b", "attnc_pack_b", "attnc_f2b") } else { ("attnc_mma_h", "attnc_pack_h", "attnc_f2h") };
     let (m, n, d, dv) = f.sizes();
     let tuning = |t| ints.tuning(step, t);
     let blk = CUDA_MMA_BWD_BLOCK;
@@ -72,7 +73,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
     it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
     it.push("attnc_sync();  // the previous item is done with shared memory".into());
-    let cx = Cx { ints, f, p: &p, mma, pack };
+    let cx = Cx { ints, f, p: &p, mma, pack, conv };
     it.push(cx.vec_line()?);
     it.push("if (keys_) {".into());
     it.extend(indent(&cx.key_block()?, 2));
@@ -107,6 +108,8 @@ struct Cx<'a> {
     p: &'a [String],
     mma: &'a str,
     pack: &'a str,
+    /// f32 to the operand type (an f32 `d_out` is rounded to it on staging).
+    conv: &'a str,
 }
 
 impl Cx<'_> {
@@ -124,6 +127,17 @@ impl Cx<'_> {
     ) -> Result<Vec<String>, CudaEmitError> {
         let at = row_col(self.ints, view, base, "x_", "(i64)c_")?;
         let src = ptr(view.buf, view.dtype, false);
+        if view.dtype == DType::F32 {
+            return Ok(vec![
+                format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+                "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
+                format!("  const i64 x_ = {first} + r_;"),
+                format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {}({src}[{at}]) : (u16)0;", self.conv),
+            ]
+            .into_iter()
+            .chain(std::iter::once("}".to_string()))
+            .collect());
+        }
         let scalar = vec![
             format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
             "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
@@ -151,11 +165,18 @@ impl Cx<'_> {
         Ok(out)
     }
 
-    /// Whether q, k, v and d_out have unit column stride (known at emission): the condition for
-    /// any 16-byte copy of their rows.
-    fn unit_columns(&self) -> bool {
+    /// The operands copied as raw halves (q, k, v, and d_out unless it is f32), with their
+    /// batch offsets' names.
+    fn halves(&self) -> Vec<(&View, &'static str)> {
         let f = self.f;
-        [&f.q, &f.k, &f.v, &f.d_out].iter().all(|view| view.strides.last().and_then(Dim::as_const) == Some(1))
+        let all = [(&f.q, "qoff_"), (&f.k, "koff_"), (&f.v, "voff_"), (&f.d_out, "dooff_")];
+        all.into_iter().filter(|(view, _)| view.dtype != DType::F32).collect()
+    }
+
+    /// Whether the raw-half operands have unit column stride (known at emission): the condition
+    /// for any 16-byte copy of their rows.
+    fn unit_columns(&self) -> bool {
+        self.halves().iter().all(|(view, _)| view.strides.last().and_then(Dim::as_const) == Some(1))
     }
 
     /// `const bool vec_`: whether this item's rows can be copied 16 bytes at a time (widths, row
@@ -164,9 +185,8 @@ impl Cx<'_> {
         if !self.unit_columns() {
             return Ok("const bool vec_ = false;".into());
         }
-        let f = self.f;
         let mut conds = vec!["D_ % 8 == 0".to_string(), "DV_ % 8 == 0".into()];
-        for (view, base) in [(&f.q, "qoff_"), (&f.k, "koff_"), (&f.v, "voff_"), (&f.d_out, "dooff_")] {
+        for (view, base) in self.halves() {
             conds.push(format!("{base} % 8 == 0"));
             conds.push(format!("{} % 8 == 0", self.ints.dim(&view.strides[view.strides.len() - 2])?));
         }
