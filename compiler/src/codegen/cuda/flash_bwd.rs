@@ -30,7 +30,6 @@ use crate::schedule::{FlashBwdKernel, Level, Tuning, View, level};
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
     let step = f.step;
     let (m, n, d, dv) = f.sizes();
-    let softmax = f.spec.weights == Weights::Softmax;
     let tuning = |t| ints.tuning(step, t);
     let keys = CUDA_BWD_KEYS;
     let mut body = vec![
@@ -75,7 +74,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     // In double: a bias's gradient sums every score of the item, with much cancellation.
     it.push(format!("double sum_[{}];", item_sums.len().max(1)));
     it.push(format!("for (int l_ = 0; l_ < {}; ++l_) sum_[l_] = 0.0;", item_sums.len().max(1)));
-    let cx = Cx { ints, f, p: &p, softmax, offsets: &offsets, item_sums: &item_sums };
+    let cx = Cx { ints, f, p: &p, offsets: &offsets, item_sums: &item_sums };
     it.push("if (keys_) {".into());
     let mut key_lines = cx.keys_phase()?;
     key_lines.extend(cx.flush_sums()?);
@@ -139,6 +138,28 @@ pub(super) fn items_head(
     Ok((it, p))
 }
 
+/// The chain rule at one score, shared by both backward kernels: the score (`sc_`, narrowing
+/// `keep_`, which must hold whether the key exists) from the raw product `cx.s`, the weight
+/// `p_`, `dF` `df_` and `dS` `ds_` (floats the caller declares, 0) from `dP` (`dp`) and the
+/// row's `(lse, delta)` (softmax weights; sigmoid weights need neither).
+pub(super) fn weight_and_ds(cx: &ScoreCtx, f: &FlashBwdKernel, dp: &str, (lse, delta): (&str, &str)) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = score_lines(cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?;
+    if f.spec.weights == Weights::Softmax {
+        out.push(format!("p_ = (keep_ && {lse} != -ATTNC_INF) ? expf(sc_ - {lse}) : 0.0f;"));
+        out.push(format!("df_ = p_ * ({dp} - {delta});"));
+    } else {
+        out.push("p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+        out.push(format!("df_ = {dp} * p_ * (1.0f - p_);"));
+    }
+    out.push("if (df_ != 0.0f) {  // where dF is 0 nothing flows, even through an inf or NaN derivative".into());
+    let mut l = ops::Lines::new("g");
+    let dsv = cx.eval(&mut l, &f.grad.ds)?;
+    out.extend(indent(&l.lines, 2));
+    out.push(format!("  ds_ = df_ * {};", ops::convert(&dsv, Class::Float)));
+    out.push("}".into());
+    Ok(out)
+}
+
 /// The offset of a `[..b', rows, width]` view's batch index `p` (broadcast axes step 0).
 pub(super) fn batch_offset(ints: &Ints, view: &View, batch: &[Dim], p: &[String]) -> Result<String, CudaEmitError> {
     let strides = view.batch_strides(batch);
@@ -168,7 +189,6 @@ struct Cx<'a> {
     ints: &'a Ints<'a>,
     f: &'a FlashBwdKernel,
     p: &'a [String],
-    softmax: bool,
     /// Where each extra gradient starts in an item's partial sums.
     offsets: &'a [String],
     /// Per load of the derivative: whether it sums per item in a register.
@@ -233,23 +253,10 @@ impl Cx<'_> {
             "float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".to_string(),
             "if (kin_) {".into(),
             format!("  const float s_ = {sdot};"),
+            format!("  const float dp_ = {pdot};"),
             "  bool keep_ = true;".into(),
         ];
-        out.extend(indent(&score_lines(&cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?, 2));
-        out.push(format!("  const float dp_ = {pdot};"));
-        if self.softmax {
-            out.push("  p_ = (keep_ && st_[0] != -ATTNC_INF) ? expf(sc_ - st_[0]) : 0.0f;".into());
-            out.push("  df_ = p_ * (dp_ - st_[1]);".into());
-        } else {
-            out.push("  p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
-            out.push("  df_ = dp_ * p_ * (1.0f - p_);".into());
-        }
-        out.push("  if (df_ != 0.0f) {  // where dF is 0 nothing flows, even through an inf or NaN derivative".into());
-        let mut l = ops::Lines::new("g");
-        let dsv = cx.eval(&mut l, &f.grad.ds)?;
-        out.extend(indent(&l.lines, 4));
-        out.push(format!("    ds_ = df_ * {};", ops::convert(&dsv, Class::Float)));
-        out.push("  }".into());
+        out.extend(indent(&weight_and_ds(&cx, f, "dp_", ("st_[0]", "st_[1]"))?, 2));
         out.push("}".into());
         Ok(out)
     }

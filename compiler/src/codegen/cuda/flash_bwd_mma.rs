@@ -20,12 +20,12 @@
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
-use super::flash_bwd::{items_head, row_col};
+use super::flash_bwd::{items_head, row_col, weight_and_ds};
 use super::ops;
-use super::score::{ScoreCtx, score_lines};
+use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
 use crate::ir::semantics::Class;
-use crate::ir::{DType, Dim, Weights};
+use crate::ir::{DType, Dim};
 use crate::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
 use crate::schedule::{FlashBwdKernel, Tuning, View};
 
@@ -285,22 +285,9 @@ impl Cx<'_> {
         pos.push("j_".into());
         let cx = ScoreCtx { ints: self.ints, s: Some("sv_"), pos: &pos, extras: &f.extras };
         let mut el = vec![position.to_string(), "const float sv_ = s_[nt_][e_] * qscale_, dpv_ = dp_[nt_][e_];".into()];
-        el.push("float p_ = 0.0f, ds_ = 0.0f;".into());
+        el.push("float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".into());
         el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
-        el.extend(score_lines(&cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?);
-        if f.spec.weights == Weights::Softmax {
-            el.push("p_ = (keep_ && L_[sr_] != -ATTNC_INF) ? expf(sc_ - L_[sr_]) : 0.0f;".into());
-            el.push("const float df_ = p_ * (dpv_ - G_[sr_]);".into());
-        } else {
-            el.push("p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
-            el.push("const float df_ = dpv_ * p_ * (1.0f - p_);".into());
-        }
-        el.push("if (df_ != 0.0f) {  // where dF is 0 nothing flows, even through an inf or NaN derivative".into());
-        let mut l = ops::Lines::new("g");
-        let dsv = cx.eval(&mut l, &f.grad.ds)?;
-        el.extend(indent(&l.lines, 2));
-        el.push(format!("  ds_ = df_ * {};", ops::convert(&dsv, Class::Float)));
-        el.push("}".into());
+        el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"))?);
         el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
         let mut out = vec![
             "#pragma unroll".to_string(),
