@@ -1,9 +1,11 @@
 //! Vectorised `exp` for the online softmax: `y = exp(x - shift)` and the sum of `y`.
 //!
 //! Method (Cephes `expf`): `n = round(x·log2 e)`, `r = x − n·ln 2` in two FMA steps (ln 2 split
-//! into an exact high part and a low correction), `exp(r) = 1 + r + r²·P(r)` with a degree-5
-//! polynomial on `|r| ≤ ln2/2` (≈1 ulp; evaluated by Estrin's scheme, whose short dependency
-//! chain made the softmax step faster), then scaling by `2ⁿ`. Inputs are clamped to
+//! into an exact high part and a low correction; one step in the softmax's bounded forms, whose
+//! results are within 1 ulp down to `e⁻²⁰` and 2 ulp below), `exp(r) = 1 + r + r²·P(r)` with a degree-4
+//! polynomial on `|r| ≤ ln2/2` (relative error 3·10⁻⁹, a twentieth of an ulp; evaluated by
+//! Estrin's scheme, whose short dependency chain made the softmax step faster), then scaling
+//! by `2ⁿ`. Inputs are clamped to
 //! `[-42, 89]` first: results below [`FLUSH_BELOW`] (`e^-41.6`) are 0 (so `exp(-inf) = 0`, and
 //! no step ever makes a subnormal); above, the result overflows to `inf`. The clamp keeps NaN
 //! (the NaN operand is the one `max`/`min` return).
@@ -30,8 +32,14 @@ pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
 pub(super) const LN2_HI: f32 = 0.693_359_4;
 /// `ln 2 − LN2_HI`.
 pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
-/// Cephes `expf` polynomial, highest degree first.
-pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+/// `P` of `exp(r) − 1 = r + r²·P(r)`, highest degree first: fitted for the least maximum
+/// relative error of `exp` on `|r| ≤ ln2/2` (3.1·10⁻⁹). Cephes `expf` uses one degree more
+/// (5·10⁻¹¹), which f32 cannot show: over `[-41, 8]` both give results within 1 ulp of the
+/// correctly rounded `exp`, and this one costs one multiply-add less per lane.
+pub(super) const EXP_P: [f32; 5] = [0.001_381_447_2, 0.008_368_677, 0.041_668_385, 0.166_665_21, 0.499_999_94];
+/// Cephes `expf`'s `P`, one degree higher, for the portable lane kernels (see
+/// `lanes::expm1_reduced`).
+pub(super) const EXP_P_CEPHES: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
 /// `y[i] = exp(scale·x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias`
 /// is null), returning the sum.
@@ -41,17 +49,23 @@ pub(super) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3
 /// is null; `isa` is supported.
 pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     // SAFETY: forwarded.
-    unsafe { exp_sum_with::<false>(isa, x, scale, bias, y, n, shift) }
+    unsafe { exp_sum_with::<false, false>(isa, x, scale, bias, y, n, shift).0 }
 }
 
-/// [`exp_sum`]; with `BOUNDED`, the caller guarantees `scale·x + bias - shift ≤
-/// RESCALE_SLACK` (or NaN) for every element, as the online-softmax step does, and the AVX2
-/// path skips the overflow range's clamp and two-step scaling.
+/// [`exp_sum`], returning the sum and how many elements were done (`n` unless `KEEP`).
+///
+/// - `BOUNDED`: the caller guarantees `scale·x + bias - shift ≤ RESCALE_SLACK` (or NaN) for
+///   every element, as the online-softmax step does, and the SIMD paths use
+///   [`exp8_bounded`]/[`exp16_bounded`].
+/// - `KEEP` (with `BOUNDED`): the caller does not know; the pass stops before the first vector
+///   with an element past the slack, leaving it and everything after untouched, and returns
+///   its start. That is the online-softmax step's usual case fused into one pass: the shift
+///   kept, the row's max checked on the way instead of by a pass of its own.
 ///
 /// # Safety
 /// As [`exp_sum`].
 #[allow(clippy::too_many_arguments)] // One pointer or scalar per operand, as the C ABI.
-unsafe fn exp_sum_with<const BOUNDED: bool>(
+unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(
     isa: Isa,
     x: *const f32,
     scale: f32,
@@ -59,19 +73,19 @@ unsafe fn exp_sum_with<const BOUNDED: bool>(
     y: *mut f32,
     n: usize,
     shift: f32,
-) -> f32 {
+) -> (f32, usize) {
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
         match (isa, bias.is_null()) {
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => exp_sum_avx512::<false, BOUNDED>(x, scale, bias, y, n, shift),
+            (Isa::Avx512, true) => exp_sum_avx512::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => exp_sum_avx512::<true, BOUNDED>(x, scale, bias, y, n, shift),
+            (Isa::Avx512, false) => exp_sum_avx512::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED>(x, scale, bias, y, n, shift),
+            (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED>(x, scale, bias, y, n, shift),
-            _ => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }>(x, scale, bias, y, n, shift),
+            (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
+            _ => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP>(x, scale, bias, y, n, shift),
         }
     }
 }
@@ -106,8 +120,17 @@ pub(super) unsafe fn softmax_step(
 ) -> f32 {
     // SAFETY: forwarded from the caller's contract.
     unsafe {
-        let tmax = row_max(isa, x, scale, bias, n);
         let old = *max;
+        if old != f32::NEG_INFINITY {
+            // Usually the shift stays: one pass, checking the slack on the way.
+            let (t, done) = exp_sum_with::<true, true>(isa, x, scale, bias, y, n, old);
+            if done == n {
+                *sum += t;
+                return 1.0;
+            }
+            return moved_step(isa, (x, scale, bias, y, n), done, t, max, sum);
+        }
+        let tmax = row_max(isa, x, scale, bias, n);
         let new = if old == f32::NEG_INFINITY || tmax > old + RESCALE_SLACK { tmax.max(old) } else { old };
         if new == f32::NEG_INFINITY {
             // No score above -inf: the row stays empty unless a NaN score makes it NaN (the
@@ -125,12 +148,45 @@ pub(super) unsafe fn softmax_step(
         }
         // Every `scale·x + bias - new` is at most `RESCALE_SLACK`: `new` is within the slack of
         // this row's max, or above it.
-        let t = exp_sum_with::<true>(isa, x, scale, bias, y, n, new);
+        let (t, _) = exp_sum_with::<true, false>(isa, x, scale, bias, y, n, new);
         // A factor below `FLUSH_BELOW` is 0: the old terms weigh nothing against the new.
         let scale = if new == old { 1.0 } else { exp_flushed(old - new) };
         *max = new;
         *sum = *sum * scale + t;
         scale
+    }
+}
+
+/// The rest of a [`softmax_step`] whose one-pass try stopped at element `done`, where a score
+/// passed the running max by more than the slack: `y[..done]` hold `exp(· − old)` and sum to
+/// `t`. The shift moves to the max of the rest (above every earlier score by the slack), the
+/// rest is computed with it, and the first part is rescaled as the accumulator is.
+///
+/// # Safety
+/// As [`softmax_step`]; `done < n`.
+unsafe fn moved_step(
+    isa: Isa,
+    row: (*const f32, f32, *const f32, *mut f32, usize),
+    done: usize,
+    t: f32,
+    max: *mut f32,
+    sum: *mut f32,
+) -> f32 {
+    let (x, scale, bias, y, n) = row;
+    // SAFETY: the caller's contract; every offset is below `n`.
+    unsafe {
+        let at = |p: *const f32| if p.is_null() { p } else { p.add(done) };
+        let old = *max;
+        let new = row_max(isa, x.add(done), scale, at(bias), n - done).max(old);
+        let factor = exp_flushed(old - new);
+        for i in 0..done {
+            let v = *y.add(i) * factor;
+            *y.add(i) = if v < FLUSH_BELOW { 0.0 } else { v };
+        }
+        let (rest, _) = exp_sum_with::<true, false>(isa, x.add(done), scale, at(bias), y.add(done), n - done, new);
+        *max = new;
+        *sum = (*sum + t) * factor + rest;
+        factor
     }
 }
 
@@ -154,7 +210,7 @@ pub(super) unsafe fn softmax_row(isa: Isa, x: *const f32, y: *mut f32, n: usize)
             return;
         }
         // Every `x - max` is at most 0 (or NaN: `+inf - +inf` too), within the bounded form.
-        let sum = exp_sum_with::<true>(isa, x, 1.0, std::ptr::null(), y, n, max);
+        let (sum, _) = exp_sum_with::<true, false>(isa, x, 1.0, std::ptr::null(), y, n, max);
         let inv = 1.0 / sum;
         for i in 0..n {
             *y.add(i) *= inv;
@@ -290,10 +346,9 @@ pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
 fn expm1_reduced16(r: __m512) -> __m512 {
     let c = |i: usize| _mm512_set1_ps(EXP_P[i]);
     let r2 = _mm512_mul_ps(r, r);
-    let a = _mm512_fmadd_ps(c(0), r, c(1));
-    let b = _mm512_fmadd_ps(c(2), r, c(3));
-    let d = _mm512_fmadd_ps(c(4), r, c(5));
-    let p = _mm512_fmadd_ps(_mm512_fmadd_ps(a, r2, b), r2, d);
+    let a = _mm512_fmadd_ps(c(1), r, c(2));
+    let b = _mm512_fmadd_ps(c(3), r, c(4));
+    let p = _mm512_fmadd_ps(_mm512_fmadd_ps(c(0), r2, a), r2, b);
     _mm512_fmadd_ps(p, r2, r)
 }
 
@@ -325,39 +380,45 @@ fn exp16_bounded(x: __m512) -> __m512 {
     let x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
     let t = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(ROUND));
     let n = _mm512_sub_ps(t, _mm512_set1_ps(ROUND));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    // One step with ln 2 rounded to f32: its error (1.9·10⁻⁹) times `|n| ≤ 61` moves results
+    // by at most an ulp more, on results below e⁻²⁰ only (checked by the kernels' tests).
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(std::f32::consts::LN_2), x);
     let q = expm1_reduced16(r);
     let bias = _mm512_set1_epi32(127 - ROUND.to_bits() as i32);
     let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_castps_si512(t), bias)));
     flush16(_mm512_fmadd_ps(q, pow2, pow2))
 }
 
-/// AVX-512 `exp_sum` (with the bias term when `BIAS`; [`exp16_bounded`] when `BOUNDED`): full
-/// vectors, then one masked vector for the tail.
+/// AVX-512 `exp_sum` (with the bias term when `BIAS`; [`exp16_bounded`] when `BOUNDED`; see
+/// [`exp_sum_with`] for `KEEP`): full vectors, then one masked vector for the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool>(
+unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
     x: *const f32,
     scale: f32,
     bias: *const f32,
     y: *mut f32,
     n: usize,
     shift: f32,
-) -> f32 {
+) -> (f32, usize) {
     let exp16 = |v: __m512| if BOUNDED { exp16_bounded(v) } else { exp16(v) };
     let sc = _mm512_set1_ps(scale);
     let s = _mm512_set1_ps(shift);
+    let slack = _mm512_set1_ps(RESCALE_SLACK);
     let mut sum = _mm512_setzero_ps();
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: `i + 16 ≤ n`.
         unsafe {
-            let mut v = _mm512_mul_ps(_mm512_loadu_ps(x.add(i)), sc);
-            if BIAS {
-                v = _mm512_add_ps(v, _mm512_loadu_ps(bias.add(i)));
+            let v = if BIAS {
+                _mm512_sub_ps(_mm512_fmadd_ps(_mm512_loadu_ps(x.add(i)), sc, _mm512_loadu_ps(bias.add(i))), s)
+            } else {
+                _mm512_fmsub_ps(_mm512_loadu_ps(x.add(i)), sc, s)
+            };
+            if KEEP && _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, slack) != 0 {
+                return (_mm512_reduce_add_ps(sum), i);
             }
-            let e = exp16(_mm512_sub_ps(v, s));
+            let e = exp16(v);
             _mm512_storeu_ps(y.add(i), e);
             sum = _mm512_add_ps(sum, e);
         }
@@ -367,16 +428,21 @@ unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool>(
         let m = super::x86_avx512::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let mut v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x.add(i)), sc);
-            if BIAS {
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias.add(i)));
+            let x = _mm512_maskz_loadu_ps(m, x.add(i));
+            let v = if BIAS {
+                _mm512_sub_ps(_mm512_fmadd_ps(x, sc, _mm512_maskz_loadu_ps(m, bias.add(i))), s)
+            } else {
+                _mm512_fmsub_ps(x, sc, s)
+            };
+            if KEEP && _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(m, v, slack) != 0 {
+                return (_mm512_reduce_add_ps(sum), i);
             }
-            let e = exp16(_mm512_sub_ps(v, s));
+            let e = exp16(v);
             _mm512_mask_storeu_ps(y.add(i), m, e);
             sum = _mm512_mask_add_ps(sum, m, sum, e);
         }
     }
-    _mm512_reduce_add_ps(sum)
+    (_mm512_reduce_add_ps(sum), n)
 }
 
 /// `2^n` for integer lanes `n` in the normal exponent range.
@@ -387,17 +453,16 @@ fn pow2i(n: __m256i) -> __m256 {
 }
 
 /// `exp(r) − 1 = r + r²·P(r)` of 8 reduced arguments (`|r| ≤ ln2/2`), `P` by Estrin's scheme:
-/// three dependent steps instead of Horner's five, the same polynomial and operation count.
+/// three dependent steps instead of Horner's four, the same operation count.
 /// The shorter chain is what counts: the softmax step ran 11% faster per row than with Horner.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn expm1_reduced8(r: __m256) -> __m256 {
     let c = |i: usize| _mm256_set1_ps(EXP_P[i]);
     let r2 = _mm256_mul_ps(r, r);
-    let a = _mm256_fmadd_ps(c(0), r, c(1));
-    let b = _mm256_fmadd_ps(c(2), r, c(3));
-    let d = _mm256_fmadd_ps(c(4), r, c(5));
-    let p = _mm256_fmadd_ps(_mm256_fmadd_ps(a, r2, b), r2, d);
+    let a = _mm256_fmadd_ps(c(1), r, c(2));
+    let b = _mm256_fmadd_ps(c(3), r, c(4));
+    let p = _mm256_fmadd_ps(_mm256_fmadd_ps(c(0), r2, a), r2, b);
     _mm256_fmadd_ps(p, r2, r)
 }
 
@@ -431,8 +496,9 @@ fn exp8_bounded(x: __m256) -> __m256 {
     let x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
     let t = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(ROUND));
     let n = _mm256_sub_ps(t, _mm256_set1_ps(ROUND));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    // One step with ln 2 rounded to f32: its error (1.9·10⁻⁹) times `|n| ≤ 61` moves results
+    // by at most an ulp more, on results below e⁻²⁰ only (checked by the kernels' tests).
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(std::f32::consts::LN_2), x);
     let q = expm1_reduced8(r);
     // bits(t) - bits(ROUND) = n; adding the exponent bias and shifting makes 2ⁿ.
     let bias = _mm256_set1_epi32(127 - ROUND.to_bits() as i32);
@@ -442,21 +508,27 @@ fn exp8_bounded(x: __m256) -> __m256 {
     _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(FLUSH_BELOW)))
 }
 
-/// AVX2 `exp_sum` (with the bias term when `BIAS`; [`exp8_bounded`] when `BOUNDED`): full
-/// vectors, then one masked vector for the tail.
+/// AVX2 `exp_sum` (with the bias term when `BIAS`; [`exp8_bounded`] when `BOUNDED`; see
+/// [`exp_sum_with`] for `KEEP`): full vectors, then one masked vector for the tail.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool>(
+unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
     x: *const f32,
     scale: f32,
     bias: *const f32,
     y: *mut f32,
     n: usize,
     shift: f32,
-) -> f32 {
+) -> (f32, usize) {
     let sc = _mm256_set1_ps(scale);
     let s = _mm256_set1_ps(shift);
+    let slack = _mm256_set1_ps(RESCALE_SLACK);
     let exp = |v: __m256| if BOUNDED { exp8_bounded(v) } else { exp8(v) };
+    let total = |sum: __m256| {
+        let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
+        let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+    };
     let mut sum = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
@@ -467,6 +539,9 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool>(
             } else {
                 _mm256_fmsub_ps(_mm256_loadu_ps(x.add(i)), sc, s)
             };
+            if KEEP && _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack)) != 0 {
+                return (total(sum), i);
+            }
             let e = exp(v);
             _mm256_storeu_ps(y.add(i), e);
             sum = _mm256_add_ps(sum, e);
@@ -477,14 +552,18 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool>(
         let m = super::x86_avx2::lanes(n - i);
         // SAFETY: only the `n - i` valid lanes are read or written.
         unsafe {
-            let e = exp(_mm256_sub_ps(masked_scores8::<BIAS>(x, sc, bias, i, m), s));
+            let v = _mm256_sub_ps(masked_scores8::<BIAS>(x, sc, bias, i, m), s);
+            // Lanes past `n` (read as 0) do not count.
+            let over = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack), _mm256_castsi256_ps(m));
+            if KEEP && _mm256_movemask_ps(over) != 0 {
+                return (total(sum), i);
+            }
+            let e = exp(v);
             _mm256_maskstore_ps(y.add(i), m, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
         }
     }
-    let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+    (total(sum), n)
 }
 
 /// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.

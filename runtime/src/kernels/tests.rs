@@ -465,6 +465,61 @@ fn softmax_step_is_an_online_softmax() {
     );
 }
 
+/// The softmax step's one pass (the shift kept): its bounded `exp` within 2 ulp of the correctly
+/// rounded result down to the flush, within 1 ulp above `e⁻²⁰`, on every path and tail length.
+#[test]
+fn softmax_step_kept_shift_is_exp() {
+    let x: Vec<f32> = (0..10_000).map(|i| 8.0 - i as f32 * 0.005).collect();
+    for isa in available_isas() {
+        for len in (0..=33).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            let mut state = (0.0f32, 2.0f32);
+            let factor = softmax_step(isa, xs, 1.0, None, &mut y, &mut state).unwrap();
+            assert_eq!((factor, state.0), (1.0, 0.0), "{isa}: the shift moved");
+            let mut want_sum = 2.0f64;
+            for (xi, yi) in xs.iter().zip(&y) {
+                let want = (*xi as f64).exp() as f32;
+                want_sum += want as f64;
+                let flushed = want < super::exp::FLUSH_BELOW * 1.001 && *yi == 0.0;
+                let tol = if *xi >= -20.0 { 1 } else { 2 };
+                assert!(flushed || ulps(*yi, want) <= tol, "{isa}: exp({xi}) = {yi:e}, want {want:e}");
+            }
+            assert!((state.1 as f64 - want_sum).abs() <= 1e-6 * want_sum, "{isa}: sum {} vs {want_sum}", state.1);
+        }
+    }
+}
+
+/// A step whose row passes the running max by more than the slack part-way through: the
+/// outputs already written with the old shift are rescaled to the new one, which is the row's
+/// max, and the running sum with them. Every path, jumps at every vector position.
+#[test]
+fn softmax_step_moves_the_shift_mid_row() {
+    let n = 45;
+    for isa in available_isas() {
+        for at in [0, 3, 7, 8, 15, 16, 31, 32, 44] {
+            let x: Vec<f32> = (0..n).map(|i| if i == at { 30.0 } else { (i as f32 * 0.37).sin() * 4.0 }).collect();
+            let mut y = vec![0.0; n];
+            let mut state = (1.0f32, 3.0f32);
+            let factor = softmax_step(isa, &x, 1.0, None, &mut y, &mut state).unwrap();
+            assert_eq!(state.0, 30.0, "{isa} at {at}");
+            let f = (1.0f64 - 30.0).exp();
+            assert!(ulps(factor, f as f32) <= 2, "{isa} at {at}: factor {factor} vs {f}");
+            let mut want_sum = 3.0 * f;
+            for (i, (xi, yi)) in x.iter().zip(&y).enumerate() {
+                // `exp(x − 30)` with the argument rounded to f32, as every path computes it, or
+                // (before the jump) `exp(x − 1)` times the factor.
+                let rest = ((xi - 30.0) as f64).exp();
+                let before = ((xi - 1.0) as f64).exp() * f;
+                want_sum += rest;
+                let near = |want: f64| (*yi as f64 - want).abs() <= 4e-7 * want;
+                assert!(near(rest) || (i < at && near(before)), "{isa} at {at}: y[{i}] = {yi:e}, want {rest:e}");
+            }
+            assert!((state.1 as f64 - want_sum).abs() <= 1e-6 * want_sum, "{isa} at {at}: sum {} vs {want_sum}", state.1);
+        }
+    }
+}
+
 /// `tanh` within a few ulp of f64 across the polynomial/exp boundary, saturated far out, odd,
 /// NaN kept; every tail length on every path.
 #[test]
