@@ -29,8 +29,6 @@ use crate::schedule::{FlashBwdKernel, Level, Tuning, View, level};
 /// The backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
     let step = f.step;
-    let (m, n, d, dv) = f.sizes();
-    let tuning = |t| ints.tuning(step, t);
     let keys = CUDA_BWD_KEYS;
     let mut body = vec![
         format!("constexpr int HD_ = ATTNC_HD_{step}, KT_ = {keys}, QR_ = {CUDA_BWD_ROWS}, T2_ = (HD_ + KT_ - 1) / KT_;"),
@@ -40,17 +38,12 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "ATTNC_SHARED i64 at_[KT_];  // where each thread's contribution goes (-1: nowhere)".into(),
         "ATTNC_SHARED double wsum_[KT_ / 32];  // one sum per warp".into(),
         "const int tid_ = threadIdx.x;".into(),
-        format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
-        format!(
-            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
-            tuning(Tuning::QueryBlocks)?,
-            tuning(Tuning::KeyBlocks)?,
-            tuning(Tuning::TileEntryBytes)?
-        ),
-        format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
+    ];
+    body.extend(sizes_head(ints, f)?);
+    body.extend([
         format!("float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, true)),
         "(void)nkb_; (void)red_; (void)at_; (void)part_; (void)st_; (void)wsum_;".into(),
-    ];
+    ]);
     // Per-item partial sums: the gradients of the extra operands in turn.
     let mut per_item = Vec::new();
     let mut offsets = Vec::new();
@@ -89,6 +82,23 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     body.push("}".into());
     let _ = CUDA_THREADS;
     Ok(KernelSource { threads: keys as u32, items_per_block: 1, smem: Smem::None, body })
+}
+
+/// The sizes `M_`, `N_`, `D_`, `DV_`, the tile table `tbl_` and its shape (`nqb_` query blocks,
+/// `nkb_` key blocks, `entry_` bytes per entry): both backward kernels' first constants.
+pub(super) fn sizes_head(ints: &Ints, f: &FlashBwdKernel) -> Result<Vec<String>, CudaEmitError> {
+    let (m, n, d, dv) = f.sizes();
+    let tuning = |t| ints.tuning(f.step, t);
+    Ok(vec![
+        format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
+        format!(
+            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
+            tuning(Tuning::QueryBlocks)?,
+            tuning(Tuning::KeyBlocks)?,
+            tuning(Tuning::TileEntryBytes)?
+        ),
+        format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
+    ])
 }
 
 /// What both backward kernels start with: the query's folded scale `qscale_` (q stands for

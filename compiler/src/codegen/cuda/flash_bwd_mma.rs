@@ -20,14 +20,14 @@
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
-use super::flash_bwd::{items_head, row_col, weight_and_ds};
+use super::flash_bwd::{items_head, row_col, sizes_head, weight_and_ds};
 use super::ops;
 use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
 use crate::ir::semantics::Class;
 use crate::ir::{DType, Dim};
 use crate::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
-use crate::schedule::{FlashBwdKernel, Tuning, View};
+use crate::schedule::{FlashBwdKernel, View};
 
 /// The tensor-core backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
@@ -37,8 +37,6 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     let step = f.step;
     let bf16 = f.k.dtype == DType::BF16;
     let (mma, pack, conv) = if bf16 { ("attnc_mma_b", "attnc_pack_b", "attnc_f2b") } else { ("attnc_mma_h", "attnc_pack_h", "attnc_f2h") };
-    let (m, n, d, dv) = f.sizes();
-    let tuning = |t| ints.tuning(step, t);
     let blk = CUDA_MMA_BWD_BLOCK;
     let half = blk / 2;
     let mut body = vec![
@@ -61,15 +59,8 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "const int fa_ = ((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8;".into(),
         "const int fb_ = ((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8;".into(),
         "const unsigned As_ = attnc_saddr(A_), Bs_ = attnc_saddr(B_), Cs_ = attnc_saddr(C_), Es_ = attnc_saddr(E_);".into(),
-        format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
-        format!(
-            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
-            tuning(Tuning::QueryBlocks)?,
-            tuning(Tuning::KeyBlocks)?,
-            tuning(Tuning::TileEntryBytes)?
-        ),
-        format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
     ];
+    body.extend(sizes_head(ints, f)?);
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
     it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
     it.push("attnc_sync();  // the previous item is done with shared memory".into());
