@@ -469,7 +469,10 @@ fn softmax_step_is_an_online_softmax() {
 /// rounded result down to the flush, within 1 ulp above `e⁻²⁰`, on every path and tail length.
 #[test]
 fn softmax_step_kept_shift_is_exp() {
-    let x: Vec<f32> = (0..10_000).map(|i| 8.0 - i as f32 * 0.005).collect();
+    let mut x: Vec<f32> = (0..10_000).map(|i| 8.0 - i as f32 * 0.005).collect();
+    // Far below the flush (what the bounded form's steps make of these is masked off), around
+    // it, and the special values.
+    x.extend([f32::NEG_INFINITY, f32::MIN, -1e30, -200.0, -100.0, -89.0, -88.0, -87.5, -60.0, -41.6, -41.588_8, -41.58, -0.0]);
     for isa in available_isas() {
         for len in (0..=33).chain([x.len()]) {
             let xs = &x[x.len() - len..];
@@ -486,6 +489,18 @@ fn softmax_step_kept_shift_is_exp() {
                 assert!(flushed || ulps(*yi, want) <= tol, "{isa}: exp({xi}) = {yi:e}, want {want:e}");
             }
             assert!((state.1 as f64 - want_sum).abs() <= 1e-6 * want_sum, "{isa}: sum {} vs {want_sum}", state.1);
+        }
+        // A NaN score stays NaN, and so does the running sum; the lanes beside it are kept.
+        for at in [0, 5, 8, 13, 16, 20] {
+            let mut xs: Vec<f32> = (0..21).map(|i| -(i as f32)).collect();
+            xs[at] = f32::NAN;
+            let mut y = vec![0.0; xs.len()];
+            let mut state = (0.0f32, 0.0f32);
+            softmax_step(isa, &xs, 1.0, None, &mut y, &mut state).unwrap();
+            assert!(y[at].is_nan() && state.1.is_nan(), "{isa}: NaN at {at}");
+            for (i, (xi, yi)) in xs.iter().zip(&y).enumerate().filter(|(i, _)| *i != at) {
+                assert!(ulps(*yi, (*xi as f64).exp() as f32) <= 1, "{isa}: NaN at {at}, y[{i}] = {yi}");
+            }
         }
     }
 }
