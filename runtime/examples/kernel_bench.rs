@@ -350,7 +350,8 @@ fn main() -> Result<(), KernelError> {
         println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 128.0 / rate);
     }
     // The flash kernel's step: a row of 256 scaled scores (one key block) against a running
-    // max that stays put, so only the max pass and the bounded `exp` run.
+    // max that stays put, so the step's one pass runs (the bounded `exp`, the slack checked
+    // per vector).
     println!("\nsoftmax_step (row of 256 scores, running max kept):");
     let x: Vec<f32> = (0..256).map(|i| ((i * 37) % 101) as f32 * 0.05 - 2.0).collect();
     let mut y = vec![0.0f32; 256];

@@ -76,16 +76,30 @@ fn exp_v<const FMA: bool>(x: V) -> V {
 /// `i + L ≤` the length of `x` (and of `bias` unless null).
 #[inline(always)]
 unsafe fn scores(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
+    // SAFETY: forwarded.
+    unsafe { if bias.is_null() { scores_with::<false>(x, scale, bias, i) } else { scores_with::<true>(x, scale, bias, i) } }
+}
+
+/// [`scores`] with the bias test made at compile time (`BIAS`: `bias` is not null).
+///
+/// # Safety
+/// As [`scores`].
+#[inline(always)]
+unsafe fn scores_with<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
     // Whole-vector loads: per-lane loads under the bias test became scalar loads and shuffles.
     // SAFETY: the caller's contract; `read_unaligned` needs no alignment.
-    let (xv, bv) = unsafe {
-        let xv = (x.add(i) as *const V).read_unaligned();
-        let bv = if bias.is_null() { [0.0; L] } else { (bias.add(i) as *const V).read_unaligned() };
-        (xv, bv)
-    };
+    let xv = unsafe { (x.add(i) as *const V).read_unaligned() };
     let mut v = [0.0; L];
-    for l in 0..L {
-        v[l] = scale * xv[l] + bv[l];
+    if BIAS {
+        // SAFETY: as above.
+        let bv = unsafe { (bias.add(i) as *const V).read_unaligned() };
+        for l in 0..L {
+            v[l] = scale * xv[l] + bv[l];
+        }
+    } else {
+        for l in 0..L {
+            v[l] = scale * xv[l];
+        }
     }
     v
 }
@@ -107,12 +121,58 @@ pub(super) unsafe fn exp_sum<const FMA: bool, const KEEP: bool>(
     n: usize,
     shift: f32,
 ) -> (f32, usize) {
+    // SAFETY: forwarded. (A bias test inside the loop kept LLVM from vectorising it well.)
+    unsafe {
+        if bias.is_null() {
+            exp_sum_with::<FMA, KEEP, false>(x, scale, bias, y, n, shift)
+        } else {
+            exp_sum_with::<FMA, KEEP, true>(x, scale, bias, y, n, shift)
+        }
+    }
+}
+
+/// [`exp_sum`] with the bias test made at compile time.
+///
+/// # Safety
+/// As [`exp_sum`].
+#[inline(always)]
+unsafe fn exp_sum_with<const FMA: bool, const KEEP: bool, const BIAS: bool>(
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> (f32, usize) {
     let over = |v: &V| KEEP && v.iter().fold(false, |over, s| over | (*s > RESCALE_SLACK));
     let mut sum = [0.0f32; L];
     let mut i = 0;
+    // Two vectors per step: independent `exp` chains side by side (the stop keeps LLVM from
+    // interleaving iterations itself).
+    while i + 2 * L <= n {
+        // SAFETY: `i + 2L ≤ n`.
+        let (mut v0, mut v1) = unsafe { (scores_with::<BIAS>(x, scale, bias, i), scores_with::<BIAS>(x, scale, bias, i + L)) };
+        for l in 0..L {
+            v0[l] -= shift;
+            v1[l] -= shift;
+        }
+        if over(&v0) || over(&v1) {
+            return (sum.iter().sum(), i);
+        }
+        let (e0, e1) = (exp_v::<FMA>(v0), exp_v::<FMA>(v1));
+        for l in 0..L {
+            // SAFETY: `i + L + l < n`.
+            unsafe {
+                *y.add(i + l) = e0[l];
+                *y.add(i + L + l) = e1[l];
+            }
+            sum[l] += e0[l] + e1[l];
+        }
+        i += 2 * L;
+    }
     while i + L <= n {
         // SAFETY: `i + L ≤ n`.
-        let mut v = unsafe { scores(x, scale, bias, i) };
+        let mut v = unsafe { scores_with::<BIAS>(x, scale, bias, i) };
         for s in &mut v {
             *s -= shift;
         }
@@ -132,7 +192,7 @@ pub(super) unsafe fn exp_sum<const FMA: bool, const KEEP: bool>(
         let mut v = [f32::NEG_INFINITY; L];
         for (l, out) in v.iter_mut().enumerate().take(n - i) {
             // SAFETY: `i + l < n`.
-            unsafe { *out = scale * *x.add(i + l) + if bias.is_null() { 0.0 } else { *bias.add(i + l) } - shift };
+            unsafe { *out = scale * *x.add(i + l) + if BIAS { *bias.add(i + l) } else { 0.0 } - shift };
         }
         if over(&v) {
             return (sum.iter().sum(), i);
