@@ -88,7 +88,8 @@ unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(
             (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            _ => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP>(x, scale, bias, y, n, shift),
+            (_, true) => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP, false>(x, scale, bias, y, n, shift),
+            (_, false) => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP, true>(x, scale, bias, y, n, shift),
         }
     }
 }

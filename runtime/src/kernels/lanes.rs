@@ -104,39 +104,17 @@ unsafe fn scores_with<const BIAS: bool>(x: *const f32, scale: f32, bias: *const 
     v
 }
 
-/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (no bias when null), returning `Σ y`
+/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (the bias term only when `BIAS`), returning `Σ y`
 /// (lane-parallel partial sums) and how many elements were done: `n`, or with `KEEP` the start
 /// of the first vector with an element past [`RESCALE_SLACK`], where the pass stopped (see
-/// `exp_sum_with`).
+/// `exp_sum_with`). The bias test is made at compile time: inside the loop it kept LLVM from
+/// vectorising it well.
 ///
 /// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` unless
-/// it is null.
+/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` when
+/// `BIAS`.
 #[inline(always)]
-pub(super) unsafe fn exp_sum<const FMA: bool, const KEEP: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    // SAFETY: forwarded. (A bias test inside the loop kept LLVM from vectorising it well.)
-    unsafe {
-        if bias.is_null() {
-            exp_sum_with::<FMA, KEEP, false>(x, scale, bias, y, n, shift)
-        } else {
-            exp_sum_with::<FMA, KEEP, true>(x, scale, bias, y, n, shift)
-        }
-    }
-}
-
-/// [`exp_sum`] with the bias test made at compile time.
-///
-/// # Safety
-/// As [`exp_sum`].
-#[inline(always)]
-unsafe fn exp_sum_with<const FMA: bool, const KEEP: bool, const BIAS: bool>(
+pub(super) unsafe fn exp_sum<const FMA: bool, const KEEP: bool, const BIAS: bool>(
     x: *const f32,
     scale: f32,
     bias: *const f32,
