@@ -121,7 +121,8 @@ fn cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, String> {
 }
 
 fn c_chars_to_string(chars: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = chars.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+    // `c_char` is `i8` on x86-64 and `u8` on AArch64: the byte either way.
+    let bytes: Vec<u8> = chars.iter().take_while(|c| **c != 0).map(|c| u8::from_ne_bytes(c.to_ne_bytes())).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 

@@ -14,7 +14,9 @@
 //! (`m ≤ 64`, `ldb ≤ 256`, e.g. `P·V` on one query block) full panels are read in place: the
 //! copy is not amortised over enough row blocks there (measured ~5% of the call).
 
-use super::{Gemm, Isa};
+use super::Gemm;
+#[cfg(target_arch = "x86_64")]
+use super::Isa;
 use std::cell::Cell;
 
 /// How `B` is stored.

@@ -7,10 +7,12 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::Gemm;
+#[cfg(target_arch = "x86_64")]
+use super::Isa;
 use super::gemm::Layout;
 #[cfg(target_arch = "x86_64")]
 use super::x86_avx512::lanes;
-use super::{Gemm, Isa};
 
 /// Rows of `A` handled together (accumulators: `ROWS` per key pair for `Nt`, `ROWS · 4` for
 /// `Nn`).
