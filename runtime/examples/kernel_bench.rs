@@ -123,10 +123,10 @@ fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: us
 }
 
 /// The portable path's 6 × 8 SSE2 micro-tile loop, written in assembly in four forms (96
-/// flops per iteration, 12 accumulators, L1-resident operands): as LLVM compiles
-/// `lanes::micro` (2 panel loads, 6 splat loads, 6 register copies, 12 `mulps`, 12 `addps`),
-/// with a load per product instead of the copies, with VEX three-operand forms, and with no
-/// loads at all. GFLOP/s, best of 5 runs of 20 M iterations: what the baseline x86-64 target
+/// flops per iteration, 12 accumulators, L1-resident operands): as LLVM compiled the lane
+/// form of the micro-tile (2 panel loads, 6 splat loads, 6 register copies, 12 `mulps`, 12
+/// `addps`), with a load per product instead of the copies (the form `f4::micro` now
+/// compiles to), with VEX three-operand forms, and with no loads at all. GFLOP/s, best of 5 runs of 20 M iterations: what the baseline x86-64 target
 /// can reach with this shape.
 #[cfg(target_arch = "x86_64")]
 fn sse_ceiling() {
@@ -164,7 +164,7 @@ fn sse_ceiling() {
     }
     println!("\nSSE2 6 × 8 micro-tile loop (assembly):");
     variant!(
-        "as compiled (8 loads, 6 copies)",
+        "lane form (8 loads, 6 copies)",
         "movups xmm13, [{p}]",
         "movups xmm12, [{p}+16]",
         "movups xmm14, [{p}+64]",
@@ -205,7 +205,7 @@ fn sse_ceiling() {
         "addps xmm11, xmm14",
     );
     variant!(
-        "a load per product (14 loads, no copies)",
+        "a load per product (14 loads; f4::micro)",
         "movups xmm13, [{p}]",
         "movups xmm12, [{p}+16]",
         "movups xmm14, [{p}+64]",

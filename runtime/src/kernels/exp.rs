@@ -40,8 +40,8 @@ pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// (5·10⁻¹¹), which f32 cannot show: over `[-41, 8]` both give results within 1 ulp of the
 /// correctly rounded `exp`, and this one costs one multiply-add less per lane.
 pub(super) const EXP_P: [f32; 5] = [0.001_381_447_2, 0.008_368_677, 0.041_668_385, 0.166_665_21, 0.499_999_94];
-/// Cephes `expf`'s `P`, one degree higher, for the portable lane kernels (see
-/// `lanes::expm1_reduced`).
+/// Cephes `expf`'s `P`, one degree higher, for the lane kernels' `exp` (sigmoid, GELU, `tanh`
+/// and the flash backward's rows; see `lanes::expm1_reduced`).
 pub(super) const EXP_P_CEPHES: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
 /// `y[i] = exp(scale·x[i] + bias[i] - shift)` for `i < n` on `isa` (no bias term when `bias`
@@ -88,15 +88,15 @@ unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(
             (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            (_, true) => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP, false>(x, scale, bias, y, n, shift),
-            (_, false) => super::lanes::exp_sum::<{ super::lanes::HAS_FMA }, KEEP, true>(x, scale, bias, y, n, shift),
+            (_, true) => super::f4::exp_sum::<BOUNDED, KEEP, false>(x, scale, bias, y, n, shift),
+            (_, false) => super::f4::exp_sum::<BOUNDED, KEEP, true>(x, scale, bias, y, n, shift),
         }
     }
 }
 
-/// Adding then subtracting this (1.5·2²³) rounds to an integer; the sum's low mantissa bits are
-/// that integer.
-const ROUND: f32 = 12_582_912.0;
+/// Adding then subtracting this (1.5·2²³) rounds an `f32` of magnitude below 2²² to an integer;
+/// the sum's low mantissa bits are that integer.
+pub(super) const ROUND: f32 = 12_582_912.0;
 
 /// How far a tile's max may exceed the running max before the shift moves: below this the
 /// old shift is kept, so the accumulator needs no rescaling; `exp` of the excess stays below

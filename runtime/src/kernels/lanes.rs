@@ -1,6 +1,9 @@
 //! Kernels written once as fixed-width lane loops (`[f32; 8]` values, no intrinsics), which
 //! LLVM turns into whatever vectors the function they are inlined into may use: SSE2 or NEON on
 //! the portable path, 256-bit AVX2+FMA where a `#[target_feature]` wrapper instantiates them.
+//! The two kernels the portable path spends its time in, the micro-tile and the softmax step's
+//! `exp`, are written on explicit vectors instead ([`super::f4`]): LLVM's SLP vectoriser split
+//! the lane form of that `exp` into 2-lane halves.
 //!
 //! The `FMA` parameter chooses `a·b + c` as one fused operation (`f32::mul_add`) or as a
 //! multiply and an add. It must be `true` only where the target has a fused multiply-add
@@ -12,7 +15,7 @@
 //! `1.5·2²³`, and `2ⁿ` built from the exponent bits; and the polynomial one degree higher
 //! (see [`expm1_reduced`]).
 
-use super::exp::{EXP_HI, EXP_LO, EXP_P_CEPHES, FLUSH_BELOW, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK};
+use super::exp::{EXP_HI, EXP_LO, EXP_P_CEPHES, FLUSH_BELOW, LN2_HI, LN2_LO, LOG2E, ROUND};
 
 /// Lanes per value.
 pub(super) const L: usize = 8;
@@ -28,9 +31,6 @@ pub(super) const HAS_FMA: bool = cfg!(any(target_arch = "aarch64", target_featur
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
 }
-
-/// Adding then subtracting this rounds an `f32` of magnitude below 2²² to the nearest integer.
-const ROUND: f32 = 12_582_912.0;
 
 /// `exp(r) − 1 = r + r²·P(r)` for a reduced argument `|r| ≤ ln2/2`, `P` evaluated by Estrin's
 /// scheme (three dependent steps instead of Horner's five; the same polynomial). `P` is Cephes'
@@ -104,92 +104,11 @@ unsafe fn scores_with<const BIAS: bool>(x: *const f32, scale: f32, bias: *const 
     v
 }
 
-/// `y[i] = exp(scale·x[i] + bias[i] - shift)` (the bias term only when `BIAS`), returning `Σ y`
-/// (lane-parallel partial sums) and how many elements were done: `n`, or with `KEEP` the start
-/// of the first vector with an element past [`RESCALE_SLACK`], where the pass stopped (see
-/// `exp_sum_with`). The bias test is made at compile time: inside the loop it kept LLVM from
-/// vectorising it well.
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` when
-/// `BIAS`.
-#[inline(always)]
-pub(super) unsafe fn exp_sum<const FMA: bool, const KEEP: bool, const BIAS: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    let over = |v: &V| KEEP && v.iter().fold(false, |over, s| over | (*s > RESCALE_SLACK));
-    let mut sum = [0.0f32; L];
-    let mut i = 0;
-    // Two vectors per step: independent `exp` chains side by side (the stop keeps LLVM from
-    // interleaving iterations itself).
-    while i + 2 * L <= n {
-        // SAFETY: `i + 2L ≤ n`.
-        let (mut v0, mut v1) = unsafe { (scores_with::<BIAS>(x, scale, bias, i), scores_with::<BIAS>(x, scale, bias, i + L)) };
-        for l in 0..L {
-            v0[l] -= shift;
-            v1[l] -= shift;
-        }
-        if over(&v0) || over(&v1) {
-            return (sum.iter().sum(), i);
-        }
-        let (e0, e1) = (exp_v::<FMA>(v0), exp_v::<FMA>(v1));
-        for l in 0..L {
-            // SAFETY: `i + L + l < n`.
-            unsafe {
-                *y.add(i + l) = e0[l];
-                *y.add(i + L + l) = e1[l];
-            }
-            sum[l] += e0[l] + e1[l];
-        }
-        i += 2 * L;
-    }
-    while i + L <= n {
-        // SAFETY: `i + L ≤ n`.
-        let mut v = unsafe { scores_with::<BIAS>(x, scale, bias, i) };
-        for s in &mut v {
-            *s -= shift;
-        }
-        if over(&v) {
-            return (sum.iter().sum(), i);
-        }
-        let e = exp_v::<FMA>(v);
-        for l in 0..L {
-            // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = e[l] };
-            sum[l] += e[l];
-        }
-        i += L;
-    }
-    if i < n {
-        // The tail through one padded vector; padding lanes give `exp(-inf) = 0`.
-        let mut v = [f32::NEG_INFINITY; L];
-        for (l, out) in v.iter_mut().enumerate().take(n - i) {
-            // SAFETY: `i + l < n`.
-            unsafe { *out = scale * *x.add(i + l) + if BIAS { *bias.add(i + l) } else { 0.0 } - shift };
-        }
-        if over(&v) {
-            return (sum.iter().sum(), i);
-        }
-        let e = exp_v::<FMA>(v);
-        for l in 0..n - i {
-            // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = e[l] };
-            sum[l] += e[l];
-        }
-    }
-    (sum.iter().sum(), n)
-}
-
 /// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed
 /// over, as `maxps` does.
 ///
 /// # Safety
-/// As [`exp_sum`].
+/// `x` addresses `n` elements, and so does `bias` unless it is null.
 #[inline(always)]
 pub(super) unsafe fn row_max(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
     let mut m = [f32::NEG_INFINITY; L];
@@ -326,55 +245,6 @@ pub(super) unsafe fn gelu<const FMA: bool>(x: *const f32, y: *mut f32, n: usize)
             unsafe { *y.add(i + l) = 0.5 * v[l] * one_plus_erf };
         }
         i += L;
-    }
-}
-
-/// Copies of each element of `A` in the micro-tile's packed strip: one 128-bit vector.
-pub(super) const SPLAT: usize = 4;
-
-/// `MR × 8` micro-tile of the GEMM driver: `C (+)= alpha · A[MR × kc] · panel[kc × 8]`, `MR · 2`
-/// 128-bit accumulators on SSE2 or NEON (12 of the 16 SSE registers for `MR = 6`). `A` comes
-/// splatted (see [`super::gemm::Kernel::A_SPLAT`]), so each multiplier is a loaded vector.
-///
-/// # Safety
-/// `a` holds `kc` groups of `MR` splatted elements of [`SPLAT`] floats; the panel `kc` rows of
-/// 8 (stride `ldp`); the tile of `C` is valid for `t.rows = MR` rows and `t.cols` columns.
-#[inline(always)]
-pub(super) unsafe fn micro<const MR: usize, const FMA: bool>(
-    kc: usize,
-    a: *const f32,
-    panel: *const f32,
-    ldp: usize,
-    t: &super::gemm::Tile,
-) {
-    let mut acc = [[0.0f32; L]; MR];
-    for p in 0..kc {
-        // SAFETY: panel row `p` holds 8 floats (`[f32; 8]` has the alignment of `f32`).
-        let b = unsafe { *(panel.add(p * ldp) as *const V) };
-        for (i, row) in acc.iter_mut().enumerate() {
-            // SAFETY: group `p` of the strip holds `MR` vectors of `SPLAT` floats.
-            let ai = unsafe { *(a.add((p * MR + i) * SPLAT) as *const [f32; SPLAT]) };
-            for l in 0..L {
-                row[l] = madd::<FMA>(ai[l % SPLAT], b[l], row[l]);
-            }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        // SAFETY: row `i` of the tile holds `t.cols ≤ 8` elements.
-        unsafe {
-            let c = t.c.add(i * t.ldc);
-            if t.cols == L {
-                let out = &mut *(c as *mut V);
-                for l in 0..L {
-                    out[l] = if t.accumulate { madd::<FMA>(row[l], t.alpha, out[l]) } else { row[l] * t.alpha };
-                }
-            } else {
-                for (l, v) in row.iter().enumerate().take(t.cols) {
-                    let dst = c.add(l);
-                    *dst = if t.accumulate { madd::<FMA>(*v, t.alpha, *dst) } else { *v * t.alpha };
-                }
-            }
-        }
     }
 }
 

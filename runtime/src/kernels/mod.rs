@@ -19,6 +19,7 @@
 
 mod additive;
 mod exp;
+mod f4;
 mod gemm;
 mod gemv;
 mod lanes;

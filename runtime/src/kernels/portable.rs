@@ -1,39 +1,40 @@
-//! The portable path: the lane kernels of [`super::lanes`] compiled for the baseline target
-//! (SSE2 on x86-64, NEON on AArch64), with a fused multiply-add only where the baseline has one
-//! ([`HAS_FMA`]). It is also the reference the SIMD paths are compared with in tests, besides
-//! the f64 oracle.
+//! The portable path: kernels for the baseline target (SSE2 on x86-64, NEON on AArch64), with a
+//! fused multiply-add only where the baseline has one ([`super::lanes::HAS_FMA`]). The dense
+//! micro-tile and the softmax `exp` are written on [`super::f4`]'s explicit 4-lane vector; the
+//! rest are the lane loops of [`super::lanes`]. It is also the reference the SIMD paths are
+//! compared with in tests, besides the f64 oracle.
 
+use super::f4;
 use super::gemm::{Kernel, Layout, Tile, pack_generic};
-use super::lanes::{self, HAS_FMA};
 
-/// Micro-tiles of up to 6 rows × 8 columns: 12 accumulators of 128 bits, two panel vectors and
-/// a multiplier fill 15 of the 16 SSE registers (NEON has 32). `A` comes splatted into 4-lane
-/// groups: SSE2 has no broadcast load, and a shuffle per element of `A` (6 per 24 multiplies
-/// and adds) held the loop at 68% of the multiply-add peak.
+/// Micro-tiles of up to 6 rows × 8 columns: 12 accumulators of 128 bits and two panel vectors
+/// take 14 of the 16 SSE registers (NEON has 32). `A` comes splatted into 4-lane groups: SSE2
+/// has no broadcast load, and a shuffle per element of `A` (6 per 24 multiplies and adds) held
+/// the loop at 68% of the multiply-add peak.
 pub(super) struct Portable;
 
 impl Kernel for Portable {
-    const NR: usize = lanes::L;
+    const NR: usize = f4::NR;
     const MR: usize = 6;
     const KC: usize = 256;
     const NC: usize = 256;
-    const A_SPLAT: usize = lanes::SPLAT;
+    const A_SPLAT: usize = f4::W;
 
     unsafe fn pack(layout: Layout, b: *const f32, ldb: usize, kc: usize, nc: usize, out: *mut f32) {
         // SAFETY: forwarded.
-        unsafe { pack_generic::<{ lanes::L }>(layout, b, ldb, kc, nc, out) }
+        unsafe { pack_generic::<{ f4::NR }>(layout, b, ldb, kc, nc, out) }
     }
 
     unsafe fn tile(kc: usize, a: *const f32, _lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
         // SAFETY: forwarded; `rows` selects the instance with that many rows.
         unsafe {
             match t.rows {
-                6 => lanes::micro::<6, HAS_FMA>(kc, a, panel, ldp, t),
-                5 => lanes::micro::<5, HAS_FMA>(kc, a, panel, ldp, t),
-                4 => lanes::micro::<4, HAS_FMA>(kc, a, panel, ldp, t),
-                3 => lanes::micro::<3, HAS_FMA>(kc, a, panel, ldp, t),
-                2 => lanes::micro::<2, HAS_FMA>(kc, a, panel, ldp, t),
-                _ => lanes::micro::<1, HAS_FMA>(kc, a, panel, ldp, t),
+                6 => f4::micro::<6>(kc, a, panel, ldp, t),
+                5 => f4::micro::<5>(kc, a, panel, ldp, t),
+                4 => f4::micro::<4>(kc, a, panel, ldp, t),
+                3 => f4::micro::<3>(kc, a, panel, ldp, t),
+                2 => f4::micro::<2>(kc, a, panel, ldp, t),
+                _ => f4::micro::<1>(kc, a, panel, ldp, t),
             }
         }
     }

@@ -1,0 +1,484 @@
+//! The portable path's two hot kernels on an explicit 4-lane vector ([`F4`]: SSE2 on x86-64,
+//! NEON on AArch64 with fused multiply-adds, an array elsewhere): the softmax `exp`
+//! ([`exp_sum`]) and the GEMM micro-tile ([`micro`]).
+//!
+//! The lane loops of [`super::lanes`] leave vectorising to LLVM's SLP pass, which split the
+//! softmax step's `exp` into 2-lane halves on both baseline targets: on x86-64 SSE2 the step
+//! ran at 245 ns per 256-score row and stalled on partial stack reloads, and on AArch64 every
+//! operation was a 64-bit `.2s` NEON instruction, half the register. On [`F4`] the loop is
+//! 4-wide by construction, and it takes the SIMD paths' bounded form (no clamps, the flush by
+//! the input, see [`super::exp`]) and their degree-4 polynomial, which in the lane code made
+//! the SLP pass reverse lanes. Method and constants are [`super::exp`]'s; the range reduction
+//! keeps two steps (`ln 2` split) everywhere: without a fused multiply-add one step is 16 ulp
+//! off near the flush.
+//!
+//! The micro-tile is the lane form's 6 × 8 loop with one change SSE2 needs: its two-operand
+//! multiply overwrites an operand, so each product loads its multiplier afresh instead of
+//! copying it between registers ([`F4::load_again`]; 4% more multiply-adds per second on Zen 5,
+//! `kernel_bench --sse-ceiling`).
+
+use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, FLUSH_X, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK, ROUND};
+
+#[cfg(target_arch = "aarch64")]
+use std::arch::aarch64::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Evaluates baseline-ISA intrinsics: SSE2 on x86-64 and NEON on AArch64 are enabled in every
+/// build for those targets.
+macro_rules! base {
+    ($e:expr) => {
+        // SAFETY: the intrinsic needs only the target's baseline features (see above).
+        unsafe { $e }
+    };
+}
+
+/// Lanes per vector, and so the copies of each element of `A` in [`micro`]'s splatted strip.
+pub(super) const W: usize = 4;
+/// Columns of [`micro`]'s tile: two vectors.
+pub(super) const NR: usize = 2 * W;
+
+#[cfg(target_arch = "x86_64")]
+type Repr = __m128;
+#[cfg(target_arch = "aarch64")]
+type Repr = float32x4_t;
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+type Repr = [f32; W];
+
+/// Four `f32` lanes in one baseline vector register. A mask is an `F4` whose lanes are all ones
+/// (true) or all zeros (false).
+#[derive(Clone, Copy)]
+struct F4(Repr);
+
+#[cfg(target_arch = "x86_64")]
+impl F4 {
+    #[inline(always)]
+    fn splat(v: f32) -> F4 {
+        F4(base!(_mm_set1_ps(v)))
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F4 {
+        // SAFETY: forwarded; `loadu` needs no alignment.
+        F4(unsafe { _mm_loadu_ps(p) })
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: forwarded; `storeu` needs no alignment.
+        unsafe { _mm_storeu_ps(p, self.0) }
+    }
+    /// [`F4::load`] that is never merged with another load of `p`: SSE2's two-operand
+    /// multiply overwrites its operand, and loading a multiplier once per product runs the
+    /// micro-tile faster than copying it between registers (see [`micro`]).
+    ///
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn load_again(p: *const f32) -> F4 {
+        /// A vector at any address (a packed struct has alignment 1).
+        #[repr(C, packed)]
+        #[derive(Clone, Copy)]
+        struct Unaligned(__m128);
+        // SAFETY: forwarded; a volatile read of a packed struct is one `movups`.
+        F4(unsafe { std::ptr::read_volatile(p as *const Unaligned) }.0)
+    }
+    #[inline(always)]
+    fn add(self, o: F4) -> F4 {
+        F4(base!(_mm_add_ps(self.0, o.0)))
+    }
+    #[inline(always)]
+    fn sub(self, o: F4) -> F4 {
+        F4(base!(_mm_sub_ps(self.0, o.0)))
+    }
+    #[inline(always)]
+    fn mul(self, o: F4) -> F4 {
+        F4(base!(_mm_mul_ps(self.0, o.0)))
+    }
+    /// `self·b + c`, fused where the target has FMA.
+    #[inline(always)]
+    fn madd(self, b: F4, c: F4) -> F4 {
+        #[cfg(target_feature = "fma")]
+        return F4(base!(_mm_fmadd_ps(self.0, b.0, c.0)));
+        #[cfg(not(target_feature = "fma"))]
+        self.mul(b).add(c)
+    }
+    /// `c − self·b`, fused where the target has FMA.
+    #[inline(always)]
+    fn nmadd(self, b: F4, c: F4) -> F4 {
+        #[cfg(target_feature = "fma")]
+        return F4(base!(_mm_fnmadd_ps(self.0, b.0, c.0)));
+        #[cfg(not(target_feature = "fma"))]
+        c.sub(self.mul(b))
+    }
+    /// `lo` where `self < lo`; NaN stays NaN.
+    #[inline(always)]
+    fn at_least(self, lo: F4) -> F4 {
+        // `maxps` returns its second operand when either is NaN.
+        F4(base!(_mm_max_ps(lo.0, self.0)))
+    }
+    /// `hi` where `self > hi`; NaN stays NaN.
+    #[inline(always)]
+    fn at_most(self, hi: F4) -> F4 {
+        F4(base!(_mm_min_ps(hi.0, self.0)))
+    }
+    /// The mask of `self < o` (false for NaN).
+    #[inline(always)]
+    fn lt(self, o: F4) -> F4 {
+        F4(base!(_mm_cmplt_ps(self.0, o.0)))
+    }
+    /// Whether any lane of `self > o`.
+    #[inline(always)]
+    fn any_gt(self, o: F4) -> bool {
+        base!(_mm_movemask_ps(_mm_cmpgt_ps(self.0, o.0))) != 0
+    }
+    /// 0 where `mask`, else `self`.
+    #[inline(always)]
+    fn zero_where(self, mask: F4) -> F4 {
+        F4(base!(_mm_andnot_ps(mask.0, self.0)))
+    }
+    /// `2ⁿ` from `t = x·log2 e + ROUND` (whose low mantissa bits are `n`), with the exponent
+    /// bias `bias` (`n + bias` must be a normal exponent).
+    #[inline(always)]
+    fn pow2_of_round(t: F4, bias: i32) -> F4 {
+        let b = base!(_mm_set1_epi32(bias - ROUND.to_bits() as i32));
+        F4(base!(_mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_add_epi32(_mm_castps_si128(t.0), b)))))
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        let half = base!(_mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0)));
+        base!(_mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps::<1>(half, half))))
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+impl F4 {
+    #[inline(always)]
+    fn splat(v: f32) -> F4 {
+        F4(base!(vdupq_n_f32(v)))
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F4 {
+        // SAFETY: forwarded; `ld1` needs the alignment of `f32` only.
+        F4(unsafe { vld1q_f32(p) })
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: as `load`.
+        unsafe { vst1q_f32(p, self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: F4) -> F4 {
+        F4(base!(vaddq_f32(self.0, o.0)))
+    }
+    #[inline(always)]
+    fn sub(self, o: F4) -> F4 {
+        F4(base!(vsubq_f32(self.0, o.0)))
+    }
+    #[inline(always)]
+    fn mul(self, o: F4) -> F4 {
+        F4(base!(vmulq_f32(self.0, o.0)))
+    }
+    /// `self·b + c`, fused.
+    #[inline(always)]
+    fn madd(self, b: F4, c: F4) -> F4 {
+        F4(base!(vfmaq_f32(c.0, self.0, b.0)))
+    }
+    /// `c − self·b`, fused.
+    #[inline(always)]
+    fn nmadd(self, b: F4, c: F4) -> F4 {
+        F4(base!(vfmsq_f32(c.0, self.0, b.0)))
+    }
+    /// `lo` where `self < lo`; NaN stays NaN (`fmax` propagates it).
+    #[inline(always)]
+    fn at_least(self, lo: F4) -> F4 {
+        F4(base!(vmaxq_f32(self.0, lo.0)))
+    }
+    /// `hi` where `self > hi`; NaN stays NaN.
+    #[inline(always)]
+    fn at_most(self, hi: F4) -> F4 {
+        F4(base!(vminq_f32(self.0, hi.0)))
+    }
+    /// The mask of `self < o` (false for NaN).
+    #[inline(always)]
+    fn lt(self, o: F4) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vcltq_f32(self.0, o.0))))
+    }
+    /// Whether any lane of `self > o`.
+    #[inline(always)]
+    fn any_gt(self, o: F4) -> bool {
+        base!(vmaxvq_u32(vcgtq_f32(self.0, o.0))) != 0
+    }
+    /// 0 where `mask`, else `self`.
+    #[inline(always)]
+    fn zero_where(self, mask: F4) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(self.0), vreinterpretq_u32_f32(mask.0)))))
+    }
+    /// As the x86-64 form.
+    #[inline(always)]
+    fn pow2_of_round(t: F4, bias: i32) -> F4 {
+        let b = base!(vdupq_n_s32(bias - ROUND.to_bits() as i32));
+        F4(base!(vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vreinterpretq_s32_f32(t.0), b)))))
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        base!(vaddvq_f32(self.0))
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+impl F4 {
+    #[inline(always)]
+    fn splat(v: f32) -> F4 {
+        F4([v; W])
+    }
+    #[inline(always)]
+    fn map2(self, o: F4, f: impl Fn(f32, f32) -> f32) -> F4 {
+        F4(std::array::from_fn(|l| f(self.0[l], o.0[l])))
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F4 {
+        // SAFETY: forwarded.
+        F4(unsafe { (p as *const [f32; W]).read_unaligned() })
+    }
+    /// # Safety
+    /// `p` addresses 4 floats.
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { (p as *mut [f32; W]).write_unaligned(self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: F4) -> F4 {
+        self.map2(o, |a, b| a + b)
+    }
+    #[inline(always)]
+    fn sub(self, o: F4) -> F4 {
+        self.map2(o, |a, b| a - b)
+    }
+    #[inline(always)]
+    fn mul(self, o: F4) -> F4 {
+        self.map2(o, |a, b| a * b)
+    }
+    #[inline(always)]
+    fn madd(self, b: F4, c: F4) -> F4 {
+        self.mul(b).add(c)
+    }
+    #[inline(always)]
+    fn nmadd(self, b: F4, c: F4) -> F4 {
+        c.sub(self.mul(b))
+    }
+    #[inline(always)]
+    fn at_least(self, lo: F4) -> F4 {
+        self.map2(lo, |a, lo| if lo > a { lo } else { a })
+    }
+    #[inline(always)]
+    fn at_most(self, hi: F4) -> F4 {
+        self.map2(hi, |a, hi| if a > hi { hi } else { a })
+    }
+    #[inline(always)]
+    fn lt(self, o: F4) -> F4 {
+        self.map2(o, |a, b| f32::from_bits(if a < b { u32::MAX } else { 0 }))
+    }
+    #[inline(always)]
+    fn any_gt(self, o: F4) -> bool {
+        (0..W).any(|l| self.0[l] > o.0[l])
+    }
+    #[inline(always)]
+    fn zero_where(self, mask: F4) -> F4 {
+        self.map2(mask, |a, m| f32::from_bits(a.to_bits() & !m.to_bits()))
+    }
+    #[inline(always)]
+    fn pow2_of_round(t: F4, bias: i32) -> F4 {
+        F4(t.0.map(|t| f32::from_bits((t.to_bits() as i32).wrapping_add(bias - ROUND.to_bits() as i32).wrapping_shl(23) as u32)))
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        self.0.iter().sum()
+    }
+}
+
+/// `(t, q)`: `t = x·log2 e + ROUND`, whose low mantissa bits are `n = round(x·log2 e)`, and
+/// `q = exp(r) − 1 = r + r²·P(r)` by Estrin's scheme, for `r = x − n·ln 2` in two steps.
+#[inline(always)]
+fn reduce(x: F4) -> (F4, F4) {
+    let c = F4::splat;
+    let t = x.madd(c(LOG2E), c(ROUND));
+    let n = t.sub(c(ROUND));
+    let r = n.nmadd(c(LN2_HI), x);
+    let r = n.nmadd(c(LN2_LO), r);
+    let r2 = r.mul(r);
+    let a = c(EXP_P[1]).madd(r, c(EXP_P[2]));
+    let b = c(EXP_P[3]).madd(r, c(EXP_P[4]));
+    let p = c(EXP_P[0]).madd(r2, a).madd(r2, b);
+    (t, p.madd(r2, r))
+}
+
+/// `exp` of lanes that are at most [`RESCALE_SLACK`] (or NaN), as the SIMD paths' bounded form:
+/// no clamps, lanes below [`FLUSH_X`] (`-inf` included) masked to 0 at the end, NaN stays NaN.
+#[inline(always)]
+fn exp_bounded(x: F4) -> F4 {
+    let (t, q) = reduce(x);
+    // `n ∈ [-61, 12]` for the lanes kept: `2ⁿ` is normal.
+    let pow2 = F4::pow2_of_round(t, 127);
+    q.madd(pow2, pow2).zero_where(x.lt(F4::splat(FLUSH_X)))
+}
+
+/// `exp` of any lanes: 0 below [`FLUSH_BELOW`], `inf` past `f32::MAX`, NaN stays NaN.
+#[inline(always)]
+fn exp_any(x: F4) -> F4 {
+    let x = x.at_least(F4::splat(EXP_LO)).at_most(F4::splat(EXP_HI));
+    let (t, q) = reduce(x);
+    // `n ∈ [-61, 129]`: `2ⁿ⁻²` is normal and both products exact (or overflowing, as `e·2ⁿ`
+    // does), so `e·2ⁿ⁻²·4` is `e·2ⁿ` rounded once.
+    let e = q.add(F4::splat(1.0)).mul(F4::pow2_of_round(t, 125)).mul(F4::splat(4.0));
+    e.zero_where(e.lt(F4::splat(FLUSH_BELOW)))
+}
+
+/// The portable `exp_sum` (see `exp::exp_sum_with` for `BOUNDED` and `KEEP`): `y[i] =
+/// exp(scale·x[i] + bias[i] − shift)` (the bias term only when `BIAS`), returning `Σ y` and how
+/// many elements were done. Four vectors per step, so that independent `exp` chains overlap
+/// (two measured 4% slower on Zen 5); the tail through one vector padded with `-inf` (whose
+/// `exp` is 0).
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` when
+/// `BIAS`.
+#[inline(always)]
+pub(super) unsafe fn exp_sum<const BOUNDED: bool, const KEEP: bool, const BIAS: bool>(
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> (f32, usize) {
+    let (sc, sh, slack) = (F4::splat(scale), F4::splat(shift), F4::splat(RESCALE_SLACK));
+    let exp = |v: F4| if BOUNDED { exp_bounded(v) } else { exp_any(v) };
+    // SAFETY (for the closure's callers): `i + W ≤ n`.
+    let scores = |i: usize| unsafe {
+        let v = F4::load(x.add(i)).mul(sc);
+        if BIAS { v.add(F4::load(bias.add(i))).sub(sh) } else { v.sub(sh) }
+    };
+    let (mut s0, mut s1) = (F4::splat(0.0), F4::splat(0.0));
+    let mut i = 0;
+    while i + 4 * W <= n {
+        let (v0, v1, v2, v3) = (scores(i), scores(i + W), scores(i + 2 * W), scores(i + 3 * W));
+        if KEEP && (v0.any_gt(slack) || v1.any_gt(slack) || v2.any_gt(slack) || v3.any_gt(slack)) {
+            break;
+        }
+        let (e0, e1, e2, e3) = (exp(v0), exp(v1), exp(v2), exp(v3));
+        // SAFETY: `i + 4W ≤ n`.
+        unsafe {
+            e0.store(y.add(i));
+            e1.store(y.add(i + W));
+            e2.store(y.add(i + 2 * W));
+            e3.store(y.add(i + 3 * W));
+        }
+        s0 = s0.add(e0.add(e2));
+        s1 = s1.add(e1.add(e3));
+        i += 4 * W;
+    }
+    let mut sum = s0.add(s1);
+    while i < n {
+        let len = W.min(n - i);
+        let v = if len == W {
+            scores(i)
+        } else {
+            let mut pad = [f32::NEG_INFINITY; W];
+            for (l, s) in pad.iter_mut().enumerate().take(len) {
+                // SAFETY: `i + l < n`.
+                *s = unsafe { scale * *x.add(i + l) + if BIAS { *bias.add(i + l) } else { 0.0 } - shift };
+            }
+            // SAFETY: `pad` holds 4 floats.
+            unsafe { F4::load(pad.as_ptr()) }
+        };
+        if KEEP && v.any_gt(slack) {
+            return (sum.sum(), i);
+        }
+        let e = exp(v);
+        if len == W {
+            // SAFETY: `i + W ≤ n`.
+            unsafe { e.store(y.add(i)) };
+        } else {
+            let mut out = [0.0f32; W];
+            // SAFETY: `out` holds 4 floats; `i + l < n` below.
+            unsafe {
+                e.store(out.as_mut_ptr());
+                std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(i), len);
+            }
+        }
+        // Padding lanes are 0.
+        sum = sum.add(e);
+        i += len;
+    }
+    (sum.sum(), n)
+}
+
+/// `MR × 8` micro-tile of the portable GEMM: `C (+)= alpha · A[MR × kc] · panel[kc × 8]` in
+/// `2·MR` accumulators (12 of the 16 SSE registers for `MR = 6`; NEON has 32). `A` comes
+/// splatted (`gemm::Kernel::A_SPLAT`), so each multiplier is one loaded vector.
+///
+/// # Safety
+/// `a` holds `kc` groups of `MR` splatted elements of 4 floats; the panel
+/// `kc` rows of 8 (stride `ldp`); the tile of `C` is valid for `t.rows = MR` rows and
+/// `t.cols` columns.
+#[inline(always)]
+pub(super) unsafe fn micro<const MR: usize>(kc: usize, a: *const f32, panel: *const f32, ldp: usize, t: &super::gemm::Tile) {
+    let zero = F4::splat(0.0);
+    let mut acc = [[zero; 2]; MR];
+    for p in 0..kc {
+        // SAFETY: panel row `p` holds 8 floats; group `p` of the strip `MR` vectors.
+        unsafe {
+            let row = panel.add(p * ldp);
+            let (b0, b1) = (F4::load(row), F4::load(row.add(W)));
+            for (i, c) in acc.iter_mut().enumerate() {
+                let ai = a.add((p * MR + i) * W);
+                // Without FMA the multiplier is loaded once per product, in program order (see
+                // `F4::load_again`).
+                #[cfg(all(target_arch = "x86_64", not(target_feature = "fma")))]
+                let (a0, a1) = (F4::load_again(ai), F4::load_again(ai));
+                #[cfg(not(all(target_arch = "x86_64", not(target_feature = "fma"))))]
+                let (a0, a1) = (F4::load(ai), F4::load(ai));
+                c[0] = a0.madd(b0, c[0]);
+                c[1] = a1.madd(b1, c[1]);
+            }
+        }
+    }
+    let alpha = F4::splat(t.alpha);
+    for (i, c) in acc.iter().enumerate() {
+        // SAFETY: row `i` of the tile holds `t.cols ≤ 8` elements.
+        unsafe {
+            let dst = t.c.add(i * t.ldc);
+            if t.cols == NR {
+                for (h, v) in c.iter().enumerate() {
+                    let d = dst.add(h * W);
+                    let out = if t.accumulate { v.madd(alpha, F4::load(d)) } else { v.mul(alpha) };
+                    out.store(d);
+                }
+            } else {
+                let mut row = [0.0f32; NR];
+                c[0].store(row.as_mut_ptr());
+                c[1].store(row.as_mut_ptr().add(W));
+                for (l, v) in row.iter().enumerate().take(t.cols) {
+                    let d = dst.add(l);
+                    *d = if t.accumulate { madd1(*v, t.alpha, *d) } else { *v * t.alpha };
+                }
+            }
+        }
+    }
+}
+
+/// `a·b + c` for one lane, fused exactly where [`F4::madd`] is.
+#[inline(always)]
+fn madd1(a: f32, b: f32, c: f32) -> f32 {
+    if super::lanes::HAS_FMA { a.mul_add(b, c) } else { a * b + c }
+}
