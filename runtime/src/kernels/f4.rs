@@ -15,7 +15,7 @@
 //! The micro-tile is the lane form's 6 × 8 loop with one change SSE2 needs: its two-operand
 //! multiply overwrites an operand, so each product loads its multiplier afresh instead of
 //! copying it between registers ([`F4::load_again`]; 4% more multiply-adds per second on Zen 5,
-//! `kernel_bench --sse-ceiling`).
+//! `kernel_bench --sse-ceiling`). [`splat4`] lays out the splatted strip.
 
 use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, FLUSH_X, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK, ROUND};
 
@@ -146,6 +146,16 @@ impl F4 {
         let b = base!(_mm_set1_epi32(bias - ROUND.to_bits() as i32));
         F4(base!(_mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_add_epi32(_mm_castps_si128(t.0), b)))))
     }
+    /// Lane `Q` in every lane.
+    #[inline(always)]
+    fn lane<const Q: i32>(self) -> F4 {
+        match Q {
+            0 => F4(base!(_mm_shuffle_ps::<0x00>(self.0, self.0))),
+            1 => F4(base!(_mm_shuffle_ps::<0x55>(self.0, self.0))),
+            2 => F4(base!(_mm_shuffle_ps::<0xaa>(self.0, self.0))),
+            _ => F4(base!(_mm_shuffle_ps::<0xff>(self.0, self.0))),
+        }
+    }
     #[inline(always)]
     fn sum(self) -> f32 {
         let half = base!(_mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0)));
@@ -226,6 +236,11 @@ impl F4 {
         let b = base!(vdupq_n_s32(bias - ROUND.to_bits() as i32));
         F4(base!(vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vreinterpretq_s32_f32(t.0), b)))))
     }
+    /// Lane `Q` in every lane.
+    #[inline(always)]
+    fn lane<const Q: i32>(self) -> F4 {
+        F4(base!(vdupq_laneq_f32::<Q>(self.0)))
+    }
     #[inline(always)]
     fn sum(self) -> f32 {
         base!(vaddvq_f32(self.0))
@@ -299,6 +314,11 @@ impl F4 {
     #[inline(always)]
     fn pow2_of_round(t: F4, bias: i32) -> F4 {
         F4(t.0.map(|t| f32::from_bits((t.to_bits() as i32).wrapping_add(bias - ROUND.to_bits() as i32).wrapping_shl(23) as u32)))
+    }
+    /// Lane `Q` in every lane.
+    #[inline(always)]
+    fn lane<const Q: i32>(self) -> F4 {
+        F4([self.0[Q as usize]; W])
     }
     #[inline(always)]
     fn sum(self) -> f32 {
@@ -481,4 +501,21 @@ pub(super) unsafe fn micro<const MR: usize>(kc: usize, a: *const f32, panel: *co
 #[inline(always)]
 fn madd1(a: f32, b: f32, c: f32) -> f32 {
     if super::lanes::HAS_FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// Stores each of the 4 floats at `src` as a vector of 4 copies at `dst(q)` (the splatted `A`
+/// strip of [`micro`]; see `gemm::splat_strip`): one load and four shuffles.
+///
+/// # Safety
+/// `src` addresses 4 floats, and each `dst(q)` 4.
+#[inline(always)]
+pub(super) unsafe fn splat4(src: *const f32, dst: impl Fn(usize) -> *mut f32) {
+    // SAFETY: forwarded.
+    unsafe {
+        let v = F4::load(src);
+        v.lane::<0>().store(dst(0));
+        v.lane::<1>().store(dst(1));
+        v.lane::<2>().store(dst(2));
+        v.lane::<3>().store(dst(3));
+    }
 }

@@ -201,6 +201,8 @@ unsafe fn splat_strip<K: Kernel>(a: *const f32, lda: usize, rows: usize, kc: usi
 /// As [`splat_strip`]; `R` is 0 or `rows`.
 #[inline(always)]
 unsafe fn splat_rows<K: Kernel, const R: usize>(a: *const f32, lda: usize, rows: usize, kc: usize, out: *mut f32) {
+    // `f4::splat4` makes groups of 4 copies.
+    const { assert!(K::A_SPLAT == 0 || K::A_SPLAT == 4) };
     let rows = if R > 0 { R } else { rows };
     // Four columns of a row per pass, each splatted to its group.
     let full = kc / 4 * 4;
@@ -210,15 +212,7 @@ unsafe fn splat_rows<K: Kernel, const R: usize>(a: *const f32, lda: usize, rows:
         let (src, base) = unsafe { (a.add(p0), out.add(p0 * rows * K::A_SPLAT)) };
         for i in 0..rows {
             // SAFETY: as above, for row `i`.
-            unsafe {
-                let v = (src.add(i * lda) as *const [f32; 4]).read_unaligned();
-                for (q, x) in v.iter().enumerate() {
-                    let dst = base.add((q * rows + i) * K::A_SPLAT);
-                    for l in 0..K::A_SPLAT {
-                        *dst.add(l) = *x;
-                    }
-                }
-            }
+            unsafe { super::f4::splat4(src.add(i * lda), |q| base.add((q * rows + i) * K::A_SPLAT)) };
         }
     }
     for p in full..kc {
