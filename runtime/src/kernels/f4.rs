@@ -146,6 +146,18 @@ impl F4 {
         let b = base!(_mm_set1_epi32(bias - ROUND.to_bits() as i32));
         F4(base!(_mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_add_epi32(_mm_castps_si128(t.0), b)))))
     }
+    /// The 4 × 4 transpose of rows `r`.
+    #[inline(always)]
+    fn transpose(r: [F4; 4]) -> [F4; 4] {
+        let (t0, t1) = (base!(_mm_unpacklo_ps(r[0].0, r[1].0)), base!(_mm_unpacklo_ps(r[2].0, r[3].0)));
+        let (t2, t3) = (base!(_mm_unpackhi_ps(r[0].0, r[1].0)), base!(_mm_unpackhi_ps(r[2].0, r[3].0)));
+        [
+            F4(base!(_mm_movelh_ps(t0, t1))),
+            F4(base!(_mm_movehl_ps(t1, t0))),
+            F4(base!(_mm_movelh_ps(t2, t3))),
+            F4(base!(_mm_movehl_ps(t3, t2))),
+        ]
+    }
     /// Lane `Q` in every lane.
     #[inline(always)]
     fn lane<const Q: i32>(self) -> F4 {
@@ -236,6 +248,20 @@ impl F4 {
         let b = base!(vdupq_n_s32(bias - ROUND.to_bits() as i32));
         F4(base!(vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vreinterpretq_s32_f32(t.0), b)))))
     }
+    /// The 4 × 4 transpose of rows `r`.
+    #[inline(always)]
+    fn transpose(r: [F4; 4]) -> [F4; 4] {
+        let d = |v: float32x4_t| base!(vreinterpretq_f64_f32(v));
+        let f = |v: float64x2_t| F4(base!(vreinterpretq_f32_f64(v)));
+        let (t0, t1) = (base!(vzip1q_f32(r[0].0, r[1].0)), base!(vzip1q_f32(r[2].0, r[3].0)));
+        let (t2, t3) = (base!(vzip2q_f32(r[0].0, r[1].0)), base!(vzip2q_f32(r[2].0, r[3].0)));
+        [
+            f(base!(vzip1q_f64(d(t0), d(t1)))),
+            f(base!(vzip2q_f64(d(t0), d(t1)))),
+            f(base!(vzip1q_f64(d(t2), d(t3)))),
+            f(base!(vzip2q_f64(d(t2), d(t3)))),
+        ]
+    }
     /// Lane `Q` in every lane.
     #[inline(always)]
     fn lane<const Q: i32>(self) -> F4 {
@@ -314,6 +340,11 @@ impl F4 {
     #[inline(always)]
     fn pow2_of_round(t: F4, bias: i32) -> F4 {
         F4(t.0.map(|t| f32::from_bits((t.to_bits() as i32).wrapping_add(bias - ROUND.to_bits() as i32).wrapping_shl(23) as u32)))
+    }
+    /// The 4 × 4 transpose of rows `r`.
+    #[inline(always)]
+    fn transpose(r: [F4; 4]) -> [F4; 4] {
+        std::array::from_fn(|q| F4(std::array::from_fn(|l| r[l].0[q])))
     }
     /// Lane `Q` in every lane.
     #[inline(always)]
@@ -517,5 +548,42 @@ pub(super) unsafe fn splat4(src: *const f32, dst: impl Fn(usize) -> *mut f32) {
         v.lane::<1>().store(dst(1));
         v.lane::<2>().store(dst(2));
         v.lane::<3>().store(dst(3));
+    }
+}
+
+/// Packs the `kc × nc` block of `Bᵀ` at `b` (element `(p, j)` at `b[j·ldb + p]`) into panels
+/// of `kc × 8`, zero past `nc`, as `gemm::pack_generic` does for `Nt`, but by 4 × 4 transposes
+/// of 4 key rows (4 loads, 8 shuffles and 4 stores per 16 elements, where the generic loop
+/// moves one element at a time); panels with fewer than 8 columns and the last `kc % 4` steps
+/// element by element.
+///
+/// # Safety
+/// As `gemm::Kernel::pack` with `Layout::Nt`.
+#[inline(always)]
+pub(super) unsafe fn pack_nt(b: *const f32, ldb: usize, kc: usize, nc: usize, out: *mut f32) {
+    let full_k = kc / W * W;
+    for (jr, j0) in (0..nc).step_by(NR).enumerate() {
+        let cols = NR.min(nc - j0);
+        // SAFETY: the caller's contract covers rows `j0..j0 + cols` of the block (`kc` each)
+        // and the panel.
+        unsafe {
+            let panel = out.add(jr * kc * NR);
+            let fast_k = if cols == NR { full_k } else { 0 };
+            for g in (0..NR).step_by(W) {
+                let rows: [*const f32; W] = std::array::from_fn(|l| b.add((j0 + g + l) * ldb));
+                for p in (0..fast_k).step_by(W) {
+                    let t = F4::transpose(rows.map(|r| F4::load(r.add(p))));
+                    for (q, v) in t.iter().enumerate() {
+                        v.store(panel.add((p + q) * NR + g));
+                    }
+                }
+            }
+            for jj in 0..NR {
+                let src = b.add((j0 + jj) * ldb);
+                for p in fast_k..kc {
+                    *panel.add(p * NR + jj) = if jj < cols { *src.add(p) } else { 0.0 };
+                }
+            }
+        }
     }
 }

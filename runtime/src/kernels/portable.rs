@@ -22,7 +22,12 @@ impl Kernel for Portable {
 
     unsafe fn pack(layout: Layout, b: *const f32, ldb: usize, kc: usize, nc: usize, out: *mut f32) {
         // SAFETY: forwarded.
-        unsafe { pack_generic::<{ f4::NR }>(layout, b, ldb, kc, nc, out) }
+        unsafe {
+            match layout {
+                Layout::Nt => f4::pack_nt(b, ldb, kc, nc, out),
+                Layout::Nn => pack_generic::<{ f4::NR }>(layout, b, ldb, kc, nc, out),
+            }
+        }
     }
 
     unsafe fn tile(kc: usize, a: *const f32, _lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
