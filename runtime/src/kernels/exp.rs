@@ -689,7 +689,10 @@ pub(super) unsafe fn flash_bwd_row(
     }
 }
 
-/// The lane loop of [`super::lanes::flash_bwd_row`] compiled for AVX2 with FMA.
+/// AVX2 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector, as
+/// [`flash_bwd_row_avx512`]. (The lane loop compiled for AVX2 came out mostly scalar: its
+/// per-lane tail loops and operand tests kept LLVM from vectorising it, and it took 18% of an
+/// AVX2 forward-and-backward run.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -700,12 +703,71 @@ unsafe fn flash_bwd_row_avx2(
     delta: *const f32,
     rbias: *const f32,
     n: usize,
-    scalars: (f32, f32, f32),
+    (alpha, factor, cbias): (f32, f32, f32),
     flags: u32,
-    outs: (*mut f32, *const f32, *mut f32),
+    (df, w, sums): (*mut f32, *const f32, *mut f32),
 ) {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { super::lanes::flash_bwd_row::<true>(s, dp, lse, delta, rbias, n, scalars, flags, outs) }
+    let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    let (al, fac, cb, ds, one, ninf) = (
+        _mm256_set1_ps(alpha),
+        _mm256_set1_ps(factor),
+        _mm256_set1_ps(cbias),
+        _mm256_set1_ps(alpha * factor),
+        _mm256_set1_ps(1.0),
+        _mm256_set1_ps(f32::NEG_INFINITY),
+    );
+    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i < n {
+        let m = super::x86_avx2::lanes(n - i);
+        // Masked-off lanes are neither read (they load as 0) nor written.
+        // SAFETY (both closures): the valid lanes from `i` lie inside the row.
+        let load = |p: *const f32| unsafe { _mm256_maskload_ps(p.add(i), m) };
+        let store = |p: *mut f32, v: __m256| unsafe { _mm256_maskstore_ps(p.add(i), m, v) };
+        let mut uv = _mm256_mul_ps(al, load(s));
+        if tanh {
+            uv = tanh8(uv);
+        }
+        let pv = load(dp);
+        let bias = if rbias.is_null() { cb } else { _mm256_add_ps(cb, load(rbias)) };
+        let x = _mm256_fmadd_ps(fac, uv, bias);
+        let (wt, dfv) = if sigmoid {
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let wt = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            (wt, _mm256_mul_ps(_mm256_mul_ps(pv, wt), _mm256_sub_ps(one, wt)))
+        } else {
+            let lv = load(lse);
+            let e = exp8(_mm256_sub_ps(x, lv));
+            // A row with no kept key (lse = -inf) has no weights.
+            let wt = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(lv, ninf), e);
+            (wt, _mm256_mul_ps(wt, _mm256_sub_ps(pv, load(delta))))
+        };
+        // Lanes past `n` hold what the zeroed loads made: keep them out of the sums.
+        let dfv = _mm256_and_ps(dfv, _mm256_castsi256_ps(m));
+        let d = if tanh { _mm256_mul_ps(ds, _mm256_fnmadd_ps(uv, uv, one)) } else { ds };
+        store(s, wt);
+        store(dp, _mm256_mul_ps(dfv, d));
+        if !df.is_null() {
+            store(df, dfv);
+        }
+        if !w.is_null() {
+            s0 = _mm256_add_ps(s0, dfv);
+            s1 = _mm256_fmadd_ps(dfv, load(w), s1);
+        }
+        i += 8;
+    }
+    if !w.is_null() {
+        let total = |v: __m256| {
+            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+            _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+        };
+        // SAFETY: `sums` holds two floats when `w` is given.
+        unsafe {
+            *sums = total(s0);
+            *sums.add(1) = total(s1);
+        }
+    }
 }
 
 /// AVX-512 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector.
