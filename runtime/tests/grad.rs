@@ -157,7 +157,12 @@ fn cpu_gradients_match_the_interpreter_at_odd_sizes() {
                     let scale = w.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs())).max(1e-3 * largest).max(1e-6);
                     let worst = w.iter().zip(&g).filter(|(a, _)| a.is_finite()).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
                     compared += 1;
-                    if worst > 1e-4 * scale {
+                    // Such a zero is what is left of f32 sums of terms as large as the program's
+                    // values, so its rounding is measured against those: up to 8 f32 epsilons of
+                    // the largest (Mega's `d_mk` is 0.92 of one on the AVX2 path, where 1e-4 of
+                    // the 1e-3 floor allows 0.84).
+                    let allowed = (1e-4 * scale).max(8.0 * f64::from(f32::EPSILON) * largest);
+                    if worst > allowed {
                         failures.push(format!("{name}/{gname} S={s} D={d} {n}: error {worst:.3e} of scale {scale:.3e}"));
                     }
                 }
