@@ -660,10 +660,13 @@ unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
     }
 }
 
-/// [`super::attnc_flash_bwd_row`] on `isa`.
+/// One key row of a flash backward tile on `isa`, queries along the row (see
+/// [`super::attnc_flash_bwd_row`]): weights into `s`, the scores' adjoints into `dp`, `dF`
+/// into `df` unless it is null, and `Σ dF`, `Σ dF·w` into `sums` unless `w` is null.
 ///
 /// # Safety
-/// As [`super::lanes::flash_bwd_row`]; `isa` is supported.
+/// `s`, `dp` address `n` elements, and so do `lse`, `delta` (unless sigmoid), `rbias`, `df`
+/// and `w` (unless null); `sums` holds two floats when `w` is not null; `isa` is supported.
 #[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
 pub(super) unsafe fn flash_bwd_row(
     isa: Isa,
@@ -684,15 +687,14 @@ pub(super) unsafe fn flash_bwd_row(
             Isa::Avx512 => flash_bwd_row_avx512(s, dp, lse, delta, rbias, n, scalars, flags, outs),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => flash_bwd_row_avx2(s, dp, lse, delta, rbias, n, scalars, flags, outs),
-            _ => super::lanes::flash_bwd_row::<{ super::lanes::HAS_FMA }>(s, dp, lse, delta, rbias, n, scalars, flags, outs),
+            _ => super::f4::flash_bwd_row(s, dp, lse, delta, rbias, n, scalars, flags, outs),
         }
     }
 }
 
-/// AVX2 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector, as
-/// [`flash_bwd_row_avx512`]. (The lane loop compiled for AVX2 came out mostly scalar: its
-/// per-lane tail loops and operand tests kept LLVM from vectorising it, and it took 18% of an
-/// AVX2 forward-and-backward run.)
+/// AVX2 [`flash_bwd_row`]: masked vectors, as [`flash_bwd_row_avx512`]. (The lane loop the
+/// AVX2 and portable paths shared came out mostly scalar: its per-lane tail loops and operand
+/// tests kept LLVM from vectorising it, and it took 18% of an AVX2 forward-and-backward run.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -770,7 +772,7 @@ unsafe fn flash_bwd_row_avx2(
     }
 }
 
-/// AVX-512 [`super::lanes::flash_bwd_row`]: full vectors, then one masked vector.
+/// AVX-512 [`flash_bwd_row`]: full vectors, then one masked vector.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]

@@ -17,7 +17,7 @@
 //! copying it between registers ([`F4::load_again`]; 4% more multiply-adds per second on Zen 5,
 //! `kernel_bench --sse-ceiling`). [`splat4`] lays out the splatted strip.
 
-use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, FLUSH_X, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK, ROUND};
+use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, FLUSH_X, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK, ROUND, TANH_BIG, TANH_P, TANH_SMALL};
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -146,6 +146,34 @@ impl F4 {
         let b = base!(_mm_set1_epi32(bias - ROUND.to_bits() as i32));
         F4(base!(_mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_add_epi32(_mm_castps_si128(t.0), b)))))
     }
+    #[inline(always)]
+    fn div(self, o: F4) -> F4 {
+        F4(base!(_mm_div_ps(self.0, o.0)))
+    }
+    /// The mask of `self == o` (false for NaN).
+    #[inline(always)]
+    fn eq(self, o: F4) -> F4 {
+        F4(base!(_mm_cmpeq_ps(self.0, o.0)))
+    }
+    /// `a` where `mask`, else `b`.
+    #[inline(always)]
+    fn select(mask: F4, a: F4, b: F4) -> F4 {
+        F4(base!(_mm_or_ps(_mm_and_ps(mask.0, a.0), _mm_andnot_ps(mask.0, b.0))))
+    }
+    /// The sign bits of `self` (all else 0).
+    #[inline(always)]
+    fn sign(self) -> F4 {
+        F4(base!(_mm_and_ps(self.0, _mm_set1_ps(-0.0))))
+    }
+    #[inline(always)]
+    fn abs(self) -> F4 {
+        F4(base!(_mm_andnot_ps(_mm_set1_ps(-0.0), self.0)))
+    }
+    /// The bits of `self` or `o`.
+    #[inline(always)]
+    fn or(self, o: F4) -> F4 {
+        F4(base!(_mm_or_ps(self.0, o.0)))
+    }
     /// The 4 × 4 transpose of rows `r`.
     #[inline(always)]
     fn transpose(r: [F4; 4]) -> [F4; 4] {
@@ -248,6 +276,34 @@ impl F4 {
         let b = base!(vdupq_n_s32(bias - ROUND.to_bits() as i32));
         F4(base!(vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(vreinterpretq_s32_f32(t.0), b)))))
     }
+    #[inline(always)]
+    fn div(self, o: F4) -> F4 {
+        F4(base!(vdivq_f32(self.0, o.0)))
+    }
+    /// The mask of `self == o` (false for NaN).
+    #[inline(always)]
+    fn eq(self, o: F4) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vceqq_f32(self.0, o.0))))
+    }
+    /// `a` where `mask`, else `b`.
+    #[inline(always)]
+    fn select(mask: F4, a: F4, b: F4) -> F4 {
+        F4(base!(vbslq_f32(vreinterpretq_u32_f32(mask.0), a.0, b.0)))
+    }
+    /// The sign bits of `self` (all else 0).
+    #[inline(always)]
+    fn sign(self) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(self.0), vdupq_n_u32(1 << 31)))))
+    }
+    #[inline(always)]
+    fn abs(self) -> F4 {
+        F4(base!(vabsq_f32(self.0)))
+    }
+    /// The bits of `self` or `o`.
+    #[inline(always)]
+    fn or(self, o: F4) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(self.0), vreinterpretq_u32_f32(o.0)))))
+    }
     /// The 4 × 4 transpose of rows `r`.
     #[inline(always)]
     fn transpose(r: [F4; 4]) -> [F4; 4] {
@@ -340,6 +396,30 @@ impl F4 {
     #[inline(always)]
     fn pow2_of_round(t: F4, bias: i32) -> F4 {
         F4(t.0.map(|t| f32::from_bits((t.to_bits() as i32).wrapping_add(bias - ROUND.to_bits() as i32).wrapping_shl(23) as u32)))
+    }
+    #[inline(always)]
+    fn div(self, o: F4) -> F4 {
+        self.map2(o, |a, b| a / b)
+    }
+    #[inline(always)]
+    fn eq(self, o: F4) -> F4 {
+        self.map2(o, |a, b| f32::from_bits(if a == b { u32::MAX } else { 0 }))
+    }
+    #[inline(always)]
+    fn select(mask: F4, a: F4, b: F4) -> F4 {
+        F4(std::array::from_fn(|l| f32::from_bits((a.0[l].to_bits() & mask.0[l].to_bits()) | (b.0[l].to_bits() & !mask.0[l].to_bits()))))
+    }
+    #[inline(always)]
+    fn sign(self) -> F4 {
+        F4(self.0.map(|a| f32::from_bits(a.to_bits() & (1 << 31))))
+    }
+    #[inline(always)]
+    fn abs(self) -> F4 {
+        F4(self.0.map(f32::abs))
+    }
+    #[inline(always)]
+    fn or(self, o: F4) -> F4 {
+        self.map2(o, |a, b| f32::from_bits(a.to_bits() | b.to_bits()))
     }
     /// The 4 × 4 transpose of rows `r`.
     #[inline(always)]
@@ -586,4 +666,135 @@ pub(super) unsafe fn pack_nt(b: *const f32, ldb: usize, kc: usize, nc: usize, ou
             }
         }
     }
+}
+
+/// `tanh` of every lane as the SIMD paths compute it: the odd polynomial below
+/// [`TANH_SMALL`], `1 − 2/(e^{2|x|} + 1)` above (`2|x|` clamped where `tanh` rounds to 1),
+/// with the sign of `x`; NaN stays NaN.
+#[inline(always)]
+fn tanh(x: F4) -> F4 {
+    let c = F4::splat;
+    let ax = x.abs();
+    let z = ax.mul(ax);
+    let mut p = c(TANH_P[0]);
+    for k in &TANH_P[1..] {
+        p = p.madd(z, c(*k));
+    }
+    let small = p.mul(z).madd(ax, ax);
+    let e = exp_any(ax.add(ax).at_most(c(2.0 * TANH_BIG)));
+    let big = c(1.0).sub(c(2.0).div(e.add(c(1.0))));
+    F4::select(ax.lt(c(TANH_SMALL)), small, big).or(x.sign())
+}
+
+/// Lanes `..len` of `p` (the rest 0).
+///
+/// # Safety
+/// `p` addresses `len ≤ 4` floats.
+#[inline(always)]
+unsafe fn load_part(p: *const f32, len: usize) -> F4 {
+    if len == W {
+        // SAFETY: forwarded.
+        return unsafe { F4::load(p) };
+    }
+    let mut a = [0.0f32; W];
+    // SAFETY: forwarded; `a` holds 4 floats.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), len);
+        F4::load(a.as_ptr())
+    }
+}
+
+/// Stores lanes `..len` of `v` at `p`.
+///
+/// # Safety
+/// `p` addresses `len ≤ 4` floats.
+#[inline(always)]
+unsafe fn store_part(v: F4, p: *mut f32, len: usize) {
+    // SAFETY: forwarded; `a` holds 4 floats.
+    unsafe {
+        if len == W {
+            v.store(p);
+        } else {
+            let mut a = [0.0f32; W];
+            v.store(a.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(a.as_ptr(), p, len);
+        }
+    }
+}
+
+/// The portable `exp::flash_bwd_row` (one key row of a flash backward tile), as its AVX-512
+/// form computes it: the tail through one vector whose lanes past `n` load as 0 and are kept
+/// out of the stores and sums.
+///
+/// # Safety
+/// As `exp::flash_bwd_row`.
+#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
+pub(super) unsafe fn flash_bwd_row(
+    s: *mut f32,
+    dp: *mut f32,
+    lse: *const f32,
+    delta: *const f32,
+    rbias: *const f32,
+    n: usize,
+    (alpha, factor, cbias): (f32, f32, f32),
+    flags: u32,
+    (df, w, sums): (*mut f32, *const f32, *mut f32),
+) {
+    let (tanh_on, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    let c = F4::splat;
+    let (al, fac, cb, ds, one, ninf) = (c(alpha), c(factor), c(cbias), c(alpha * factor), c(1.0), c(f32::NEG_INFINITY));
+    let (mut s0, mut s1) = (c(0.0), c(0.0));
+    let mut i = 0;
+    while i < n {
+        let len = W.min(n - i);
+        // SAFETY (both closures): lanes `i..i + len` lie inside the row.
+        let load = |p: *const f32| unsafe { load_part(p.add(i), len) };
+        let store = |p: *mut f32, v: F4| unsafe { store_part(v, p.add(i), len) };
+        let mut uv = al.mul(load(s));
+        if tanh_on {
+            uv = tanh(uv);
+        }
+        let pv = load(dp);
+        let bias = if rbias.is_null() { cb } else { cb.add(load(rbias)) };
+        let x = fac.madd(uv, bias);
+        let (wt, dfv) = if sigmoid {
+            let e = exp_any(c(0.0).sub(x));
+            let wt = one.div(one.add(e));
+            (wt, pv.mul(wt).mul(one.sub(wt)))
+        } else {
+            let lv = load(lse);
+            let e = exp_any(x.sub(lv));
+            // A row with no kept key (lse = -inf) has no weights.
+            let wt = e.zero_where(lv.eq(ninf));
+            (wt, wt.mul(pv.sub(load(delta))))
+        };
+        // Lanes past `n` hold what the zeroed loads made: keep them out of the sums.
+        let dfv = if len == W { dfv } else { F4::select(first_lanes(len), dfv, c(0.0)) };
+        let d = if tanh_on { ds.mul(uv.nmadd(uv, one)) } else { ds };
+        store(s, wt);
+        store(dp, dfv.mul(d));
+        if !df.is_null() {
+            store(df, dfv);
+        }
+        if !w.is_null() {
+            s0 = s0.add(dfv);
+            s1 = dfv.madd(load(w), s1);
+        }
+        i += len;
+    }
+    if !w.is_null() {
+        // SAFETY: `sums` holds two floats when `w` is given.
+        unsafe {
+            *sums = s0.sum();
+            *sums.add(1) = s1.sum();
+        }
+    }
+}
+
+/// The mask of lanes `..len`.
+#[inline(always)]
+fn first_lanes(len: usize) -> F4 {
+    let lane = [0.0f32, 1.0, 2.0, 3.0];
+    // SAFETY: `lane` holds 4 floats.
+    unsafe { F4::load(lane.as_ptr()) }.lt(F4::splat(len as f32))
 }
