@@ -339,7 +339,7 @@ pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
             Isa::Avx512 => tanh_avx512(x, y, n),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => tanh_avx2(x, y, n),
-            _ => super::lanes::tanh::<{ super::lanes::HAS_FMA }>(x, y, n),
+            _ => super::f4::tanh_row(x, y, n),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The portable path's two hot kernels on an explicit 4-lane vector ([`F4`]: SSE2 on x86-64,
-//! NEON on AArch64 with fused multiply-adds, an array elsewhere): the softmax `exp`
-//! ([`exp_sum`]) and the GEMM micro-tile ([`micro`]).
+//! The portable path's hot kernels on an explicit 4-lane vector ([`F4`]: SSE2 on x86-64, NEON
+//! on AArch64 with fused multiply-adds, an array elsewhere): the softmax `exp` ([`exp_sum`]),
+//! the GEMM micro-tile ([`micro`], with [`splat4`] and [`pack_nt`] laying out its operands) and
+//! the flash backward's rows ([`flash_bwd_row`]).
 //!
 //! The lane loops of [`super::lanes`] leave vectorising to LLVM's SLP pass, which split the
 //! softmax step's `exp` into 2-lane halves on both baseline targets: on x86-64 SSE2 the step
@@ -684,6 +685,21 @@ fn tanh(x: F4) -> F4 {
     let e = exp_any(ax.add(ax).at_most(c(2.0 * TANH_BIG)));
     let big = c(1.0).sub(c(2.0).div(e.add(c(1.0))));
     F4::select(ax.lt(c(TANH_SMALL)), small, big).or(x.sign())
+}
+
+/// `y[i] = tanh(x[i])` by [`tanh`].
+///
+/// # Safety
+/// `x` and `y` address `n` elements (they may be the same buffer).
+#[inline(always)]
+pub(super) unsafe fn tanh_row(x: *const f32, y: *mut f32, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let len = W.min(n - i);
+        // SAFETY: lanes `i..i + len` lie inside both rows.
+        unsafe { store_part(tanh(load_part(x.add(i), len)), y.add(i), len) };
+        i += len;
+    }
 }
 
 /// Lanes `..len` of `p` (the rest 0).

@@ -1,9 +1,10 @@
 //! Kernels written once as fixed-width lane loops (`[f32; 8]` values, no intrinsics), which
 //! LLVM turns into whatever vectors the function they are inlined into may use: SSE2 or NEON on
 //! the portable path, 256-bit AVX2+FMA where a `#[target_feature]` wrapper instantiates them.
-//! The two kernels the portable path spends its time in, the micro-tile and the softmax step's
-//! `exp`, are written on explicit vectors instead ([`super::f4`]): LLVM's SLP vectoriser split
-//! the lane form of that `exp` into 2-lane halves.
+//! The kernels the portable path spends its time in (the micro-tile, the softmax step's `exp`,
+//! the flash backward's rows) are written on explicit vectors instead ([`super::f4`]): LLVM's
+//! SLP vectoriser split the lane form of that `exp` into 2-lane halves and left the backward
+//! rows mostly scalar.
 //!
 //! The `FMA` parameter chooses `a·b + c` as one fused operation (`f32::mul_add`) or as a
 //! multiply and an add. It must be `true` only where the target has a fused multiply-add
@@ -128,56 +129,6 @@ pub(super) unsafe fn row_max(x: *const f32, scale: f32, bias: *const f32, n: usi
         best = if v > best { v } else { best };
     }
     best
-}
-
-/// `tanh` of every lane as the SIMD paths compute it: the odd polynomial below
-/// [`super::exp::TANH_SMALL`], `1 - 2/(e^{2|x|} + 1)` above, with the sign of `x`.
-#[inline(always)]
-fn tanh_v<const FMA: bool>(v: V) -> V {
-    use super::exp::{TANH_BIG, TANH_P, TANH_SMALL};
-    let mut twice = [0.0f32; L];
-    for l in 0..L {
-        let a = v[l].abs();
-        twice[l] = if a > TANH_BIG { 2.0 * TANH_BIG } else { a + a };
-    }
-    let e = exp_v::<FMA>(twice);
-    let mut out = [0.0f32; L];
-    for l in 0..L {
-        let a = v[l].abs();
-        let z = a * a;
-        let mut p = TANH_P[0];
-        for c in &TANH_P[1..] {
-            p = madd::<FMA>(p, z, *c);
-        }
-        let small = madd::<FMA>(p * z, a, a);
-        let big = 1.0 - 2.0 / (e[l] + 1.0);
-        let t = if a < TANH_SMALL { small } else { big };
-        out[l] = t.copysign(v[l]);
-    }
-    out
-}
-
-/// `y[i] = tanh(x[i])` by [`tanh_v`].
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer).
-#[inline(always)]
-pub(super) unsafe fn tanh<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i < n {
-        let len = L.min(n - i);
-        let mut v = [0.0f32; L];
-        for (l, out) in v.iter_mut().enumerate().take(len) {
-            // SAFETY: `i + l < n`.
-            *out = unsafe { *x.add(i + l) };
-        }
-        let t = tanh_v::<FMA>(v);
-        for (l, t) in t.iter().enumerate().take(len) {
-            // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = *t };
-        }
-        i += L;
-    }
 }
 
 /// `sigmoid(x) = 1 / (1 + exp(-x))` of every element (0 for `-inf` and below -88.7, 1 above
