@@ -17,7 +17,8 @@
 //! to each batch sees the same clock.
 
 use attn_runtime::kernels::{
-    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, peak_gflops, peak_run, sgemm_nn, sgemm_nt, softmax_step,
+    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, gelu, peak_gflops, peak_run, sgemm_nn, sgemm_nt, sigmoid,
+    softmax_step, tanh,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -361,6 +362,20 @@ fn main() -> Result<(), KernelError> {
             let _ = black_box(softmax_step(*isa, black_box(&x), 0.125, None, &mut y, &mut state));
         });
         println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 256.0 / rate);
+    }
+    // The element-wise row kernels: GELU (unfused MLPs), staged `tanh` (soft-capping) and
+    // sigmoid, over a row of 1000 (not a multiple of any vector width: the tail counts).
+    let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
+    let mut y = vec![0.0f32; 1000];
+    type RowKernel = fn(Isa, &[f32], &mut [f32]) -> Result<(), KernelError>;
+    for (name, f) in [("gelu", gelu as RowKernel), ("tanh", tanh), ("sigmoid", sigmoid)] {
+        println!("\n{name} (row of 1000):");
+        for isa in isas.iter().rev() {
+            let (rate, _) = measure(batches, 1000.0, || {
+                let _ = black_box(f(*isa, black_box(&x), &mut y));
+            });
+            println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
+        }
     }
     Ok(())
 }

@@ -161,40 +161,57 @@ pub(super) unsafe fn sigmoid<const FMA: bool>(x: *const f32, y: *mut f32, n: usi
     }
 }
 
+/// GELU of every lane (see [`gelu`]). A function, not a closure: it must be inlined into the
+/// `#[target_feature]` wrapper, where a closure compiled on its own made each fused
+/// multiply-add a libm call.
+#[inline(always)]
+fn gelu_v<const FMA: bool>(v: V) -> V {
+    use super::rows::{ERFC_A, ERFC_P, FRAC_1_SQRT_2};
+    let mut z = [0.0f32; L];
+    let mut negz2 = [0.0f32; L];
+    for l in 0..L {
+        z[l] = v[l].abs() * FRAC_1_SQRT_2;
+        negz2[l] = -z[l] * z[l];
+    }
+    let e = exp_v::<FMA>(negz2);
+    let mut out = [0.0f32; L];
+    for l in 0..L {
+        let t = 1.0 / madd::<FMA>(z[l], ERFC_P, 1.0);
+        let mut p = ERFC_A[0];
+        for a in &ERFC_A[1..] {
+            p = madd::<FMA>(p, t, *a);
+        }
+        let erfc = t * p * e[l];
+        let one_plus_erf = if v[l] < 0.0 { erfc } else { 2.0 - erfc };
+        out[l] = 0.5 * v[l] * one_plus_erf;
+    }
+    out
+}
+
 /// `gelu(x) = x/2 · (1 + erf(x/√2))` of every element, as [`super::rows`] computes it on
-/// AVX-512 (`erfc` by Abramowitz & Stegun 7.1.26 with the vectorised `exp`).
+/// AVX-512 (`erfc` by Abramowitz & Stegun 7.1.26 with the vectorised `exp`). Whole vectors
+/// only, the tail through one padded vector: per-lane loops up to a run-time length kept LLVM
+/// from vectorising half the work (1.5 µs per 1000 elements on AVX2, 5.6× AVX-512's time).
 ///
 /// # Safety
 /// `x` and `y` address `n` elements (they may be the same buffer).
 #[inline(always)]
 pub(super) unsafe fn gelu<const FMA: bool>(x: *const f32, y: *mut f32, n: usize) {
-    use super::rows::{ERFC_A, ERFC_P, FRAC_1_SQRT_2};
     let mut i = 0;
-    while i < n {
-        let len = L.min(n - i);
+    while i + L <= n {
+        // SAFETY: `i + L ≤ n`; `read_unaligned`/`write_unaligned` need no alignment.
+        unsafe { (y.add(i) as *mut V).write_unaligned(gelu_v::<FMA>((x.add(i) as *const V).read_unaligned())) };
+        i += L;
+    }
+    if i < n {
         let mut v = [0.0f32; L];
-        for (l, out) in v.iter_mut().enumerate().take(len) {
+        for (l, out) in v.iter_mut().enumerate().take(n - i) {
             // SAFETY: `i + l < n`.
             *out = unsafe { *x.add(i + l) };
         }
-        let mut z = [0.0f32; L];
-        let mut negz2 = [0.0f32; L];
-        for l in 0..L {
-            z[l] = v[l].abs() * FRAC_1_SQRT_2;
-            negz2[l] = -z[l] * z[l];
-        }
-        let e = exp_v::<FMA>(negz2);
-        for l in 0..len {
-            let t = 1.0 / madd::<FMA>(z[l], ERFC_P, 1.0);
-            let mut p = ERFC_A[0];
-            for a in &ERFC_A[1..] {
-                p = madd::<FMA>(p, t, *a);
-            }
-            let erfc = t * p * e[l];
-            let one_plus_erf = if v[l] < 0.0 { erfc } else { 2.0 - erfc };
+        for (l, g) in gelu_v::<FMA>(v).iter().enumerate().take(n - i) {
             // SAFETY: `i + l < n`.
-            unsafe { *y.add(i + l) = 0.5 * v[l] * one_plus_erf };
+            unsafe { *y.add(i + l) = *g };
         }
-        i += L;
     }
 }
