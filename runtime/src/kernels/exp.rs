@@ -517,6 +517,15 @@ fn exp8_bounded(x: __m256) -> __m256 {
     _mm256_and_ps(_mm256_fmadd_ps(q, pow2, pow2), keep)
 }
 
+/// The sum of 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn sum8(v: __m256) -> f32 {
+    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+}
+
 /// AVX2 `exp_sum` (with the bias term when `BIAS`; [`exp8_bounded`] when `BOUNDED`; see
 /// [`exp_sum_with`] for `KEEP`): full vectors, then one masked vector for the tail.
 #[cfg(target_arch = "x86_64")]
@@ -533,11 +542,6 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
     let s = _mm256_set1_ps(shift);
     let slack = _mm256_set1_ps(RESCALE_SLACK);
     let exp = |v: __m256| if BOUNDED { exp8_bounded(v) } else { exp8(v) };
-    let total = |sum: __m256| {
-        let half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps::<1>(sum));
-        let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
-    };
     let mut sum = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
@@ -549,7 +553,7 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
                 _mm256_fmsub_ps(_mm256_loadu_ps(x.add(i)), sc, s)
             };
             if KEEP && _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack)) != 0 {
-                return (total(sum), i);
+                return (sum8(sum), i);
             }
             let e = exp(v);
             _mm256_storeu_ps(y.add(i), e);
@@ -565,14 +569,14 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
             // Lanes past `n` (read as 0) do not count.
             let over = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack), _mm256_castsi256_ps(m));
             if KEEP && _mm256_movemask_ps(over) != 0 {
-                return (total(sum), i);
+                return (sum8(sum), i);
             }
             let e = exp(v);
             _mm256_maskstore_ps(y.add(i), m, e);
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
         }
     }
-    (total(sum), n)
+    (sum8(sum), n)
 }
 
 /// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.
@@ -759,15 +763,10 @@ unsafe fn flash_bwd_row_avx2(
         i += 8;
     }
     if !w.is_null() {
-        let total = |v: __m256| {
-            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-            _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
-        };
         // SAFETY: `sums` holds two floats when `w` is given.
         unsafe {
-            *sums = total(s0);
-            *sums.add(1) = total(s1);
+            *sums = sum8(s0);
+            *sums.add(1) = sum8(s1);
         }
     }
 }
