@@ -12,7 +12,6 @@
 //! JIT or NVRTC makes machine code), *prepares* the schedule for the run's dims
 //! ([`crate::schedule::prepare()`]) and *runs* it.
 
-use crate::codegen::{clif, cuda};
 use crate::ir::grad::{GradError, differentiate};
 use crate::ir::{Graph, Module, Op, verify_module};
 use crate::opt::{FlashTileMap, MAP_TILE, OptOptions, OptReport, Optimized, TileMapError, flash_tile_maps, optimize};
@@ -20,6 +19,8 @@ use crate::schedule::{CpuPolicy, CudaPolicy, Policy, Schedule, ScheduleError, Ta
 use attn_dsl::{Diagnostic, Span};
 use std::collections::HashMap;
 use std::fmt::{self, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// A program through the front end (parse, lower, verify): its syntax tree and IR.
@@ -66,12 +67,12 @@ pub enum PipelineError {
     /// The graph could not be scheduled.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
-    /// The CPU renderer failed.
+    /// A renderer failed.
     #[error(transparent)]
-    Cpu(#[from] clif::CodegenError),
-    /// The CUDA renderer failed.
-    #[error(transparent)]
-    Cuda(#[from] cuda::CudaEmitError),
+    Render(#[from] RenderError),
+    /// No renderer for that stage was given to the compiler ([`Compiler::with_renderer`]).
+    #[error("no renderer for the `{0:?}` stage was registered with this compiler")]
+    NoRenderer(Stage),
     /// A tile map asked for is too large to make.
     #[error(transparent)]
     TileMap(#[from] TileMapError),
@@ -82,8 +83,7 @@ impl PipelineError {
     pub fn span(&self) -> Option<Span> {
         match self {
             PipelineError::Schedule(ScheduleError::Unsupported { span, .. }) => *span,
-            PipelineError::Cpu(clif::CodegenError::Render { span, .. }) => *span,
-            PipelineError::Cuda(cuda::CudaEmitError::Render { span, .. }) => *span,
+            PipelineError::Render(e) => e.span,
             _ => None,
         }
     }
@@ -95,8 +95,9 @@ impl PipelineError {
         let (code, what) = match self {
             PipelineError::UnknownEntry { .. } => ("E0904", "no such function"),
             PipelineError::Schedule(_) => ("E0903", "this cannot be scheduled"),
-            PipelineError::Cpu(_) => ("E0901", "the CPU renderer cannot render this"),
-            PipelineError::Cuda(_) => ("E0902", "the CUDA renderer cannot render this"),
+            PipelineError::Render(RenderError { target: Target::Cpu, .. }) => ("E0901", "the CPU renderer cannot render this"),
+            PipelineError::Render(RenderError { target: Target::Cuda, .. }) => ("E0902", "the CUDA renderer cannot render this"),
+            PipelineError::NoRenderer(_) => ("E0906", "no renderer for this stage"),
             PipelineError::TileMap(_) => ("E0905", "this tile map is too large"),
         };
         Diagnostic::error(code, self.to_string(), self.span().unwrap_or(Span::new(0, 0)), what)
@@ -110,6 +111,8 @@ pub struct Planned {
     pub optimized: Optimized,
     /// How it runs on the compiler's target.
     pub schedule: Schedule,
+    /// How long scheduling took (the optimizer's own time is in its report).
+    pub schedule_time: Duration,
 }
 
 /// An entry point with its gradients ([`Compiler::differentiate`]).
@@ -124,6 +127,31 @@ pub struct Derived {
     pub fused: Result<Vec<String>, String>,
 }
 
+/// Why a renderer could not render a schedule (a case it cannot render: a renderer bug), with
+/// the step and its source expression when known. Each backend crate turns its own error into
+/// this one for the pipeline's diagnostics (E0901 cpu, E0902 cuda).
+#[derive(Debug, Error, Clone, PartialEq)]
+#[error("{message}")]
+pub struct RenderError {
+    /// The renderer's target.
+    pub target: Target,
+    /// The source expression of the step that failed, when known.
+    pub span: Option<Span>,
+    /// What failed (graph, step, reason).
+    pub message: String,
+}
+
+/// A backend's renderer as the pipeline's text stages see it (`--emit clif`, `--emit cuda`). The
+/// backend crates implement it; the compiler knows none of them.
+pub trait Renderer: fmt::Debug + Send + Sync {
+    /// The stage whose text it writes ([`Stage::Clif`], [`Stage::Cuda`]).
+    fn stage(&self) -> Stage;
+    /// The target whose schedules it renders.
+    fn target(&self) -> Target;
+    /// The text of one schedule: one function's part of the stage's text.
+    fn render_text(&self, schedule: &Schedule) -> Result<String, RenderError>;
+}
+
 /// The pipeline and its options.
 #[derive(Clone, Debug, Default)]
 pub struct Compiler {
@@ -131,12 +159,21 @@ pub struct Compiler {
     pub opt: OptOptions,
     /// The target and its block policy.
     pub policy: Policy,
+    /// The renderers [`Compiler::emit`] prints the rendered stages with.
+    pub renderers: Vec<Arc<dyn Renderer>>,
 }
 
 impl Compiler {
     /// A compiler for `policy`'s target with default optimizer options.
     pub fn new(policy: Policy) -> Compiler {
-        Compiler { opt: OptOptions::default(), policy }
+        Compiler { opt: OptOptions::default(), policy, renderers: Vec::new() }
+    }
+
+    /// This compiler, printing `renderer`'s stage with it.
+    pub fn with_renderer(mut self, renderer: Arc<dyn Renderer>) -> Compiler {
+        self.renderers.retain(|r| r.stage() != renderer.stage());
+        self.renderers.push(renderer);
+        self
     }
 
     /// A compiler for `target` with its default policy.
@@ -178,11 +215,18 @@ impl Compiler {
         optimize(graph, &self.opt)
     }
 
+    /// Schedules `graph` as it is, for the compiler's target: the graph of a program already
+    /// optimised, or one run op by op (the unfused reference the tests compare with).
+    pub fn schedule(&self, graph: &Graph) -> Result<Schedule, PipelineError> {
+        Ok(schedule(graph, &self.policy)?)
+    }
+
     /// The middle for one graph: optimize, then schedule for the compiler's target.
     pub fn plan(&self, graph: &Graph) -> Result<Planned, PipelineError> {
         let optimized = self.optimize(graph);
-        let schedule = schedule(&optimized.graph, &self.policy)?;
-        Ok(Planned { optimized, schedule })
+        let start = Instant::now();
+        let schedule = self.schedule(&optimized.graph)?;
+        Ok(Planned { optimized, schedule, schedule_time: start.elapsed() })
     }
 
     /// `graph` with its gradients ([`crate::ir::grad`]). The forward graph is optimised first and
@@ -203,16 +247,6 @@ impl Compiler {
         }
     }
 
-    /// Renders a CPU schedule as Cranelift IR for a machine with `features`.
-    pub fn render_cpu(&self, planned: &Planned, features: &clif::Features) -> Result<clif::CpuModule, PipelineError> {
-        Ok(clif::render(&planned.schedule, features)?)
-    }
-
-    /// Renders a CUDA schedule as CUDA C++ source.
-    pub fn render_cuda(&self, planned: &Planned) -> Result<cuda::CudaProgram, PipelineError> {
-        Ok(cuda::render(&planned.schedule)?)
-    }
-
     /// The graphs `entry` names: that function, or every function.
     fn graphs<'m>(module: &'m Module, entry: Option<&str>) -> Result<Vec<&'m Graph>, PipelineError> {
         match entry {
@@ -228,8 +262,9 @@ impl Compiler {
     }
 
     /// The canonical text of one stage, for every function or the `entry` one: what
-    /// `attnc build --emit` prints and what users snapshot-test. `Clif` and `Cuda` render for
-    /// their own target whatever the compiler's.
+    /// `attnc build --emit` prints and what users snapshot-test. `Clif` and `Cuda` are written
+    /// by the renderer registered for them ([`Compiler::with_renderer`]), for its own target
+    /// whatever the compiler's.
     pub fn emit(&self, compiled: &Checked, stage: Stage, entry: Option<&str>) -> Result<String, PipelineError> {
         let graphs = Compiler::graphs(&compiled.module, entry)?;
         let mut out = String::new();
@@ -251,19 +286,12 @@ impl Compiler {
                     let _ = write!(out, "{}{}", if n > 0 { "\n" } else { "" }, self.plan(g)?.schedule);
                 }
             }
-            Stage::Clif => {
-                let cpu = self.retarget(Target::Cpu);
-                for g in graphs {
-                    let module = cpu.render_cpu(&cpu.plan(g)?, &clif::TEXT_FEATURES)?;
-                    clif::write_module(&mut out, &module);
-                    out.push('\n');
-                }
-            }
-            Stage::Cuda => {
-                let gpu = self.retarget(Target::Cuda);
+            Stage::Clif | Stage::Cuda => {
+                let renderer = self.renderers.iter().find(|r| r.stage() == stage).ok_or(PipelineError::NoRenderer(stage))?;
+                let compiler = self.retarget(renderer.target());
                 for (n, g) in graphs.iter().enumerate() {
-                    let program = gpu.render_cuda(&gpu.plan(g)?)?;
-                    let _ = write!(out, "{}// ===== graph {} =====\n{}", if n > 0 { "\n" } else { "" }, program.graph, program.source);
+                    let text = renderer.render_text(&compiler.plan(g)?.schedule)?;
+                    let _ = write!(out, "{}{text}", if n > 0 { "\n" } else { "" });
                 }
             }
         }
@@ -272,7 +300,11 @@ impl Compiler {
 
     /// This compiler's options for `target` (its own policy when it is for that target).
     pub fn retarget(&self, target: Target) -> Compiler {
-        if self.target() == target { self.clone() } else { Compiler { opt: self.opt.clone(), ..Compiler::for_target(target) } }
+        if self.target() == target {
+            self.clone()
+        } else {
+            Compiler { opt: self.opt.clone(), renderers: self.renderers.clone(), ..Compiler::for_target(target) }
+        }
     }
 
     /// What the optimizer did to every function (or the `entry` one) and why: rules fired,

@@ -2,10 +2,10 @@
 //! targets with small optimizer limits. Every step may fail with a diagnostic or a typed error;
 //! none may panic.
 
-use attn_compiler::codegen::{clif, cuda};
 use attn_compiler::opt::OptOptions;
-use attn_compiler::schedule::{CpuPolicy, CudaPolicy, Policy, schedule};
+use attn_compiler::schedule::{CpuPolicy, Policy, Target};
 use attn_compiler::{Compiler, check};
+use attn_runtime::{cpu, cuda};
 use std::time::Duration;
 
 /// Inputs longer than this are ignored: longer programs only slow the fuzzer down.
@@ -22,14 +22,13 @@ pub fn small_limits() -> OptOptions {
 /// functions got through every stage (for tests; the fuzzer only cares that nothing panics).
 pub fn check_plan_render(source: &str) -> usize {
     let Ok(checked) = check(source) else { return 0 };
-    let compiler = Compiler { opt: small_limits(), policy: Policy::Cpu(CpuPolicy::default()) };
-    let cpu = Policy::Cpu(CpuPolicy::default());
-    let gpu = Policy::Cuda(CudaPolicy::default());
+    let compiler = Compiler { opt: small_limits(), ..Compiler::new(Policy::Cpu(CpuPolicy::default())) };
+    let gpu = compiler.retarget(Target::Cuda);
     let mut through = 0;
     for graph in &checked.module.graphs {
         let optimized = compiler.optimize(graph);
-        let cpu_ok = schedule(&optimized.graph, &cpu).is_ok_and(|s| clif::render(&s, &clif::TEXT_FEATURES).is_ok());
-        let gpu_ok = schedule(&optimized.graph, &gpu).is_ok_and(|s| cuda::render(&s).is_ok());
+        let cpu_ok = compiler.schedule(&optimized.graph).is_ok_and(|s| cpu::render::render(&s, &cpu::TEXT_FEATURES).is_ok());
+        let gpu_ok = gpu.schedule(&optimized.graph).is_ok_and(|s| cuda::render::render(&s).is_ok());
         through += usize::from(cpu_ok && gpu_ok);
     }
     through

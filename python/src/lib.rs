@@ -378,10 +378,10 @@ impl Compiled {
             }
         };
         let inner = &*self.inner;
-        let compiler = match inner.target {
-            Target::Cuda => attn_runtime::Compiler::for_target(attn_compiler::schedule::Target::Cuda),
-            _ => cpu_compiler(),
-        };
+        let compiler = attn_runtime::compiler(match inner.target {
+            Target::Cuda => attn_compiler::schedule::Target::Cuda,
+            _ => attn_compiler::schedule::Target::Cpu,
+        });
         let text = py.detach(|| compiler.emit(inner.program.checked(), stage, Some(&inner.entry.name)));
         text.map_err(|e| {
             compile_error(
@@ -589,7 +589,7 @@ fn diagnostic_dict<'py>(py: Python<'py>, d: &Diagnostic, source: &str) -> PyResu
 /// `DTypeError`, `ArgumentError`, or `RunError` for failures of the run itself (no GPU, out of
 /// memory, ...). Input errors carry the rendered diagnostic pointing at the parameter.
 fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given: &[(String, DType, Vec<usize>)]) -> PyErr {
-    use attn_compiler::interp::InterpError as I;
+    use attn_compiler::exec::ExecError as I;
     let class = match e {
         RunError::InputDType { .. } | RunError::Interp(I::InputDType { .. }) => "DTypeError",
         RunError::Grad(GradError::Wrt { .. } | GradError::NameClash { .. })

@@ -17,7 +17,8 @@ use crate::cpu::{CpuError, CpuOptions, CpuProgram, TensorRef};
 use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
-use attn_compiler::interp::{self, InterpError};
+use attn_compiler::exec::ExecError;
+use attn_compiler::interp;
 use attn_compiler::ir::grad::GradError;
 use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType, verify};
 use attn_compiler::tensor::{Tensor, TensorError};
@@ -179,7 +180,7 @@ pub enum RunError {
     /// The interpreter rejected the inputs or failed while running. (The CPU target reports
     /// input and dim mismatches with these errors too.)
     #[error(transparent)]
-    Interp(#[from] InterpError),
+    Interp(#[from] ExecError),
     /// The CPU target could not compile or run the entry.
     #[error(transparent)]
     Cpu(CpuError),
@@ -335,7 +336,7 @@ impl Program {
     /// when `given` (name, dtype, shape of each input) holds it. `None` when the error is about
     /// no parameter.
     pub fn run_error_diagnostic(&self, entry: &str, err: &RunError, given: &[(String, DType, Vec<usize>)]) -> Option<Diagnostic> {
-        if let RunError::Interp(InterpError::IndexOutOfRange { span: Some(span), index, axis, size, .. }) = err {
+        if let RunError::Interp(ExecError::IndexOutOfRange { span: Some(span), index, axis, size, .. }) = err {
             let what = format!("index {index} is out of range for axis {axis} of size {size}");
             return Some(
                 Diagnostic::error(INDEX_OUT_OF_RANGE, what, *span, format!("indexed here: every index must lie in 0..{size}"))
@@ -475,7 +476,7 @@ impl Program {
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (graph, info, dims) = self.begin_run(entry, opts)?;
         if inputs.len() != info.params.len() {
-            return Err(RunError::Interp(InterpError::InputCount { expected: info.params.len(), actual: inputs.len() }));
+            return Err(RunError::Interp(ExecError::InputCount { expected: info.params.len(), actual: inputs.len() }));
         }
         for ((name, ty), t) in info.params.iter().zip(inputs) {
             if t.dtype != ty.dtype {
@@ -489,10 +490,10 @@ impl Program {
                 for ((name, _), t) in info.params.iter().zip(inputs) {
                     owned.push(t.to_tensor().map_err(|e| match e {
                         TensorError::Length { shape, expected, actual } => {
-                            RunError::Interp(InterpError::InputData { param: name.clone(), shape, expected, actual })
+                            RunError::Interp(ExecError::InputData { param: name.clone(), shape, expected, actual })
                         }
                         TensorError::Storage { .. } => {
-                            RunError::Interp(InterpError::InputDType { param: name.clone(), expected: t.dtype, actual: t.dtype })
+                            RunError::Interp(ExecError::InputDType { param: name.clone(), expected: t.dtype, actual: t.dtype })
                         }
                     })?);
                 }

@@ -257,7 +257,7 @@ fn on_every_backend(test: &str, g: &Graph, inputs: &[Tensor], check: impl Fn(&st
 /// The CUDA source of `g` run in the host emulation (unless there is no host compiler outside
 /// CI, when the CUDA part of a test is skipped).
 fn cuda(test: &str, g: &Graph, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
-    if !compiler_or_skip(test) {
+    if !compiler_or_skip(test).unwrap_or_else(|e| panic!("{e}")) {
         return None;
     }
     let dir = std::env::temp_dir().join(format!("attnc-emu-{}-{test}", std::process::id()));

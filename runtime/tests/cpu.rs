@@ -457,22 +457,22 @@ fn mismatched_inputs_are_typed_errors() {
         Err(CpuError::Input(e)) => e,
         other => panic!("expected an input error, got {other:?}"),
     };
-    assert!(matches!(input(c.run(&ok[..3], &HashMap::new())), interp::InterpError::InputCount { expected: 4, actual: 3 }));
+    assert!(matches!(input(c.run(&ok[..3], &HashMap::new())), attn_compiler::exec::ExecError::InputCount { expected: 4, actual: 3 }));
     let ints = vec![1i32; 40];
     let wrong_dtype = [ok[0], TensorRef::i32(&shape, &ints), ok[2], ok[3]];
-    assert!(matches!(input(c.run(&wrong_dtype, &HashMap::new())), interp::InterpError::InputDType { .. }));
+    assert!(matches!(input(c.run(&wrong_dtype, &HashMap::new())), attn_compiler::exec::ExecError::InputDType { .. }));
     let short = [ok[0], TensorRef::f32(&shape, &data[..39]), ok[2], ok[3]];
-    assert!(matches!(input(c.run(&short, &HashMap::new())), interp::InterpError::InputData { .. }));
+    assert!(matches!(input(c.run(&short, &HashMap::new())), attn_compiler::exec::ExecError::InputData { .. }));
     let other = [1usize, 2, 4, 5];
     let mismatch = [ok[0], TensorRef::f32(&other, &data), ok[2], ok[3]];
-    assert!(matches!(input(c.run(&mismatch, &HashMap::new())), interp::InterpError::DimMismatch { .. }));
+    assert!(matches!(input(c.run(&mismatch, &HashMap::new())), attn_compiler::exec::ExecError::DimMismatch { .. }));
     let rank = [1usize, 2, 20];
     let bad_rank = [ok[0], TensorRef::f32(&rank, &data), ok[2], ok[3]];
-    assert!(matches!(input(c.run(&bad_rank, &HashMap::new())), interp::InterpError::InputRank { .. }));
+    assert!(matches!(input(c.run(&bad_rank, &HashMap::new())), attn_compiler::exec::ExecError::InputRank { .. }));
     let three = [3usize];
     let slopes3 = vec![0.0f32; 3];
     let wrong_h = [ok[0], ok[1], ok[2], TensorRef::f32(&three, &slopes3)];
-    assert!(matches!(input(c.run(&wrong_h, &HashMap::new())), interp::InterpError::DimMismatch { .. }));
+    assert!(matches!(input(c.run(&wrong_h, &HashMap::new())), attn_compiler::exec::ExecError::DimMismatch { .. }));
     // Owned tensors through the program API report the interpreter's errors too.
     let t = Tensor::new(DType::F32, vec![2], TensorData::F32(vec![0.0; 2])).expect("tensor");
     assert!(program.run("alibi", [("q", t)], &attn_runtime::RunOptions::default()).is_err());
@@ -745,9 +745,9 @@ fn scatter(b: f32[N, E], i: i32[M, E], s: f32[M, E], h: f16[N, E], j: i32[N, M])
 type Fault = Option<(usize, i64, usize)>;
 
 /// The (axis, index, size) of an index error, or `None` for another outcome.
-fn index_fault(r: &Result<Vec<Tensor>, attn_compiler::interp::InterpError>) -> Fault {
+fn index_fault(r: &Result<Vec<Tensor>, attn_compiler::exec::ExecError>) -> Fault {
     match r {
-        Err(attn_compiler::interp::InterpError::IndexOutOfRange { axis, index, size, span: Some(_), .. }) => Some((*axis, *index, *size)),
+        Err(attn_compiler::exec::ExecError::IndexOutOfRange { axis, index, size, span: Some(_), .. }) => Some((*axis, *index, *size)),
         _ => None,
     }
 }

@@ -5,7 +5,7 @@
 //! live in `runtime/tests/cpu.rs`.)
 
 use crate::snapshot::Snapshots;
-use attn_compiler::{Stage, emit};
+use attn_runtime::{Stage, emit};
 use attn_tests::repo_root;
 
 /// Examples whose generated code is snapshotted: plain attention, and causal attention with a

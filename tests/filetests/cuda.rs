@@ -2,10 +2,10 @@
 //! examples (`examples/snapshots/<name>.cuda.snap`): plain attention, causal attention with a
 //! position-dependent score modification (ALiBi), grouped-query attention, and single-token
 //! decode (the split-KV kernel and its merge). NVRTC compiles and host-emulated runs of every
-//! example's kernels live in `runtime/src/cuda/`.
+//! example's kernels live in `cuda/src/` (`tests.rs`, `emulate_tests.rs`).
 
 use crate::snapshot::Snapshots;
-use attn_compiler::{Stage, emit};
+use attn_runtime::{Stage, emit};
 use attn_tests::repo_root;
 
 /// Examples whose generated CUDA is snapshotted.

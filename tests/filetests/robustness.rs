@@ -163,7 +163,7 @@ fn a_long_let_chain_compiles_in_linear_time() {
     assert_eq!(planned.optimized.report.stop_reason, "saturated");
     let kernels = planned.schedule.steps.len();
     assert!(kernels >= 6000 / attn_compiler::schedule::MAX_INLINE_DEPTH, "{kernels} kernels");
-    compiler.render_cpu(&planned, &attn_compiler::codegen::clif::TEXT_FEATURES).expect("renders");
+    attn_runtime::cpu::render::render(&planned.schedule, &attn_runtime::cpu::TEXT_FEATURES).expect("renders");
 }
 
 /// A function too large to compile is a diagnostic (E0118), not an out-of-memory abort:

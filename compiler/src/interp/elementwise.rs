@@ -4,21 +4,21 @@
 //! Every scalar op is [`crate::ir::semantics`]' definition: each element is loaded as a value
 //! of its dtype's class, the op computed there, and the result stored as the node's dtype.
 
-use super::InterpError;
+use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
 use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, UnaryOp};
 
 /// A tensor of the given shape with every element `value` (constants and dim values).
-pub(super) fn fill(dtype: DType, shape: Vec<usize>, value: f64, node: &str) -> Result<Val, InterpError> {
+pub(super) fn fill(dtype: DType, shape: Vec<usize>, value: f64, node: &str) -> Result<Val, ExecError> {
     let n = element_count(&shape, node)?;
     Ok(Val::new(dtype, shape, filled(n, value, node)?))
 }
 
 /// Each element's index along `axis`.
-pub(super) fn iota(dtype: DType, shape: Vec<usize>, axis: usize, node: &str) -> Result<Val, InterpError> {
+pub(super) fn iota(dtype: DType, shape: Vec<usize>, axis: usize, node: &str) -> Result<Val, ExecError> {
     if axis >= shape.len() {
-        return Err(InterpError::BadNode {
+        return Err(ExecError::BadNode {
             node: node.to_string(),
             reason: format!("iota axis {axis} is out of range for rank {}", shape.len()),
         });
@@ -37,13 +37,13 @@ pub(super) fn unary(op: UnaryOp, x: &Val, dtype: DType) -> Val {
 }
 
 /// Applies a binary op to two broadcast operands by [`semantics::binary`].
-pub(super) fn binary(op: BinaryOp, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn binary(op: BinaryOp, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let (ta, tb) = (a.dtype, b.dtype);
     broadcast_map([a, b], dtype, node, |[x, y]| semantics::binary(op, Scalar::load(ta, x), Scalar::load(tb, y)).store(dtype))
 }
 
 /// `where(cond, a, b)` over three broadcast operands by [`semantics::select`].
-pub(super) fn select(cond: &Val, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn select(cond: &Val, a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let (tc, ta, tb) = (cond.dtype, a.dtype, b.dtype);
     broadcast_map([cond, a, b], dtype, node, |[c, x, y]| {
         semantics::select(Scalar::load(tc, c), Scalar::load(ta, x), Scalar::load(tb, y)).store(dtype)
@@ -62,12 +62,12 @@ pub(super) fn broadcast_map<const N: usize>(
     dtype: DType,
     node: &str,
     f: impl Fn([f64; N]) -> f64,
-) -> Result<Val, InterpError> {
+) -> Result<Val, ExecError> {
     let mut shape = Vec::new();
     for a in args {
         shape = broadcast(&shape, &a.shape).ok_or_else(|| {
             let shapes: Vec<String> = args.iter().map(|a| format!("{:?}", a.shape)).collect();
-            InterpError::BadNode { node: node.to_string(), reason: format!("operand shapes {} do not broadcast", shapes.join(", ")) }
+            ExecError::BadNode { node: node.to_string(), reason: format!("operand shapes {} do not broadcast", shapes.join(", ")) }
         })?;
     }
     let n = element_count(&shape, node)?;

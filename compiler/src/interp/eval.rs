@@ -1,22 +1,23 @@
 //! The driver: checks the inputs, binds dims, evaluates the live nodes in topological order
 //! (freeing each value after its last use) and returns the outputs.
 
-use super::bind::{bind_dims, eval_dim, eval_shape, node_label};
+use crate::exec::{bind_dims, check_inputs, eval_dim, eval_shape, node_label};
 use super::value::Val;
-use super::{InterpError, elementwise as ew, reduce, shape_ops};
+use super::{elementwise as ew, reduce, shape_ops};
+use crate::exec::ExecError;
 use crate::ir::semantics::{Scalar, wrap_i32};
 use crate::ir::{Arity, Graph, Node, Op, Value};
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::Tensor;
 use std::collections::HashMap;
 
 /// Runs `graph` on `inputs` (one per parameter, in order), with dims not determined by the input
 /// shapes taken from `given`. Returns the outputs in `graph.outputs()` order. Only nodes the
 /// outputs depend on are evaluated.
-pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Result<Vec<Tensor>, InterpError> {
+pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Result<Vec<Tensor>, ExecError> {
     check_inputs(graph, inputs)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(graph, &shapes, given)?;
-    let order = graph.topo_order().ok_or_else(|| InterpError::Internal("the graph has a cycle".into()))?;
+    let order = graph.topo_order().ok_or_else(|| ExecError::Internal("the graph has a cycle".into()))?;
 
     let n = graph.len();
     let mut live = vec![false; n];
@@ -57,18 +58,18 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
             let args = operands
                 .iter()
                 .map(|o| {
-                    vals[o.index()].as_ref().ok_or_else(|| InterpError::Internal(format!("{label}: operand %{} is missing", o.index())))
+                    vals[o.index()].as_ref().ok_or_else(|| ExecError::Internal(format!("{label}: operand %{} is missing", o.index())))
                 })
-                .collect::<Result<Vec<&Val>, InterpError>>()?;
+                .collect::<Result<Vec<&Val>, ExecError>>()?;
             eval_node(node, &args, shape.clone(), &env, &label).map_err(|e| match e {
-                InterpError::IndexOutOfRange { node: n, span: None, axis, index, size } => {
-                    InterpError::IndexOutOfRange { node: n, span: node.span, axis, index, size }
+                ExecError::IndexOutOfRange { node: n, span: None, axis, index, size } => {
+                    ExecError::IndexOutOfRange { node: n, span: node.span, axis, index, size }
                 }
                 e => e,
             })?
         };
         if val.shape != shape {
-            return Err(InterpError::ShapeMismatch { node: label, expected: shape, actual: val.shape });
+            return Err(ExecError::ShapeMismatch { node: label, expected: shape, actual: val.shape });
         }
         for o in operands {
             if last_use[o.index()] == pos && !is_output[o.index()] {
@@ -82,63 +83,28 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
         .outputs()
         .iter()
         .map(|(name, v)| {
-            let val = vals[v.index()].as_ref().ok_or_else(|| InterpError::Internal(format!("output `{name}` was not computed")))?;
-            Tensor::from_f64(val.dtype, val.shape.clone(), &val.data).map_err(|e| InterpError::Internal(format!("output `{name}`: {e}")))
+            let val = vals[v.index()].as_ref().ok_or_else(|| ExecError::Internal(format!("output `{name}` was not computed")))?;
+            Tensor::from_f64(val.dtype, val.shape.clone(), &val.data).map_err(|e| ExecError::Internal(format!("output `{name}`: {e}")))
         })
         .collect()
 }
 
-/// Inputs must match the parameters in count, dtype and stored element count (shapes are
-/// checked by [`bind_dims`]). Every backend validates its inputs with this.
-pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), InterpError> {
-    let params = graph.params();
-    if inputs.len() != params.len() {
-        return Err(InterpError::InputCount { expected: params.len(), actual: inputs.len() });
-    }
-    for (p, t) in params.iter().zip(inputs) {
-        check_input(graph.node(*p), t)?;
-    }
-    Ok(())
-}
-
-/// An input must have its parameter's dtype and as many stored elements as its shape says (the
-/// shape itself is checked by [`bind_dims`]).
-fn check_input(node: &Node, t: &Tensor) -> Result<(), InterpError> {
-    let param = match &node.op {
-        Op::Param(name) => name.clone(),
-        other => return Err(InterpError::Internal(format!("a parameter is a `{}` node", other.name()))),
-    };
-    if t.dtype != node.ty.dtype {
-        return Err(InterpError::InputDType { param, expected: node.ty.dtype, actual: t.dtype });
-    }
-    let stored = match &t.data {
-        TensorData::F32(v) => v.len(),
-        TensorData::I32(v) => v.len(),
-        TensorData::Bool(v) => v.len(),
-    };
-    let expected = t.shape.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d));
-    if expected != Some(stored) {
-        return Err(InterpError::InputData { param, shape: t.shape.clone(), expected: expected.unwrap_or(usize::MAX), actual: stored });
-    }
-    Ok(())
-}
-
 /// Computes one non-parameter node from its operands' values. `shape` is the node type's shape
 /// under the dim bindings (used by the ops whose result shape only the type gives).
-fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
+fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String, i64>, label: &str) -> Result<Val, ExecError> {
     let arity_ok = match node.op.arity() {
         Arity::Exact(k) => args.len() == k,
         Arity::AtLeast(k) => args.len() >= k,
     };
     if !arity_ok {
-        return Err(InterpError::BadNode {
+        return Err(ExecError::BadNode {
             node: label.to_string(),
             reason: format!("{:?} operands but got {}", node.op.arity(), args.len()),
         });
     }
     let dtype = node.ty.dtype;
     match &node.op {
-        Op::Param(_) => Err(InterpError::Internal(format!("{label}: a parameter outside the parameter list"))),
+        Op::Param(_) => Err(ExecError::Internal(format!("{label}: a parameter outside the parameter list"))),
         Op::Const(c) => ew::fill(dtype, shape, *c, label),
         Op::DimValue(d) => ew::fill(dtype, shape, Scalar::I(wrap_i32(eval_dim(d, env)?)).store(dtype), label),
         Op::Iota { axis } => ew::iota(dtype, shape, *axis, label),

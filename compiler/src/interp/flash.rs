@@ -3,7 +3,7 @@
 //! in f64. It never materialises more than one row of scores. A key whose weight is 0 adds
 //! nothing, even where its value is inf or NaN.
 
-use super::InterpError;
+use crate::exec::ExecError;
 use super::value::{Val, element_count, filled, row_major_strides};
 use crate::ir::grad::score_grad;
 use crate::ir::semantics::{Class, Scalar, max_f, unary_f};
@@ -44,7 +44,7 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn of(q: &Val, k: &Val, v: &Val, extras: &[&Val], bad: &dyn Fn(String) -> InterpError) -> Result<Geometry, InterpError> {
+    fn of(q: &Val, k: &Val, v: &Val, extras: &[&Val], bad: &dyn Fn(String) -> ExecError) -> Result<Geometry, ExecError> {
         let r = q.shape.len();
         if r < 2 || k.shape.len() != r || v.shape.len() != r {
             return Err(bad("q, k and v must have the same rank".into()));
@@ -147,8 +147,8 @@ fn row_stats(scores: &[f64], keep: &[bool]) -> (f64, f64) {
     (max, z)
 }
 
-pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
-    let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
+pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap<String, i64>, label: &str) -> Result<Val, ExecError> {
+    let bad = |reason: String| ExecError::BadNode { node: label.to_string(), reason };
     let [q, k, v, extras @ ..] = args else { return Err(bad("flash needs q, k, v".into())) };
     let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n, dv) = (g.r, g.m, g.d, g.n, g.dv);
@@ -191,8 +191,8 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
 
 /// `flash_lse`: per row `max + ln Σ exp(score - max)` over the kept keys; `-inf` for a row with
 /// none kept.
-pub(super) fn flash_lse(spec: &FlashSpec, args: &[&Val], env: &HashMap<String, i64>, label: &str) -> Result<Val, InterpError> {
-    let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
+pub(super) fn flash_lse(spec: &FlashSpec, args: &[&Val], env: &HashMap<String, i64>, label: &str) -> Result<Val, ExecError> {
+    let bad = |reason: String| ExecError::BadNode { node: label.to_string(), reason };
     let [q, k, v, extras @ ..] = args else { return Err(bad("flash_lse needs q, k, v".into())) };
     let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n) = (g.r, g.m, g.d, g.n);
@@ -229,8 +229,8 @@ pub(super) fn flash_grad(
     shape: Vec<usize>,
     env: &HashMap<String, i64>,
     label: &str,
-) -> Result<Val, InterpError> {
-    let bad = |reason: String| InterpError::BadNode { node: label.to_string(), reason };
+) -> Result<Val, ExecError> {
+    let bad = |reason: String| ExecError::BadNode { node: label.to_string(), reason };
     let fixed = spec.grad_fixed_operands();
     if args.len() < fixed {
         return Err(bad(format!("flash_grad needs {fixed} operands before its extras")));

@@ -13,16 +13,15 @@
 //!   min (reductions and the binary ops) propagate NaN.
 //! - Gather clamps each index into its axis; slicing outside an axis is an error.
 //!
-//! Dims: [`bind_dims`] binds every symbolic dim from the input shapes and given values; [`run`]
-//! then evaluates the nodes the outputs need in topological order, freeing values after their
-//! last use. No tensor may exceed [`MAX_ELEMENTS`] elements.
+//! Dims: [`crate::exec::bind_dims`] binds every symbolic dim from the input shapes and given
+//! values; [`run`] then evaluates the nodes the outputs need in topological order, freeing
+//! values after their last use. No tensor may exceed [`crate::exec::MAX_ELEMENTS`] elements.
+//! Errors are [`crate::exec::ExecError`]s, the ones every backend reports too.
 //!
-//! Files: `bind` (dim binding and evaluation), `eval` (driver and op dispatch), `elementwise`,
+//! Files: `eval` (driver and op dispatch), `elementwise`,
 //! `shape_ops`, `reduce` (reductions, softmax, norms, matmul), `value` (index arithmetic).
 
-mod bind;
 mod elementwise;
-mod error;
 mod eval;
 mod flash;
 mod reduce;
@@ -33,8 +32,5 @@ mod value;
 #[cfg(test)]
 mod tests;
 
-pub use bind::bind_dims;
-pub use error::InterpError;
-pub use eval::{check_inputs, run};
+pub use eval::run;
 pub use tiles::{MAX_MASK_EVALS, data_tile_grids};
-pub use value::MAX_ELEMENTS;

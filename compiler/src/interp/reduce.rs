@@ -1,19 +1,19 @@
 //! Ops that combine many elements: reductions, softmax, layer and RMS normalisation, and the
 //! batched matrix product. All sums accumulate in f64.
 
-use super::InterpError;
+use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, split_at_axis, walk};
 use crate::ir::semantics::{max_f, min_f, sorts_before, wrap_i32};
 use crate::ir::{DType, ReduceOp, ScanOp};
 
-fn bad(node: &str, reason: String) -> InterpError {
-    InterpError::BadNode { node: node.to_string(), reason }
+fn bad(node: &str, reason: String) -> ExecError {
+    ExecError::BadNode { node: node.to_string(), reason }
 }
 
 /// Reduces `axes` (sorted, distinct). An empty reduction gives 0 for sum and mean (mean is
 /// defined as 0 there rather than NaN), `-inf` for max and `inf` for min. Max and min
 /// propagate NaN.
-pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let rank = x.shape.len();
     if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= rank) {
         return Err(bad(node, format!("bad reduction axes {axes:?} for rank {rank}")));
@@ -59,7 +59,7 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
 
 /// `exp(x - max) / sum(exp(x - max))` along `axis`. A row whose max is `-inf` (fully masked)
 /// gives all zeros rather than NaN.
-pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, ExecError> {
     if axis >= x.shape.len() {
         return Err(bad(node, format!("softmax axis {axis} is out of range for rank {}", x.shape.len())));
     }
@@ -82,7 +82,7 @@ pub(super) fn softmax(x: &Val, axis: usize, dtype: DType, node: &str) -> Result<
 }
 
 /// Checks that a scale or shift operand has shape `[d]`.
-fn check_param(p: &Val, d: usize, what: &str, node: &str) -> Result<(), InterpError> {
+fn check_param(p: &Val, d: usize, what: &str, node: &str) -> Result<(), ExecError> {
     if p.shape != [d] {
         return Err(bad(node, format!("{what} has shape {:?}, but the normalised axis has size {d}", p.shape)));
     }
@@ -90,12 +90,12 @@ fn check_param(p: &Val, d: usize, what: &str, node: &str) -> Result<(), InterpEr
 }
 
 /// The size of the last axis of a normalised operand.
-fn last_axis(x: &Val, node: &str) -> Result<usize, InterpError> {
+fn last_axis(x: &Val, node: &str) -> Result<usize, ExecError> {
     x.shape.last().copied().ok_or_else(|| bad(node, "cannot normalise a scalar".into()))
 }
 
 /// `(x - mean) / sqrt(var + eps) * gamma + beta` over the last axis, biased variance.
-pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let d = last_axis(x, node)?;
     check_param(gamma, d, "gamma", node)?;
     check_param(beta, d, "beta", node)?;
@@ -110,7 +110,7 @@ pub(super) fn layer_norm(x: &Val, gamma: &Val, beta: &Val, eps: f64, dtype: DTyp
 }
 
 /// `x / sqrt(mean(x^2) + eps) * gamma` over the last axis.
-pub(super) fn rms_norm(x: &Val, gamma: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn rms_norm(x: &Val, gamma: &Val, eps: f64, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let d = last_axis(x, node)?;
     check_param(gamma, d, "gamma", node)?;
     let mut out = room(x.data.len(), node)?;
@@ -123,7 +123,7 @@ pub(super) fn rms_norm(x: &Val, gamma: &Val, eps: f64, dtype: DType, node: &str)
 }
 
 /// Batched `a @ b` over the last two axes; the leading (batch) axes broadcast.
-pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let (ra, rb) = (a.shape.len(), b.shape.len());
     if ra < 2 || rb < 2 {
         return Err(bad(node, format!("matmul needs at least 2 axes on each side, got {:?} @ {:?}", a.shape, b.shape)));
@@ -160,8 +160,8 @@ pub(super) fn matmul(a: &Val, b: &Val, dtype: DType, node: &str) -> Result<Val, 
 
 /// `base` plus every `src` element at the position `idx` names along `axis`, in order, each sum
 /// rounded to the element type ([`Op::ScatterAdd`](crate::ir::Op::ScatterAdd)); a position
-/// outside the axis is an error ([`InterpError::IndexOutOfRange`]).
-pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, InterpError> {
+/// outside the axis is an error ([`ExecError::IndexOutOfRange`]).
+pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: DType, node: &str) -> Result<Val, ExecError> {
     if axis >= base.shape.len() || src.shape.len() != base.shape.len() || idx.shape != src.shape {
         return Err(bad(node, format!("scatter_add shapes {:?}, {:?}, {:?} do not fit", base.shape, idx.shape, src.shape)));
     }
@@ -177,7 +177,7 @@ pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: 
                 let at = (o * m + i) * inner + j;
                 let t = idx.data[at] as i64;
                 if t < 0 || t >= n as i64 {
-                    return Err(InterpError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: t, size: n });
+                    return Err(ExecError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: t, size: n });
                 }
                 let t = t as usize;
                 let to = (o * n + t) * inner + j;
@@ -189,7 +189,7 @@ pub(super) fn scatter_add(base: &Val, idx: &Val, src: &Val, axis: usize, dtype: 
 }
 
 /// The stable sorting permutation along `axis` ([`sorts_before`]).
-pub(super) fn argsort(x: &Val, axis: usize, descending: bool, node: &str) -> Result<Val, InterpError> {
+pub(super) fn argsort(x: &Val, axis: usize, descending: bool, node: &str) -> Result<Val, ExecError> {
     if axis >= x.shape.len() {
         return Err(bad(node, format!("argsort axis {axis} is out of range for rank {}", x.shape.len())));
     }
@@ -221,7 +221,7 @@ pub(super) fn argsort(x: &Val, axis: usize, descending: bool, node: &str) -> Res
 /// Running sums, products or the linear recurrence `h_i = a_i h_(i-1) + b_i` along `axis`
 /// ([`Op::Scan`](crate::ir::Op::Scan)). Float accumulations run in f64 and each output is
 /// rounded once; integer ones wrap (i64 arithmetic, kept to 32 bits at every output).
-pub(super) fn scan(op: ScanOp, args: &[&Val], axis: usize, reverse: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn scan(op: ScanOp, args: &[&Val], axis: usize, reverse: bool, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let (a, x) = match (op, args) {
         (ScanOp::Linear, [a, b]) => {
             let common = |v: &Val| super::elementwise::broadcast_map([v, a, b], v.dtype, node, |[s, _, _]| s);
@@ -275,7 +275,7 @@ pub(super) fn scan(op: ScanOp, args: &[&Val], axis: usize, reverse: bool, dtype:
 /// `out[.., i, :] = Σ_{j ≤ i} (q_i · k_j) v_j` (`j ≥ i` when `reverse`)
 /// ([`Op::PrefixAttention`](crate::ir::Op::PrefixAttention)): the running state `Σ k_j ⊗ v_j`
 /// in f64, each output rounded once.
-pub(super) fn prefix_attention(q: &Val, k: &Val, v: &Val, reverse: bool, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn prefix_attention(q: &Val, k: &Val, v: &Val, reverse: bool, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let r = q.shape.len();
     if r < 2 || k.shape != q.shape || v.shape.len() != r || v.shape[..r - 1] != q.shape[..r - 1] {
         return Err(bad(

@@ -1,15 +1,15 @@
 //! Ops that move elements without arithmetic: transpose, reshape, slice, concat, gather.
 
-use super::InterpError;
+use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
 use crate::ir::DType;
 
-fn bad(node: &str, reason: String) -> InterpError {
-    InterpError::BadNode { node: node.to_string(), reason }
+fn bad(node: &str, reason: String) -> ExecError {
+    ExecError::BadNode { node: node.to_string(), reason }
 }
 
 /// Output axis `k` is input axis `perm[k]`.
-pub(super) fn transpose(x: &Val, perm: &[usize], dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn transpose(x: &Val, perm: &[usize], dtype: DType, node: &str) -> Result<Val, ExecError> {
     let rank = x.shape.len();
     let mut seen = vec![false; rank];
     if perm.len() != rank || perm.iter().any(|p| *p >= rank || std::mem::replace(&mut seen[*p], true)) {
@@ -24,7 +24,7 @@ pub(super) fn transpose(x: &Val, perm: &[usize], dtype: DType, node: &str) -> Re
 }
 
 /// The same elements in row-major order under the node's shape.
-pub(super) fn reshape(x: &Val, shape: Vec<usize>, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn reshape(x: &Val, shape: Vec<usize>, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let n = element_count(&shape, node)?;
     if n != x.data.len() {
         return Err(bad(node, format!("cannot reshape {:?} ({} elements) to {shape:?} ({n} elements)", x.shape, x.data.len())));
@@ -33,13 +33,13 @@ pub(super) fn reshape(x: &Val, shape: Vec<usize>, dtype: DType, node: &str) -> R
 }
 
 /// `x[..., start:end, ...]` on `axis`; the bounds must lie within the axis.
-pub(super) fn slice(x: &Val, axis: usize, start: i64, end: i64, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn slice(x: &Val, axis: usize, start: i64, end: i64, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let Some(&size) = x.shape.get(axis) else {
         return Err(bad(node, format!("slice axis {axis} is out of range for rank {}", x.shape.len())));
     };
     let in_range = 0 <= start && start <= end && usize::try_from(end).is_ok_and(|e| e <= size);
     if !in_range {
-        return Err(InterpError::OutOfRange { node: node.to_string(), axis, start, end, size });
+        return Err(ExecError::OutOfRange { node: node.to_string(), axis, start, end, size });
     }
     // In range, so both bounds are non-negative and at most `size`.
     let (start, end) = (start as usize, end as usize);
@@ -53,7 +53,7 @@ pub(super) fn slice(x: &Val, axis: usize, start: i64, end: i64, dtype: DType, no
 }
 
 /// Joins the operands along `axis`; all other dims must agree.
-pub(super) fn concat(args: &[&Val], axis: usize, dtype: DType, node: &str) -> Result<Val, InterpError> {
+pub(super) fn concat(args: &[&Val], axis: usize, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let first = args.first().ok_or_else(|| bad(node, "concat needs at least one operand".into()))?;
     if axis >= first.shape.len() {
         return Err(bad(node, format!("concat axis {axis} is out of range for rank {}", first.shape.len())));
@@ -82,8 +82,8 @@ pub(super) fn concat(args: &[&Val], axis: usize, dtype: DType, node: &str) -> Re
 }
 
 /// `table[i0, i1, ...]`: one index tensor per table axis, broadcast together; an index outside
-/// `[0, size)` of its axis is an error ([`InterpError::IndexOutOfRange`]).
-pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) -> Result<Val, InterpError> {
+/// `[0, size)` of its axis is an error ([`ExecError::IndexOutOfRange`]).
+pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) -> Result<Val, ExecError> {
     if indices.len() != table.shape.len() {
         return Err(bad(
             node,
@@ -114,7 +114,7 @@ pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) ->
             pos += 1;
         });
         if let Some(i) = bad {
-            return Err(InterpError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: i as i64, size });
+            return Err(ExecError::IndexOutOfRange { node: node.to_string(), span: None, axis, index: i as i64, size });
         }
     }
     let out = offsets.iter().map(|o| table.data[*o]).collect();

@@ -4,9 +4,10 @@
 //! score of each such tile, with the same loads and scalar semantics as the flash op itself:
 //! the map then shows what this data masks, e.g. the blocks of a document mask.
 
-use super::InterpError;
-use super::bind::{bind_dims, eval_shape, node_label};
-use super::eval::{check_inputs, run};
+use crate::exec::ExecError;
+use crate::exec::{bind_dims, eval_shape, node_label};
+use super::eval::run;
+use crate::exec::check_inputs;
 use super::flash::extra_loader;
 use super::value::Val;
 use crate::ir::{Graph, Op, ScoreExpr, TileClass, TileGrid, Value, tile_grid, value_numbers};
@@ -25,7 +26,7 @@ pub fn data_tile_grids(
     inputs: &[Tensor],
     given: &HashMap<String, i64>,
     tile: (i64, i64),
-) -> Result<Vec<(usize, TileGrid)>, InterpError> {
+) -> Result<Vec<(usize, TileGrid)>, ExecError> {
     check_inputs(graph, inputs)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(graph, &shapes, given)?;
@@ -53,7 +54,7 @@ pub fn data_tile_grids(
         let extras: Vec<Val> =
             computed.by_ref().take(ops.len().saturating_sub(3)).map(|t| Val::new(t.dtype, t.shape.clone(), t.to_f64_vec())).collect();
         let (Some(&m), Some(&n)) = (q.get(r - 2), k.get(r - 2)) else {
-            return Err(InterpError::Internal(format!("{label}: q and k have fewer than two axes")));
+            return Err(ExecError::Internal(format!("{label}: q and k have fewer than two axes")));
         };
         let batch: Vec<i64> = q[..r - 2].iter().map(|&d| d as i64).collect();
         let mut grid = tile_grid(spec.mask.as_ref(), &batch, (m as i64, n as i64), tile, &env);
@@ -75,7 +76,7 @@ fn refine(
     env: &HashMap<String, i64>,
     budget: &mut u64,
     label: &str,
-) -> Result<(), InterpError> {
+) -> Result<(), ExecError> {
     let load = extra_loader(extras);
     let r = batch.len() + 2;
     // Batch axes the mask reads are iterated; the others are fixed at 0.
@@ -92,7 +93,7 @@ fn refine(
         let rows = tr * tm..((tr + 1) * tm).min(m);
         let cols = tc * tn..((tc + 1) * tn).min(n);
         let cost = combos.saturating_mul((rows.end - rows.start) as u64 * (cols.end - cols.start) as u64);
-        *budget = budget.checked_sub(cost).ok_or_else(|| InterpError::BadNode {
+        *budget = budget.checked_sub(cost).ok_or_else(|| ExecError::BadNode {
             node: label.to_string(),
             reason: format!(
                 "classifying the tiles from the data needs more than {MAX_MASK_EVALS} mask evaluations; use smaller dims or larger tiles"

@@ -1,12 +1,9 @@
 //! The interpreter's values (f64 elements, a concrete shape, a dtype) and the index arithmetic
 //! every op shares: row-major strides, broadcasting, and a strided walk over a shape.
 
-use super::InterpError;
+use crate::exec::ExecError;
+pub(super) use crate::exec::element_count;
 use crate::ir::DType;
-
-/// The most elements any one value may have. Guards against absurd sizes (a typo in `--dim`, a
-/// broadcast of two long vectors) turning into an out-of-memory abort.
-pub const MAX_ELEMENTS: usize = 1 << 31;
 
 /// A computed tensor. Elements are f64 holding values already rounded to `dtype` (bool as 0/1).
 #[derive(Clone, Debug, PartialEq)]
@@ -27,26 +24,16 @@ impl Val {
     }
 }
 
-/// Element count of `shape`, or `TooLarge` above [`MAX_ELEMENTS`] (`what` says which tensor).
-pub(super) fn element_count(shape: &[usize], what: &str) -> Result<usize, InterpError> {
-    let too_large = || InterpError::TooLarge { what: what.to_string(), shape: shape.to_vec(), limit: MAX_ELEMENTS };
-    if shape.contains(&0) {
-        return Ok(0);
-    }
-    let n = shape.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d)).ok_or_else(too_large)?;
-    if n > MAX_ELEMENTS { Err(too_large()) } else { Ok(n) }
-}
-
 /// An empty vector with room for `n` elements, allocated fallibly: memory the machine refuses
-/// is an [`InterpError::OutOfMemory`] naming `what`, not an abort.
-pub(super) fn room<T>(n: usize, what: &str) -> Result<Vec<T>, InterpError> {
+/// is an [`ExecError::OutOfMemory`] naming `what`, not an abort.
+pub(super) fn room<T>(n: usize, what: &str) -> Result<Vec<T>, ExecError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| InterpError::OutOfMemory { what: what.to_string(), bytes: n.saturating_mul(size_of::<T>()) })?;
+    v.try_reserve_exact(n).map_err(|_| ExecError::OutOfMemory { what: what.to_string(), bytes: n.saturating_mul(size_of::<T>()) })?;
     Ok(v)
 }
 
 /// `n` copies of `value`, allocated fallibly (see [`room`]).
-pub(super) fn filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>, InterpError> {
+pub(super) fn filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>, ExecError> {
     let mut v = room(n, what)?;
     v.resize(n, value);
     Ok(v)
@@ -145,7 +132,7 @@ mod tests {
     fn element_count_guards() {
         assert_eq!(element_count(&[2, 3], "x"), Ok(6));
         assert_eq!(element_count(&[usize::MAX, 0], "x"), Ok(0));
-        assert!(matches!(element_count(&[1 << 20, 1 << 20], "x"), Err(InterpError::TooLarge { .. })));
-        assert!(matches!(element_count(&[usize::MAX, 3], "x"), Err(InterpError::TooLarge { .. })));
+        assert!(matches!(element_count(&[1 << 20, 1 << 20], "x"), Err(ExecError::TooLarge { .. })));
+        assert!(matches!(element_count(&[usize::MAX, 3], "x"), Err(ExecError::TooLarge { .. })));
     }
 }

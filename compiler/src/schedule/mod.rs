@@ -671,10 +671,10 @@ pub struct Schedule {
 impl Schedule {
     /// The error a fault record read back after a run describes, or `None` when it records no
     /// fault.
-    pub fn fault_error(&self, record: [i32; 4]) -> Option<crate::interp::InterpError> {
+    pub fn fault_error(&self, record: [i32; 4]) -> Option<crate::exec::ExecError> {
         let site = usize::try_from(record[0]).ok()?.checked_sub(1)?;
         let (label, span) = self.sites.get(site).map_or(("?".to_string(), None), |s| (s.label.clone(), s.span));
-        Some(crate::interp::InterpError::IndexOutOfRange {
+        Some(crate::exec::ExecError::IndexOutOfRange {
             node: label,
             span,
             axis: usize::try_from(record[1]).unwrap_or(0),
@@ -747,7 +747,7 @@ pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleErro
 }
 
 /// Every dim a score expression reads, for [`FlashKernel`]s.
-pub(crate) fn score_dims(f: &FlashKernel) -> Vec<Dim> {
+pub fn score_dims(f: &FlashKernel) -> Vec<Dim> {
     let mut out = Vec::new();
     let exprs: Vec<&ScoreExpr> = std::iter::once(&f.spec.score).chain(f.spec.mask.as_ref()).chain(f.analysis.alpha.as_ref()).collect();
     for e in exprs {
@@ -757,7 +757,7 @@ pub(crate) fn score_dims(f: &FlashKernel) -> Vec<Dim> {
 }
 
 /// Every dim a flash backward's expressions (score, mask, derivatives) read.
-pub(crate) fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
+pub fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
     let mut out = Vec::new();
     let mut exprs: Vec<&ScoreExpr> = vec![&f.spec.score, &f.grad.ds];
     exprs.extend(f.spec.mask.as_ref());

@@ -8,7 +8,7 @@ use super::policy::{
     CpuPolicy, CudaPolicy, Policy, cuda_mma_keys, cuda_pad_head,
 };
 use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
-use crate::interp::MAX_ELEMENTS;
+use crate::exec::MAX_ELEMENTS;
 use crate::ir::{Dim, DimError};
 use std::collections::HashMap;
 use thiserror::Error;

@@ -158,7 +158,7 @@ fn borrowed_inputs_are_checked() {
     let s = [3.0f32];
     let seg = [0i32];
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x)], &opts, &cpu).unwrap_err();
-    assert!(matches!(err, RunError::Interp(InterpError::InputCount { expected: 2, actual: 1 })), "{err}");
+    assert!(matches!(err, RunError::Interp(ExecError::InputCount { expected: 2, actual: 1 })), "{err}");
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x), TensorRef::i32(&[], &seg)], &opts, &cpu).unwrap_err();
     assert!(matches!(&err, RunError::InputDType { param, .. } if param == "s"), "{err}");
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[3], &x), TensorRef::f32(&[], &s)], &opts, &cpu).unwrap_err();

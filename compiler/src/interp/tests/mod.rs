@@ -5,6 +5,7 @@ mod binding;
 mod ops;
 
 use super::*;
+pub(super) use crate::exec::{ExecError, MAX_ELEMENTS, bind_dims};
 use crate::ir::{DType, Dim, Graph, Op, TensorType, Value, infer};
 use crate::tensor::Tensor;
 use std::collections::HashMap;

@@ -130,14 +130,14 @@ fn gather_rejects_indices_out_of_range() {
     {
         let err = run(&g, &[table.clone(), ti(&[4], &rows), ti(&[1], &[col])], &HashMap::new()).unwrap_err();
         match err {
-            InterpError::IndexOutOfRange { axis: a, index: i, size: n, .. } => assert_eq!((a, i, n), (axis, index, size)),
+            ExecError::IndexOutOfRange { axis: a, index: i, size: n, .. } => assert_eq!((a, i, n), (axis, index, size)),
             e => panic!("expected an index error, got {e}"),
         }
     }
     // An empty table has no index in range.
     let checked = crate::check("fn f(t: f32[N, D], i: i32[M]) -> f32[M, D] { return t[i] }").unwrap();
     let err = run(&checked.module.graphs[0], &[tf(&[0, 2], &[]), ti(&[4], &[0; 4])], &HashMap::new()).unwrap_err();
-    assert!(matches!(err, InterpError::IndexOutOfRange { axis: 0, index: 0, size: 0, span: Some(_), .. }), "{err}");
+    assert!(matches!(err, ExecError::IndexOutOfRange { axis: 0, index: 0, size: 0, span: Some(_), .. }), "{err}");
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn f16_nodes_round_to_f16() {
     assert_eq!(out.to_f64_vec(), vec![2048.0, expected.to_f64()]);
     // An f32 tensor is refused for an f16 parameter.
     let err = run(&g, &[tf(&[2], &[1., 2.]), half_tensor(&[1.0, 2.0])], &HashMap::new()).unwrap_err();
-    assert!(matches!(err, InterpError::InputDType { expected: DType::F16, actual: DType::F32, .. }), "{err}");
+    assert!(matches!(err, ExecError::InputDType { expected: DType::F16, actual: DType::F32, .. }), "{err}");
 }
 
 #[test]
@@ -324,7 +324,7 @@ fn symbolic_slice_bounds_are_checked() {
     let s = node(&mut g, Op::Slice { axis: 0, start: Dim::constant(1), end: Dim::parse("S+1").unwrap() }, &[x]);
     g.add_output("s", s);
     let err = run(&g, &[tf(&[3], &[1., 2., 3.])], &HashMap::new()).unwrap_err();
-    assert_eq!(err, InterpError::OutOfRange { node: "%1 (slice)".into(), axis: 0, start: 1, end: 4, size: 3 });
+    assert_eq!(err, ExecError::OutOfRange { node: "%1 (slice)".into(), axis: 0, start: 1, end: 4, size: 3 });
 }
 
 #[test]
@@ -373,7 +373,7 @@ fn huge_broadcasts_are_refused() {
     g.add_output("s", s);
     let n = 1 << 16;
     let err = run(&g, &[tf(&[n, 1], &vec![0.; n]), tf(&[1, n], &vec![0.; n])], &HashMap::new()).unwrap_err();
-    assert!(matches!(err, InterpError::TooLarge { limit: MAX_ELEMENTS, .. }), "{err}");
+    assert!(matches!(err, ExecError::TooLarge { limit: MAX_ELEMENTS, .. }), "{err}");
 }
 
 #[test]
@@ -431,6 +431,6 @@ fn scatter_add_accumulates_in_order_and_rejects_positions_out_of_range() {
     for (bad, index) in [(-4, -4), (3, 3)] {
         let i = Tensor::i32(vec![5], vec![2, 0, bad, 0, 1]).unwrap();
         let err = crate::interp::run(g, &[b.clone(), i, s.clone()], &HashMap::new()).unwrap_err();
-        assert!(matches!(err, InterpError::IndexOutOfRange { axis: 0, index: i, size: 3, span: Some(_), .. } if i == index), "{err}");
+        assert!(matches!(err, ExecError::IndexOutOfRange { axis: 0, index: i, size: 3, span: Some(_), .. } if i == index), "{err}");
     }
 }

@@ -1,0 +1,877 @@
+//! The flash-attention kernel, generated per flash op, and the merge step for split keys.
+//!
+//! It renders the schedule's [`FlashKernel`] with its analyses ([`attn_compiler::schedule::FlashAnalysis`]:
+//! the scale on the Q·Kᵀ product, separable terms, staged `tanh`, per-item factor), block sizes
+//! and scratch layout from the integer table. Work item = (batch index, query block of `BlockM`
+//! rows, key split). For each key tile of `BlockN` keys in the split whose class (from the
+//! per-run tile table) is not Skip:
+//!
+//! 1. `S = alpha · Q_blk · K_tileᵀ` by the SGEMM microkernel into scratch (the few-rows
+//!    kernel, which streams K in place, for blocks of at most four rows: decode);
+//! 2. per row: the score modification and (for Partial tiles only) the mask, compiled inline,
+//!    four scores at a time, tracking the tile's row max; hoisted parts of the expressions
+//!    (per batch index, per row) are computed once outside the loop;
+//! 3. online softmax: new running max, `P = exp(S - max)` and its row sum by the exp
+//!    microkernel, the running sum and accumulator rescaled by `exp(old max - new max)`.
+//!    Sigmoid weights instead: `P = keep ? sigmoid(score) : 0`;
+//! 4. `acc += P · V_tile` by the SGEMM microkernel (or the few-rows kernel).
+//!
+//! Finally each row is divided by its sum (rows with no kept key give 0), or, when keys are
+//! split, the partial state (max, sum, acc) is stored for [`emit_merge`]. Sizes, strides and
+//! block sizes are run-time integers: nothing is recompiled per shape. K and V batch axes of
+//! size 1 have stride 0 (grouped-query and multi-query attention read the shared head).
+
+use crate::abi;
+use super::builder::Fx;
+use super::matmul::batch_strides;
+use super::ops::{Kind, Tv};
+use super::score::{self, Env, Extra, Hoisted};
+use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
+use attn_compiler::schedule::tiles::{CHUNK_COLS, CHUNK_ROWS};
+use attn_compiler::schedule::{FlashKernel, Level, Tuning};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use std::collections::HashMap;
+
+/// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
+/// and V in place instead of packing them.
+const FEW_ROWS: i64 = 4;
+
+/// Values of the prologue both kernels share.
+struct Common {
+    bdims: Vec<Value>,
+    m: Value,
+    dv: Value,
+    bm: Value,
+    nqb: Value,
+    splits: Value,
+    out: Value,
+    out_bs: Vec<Value>,
+    out_rs: Value,
+    partials: Value,
+    /// Floats per partial row: `Dv + 2`.
+    prow: Value,
+    /// The log-sum-exp result, when the step writes one: its base, batch strides and row
+    /// stride.
+    lse: Option<(Value, Vec<Value>, Value)>,
+}
+
+fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
+    let r = f.q.shape.len();
+    let batch = &f.out.shape[..r - 2];
+    let bdims = fx.dims(batch);
+    let (out, ost) = fx.view_base(&f.out);
+    let out_bs = batch_strides(fx, &f.out, &ost, batch);
+    let m = fx.dim(&f.q.shape[r - 2]);
+    let dv = fx.dim(&f.v.shape[r - 1]);
+    let bm = fx.tuning(f.step, Tuning::BlockM);
+    let nqb = fx.tuning(f.step, Tuning::QueryBlocks);
+    let splits = fx.tuning(f.step, Tuning::Splits);
+    let partials = fx.buf(f.partials);
+    let two = fx.i64(2);
+    let prow = fx.add(dv, two);
+    let lse = f.lse.as_ref().map(|view| {
+        let (base, st) = fx.view_base(view);
+        let bs = batch_strides_of(fx, view, &st, batch);
+        (base, bs, st[r - 2])
+    });
+    Common { bdims, m, dv, bm, nqb, splits, out, out_bs, out_rs: ost[r - 2], partials, prow, lse }
+}
+
+/// The strides of a `[..b, M]` view's batch axes aligned to `batch` (broadcast axes step 0).
+fn batch_strides_of(fx: &mut Fx, view: &attn_compiler::schedule::View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
+    let lead = batch.len().saturating_sub(view.shape.len().saturating_sub(1));
+    (0..batch.len())
+        .map(|t| match t.checked_sub(lead) {
+            Some(a) if view.shape[a].as_const() != Some(1) => strides[a],
+            _ => fx.i64(0),
+        })
+        .collect()
+}
+
+/// Stores row `i`'s log-sum-exp `max + ln(sum)` (`-inf` when no key was kept, NaN for a NaN
+/// row) when the step writes one.
+fn store_lse(fx: &mut Fx, c: &Common, bidx: &[Value], i: Value, max: Value, sum: Value) {
+    let Some((base, bs, rs)) = &c.lse else { return };
+    let zero = fx.i64(0);
+    let off = fx.dot(zero, bidx, bs);
+    let row = fx.mul(i, *rs);
+    let off = fx.add(off, row);
+    let addr = fx.elem_addr(*base, off);
+    let wide = fx.b.ins().fpromote(types::F64, sum);
+    let ln = fx.call(abi::LOG, &[wide])[0];
+    let ln = fx.b.ins().fdemote(types::F32, ln);
+    let lse = fx.b.ins().fadd(max, ln);
+    fx.store(lse, addr);
+}
+
+/// One query block of a flash op, from its index over (batch index, query block).
+struct QueryBlock {
+    /// Query block number.
+    qblk: Value,
+    /// Batch position per batch axis.
+    bidx: Vec<Value>,
+    /// First query row.
+    i0: Value,
+    /// Rows in the block (the last one may be short).
+    rows: Value,
+}
+
+fn query_block(fx: &mut Fx, c: &Common, t: Value) -> QueryBlock {
+    let qblk = fx.b.ins().urem(t, c.nqb);
+    let bi = fx.b.ins().udiv(t, c.nqb);
+    let bidx = fx.unravel(bi, &c.bdims);
+    let i0 = fx.mul(qblk, c.bm);
+    let left = fx.sub(c.m, i0);
+    let rows = fx.min(c.bm, left);
+    QueryBlock { qblk, bidx, i0, rows }
+}
+
+/// Address of the `Dv + 2` floats of partial row `r` of flash work item `w`.
+fn partial_row(fx: &mut Fx, c: &Common, w: Value, r: Value) -> Value {
+    let t = fx.mul(w, c.bm);
+    let t = fx.add(t, r);
+    let t = fx.mul(t, c.prow);
+    fx.elem_addr(c.partials, t)
+}
+
+/// Loads f32 lanes at `p`.
+fn ldp(fx: &mut Fx, p: Value) -> Value {
+    let ty = fx.ty(Kind::F);
+    fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), p, 0)
+}
+
+/// Stores f32 lanes at `p`.
+fn stp(fx: &mut Fx, x: Value, p: Value) {
+    fx.b.ins().store(MemFlagsData::new().with_notrap(), x, p, 0);
+}
+
+/// Loads f32 lanes at element `c` of `base`.
+fn ld(fx: &mut Fx, base: Value, c: Value) -> Value {
+    let addr = fx.elem_addr(base, c);
+    let ty = fx.ty(Kind::F);
+    fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), addr, 0)
+}
+
+/// Stores f32 lanes at element `c` of `base`.
+fn st(fx: &mut Fx, x: Value, base: Value, c: Value) {
+    let addr = fx.elem_addr(base, c);
+    fx.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
+}
+
+/// A flash operand (q, k or v) in the prologue.
+struct Operand {
+    /// Its first element.
+    base: Value,
+    /// Element stride between rows.
+    row: Value,
+    /// Element strides of the batch axes.
+    batch: Vec<Value>,
+}
+
+fn operand(fx: &mut Fx, view: &attn_compiler::schedule::View, batch: &[Dim]) -> Operand {
+    let r = view.shape.len();
+    let (base, strides) = fx.view_base(view);
+    let batch = batch_strides(fx, view, &strides, batch);
+    Operand { base, row: strides[r - 2], batch }
+}
+
+/// The scratch regions of a thread (the layout [`attn_compiler::schedule::prepare()`] computes).
+struct Scratch {
+    tile: Value,
+    acc: Value,
+    max: Value,
+    sum: Value,
+    bias: Value,
+}
+
+/// Everything the flash kernel's loops read, loaded in the prologue.
+struct Prologue<'f> {
+    f: &'f FlashKernel,
+    c: Common,
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    /// Keys, q/k width, and the leading dimensions of q, k, v for the products.
+    n: Value,
+    d: Value,
+    lda: Value,
+    ldk: Value,
+    ldv: Value,
+    bn: Value,
+    kps: Value,
+    nkb: Value,
+    tiles: Value,
+    entry_bytes: Value,
+    extras: Vec<Extra>,
+    dims: HashMap<Dim, Value>,
+    /// The scale of the Q·Kᵀ product.
+    alpha: Value,
+    /// Additive scores: the weight vector's first element and batch strides.
+    weight: Option<(Value, Vec<Value>)>,
+    scratch: Scratch,
+    lane_iota: Value,
+}
+
+fn prologue<'f>(fx: &mut Fx, f: &'f FlashKernel) -> Prologue<'f> {
+    let c = common(fx, f);
+    let batch = f.batch().to_vec();
+    let (q, k, v) = (operand(fx, &f.q, &batch), operand(fx, &f.k, &batch), operand(fx, &f.v, &batch));
+    let (_, n, d, _) = f.sizes();
+    let (n, d) = (fx.dim(&n), fx.dim(&d));
+    let (lda, ldk, ldv) = (fx.max(q.row, d), fx.max(k.row, d), fx.max(v.row, c.dv));
+    let step = f.step;
+    let [bn, kps, nkb, entry_bytes] =
+        [Tuning::BlockN, Tuning::KeysPerSplit, Tuning::KeyBlocks, Tuning::TileEntryBytes].map(|t| fx.tuning(step, t));
+    let tiles = fx.buf(f.tiles);
+    let extras = Extra::of_views(fx, &f.extras);
+    let mut dims = HashMap::new();
+    for dd in attn_compiler::schedule::score_dims(f) {
+        let v = fx.dim(&dd);
+        let v = fx.b.ins().ireduce(types::I32, v);
+        dims.insert(dd, v);
+    }
+    let alpha = match &f.analysis.alpha {
+        Some(a) => {
+            let none = Hoisted::new();
+            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
+            let t = score::eval(fx, a, &env);
+            fx.cvt_f(t)
+        }
+        None => fx.f32(1.0),
+    };
+    let base = fx.scratch();
+    let [acc, max, sum, bias] = [Tuning::ScratchAcc, Tuning::ScratchMax, Tuning::ScratchSum, Tuning::ScratchBias].map(|t| {
+        let off = fx.tuning(step, t);
+        fx.add(base, off)
+    });
+    let scratch = Scratch { tile: base, acc, max, sum, bias };
+    let lane_iota = fx.lane_iota();
+    let weight = match f.spec.pair {
+        Pair::Dot => None,
+        Pair::Additive { weight } => f.extras.get(weight).map(|view| {
+            let (base, strides) = fx.view_base(view);
+            let bs = batch_strides_of(fx, view, &strides, &batch);
+            (base, bs)
+        }),
+    };
+    Prologue { f, c, q, k, v, n, d, lda, ldk, ldv, bn, kps, nkb, tiles, entry_bytes, extras, dims, alpha, weight, scratch, lane_iota }
+}
+
+/// One work item: a query block's rows against one key split.
+struct Item {
+    block: QueryBlock,
+    /// The query block's first row of q.
+    qp: Value,
+    /// The batch index's additive weight vector.
+    wp: Option<Value>,
+    /// Offsets of the batch index's k and v.
+    koff: Value,
+    voff: Value,
+    /// The split's keys.
+    kstart: Value,
+    kend: Value,
+    /// Batch positions (i32).
+    b_pos: Vec<Value>,
+    /// Score and mask parts computed once per work item.
+    hoisted: Hoisted,
+    /// Whether the separable split holds for every row of the block.
+    sep_ok: Value,
+    /// The per-item factors of the staged score and of the separated rest.
+    factor: Option<Value>,
+    rest_factor: Option<Value>,
+}
+
+/// Emits the flash kernel: work item = (batch index, query block of `BlockM` rows, key
+/// split); for each key tile of the split that the tile table does not skip, Q·Kᵀ, the
+/// weights, and P·V into the running state; then the rows (or the split's partial state).
+pub fn emit(fx: &mut Fx, f: &FlashKernel) {
+    let p = prologue(fx, f);
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let item = item(fx, &p, w);
+        let ninf = fx.f32(f32::NEG_INFINITY);
+        let fzero = fx.f32(0.0);
+        let zero = fx.i64(0);
+        fx.for_range(zero, item.block.rows, |fx, rr| {
+            st(fx, ninf, p.scratch.max, rr);
+            st(fx, fzero, p.scratch.sum, rr);
+        });
+        let acc_n = fx.mul(item.block.rows, p.c.dv);
+        fx.rows(acc_n, &[p.scratch.acc], &|fx, _, ptr| {
+            let z = fx.fconst(0.0);
+            stp(fx, z, ptr[0]);
+        });
+        let kb0 = fx.b.ins().udiv(item.kstart, p.bn);
+        let kb1 = fx.ceil_div(item.kend, p.bn);
+        fx.for_range(kb0, kb1, |fx, kbi| key_tile(fx, &p, &item, kbi));
+        finish(fx, &p, &item, w);
+    });
+}
+
+/// Decodes work item `w`, hoists its item-level score parts and checks the separable split.
+fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
+    let (f, r) = (p.f, p.f.spec.rank);
+    let sp = fx.b.ins().urem(w, p.c.splits);
+    let t = fx.b.ins().udiv(w, p.c.splits);
+    let block = query_block(fx, &p.c, t);
+    let zero = fx.i64(0);
+    let qoff = fx.dot(zero, &block.bidx, &p.q.batch);
+    let qrow = fx.mul(block.i0, p.q.row);
+    let qoff = fx.add(qoff, qrow);
+    let qp = fx.elem_addr(p.q.base, qoff);
+    let wp = p.weight.as_ref().map(|(base, bs)| {
+        let off = fx.dot(zero, &block.bidx, bs);
+        fx.elem_addr(*base, off)
+    });
+    let koff = fx.dot(zero, &block.bidx, &p.k.batch);
+    let voff = fx.dot(zero, &block.bidx, &p.v.batch);
+    let kstart = fx.mul(sp, p.kps);
+    let kend = fx.add(kstart, p.kps);
+    let kend = fx.min(kend, p.n);
+    let b_pos: Vec<Value> = block.bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
+    let mut hoisted = Hoisted::new();
+    {
+        let mut pos = b_pos.clone();
+        let z = fx.b.ins().iconst(types::I32, 0);
+        pos.extend([z, z]);
+        let none = Hoisted::new();
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &none };
+        let mut exprs: Vec<&ScoreExpr> = std::iter::once(&f.analysis.score).chain(f.spec.mask.as_ref()).collect();
+        exprs.extend(f.analysis.separated.as_ref().map(|(x, _)| &x.sep));
+        score::hoist(fx, &exprs, r, Level::Item, &env, &mut hoisted);
+    }
+    let sep_ok = separable_ok(fx, p, &block, &b_pos, &hoisted);
+    // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
+    let factor_of = |fx: &mut Fx, staged: &attn_compiler::schedule::StagedScore| {
+        staged.factor.as_ref().map(|c| match c {
+            Some(c) => {
+                let env = Env { s: None, pos: &b_pos, dims: &p.dims, extras: &p.extras, hoisted: &hoisted };
+                let t = score::eval(fx, c, &env);
+                fx.cvt_f(t)
+            }
+            None => fx.f32(1.0),
+        })
+    };
+    let factor = factor_of(fx, &f.analysis.staged);
+    let rest_factor = f.analysis.separated.as_ref().and_then(|(_, rest)| factor_of(fx, rest));
+    Item { block, qp, wp, koff, voff, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
+}
+
+/// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
+/// row `i` (then its row part is finite at `i` and at `i0`). False without a split.
+fn separable_ok(fx: &mut Fx, p: &Prologue, block: &QueryBlock, b_pos: &[Value], hoisted: &Hoisted) -> Value {
+    let Some((x, _)) = &p.f.analysis.separated else { return fx.b.ins().iconst(types::I8, 0) };
+    let yes = fx.b.ins().iconst(types::I8, 1);
+    let ok = fx.var(types::I8, yes);
+    let i0_32 = fx.b.ins().ireduce(types::I32, block.i0);
+    let zero = fx.i64(0);
+    fx.for_range(zero, block.rows, |fx, rr| {
+        let i = fx.add(block.i0, rr);
+        let mut pos = b_pos.to_vec();
+        pos.extend([fx.b.ins().ireduce(types::I32, i), i0_32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted };
+        let t = score::eval(fx, &x.sep, &env);
+        let t = fx.cvt_f(t);
+        fx.and_finite(ok, t);
+    });
+    fx.b.use_var(ok)
+}
+
+/// The key tile `kbi` of a work item, unless the tile table skips it.
+fn key_tile(fx: &mut Fx, p: &Prologue, it: &Item, kbi: Value) {
+    let j0 = fx.mul(kbi, p.bn);
+    let kleft = fx.sub(it.kend, j0);
+    let cols = fx.min(p.bn, kleft);
+    let tix = fx.mul(it.block.qblk, p.nkb);
+    let tix = fx.add(tix, kbi);
+    let tix = fx.mul(tix, p.entry_bytes);
+    let taddr = fx.add(p.tiles, tix);
+    let class = fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0);
+    let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
+    fx.if_then(run, |fx| {
+        let krow = fx.mul(j0, p.k.row);
+        let kk = fx.add(it.koff, krow);
+        let kp = fx.elem_addr(p.k.base, kk);
+        let vrow = fx.mul(j0, p.v.row);
+        let vv = fx.add(it.voff, vrow);
+        let vp = fx.elem_addr(p.v.base, vv);
+        let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
+        let a = &p.f.analysis;
+        let tile = Tile {
+            f: p.f,
+            score: &a.staged.expr,
+            tanh: a.staged.tanh,
+            factor: it.factor,
+            bias: None,
+            s_tile: p.scratch.tile,
+            bn: p.bn,
+            cols,
+            j0,
+            i0: it.block.i0,
+            b_pos: &it.b_pos,
+            dims: &p.dims,
+            extras: &p.extras,
+            lane_iota: p.lane_iota,
+            item: &it.hoisted,
+        };
+        let at = TileAt { partial, taddr, kp, vp };
+        match &a.separated {
+            Some((x, rest)) => fx.if_else(
+                it.sep_ok,
+                |fx| {
+                    let bias = a.key_bias.then(|| {
+                        tile.key_bias(fx, &x.sep, p.scratch.bias);
+                        p.scratch.bias
+                    });
+                    let rest_tile = Tile { score: &rest.expr, tanh: rest.tanh, factor: it.rest_factor, bias, ..tile };
+                    tile_body(fx, p, it, &rest_tile, &at);
+                },
+                |fx| tile_body(fx, p, it, &tile, &at),
+            ),
+            None => tile_body(fx, p, it, &tile, &at),
+        }
+    });
+}
+
+/// Where a running key tile is: its class, its tile-table entry and its first K and V rows.
+struct TileAt {
+    partial: Value,
+    taddr: Value,
+    kp: Value,
+    vp: Value,
+}
+
+/// A tile's rows. Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span
+/// of keys its rows can keep (from the tile table): a diagonal tile does about half the work of
+/// a full one, a window's edge tiles only their band.
+fn tile_body(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
+    let zero = fx.i64(0);
+    let rows = it.block.rows;
+    if p.f.spec.mask.is_none() {
+        return span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false);
+    }
+    fx.if_else(
+        at.partial,
+        |fx| {
+            let chunk_rows = fx.i64(CHUNK_ROWS as i64);
+            let chunks = fx.ceil_div(rows, chunk_rows);
+            fx.for_range(zero, chunks, |fx, ch| {
+                let r0 = fx.mul(ch, chunk_rows);
+                let left = fx.sub(rows, r0);
+                let rc = fx.min(chunk_rows, left);
+                let two = fx.b.ins().ishl_imm_s(ch, 1);
+                let e = fx.add(at.taddr, two);
+                let lo = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 1);
+                let hi = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 2);
+                let c0 = fx.b.ins().imul_imm_s(lo, CHUNK_COLS);
+                let c1 = fx.b.ins().imul_imm_s(hi, CHUNK_COLS);
+                let c1 = fx.min(c1, tile.cols);
+                let cc = fx.sub(c1, c0);
+                let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cc, 0);
+                fx.if_then(any, |fx| span(fx, p, it, tile, at, (r0, rc), (c0, cc), true));
+            });
+        },
+        |fx| span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false),
+    );
+}
+
+/// Rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc`: Q·Kᵀ, the weights (the mask
+/// tested when `masked`), P·V. Blocks of at most [`FEW_ROWS`] rows use the few-rows products.
+#[allow(clippy::too_many_arguments)]
+fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc): (Value, Value), (c0, cc): (Value, Value), masked: bool) {
+    let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
+    let qoff = fx.mul(r0, p.lda);
+    let qrow = fx.elem_addr(it.qp, qoff);
+    let soff = fx.mul(r0, p.bn);
+    let soff = fx.add(soff, c0);
+    let srow = fx.elem_addr(p.scratch.tile, soff);
+    let koff = fx.mul(c0, p.ldk);
+    let kp = fx.elem_addr(at.kp, koff);
+    let voff = fx.mul(c0, p.ldv);
+    let vp = fx.elem_addr(at.vp, voff);
+    let aoff = fx.mul(r0, p.c.dv);
+    let arow = fx.elem_addr(p.scratch.acc, aoff);
+    let products = |fx: &mut Fx, small: abi::Import, big: abi::Import, args: &[Value]| {
+        fx.if_else(
+            few,
+            |fx| {
+                fx.call(small, args);
+            },
+            |fx| {
+                fx.call(big, args);
+            },
+        );
+    };
+    let overwrite = fx.b.ins().iconst(types::I32, 0);
+    let accumulate = fx.b.ins().iconst(types::I32, 1);
+    let one = fx.f32(1.0);
+    match it.wp {
+        // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
+        Some(wp) => {
+            fx.call(abi::ADDITIVE_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, wp]);
+        }
+        None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]),
+    }
+    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
+    let t = Tile {
+        cols: cc,
+        j0: fx.add(tile.j0, c0),
+        s_tile: fx.elem_addr(tile.s_tile, c0),
+        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
+        ..*tile
+    };
+    let state = Running { max: p.scratch.max, sum: p.scratch.sum, acc: p.scratch.acc, dv: p.c.dv };
+    let softmax = p.f.spec.weights == Weights::Softmax;
+    let r1 = fx.add(r0, rc);
+    fx.for_range(r0, r1, |fx, rr| {
+        if softmax {
+            t.softmax_row(fx, rr, masked, &state);
+        } else {
+            t.sigmoid(fx, rr, masked);
+        }
+    });
+    products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, cc, srow, p.bn, vp, p.ldv, arow, p.c.dv, one, accumulate]);
+}
+
+/// The work item's results: its rows divided by their sums (rows with no kept key give 0), or,
+/// when keys are split, its partial state (`max, sum, acc`) for the merge step.
+fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
+    let (c, rows, zero) = (&p.c, it.block.rows, fx.i64(0));
+    let softmax = p.f.spec.weights == Weights::Softmax;
+    let single = fx.b.ins().icmp_imm_s(IntCC::Equal, c.splits, 1);
+    fx.if_else(
+        single,
+        |fx| {
+            let ooff = fx.dot(zero, &it.block.bidx, &c.out_bs);
+            fx.for_range(zero, rows, |fx, rr| {
+                let i = fx.add(it.block.i0, rr);
+                let orow = fx.mul(i, c.out_rs);
+                let orow = fx.add(ooff, orow);
+                let op = fx.elem_addr(c.out, orow);
+                let arow = fx.mul(rr, c.dv);
+                let ap = fx.elem_addr(p.scratch.acc, arow);
+                let lsum = ld(fx, p.scratch.sum, rr);
+                write_row(fx, ap, op, c.dv, if softmax { Some(lsum) } else { None }, p.f.out.dtype);
+                if softmax && c.lse.is_some() {
+                    let lmax = ld(fx, p.scratch.max, rr);
+                    let shift = row_shift(fx, p, it, i);
+                    let lmax = fx.b.ins().fadd(lmax, shift);
+                    store_lse(fx, c, &it.block.bidx, i, lmax, lsum);
+                }
+            });
+        },
+        |fx| {
+            fx.for_range(zero, rows, |fx, rr| {
+                let pr = partial_row(fx, c, w, rr);
+                let mx = ld(fx, p.scratch.max, rr);
+                // The log-sum-exp needs the row's true shift; the merge's weights do not mind
+                // a shift shared by every split of the row.
+                let mx = if softmax && c.lse.is_some() {
+                    let i = fx.add(it.block.i0, rr);
+                    let shift = row_shift(fx, p, it, i);
+                    fx.b.ins().fadd(mx, shift)
+                } else {
+                    mx
+                };
+                let sm = ld(fx, p.scratch.sum, rr);
+                fx.store(mx, pr);
+                let one_e = fx.i64(1);
+                st(fx, sm, pr, one_e);
+                let two = fx.i64(2);
+                let dst = fx.elem_addr(pr, two);
+                let arow = fx.mul(rr, c.dv);
+                let ap = fx.elem_addr(p.scratch.acc, arow);
+                fx.rows(c.dv, &[ap, dst], &|fx, _, ptr| {
+                    let x = ldp(fx, ptr[0]);
+                    stp(fx, x, ptr[1]);
+                });
+            });
+        },
+    );
+}
+
+/// What the running max of row `i` lacks of the row's true scores: with a separated score
+/// (`rest + sep`), the rows are computed as `rest + sep(i0, j)` (`i0` the block's first row), or
+/// as `rest` alone when `sep` depends on the row only, so the true scores are higher by
+/// `sep(i, j) - sep(i0, j)` (or `sep(i, j)`), the same for every key. 0 otherwise.
+fn row_shift(fx: &mut Fx, p: &Prologue, it: &Item, i: Value) -> Value {
+    let a = &p.f.analysis;
+    let Some((x, _)) = &a.separated else { return fx.f32(0.0) };
+    let i0_32 = fx.b.ins().ireduce(types::I32, it.block.i0);
+    let i32v = fx.b.ins().ireduce(types::I32, i);
+    // Any key position does: `i0` is where `sep_ok` checked the row part finite.
+    let at = |fx: &mut Fx, row: Value| {
+        let mut pos = it.b_pos.clone();
+        pos.extend([row, i0_32]);
+        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+        let t = score::eval(fx, &x.sep, &env);
+        fx.cvt_f(t)
+    };
+    let here = at(fx, i32v);
+    let shift = if a.key_bias {
+        let base = at(fx, i0_32);
+        fx.b.ins().fsub(here, base)
+    } else {
+        here
+    };
+    let zero = fx.f32(0.0);
+    fx.b.ins().select(it.sep_ok, shift, zero)
+}
+
+/// `dst[c] = src[c] / sum` (or `src[c]` when `sum` is `None`), 0 where `sum` is 0, rounded to
+/// `dtype`.
+fn write_row(fx: &mut Fx, src: Value, dst: Value, n: Value, sum: Option<Value>, dtype: DType) {
+    fx.rows(n, &[src, dst], &|fx, _, p| {
+        let x = ldp(fx, p[0]);
+        let y = match sum {
+            Some(s) => {
+                let s = fx.splat(Kind::F, s);
+                let q = fx.b.ins().fdiv(x, s);
+                let z = fx.fconst(0.0);
+                let empty = fx.b.ins().fcmp(FloatCC::Equal, s, z);
+                fx.select_raw(empty, z, q)
+            }
+            None => x,
+        };
+        let y = fx.round_to(Tv { v: y, k: Kind::F }, dtype).v;
+        stp(fx, y, p[1]);
+    });
+}
+
+/// One Q·Kᵀ tile in scratch, and what its expressions need.
+#[derive(Clone, Copy)]
+struct Tile<'t> {
+    f: &'t FlashKernel,
+    /// The score expression the rows evaluate: the op's, or the rest of a separated one (with
+    /// `tanh(s)` read as `s` when `tanh`).
+    score: &'t ScoreExpr,
+    /// Whether rows get `s = tanh(s)` by the kernel before `score` is evaluated.
+    tanh: bool,
+    /// `c` when `score` is `c · s` or `s` (1): the softmax kernel then reads unmasked rows as
+    /// they are and applies `c` itself.
+    factor: Option<Value>,
+    /// The tile's key-position vector `sep(i0, j)` (separated scores only), added to `score`.
+    bias: Option<Value>,
+    s_tile: Value,
+    bn: Value,
+    cols: Value,
+    j0: Value,
+    i0: Value,
+    b_pos: &'t [Value],
+    /// Score and mask parts computed once per work item.
+    item: &'t Hoisted,
+    dims: &'t HashMap<Dim, Value>,
+    extras: &'t [Extra],
+    lane_iota: Value,
+}
+
+/// A row's running softmax state in scratch.
+struct Running {
+    max: Value,
+    sum: Value,
+    acc: Value,
+    dv: Value,
+}
+
+impl Tile<'_> {
+    /// `bias[c] = sep(i0, j0 + c)` for the tile's columns.
+    fn key_bias(&self, fx: &mut Fx, sep: &ScoreExpr, bias: Value) {
+        fx.rows(self.cols, &[bias], &|fx, c, p| {
+            let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+            let i = fx.b.ins().ireduce(types::I32, self.i0);
+            pos.push(fx.splat(Kind::I, i));
+            pos.push(self.key_pos(fx, c));
+            let env = Env { s: None, pos: &pos, dims: self.dims, extras: self.extras, hoisted: self.item };
+            let x = score::eval(fx, sep, &env);
+            let x = fx.cvt_f(x);
+            stp(fx, x, p[0]);
+        });
+    }
+
+    /// The key position(s) `j0 + c` (one per lane), i32.
+    fn key_pos(&self, fx: &mut Fx, c: Value) -> Value {
+        let j = fx.add(self.j0, c);
+        let j = fx.b.ins().ireduce(types::I32, j);
+        let j = fx.splat(Kind::I, j);
+        if fx.lanes > 1 { fx.b.ins().iadd(j, self.lane_iota) } else { j }
+    }
+
+    /// Row `rr`: the score modification and, when `masked`, the mask applied in place (unmasked
+    /// scores that are `s` or `c · s` are read as they are, the factor and the key bias applied
+    /// by the kernel), then one online-softmax step by the kernel, and the accumulator row
+    /// rescaled if its shift moved.
+    fn softmax_row(&self, fx: &mut Fx, rr: Value, masked: bool, st: &Running) {
+        let row = self.row(fx, rr);
+        self.stage(fx, row);
+        let (factor, bias) = match self.factor {
+            Some(factor) if !masked => (factor, self.bias.unwrap_or_else(|| fx.i64(0))),
+            _ => {
+                self.modify(fx, rr, masked);
+                (fx.f32(1.0), fx.i64(0))
+            }
+        };
+        let maxp = fx.elem_addr(st.max, rr);
+        let sump = fx.elem_addr(st.sum, rr);
+        let scale = fx.call(abi::SOFTMAX_STEP, &[row, factor, bias, row, self.cols, maxp, sump])[0];
+        let one = fx.f32(1.0);
+        let rescale = fx.b.ins().fcmp(FloatCC::NotEqual, scale, one);
+        fx.if_then(rescale, |fx| {
+            let off = fx.mul(rr, st.dv);
+            let arow = fx.elem_addr(st.acc, off);
+            fx.rows(st.dv, &[arow], &|fx, _, p| {
+                let x = ldp(fx, p[0]);
+                let s = fx.splat(Kind::F, scale);
+                let y = fx.b.ins().fmul(x, s);
+                stp(fx, y, p[0]);
+            });
+        });
+    }
+
+    /// The row-wide kernels the expression was staged with (`tanh`), in place on `row`.
+    fn stage(&self, fx: &mut Fx, row: Value) {
+        if self.tanh {
+            fx.call(abi::TANH, &[row, row, self.cols]);
+        }
+    }
+
+    /// Row `rr`'s modified scores in place (`-inf` where masked out when `masked`).
+    fn modify(&self, fx: &mut Fx, rr: Value, masked: bool) {
+        let row = self.row(fx, rr);
+        let hoisted = self.row_hoisted(fx, rr);
+        fx.rows(self.cols, &[row], &|fx, c, p| {
+            let s = ldp(fx, p[0]);
+            let x = self.modified(fx, rr, c, s, masked, &hoisted);
+            stp(fx, x, p[0]);
+        });
+    }
+
+    /// The address of row `rr` of the tile.
+    fn row(&self, fx: &mut Fx, rr: Value) -> Value {
+        let off = fx.mul(rr, self.bn);
+        fx.elem_addr(self.s_tile, off)
+    }
+
+    /// The modified score of the element(s) at column `c`, `-inf` where masked out.
+    /// The score and mask parts that depend on the row at most, computed for row `rr`.
+    fn row_hoisted(&self, fx: &mut Fx, rr: Value) -> Hoisted {
+        let mut pos = self.b_pos.to_vec();
+        let i = fx.add(self.i0, rr);
+        pos.push(fx.b.ins().ireduce(types::I32, i));
+        pos.push(fx.b.ins().iconst(types::I32, 0));
+        let env = Env { s: None, pos: &pos, dims: self.dims, extras: self.extras, hoisted: self.item };
+        let exprs: Vec<&ScoreExpr> = std::iter::once(self.score).chain(self.f.spec.mask.as_ref()).collect();
+        let mut out = self.item.clone();
+        score::hoist(fx, &exprs, self.f.q.shape.len(), Level::Row, &env, &mut out);
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn modified(&self, fx: &mut Fx, rr: Value, c: Value, s: Value, masked: bool, hoisted: &Hoisted) -> Value {
+        let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+        let i = fx.add(self.i0, rr);
+        let i = fx.b.ins().ireduce(types::I32, i);
+        pos.push(fx.splat(Kind::I, i));
+        pos.push(self.key_pos(fx, c));
+        let env = Env { s: Some(Tv { v: s, k: Kind::F }), pos: &pos, dims: self.dims, extras: self.extras, hoisted };
+        let x = score::eval(fx, self.score, &env);
+        let mut x = fx.cvt_f(x);
+        if let Some(b) = self.bias {
+            let bc = ld(fx, b, c);
+            x = fx.b.ins().fadd(x, bc);
+        }
+        match (&self.f.spec.mask, masked) {
+            (Some(m), true) => {
+                let keep = score::eval(fx, m, &env);
+                let keep = fx.cvt_b(keep);
+                let ninf = fx.fconst(f32::NEG_INFINITY);
+                fx.select_raw(keep, x, ninf)
+            }
+            _ => x,
+        }
+    }
+
+    /// Sigmoid weights of row `rr` in place: `keep ? sigmoid(score) : 0`: the modified scores
+    /// (`-inf` where masked out) by generated code, then the sigmoid by the row kernel.
+    fn sigmoid(&self, fx: &mut Fx, rr: Value, masked: bool) {
+        let row = self.row(fx, rr);
+        self.stage(fx, row);
+        self.modify(fx, rr, masked);
+        fx.call(abi::SIGMOID, &[row, row, self.cols]);
+    }
+}
+
+/// Emits the merge of split-key partial states: one work item per (batch, query block).
+pub fn emit_merge(fx: &mut Fx, f: &FlashKernel) {
+    let c = common(fx, f);
+    let softmax = f.spec.weights == Weights::Softmax;
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, w| {
+        let QueryBlock { bidx, i0, rows, .. } = query_block(fx, &c, w);
+        let zero = fx.i64(0);
+        let ooff = fx.dot(zero, &bidx, &c.out_bs);
+        let first = fx.mul(w, c.splits);
+        let end = fx.add(first, c.splits);
+        fx.for_range(zero, rows, |fx, rr| {
+            let i = fx.add(i0, rr);
+            let orow = fx.mul(i, c.out_rs);
+            let orow = fx.add(ooff, orow);
+            let op = fx.elem_addr(c.out, orow);
+            fx.rows(c.dv, &[op], &|fx, _, p| {
+                let z = fx.fconst(0.0);
+                stp(fx, z, p[0]);
+            });
+            let ninf = fx.f32(f32::NEG_INFINITY);
+            let gmax = fx.var(types::F32, ninf);
+            if softmax {
+                fx.for_range(first, end, |fx, p| {
+                    let pr = partial_row(fx, &c, p, rr);
+                    let m = fx.load(types::F32, pr);
+                    let g = fx.b.use_var(gmax);
+                    let g = fx.b.ins().fmax(g, m);
+                    fx.b.def_var(gmax, g);
+                });
+            }
+            let g = fx.b.use_var(gmax);
+            let fzero = fx.f32(0.0);
+            let total = fx.var(types::F32, fzero);
+            fx.for_range(first, end, |fx, p| {
+                let pr = partial_row(fx, &c, p, rr);
+                let wgt = if softmax {
+                    let m = fx.load(types::F32, pr);
+                    let dlt = fx.b.ins().fsub(m, g);
+                    let e = fx.exp(dlt);
+                    // Splits with no kept key (max -inf) weigh 0, also when every split is empty.
+                    let ninf = fx.f32(f32::NEG_INFINITY);
+                    let none = fx.feq(m, ninf);
+                    let z = fx.f32(0.0);
+                    let e = fx.b.ins().select(none, z, e);
+                    let one_e = fx.i64(1);
+                    let l = ld(fx, pr, one_e);
+                    let t = fx.b.use_var(total);
+                    let lw = fx.b.ins().fmul(l, e);
+                    let t = fx.b.ins().fadd(t, lw);
+                    fx.b.def_var(total, t);
+                    e
+                } else {
+                    fx.f32(1.0)
+                };
+                let two = fx.i64(2);
+                let src = fx.elem_addr(pr, two);
+                fx.rows(c.dv, &[src, op], &|fx, _, p| {
+                    let a = ldp(fx, p[0]);
+                    let wv = fx.splat(Kind::F, wgt);
+                    let o = ldp(fx, p[1]);
+                    let y = fx.b.ins().fmul(a, wv);
+                    let y = fx.b.ins().fadd(o, y);
+                    stp(fx, y, p[1]);
+                });
+            });
+            let t = fx.b.use_var(total);
+            write_row(fx, op, op, c.dv, if softmax { Some(t) } else { None }, f.out.dtype);
+            if softmax {
+                store_lse(fx, &c, &bidx, i, g, t);
+            }
+        });
+    });
+}

@@ -1,0 +1,152 @@
+//! Compiles a flash op's score modification and mask predicate ([`ScoreExpr`]) to Cranelift
+//! instructions, evaluated per score element (or four at a time) inside the flash kernel's
+//! tile loop: no interpreter and no callback per element. Sub-expressions that change less
+//! often than per score (by [`attn_compiler::schedule::level`]) are hoisted out of the loop.
+//!
+//! Classes follow [`attn_compiler::ir::semantics`] (as [`ScoreExpr::eval`] does): positions, integer
+//! constants and dims are integers, arithmetic on two integers stays integral, `/` and `**`
+//! are floats, comparisons and logic are truth values, loads have their operand's class.
+
+use super::builder::Fx;
+use super::ops::{Kind, Tv, clamped_load};
+use attn_compiler::ir::{DType, Dim, ScoreExpr};
+use attn_compiler::schedule::{Level, level};
+use cranelift_codegen::ir::Value;
+use std::collections::HashMap;
+
+/// An extra operand as the expressions read it.
+pub struct Extra {
+    /// Element type.
+    pub dtype: DType,
+    /// Address of its first element.
+    pub base: Value,
+    /// Element stride per axis (i64).
+    pub strides: Vec<Value>,
+    /// Size per axis (i64).
+    pub sizes: Vec<Value>,
+}
+
+impl Extra {
+    /// Every extra operand of a flash kernel as the expressions read it (loaded now, in the
+    /// prologue).
+    pub fn of_views(fx: &mut Fx, views: &[attn_compiler::schedule::View]) -> Vec<Extra> {
+        views
+            .iter()
+            .map(|x| {
+                let (base, strides) = fx.view_base(x);
+                let sizes = fx.dims(&x.shape);
+                Extra { dtype: x.dtype, base, strides, sizes }
+            })
+            .collect()
+    }
+}
+
+/// Values of sub-expressions computed outside the score loop (scalars), by node address.
+pub type Hoisted = HashMap<*const ScoreExpr, Tv>;
+
+/// Evaluates (as scalars) every maximal sub-expression of `exprs` whose level is at most `at`
+/// and that is worth hoisting (not a bare constant or position), adding them to `env`'s cache.
+pub fn hoist(fx: &mut Fx, exprs: &[&ScoreExpr], rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+    fn walk(fx: &mut Fx, e: &ScoreExpr, rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+        let leaf = matches!(e, ScoreExpr::Score | ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_));
+        if leaf || env.hoisted.contains_key(&(e as *const ScoreExpr)) {
+            return;
+        }
+        if level(e, rank) <= at {
+            let saved = fx.lanes;
+            fx.lanes = 1;
+            let v = eval(fx, e, env);
+            fx.lanes = saved;
+            out.insert(e as *const ScoreExpr, v);
+            return;
+        }
+        match e {
+            ScoreExpr::Load { index, .. } => index.iter().for_each(|x| walk(fx, x, rank, at, env, out)),
+            ScoreExpr::Unary(_, a) => walk(fx, a, rank, at, env, out),
+            ScoreExpr::Binary(_, a, b) => {
+                walk(fx, a, rank, at, env, out);
+                walk(fx, b, rank, at, env, out);
+            }
+            ScoreExpr::Select(c, a, b) => {
+                walk(fx, c, rank, at, env, out);
+                walk(fx, a, rank, at, env, out);
+                walk(fx, b, rank, at, env, out);
+            }
+            _ => {}
+        }
+    }
+    for e in exprs {
+        walk(fx, e, rank, at, env, out);
+    }
+}
+
+/// Everything an expression can read at one score element.
+pub struct Env<'e> {
+    /// The raw (or alpha-scaled) score, if the expression may read it.
+    pub s: Option<Tv>,
+    /// Position per score axis (i32, at the current lane count).
+    pub pos: &'e [Value],
+    /// Dims the expressions mention, as i32 scalars (loaded in the prologue).
+    pub dims: &'e HashMap<Dim, Value>,
+    /// Extra operands.
+    pub extras: &'e [Extra],
+    /// Sub-expressions already computed outside the loop (scalars, broadcast when read).
+    pub hoisted: &'e Hoisted,
+}
+
+/// Evaluates `e` at the current lane count.
+pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
+    if let Some(t) = env.hoisted.get(&(e as *const ScoreExpr)) {
+        return Tv { v: fx.splat(t.k, t.v), k: t.k };
+    }
+    match e {
+        ScoreExpr::Score => env.s.unwrap_or_else(|| fx.fail("the score `s` read where no score exists")),
+        ScoreExpr::Pos(k) => match env.pos.get(*k) {
+            Some(v) => Tv { v: *v, k: Kind::I },
+            None => fx.fail(format!("position {k} read where it is not known")),
+        },
+        ScoreExpr::Float(x) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+        ScoreExpr::Int(x) => match i32::try_from(*x) {
+            Ok(i) => Tv { v: fx.iconst(i64::from(i)), k: Kind::I },
+            // Too wide for i32: keep the magnitude as a float.
+            Err(_) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+        },
+        ScoreExpr::Dim(d) => match env.dims.get(d) {
+            Some(v) => Tv { v: fx.splat(Kind::I, *v), k: Kind::I },
+            None => fx.fail(format!("dim {d} was not loaded")),
+        },
+        ScoreExpr::Load { input, index } => {
+            let idx: Vec<Value> = index
+                .iter()
+                .map(|x| {
+                    let t = eval(fx, x, env);
+                    fx.cvt_i(t)
+                })
+                .collect();
+            match env.extras.get(*input) {
+                Some(x) => load(fx, x, &idx),
+                None => fx.fail(format!("extra operand x{input} does not exist")),
+            }
+        }
+        ScoreExpr::Unary(op, a) => {
+            let a = eval(fx, a, env);
+            fx.unary(*op, a)
+        }
+        ScoreExpr::Binary(op, a, b) => {
+            let a = eval(fx, a, env);
+            let b = eval(fx, b, env);
+            fx.binary(*op, a, b)
+        }
+        ScoreExpr::Select(c, a, b) => {
+            let c = eval(fx, c, env);
+            let a = eval(fx, a, env);
+            let b = eval(fx, b, env);
+            fx.select(c, a, b)
+        }
+    }
+}
+
+/// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
+fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
+    clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx, None)
+}

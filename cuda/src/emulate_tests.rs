@@ -1,0 +1,471 @@
+//! The emitted kernels executed on the host ([`super::emulate`]) against the interpreter: every
+//! example as written and optimised at odd sizes, and the f16/bf16 tensor-core, sigmoid, GQA
+//! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
+//! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
+
+use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
+use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
+use attn_compiler::random::random_inputs;
+use crate::render::render;
+use attn_compiler::exec::bind_dims;
+use attn_compiler::interp::run as interp_run;
+use attn_compiler::ir::{DType, Graph, Op, TensorType};
+use attn_compiler::tensor::Tensor;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Odd sizes for the dims the examples use (not multiples of any tile), 8 for the rest.
+const EMULATED_SIZES: &[(&str, i64)] =
+    &[("B", 2), ("H", 3), ("S", 37), ("T", 70), ("M", 19), ("N", 29), ("D", 24), ("Dv", 20), ("Dh", 6), ("G", 2), ("R", 2)];
+
+fn sizes(graph: &Graph, over: &[(&str, i64)]) -> HashMap<String, i64> {
+    dims_with(graph, EMULATED_SIZES, over)
+}
+
+/// A size for every dim of `graph`'s parameters: `over`, else `base`, else 8. Shared with the
+/// device tests, which use larger sizes.
+pub(super) fn dims_with(graph: &Graph, base: &[(&str, i64)], over: &[(&str, i64)]) -> HashMap<String, i64> {
+    let mut names = BTreeSet::new();
+    for p in graph.params() {
+        for d in &graph.node(*p).ty.shape {
+            names.extend(d.symbols());
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let v = over.iter().chain(base).find(|(k, _)| *k == n).map_or(8, |(_, v)| *v);
+            (n, v)
+        })
+        .collect()
+}
+
+/// Largest `|a - e| / max(|e|, floor)`, NaNs and infinities equal to themselves.
+pub(super) fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
+    actual
+        .to_f64_vec()
+        .iter()
+        .zip(expected.to_f64_vec())
+        .map(|(a, e)| if *a == e || (a.is_nan() && e.is_nan()) { 0.0 } else { (a - e).abs() / e.abs().max(floor) })
+        .fold(0.0, f64::max)
+}
+
+/// Seeded random inputs for `graph`'s parameters, and the interpreter's outputs on them.
+pub(super) fn reference_run(graph: &Graph, env: &HashMap<String, i64>, seed: u64) -> Result<(Vec<Tensor>, Vec<Tensor>), String> {
+    let params: Vec<(String, TensorType)> = graph
+        .params()
+        .iter()
+        .map(|p| {
+            let n = graph.node(*p);
+            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
+        })
+        .collect();
+    let inputs: Vec<Tensor> = random_inputs(&params, seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
+    let expected = interp_run(graph, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
+    Ok((inputs, expected))
+}
+
+/// Runs `device`'s kernels on the host and the interpreter on `reference`; returns the largest
+/// relative error over the outputs.
+fn check(label: &str, reference: &Graph, device: Device, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
+    let (inputs, expected) = reference_run(reference, env, seed)?;
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
+    let got = emulate_schedule(&device_graph(device), &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
+    let mut worst = 0.0f64;
+    for (got, exp) in got.iter().zip(&expected) {
+        // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
+        // at least 1): an element that cancels to near zero carries the absolute rounding
+        // error of its large terms (chained products at width 48 reach magnitudes of 100).
+        let scale = exp.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+        worst = worst.max(max_rel(got, exp, (0.1 * scale).max(1.0)));
+    }
+    Ok(worst)
+}
+
+fn work_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("attnc-emu-{}-{name}", std::process::id()))
+}
+
+/// Runs jobs on two threads (the machine is shared); returns failures.
+fn run_jobs(jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>>) -> Vec<String> {
+    let queue = std::sync::Mutex::new(jobs);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                loop {
+                    let job = queue.lock().ok().and_then(|mut q| q.pop());
+                    let Some(job) = job else { break };
+                    if let Err(e) = job()
+                        && let Ok(mut f) = failures.lock()
+                    {
+                        f.push(e);
+                    }
+                }
+            });
+        }
+    });
+    failures.into_inner().unwrap_or_default()
+}
+
+#[test]
+fn every_example_runs_emulated_like_the_interpreter() {
+    if !compiler_or_skip("every_example_runs_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let files = examples();
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for path in files {
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        let compiled = attn_compiler::check(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for g in compiled.module.graphs {
+            for kind in ["ir", "opt"] {
+                let label = format!("{stem}/{} ({kind})", g.name);
+                let reference = g.clone();
+                let wd = work_dir(&format!("{stem}-{}-{kind}", g.name));
+                jobs.push(Box::new(move || {
+                    let env = sizes(&reference, &[]);
+                    let device = if kind == "ir" { Device::AsWritten(&reference) } else { Device::Compiled(&reference) };
+                    let err = check(&label, &reference, device, &env, 11, &wd)?;
+                    let _ = std::fs::remove_dir_all(&wd);
+                    // f32 throughout; sums in a different order than the f64 reference.
+                    if err > 1e-4 {
+                        return Err(format!("{label}: max relative error {err:e} > 1e-4"));
+                    }
+                    eprintln!("{label}: ok (max relative error {err:.1e})");
+                    Ok(())
+                }));
+            }
+        }
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn flash_kernels_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("flash_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
+        let g: Graph = text.parse().unwrap();
+        let dtype = g.node(g.params()[0]).ty.dtype;
+        // Head widths below, at and between the padded sizes; 70 keys = 2 tiles and a ragged one.
+        for (m, d) in [24i64, 64, 100, 160].into_iter().enumerate() {
+            let label = format!("{label} D={d}");
+            let g = g.clone();
+            let wd = work_dir(&format!("flash{n}-{m}"));
+            jobs.push(Box::new(move || {
+                let env = sizes(&g, &[("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)]);
+                let err = check(&label, &g, Device::AsWritten(&g), &env, 5 + n as u64, &wd)?;
+                let _ = std::fs::remove_dir_all(&wd);
+                // f16: P and the output are rounded to f16 (2^-11 relative each) and scores
+                // accumulate in f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
+                let tol = match dtype {
+                    DType::F16 => 5e-3,
+                    DType::BF16 => 4e-2,
+                    _ => 1e-4,
+                };
+                if err > tol {
+                    return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
+                }
+                eprintln!("{label}: ok (max relative error {err:.1e})");
+                Ok(())
+            }));
+        }
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn every_op_runs_emulated_like_the_interpreter() {
+    if !compiler_or_skip("every_op_runs_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let compiled = attn_compiler::check(EVERY_OP).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    let env = sizes(&g, &[("S", 45), ("E", 40), ("F", 72)]);
+    let wd = work_dir("everyop");
+    let params: Vec<(String, TensorType)> = g
+        .params()
+        .iter()
+        .map(|p| {
+            let n = g.node(*p);
+            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
+        })
+        .collect();
+    let inputs: Vec<Tensor> = random_inputs(&params, 9, &env).unwrap().into_iter().map(|(_, t)| t).collect();
+    let expected = interp_run(&g, &inputs, &env).unwrap();
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(&g, &shapes, &env).unwrap();
+    let s = device_graph(Device::AsWritten(&g));
+    let source = render(s.as_ref().unwrap()).unwrap().source;
+    assert!(source.contains("attnc_mma_b") && source.contains("attnc_mma_h"));
+    let got = emulate_schedule(&s, &inputs, &env, &wd).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(&wd);
+    for (((name, v), got), exp) in g.outputs().iter().zip(&got).zip(&expected) {
+        let dtype = g.node(*v).ty.dtype;
+        let scale = exp.to_f64_vec().iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let err = max_rel(got, exp, (0.1 * scale).max(1.0));
+        // Integers and booleans exactly; f16 within a rounding of the output (2^-11 relative,
+        // with f32 products in between); bf16 (8 bits) and f32 as in the other tests.
+        let tol = match dtype {
+            DType::I32 | DType::Bool => 0.0,
+            DType::F16 => 2e-3,
+            DType::BF16 => 4e-2,
+            DType::F32 => 1e-4,
+        };
+        assert!(err <= tol, "output {name} ({dtype}): max relative error {err:e} > {tol:e}");
+    }
+}
+
+/// f32 flash ops whose score modifications load extra operands with gradients: per batch
+/// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
+/// one contribution at a time), with grouped-query K/V.
+const BACKWARD_GRAPHS: &[(&str, &str)] = &[
+    (
+        "f32 causal alibi gqa",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, 1, S, D]
+  %2 = param[name=v] : f32[B, 1, S, D]
+  %3 = param[name=slopes] : f32[H]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+    ),
+    (
+        "f32 scaled query (folded into the products)",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = const[value=0.25] : f32[]
+  %4 = mul %0, %3 : f32[B, H, S, D]
+  %5 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %4, %1, %2 : f32[B, H, S, D]
+  output out = %5
+}",
+    ),
+    (
+        "f32 relative bias table",
+        "graph attn {
+  %0 = param[name=q] : f32[B, H, S, D]
+  %1 = param[name=k] : f32[B, H, S, D]
+  %2 = param[name=v] : f32[B, H, S, D]
+  %3 = param[name=table] : f32[H, R]
+  %4 = flash[rank=4, weights=softmax, score=\"s * 0.2 + x0[h, (j - i) % dim(R)]\"] %0, %1, %2, %3 : f32[B, H, S, D]
+  output out = %4
+}",
+    ),
+];
+
+/// The derivatives the flash backward tests run (here and on the device): every flash graph
+/// but the additive ones (no fused backward: their derivative is the unfused graph's), with
+/// its label and tolerance. Every gradient of the flash op, the forward writing its
+/// log-sum-exp; with f16/bf16 inputs only q, k and v: an f32 bias's gradient sums `dF`
+/// weighted by positions over every score, which amplifies the rounding of the forward's
+/// output (through `delta`) far beyond the type's precision; the f32 graphs check it.
+pub(super) fn backward_cases() -> Vec<(String, Graph, f64)> {
+    FLASH_GRAPHS
+        .iter()
+        .chain(BACKWARD_GRAPHS)
+        .filter(|(_, t)| !t.contains("additive("))
+        .map(|(label, text)| {
+            let g: Graph = text.parse().unwrap();
+            let dtype = g.node(g.params()[0]).ty.dtype;
+            let wrt: Option<Vec<String>> = (dtype != DType::F32).then(|| ["q", "k", "v"].map(String::from).to_vec());
+            let derived = attn_compiler::ir::grad::differentiate(&g, wrt.as_deref()).unwrap_or_else(|e| panic!("{label}: {e}"));
+            // f16/bf16 results are rounded to their type, and the forward's output (rounded,
+            // with P rounded by the tensor cores) feeds delta: a few roundings of the type.
+            let tol = match dtype {
+                DType::F16 => 1e-2,
+                DType::BF16 => 8e-2,
+                _ => 1e-4,
+            };
+            (format!("{label} (backward)"), derived, tol)
+        })
+        .collect()
+}
+
+#[test]
+fn flash_backward_kernels_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for (n, (label, derived, tol)) in backward_cases().into_iter().enumerate() {
+        // Half-typed operands take the tensor-core backward, which copies rows 16 bytes at a time
+        // when the width is a multiple of 8 halves (24) and element by element otherwise (20).
+        let half = derived.node(derived.params()[0]).ty.dtype != DType::F32;
+        let widths: &[i64] = if half { &[24, 20] } else { &[24] };
+        for &d in widths {
+            let (label, derived) = (format!("{label} D={d}"), derived.clone());
+            let wd = work_dir(&format!("flash-bwd{n}-{d}"));
+            jobs.push(Box::new(move || {
+                // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query
+                // tiles, one ragged.
+                let env = sizes(&derived, &[("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)]);
+                let err = check(&label, &derived, Device::AsWritten(&derived), &env, 21 + n as u64, &wd)?;
+                let _ = std::fs::remove_dir_all(&wd);
+                if err > tol {
+                    return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
+                }
+                eprintln!("{label}: ok (max relative error {err:.1e})");
+                Ok(())
+            }));
+        }
+    }
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Gathers (`t[i]`, `take_along`) and scatter-adds record an index out of range in the fault
+/// record, and the run gives the interpreter's error; in range, the results are the
+/// interpreter's.
+#[test]
+fn index_faults_are_errors_like_the_interpreters() {
+    if !compiler_or_skip("index_faults_are_errors_like_the_interpreters").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let src = "
+fn g(t: f32[N, E], i: i32[M], x: f32[M, E], j: i32[M, 1]) -> f32[M, E] {
+    return t[i] + take_along(x, j, axis = 1)
+}
+fn s(b: f32[N, E], i: i32[M, E], v: f32[M, E]) -> f32[N, E] {
+    return scatter_add(b, i, v, axis = 0)
+}";
+    let compiled = attn_compiler::check(src).unwrap_or_else(|d| panic!("{}", d[0]));
+    let f = |shape: Vec<usize>, v: Vec<f32>| Tensor::f32(shape, v).unwrap();
+    let int = |shape: Vec<usize>, v: Vec<i32>| Tensor::i32(shape, v).unwrap();
+    let table = f(vec![3, 2], (0..6).map(|v| v as f32).collect());
+    let x = f(vec![4, 2], (0..8).map(|v| v as f32).collect());
+    let cases = [
+        (0, vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])], None),
+        (
+            0,
+            vec![table.clone(), int(vec![4], vec![0, 3, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, 1, 0])],
+            Some("index 3 is out of range for axis 0 of size 3"),
+        ),
+        (
+            0,
+            vec![table.clone(), int(vec![4], vec![0, 2, 1, 2]), x.clone(), int(vec![4, 1], vec![0, 1, -1, 0])],
+            Some("index -1 is out of range for axis 1 of size 2"),
+        ),
+        (1, vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 2, 0, 0, 1, 1]), x.clone()], None),
+        (
+            1,
+            vec![table.clone(), int(vec![4, 2], vec![0, 2, 1, 5, 0, 0, 1, 1]), x.clone()],
+            Some("index 5 is out of range for axis 0 of size 3"),
+        ),
+    ];
+    for (n, (graph, inputs, fault)) in cases.into_iter().enumerate() {
+        let g = &compiled.module.graphs[graph];
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+        let env = bind_dims(g, &shapes, &HashMap::new()).unwrap();
+        let want = interp_run(g, &inputs, &env);
+        let got = emulate_schedule(&device_graph(Device::AsWritten(g)), &inputs, &env, &work_dir(&format!("faults{n}")));
+        match (fault, want, got) {
+            (None, Ok(want), Ok(got)) => {
+                // The emulation returns flat buffers.
+                let flat = |ts: &[Tensor]| ts.iter().map(|t| t.to_f64_vec()).collect::<Vec<_>>();
+                assert_eq!(flat(&want), flat(&got), "case {n}");
+            }
+            (Some(msg), Err(want), Err(got)) => {
+                assert!(want.to_string().contains(msg), "case {n}: interpreter: {want}");
+                assert!(got.contains(msg), "case {n}: emulated CUDA: {got}");
+            }
+            (fault, want, got) => panic!("case {n}: expected {fault:?}, interpreter {want:?}, emulated {got:?}"),
+        }
+    }
+}
+
+/// Argsorts longer than a block's threads (each thread places several elements per merge pass,
+/// the last run of each pass without a partner), with many ties (stable: by index), both
+/// directions, a NaN-free float key and an integer one, exactly like the interpreter; and
+/// top-k, selected (k ≤ 16) or merge-sorted (k = 20), along either axis.
+#[test]
+fn long_argsorts_run_emulated_like_the_interpreter() {
+    if !compiler_or_skip("long_argsorts_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let source = "fn sorts(x: f32[B, N], k: i32[B, N]) -> (a: i32[B, N], d: i32[B, N], c: i32[B, N]) {
+    return argsort(floor(x * 4.0)), argsort(k % 7, descending = true), argsort(x, axis = 0)
+}";
+    let compiled = attn_compiler::check(source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    for n in [1, 2, 257, 700] {
+        let env = sizes(&g, &[("B", 3), ("N", n)]);
+        let wd = work_dir(&format!("argsort-{n}"));
+        let err = check(&format!("argsort N={n}"), &g, Device::AsWritten(&g), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        assert_eq!(err, 0.0, "N={n}: the permutations differ");
+    }
+    // Top-k: a few places selected (one pass each), more merge-sorted; ties by index.
+    let source = "fn tops(x: f32[B, N], k: i32[B, N]) -> (a: i32[B, 1], b: i32[B, 3], c: i32[B, 20], d: f32[3, N]) {
+    let (va, a) = topk(floor(x * 4.0), 1)
+    let (vb, b) = topk(cast(k % 5, f32), 3)
+    let (vc, c) = topk(floor(x * 2.0), 20)
+    let (d, ib) = topk(-floor(x * 3.0), 3, axis = 0)
+    return a, b, c, d
+}";
+    let compiled = attn_compiler::check(source).unwrap_or_else(|d| panic!("{}", d[0]));
+    let g = compiled.module.graphs[0].clone();
+    for n in [20, 257, 700] {
+        let env = sizes(&g, &[("B", 4), ("N", n)]);
+        let wd = work_dir(&format!("topk-{n}"));
+        let err = check(&format!("topk N={n}"), &g, Device::AsWritten(&g), &env, 6, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        assert_eq!(err, 0.0, "N={n}: the top-k differ");
+    }
+}
+
+/// Additive scores take the product form `1 − 2/(1 + e^{2q}·e^{2k})` only where the item's q
+/// and the tile's k lie within ±20, else `tanhf` per term: queries and keys scaled past it,
+/// and one infinite key (its tile direct, the others product, within the same rows), give the
+/// interpreter's results too.
+#[test]
+fn additive_scores_take_both_forms_emulated() {
+    if !compiler_or_skip("additive_scores_take_both_forms_emulated").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let (_, text) = FLASH_GRAPHS.iter().find(|(l, _)| l.starts_with("f32 additive")).expect("an f32 additive graph");
+    let g: Graph = text.parse().unwrap();
+    let env = sizes(&g, &[("D", 24), ("E", 16), ("S", 70)]);
+    let (inputs, _) = reference_run(&g, &env, 41).unwrap();
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(&g, &shapes, &env).unwrap();
+    let map = |t: &Tensor, f: &dyn Fn(usize, f64) -> f64| {
+        let v: Vec<f64> = t.to_f64_vec().into_iter().enumerate().map(|(i, x)| f(i, x)).collect();
+        Tensor::from_f64(t.dtype, t.shape.clone(), &v).unwrap()
+    };
+    let cases: [(&str, Vec<Tensor>); 3] = [
+        ("within ±20", inputs.clone()),
+        // `e^{2q}·e^{2k}` would be `inf · 0` or overflow where `q + k` is moderate.
+        (
+            "queries and keys × 40",
+            vec![map(&inputs[0], &|_, x| 40.0 * x), map(&inputs[1], &|_, x| 40.0 * x), inputs[2].clone(), inputs[3].clone()],
+        ),
+        (
+            "one infinite key",
+            vec![inputs[0].clone(), map(&inputs[1], &|i, x| if i == 3 { f64::INFINITY } else { x }), inputs[2].clone(), inputs[3].clone()],
+        ),
+    ];
+    let schedule = device_graph(Device::AsWritten(&g));
+    let mut failures = Vec::new();
+    for (n, (label, inputs)) in cases.iter().enumerate() {
+        let expected = interp_run(&g, inputs, &env).unwrap();
+        let wd = work_dir(&format!("additive-forms{n}"));
+        let got = emulate_schedule(&schedule, inputs, &env, &wd).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        let scale = expected[0].to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+        let err = max_rel(&got[0], &expected[0], (0.1 * scale).max(1.0));
+        eprintln!("{label}: max relative error {err:.1e}");
+        if err.is_nan() || err > 1e-4 {
+            failures.push(format!("{label}: max relative error {err:e} > 1e-4"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

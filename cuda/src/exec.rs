@@ -1,0 +1,327 @@
+//! The device side: opening the GPU once per process, compiled and loaded programs, reused
+//! buffers, uploads, launches and downloads.
+
+use super::{CudaError, host, nvrtc};
+use attn_compiler::Compiler;
+use crate::render::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, launches};
+use attn_compiler::exec::{ExecError, bind_dims};
+use attn_compiler::ir::Graph;
+use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};
+use attn_compiler::tensor::Tensor;
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The GPU the CUDA target uses (device 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device's name.
+    pub name: String,
+    /// The architecture kernels are compiled for (`sm_90`).
+    pub arch: String,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Largest dynamic shared memory per block, in bytes (opt-in maximum).
+    pub max_smem_per_block: u32,
+    /// Where NVRTC was loaded from, and its version.
+    pub nvrtc: (String, (i32, i32)),
+}
+
+/// The process-wide GPU state.
+pub(super) struct Gpu {
+    pub info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    cache: nvrtc::Cache,
+    programs: Mutex<HashMap<String, Arc<Mutex<Exec>>>>,
+}
+
+/// `-D` head-width macros and their values: one compiled module per distinct list.
+type Defines = Vec<(String, i64)>;
+
+/// One graph on the device: its schedule and rendered program, loaded modules (per head-width
+/// specialisation), and the buffers kept between runs.
+struct Exec {
+    schedule: Schedule,
+    program: CudaProgram,
+    modules: HashMap<Defines, Loaded>,
+    buffers: Vec<Option<CudaSlice<u8>>>,
+    /// The (defines, integer table) the tile tables on the device were computed for.
+    tables_for: Option<(Defines, Vec<i64>)>,
+}
+
+struct Loaded {
+    _module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+fn driver(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver { what: what.to_string(), error: format!("{e:?}") }
+}
+
+/// The GPU, opened on first use; the outcome (including "not available") is kept.
+pub(super) fn gpu() -> Result<&'static Gpu, CudaError> {
+    static GPU: OnceLock<Result<Gpu, CudaError>> = OnceLock::new();
+    GPU.get_or_init(open).as_ref().map_err(Clone::clone)
+}
+
+fn open() -> Result<Gpu, CudaError> {
+    let unavailable = |why: String| CudaError::Unavailable(why);
+    // SAFETY: only tries to open the driver library by its standard names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(unavailable("no NVIDIA driver was found (libcuda.so could not be loaded)".into()));
+    }
+    let count = CudaContext::device_count().map_err(|e| unavailable(format!("the NVIDIA driver reports no usable device ({e:?})")))?;
+    if count < 1 {
+        return Err(unavailable("no CUDA device is visible".into()));
+    }
+    let nvrtc_path = nvrtc::available().map_err(unavailable)?;
+    let ctx = CudaContext::new(0).map_err(driver("creating a context on device 0"))?;
+    let name = ctx.name().unwrap_or_else(|_| "device 0".to_string());
+    let (major, minor) = ctx.compute_capability().map_err(driver("reading the compute capability"))?;
+    if major < 8 {
+        return Err(unavailable(format!("{name} is sm_{major}{minor}; the generated kernels need sm_80 or newer")));
+    }
+    let attr = |a: CUdevice_attribute, what: &str| ctx.attribute(a).map_err(driver(what));
+    let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "reading the SM count")?;
+    let smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "reading the shared memory limit")?;
+    // One stream orders everything; cudarc's per-buffer events would only add overhead.
+    // SAFETY: every buffer is used on `stream` only.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+    let info = DeviceInfo {
+        name,
+        arch: format!("sm_{major}{minor}"),
+        sm_count: u32::try_from(sm_count).unwrap_or(1),
+        max_smem_per_block: u32::try_from(smem).unwrap_or(48 * 1024),
+        nvrtc: (nvrtc_path, nvrtc::version()),
+    };
+    Ok(Gpu { info, ctx, stream, cache: nvrtc::Cache::new(), programs: Mutex::new(HashMap::new()) })
+}
+
+impl Gpu {
+    /// Sources compiled by NVRTC in this process (cache misses).
+    #[cfg(test)]
+    pub(super) fn compiles(&self) -> usize {
+        self.cache.compiles()
+    }
+
+    /// The block policy for this device.
+    fn policy(&self) -> Policy {
+        Policy::Cuda(CudaPolicy {
+            sm_count: self.info.sm_count,
+            max_smem_per_block: self.limits().max_smem_per_block,
+            mma_rows: super::mma_rows_knob(),
+            simt_backward: super::simt_backward_knob(),
+        })
+    }
+
+    /// Launch limits: dynamic shared memory leaves 1 KiB for the kernels' static arrays (the
+    /// SIMT flash kernel has 512 bytes).
+    fn limits(&self) -> DeviceLimits {
+        DeviceLimits { max_smem_per_block: self.info.max_smem_per_block.saturating_sub(1024) }
+    }
+
+    /// The executable for a graph (compiled by the pipeline on first use), keyed by its IR text.
+    fn exec_for(&self, graph: &Graph) -> Result<Arc<Mutex<Exec>>, CudaError> {
+        let key = graph.to_string();
+        let mut programs = self.programs.lock().map_err(|_| poisoned())?;
+        if let Some(e) = programs.get(&key) {
+            return Ok(e.clone());
+        }
+        let compiler = Compiler::new(self.policy());
+        let planned = compiler.plan(graph).map_err(CudaError::from)?;
+        let program = crate::render::render(&planned.schedule)?;
+        let buffers = planned.schedule.buffers.iter().map(|_| None).collect();
+        let exec = Arc::new(Mutex::new(Exec { schedule: planned.schedule, program, modules: HashMap::new(), buffers, tables_for: None }));
+        programs.insert(key, exec.clone());
+        Ok(exec)
+    }
+}
+
+fn poisoned() -> CudaError {
+    CudaError::Driver { what: "locking the program cache".into(), error: "a previous run panicked".into() }
+}
+
+impl Exec {
+    /// The module compiled with these head widths, compiled (or read from the cache) and
+    /// loaded on first use.
+    fn module(&mut self, gpu: &Gpu, defines: &[(String, i64)]) -> Result<&Loaded, CudaError> {
+        if !self.modules.contains_key(defines) {
+            let arch = gpu.info.arch.clone();
+            let (image, _) =
+                gpu.cache.get(&self.program.source, &arch, defines).map_err(|log| CudaError::Compile { arch: arch.clone(), log })?;
+            let module = gpu.ctx.load_module(Ptx::from_binary(image.as_ref().clone())).map_err(driver("loading the compiled module"))?;
+            let mut functions = HashMap::new();
+            for l in &self.program.kernels {
+                if functions.contains_key(&l.name) {
+                    continue;
+                }
+                let f = module.load_function(&l.name).map_err(driver("finding a kernel in the module"))?;
+                if l.smem != Smem::None {
+                    // Dynamic plus static shared memory may not exceed the opt-in limit.
+                    let fixed = f.shared_size_bytes().map_err(driver("reading a kernel's static shared memory"))?;
+                    let max = i32::try_from(gpu.info.max_smem_per_block).unwrap_or(i32::MAX).saturating_sub(fixed.max(0));
+                    f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max)
+                        .map_err(driver("allowing a kernel its shared memory"))?;
+                }
+                functions.insert(l.name.clone(), f);
+            }
+            self.modules.insert(defines.to_vec(), Loaded { _module: module, functions });
+        }
+        self.modules.get(defines).ok_or_else(poisoned)
+    }
+
+    /// Buffers at least as large as this run needs (kept and reused across runs).
+    fn ensure_buffers(&mut self, gpu: &Gpu, bytes: &[usize]) -> Result<(), CudaError> {
+        for (slot, need) in self.buffers.iter_mut().zip(bytes) {
+            if slot.as_ref().is_none_or(|b| b.len() < *need) {
+                *slot = None;
+                *slot = Some(gpu.stream.alloc_zeros::<u8>(*need).map_err(driver("allocating device memory"))?);
+            }
+        }
+        Ok(())
+    }
+
+    fn buffer(&self, index: usize) -> Result<&CudaSlice<u8>, CudaError> {
+        self.buffers
+            .get(index)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| CudaError::Driver { what: format!("using buffer b{index}"), error: "it was never allocated".into() })
+    }
+
+    /// Launches every kernel of the prepared run, in order, on the stream.
+    fn launch_all(&self, gpu: &Gpu, loaded: &Loaded, prep: &Prepared, ready: &[ReadyLaunch]) -> Result<(), CudaError> {
+        let mut ptrs = Vec::with_capacity(self.buffers.len());
+        for i in 0..self.buffers.len() {
+            let (p, _guard) = self.buffer(i)?.device_ptr(&gpu.stream);
+            ptrs.push(p);
+        }
+        for l in ready {
+            let f = loaded
+                .functions
+                .get(&l.kernel)
+                .ok_or_else(|| CudaError::Driver { what: format!("launching `{}`", l.kernel), error: "not in the module".into() })?;
+            let mut args = gpu.stream.launch_builder(f);
+            for p in &ptrs {
+                args.arg(p);
+            }
+            for t in &prep.ints {
+                args.arg(t);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+                block_dim: (l.block[0], l.block[1], l.block[2]),
+                shared_mem_bytes: l.smem_bytes,
+            };
+            // SAFETY: the arguments are exactly the kernels' `ATTNC_ARGS` (one device pointer per
+            // buffer, then the integer table as 64-bit integers), and every buffer is at least
+            // as large as `prepare` computed for these dims, which bounds every index the
+            // kernels form.
+            unsafe { args.launch(cfg) }.map_err(driver("launching a kernel"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs (and optionally times) a graph; see [`super::run`] and [`super::bench`].
+pub(super) fn run(
+    graph: &Graph,
+    inputs: &[Tensor],
+    given: &HashMap<String, i64>,
+    timing: Option<(usize, usize)>,
+) -> Result<(Vec<Tensor>, Vec<f64>), CudaError> {
+    let gpu = gpu()?;
+    attn_compiler::exec::check_inputs(graph, inputs)?;
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(graph, &shapes, given)?;
+    let exec = gpu.exec_for(graph)?;
+    let mut ex = exec.lock().map_err(|_| poisoned())?;
+    let prep = prepare(&ex.schedule, &env, &gpu.policy())?;
+    let bytes = buffer_bytes(&ex.schedule, &prep)?;
+    let ready = launches(&ex.program, &ex.schedule, &prep, &gpu.limits())?;
+    ex.ensure_buffers(gpu, &bytes)?;
+    ex.module(gpu, &prep.defines)?;
+
+    // Inputs in, at the program's boundary.
+    for (t, buf) in inputs.iter().zip(ex.schedule.params.clone()) {
+        let bytes = host::to_bytes(t);
+        if bytes.is_empty() {
+            continue;
+        }
+        let slot = ex.buffers.get_mut(buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
+        gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying an input to the device"))?;
+    }
+    let table_key = (prep.defines.clone(), prep.ints.clone());
+    if ex.tables_for.as_ref() != Some(&table_key) {
+        for (buf, bytes) in &prep.tables {
+            if bytes.is_empty() {
+                continue;
+            }
+            let slot = ex.buffers.get_mut(*buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
+            gpu.stream.memcpy_htod(bytes, slot).map_err(driver("copying a tile table to the device"))?;
+        }
+        ex.tables_for = Some(table_key);
+    }
+    // The fault record of checked indices starts at zero on every run.
+    if let Some(f) = ex.schedule.fault {
+        let slot = ex.buffers.get_mut(f).and_then(Option::as_mut).ok_or_else(poisoned)?;
+        gpu.stream.memcpy_htod(&[0u8; 16], slot).map_err(driver("clearing the fault record"))?;
+    }
+    let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
+    ex.launch_all(gpu, loaded, &prep, &ready)?;
+    if let Some(f) = ex.schedule.fault {
+        let mut record = [0u8; 16];
+        let src = ex
+            .buffer(f)?
+            .try_slice(0..16)
+            .ok_or_else(|| CudaError::Driver { what: "reading the fault record".into(), error: "it holds fewer than 16 bytes".into() })?;
+        gpu.stream.memcpy_dtoh(&src, &mut record).map_err(driver("copying the fault record to the host"))?;
+        gpu.stream.synchronize().map_err(driver("running the kernels"))?;
+        if let Some(e) = ex.schedule.fault_error(super::host::fault_words(&record)) {
+            return Err(CudaError::Input(e));
+        }
+    }
+
+    // Outputs out.
+    let mut outputs = Vec::new();
+    for ((_, v), buf) in graph.outputs().iter().zip(&ex.schedule.outputs) {
+        let ty = &graph.node(*v).ty;
+        let shape =
+            ty.shape.iter().map(|d| d.eval(&env).map(|x| x.max(0) as usize)).collect::<Result<Vec<_>, _>>().map_err(ExecError::from)?;
+        let n: usize = shape.iter().product::<usize>() * crate::render::storage_bytes(ty.dtype);
+        let mut bytes = vec![0u8; n];
+        if n > 0 {
+            let src = ex.buffer(*buf)?.try_slice(0..n).ok_or_else(|| CudaError::Driver {
+                what: format!("reading output buffer b{buf}"),
+                error: format!("it holds fewer than {n} bytes"),
+            })?;
+            gpu.stream.memcpy_dtoh(&src, &mut bytes).map_err(driver("copying an output to the host"))?;
+        }
+        gpu.stream.synchronize().map_err(driver("running the kernels"))?;
+        let t = host::from_bytes(ty.dtype, shape, &bytes)
+            .map_err(|e| CudaError::Driver { what: "reading an output".into(), error: e.to_string() })?;
+        outputs.push(t);
+    }
+    gpu.stream.synchronize().map_err(driver("running the kernels"))?;
+
+    let mut times = Vec::new();
+    if let Some((warmup, iters)) = timing {
+        for _ in 0..warmup {
+            ex.launch_all(gpu, loaded, &prep, &ready)?;
+        }
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        for _ in 0..iters {
+            let start = gpu.ctx.new_event(flags).map_err(driver("creating an event"))?;
+            let end = gpu.ctx.new_event(flags).map_err(driver("creating an event"))?;
+            start.record(&gpu.stream).map_err(driver("recording an event"))?;
+            ex.launch_all(gpu, loaded, &prep, &ready)?;
+            end.record(&gpu.stream).map_err(driver("recording an event"))?;
+            end.synchronize().map_err(driver("running the kernels"))?;
+            times.push(f64::from(start.elapsed_ms(&end).map_err(driver("reading an event"))?));
+        }
+    }
+    Ok((outputs, times))
+}

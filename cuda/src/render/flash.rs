@@ -1,0 +1,966 @@
+//! Flash attention kernels, rendered from the schedule's [`FlashKernel`] (its variant, views,
+//! analyses) and the integer table: online softmax (or sigmoid weights) over key tiles staged
+//! in shared memory, the score modification and mask inlined ([`super::score`]), fully masked
+//! tiles skipped through the tile table, K/V batch axes of size 1 read with stride 0 (GQA and
+//! MQA without copies), and the position-free scale applied to `q · k` (`alpha`). Work item =
+//! (batch index, query block, key split), as on the CPU. Three variants:
+//!
+//! - `TensorCore`: q, k, v all f16 or all bf16. 4 warps, `16 · ATTNC_MT_{step}` query rows
+//!   per warp (`ATTNC_MT_{step}` m-tiles: each K and V fragment read from shared memory feeds
+//!   that many `mma`s), key tiles of `ATTNC_BN_{step}`; S = QKᵀ and O += PV with
+//!   `mma.sync.m16n8k16` (f32 accumulation), P rounded to the input type as FlashAttention-2
+//!   does; row statistics in registers, reduced over the 4 lanes that share a row.
+//! - `Simt`: any other dtypes, in f32. 4 warps × 4 query rows, key tiles of 32 (one key per
+//!   lane); each warp keeps its rows' O in registers (lane `l` owns columns `l + 32t`).
+//! - `SplitKv` (constant query length ≤ 4): each warp takes one work item's key split for all
+//!   query rows, reading K/V rows coalesced, and writes the rows (one split) or the split's
+//!   partial state (`max, sum, acc`) that the merge kernel combines.
+//!
+//! Head widths are padded to `ATTNC_HD_{step}` (a multiple of 32 up to 256, set at compile
+//! time from the run's dims); loads beyond the real width read 0.
+
+use super::cexpr::{Ints, delinearize, indent, load_ptr, ptr, round_to, storage, store};
+use super::ops::{self, Lines};
+use super::score::{ScoreCtx, score_lines};
+use super::{CudaEmitError, KernelSource, Smem};
+use attn_compiler::ir::semantics::Class;
+use attn_compiler::ir::{Dim, Pair, Weights};
+use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_ROW_WARPS, CUDA_SIMT_ROWS, CUDA_THREADS};
+use attn_compiler::schedule::{FlashKernel, Tuning, Variant, View};
+
+/// What every flash kernel reads, as C names and expressions.
+struct Flash<'a> {
+    ints: &'a Ints<'a>,
+    f: &'a FlashKernel,
+    softmax: bool,
+    batch: Vec<Dim>,
+}
+
+impl<'a> Flash<'a> {
+    fn new(ints: &'a Ints<'a>, f: &'a FlashKernel) -> Flash<'a> {
+        Flash { ints, f, softmax: f.spec.weights == Weights::Softmax, batch: f.batch().to_vec() }
+    }
+
+    fn tuning(&self, t: Tuning) -> Result<String, CudaEmitError> {
+        self.ints.tuning(self.f.step, t)
+    }
+
+    /// Sizes, the scale, the K/V/table pointers: before the work-item loop.
+    fn head(&self) -> Result<Vec<String>, CudaEmitError> {
+        let (m, n, d, dv) = self.f.sizes();
+        let i = self.ints;
+        let (k, v) = (&self.f.k, &self.f.v);
+        let mut l = Lines::new("a");
+        let ctx = ScoreCtx { ints: i, s: None, pos: &[], extras: &self.f.extras };
+        let alpha = match &self.f.analysis.alpha {
+            Some(a) => ops::convert(&ctx.eval(&mut l, a)?, Class::Float),
+            None => "1.0f".to_string(),
+        };
+        let mut out = l.lines;
+        out.push(format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", i.dim(&m)?, i.dim(&n)?, i.dim(&d)?, i.dim(&dv)?));
+        out.push(format!("const float alpha_ = {alpha};"));
+        out.push(format!(
+            "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
+            self.tuning(Tuning::QueryBlocks)?,
+            self.tuning(Tuning::KeyBlocks)?,
+            self.tuning(Tuning::TileEntryBytes)?
+        ));
+        out.push(format!("const i64 splits_ = {}, kps_ = {};", self.tuning(Tuning::Splits)?, self.tuning(Tuning::KeysPerSplit)?));
+        out.push(format!("const {}* __restrict__ K_ = {};", storage(k.dtype), ptr(k.buf, k.dtype, false)));
+        out.push(format!("const {}* __restrict__ V_ = {};", storage(v.dtype), ptr(v.buf, v.dtype, false)));
+        out.push(format!("const u8* __restrict__ tbl_ = {};", ptr(self.f.tiles, attn_compiler::ir::DType::Bool, false)));
+        Ok(out)
+    }
+
+    /// Work item `w_` decoded: split `sp_`, query block `qb_`, batch position `p*`, and the
+    /// batch offsets of q, k, v and the output.
+    ///
+    /// With `heavy_first`, query blocks run downwards within each batch index, so that under
+    /// a causal mask the blocks with the most live key tiles start first. (The batch index stays
+    /// the slowest: the blocks in flight together share K and V in L2.)
+    fn item(&self, out: &mut Vec<String>, heavy_first: bool) -> Result<Vec<String>, CudaEmitError> {
+        out.push(if heavy_first {
+            "const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = nqb_ - 1 - t_ % nqb_, bz_ = t_ / nqb_;".into()
+        } else {
+            "const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = t_ % nqb_, bz_ = t_ / nqb_;".into()
+        });
+        let p = delinearize(self.ints, out, "bz_", &self.batch, "p")?;
+        for (name, view) in [("qoff_", &self.f.q), ("koff_", &self.f.k), ("voff_", &self.f.v), ("ooff_", &self.f.out)] {
+            let strides = view.batch_strides(&self.batch);
+            let bview = View { shape: self.batch.clone(), strides, ..view.clone() };
+            out.push(format!("const i64 {name} = {};", self.ints.offset(&bview, &p)?));
+        }
+        out.push("(void)sp_; (void)koff_; (void)voff_;".into());
+        if let Some(w) = self.weight() {
+            // The additive weight's axes before its last are batch axes, right-aligned.
+            let own = w.shape.len().saturating_sub(1);
+            let lead = self.batch.len().saturating_sub(own);
+            let strides = (0..self.batch.len())
+                .map(|t| match t.checked_sub(lead) {
+                    Some(a) if w.shape[a].as_const() != Some(1) => w.strides[a].clone(),
+                    _ => Dim::constant(0),
+                })
+                .collect();
+            let bview = View { shape: self.batch.clone(), strides, ..w.clone() };
+            out.push(format!("const i64 woff_ = {};", self.ints.offset(&bview, &p)?));
+        }
+        out.extend(self.lse_offset(&p)?);
+        Ok(p)
+    }
+
+    /// The additive weight vector (dense along its last axis), when the scores are additive.
+    fn weight(&self) -> Option<&View> {
+        match self.f.spec.pair {
+            Pair::Dot => None,
+            Pair::Additive { weight } => self.f.extras.get(weight),
+        }
+    }
+
+    /// The statements adding row `r_`'s score against key row `lane_` to `s_`, from the staged
+    /// Q and K tiles: a dot product, or the additive `Σ w·tanh(q + k)` (over the true width: the
+    /// weight has no padding). Additive terms take the product form `1 − 2/(1 + e^{2q}·e^{2k})`
+    /// (the exponentials staged once per row and per key: one fused multiply-add, one
+    /// reciprocal and one more per term) when the item's Q and the tile's K lie within ±20,
+    /// where the product cannot overflow; else `tanhf(q + k)` per term (wider, infinite or NaN
+    /// inputs).
+    fn raw_score(&self) -> Vec<String> {
+        match self.weight() {
+            None => vec![
+                "#pragma unroll 8".into(),
+                "for (int cc_ = 0; cc_ < HD_; ++cc_) s_ += Qs_[r_ * HD_ + cc_] * Ks_[lane_ * HDP_ + cc_];".into(),
+            ],
+            Some(_) => [
+                "if (qn_ && kn_) {",
+                "  #pragma unroll 8",
+                "  for (int cc_ = 0; cc_ < (int)D_; ++cc_)",
+                "    s_ += Ws_[cc_] * fmaf(-2.0f, attnc_rcp_fast(fmaf(Qe_[r_ * HD_ + cc_], Ke_[lane_ * HDP_ + cc_], 1.0f)), 1.0f);",
+                "} else {",
+                "  for (int cc_ = 0; cc_ < (int)D_; ++cc_) s_ += Ws_[cc_] * tanhf(Qs_[r_ * HD_ + cc_] + Ks_[lane_ * HDP_ + cc_]);",
+                "}",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
+
+    /// The element offset of row `row`, column `col` of a view within the batch index whose
+    /// offset is `base`.
+    fn at(&self, view: &View, base: &str, row: &str, col: &str) -> Result<String, CudaEmitError> {
+        let r = view.shape.len();
+        let (rs, cs) = (&view.strides[r - 2], &view.strides[r - 1]);
+        let term = |i: &str, s: &Dim| -> Result<String, CudaEmitError> {
+            Ok(if s.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", self.ints.dim(s)?) })
+        };
+        Ok(format!("{base} + {} + {}", term(row, rs)?, term(col, cs)?))
+    }
+
+    /// A K or V element (as float) at key row `j`, column `col`.
+    fn kv(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
+        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
+        let raw = ops::CVal { text: load_ptr(p, view.dtype, &self.at(view, base, j, col)?), class: Class::of(view.dtype) };
+        Ok(ops::convert(&raw, Class::Float))
+    }
+
+    /// A raw K or V element (storage type) for the tensor-core path, which copies halves.
+    fn kv_raw(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
+        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
+        Ok(format!("{p}[{}]", self.at(view, base, j, col)?))
+    }
+
+    /// `x_ = q[row, col]` as a float, 0 outside the matrix.
+    fn q(&self, row: &str, col: &str) -> Result<Vec<String>, CudaEmitError> {
+        let q = &self.f.q;
+        let raw = ops::CVal { text: super::cexpr::load(q.buf, q.dtype, &self.at(q, "qoff_", row, col)?), class: Class::of(q.dtype) };
+        Ok(vec!["float x_ = 0.0f;".into(), format!("if ({row} < M_ && {col} < D_) x_ = {};", ops::convert(&raw, Class::Float))])
+    }
+
+    /// The score statements (`sc_`, `keep_`) at rows `i`, keys `j`, raw product `s`.
+    fn score(&self, p: &[String], i: &str, j: &str, s: &str) -> Result<Vec<String>, CudaEmitError> {
+        let mut pos = p.to_vec();
+        pos.push(i.to_string());
+        pos.push(j.to_string());
+        let ctx = ScoreCtx { ints: self.ints, s: Some(s), pos: &pos, extras: &self.f.extras };
+        score_lines(&ctx, &self.f.analysis.score, self.f.spec.mask.as_ref(), "sc")
+    }
+
+    /// The class of key tile `kt` of the query block (0 skip, 1 full, 2 partial).
+    fn class_line(kt: &str) -> String {
+        format!("const int cls_ = tbl_[(qb_ * nkb_ + {kt}) * entry_];")
+    }
+
+    /// Whether key tile `kt` of the query block is skipped (class 0).
+    fn skipped(kt: &str) -> String {
+        format!("tbl_[(qb_ * nkb_ + {kt}) * entry_] == 0")
+    }
+
+    /// `const i64 loff_ = ...;`, the batch offset of the log-sum-exp result, when the step
+    /// writes one (`p` names the batch positions).
+    fn lse_offset(&self, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
+        let Some(l) = &self.f.lse else { return Ok(Vec::new()) };
+        let nb = self.batch.len();
+        let bview = View { shape: self.batch.clone(), strides: l.strides[..nb].to_vec(), ..l.clone() };
+        Ok(vec![format!("const i64 loff_ = {};", self.ints.offset(&bview, p)?)])
+    }
+
+    /// The statement storing `value` as row `i`'s log-sum-exp, when the step writes one.
+    fn store_lse(&self, i: &str, value: &str) -> Result<Option<String>, CudaEmitError> {
+        let Some(l) = &self.f.lse else { return Ok(None) };
+        let step = &l.strides[l.strides.len() - 1];
+        let row = if step.as_const() == Some(1) { i.to_string() } else { format!("{i} * {}", self.ints.dim(step)?) };
+        Ok(Some(store(l.buf, attn_compiler::ir::DType::F32, &format!("loff_ + {row}"), value)))
+    }
+
+    /// Stores `value` (a float) at output row `i`, column `col` (rounded to the output's type).
+    fn store_out(&self, i: &str, col: &str, value: &str) -> Result<String, CudaEmitError> {
+        let o = &self.f.out;
+        Ok(store(o.buf, o.dtype, &self.at(o, "ooff_", i, col)?, &round_to(o.dtype, value)))
+    }
+
+    /// The loop over work items, one per block, around `item` (which may use block barriers:
+    /// every thread of a block takes the same items).
+    fn blocks(&self, items: &str, pre: Vec<String>, item: Vec<String>) -> Vec<String> {
+        let mut body = pre;
+        body.push(format!("for (i64 w_ = blockIdx.x; w_ < {items}; w_ += gridDim.x) {{"));
+        body.extend(indent(&item, 2));
+        body.push("}".into());
+        body
+    }
+}
+
+/// The kernel of a flash step.
+pub(super) fn emit(ints: &Ints, items: &str, f: &FlashKernel) -> Result<KernelSource, CudaEmitError> {
+    let fl = Flash::new(ints, f);
+    if f.spec.pair != Pair::Dot && f.variant != Variant::Simt {
+        return Err(ints.fail(format!("additive scores run on the SIMT flash kernel, not the {} one", f.variant.name())));
+    }
+    match f.variant {
+        Variant::TensorCore => tensor_core(&fl, items),
+        Variant::SplitKv => split_kv(&fl, items),
+        _ => simt(&fl, items),
+    }
+}
+
+/// The SIMT kernel (f32 compute, any storage types).
+fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let (rows, keys) = (CUDA_SIMT_ROWS, CUDA_LANE_KEYS);
+    let mut pre = vec![
+        "ATTNC_DYN_SMEM;".to_string(),
+        "ATTNC_SHARED float Ps_[4][32];  // one row of weights per warp, read back as broadcasts".into(),
+        format!("constexpr int HD_ = ATTNC_HD_{step}, HDP_ = HD_ + 1, T_ = HD_ / 32;"),
+        format!("float* Qs_ = (float*)attnc_smem;  // [{rows}][HD_]"),
+        format!("float* Ks_ = Qs_ + {rows} * HD_;      // [{keys}][HD_ + 1]"),
+        format!("float* Vs_ = Ks_ + {keys} * HDP_;     // [{keys}][HD_]"),
+        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5;".into(),
+    ];
+    let additive = fl.weight();
+    if additive.is_some() {
+        pre.push(format!("float* Qe_ = Vs_ + {keys} * HD_;     // e^(2q), [{rows}][HD_]"));
+        pre.push(format!("float* Ke_ = Qe_ + {rows} * HD_;     // e^(2k), [{keys}][HD_ + 1]"));
+        pre.push(format!("float* Ws_ = Ke_ + {keys} * HDP_;    // the additive weight, [HD_]"));
+    }
+    pre.extend(fl.head()?);
+    let mut it = Vec::new();
+    let p = fl.item(&mut it, false)?;
+    it.push(format!("const i64 q0_ = qb_ * {rows};"));
+    it.push("attnc_sync();".into());
+    if additive.is_some() {
+        it.push("int qw_ = 0;  // some q outside ±20, or not finite".into());
+    }
+    it.push(format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
+    it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    it.push("  Qs_[e_] = x_;".into());
+    if additive.is_some() {
+        it.push("  Qe_[e_] = expf(2.0f * x_);".into());
+        it.push("  qw_ |= !(fabsf(x_) <= 20.0f);".into());
+    }
+    it.push("}".into());
+    if let Some(w) = additive {
+        it.push(format!(
+            "for (int c_ = tid_; c_ < HD_; c_ += {CUDA_FLASH_THREADS}) Ws_[c_] = c_ < D_ ? {} : 0.0f;",
+            super::cexpr::load(w.buf, w.dtype, "woff_ + c_")
+        ));
+        it.push("const bool qn_ = !attnc_sync_or(qw_);  // the product form holds for this item's rows".into());
+    }
+    it.push("float o_[4][T_], m_[4], l_[4];".into());
+    it.push("#pragma unroll".into());
+    it.push(
+        "for (int rr_ = 0; rr_ < 4; ++rr_) { m_[rr_] = -ATTNC_INF; l_[rr_] = 0.0f; for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] = 0.0f; }"
+            .into(),
+    );
+    it.push(format!("for (i64 kt_ = 0; kt_ < (N_ + {keys} - 1) / {keys}; ++kt_) {{"));
+    let mut tile = vec![
+        Flash::class_line("kt_"),
+        "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
+        format!("const i64 k0_ = kt_ * {keys};"),
+        "attnc_sync();".into(),
+        if additive.is_some() { "int kw_ = 0;  // some k outside ±20, or not finite" } else { "// K and V rows of the tile" }.into(),
+        format!("for (int e_ = tid_; e_ < {keys} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+        "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
+        "  const i64 jr_ = k0_ + r_, c64_ = cc_;".into(),
+        "  const bool in_ = jr_ < N_;".into(),
+        format!("  const float kx_ = (in_ && c64_ < D_) ? {} : 0.0f;", fl.kv('k', "jr_", "c64_")?),
+        "  Ks_[r_ * HDP_ + cc_] = kx_;".into(),
+        format!("  Vs_[r_ * HD_ + cc_] = (in_ && c64_ < DV_) ? {} : 0.0f;", fl.kv('v', "jr_", "c64_")?),
+    ];
+    if additive.is_some() {
+        tile.push("  Ke_[r_ * HDP_ + cc_] = expf(2.0f * kx_);".into());
+        tile.push("  kw_ |= !(fabsf(kx_) <= 20.0f);".into());
+        tile.push("}".into());
+        tile.push("const bool kn_ = !attnc_sync_or(kw_);  // the product form holds for this tile's keys".into());
+    } else {
+        tile.push("}".into());
+        tile.push("attnc_sync();".into());
+    }
+    tile.extend([
+        "const i64 j_ = k0_ + lane_;".into(),
+        "#pragma unroll".into(),
+        "for (int rr_ = 0; rr_ < 4; ++rr_) {".into(),
+        "  const int r_ = warp_ * 4 + rr_;".into(),
+        "  const i64 i_ = q0_ + r_;".into(),
+        "  float s_ = 0.0f;".into(),
+    ]);
+    tile.extend(indent(&fl.raw_score(), 2));
+    tile.extend(["  s_ *= alpha_;".into(), "  bool keep_ = j_ < N_;".into()]);
+    tile.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 2));
+    tile.extend(indent(&simt_weights(fl.softmax), 2));
+    tile.push("}".into());
+    it.extend(indent(&tile, 2));
+    it.push("}".into());
+    it.push("#pragma unroll".into());
+    it.push("for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
+    it.push("  const i64 i_ = q0_ + warp_ * 4 + rr_;".into());
+    it.push(if fl.softmax {
+        "  const float lt_ = attnc_warp_sum(l_[rr_]), inv_ = lt_ == 0.0f ? 0.0f : 1.0f / lt_;".into()
+    } else {
+        "  const float inv_ = 1.0f;".into()
+    });
+    if let Some(st) = fl.store_lse("i_", "m_[rr_] + logf(lt_)")? {
+        it.push(format!("  if (lane_ == 0 && i_ < M_) {st}"));
+    }
+    it.push("  #pragma unroll".into());
+    it.push("  for (int t_ = 0; t_ < T_; ++t_) {".into());
+    it.push("    const i64 col_ = lane_ + 32 * t_;".into());
+    it.push(format!("    if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[rr_][t_] * inv_)")?));
+    it.push("  }".into());
+    it.push("}".into());
+    let body = fl.blocks(items, pre, it);
+    let smem = if additive.is_some() { Smem::FlashSimtAdditive(fl.f.step) } else { Smem::FlashSimt(fl.f.step) };
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem, body })
+}
+
+/// One row's weights and its update of the running state (SIMT).
+fn simt_weights(softmax: bool) -> Vec<String> {
+    let mut out: Vec<String> = if softmax {
+        [
+            "const float x_ = keep_ ? sc_ : -ATTNC_INF;",
+            "const float mn_ = attnc_fmax(m_[rr_], attnc_warp_max(x_));  // NaN-propagating: a kept NaN makes the row NaN",
+            "const float scale_ = mn_ == -ATTNC_INF ? 1.0f : expf(m_[rr_] - mn_);",
+            "const float p_ = (keep_ && mn_ != -ATTNC_INF) ? expf(x_ - mn_) : 0.0f;",
+            "l_[rr_] = l_[rr_] * scale_ + p_;",
+            "m_[rr_] = mn_;",
+            "#pragma unroll",
+            "for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] *= scale_;",
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        vec!["const float p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into()]
+    };
+    out.extend(
+        [
+            "Ps_[warp_][lane_] = p_;",
+            "attnc_syncwarp();",
+            "for (int jj_ = 0; jj_ < 32; ++jj_) {",
+            "  const float pj_ = Ps_[warp_][jj_];",
+            "  if (pj_ == 0.0f) continue;  // keys with no weight add nothing",
+            "  #pragma unroll",
+            "  for (int t_ = 0; t_ < T_; ++t_) o_[rr_][t_] += pj_ * Vs_[jj_ * HD_ + lane_ + 32 * t_];",
+            "}",
+            "attnc_syncwarp();  // before the next row overwrites Ps_",
+        ]
+        .map(String::from),
+    );
+    out
+}
+
+fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let bf16 = fl.f.k.dtype == attn_compiler::ir::DType::BF16;
+    let (mma, conv, pack) = if bf16 { ("attnc_mma_b", "attnc_f2b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_f2h", "attnc_pack_h") };
+    let mut pre = vec![
+        "ATTNC_DYN_SMEM;".to_string(),
+        format!(
+            "constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step}, MT_ = ATTNC_MT_{step};  // head width; keys per tile; m-tiles per warp"
+        ),
+        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: warp w has rows [16 MT_ w, 16 MT_ (w + 1))"),
+        "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
+        "u16* Qs_ = (u16*)attnc_smem;  // [BM_][LD_]".into(),
+        "u16* Ks_ = Qs_ + BM_ * LD_;   // [BN_][LD_]".into(),
+        "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
+        "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
+        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
+        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
+        "// Shared addresses (bytes) of the row this lane gives ldmatrix, at the first 16 x 16 step:".into(),
+        "// Q's A fragment of the warp's first m-tile (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8),".into(),
+        "// K's B fragments of two".into(),
+        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
+        "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
+        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 * MT_ + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+        "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
+        "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+    ];
+    pre.extend(fl.head()?);
+    let mut it = Vec::new();
+    // Causal-like masks give later query blocks more live tiles: start those first.
+    let p = fl.item(&mut it, true)?;
+    it.push("const i64 q0_ = qb_ * BM_;".into());
+    it.push("const i64 rw_ = q0_ + warp_ * 16 * MT_ + g_;  // this lane's rows: rw_ + 16 mt + 8 h (m-tile mt, half h)".into());
+    it.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
+    it.extend(mma_stage_setup(fl)?);
+    it.push("attnc_sync();  // the previous item's last reads of Qs_, Ks_ and Vs_".into());
+    it.push(format!("for (int e_ = tid_; e_ < BM_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
+    it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    it.push(format!("  Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
+    it.push("}".into());
+    // Up to 128 columns of Q per warp (MT_ · HD_) its Q fragments stay in registers (32 at
+    // most); more are read from shared memory for every key tile, to keep the kernel clear of
+    // spills.
+    it.push("attnc_sync();".into());
+    it.push("constexpr bool QR_ = MT_ * HD_ <= 128;".into());
+    it.push("unsigned qf_[QR_ ? MT_ : 1][QR_ ? HD_ / 16 : 1][4];".into());
+    it.push("if constexpr (QR_) {".into());
+    it.push("  #pragma unroll".into());
+    it.push("  for (int mt_ = 0; mt_ < MT_; ++mt_)".into());
+    it.push("    #pragma unroll".into());
+    it.push("    for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
+    it.push("      attnc_ldsm_x4(qf_[mt_][ks_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);".into());
+    it.push("}".into());
+    it.push("float o_[MT_][DT_][4], m_[MT_][2], l_[MT_][2];  // row maxima in base 2".into());
+    it.push("#pragma unroll".into());
+    it.push("for (int mt_ = 0; mt_ < MT_; ++mt_) {".into());
+    it.push("  m_[mt_][0] = -ATTNC_INF; m_[mt_][1] = -ATTNC_INF; l_[mt_][0] = 0.0f; l_[mt_][1] = 0.0f;".into());
+    it.push("  #pragma unroll".into());
+    it.push("  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] = 0.0f; o_[mt_][t_][1] = 0.0f; o_[mt_][t_][2] = 0.0f; o_[mt_][t_][3] = 0.0f; }".into());
+    it.push("}".into());
+    it.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
+    // Pipelined as FlashAttention-2 does, one K and one V buffer: V(t) is copied while S(t) =
+    // Q K(t)ᵀ and the softmax run, and K(next) while O += P V(t).
+    it.push("i64 kt_ = 0;".into());
+    it.push(format!("while (kt_ < nkt_ && {}) ++kt_;  // first live tile", Flash::skipped("kt_")));
+    it.push("if (kt_ < nkt_) {".into());
+    it.extend(indent(&mma_stage(fl, 'k', "kt_ * BN_")?, 2));
+    it.push("}".into());
+    it.push("while (kt_ < nkt_) {".into());
+    let mut tile = vec![
+        Flash::class_line("kt_"),
+        "i64 nx_ = kt_ + 1;".into(),
+        format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
+        "const i64 k0_ = kt_ * BN_;".into(),
+        "attnc_cp_wait_all();".into(),
+        "attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into(),
+    ];
+    tile.extend(mma_stage(fl, 'v', "k0_")?);
+    tile.extend(mma_scores(mma));
+    tile.extend(mma_weights(fl, &p)?);
+    tile.push("attnc_cp_wait_all();".into());
+    tile.push("attnc_sync();  // V(kt) is in; every warp is done with K(kt)".into());
+    tile.push("if (nx_ < nkt_) {".into());
+    tile.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
+    tile.push("}".into());
+    tile.extend(mma_pv(mma, pack));
+    tile.push("kt_ = nx_;".into());
+    it.extend(indent(&tile, 2));
+    it.push("}".into());
+    it.extend(mma_finish(fl)?);
+    let body = fl.blocks(items, pre, it);
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
+}
+
+/// The score modification, mask and weights of the tile's accumulators `s_`. Softmax keeps
+/// scores in base 2 (`x log2 e`, so that each weight is one `ex2`), and takes a short path for
+/// tiles that need neither the mask nor the key bound (class 1 and wholly inside `N_`): there a
+/// bare `q · k` costs one multiply per score.
+fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
+    let elem = |body: Vec<String>| -> Vec<String> {
+        let mut out = vec![
+            "#pragma unroll".into(),
+            "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
+            "    #pragma unroll".into(),
+            "    for (int e_ = 0; e_ < 4; ++e_) {".into(),
+        ];
+        out.extend(indent(&body, 6));
+        out.push("    }".into());
+        out.push("  }".into());
+        out.push("}".into());
+        out
+    };
+    let position = "const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
+    let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
+    general.extend(fl.score(p, "i_", "j_", "s_e_")?);
+    if !fl.softmax {
+        general.push("s_[mt_][nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
+        return Ok(elem(general));
+    }
+    general.push("const float x_ = keep_ ? sc_ * ATTNC_LOG2E : -ATTNC_INF;".into());
+    general.push("s_[mt_][nt_][e_] = x_;".into());
+    general.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
+    // A bare `q · k` (plain scores, positive finite scale) stays unscaled on the short path: its
+    // row maximum is the unscaled one times the scale (rounding is monotonic), and each weight
+    // is then one fused multiply-add and one `ex2`, `2^(s · α log2 e − m)`. Other short paths
+    // store scaled scores (`a2_` = 1).
+    let plain = matches!(fl.f.analysis.score, attn_compiler::ir::ScoreExpr::Score);
+    let fast = if plain {
+        vec!["mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], s_[mt_][nt_][e_]);".to_string()]
+    } else {
+        let mut v = vec![position, "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into()];
+        let ctx = {
+            let mut pos = p.to_vec();
+            pos.push("i_".into());
+            pos.push("j_".into());
+            pos
+        };
+        let sc = ScoreCtx { ints: fl.ints, s: Some("s_e_"), pos: &ctx, extras: &fl.f.extras };
+        v.extend(score_lines(&sc, &fl.f.analysis.score, None, "sc")?);
+        v.push("const float x_ = sc_ * ATTNC_LOG2E;".into());
+        v.push("s_[mt_][nt_][e_] = x_;".into());
+        v.push("mx_[mt_][e_ >> 1] = fmaxf(mx_[mt_][e_ >> 1], x_);".into());
+        v
+    };
+    // fmaxf drops NaN from the row maximum; a NaN score still reaches the output through its
+    // weight (2^NaN), as in the interpreter.
+    let mut out = vec![
+        if plain {
+            "const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_ && alpha2_ > 0.0f && alpha2_ < ATTNC_INF;  // no mask, no key beyond N_"
+        } else {
+            "const bool fast_ = cls_ == 1 && k0_ + BN_ <= N_;  // no mask, no key beyond N_"
+        }
+        .to_string(),
+    ];
+    out.push("if (fast_) {".into());
+    out.extend(indent(&elem(fast), 2));
+    if plain {
+        out.push("  #pragma unroll".into());
+        out.push("  for (int mt_ = 0; mt_ < MT_; ++mt_) { mx_[mt_][0] *= alpha2_; mx_[mt_][1] *= alpha2_; }".into());
+    }
+    out.push("} else {".into());
+    out.extend(indent(&elem(general), 2));
+    out.push("}".into());
+    out.push(
+        if plain { "const float a2_ = fast_ ? alpha2_ : 1.0f;  // the scale still to apply" } else { "const float a2_ = 1.0f;" }.into(),
+    );
+    out.extend(MMA_SOFTMAX.lines().map(String::from));
+    Ok(out)
+}
+
+/// Whether K's and V's columns have unit stride (known at emission): the condition for any
+/// 16-byte copy of their rows.
+fn kv_unit_columns(fl: &Flash) -> bool {
+    [&fl.f.k, &fl.f.v].iter().all(|view| view.strides.last().and_then(Dim::as_const) == Some(1))
+}
+
+/// Whether the K and V rows of this work item can be copied 16 bytes at a time (`vec_`): unit
+/// column stride (known at emission), and widths, row strides and offsets multiples of 8
+/// halves (checked per run).
+fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let (k, v) = (&fl.f.k, &fl.f.v);
+    let (kr, vr) = (k.strides.len() - 2, v.strides.len() - 2);
+    if !kv_unit_columns(fl) {
+        return Ok(vec!["const bool vec_ = false;".into()]);
+    }
+    let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
+    Ok(vec![format!(
+        "const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
+        aligned(&k.strides[kr])?,
+        aligned(&v.strides[vr])?
+    )])
+}
+
+/// Starts copying the K or V tile whose first key is `k0` into shared memory: asynchronous
+/// 16-byte copies (zero-filled beyond the matrix) when `vec_`, element by element otherwise.
+/// Both end in a commit, so `attnc_cp_wait_all` then a barrier make the tile visible.
+fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitError> {
+    let contiguous = kv_unit_columns(fl);
+    let (buf, base, width) = if which == 'k' { ("Ks_", "K_", "D_") } else { ("Vs_", "V_", "DV_") };
+    let mut out = Vec::new();
+    if contiguous {
+        // 16-byte chunks, HD_ / 8 per row. When they divide the block's threads, each thread
+        // copies one column of rows tid_ / (HD_ / 8) + c * (128 / (HD_ / 8)): the loop unrolls
+        // and the addresses step by constants.
+        let src = fl.kv_raw(which, "jr_", "c64_")?;
+        // The copy of chunk (r_, cc_), the same in both loops.
+        let copy = [
+            format!("      const bool in_ = jr_ < N_ && c64_ < {width};"),
+            format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"),
+        ];
+        out.push("if (vec_) {".into());
+        out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
+        out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0) {{"));
+        // One pointer per thread, stepped by RS_ rows; one 32-bit bound per tile.
+        let view = if which == 'k' { &fl.f.k } else { &fl.f.v };
+        let row_stride = fl.ints.dim(&view.strides[view.strides.len() - 2])?;
+        let first = fl.kv_raw(which, &format!("({k0} + r0_)"), "(i64)cc_")?;
+        out.push("    const int r0_ = tid_ / CPR_, cc_ = (tid_ % CPR_) * 8;".into());
+        out.push(format!("    const u16* src_ = &{first};"));
+        out.push(format!("    const i64 step_ = (i64)RS_ * {row_stride};"));
+        out.push(format!("    const i64 left64_ = N_ - ({k0} + r0_);  // rows of this thread's column inside the matrix"));
+        out.push(format!("    const int left_ = cc_ < {width} ? (int)(left64_ < BN_ ? left64_ : BN_) : 0;"));
+        out.push("    #pragma unroll".into());
+        out.push("    for (int c_ = 0; c_ < BN_ / RS_; ++c_) {".into());
+        out.push("      const bool in_ = c_ * RS_ < left_;".into());
+        out.push(format!(
+            "      attnc_cp16({buf}s_ + 2u * ((r0_ + c_ * RS_) * LD_ + cc_), in_ ? (const void*)src_ : (const void*){base}, in_);"
+        ));
+        out.push("      src_ += step_;".into());
+        out.push("    }".into());
+        out.push("  } else {".into());
+        out.push(format!("    for (int e_ = tid_; e_ < BN_ * CPR_; e_ += {CUDA_FLASH_THREADS}) {{"));
+        out.push("      const int r_ = e_ / CPR_, cc_ = (e_ % CPR_) * 8;".into());
+        out.push(format!("      const i64 jr_ = {k0} + r_, c64_ = cc_;"));
+        out.extend(copy.iter().cloned());
+        out.push("    }".into());
+        out.push("  }".into());
+        out.push("} else {".into());
+    }
+    let body = vec![
+        format!("for (int e_ = tid_; e_ < BN_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+        "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
+        format!("  const i64 jr_ = {k0} + r_, c64_ = cc_;"),
+        format!("  {buf}[r_ * LD_ + cc_] = (jr_ < N_ && c64_ < {width}) ? {} : (u16)0;", fl.kv_raw(which, "jr_", "c64_")?),
+        "}".into(),
+    ];
+    if contiguous {
+        out.extend(indent(&body, 2));
+        out.push("}".into());
+    } else {
+        out.extend(body);
+    }
+    out.push("attnc_cp_commit();".into());
+    Ok(out)
+}
+
+/// S = Q Kᵀ for the warp's 16 rows on tensor cores; Q and K fragments come from shared memory
+/// through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B fragments of two
+/// key n-tiles).
+fn mma_scores(mma: &str) -> Vec<String> {
+    format!(
+        "float s_[MT_][NT_][4];
+#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_)
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; ++nt_) {{ s_[mt_][nt_][0] = 0.0f; s_[mt_][nt_][1] = 0.0f; s_[mt_][nt_][2] = 0.0f; s_[mt_][nt_][3] = 0.0f; }}
+#pragma unroll
+for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
+  // A of each m-tile: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of its 16 rows.
+  unsigned a_[MT_][4];
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    if constexpr (QR_) {{
+      a_[mt_][0] = qf_[mt_][ks_][0]; a_[mt_][1] = qf_[mt_][ks_][1]; a_[mt_][2] = qf_[mt_][ks_][2]; a_[mt_][3] = qf_[mt_][ks_][3];
+    }} else {{
+      attnc_ldsm_x4(a_[mt_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);
+    }}
+  }}
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; nt_ += 2) {{
+    // B of n-tiles nt, nt+1: key rows of the tile (lm_ >> 1), columns 0-7 | 8-15 (lm_ & 1).
+    unsigned kb_[4];
+    attnc_ldsm_x4(kb_, kb_s_ + 2u * (nt_ * 8 * LD_ + ks_ * 16));
+    #pragma unroll
+    for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+      {mma}(s_[mt_][nt_], a_[mt_], kb_);
+      {mma}(s_[mt_][nt_ + 1], a_[mt_], kb_ + 2);
+    }}
+  }}
+}}
+// Accumulator element e of m-tile mt, n-tile nt: row rw_ + 16 mt + 8 (e >> 1), key
+// k0_ + 8 nt + 2 tg_ + (e & 1).
+float mx_[MT_][2];
+#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {{ mx_[mt_][0] = -ATTNC_INF; mx_[mt_][1] = -ATTNC_INF; }}"
+    )
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+/// The online-softmax update of the tensor-core kernel (row maxima over the 4 lanes of a row).
+const MMA_SOFTMAX: &str = "#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {
+  float sc_[2], ml_[2];
+  #pragma unroll
+  for (int h_ = 0; h_ < 2; ++h_) {
+    // Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
+    float mx = mx_[mt_][h_];
+    mx = fmaxf(mx, attnc_shfl_xor(mx, 1)); mx = fmaxf(mx, attnc_shfl_xor(mx, 2));
+    const float mn_ = fmaxf(m_[mt_][h_], mx);
+    sc_[h_] = mn_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m_[mt_][h_] - mn_);
+    m_[mt_][h_] = mn_; l_[mt_][h_] *= sc_[h_];
+    ml_[h_] = mn_ == -ATTNC_INF ? 0.0f : mn_;
+  }
+  #pragma unroll
+  for (int nt_ = 0; nt_ < NT_; ++nt_) {
+    #pragma unroll
+    for (int e_ = 0; e_ < 4; ++e_) {
+      const float p_ = attnc_exp2_fast(fmaf(s_[mt_][nt_][e_], a2_, -ml_[e_ >> 1]));
+      s_[mt_][nt_][e_] = p_;
+      l_[mt_][e_ >> 1] += p_;
+    }
+  }
+  // Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
+  // the multiplies (a warp-uniform branch).
+  if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
+    #pragma unroll
+    for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
+  }
+}";
+
+/// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
+/// n-tiles; V's B fragments come transposed through `ldmatrix.trans` (two d-tiles per load).
+fn mma_pv(mma: &str, pack: &str) -> Vec<String> {
+    format!(
+        "#pragma unroll
+for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
+  unsigned pa_[MT_][4];
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    pa_[mt_][0] = {pack}(s_[mt_][2 * kk_][0], s_[mt_][2 * kk_][1]);
+    pa_[mt_][1] = {pack}(s_[mt_][2 * kk_][2], s_[mt_][2 * kk_][3]);
+    pa_[mt_][2] = {pack}(s_[mt_][2 * kk_ + 1][0], s_[mt_][2 * kk_ + 1][1]);
+    pa_[mt_][3] = {pack}(s_[mt_][2 * kk_ + 1][2], s_[mt_][2 * kk_ + 1][3]);
+  }}
+  #pragma unroll
+  for (int t_ = 0; t_ < DT_; t_ += 2) {{
+    // B of d-tiles t, t+1: keys 0-7 | 8-15 of the step (lm_ & 1), columns of the tile (lm_ >> 1).
+    unsigned vb_[4];
+    attnc_ldsm_x4_t(vb_, vb_s_ + 2u * (kk_ * 16 * LD_ + t_ * 8));
+    #pragma unroll
+    for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+      {mma}(o_[mt_][t_], pa_[mt_], vb_);
+      {mma}(o_[mt_][t_ + 1], pa_[mt_], vb_ + 2);
+    }}
+  }}
+}}"
+    )
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+/// The tensor-core kernel's rows: sums over the 4 lanes of a row, then the output.
+fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = vec![
+        "#pragma unroll".to_string(),
+        "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
+        "  float inv_[2];".into(),
+        "  #pragma unroll".into(),
+        "  for (int h_ = 0; h_ < 2; ++h_) {".into(),
+    ];
+    if fl.softmax {
+        out.push("    float l = l_[mt_][h_];".into());
+        out.push("    l += attnc_shfl_xor(l, 1); l += attnc_shfl_xor(l, 2);".into());
+        out.push("    inv_[h_] = l == 0.0f ? 0.0f : 1.0f / l;".into());
+        // The row maxima are in base 2: ln Σ e^x = m · ln 2 + ln Σ 2^(x log2 e - m).
+        if let Some(st) = fl.store_lse("ri_", "m_[mt_][h_] * 0.6931471805599453f + logf(l)")? {
+            out.push("    const i64 ri_ = rw_ + mt_ * 16 + h_ * 8;".into());
+            out.push(format!("    if (tg_ == 0 && ri_ < M_) {st}"));
+        }
+    } else {
+        out.push("    inv_[h_] = 1.0f;".into());
+    }
+    out.push("  }".into());
+    out.push("  #pragma unroll".into());
+    out.push("  for (int t_ = 0; t_ < DT_; ++t_) {".into());
+    out.push("    #pragma unroll".into());
+    out.push("    for (int e_ = 0; e_ < 4; ++e_) {".into());
+    out.push("      const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
+    out.push(format!("      if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[mt_][t_][e_] * inv_[e_ >> 1])")?));
+    out.push("    }".into());
+    out.push("  }".into());
+    out.push("}".into());
+    Ok(out)
+}
+
+/// The split-KV decode kernel: one warp per work item (four per block).
+fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
+    let step = fl.f.step;
+    let (m, _, _, _) = fl.f.sizes();
+    let rows = m.as_const().filter(|r| *r >= 1).ok_or_else(|| fl.ints.fail(format!("split-KV needs a constant query count, not `{m}`")))?;
+    let warps = i64::from(CUDA_FLASH_THREADS / 32);
+    let mut body = vec![
+        format!("constexpr int HD_ = ATTNC_HD_{step}, T_ = HD_ / 32, MR_ = {rows};"),
+        "const int lane_ = threadIdx.x & 31;".into(),
+        format!("float* __restrict__ part_ = {};", ptr(fl.f.partials, attn_compiler::ir::DType::F32, true)),
+    ];
+    body.extend(fl.head()?);
+    body.push(format!("for (i64 w_ = (i64)blockIdx.x * {warps} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {warps}) {{"));
+    let mut it = Vec::new();
+    let p = fl.item(&mut it, false)?;
+    it.push("const i64 j0_ = sp_ * kps_, j1_ = j0_ + kps_ < N_ ? j0_ + kps_ : N_;".into());
+    it.push("float q_[MR_][T_], o_[MR_][T_], m_[MR_], l_[MR_];".into());
+    it.push("for (int r_ = 0; r_ < MR_; ++r_) {".into());
+    it.push("  m_[r_] = -ATTNC_INF; l_[r_] = 0.0f;".into());
+    it.push("  for (int t_ = 0; t_ < T_; ++t_) {".into());
+    it.push("    const i64 qi_ = qb_ * MR_ + r_, qc_ = lane_ + 32 * t_;".into());
+    it.extend(indent(&fl.q("qi_", "qc_")?, 4));
+    it.push("    q_[r_][t_] = x_; o_[r_][t_] = 0.0f;".into());
+    it.push("  }".into());
+    it.push("}".into());
+    it.push(format!("for (i64 kc_ = j0_; kc_ < j1_; kc_ += {CUDA_LANE_KEYS}) {{"));
+    let mut chunk = vec![
+        Flash::class_line(&format!("kc_ / {CUDA_LANE_KEYS}")),
+        "if (cls_ == 0) continue;".into(),
+        format!("for (int jj_ = 0; jj_ < {CUDA_LANE_KEYS}; ++jj_) {{"),
+        "  const i64 j_ = kc_ + jj_;".into(),
+        "  if (j_ >= j1_) break;".into(),
+        "  float k_[T_], v_[T_];".into(),
+        "  #pragma unroll".into(),
+        "  for (int t_ = 0; t_ < T_; ++t_) {".into(),
+        "    const i64 c64_ = lane_ + 32 * t_;".into(),
+        format!("    k_[t_] = c64_ < D_ ? {} : 0.0f;", fl.kv('k', "j_", "c64_")?),
+        format!("    v_[t_] = c64_ < DV_ ? {} : 0.0f;", fl.kv('v', "j_", "c64_")?),
+        "  }".into(),
+        "  #pragma unroll".into(),
+        "  for (int r_ = 0; r_ < MR_; ++r_) {".into(),
+        "    float s_ = 0.0f;".into(),
+        "    #pragma unroll".into(),
+        "    for (int t_ = 0; t_ < T_; ++t_) s_ += q_[r_][t_] * k_[t_];".into(),
+        "    s_ = attnc_warp_sum(s_) * alpha_;".into(),
+        "    const i64 i_ = qb_ * MR_ + r_;".into(),
+        "    bool keep_ = true;".into(),
+    ];
+    chunk.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 4));
+    chunk.push("    if (!keep_) continue;".into());
+    chunk.extend(indent(&decode_weights(fl.softmax), 4));
+    chunk.push("  }".into());
+    chunk.push("}".into());
+    it.extend(indent(&chunk, 2));
+    it.push("}".into());
+    it.extend(decode_finish(fl)?);
+    body.extend(indent(&it, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: warps, smem: Smem::None, body })
+}
+
+/// One key's weight and its update of a decode row's state.
+fn decode_weights(softmax: bool) -> Vec<String> {
+    let lines: &[&str] = if softmax {
+        &[
+            "const float mn_ = attnc_fmax(m_[r_], sc_);",
+            "if (mn_ == -ATTNC_INF) continue;",
+            "const float scale_ = expf(m_[r_] - mn_), p_ = expf(sc_ - mn_);",
+            "l_[r_] = l_[r_] * scale_ + p_;",
+            "m_[r_] = mn_;",
+            "#pragma unroll",
+            "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] = o_[r_][t_] * scale_ + p_ * v_[t_];",
+        ]
+    } else {
+        &["const float w_ = attnc_sigmoid(sc_);", "#pragma unroll", "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] += w_ * v_[t_];"]
+    };
+    lines.iter().map(|s| s.to_string()).collect()
+}
+
+/// A decode item's rows (one split), or its partial state (`max, sum, acc` per row) for the
+/// merge.
+fn decode_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let inv = if fl.softmax { "(l_[r_] == 0.0f ? 0.0f : 1.0f / l_[r_])" } else { "1.0f" };
+    let mut out = vec![
+        "for (int r_ = 0; r_ < MR_; ++r_) {".to_string(),
+        "  const i64 i_ = qb_ * MR_ + r_;".into(),
+        "  if (i_ >= M_) break;".into(),
+        "  if (splits_ == 1) {".into(),
+        format!("    const float inv_ = {inv};"),
+        "    for (int t_ = 0; t_ < T_; ++t_) {".into(),
+        "      const i64 col_ = lane_ + 32 * t_;".into(),
+    ];
+    out.push(format!("      if (col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[r_][t_] * inv_)")?));
+    out.push("    }".into());
+    if fl.softmax
+        && let Some(st) = fl.store_lse("i_", "m_[r_] + logf(l_[r_])")?
+    {
+        out.push(format!("    if (lane_ == 0) {st}"));
+    }
+    out.extend(
+        [
+            "    continue;",
+            "  }",
+            "  float* pr_ = part_ + (w_ * MR_ + r_) * (DV_ + 2);",
+            "  for (int t_ = 0; t_ < T_; ++t_) {",
+            "    const i64 col_ = lane_ + 32 * t_;",
+            "    if (col_ < DV_) pr_[2 + col_] = o_[r_][t_];",
+            "  }",
+            "  if (lane_ == 0) { pr_[0] = m_[r_]; pr_[1] = l_[r_]; }",
+            "}",
+        ]
+        .map(String::from),
+    );
+    Ok(out)
+}
+
+/// The merge of split-key partial states: one warp per (batch index, query block).
+pub(super) fn emit_merge(ints: &Ints, items: &str, f: &FlashKernel) -> Result<KernelSource, CudaEmitError> {
+    let fl = Flash::new(ints, f);
+    let (m, _, _, dv) = f.sizes();
+    let mut body = vec![
+        "const int lane_ = threadIdx.x & 31;".to_string(),
+        format!("const i64 M_ = {}, DV_ = {}, bm_ = {};", ints.dim(&m)?, ints.dim(&dv)?, fl.tuning(Tuning::BlockM)?),
+        format!("const i64 nqb_ = {}, splits_ = {};", fl.tuning(Tuning::QueryBlocks)?, fl.tuning(Tuning::Splits)?),
+        format!("const float* __restrict__ part_ = {};", ptr(f.partials, attn_compiler::ir::DType::F32, false)),
+        format!(
+            "for (i64 w_ = (i64)blockIdx.x * {CUDA_ROW_WARPS} + (threadIdx.x >> 5); w_ < {items}; w_ += (i64)gridDim.x * {CUDA_ROW_WARPS}) {{"
+        ),
+    ];
+    let mut it = vec!["const i64 qb_ = w_ % nqb_, bz_ = w_ / nqb_;".to_string()];
+    let p = delinearize(ints, &mut it, "bz_", &fl.batch, "p")?;
+    let strides = f.out.batch_strides(&fl.batch);
+    let bview = View { shape: fl.batch.clone(), strides, ..f.out.clone() };
+    it.push(format!("const i64 ooff_ = {};", ints.offset(&bview, &p)?));
+    it.extend(fl.lse_offset(&p)?);
+    it.push("for (i64 r_ = 0; r_ < bm_ && qb_ * bm_ + r_ < M_; ++r_) {".into());
+    it.push("  const i64 i_ = qb_ * bm_ + r_;".into());
+    it.push("  const float* row_ = part_ + (w_ * splits_ * bm_ + r_) * (DV_ + 2);  // split s at row_ + s * bm_ * (DV_ + 2)".into());
+    it.push("  const i64 ps_ = bm_ * (DV_ + 2);".into());
+    let mut row = Vec::new();
+    if fl.softmax {
+        row.extend(
+            [
+                "float mx_ = -ATTNC_INF;",
+                "for (i64 s_ = lane_; s_ < splits_; s_ += 32) mx_ = attnc_fmax(mx_, row_[s_ * ps_]);",
+                "mx_ = attnc_warp_max(mx_);",
+                "float L_ = 0.0f;",
+                "for (i64 s_ = lane_; s_ < splits_; s_ += 32) {",
+                "  const float ms_ = row_[s_ * ps_];",
+                "  if (ms_ != -ATTNC_INF) L_ += expf(ms_ - mx_) * row_[s_ * ps_ + 1];",
+                "}",
+                "L_ = attnc_warp_sum(L_);",
+                "for (i64 col_ = lane_; col_ < DV_; col_ += 32) {",
+                "  float acc_ = 0.0f;",
+                "  for (i64 s_ = 0; s_ < splits_; ++s_) {",
+                "    const float ms_ = row_[s_ * ps_];",
+                "    if (ms_ != -ATTNC_INF) acc_ += expf(ms_ - mx_) * row_[s_ * ps_ + 2 + col_];",
+                "  }",
+            ]
+            .map(String::from),
+        );
+        row.push(format!("  {}", fl.store_out("i_", "col_", "(L_ == 0.0f ? 0.0f : acc_ / L_)")?));
+        row.push("}".into());
+        if let Some(st) = fl.store_lse("i_", "mx_ + logf(L_)")? {
+            row.push(format!("if (lane_ == 0) {st}"));
+        }
+    } else {
+        row.push("for (i64 col_ = lane_; col_ < DV_; col_ += 32) {".into());
+        row.push("  float acc_ = 0.0f;".into());
+        row.push("  for (i64 s_ = 0; s_ < splits_; ++s_) acc_ += row_[s_ * ps_ + 2 + col_];".into());
+        row.push(format!("  {}", fl.store_out("i_", "col_", "acc_")?));
+        row.push("}".into());
+    }
+    it.extend(indent(&row, 2));
+    it.push("}".into());
+    body.extend(indent(&it, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_THREADS, items_per_block: CUDA_ROW_WARPS, smem: Smem::None, body })
+}

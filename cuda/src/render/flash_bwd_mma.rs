@@ -1,0 +1,441 @@
+//! The flash backward on tensor cores (FlashAttention-2's backward with `mma.sync.m16n8k16`,
+//! f32 accumulation), for f16/bf16 `q`, `k`, `v` (and `d_out` of their type or f32, rounded to
+//! it on staging: an f32 bias makes the op's result f32) when no extra operand's gradient is
+//! asked for ([`Variant::TensorCore`](attn_compiler::schedule::Variant) of a [`FlashBwdKernel`]).
+//! A block has four warps and one of two kinds of work item, each owning what it writes, so
+//! every sum runs in a fixed order:
+//!
+//! 1. A block of [`CUDA_MMA_BWD_BLOCK`] keys of one batch index (items `0 .. batch · key
+//!    blocks`); warp `w` owns keys `16w .. 16w + 16` and their `dK` and `dV` rows in
+//!    registers. K and V stay in shared memory; for each query tile the tile table does not skip,
+//!    half a tile (32 rows) at a time, Q, `d_out` (copied while the previous half tile is
+//!    worked on: two buffers) and the rows' `lse` and `delta` are staged,
+//!    and `Sᵀ = K Qᵀ`, `dPᵀ = V d_outᵀ` (tensor cores), the weights and `dSᵀ` (per element,
+//!    through the score modification and the mask), then `dV += Pᵀ d_out` and `dK += dSᵀ Q`
+//!    (tensor cores, P and dS rounded to the operands' type).
+//! 2. A tile of [`CUDA_MMA_BWD_BLOCK`] query rows (the next `batch · query blocks` items, when
+//!    `dQ` is asked for): warp `w` owns rows `16w .. 16w + 16` and their `dQ` in registers; for
+//!    each live key tile, half at a time, `S = Q Kᵀ`, `dP = d_out Vᵀ`, `dS`, then `dQ += dS K`.
+//!
+//! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
+
+use super::cexpr::{Ints, indent, load, ptr, round_to, store};
+use super::flash_bwd::{items_head, row_col, sizes_head, weight_and_ds};
+use super::ops;
+use super::score::ScoreCtx;
+use super::{CudaEmitError, KernelSource, Smem};
+use attn_compiler::ir::semantics::Class;
+use attn_compiler::ir::{DType, Dim};
+use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
+use attn_compiler::schedule::{FlashBwdKernel, View};
+
+/// The tensor-core backward kernel of a flash backward step.
+pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
+    if !f.dx.is_empty() {
+        return Err(ints.fail("the tensor-core flash backward writes no extra operand's gradient".into()));
+    }
+    let step = f.step;
+    let bf16 = f.k.dtype == DType::BF16;
+    let (mma, pack, conv) = if bf16 { ("attnc_mma_b", "attnc_pack_b", "attnc_f2b") } else { ("attnc_mma_h", "attnc_pack_h", "attnc_f2h") };
+    let blk = CUDA_MMA_BWD_BLOCK;
+    let half = blk / 2;
+    let mut body = vec![
+        "ATTNC_DYN_SMEM;".to_string(),
+        format!(
+            "constexpr int HD_ = ATTNC_HD_{step}, LD_ = HD_ + 8, DT_ = HD_ / 8, KS_ = HD_ / 16;  // head width (padded); shared row stride (halves)"
+        ),
+        format!("constexpr int BL_ = {blk}, HB_ = {half};  // rows of a block, of half a tile"),
+        "u16* A_ = (u16*)attnc_smem;  // [BL_][LD_]: K (key items) or Q (query items)".into(),
+        "u16* B_ = A_ + BL_ * LD_;     // [BL_][LD_]: V or d_out".into(),
+        "u16* C_ = B_ + BL_ * LD_;     // [2][HB_][LD_]: Q or K, half a tile, two buffers".into(),
+        "u16* E_ = C_ + 2 * HB_ * LD_; // [2][HB_][LD_]: d_out or V".into(),
+        "float* L_ = (float*)(E_ + 2 * HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
+        "float* G_ = L_ + BL_;                  // [BL_]: the rows' delta = Σ d_out ∘ out".into(),
+        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
+        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
+        "// The row this lane gives ldmatrix (elements from a 16 x 16 corner): an A fragment or".into(),
+        "// transposed B fragments (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8), B fragments of two".into(),
+        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8).".into(),
+        "const int fa_ = ((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8;".into(),
+        "const int fb_ = ((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8;".into(),
+        "const unsigned As_ = attnc_saddr(A_), Bs_ = attnc_saddr(B_), Cs_ = attnc_saddr(C_), Es_ = attnc_saddr(E_);".into(),
+    ];
+    body.extend(sizes_head(ints, f)?);
+    let (mut it, p) = items_head(ints, f, items, &mut body)?;
+    it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
+    it.push("attnc_sync();  // the previous item is done with shared memory".into());
+    let cx = Cx { ints, f, p: &p, mma, pack, conv };
+    it.push(cx.vec_line()?);
+    it.push("if (keys_) {".into());
+    it.extend(indent(&cx.key_block()?, 2));
+    it.push("}".into());
+    if f.dq.is_some() {
+        it.push("else {".into());
+        it.extend(indent(&cx.query_tile()?, 2));
+        it.push("}".into());
+    }
+    body.extend(indent(&it, 2));
+    body.push("}".into());
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashBwdMma(step), body })
+}
+
+/// Copies a half tile into a buffer: (the buffer's index expression, the first row).
+type Stage<'a> = dyn Fn(&str, &str) -> Result<Vec<String>, CudaEmitError> + 'a;
+
+/// An item's half tiles: how many, and expressions of a half tile `@`: whether it is worked on,
+/// its tile's class, its first row.
+#[derive(Clone, Copy)]
+struct Walk<'a> {
+    count: &'a str,
+    live: &'a str,
+    class: &'a str,
+    first: &'a str,
+}
+
+/// What the two kinds of work item share.
+struct Cx<'a> {
+    ints: &'a Ints<'a>,
+    f: &'a FlashBwdKernel,
+    p: &'a [String],
+    mma: &'a str,
+    pack: &'a str,
+    /// f32 to the operand type (an f32 `d_out` is rounded to it on staging).
+    conv: &'a str,
+}
+
+impl Cx<'_> {
+    /// Copies rows `first ..` (`rows` of them) of a `[.., rows, width]` operand into shared
+    /// buffer `buf` as raw halves, zero outside the matrix and beyond the width: 16 bytes at a
+    /// time by `cp.async` when `vec_`, else element by element. The caller commits, waits and
+    /// syncs before reading.
+    fn stage(
+        &self,
+        buf: &str,
+        rows: &str,
+        (view, base): (&View, &str),
+        first: &str,
+        (limit, width): (&str, &str),
+    ) -> Result<Vec<String>, CudaEmitError> {
+        let at = row_col(self.ints, view, base, "x_", "(i64)c_")?;
+        let src = ptr(view.buf, view.dtype, false);
+        if view.dtype == DType::F32 {
+            return Ok(vec![
+                format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+                "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
+                format!("  const i64 x_ = {first} + r_;"),
+                format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {}({src}[{at}]) : (u16)0;", self.conv),
+            ]
+            .into_iter()
+            .chain(std::iter::once("}".to_string()))
+            .collect());
+        }
+        let scalar = vec![
+            format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+            "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
+            format!("  const i64 x_ = {first} + r_;"),
+            format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {src}[{at}] : (u16)0;"),
+            "}".into(),
+        ];
+        if !self.unit_columns() {
+            return Ok(scalar);
+        }
+        let mut out = vec![
+            "if (vec_) {".to_string(),
+            format!("  for (int e_ = tid_; e_ < {rows} * (HD_ / 8); e_ += {CUDA_FLASH_THREADS}) {{"),
+            "    const int r_ = e_ / (HD_ / 8), c_ = (e_ % (HD_ / 8)) * 8;".into(),
+            format!("    const i64 x_ = {first} + r_;"),
+            format!("    const bool in_ = x_ < {limit} && c_ < {width};"),
+            format!(
+                "    attnc_cp16(attnc_saddr({buf}) + 2u * (r_ * LD_ + c_), in_ ? (const void*)&{src}[{at}] : (const void*){src}, in_);"
+            ),
+            "  }".into(),
+            "} else {".into(),
+        ];
+        out.extend(indent(&scalar, 2));
+        out.push("}".into());
+        Ok(out)
+    }
+
+    /// The operands copied as raw halves (q, k, v, and d_out unless it is f32), with their
+    /// batch offsets' names.
+    fn halves(&self) -> Vec<(&View, &'static str)> {
+        let f = self.f;
+        let all = [(&f.q, "qoff_"), (&f.k, "koff_"), (&f.v, "voff_"), (&f.d_out, "dooff_")];
+        all.into_iter().filter(|(view, _)| view.dtype != DType::F32).collect()
+    }
+
+    /// Whether the raw-half operands have unit column stride (known at emission): the condition
+    /// for any 16-byte copy of their rows.
+    fn unit_columns(&self) -> bool {
+        self.halves().iter().all(|(view, _)| view.strides.last().and_then(Dim::as_const) == Some(1))
+    }
+
+    /// `const bool vec_`: whether this item's rows can be copied 16 bytes at a time (widths, row
+    /// strides and offsets multiples of 8 halves, checked per run).
+    fn vec_line(&self) -> Result<String, CudaEmitError> {
+        if !self.unit_columns() {
+            return Ok("const bool vec_ = false;".into());
+        }
+        let mut conds = vec!["D_ % 8 == 0".to_string(), "DV_ % 8 == 0".into()];
+        for (view, base) in self.halves() {
+            conds.push(format!("{base} % 8 == 0"));
+            conds.push(format!("{} % 8 == 0", self.ints.dim(&view.strides[view.strides.len() - 2])?));
+        }
+        Ok(format!("const bool vec_ = {};  // 16-byte copies", conds.join(" && ")))
+    }
+
+    /// Each of rows `first ..` (`rows` of them) gets its log-sum-exp and `delta` in `L_` and
+    /// `G_` (softmax weights), one thread per row.
+    fn stage_stats(&self, rows: &str, first: &str) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let Some((l, o)) = &f.lse else { return Ok(Vec::new()) };
+        let s = &l.strides[l.strides.len() - 1];
+        let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
+        let elem = |view: &View, base: &str| -> Result<String, CudaEmitError> {
+            let raw =
+                ops::CVal { text: load(view.buf, view.dtype, &row_col(self.ints, view, base, "i_", "c_")?), class: Class::of(view.dtype) };
+            Ok(ops::convert(&raw, Class::Float))
+        };
+        // 128 / rows consecutive lanes per row, each summing every (128 / rows)-th column, then
+        // a fixed shuffle tree over them.
+        Ok(vec![
+            "{".into(),
+            format!("  constexpr int TR_ = {CUDA_FLASH_THREADS} / {rows};  // threads per row"),
+            format!("  const int sr_ = tid_ / TR_, part_ = tid_ % TR_;"),
+            format!("  const i64 i_ = {first} + sr_;"),
+            "  float t_ = 0.0f;".into(),
+            format!(
+                "  if (i_ < M_) for (i64 c_ = part_; c_ < DV_; c_ += TR_) t_ += {} * {};",
+                elem(&f.d_out, "dooff_")?,
+                elem(o, "ooff_")?
+            ),
+            "  #pragma unroll".into(),
+            "  for (int m_ = 1; m_ < TR_; m_ <<= 1) t_ += attnc_shfl_xor(t_, m_);".into(),
+            "  if (part_ == 0) {".into(),
+            format!("    L_[sr_] = i_ < M_ ? {} : 0.0f;", load(l.buf, DType::F32, &off)),
+            "    G_[sr_] = t_;".into(),
+            "  }".into(),
+            "}".into(),
+        ])
+    }
+
+    /// `acc[16 rows][32 columns] = X Yᵀ` over the padded head width: X's 16 rows from shared
+    /// address `xs` (`xrow` the warp's first row), Y's 32 rows from `ys`.
+    fn product(&self, acc: &str, xs: &str, xrow: &str, ys: &str) -> Vec<String> {
+        let mma = self.mma;
+        vec![
+            format!("float {acc}[4][4];"),
+            "#pragma unroll".into(),
+            format!(
+                "for (int nt_ = 0; nt_ < 4; ++nt_) {{ {acc}[nt_][0] = 0.0f; {acc}[nt_][1] = 0.0f; {acc}[nt_][2] = 0.0f; {acc}[nt_][3] = 0.0f; }}"
+            ),
+            "#pragma unroll".into(),
+            "for (int ks_ = 0; ks_ < KS_; ++ks_) {".into(),
+            "  unsigned a_[4];".into(),
+            format!("  attnc_ldsm_x4(a_, {xs} + 2u * (fa_ + ({xrow}) * LD_ + ks_ * 16));"),
+            "  #pragma unroll".into(),
+            "  for (int nt_ = 0; nt_ < 4; nt_ += 2) {".into(),
+            "    unsigned b_[4];".into(),
+            format!("    attnc_ldsm_x4(b_, {ys} + 2u * (fb_ + nt_ * 8 * LD_ + ks_ * 16));"),
+            format!("    {mma}({acc}[nt_], a_, b_);"),
+            format!("    {mma}({acc}[nt_ + 1], a_, b_ + 2);"),
+            "  }".into(),
+            "}".into(),
+        ]
+    }
+
+    /// `acc[16][HD_] += X Z` for X = the 16 × 32 accumulator `x` (rounded to the operand type)
+    /// and Z's 32 rows in shared memory at `zs` (transposed `ldmatrix`).
+    fn accumulate(&self, acc: &str, x: &str, zs: &str) -> Vec<String> {
+        let (mma, pack) = (self.mma, self.pack);
+        vec![
+            "#pragma unroll".into(),
+            "for (int kk_ = 0; kk_ < 2; ++kk_) {".into(),
+            "  unsigned a_[4];".into(),
+            format!("  a_[0] = {pack}({x}[2 * kk_][0], {x}[2 * kk_][1]);"),
+            format!("  a_[1] = {pack}({x}[2 * kk_][2], {x}[2 * kk_][3]);"),
+            format!("  a_[2] = {pack}({x}[2 * kk_ + 1][0], {x}[2 * kk_ + 1][1]);"),
+            format!("  a_[3] = {pack}({x}[2 * kk_ + 1][2], {x}[2 * kk_ + 1][3]);"),
+            "  #pragma unroll".into(),
+            "  for (int t_ = 0; t_ < DT_; t_ += 2) {".into(),
+            "    unsigned b_[4];".into(),
+            format!("    attnc_ldsm_x4_t(b_, {zs} + 2u * (fa_ + kk_ * 16 * LD_ + t_ * 8));"),
+            format!("    {mma}({acc}[t_], a_, b_);"),
+            format!("    {mma}({acc}[t_ + 1], a_, b_ + 2);"),
+            "  }".into(),
+            "}".into(),
+        ]
+    }
+
+    /// Per accumulator element (`nt_`, `e_`) at query `i_`, key `j_`, statistics row `sr_`: the
+    /// weight into `s_` and `dS` into `dp_` (from the raw product `s_` and `dP` in `dp_`).
+    fn weights(&self, position: &str) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let mut pos = self.p.to_vec();
+        pos.push("i_".into());
+        pos.push("j_".into());
+        let cx = ScoreCtx { ints: self.ints, s: Some("sv_"), pos: &pos, extras: &f.extras };
+        let mut el = vec![position.to_string(), "const float sv_ = s_[nt_][e_] * qscale_, dpv_ = dp_[nt_][e_];".into()];
+        el.push("float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".into());
+        el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
+        el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"))?);
+        el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
+        let mut out = vec![
+            "#pragma unroll".to_string(),
+            "for (int nt_ = 0; nt_ < 4; ++nt_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+        ];
+        out.extend(indent(&el, 4));
+        out.push("  }".into());
+        out.push("}".into());
+        Ok(out)
+    }
+
+    /// Stores accumulator `acc` (`[DT_][4]`, rows `row` of the warp) times `scale` into a
+    /// result's rows below `limit`, columns below `width`.
+    fn store_rows(&self, acc: &str, view: &View, base: &str, scale: &str, limit: &str, width: &str) -> Result<Vec<String>, CudaEmitError> {
+        let value = round_to(view.dtype, &format!("({scale} * {acc}[t_][e_])"));
+        Ok(vec![
+            "#pragma unroll".into(),
+            "for (int t_ = 0; t_ < DT_; ++t_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+            "    const i64 r_ = row0_ + g_ + (e_ >> 1) * 8, c_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into(),
+            format!(
+                "    if (r_ < {limit} && c_ < {width}) {}",
+                store(view.buf, view.dtype, &row_col(self.ints, view, base, "r_", "c_")?, &value)
+            ),
+            "  }".into(),
+            "}".into(),
+        ])
+    }
+
+    fn zero(acc: &str) -> Vec<String> {
+        vec![
+            format!("float {acc}[DT_][4];"),
+            "#pragma unroll".into(),
+            format!(
+                "for (int t_ = 0; t_ < DT_; ++t_) {{ {acc}[t_][0] = 0.0f; {acc}[t_][1] = 0.0f; {acc}[t_][2] = 0.0f; {acc}[t_][3] = 0.0f; }}"
+            ),
+        ]
+    }
+
+    /// The loop over an item's live half tiles (`count` of them; `live`, `class` and `first`
+    /// are expressions of a half tile `@`: whether it is worked on, its tile's class, its first
+    /// row). Half tile `h_` is copied into
+    /// buffer `cb_` while the previous one is worked on. Around `body`, which reads `x0_` (the
+    /// first row), `cls_` and the buffers' shared addresses `Cb_`, `Eb_`; `stats` run before it
+    /// (synchronously, after the next copies are on their way).
+    fn half_tiles(&self, walk: &Walk, stage: &Stage, stats: Vec<String>, body: Vec<String>) -> Result<Vec<String>, CudaEmitError> {
+        let Walk { count, live, class, first } = *walk;
+        let at = |x: &str, h: &str| x.replace('@', h);
+        let mut out = vec![
+            format!("auto live_ = [&](i64 h) -> bool {{ return {}; }};", at(live, "h")),
+            "i64 h_ = 0;".into(),
+            format!("while (h_ < {count} && !live_(h_)) ++h_;"),
+            "int cb_ = 0;  // the buffer of half tile h_".into(),
+            format!("if (h_ < {count}) {{"),
+            format!("  const i64 f0_ = {};", at(first, "h_")),
+        ];
+        out.extend(indent(&stage("0", "f0_")?, 2));
+        out.push("  attnc_cp_commit();".into());
+        out.push("}".into());
+        out.push(format!("while (h_ < {count}) {{"));
+        let mut it = vec![
+            "i64 hn_ = h_ + 1;".to_string(),
+            format!("while (hn_ < {count} && !live_(hn_)) ++hn_;"),
+            format!("const int cls_ = {};  // 0 skip, 1 full, 2 partial", at(class, "h_")),
+            format!("const i64 x0_ = {};  // the half tile's first row", at(first, "h_")),
+            "attnc_sync();  // every warp is done with the other buffer and with L_, G_".into(),
+            format!("if (hn_ < {count}) {{"),
+            format!("  const i64 f0_ = {};", at(first, "hn_")),
+        ];
+        it.extend(indent(&stage("cb_ ^ 1", "f0_")?, 2));
+        it.push("  attnc_cp_commit();".into());
+        it.push("}".into());
+        it.extend(stats);
+        it.push(format!("if (hn_ < {count}) attnc_cp_wait_1(); else attnc_cp_wait_all();  // this half tile is in"));
+        it.push("attnc_sync();".into());
+        it.push("const unsigned Cb_ = Cs_ + cb_ * (2u * HB_ * LD_), Eb_ = Es_ + cb_ * (2u * HB_ * LD_);".into());
+        it.extend(body);
+        it.push("cb_ ^= 1;".into());
+        it.push("h_ = hn_;".into());
+        out.extend(indent(&it, 2));
+        out.push("}".into());
+        Ok(out)
+    }
+
+    /// Work item 1: `dK` and `dV` of a key block.
+    fn key_block(&self) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let mut out = vec!["const i64 kb0_ = blk_ * BL_, row0_ = kb0_ + warp_ * 16;  // the block's keys; the warp's".to_string()];
+        out.extend(self.stage("A_", "BL_", (&f.k, "koff_"), "kb0_", ("N_", "D_"))?);
+        out.extend(self.stage("B_", "BL_", (&f.v, "voff_"), "kb0_", ("N_", "DV_"))?);
+        out.push("attnc_cp_commit();".into());
+        out.extend(Self::zero("dk_"));
+        out.extend(Self::zero("dv_"));
+        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
+            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.q, "qoff_"), row, ("M_", "D_"))?;
+            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.d_out, "dooff_"), row, ("M_", "DV_"))?);
+            Ok(v)
+        };
+        let mut body = vec!["// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.".to_string()];
+        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
+        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        body.extend(
+            self.weights("const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = x0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;")?,
+        );
+        body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
+        body.extend(self.accumulate("dv_", "s_", "Eb_"));
+        body.extend(self.accumulate("dk_", "dp_", "Cb_"));
+        let walk = Walk {
+            count: "2 * nqb_",
+            live: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < M_",
+            class: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_]",
+            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+        };
+        out.extend(self.half_tiles(&walk, &stage, self.stage_stats("HB_", "x0_")?, body)?);
+        if let Some(dk) = &f.dk {
+            out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
+        }
+        if let Some(dv) = &f.dv {
+            out.extend(self.store_rows("dv_", dv, "dvoff_", "1.0f", "N_", "DV_")?);
+        }
+        Ok(out)
+    }
+
+    /// Work item 2: `dQ` of a query tile.
+    fn query_tile(&self) -> Result<Vec<String>, CudaEmitError> {
+        let f = self.f;
+        let Some(dq) = &f.dq else { return Ok(Vec::new()) };
+        let mut out = vec!["const i64 q0_ = blk_ * BL_, row0_ = q0_ + warp_ * 16;  // the tile's rows; the warp's".to_string()];
+        out.extend(self.stage("A_", "BL_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
+        out.extend(self.stage("B_", "BL_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
+        out.push("attnc_cp_commit();".into());
+        out.extend(self.stage_stats("BL_", "q0_")?);
+        out.extend(Self::zero("dq_"));
+        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
+            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.k, "koff_"), row, ("N_", "D_"))?;
+            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.v, "voff_"), row, ("N_", "DV_"))?);
+            Ok(v)
+        };
+        let mut body = vec!["// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.".to_string()];
+        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
+        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        body.extend(self.weights(
+            "const int sr_ = warp_ * 16 + g_ + (e_ >> 1) * 8; const i64 i_ = q0_ + sr_, j_ = x0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);",
+        )?);
+        body.push("// dQ += dS K".into());
+        body.extend(self.accumulate("dq_", "dp_", "Cb_"));
+        let walk = Walk {
+            count: "2 * nkb_",
+            live: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < N_",
+            class: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_]",
+            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+        };
+        out.extend(self.half_tiles(&walk, &stage, Vec::new(), body)?);
+        out.extend(self.store_rows("dq_", dq, "dqoff_", "dqscale_", "M_", "D_")?);
+        Ok(out)
+    }
+}

@@ -1,0 +1,249 @@
+//! The CUDA renderer: a [`Schedule`] for the CUDA target in, one self-contained CUDA
+//! translation unit out ([`CudaProgram`]), one kernel per step. It decides nothing the schedule
+//! has not decided: buffers, views, what is computed inline, kernel variants and work items come
+//! from the schedule, block sizes from [`attn_compiler::schedule::policy`] and the integer table. Pure:
+//! no IO, no device, no NVRTC.
+//!
+//! Every kernel has the same parameters: the buffers (`b0`, `b1`, ...), then the schedule's
+//! integer table (`t0`, `t1`, ... as 64-bit integers), so sizes, strides and block choices are
+//! run-time values and a new sequence length recompiles nothing. The flash kernels' padded head
+//! width (and the tensor-core key tile) are compile-time macros (`ATTNC_HD_{step}`,
+//! `ATTNC_BN_{step}`) that [`attn_compiler::schedule::prepare()`] computes from the dims: a new head
+//! width compiles the source again.
+//!
+//! Each kernel loops over its step's work items (`for (w_ = blockIdx.x; w_ < items; w_ +=
+//! gridDim.x)`, or one item per warp), so any grid size is correct; [`launches`] sizes the grid
+//! from the prepared work items.
+//!
+//! Files: `cexpr` (C text: integers, literals, loads and stores), `ops` (the scalar ops of
+//! [`attn_compiler::ir::semantics`] as C), `score` (flash score expressions), one renderer per kernel
+//! kind (`elementwise`, `matmul`, `rows`, `flash`), `prelude` (device helpers), `launch`.
+
+mod cexpr;
+mod elementwise;
+mod flash;
+mod flash_bwd;
+mod flash_bwd_mma;
+mod launch;
+mod matmul;
+mod ops;
+mod prelude;
+mod rows;
+mod score;
+
+#[cfg(test)]
+mod tests;
+
+use attn_compiler::schedule::{BufferKind, Kernel, Schedule, Target};
+use attn_compiler::{RenderError, Renderer, Stage};
+use cexpr::Ints;
+use std::fmt::Write as _;
+use thiserror::Error;
+
+pub use cexpr::storage_bytes;
+pub use launch::{DeviceLimits, LaunchError, ReadyLaunch, buffer_bytes, launches};
+pub use prelude::{PRELUDE_BEGIN, PRELUDE_END};
+
+/// Why a schedule could not be rendered as CUDA.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum CudaEmitError {
+    /// The schedule is not for CUDA.
+    #[error("schedule `{graph}` is for {target}, not the cuda target")]
+    Target {
+        /// The graph.
+        graph: String,
+        /// The schedule's target.
+        target: String,
+    },
+    /// A step that could not be rendered (a renderer bug): which, and why.
+    #[error("graph `{graph}`{}: {reason}", step.map_or(String::new(), |s| format!(", step {s}")))]
+    Render {
+        /// The graph.
+        graph: String,
+        /// The step, when known.
+        step: Option<usize>,
+        /// The source expression of the step's node, when known.
+        span: Option<attn_dsl::Span>,
+        /// What was missing.
+        reason: String,
+    },
+}
+
+impl From<CudaEmitError> for RenderError {
+    fn from(e: CudaEmitError) -> RenderError {
+        let span = match &e {
+            CudaEmitError::Render { span, .. } => *span,
+            CudaEmitError::Target { .. } => None,
+        };
+        RenderError { target: Target::Cuda, span, message: e.to_string() }
+    }
+}
+
+/// The CUDA renderer as the pipeline's `cuda` stage: each schedule's translation unit under a
+/// `// ===== graph NAME =====` line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaText;
+
+impl Renderer for CudaText {
+    fn stage(&self) -> Stage {
+        Stage::Cuda
+    }
+
+    fn target(&self) -> Target {
+        Target::Cuda
+    }
+
+    fn render_text(&self, schedule: &Schedule) -> Result<String, RenderError> {
+        let program = render(schedule)?;
+        Ok(format!("// ===== graph {} =====\n{}", program.graph, program.source))
+    }
+}
+
+/// Dynamic shared memory of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Smem {
+    /// None (static arrays only).
+    None,
+    /// The SIMT flash kernel of a step: `(16·HD + 32·(HD+1) + 32·HD)` floats.
+    FlashSimt(usize),
+    /// The SIMT flash kernel with additive scores: also `e^{2q}`, `e^{2k}` and the weight,
+    /// `(2·(16·HD + 32·(HD+1)) + 32·HD + HD)` floats.
+    FlashSimtAdditive(usize),
+    /// The tensor-core flash kernel of a step: `(64·MT + 2·BN)·(HD+8)` halves.
+    FlashMma(usize),
+    /// The tensor-core flash backward of a step: `4·64·(HD+8)` halves and `2·64` floats.
+    FlashBwdMma(usize),
+}
+
+/// One step's kernel: its name and how it is launched.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaKernel {
+    /// The `extern "C"` kernel name.
+    pub name: String,
+    /// Threads per block.
+    pub threads: u32,
+    /// Work items one block takes (per pass of its loop).
+    pub items_per_block: i64,
+    /// Dynamic shared memory.
+    pub smem: Smem,
+}
+
+/// A schedule rendered as CUDA C++.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaProgram {
+    /// The graph's (entry point's) name.
+    pub graph: String,
+    /// The CUDA C++ translation unit (no includes; compile with NVRTC for sm_80 or newer).
+    pub source: String,
+    /// One kernel per step of the schedule, in order.
+    pub kernels: Vec<CudaKernel>,
+}
+
+/// A rendered kernel body and its launch shape.
+struct KernelSource {
+    threads: u32,
+    items_per_block: i64,
+    smem: Smem,
+    body: Vec<String>,
+}
+
+/// Renders a CUDA schedule.
+pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
+    if schedule.target != Target::Cuda {
+        return Err(CudaEmitError::Target { graph: schedule.name.clone(), target: schedule.target.name().to_string() });
+    }
+    let ints = Ints { schedule };
+    let mut kernels = Vec::new();
+    let mut text = String::new();
+    for (s, step) in schedule.steps.iter().enumerate() {
+        let items = format!("t{}", step.work);
+        let at_step = |e: CudaEmitError| match e {
+            CudaEmitError::Render { graph, step: None, reason, .. } => {
+                CudaEmitError::Render { graph, step: Some(s), span: step.span, reason: format!("{}: {reason}", step.label) }
+            }
+            e => e,
+        };
+        let src = match &step.kernel {
+            Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&ints, &items, out, inputs, expr, more),
+            Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
+            Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
+            Kernel::ReduceOf { x, op, axes, out } => rows::reduce_of(&ints, &items, x, *op, axes, out),
+            Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
+            Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
+            Kernel::ArgSort { x, axis, descending, out, scratch, limit } => match limit {
+                Some(k) if *k <= attn_compiler::schedule::policy::CUDA_SELECT_MAX => rows::argselect(&ints, &items, x, *axis, *descending, out, *k),
+                _ => rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref()),
+            },
+            Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
+            Kernel::PrefixAttention { q, k, v, reverse, out } => rows::prefix_attention(&ints, &items, q, k, v, *reverse, out),
+            Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
+            Kernel::Flash(f) => flash::emit(&ints, &items, f),
+            Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),
+            Kernel::FlashBwd(f) if f.variant == attn_compiler::schedule::Variant::TensorCore => flash_bwd_mma::emit(&ints, &items, f),
+            Kernel::FlashBwd(f) => flash_bwd::emit(&ints, &items, f),
+            Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&ints, &items, f),
+        }
+        .map_err(at_step)?;
+        let name = format!("attnc_s{s}_{}", step.kernel.name());
+        let variant = match &step.kernel {
+            Kernel::MatMul { variant, .. } => format!(" ({})", variant.name()),
+            Kernel::Flash(f) => format!(" ({})", f.variant.name()),
+            Kernel::FlashBwd(f) => format!(" ({})", f.variant.name()),
+            _ => String::new(),
+        };
+        let _ = writeln!(text, "\n// step {s}: {}{variant}", step.label);
+        let _ = writeln!(text, "ATTNC_KERNEL void __launch_bounds__({}) {name}(ATTNC_ARGS) {{", src.threads);
+        for line in &src.body {
+            let _ = writeln!(text, "  {line}");
+        }
+        text.push_str("}\n");
+        kernels.push(CudaKernel { name, threads: src.threads, items_per_block: src.items_per_block, smem: src.smem });
+    }
+    Ok(CudaProgram { graph: schedule.name.clone(), source: preamble(schedule) + &text, kernels })
+}
+
+/// The helpers, the kernel parameter list and the head-width macros' defaults.
+fn preamble(schedule: &Schedule) -> String {
+    let mut src = String::new();
+    let _ = writeln!(src, "// attnc: CUDA kernels of graph `{}` ({} steps)", schedule.name, schedule.steps.len());
+    src.push_str(&prelude::preamble());
+    let mut args: Vec<String> = (0..schedule.buffers.len()).map(|b| format!("void* const b{b}")).collect();
+    args.extend((0..schedule.ints.len()).map(|t| format!("const i64 t{t}")));
+    let buffers: Vec<String> = schedule
+        .buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let what = match &b.kind {
+                BufferKind::Param(k) => format!("param {k}"),
+                BufferKind::Output(k) => format!("output {k}"),
+                BufferKind::Temp => format!("%{}", b.value),
+                BufferKind::TileTable { step } => format!("tiles of step {step}"),
+                BufferKind::Partials { step } => format!("partials of step {step}"),
+                BufferKind::Fault => "fault record".to_string(),
+            };
+            format!("b{i} = {what}")
+        })
+        .collect();
+    let _ = writeln!(src, "// Buffers: {}", buffers.join(", "));
+    let _ = writeln!(src, "#define ATTNC_ARGS {}", args.join(", "));
+    for (s, step) in schedule.steps.iter().enumerate() {
+        if let Kernel::FlashBwd(_) = &step.kernel {
+            let _ =
+                writeln!(src, "#ifndef ATTNC_HD_{s}\n#define ATTNC_HD_{s} 128 // padded head width of step {s}; set from the dims\n#endif");
+        }
+        if let Kernel::Flash(f) = &step.kernel {
+            let _ =
+                writeln!(src, "#ifndef ATTNC_HD_{s}\n#define ATTNC_HD_{s} 128 // padded head width of step {s}; set from the dims\n#endif");
+            if f.variant == attn_compiler::schedule::Variant::TensorCore {
+                let _ =
+                    writeln!(src, "#ifndef ATTNC_BN_{s}\n#define ATTNC_BN_{s} 64 // keys per tile of step {s}; set from the dims\n#endif");
+                let _ = writeln!(
+                    src,
+                    "#ifndef ATTNC_MT_{s}\n#define ATTNC_MT_{s} 2 // query m-tiles per warp of step {s}; set from the dims\n#endif"
+                );
+            }
+        }
+    }
+    src
+}

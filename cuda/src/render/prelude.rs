@@ -1,0 +1,164 @@
+//! The helpers every emitted program starts with. The source includes no header (NVRTC needs
+//! none of the CUDA toolkit's): half-precision conversions and tensor-core products are inline
+//! PTX, warp exchanges and barriers are the built-in intrinsics, and everything the kernels use
+//! from the device goes through a helper here, so that a test can swap this block for a host
+//! C++ emulation (the text between the two marker lines).
+
+/// First line of the replaceable helper block.
+pub const PRELUDE_BEGIN: &str = "// ---- attnc prelude begin ----";
+/// Last line of the replaceable helper block.
+pub const PRELUDE_END: &str = "// ---- attnc prelude end ----";
+
+/// Types every emitted program uses, before (and outside) the replaceable block.
+pub(super) const TYPES: &str = "\
+typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned char u8;
+";
+
+/// The device helpers (between the markers).
+pub(super) const PRELUDE: &str = r#"#define ATTNC_DEV __device__ __forceinline__
+#define ATTNC_INF __int_as_float(0x7f800000)
+#define ATTNC_NAN __int_as_float(0x7fffffff)
+#define ATTNC_DINF __longlong_as_double(0x7ff0000000000000LL)
+#define ATTNC_DNAN __longlong_as_double(0x7ff8000000000000LL)
+#define ATTNC_LOG2E 1.4426950408889634f
+ATTNC_DEV float attnc_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+ATTNC_DEV u16 attnc_f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+ATTNC_DEV float attnc_b2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+ATTNC_DEV u16 attnc_f2b(float f) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+ATTNC_DEV float attnc_rh(float x) { return attnc_h2f(attnc_f2h(x)); }
+ATTNC_DEV float attnc_rb(float x) { return attnc_b2f(attnc_f2b(x)); }
+// Two floats packed as f16x2 / bf16x2: `lo` in the low half (the lower column of a fragment).
+ATTNC_DEV unsigned attnc_pack_h(float lo, float hi) { unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+ATTNC_DEV unsigned attnc_pack_b(float lo, float hi) { unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+ATTNC_DEV unsigned attnc_pack_u16(u16 lo, u16 hi) { return (unsigned)lo | ((unsigned)hi << 16); }
+ATTNC_DEV unsigned attnc_ld_u32(const u16* p) { return *(const unsigned*)p; }
+// D = A * B + D for one warp: m16n8k16, A row-major f16/bf16 (4 regs), B column-major (2 regs),
+// f32 accumulators (4 regs). Fragment layouts: PTX ISA, "mma.m16n8k16" matrix fragments.
+ATTNC_DEV void attnc_mma_h(float* c, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// A generic pointer into shared memory as a shared-window address (for ldmatrix, cp.async;
+// computed once per kernel, then offset in bytes).
+ATTNC_DEV unsigned attnc_saddr(const void* p) { unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
+// ldmatrix.m8n8.x4 at shared address `a`: lane L gives the address of row L % 8 of matrix L / 8
+// (16 bytes each); reg i gets matrix i's row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1
+// (transposed: rows 2 (L % 4) and 2 (L % 4) + 1 of column L / 4). Low half first.
+ATTNC_DEV void attnc_ldsm_x4(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+ATTNC_DEV void attnc_ldsm_x4_t(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+// 16 bytes from global memory to shared address `dst`, asynchronously; zeros when `ok` is false
+// (nothing is read then). Visible after attnc_cp_commit, attnc_cp_wait_all and a barrier.
+ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+ATTNC_DEV void attnc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+ATTNC_DEV void attnc_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// Every committed group but the newest is in (a prefetch may still be on its way).
+ATTNC_DEV void attnc_cp_wait_1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// 2^x on the special-function unit (about 2 ulp; flash softmax weights only).
+ATTNC_DEV float attnc_exp2_fast(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+ATTNC_DEV float attnc_exp_fast(float x) { return attnc_exp2_fast(x * ATTNC_LOG2E); }
+ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// a * b + c in double, rounded after each step (never contracted into an FMA): scans.
+ATTNC_DEV bool attnc_any(bool p) { return __any_sync(0xffffffffu, p); }
+ATTNC_DEV int attnc_sync_or(int p) { return __syncthreads_or(p); }
+// 1/x on the special-function unit (about 1 ulp; additive flash scores only).
+ATTNC_DEV float attnc_rcp_fast(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { return __dadd_rn(__dmul_rn(a, b), c); }
+ATTNC_DEV void attnc_sync() { __syncthreads(); }
+ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
+ATTNC_DEV int attnc_cas(int* p, int expected, int value) { return atomicCAS(p, expected, value); }
+#define ATTNC_SHARED __shared__
+#define ATTNC_DYN_SMEM extern __shared__ __align__(16) unsigned char attnc_smem[]
+#define ATTNC_KERNEL extern "C" __global__
+"#;
+
+/// Scalar maths of [`attn_compiler::ir::semantics`] (after the replaceable block: plain C on top of the
+/// helpers, identical on the device and in a host emulation).
+pub(super) const MATH: &str = r#"struct __align__(16) attnc_u4 { unsigned x, y, z, w; };  // 8 halves, one 16-byte access
+ATTNC_DEV float attnc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ATTNC_DEV float attnc_silu(float x) { return x * attnc_sigmoid(x); }
+// x/2 * erfc(-x/sqrt 2): no cancellation in the negative tail.
+ATTNC_DEV float attnc_gelu(float x) { return (x * 0.5f) * erfcf(-x * 0.70710678118654752f); }
+ATTNC_DEV float attnc_elu(float x) { return x >= 0.0f ? x : expm1f(x); }
+ATTNC_DEV float attnc_relu(float x) { return x != x ? x : (x > 0.0f ? x : 0.0f); }
+// min/max propagate NaN and order -0 < +0 (for equal values the and/or of the bits).
+ATTNC_DEV float attnc_fmax(float a, float b) {
+  return (a != a || b != b) ? ATTNC_NAN : (a > b ? a : (b > a ? b : __int_as_float(__float_as_int(a) & __float_as_int(b))));
+}
+ATTNC_DEV float attnc_fmin(float a, float b) {
+  return (a != a || b != b) ? ATTNC_NAN : (a < b ? a : (b < a ? b : __int_as_float(__float_as_int(a) | __float_as_int(b))));
+}
+// Whether a (at index ia) sorts before b (at ib): ascending, or descending when `desc`, NaN above
+// every number, -0 == +0, ties by index (ir::semantics::sorts_before).
+ATTNC_DEV int attnc_sorts_before(double a, i64 ia, double b, i64 ib, int desc) {
+  int na = a != a, nb = b != b;
+  double ka = (na || a == 0.0) ? 0.0 : a, kb = (nb || b == 0.0) ? 0.0 : b;
+  int n1 = desc ? nb : na, n2 = desc ? na : nb;
+  double k1 = desc ? kb : ka, k2 = desc ? ka : kb;
+  if (n1 != n2) return n1 < n2;
+  if (k1 != k2) return k1 < k2;
+  return ia < ib;
+}
+ATTNC_DEV double attnc_dmin(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a < b ? a : b); }
+ATTNC_DEV double attnc_dmax(double a, double b) { return (a != a || b != b) ? ATTNC_DNAN : (a > b ? a : b); }
+// `%` with the sign of the divisor (Python): NaN for a float zero divisor; 0 for an integer one
+// and for INT_MIN % -1.
+ATTNC_DEV float attnc_frem(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+ATTNC_DEV int attnc_irem(int a, int b) { if (b == 0 || b == -1) return 0; int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+// Integer arithmetic wraps modulo 2^32.
+ATTNC_DEV int attnc_iadd(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+ATTNC_DEV int attnc_isub(int a, int b) { return (int)((unsigned)a - (unsigned)b); }
+ATTNC_DEV int attnc_imul(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+ATTNC_DEV int attnc_ineg(int a) { return (int)(0u - (unsigned)a); }
+ATTNC_DEV int attnc_iabs(int a) { return a < 0 ? attnc_ineg(a) : a; }
+ATTNC_DEV int attnc_wrap(i64 x) { return (int)(unsigned)(unsigned long long)x; }
+// Float to int: truncates toward zero, saturates, NaN is 0.
+ATTNC_DEV int attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647 : (x <= -2147483648.0f ? (-2147483647 - 1) : (int)x)); }
+ATTNC_DEV int attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647 : (x <= -2147483648.0 ? (-2147483647 - 1) : (int)x)); }
+// An index clamped into [0, n - 1] (flash loads, whose indices are proven in range).
+ATTNC_DEV i64 attnc_clampi(i64 x, i64 n) { return x < 0 ? 0 : (x >= n ? n - 1 : x); }
+// A gather's or scatter-add's index: out of [0, n) it is recorded in the fault record `rec`
+// (site + 1, axis, index, size; the first fault wins) and the result clamped.
+ATTNC_DEV i64 attnc_checki(i64 x, i64 n, void* rec, int site, int axis) {
+  if (x < 0 || x >= n) {
+    int* r = (int*)rec;
+    if (attnc_cas(r, 0, site + 1) == 0) { r[1] = axis; r[2] = (int)x; r[3] = (int)n; }
+  }
+  return attnc_clampi(x, n);
+}
+ATTNC_DEV float attnc_warp_sum(float v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor(v, m); return v; }
+ATTNC_DEV double attnc_warp_sum_d(double v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_d(v, m); return v; }
+// A double kept in two floats (high part, then the rest): `p += x` in double (the flash
+// backward's partial sums of a bias's gradient, where the terms cancel).
+ATTNC_DEV void attnc_acc2(float* p, double x) {
+  const double v = (double)p[0] + (double)p[1] + x;
+  const float h = (float)v;
+  p[0] = h;
+  p[1] = (float)(v - (double)h);
+}
+ATTNC_DEV long long attnc_warp_sum_ll(long long v) { for (int m = 16; m > 0; m >>= 1) v += attnc_shfl_xor_ll(v, m); return v; }
+// Warp maxima and minima propagate NaN.
+ATTNC_DEV float attnc_warp_max(float v) { for (int m = 16; m > 0; m >>= 1) v = attnc_fmax(v, attnc_shfl_xor(v, m)); return v; }
+ATTNC_DEV double attnc_warp_max_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmax(v, attnc_shfl_xor_d(v, m)); return v; }
+ATTNC_DEV double attnc_warp_min_d(double v) { for (int m = 16; m > 0; m >>= 1) v = attnc_dmin(v, attnc_shfl_xor_d(v, m)); return v; }
+"#;
+
+/// The whole preamble of an emitted program.
+pub(super) fn preamble() -> String {
+    format!("{TYPES}{PRELUDE_BEGIN}\n{PRELUDE}{PRELUDE_END}\n{MATH}")
+}
