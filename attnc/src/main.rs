@@ -12,7 +12,6 @@
 //! mismatch, unbound dim); 5 the target is not available in this build. Every failure prints
 //! one `error: ...` line on stderr.
 
-
 /// mimalloc instead of the system allocator: compiling a large program allocates millions of
 /// small nodes, which glibc's allocator serves about 1.3× slower.
 #[global_allocator]

@@ -36,12 +36,12 @@ pub use attn_kernels as kernels;
 pub use render::{ClifText, CodegenError, CpuModule, Features, TEXT_FEATURES};
 pub use shape::AllocStats;
 
-use render as clif;
 use attn_compiler::exec::{ExecError, bind_dims};
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
 use attn_compiler::schedule::{BufferKind, CpuIsa, CpuPolicy, Policy, Schedule, ScheduleError};
 use attn_compiler::tensor::{Tensor, TensorData, TensorError};
 use attn_compiler::{Compiler, PipelineError, Planned};
+use render as clif;
 use shape::{AlignedBuf, ShapeState};
 use std::collections::HashMap;
 use std::fmt;

@@ -1,24 +1,31 @@
-//! A host emulation of the emitted CUDA (tests only): the prelude block of the source is
-//! swapped for C++ that runs every CUDA thread of a block as an OS thread (blocks one after
-//! another), with barriers for `__syncthreads`, per-warp exchanges for shuffles, and
-//! `mma.sync.m16n8k16` computed from its documented fragment layouts. The rest of the source —
-//! every kernel as emitted — is compiled unchanged by the host C++ compiler with
-//! AddressSanitizer, and driven by a `main` generated from the same [`Prepared`] launch plan
-//! the CUDA runtime uses. So indexing, tiling, online softmax, masking, tile skipping, split-KV
+//! A host emulation of the emitted CUDA, for the tests of every target: the prelude block of the
+//! source is swapped for C++ that runs every CUDA thread of a block as a fiber of one OS thread
+//! (blocks one after another), switched only where a thread waits: at `__syncthreads` and at
+//! each warp exchange (shuffles, votes, `ldmatrix`, and `mma.sync.m16n8k16`, computed from its
+//! documented fragment layouts). The rest of the source — every kernel as emitted — is compiled
+//! unchanged by the host C++ compiler with AddressSanitizer, and driven by a generic `main`
+//! that reads the [`Prepared`] launch plan the CUDA runtime uses (buffers, integer table,
+//! launches) from a file. So indexing, tiling, online softmax, masking, tile skipping, split-KV
 //! and the launch arithmetic are all executed and checked against the interpreter without a
 //! GPU. What it cannot check: real hardware timing, memory ordering beyond barriers, and the
 //! PTX instructions themselves (conversions and `mma` are emulated from their specifications).
+//!
+//! A program is compiled once per source and `-D` defines ([`binary`]): runs at other sizes or on
+//! other inputs reuse it, in this process and (by content hash, in the temporary directory)
+//! in later ones.
 
 use super::host;
-use attn_compiler::Compiler;
+use crate::nvrtc::content_hash;
 use crate::render::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, launches, render};
+use attn_compiler::Compiler;
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare, schedule};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The C++ that replaces the CUDA prelude.
@@ -26,12 +33,14 @@ const HOST_PRELUDE: &str = r#"#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
-#include <thread>
-#include <barrier>
-#include <atomic>
-#include <vector>
-#include <memory>
+#include <sys/mman.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define ATTNC_EMU_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define ATTNC_EMU_UNPOISON(p, n) ((void)0)
+#endif
 #define __device__
 #define __forceinline__ inline
 #define __align__(n) __attribute__((aligned(n)))
@@ -41,22 +50,128 @@ const HOST_PRELUDE: &str = r#"#include <cmath>
 #define ATTNC_SHARED static
 #define ATTNC_DYN_SMEM unsigned char* attnc_smem = attnc_emu::dyn_smem
 struct attnc_dim3 { unsigned x = 0, y = 0, z = 0; };
+// Every CUDA thread of a block is a fiber of one OS thread, switched only where it waits at a
+// barrier (__syncthreads, and each warp exchange); blocks run one after another.
 namespace attnc_emu {
-struct Warp { std::barrier<>* bar; const unsigned short* p[32]; float f[32]; double d[32]; long long ll[32]; unsigned a[32][4]; unsigned b[32][2]; };
+struct Barrier { unsigned n = 0, count = 0; unsigned long gen = 0; };
+struct Fiber { void* sp = nullptr; unsigned char* stack = nullptr; attnc_dim3 tid, bid; const Barrier* wait = nullptr; unsigned long gen = 0; bool done = false; };
+struct Warp { Barrier bar; const unsigned short* p[32]; float f[32]; double d[32]; long long ll[32]; float fa[32][8]; float fb[32][4]; };
 inline attnc_dim3 grid, block;
-inline thread_local attnc_dim3 tid, bid;
 inline unsigned char* dyn_smem = nullptr;
-inline std::barrier<>* block_bar = nullptr;
+inline Barrier block_bar;
 inline Warp* warps = nullptr;
+inline Fiber* fibers = nullptr;
+inline unsigned nfibers = 0, cur = 0;
+inline void* sched_sp = nullptr;
+inline void (*body)(void*) = nullptr;
+inline void* body_arg = nullptr;
+#if defined(__SANITIZE_ADDRESS__)
+inline const void* sched_stack = nullptr;
+inline size_t sched_stack_size = 0;
+#endif
+const size_t STACK = 1 << 20;
 }
-#define threadIdx attnc_emu::tid
-#define blockIdx attnc_emu::bid
+#define threadIdx (attnc_emu::fibers[attnc_emu::cur].tid)
+#define blockIdx (attnc_emu::fibers[attnc_emu::cur].bid)
 #define gridDim attnc_emu::grid
 #define blockDim attnc_emu::block
-#define ATTNC_INF (std::numeric_limits<float>::infinity())
-#define ATTNC_NAN (std::numeric_limits<float>::quiet_NaN())
-#define ATTNC_DINF (std::numeric_limits<double>::infinity())
-#define ATTNC_DNAN (std::numeric_limits<double>::quiet_NaN())
+// The context switch: callee-saved registers on the old stack, then the new stack's.
+extern "C" void attnc_emu_switch(void** from, void* to);
+#if defined(__x86_64__)
+asm(".text\n.globl attnc_emu_switch\n.type attnc_emu_switch,@function\nattnc_emu_switch:\n"
+    " pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+    " movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+    " popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+#elif defined(__aarch64__)
+asm(".text\n.globl attnc_emu_switch\n.type attnc_emu_switch,%function\nattnc_emu_switch:\n"
+    " sub sp, sp, #176\n stp x19, x20, [sp, #0]\n stp x21, x22, [sp, #16]\n stp x23, x24, [sp, #32]\n stp x25, x26, [sp, #48]\n"
+    " stp x27, x28, [sp, #64]\n stp x29, x30, [sp, #80]\n stp d8, d9, [sp, #96]\n stp d10, d11, [sp, #112]\n stp d12, d13, [sp, #128]\n"
+    " stp d14, d15, [sp, #144]\n mov x9, sp\n str x9, [x0]\n mov sp, x1\n"
+    " ldp x19, x20, [sp, #0]\n ldp x21, x22, [sp, #16]\n ldp x23, x24, [sp, #32]\n ldp x25, x26, [sp, #48]\n"
+    " ldp x27, x28, [sp, #64]\n ldp x29, x30, [sp, #80]\n ldp d8, d9, [sp, #96]\n ldp d10, d11, [sp, #112]\n ldp d12, d13, [sp, #128]\n"
+    " ldp d14, d15, [sp, #144]\n add sp, sp, #176\n ret\n");
+#else
+#error "the CUDA emulation switches fibers on x86-64 and AArch64 only"
+#endif
+namespace attnc_emu {
+// To fiber `f` from the scheduler, and back.
+static inline void enter(unsigned f) {
+  cur = f;
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, fibers[f].stack, STACK);
+  attnc_emu_switch(&sched_sp, fibers[f].sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  attnc_emu_switch(&sched_sp, fibers[f].sp);
+#endif
+}
+static inline void leave() {
+  Fiber& me = fibers[cur];
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(me.done ? nullptr : &fake, sched_stack, sched_stack_size);
+  attnc_emu_switch(&me.sp, sched_sp);
+  __sanitizer_finish_switch_fiber(fake, &sched_stack, &sched_stack_size);
+#else
+  attnc_emu_switch(&me.sp, sched_sp);
+#endif
+}
+static void entry() {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, &sched_stack, &sched_stack_size);
+#endif
+  body(body_arg);
+  fibers[cur].done = true;
+  leave();
+  __builtin_trap();
+}
+// Waits until all `b.n` fibers have arrived.
+static inline void wait(Barrier& b) {
+  if (++b.count == b.n) { b.count = 0; ++b.gen; return; }
+  Fiber& me = fibers[cur];
+  me.wait = &b; me.gen = b.gen;
+  leave();
+}
+// Runs `n` fibers of `fn(arg)` to the end, switching at barriers; a round in which no fiber can
+// go on is a deadlock.
+static void run(unsigned n, void (*fn)(void*), void* arg) {
+  body = fn; body_arg = arg; nfibers = n;
+  fibers = new Fiber[n];
+  for (unsigned t = 0; t < n; ++t) {
+    unsigned char* s = (unsigned char*)mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s == MAP_FAILED) { std::fprintf(stderr, "emulation: cannot map a fiber stack\n"); std::exit(7); }
+    // A fiber's frames keep their redzones when it ends without returning: a new stack at the
+    // same address starts clean.
+    ATTNC_EMU_UNPOISON(s, STACK);
+    mprotect(s, 4096, PROT_NONE);  // a guard page below the stack
+    void** top = (void**)(s + STACK);
+    *--top = nullptr;                 // entry's return address: never used
+    *--top = (void*)&entry;           // where the first switch returns to
+    for (int r = 0; r < 6; ++r) *--top = nullptr;  // callee-saved registers
+    fibers[t].stack = s; fibers[t].sp = top; fibers[t].tid = {t, 0, 0};
+  }
+  unsigned live = n;
+  while (live > 0) {
+    bool moved = false;
+    for (unsigned t = 0; t < n; ++t) {
+      Fiber& f = fibers[t];
+      if (f.done || (f.wait && f.wait->gen == f.gen)) continue;
+      f.wait = nullptr;
+      enter(t);
+      moved = true;
+      if (f.done) --live;
+    }
+    if (!moved) { std::fprintf(stderr, "emulation: deadlock, %u threads wait at a barrier\n", live); std::exit(6); }
+  }
+  for (unsigned t = 0; t < n; ++t) { ATTNC_EMU_UNPOISON(fibers[t].stack, STACK); munmap(fibers[t].stack, STACK); }
+  delete[] fibers; fibers = nullptr;
+}
+}
+#define ATTNC_INF __builtin_inff()
+#define ATTNC_NAN __builtin_nanf("")
+#define ATTNC_DINF __builtin_inf()
+#define ATTNC_DNAN __builtin_nan("")
 #define ATTNC_LOG2E 1.4426950408889634f
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -77,40 +192,40 @@ ATTNC_DEV unsigned attnc_pack_h(float lo, float hi) { return (unsigned)attnc_f2h
 ATTNC_DEV unsigned attnc_pack_b(float lo, float hi) { return (unsigned)attnc_f2b(lo) | ((unsigned)attnc_f2b(hi) << 16); }
 ATTNC_DEV unsigned attnc_pack_u16(u16 lo, u16 hi) { return (unsigned)lo | ((unsigned)hi << 16); }
 ATTNC_DEV unsigned attnc_ld_u32(const u16* p) { unsigned u; std::memcpy(&u, p, 4); return u; }
-static inline attnc_emu::Warp& attnc_emu_warp() { return attnc_emu::warps[attnc_emu::tid.x / 32]; }
-static inline int attnc_emu_lane() { return (int)(attnc_emu::tid.x % 32); }
+static inline attnc_emu::Warp& attnc_emu_warp() { return attnc_emu::warps[threadIdx.x / 32]; }
+static inline int attnc_emu_lane() { return (int)(threadIdx.x % 32); }
 ATTNC_DEV float attnc_shfl_xor(float v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  w.f[l] = v; w.bar->arrive_and_wait(); float r = w.f[l ^ m]; w.bar->arrive_and_wait(); return r;
+  w.f[l] = v; attnc_emu::wait(w.bar); float r = w.f[l ^ m]; attnc_emu::wait(w.bar); return r;
 }
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  w.d[l] = v; w.bar->arrive_and_wait(); double r = w.d[l ^ m]; w.bar->arrive_and_wait(); return r;
+  w.d[l] = v; attnc_emu::wait(w.bar); double r = w.d[l ^ m]; attnc_emu::wait(w.bar); return r;
 }
 ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  w.ll[l] = v; w.bar->arrive_and_wait(); long long r = w.ll[l ^ m]; w.bar->arrive_and_wait(); return r;
+  w.ll[l] = v; attnc_emu::wait(w.bar); long long r = w.ll[l ^ m]; attnc_emu::wait(w.bar); return r;
 }
 ATTNC_DEV bool attnc_any(bool p) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  w.ll[l] = p ? 1 : 0; w.bar->arrive_and_wait(); bool r = false;
+  w.ll[l] = p ? 1 : 0; attnc_emu::wait(w.bar); bool r = false;
   for (int i = 0; i < 32; ++i) r = r || w.ll[i] != 0;
-  w.bar->arrive_and_wait(); return r;
+  attnc_emu::wait(w.bar); return r;
 }
 ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { volatile double m = a * b; return m + c; }
-ATTNC_DEV void attnc_sync() { attnc_emu::block_bar->arrive_and_wait(); }
+ATTNC_DEV void attnc_sync() { attnc_emu::wait(attnc_emu::block_bar); }
 ATTNC_DEV int attnc_sync_or(int p) {
-  static std::atomic<int> acc{0};
-  if (p) acc.fetch_or(1);
-  attnc_emu::block_bar->arrive_and_wait();
-  const int r = acc.load();
-  attnc_emu::block_bar->arrive_and_wait();
-  if (attnc_emu::tid.x == 0) acc.store(0);
-  attnc_emu::block_bar->arrive_and_wait();
+  static int acc = 0;
+  if (p) acc = 1;
+  attnc_emu::wait(attnc_emu::block_bar);
+  const int r = acc;
+  attnc_emu::wait(attnc_emu::block_bar);
+  if (threadIdx.x == 0) acc = 0;
+  attnc_emu::wait(attnc_emu::block_bar);
   return r;
 }
 ATTNC_DEV float attnc_rcp_fast(float x) { return 1.0f / x; }
-ATTNC_DEV void attnc_syncwarp() { attnc_emu_warp().bar->arrive_and_wait(); }
+ATTNC_DEV void attnc_syncwarp() { attnc_emu::wait(attnc_emu_warp().bar); }
 ATTNC_DEV int attnc_cas(int* p, int expected, int value) {
   __atomic_compare_exchange_n(p, &expected, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return expected;
 }
@@ -119,27 +234,26 @@ ATTNC_DEV int attnc_cas(int* p, int expected, int value) {
 // (reg 1) of column g; C/D rows g (0, 1) and g+8 (2, 3), columns 2t, 2t+1. Low half first.
 static inline void attnc_emu_mma(float* c, const unsigned* a, const unsigned* b, bool bf) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  std::memcpy(w.a[l], a, 16); std::memcpy(w.b[l], b, 8);
-  w.bar->arrive_and_wait();
   auto h = [bf](unsigned u, int hi) { u16 x = (u16)(hi ? (u >> 16) : (u & 0xffffu)); return bf ? attnc_b2f(x) : attnc_h2f(x); };
-  float A[16][16], B[16][8];
-  for (int L = 0; L < 32; ++L) {
-    int g = L >> 2, t = L & 3;
-    A[g][2 * t] = h(w.a[L][0], 0); A[g][2 * t + 1] = h(w.a[L][0], 1);
-    A[g + 8][2 * t] = h(w.a[L][1], 0); A[g + 8][2 * t + 1] = h(w.a[L][1], 1);
-    A[g][2 * t + 8] = h(w.a[L][2], 0); A[g][2 * t + 9] = h(w.a[L][2], 1);
-    A[g + 8][2 * t + 8] = h(w.a[L][3], 0); A[g + 8][2 * t + 9] = h(w.a[L][3], 1);
-    B[2 * t][g] = h(w.b[L][0], 0); B[2 * t + 1][g] = h(w.b[L][0], 1);
-    B[2 * t + 8][g] = h(w.b[L][1], 0); B[2 * t + 9][g] = h(w.b[L][1], 1);
-  }
-  w.bar->arrive_and_wait();
+  for (int r = 0; r < 4; ++r) { w.fa[l][2 * r] = h(a[r], 0); w.fa[l][2 * r + 1] = h(a[r], 1); }
+  for (int r = 0; r < 2; ++r) { w.fb[l][2 * r] = h(b[r], 0); w.fb[l][2 * r + 1] = h(b[r], 1); }
+  attnc_emu::wait(w.bar);
+  // A[row][k] is lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2;
+  // B[k][col] is lane col * 4 + (k % 8) / 2, register k >= 8, half k % 2.
   int g = l >> 2, t = l & 3;
+  float out[4];
   for (int e = 0; e < 4; ++e) {
     int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
     float acc = c[e];
-    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
-    c[e] = acc;
+    for (int k = 0; k < 16; ++k) {
+      float av = w.fa[(row & 7) * 4 + (k & 7) / 2][2 * ((row >= 8) + 2 * (k >= 8)) + (k & 1)];
+      float bv = w.fb[col * 4 + (k & 7) / 2][2 * (k >= 8) + (k & 1)];
+      acc += av * bv;
+    }
+    out[e] = acc;
   }
+  attnc_emu::wait(w.bar);
+  for (int e = 0; e < 4; ++e) c[e] = out[e];
 }
 ATTNC_DEV void attnc_mma_h(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, false); }
 // Shared addresses are offsets into the block's dynamic shared memory.
@@ -148,14 +262,14 @@ static inline unsigned attnc_saddr(const void* p) { return (unsigned)((const uns
 // columns 2 (L % 4) and +1, or transposed, rows 2 (L % 4) and +1 of column L / 4.
 static inline void attnc_emu_ldsm(unsigned* r, unsigned a, bool trans) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
-  w.p[l] = (const u16*)(attnc_emu::dyn_smem + a); w.bar->arrive_and_wait();
+  w.p[l] = (const u16*)(attnc_emu::dyn_smem + a); attnc_emu::wait(w.bar);
   for (int i = 0; i < 4; ++i) {
     u16 lo, hi;
     if (trans) { lo = w.p[8 * i + 2 * (l & 3)][l >> 2]; hi = w.p[8 * i + 2 * (l & 3) + 1][l >> 2]; }
     else { lo = w.p[8 * i + (l >> 2)][2 * (l & 3)]; hi = w.p[8 * i + (l >> 2)][2 * (l & 3) + 1]; }
     r[i] = (unsigned)lo | ((unsigned)hi << 16);
   }
-  w.bar->arrive_and_wait();
+  attnc_emu::wait(w.bar);
 }
 ATTNC_DEV void attnc_ldsm_x4(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, false); }
 ATTNC_DEV void attnc_ldsm_x4_t(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, true); }
@@ -169,31 +283,30 @@ ATTNC_DEV void attnc_cp_wait_1() {}
 ATTNC_DEV float attnc_exp2_fast(float x) { return std::exp2(x); }
 ATTNC_DEV float attnc_exp_fast(float x) { return std::exp2(x * ATTNC_LOG2E); }
 ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, true); }
+// One launch: `bx` fibers, each running the kernel for every block in turn.
 template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, size_t smem, F kernel) {
   attnc_emu::grid = {gx, gy, gz};
   attnc_emu::block = {bx, 1, 1};
-  std::vector<unsigned char> dyn(smem > 0 ? smem : 1);
-  attnc_emu::dyn_smem = dyn.data();
-  std::barrier<> bar(bx);
-  attnc_emu::block_bar = &bar;
-  std::vector<attnc_emu::Warp> warps(bx / 32);
-  std::vector<std::unique_ptr<std::barrier<>>> wbars;
-  for (auto& w : warps) { wbars.push_back(std::make_unique<std::barrier<>>(32)); w.bar = wbars.back().get(); }
-  attnc_emu::warps = warps.data();
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < bx; ++t) {
-    threads.emplace_back([&, t] {
-      attnc_emu::tid = {t, 0, 0};
-      for (unsigned z = 0; z < gz; ++z)
-        for (unsigned y = 0; y < gy; ++y)
-          for (unsigned x = 0; x < gx; ++x) {
-            attnc_emu::bid = {x, y, z};
-            kernel();
-            bar.arrive_and_wait();
-          }
-    });
-  }
-  for (auto& th : threads) th.join();
+  unsigned char* dyn = (unsigned char*)std::calloc(smem > 0 ? smem : 1, 1);
+  attnc_emu::dyn_smem = dyn;
+  attnc_emu::block_bar = attnc_emu::Barrier{bx};
+  attnc_emu::Warp* warps = new attnc_emu::Warp[(bx + 31) / 32];
+  for (unsigned w = 0; w < (bx + 31) / 32; ++w) warps[w].bar = attnc_emu::Barrier{32};
+  attnc_emu::warps = warps;
+  struct Body { F* kernel; unsigned gx, gy, gz; };
+  Body b{&kernel, gx, gy, gz};
+  attnc_emu::run(bx, [](void* arg) {
+    Body& b = *(Body*)arg;
+    for (unsigned z = 0; z < b.gz; ++z)
+      for (unsigned y = 0; y < b.gy; ++y)
+        for (unsigned x = 0; x < b.gx; ++x) {
+          blockIdx = {x, y, z};
+          (*b.kernel)();
+          attnc_emu::wait(attnc_emu::block_bar);
+        }
+  }, &b);
+  delete[] warps;
+  std::free(dyn);
 }
 "#;
 
@@ -208,73 +321,165 @@ fn host_source(program: &CudaProgram) -> Result<String, String> {
 /// A prepared run to emulate: the buffers' bytes, the launches, the uploads (inputs and tile
 /// tables as (buffer, bytes)) and the buffers to read back.
 pub struct Run<'a> {
-    /// The prepared run.
+    /// The prepared run: its integer table and `-D` defines.
     pub prep: &'a Prepared,
+    /// The bytes of every buffer.
     pub buffer_bytes: &'a [usize],
+    /// The launches, in order.
     pub launches: &'a [ReadyLaunch],
+    /// The buffers to fill before the launches: (buffer, bytes).
     pub uploads: Vec<(usize, Vec<u8>)>,
+    /// The buffers to read back afterwards.
     pub outputs: &'a [usize],
+}
+
+/// The host program of `program`: its kernels under [`HOST_PRELUDE`], `defines` first, and a
+/// `main` that reads a launch plan (see [`plan`]) from the directory it is given.
+fn host_program(program: &CudaProgram, defines: &[(String, i64)]) -> Result<String, String> {
+    let mut src: String = defines.iter().map(|(k, v)| format!("#define {k} {v}\n")).collect();
+    src.push_str(&host_source(program)?);
+    // Every kernel takes the same parameters (ATTNC_ARGS): the buffers, then the integer table.
+    let (nb, nt) = (program.buffers, program.ints);
+    let mut args: Vec<String> = (0..nb).map(|b| format!("b[{b}]")).collect();
+    args.extend((0..nt).map(|t| format!("t[{t}]")));
+    let _ = writeln!(src, "\nstatic void attnc_emu_call(int k, void* const* b, const i64* t) {{\n  switch (k) {{");
+    for (k, kernel) in program.kernels.iter().enumerate() {
+        let _ = writeln!(src, "    case {k}: {}({}); break;", kernel.name, args.join(", "));
+    }
+    let _ = writeln!(src, "  }}\n}}");
+    src.push_str(EMULATION_MAIN);
+    Ok(src)
+}
+
+/// The `main` of every host program: `program DIR` reads `DIR/plan` (see [`plan`]), fills the
+/// buffers from `DIR/bN.in`, runs the launches and writes `DIR/bN.out`.
+const EMULATION_MAIN: &str = r#"
+static i64 attnc_emu_next(FILE* f) { long long v = 0; if (std::fscanf(f, "%lld", &v) != 1) { std::fprintf(stderr, "emulation: bad plan\n"); std::exit(3); } return v; }
+static FILE* attnc_emu_open(const char* dir, const char* name, long long buf, const char* mode) {
+  char path[4096]; std::snprintf(path, sizeof path, "%s/b%lld.%s", dir, buf, name);
+  FILE* f = std::fopen(path, mode); if (!f) { std::fprintf(stderr, "emulation: cannot open %s\n", path); std::exit(4); } return f;
+}
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const char* dir = argv[1];
+  char path[4096]; std::snprintf(path, sizeof path, "%s/plan", dir);
+  FILE* plan = std::fopen(path, "r"); if (!plan) return 3;
+  const i64 nb = attnc_emu_next(plan);
+  void** b = (void**)std::calloc(nb > 0 ? nb : 1, sizeof(void*));
+  i64* bytes = (i64*)std::calloc(nb > 0 ? nb : 1, sizeof(i64));
+  for (i64 i = 0; i < nb; ++i) { bytes[i] = attnc_emu_next(plan); b[i] = std::calloc(bytes[i] > 0 ? bytes[i] : 1, 1); }
+  const i64 nt = attnc_emu_next(plan);
+  i64* t = (i64*)std::calloc(nt > 0 ? nt : 1, sizeof(i64));
+  for (i64 i = 0; i < nt; ++i) t[i] = attnc_emu_next(plan);
+  for (i64 n = attnc_emu_next(plan); n > 0; --n) {
+    const i64 buf = attnc_emu_next(plan), len = attnc_emu_next(plan);
+    FILE* f = attnc_emu_open(dir, "in", buf, "rb");
+    if ((i64)std::fread(b[buf], 1, len, f) != len) return 5;
+    std::fclose(f);
+  }
+  for (i64 n = attnc_emu_next(plan); n > 0; --n) {
+    const int k = (int)attnc_emu_next(plan);
+    const unsigned gx = attnc_emu_next(plan), gy = attnc_emu_next(plan), gz = attnc_emu_next(plan), bx = attnc_emu_next(plan);
+    const size_t smem = attnc_emu_next(plan);
+    attnc_emu_launch(gx, gy, gz, bx, smem, [&] { attnc_emu_call(k, b, t); });
+  }
+  for (i64 n = attnc_emu_next(plan); n > 0; --n) {
+    const i64 buf = attnc_emu_next(plan);
+    FILE* f = attnc_emu_open(dir, "out", buf, "wb");
+    std::fwrite(b[buf], 1, bytes[buf], f);
+    std::fclose(f);
+  }
+  return 0;
+}
+"#;
+
+/// The launch plan a host program reads: numbers separated by white space, in order: the buffer
+/// count and each buffer's bytes; the integer table's length and values; the uploads' count and
+/// (buffer, bytes) of each; the launches' count and (kernel, grid x, y, z, threads, dynamic shared
+/// bytes) of each; the outputs' count and their buffers.
+fn plan(program: &CudaProgram, run: &Run) -> Result<String, String> {
+    let mut p = String::new();
+    let _ = writeln!(p, "{}", run.buffer_bytes.len());
+    let _ = writeln!(p, "{}", run.buffer_bytes.iter().map(usize::to_string).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(p, "{}", run.prep.ints.len());
+    let _ = writeln!(p, "{}", run.prep.ints.iter().map(i64::to_string).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(p, "{}", run.uploads.len());
+    for (buf, bytes) in &run.uploads {
+        let _ = writeln!(p, "{buf} {}", bytes.len());
+    }
+    let _ = writeln!(p, "{}", run.launches.len());
+    for l in run.launches {
+        let k = program.kernels.iter().position(|k| k.name == l.kernel).ok_or_else(|| format!("no kernel `{}`", l.kernel))?;
+        let _ = writeln!(p, "{k} {} {} {} {} {}", l.grid[0], l.grid[1], l.grid[2], l.block[0], l.smem_bytes);
+    }
+    let _ = writeln!(p, "{}", run.outputs.len());
+    let _ = writeln!(p, "{}", run.outputs.iter().map(usize::to_string).collect::<Vec<_>>().join(" "));
+    Ok(p)
+}
+
+/// The flags every host program is compiled with.
+const CXX_FLAGS: &[&str] =
+    &["-std=c++20", "-O1", "-g0", "-fsanitize=address", "-fno-omit-frame-pointer", "-Wno-unknown-pragmas", "-fno-strict-aliasing"];
+
+/// The compiled host program of `program` with `defines`: built once per source (per process in
+/// memory; across processes in `$TMPDIR/attnc-emulate`, by a hash of the source, the flags and
+/// the compiler's version).
+pub fn binary(program: &CudaProgram, defines: &[(String, i64)]) -> Result<PathBuf, String> {
+    type Slot = Arc<OnceLock<Result<PathBuf, String>>>;
+    static BUILT: OnceLock<Mutex<HashMap<u128, Slot>>> = OnceLock::new();
+    let source = host_program(program, defines)?;
+    let key = content_hash(&[source.as_bytes(), CXX_FLAGS.join(" ").as_bytes(), compiler_version().as_bytes()]);
+    let slot = {
+        let mut built = BUILT.get_or_init(Default::default).lock().map_err(|_| "emulation cache poisoned".to_string())?;
+        built.entry(key).or_default().clone()
+    };
+    slot.get_or_init(|| compile(&source, key)).clone()
+}
+
+/// Compiles a host program into the cache directory (unless a previous process did).
+fn compile(source: &str, key: u128) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join("attnc-emulate");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let exe = dir.join(format!("{key:032x}"));
+    if exe.is_file() {
+        return Ok(exe);
+    }
+    // Written under names of this process, then renamed: concurrent builders never see a half
+    // written program.
+    let tmp = dir.join(format!("{key:032x}.{}", std::process::id()));
+    let cpp = tmp.with_extension("cpp");
+    std::fs::write(&cpp, source).map_err(|e| format!("{}: {e}", cpp.display()))?;
+    let out = Command::new("g++").args(CXX_FLAGS).arg("-o").arg(&tmp).arg(&cpp).output().map_err(|e| format!("running g++: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("g++ failed on {}:\n{}", cpp.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    let _ = std::fs::remove_file(&cpp);
+    std::fs::rename(&tmp, &exe).map_err(|e| format!("{}: {e}", exe.display()))?;
+    Ok(exe)
+}
+
+/// `g++ --version`'s first line (part of the cache key: a new compiler builds anew).
+fn compiler_version() -> String {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            Command::new("g++")
+                .arg("--version")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().to_string())
+                .unwrap_or_default()
+        })
+        .clone()
 }
 
 /// Runs a prepared program on the host. Work happens in `dir`. Returns the bytes of each output
 /// buffer.
 pub fn emulate(program: &CudaProgram, run: &Run, dir: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let exe = binary(program, &run.prep.defines)?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let mut src = host_source(program)?;
-    let defines: String = run.prep.defines.iter().map(|(k, v)| format!("#define {k} {v}\n")).collect();
-    src = format!("{defines}{src}");
-    let _ = writeln!(src, "\nint main(int argc, char** argv) {{\n  if (argc < 2) return 2;\n  std::string dir = argv[1];");
-    let _ = writeln!(src, "  std::vector<std::vector<unsigned char>> mem;");
-    for bytes in run.buffer_bytes {
-        let _ = writeln!(src, "  mem.emplace_back({bytes});");
-    }
+    std::fs::write(dir.join("plan"), plan(program, run)?).map_err(|e| e.to_string())?;
     for (buf, bytes) in &run.uploads {
         std::fs::write(dir.join(format!("b{buf}.in")), bytes).map_err(|e| e.to_string())?;
-        let _ = writeln!(
-            src,
-            "  {{ FILE* f = std::fopen((dir + \"/b{buf}.in\").c_str(), \"rb\"); if (!f) return 3; if (std::fread(mem[{buf}].data(), 1, {n}, f) != {n}) return 4; std::fclose(f); }}",
-            n = bytes.len()
-        );
-    }
-    let mut args: Vec<String> = (0..run.buffer_bytes.len()).map(|b| format!("(void*)mem[{b}].data()")).collect();
-    args.extend(run.prep.ints.iter().map(|t| format!("(i64){t}LL")));
-    let args = args.join(", ");
-    for l in run.launches {
-        let _ = writeln!(
-            src,
-            "  attnc_emu_launch({}, {}, {}, {}, {}, [&] {{ {}({args}); }});",
-            l.grid[0], l.grid[1], l.grid[2], l.block[0], l.smem_bytes, l.kernel
-        );
-    }
-    for buf in run.outputs {
-        let _ = writeln!(
-            src,
-            "  {{ FILE* f = std::fopen((dir + \"/b{buf}.out\").c_str(), \"wb\"); if (!f) return 5; std::fwrite(mem[{buf}].data(), 1, mem[{buf}].size(), f); std::fclose(f); }}"
-        );
-    }
-    let _ = writeln!(src, "  return 0;\n}}");
-    src = format!("#include <string>\n{src}");
-    let cpp = dir.join("program.cpp");
-    let exe = dir.join("program");
-    std::fs::write(&cpp, &src).map_err(|e| e.to_string())?;
-    let out = Command::new("g++")
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-g0",
-            "-pthread",
-            "-fsanitize=address",
-            "-fno-omit-frame-pointer",
-            "-Wno-unknown-pragmas",
-            "-fno-strict-aliasing",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&cpp)
-        .output()
-        .map_err(|e| format!("running g++: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("g++ failed on {}:\n{}", cpp.display(), String::from_utf8_lossy(&out.stderr)));
     }
     let mut child = Command::new(&exe).arg(dir).env("ASAN_OPTIONS", "detect_leaks=0").spawn().map_err(|e| e.to_string())?;
     let start = Instant::now();
@@ -284,12 +489,12 @@ pub fn emulate(program: &CudaProgram, run: &Run, dir: &Path) -> Result<Vec<Vec<u
         }
         if start.elapsed() > Duration::from_secs(300) {
             let _ = child.kill();
-            return Err(format!("{} did not finish in 300 s (a barrier deadlock?)", exe.display()));
+            return Err(format!("{} did not finish in 300 s", exe.display()));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(2));
     };
     if !status.success() {
-        return Err(format!("{} failed ({status}); AddressSanitizer's report is above", exe.display()));
+        return Err(format!("{} {} failed ({status}); AddressSanitizer's report is above", exe.display(), dir.display()));
     }
     run.outputs.iter().map(|b| std::fs::read(dir.join(format!("b{b}.out"))).map_err(|e| e.to_string())).collect()
 }

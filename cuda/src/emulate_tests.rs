@@ -5,11 +5,11 @@
 
 use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
-use attn_compiler::random::random_inputs;
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
 use attn_compiler::interp::run as interp_run;
 use attn_compiler::ir::{DType, Graph, Op, TensorType};
+use attn_compiler::random::random_inputs;
 use attn_compiler::tensor::Tensor;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

@@ -2,8 +2,8 @@
 //! buffers, uploads, launches and downloads.
 
 use super::{CudaError, host, nvrtc};
-use attn_compiler::Compiler;
 use crate::render::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, launches};
+use attn_compiler::Compiler;
 use attn_compiler::exec::{ExecError, bind_dims};
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};

@@ -29,11 +29,11 @@ mod gpu_tests;
 mod tests;
 
 use attn_compiler::PipelineError;
-use render::{CudaEmitError, LaunchError};
 use attn_compiler::exec::ExecError;
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{PrepareError, ScheduleError};
 use attn_compiler::tensor::Tensor;
+use render::{CudaEmitError, LaunchError};
 use std::collections::HashMap;
 use thiserror::Error;
 

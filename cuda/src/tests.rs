@@ -7,8 +7,8 @@
 //! compile tests print that they skipped and why, except under `CI=true`, where they fail.
 
 use super::{CudaError, nvrtc};
-use attn_compiler::Compiler;
 use crate::render::{CudaProgram, render};
+use attn_compiler::Compiler;
 use attn_compiler::ir::Graph;
 use attn_compiler::schedule::{CudaPolicy, Kernel, Policy, Schedule, Variant, schedule};
 use std::path::{Path, PathBuf};

@@ -2,8 +2,8 @@
 
 use crate::snapshot::Snapshots;
 use attn_compiler::ir::{Module, verify_module};
-use attn_runtime::{Stage, emit};
 use attn_runtime::{Program, RunOptions, Target};
+use attn_runtime::{Stage, emit};
 use attn_tests::{attn_files, checks, repo_root};
 use std::collections::HashMap;
 

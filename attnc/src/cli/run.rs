@@ -1,9 +1,9 @@
 //! `attnc run`: load or generate inputs, run an entry point, summarise and write the outputs.
 
 use super::{Exit, Failure, eprint_line, load, print_line};
+use crate::pictures::heatmap::{Labels, heatmap_png};
 use attn_runtime::cpu::MAX_THREADS;
 use attn_runtime::io::{self, Format, IoError};
-use crate::pictures::heatmap::{Labels, heatmap_png};
 use attn_runtime::report::summarize;
 use attn_runtime::{EntryInfo, RunError, RunOptions, Target, TargetError, Tensor, suggest};
 use clap::{Args, ValueEnum};

@@ -4,9 +4,9 @@ use super::PictureError;
 use super::heatmap::{Labels, NAN, heatmap_png};
 use super::raster::{Rect, viridis};
 use super::tiles::{FULL, PARTIAL, SKIP, tile_map_png};
-use attn_runtime::Tensor;
 use attn_compiler::Compiler;
 use attn_compiler::opt::FlashTileMap;
+use attn_runtime::Tensor;
 use std::collections::HashMap;
 
 /// Decodes a PNG into (width, height, RGB bytes).

@@ -4,8 +4,8 @@
 //! Every scalar op is [`crate::ir::semantics`]' definition: each element is loaded as a value
 //! of its dtype's class, the op computed there, and the result stored as the node's dtype.
 
-use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
+use crate::exec::ExecError;
 use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, UnaryOp};
 

@@ -1,10 +1,10 @@
 //! The driver: checks the inputs, binds dims, evaluates the live nodes in topological order
 //! (freeing each value after its last use) and returns the outputs.
 
-use crate::exec::{bind_dims, check_inputs, eval_dim, eval_shape, node_label};
 use super::value::Val;
 use super::{elementwise as ew, reduce, shape_ops};
 use crate::exec::ExecError;
+use crate::exec::{bind_dims, check_inputs, eval_dim, eval_shape, node_label};
 use crate::ir::semantics::{Scalar, wrap_i32};
 use crate::ir::{Arity, Graph, Node, Op, Value};
 use crate::tensor::Tensor;
@@ -57,9 +57,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
         } else {
             let args = operands
                 .iter()
-                .map(|o| {
-                    vals[o.index()].as_ref().ok_or_else(|| ExecError::Internal(format!("{label}: operand %{} is missing", o.index())))
-                })
+                .map(|o| vals[o.index()].as_ref().ok_or_else(|| ExecError::Internal(format!("{label}: operand %{} is missing", o.index()))))
                 .collect::<Result<Vec<&Val>, ExecError>>()?;
             eval_node(node, &args, shape.clone(), &env, &label).map_err(|e| match e {
                 ExecError::IndexOutOfRange { node: n, span: None, axis, index, size } => {

@@ -3,8 +3,8 @@
 //! in f64. It never materialises more than one row of scores. A key whose weight is 0 adds
 //! nothing, even where its value is inf or NaN.
 
-use crate::exec::ExecError;
 use super::value::{Val, element_count, filled, row_major_strides};
+use crate::exec::ExecError;
 use crate::ir::grad::score_grad;
 use crate::ir::semantics::{Class, Scalar, max_f, unary_f};
 use crate::ir::{DType, FlashSpec, FlashWrt, Pair, UnaryOp, Weights};

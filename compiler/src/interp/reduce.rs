@@ -1,8 +1,8 @@
 //! Ops that combine many elements: reductions, softmax, layer and RMS normalisation, and the
 //! batched matrix product. All sums accumulate in f64.
 
-use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, split_at_axis, walk};
+use crate::exec::ExecError;
 use crate::ir::semantics::{max_f, min_f, sorts_before, wrap_i32};
 use crate::ir::{DType, ReduceOp, ScanOp};
 

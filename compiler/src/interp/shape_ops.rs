@@ -1,7 +1,7 @@
 //! Ops that move elements without arithmetic: transpose, reshape, slice, concat, gather.
 
-use crate::exec::ExecError;
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
+use crate::exec::ExecError;
 use crate::ir::DType;
 
 fn bad(node: &str, reason: String) -> ExecError {

@@ -4,12 +4,12 @@
 //! score of each such tile, with the same loads and scalar semantics as the flash op itself:
 //! the map then shows what this data masks, e.g. the blocks of a document mask.
 
-use crate::exec::ExecError;
-use crate::exec::{bind_dims, eval_shape, node_label};
 use super::eval::run;
-use crate::exec::check_inputs;
 use super::flash::extra_loader;
 use super::value::Val;
+use crate::exec::ExecError;
+use crate::exec::check_inputs;
+use crate::exec::{bind_dims, eval_shape, node_label};
 use crate::ir::{Graph, Op, ScoreExpr, TileClass, TileGrid, Value, tile_grid, value_numbers};
 use crate::tensor::Tensor;
 use std::collections::HashMap;

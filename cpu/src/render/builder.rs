@@ -6,8 +6,8 @@
 //! loaded there. Every integer comes from the schedule's integer table; a value the table lacks
 //! is a code generator bug, recorded by [`Fx::fail`] and reported by the caller.
 
-use crate::abi::{Import, step_signature};
 use super::ops::{Kind, Tv};
+use crate::abi::{Import, step_signature};
 use attn_compiler::ir::Dim;
 use attn_compiler::schedule::{IntValue, Schedule, Tuning, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};

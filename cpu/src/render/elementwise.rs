@@ -5,9 +5,9 @@
 //! elements at a time when every input steps by one element (or is broadcast) along it and the
 //! output is dense along it, with a scalar loop for the tail.
 
-use crate::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, clamped_load, kind_of};
+use crate::abi;
 use attn_compiler::ir::{DType, Dim, UnaryOp};
 use attn_compiler::schedule::{Expr, View};
 use cranelift_codegen::ir::condcodes::IntCC;

@@ -21,11 +21,11 @@
 //! block sizes are run-time integers: nothing is recompiled per shape. K and V batch axes of
 //! size 1 have stride 0 (grouped-query and multi-query attention read the shared head).
 
-use crate::abi;
 use super::builder::Fx;
 use super::matmul::batch_strides;
 use super::ops::{Kind, Tv};
 use super::score::{self, Env, Extra, Hoisted};
+use crate::abi;
 use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
 use attn_compiler::schedule::tiles::{CHUNK_COLS, CHUNK_ROWS};
 use attn_compiler::schedule::{FlashKernel, Level, Tuning};

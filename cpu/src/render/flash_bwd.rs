@@ -19,11 +19,11 @@
 //! (transposed back). Nothing of the size of the scores exists: scratch holds one key block's
 //! `Pᵀ`, `dSᵀ`, `dK`, `dV`, `Kᵀ` and the batch index's `dQᵀ`, all O(S).
 
-use crate::abi;
 use super::builder::Fx;
 use super::matmul::batch_strides;
 use super::ops::{Kind, Tv};
 use super::score::{self, Env, Extra, Hoisted};
+use crate::abi;
 use attn_compiler::ir::{DType, Dim, ScoreExpr};
 use attn_compiler::schedule::{FlashBwdKernel, Level, Tuning, View};
 use cranelift_codegen::ir::condcodes::IntCC;

@@ -5,11 +5,11 @@
 //! mask and derivatives per element, four queries at a time. Each extra operand's gradient
 //! `dF · ∂F/∂x` is added at the index it loads.
 
-use crate::abi;
 use super::builder::Fx;
 use super::flash_bwd::{Item, Prologue, Span, scatter_add, tile_class, zero_floats};
 use super::ops::{Kind, Tv};
 use super::score::{self, Env};
+use crate::abi;
 use attn_compiler::ir::{ScoreExpr, Weights};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};

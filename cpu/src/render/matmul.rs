@@ -3,9 +3,9 @@
 //! microkernel for the block. A transposed right operand (`k.T` of `q @ k.T`) is read in place
 //! through the `nt` kernel.
 
-use crate::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv};
+use crate::abi;
 use attn_compiler::ir::{DType, Dim};
 use attn_compiler::schedule::{Tuning, View};
 use cranelift_codegen::ir::{InstBuilder, Value, types};

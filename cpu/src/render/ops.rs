@@ -7,8 +7,8 @@
 //! (`B` is an `i32x4` lane mask), which is how element-wise loops and the flash score loop run
 //! four elements at a time. Operations without a vector form run lane by lane.
 
-use crate::abi::{self, Import};
 use super::builder::Fx;
+use crate::abi::{self, Import};
 use attn_compiler::ir::{BinaryOp, DType, UnaryOp};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value, types};

@@ -2,9 +2,9 @@
 //! and RMS norm. Sums accumulate in f64 like the reference interpreter; each work item walks
 //! its row in a fixed order, so results do not depend on how items are spread over threads.
 
-use crate::abi;
 use super::builder::Fx;
 use super::ops::{Kind, Tv, kind_of};
+use crate::abi;
 use attn_compiler::ir::{DType, ReduceOp, ScanOp};
 use attn_compiler::schedule::{Fused, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};

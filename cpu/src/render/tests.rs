@@ -12,7 +12,8 @@ fn every_example_generates_valid_functions() {
     files.sort();
     for path in files {
         let name = path.display().to_string();
-        let compiled = attn_compiler::check(&std::fs::read_to_string(&path).expect("readable")).unwrap_or_else(|_| panic!("{name} compiles"));
+        let compiled =
+            attn_compiler::check(&std::fs::read_to_string(&path).expect("readable")).unwrap_or_else(|_| panic!("{name} compiles"));
         let (opt, _) = attn_compiler::opt::optimize_module(&compiled.module);
         for g in compiled.module.graphs.iter().chain(&opt.graphs) {
             let s = schedule(g, &Policy::default()).unwrap_or_else(|e| panic!("{name}: {e}"));

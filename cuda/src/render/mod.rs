@@ -137,6 +137,10 @@ pub struct CudaProgram {
     pub source: String,
     /// One kernel per step of the schedule, in order.
     pub kernels: Vec<CudaKernel>,
+    /// How many buffer parameters every kernel takes (`b0`, `b1`, ...).
+    pub buffers: usize,
+    /// How many integer-table parameters every kernel takes after them (`t0`, `t1`, ...).
+    pub ints: usize,
 }
 
 /// A rendered kernel body and its launch shape.
@@ -171,7 +175,9 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
             Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
             Kernel::ArgSort { x, axis, descending, out, scratch, limit } => match limit {
-                Some(k) if *k <= attn_compiler::schedule::policy::CUDA_SELECT_MAX => rows::argselect(&ints, &items, x, *axis, *descending, out, *k),
+                Some(k) if *k <= attn_compiler::schedule::policy::CUDA_SELECT_MAX => {
+                    rows::argselect(&ints, &items, x, *axis, *descending, out, *k)
+                }
                 _ => rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref()),
             },
             Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
@@ -199,7 +205,13 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
         text.push_str("}\n");
         kernels.push(CudaKernel { name, threads: src.threads, items_per_block: src.items_per_block, smem: src.smem });
     }
-    Ok(CudaProgram { graph: schedule.name.clone(), source: preamble(schedule) + &text, kernels })
+    Ok(CudaProgram {
+        graph: schedule.name.clone(),
+        source: preamble(schedule) + &text,
+        kernels,
+        buffers: schedule.buffers.len(),
+        ints: schedule.ints.len(),
+    })
 }
 
 /// The helpers, the kernel parameter list and the head-width macros' defaults.

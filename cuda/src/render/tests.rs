@@ -67,7 +67,10 @@ fn kernels_follow_the_schedules_variants() {
     let variant_of = |g: &Graph| {
         let s = schedule(g, &cuda()).expect("schedules");
         let p = render(&s).expect("renders");
-        (s.steps.iter().find_map(|st| if let attn_compiler::schedule::Kernel::Flash(f) = &st.kernel { Some(f.variant) } else { None }), p.source)
+        (
+            s.steps.iter().find_map(|st| if let attn_compiler::schedule::Kernel::Flash(f) = &st.kernel { Some(f.variant) } else { None }),
+            p.source,
+        )
     };
     let (v, src) = variant_of(&flash_graph("f16", "B, H, S, 64", "B, H, S, 64", "s * 0.125", Some("j <= i"), "softmax"));
     assert_eq!(v, Some(Variant::TensorCore));
