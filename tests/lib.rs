@@ -1,7 +1,22 @@
-//! Shared helpers of attnc's filetests: where the data lives, which checks a file asks for, and
-//! numeric comparison against the reference interpreter.
+//! Shared helpers of attnc's tests (the filetests here, and the unit and integration tests of
+//! every crate, which take this crate as a dev-dependency): where the data lives, which checks a
+//! file asks for, numeric comparison against the reference interpreter, and whether to run the
+//! exhaustive test matrices.
 
 use std::path::{Path, PathBuf};
+
+/// Whether the exhaustive test matrices run (`ATTNC_TEST_FULL=1`, which CI sets): every head
+/// width, sequence length and architecture of the matrices that `cargo test` otherwise samples,
+/// each case still checked once by default.
+pub fn full_matrix() -> bool {
+    std::env::var("ATTNC_TEST_FULL").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// `items` for the exhaustive matrices, else the ones `sample` keeps (by position).
+pub fn matrix<T>(items: impl IntoIterator<Item = T>, sample: impl Fn(usize) -> bool) -> Vec<T> {
+    let full = full_matrix();
+    items.into_iter().enumerate().filter(|(n, _)| full || sample(*n)).map(|(_, x)| x).collect()
+}
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

@@ -152,8 +152,9 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
     for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
         let g: Graph = text.parse().unwrap();
         let dtype = g.node(g.params()[0]).ty.dtype;
-        // Head widths below, at and between the padded sizes; 70 keys = 2 tiles and a ragged one.
-        for (m, d) in [24i64, 64, 100, 160].into_iter().enumerate() {
+        // Head widths below, at and between the padded sizes (by default two, in turn); 70 keys =
+        // 2 tiles and a ragged one.
+        for (m, d) in attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2) {
             let label = format!("{label} D={d}");
             let g = g.clone();
             let wd = work_dir(&format!("flash{n}-{m}"));
