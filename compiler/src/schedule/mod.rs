@@ -12,23 +12,33 @@
 //! are [`Tuning`] values, gathered in one integer table ([`Schedule::ints`]) that generated code
 //! reads at run time. Nothing is recompiled when a size changes.
 //!
-//! Files: `lower` (graph → schedule), `flash` (score analyses), `policy` (per-target choices),
-//! `prepare` (dims → launch-time plan), `tiles` (the tile-table format), `text` (the text form
-//! `attnc build --emit schedule` prints).
+//! A schedule is made by four passes, each checked by the verifier ([`verify`]) before the next
+//! runs: `place` (placement and inlining: which values are stored, which computed inside their
+//! users, which nodes one step computes together), `form` (kernel formation: buffers, views and
+//! steps in order; `form_attention` for flash ops and their gradients), `liveness` (each step's
+//! reads and writes), `ints` (the integer table). Beside them: `analysis` (a flash op's score
+//! analyses), `policy` (per-target choices), `prepare` (dims → launch-time plan), `tile_table`
+//! (the tile-table format), `text` (the text form `attnc build --emit schedule` prints).
 
-mod flash;
-mod lower;
+mod analysis;
+mod form;
+mod form_attention;
+mod ints;
+mod liveness;
+mod place;
 pub mod policy;
 mod prepare;
 mod text;
-pub mod tiles;
+pub mod tile_table;
+pub mod verify;
 
-pub use flash::{
+pub use analysis::{
     BwdLinear, FlashAnalysis, Level, Separated, StagedScore, dims_of, level, reads_score, score_factor, separate, split_scale, tanh_staged,
 };
-pub use lower::MAX_INLINE_DEPTH;
+pub use place::{MAX_INLINE_DEPTH, MAX_SHARED_OPS};
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
 pub use prepare::{FlashBwdScratch, FlashScratch, PrepareError, Prepared, eval, flash_bwd_scratch, flash_scratch, prepare};
+pub use verify::{VerifyError, verify};
 
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScanOp, ScoreExpr, UnaryOp};
 use attn_dsl::Span;
@@ -44,6 +54,16 @@ pub enum ScheduleError {
         graph: String,
         /// The verifier's findings.
         reason: String,
+    },
+    /// A pass produced a schedule that breaks one of its invariants (a compiler bug).
+    #[error("graph `{graph}`: the schedule after {pass} fails verification: {}", findings.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Unverified {
+        /// The graph.
+        graph: String,
+        /// The pass (`kernel formation`, `liveness`, `the integer table`).
+        pass: &'static str,
+        /// What the verifier found.
+        findings: Vec<VerifyError>,
     },
     /// A node no kernel can compute as it stands.
     #[error("graph `{graph}`: %{value} ({op}): {reason}")]
@@ -98,7 +118,7 @@ pub enum Tuning {
     QueryBlocks,
     /// Key tiles: `ceil(N / BlockN)` (the tile table's row length).
     KeyBlocks,
-    /// Bytes per tile-table entry ([`tiles::entry_bytes`] of `BlockM`).
+    /// Bytes per tile-table entry ([`tile_table::entry_bytes`] of `BlockM`).
     TileEntryBytes,
     /// Byte offset of the flash output accumulator in a thread's scratch (CPU).
     ScratchAcc,
@@ -139,7 +159,7 @@ pub enum BufferKind {
     Output(usize),
     /// An intermediate, placed in the per-shape arena.
     Temp,
-    /// A flash step's tile table ([`tiles`]), filled by [`prepare()`].
+    /// A flash step's tile table ([`tile_table`]), filled by [`prepare()`].
     TileTable {
         /// The flash step.
         step: usize,
@@ -516,7 +536,7 @@ pub struct FlashKernel {
     pub lse: Option<View>,
     /// The step index of the flash step (its tuning values are keyed by it).
     pub step: usize,
-    /// Tile classes ([`tiles`]).
+    /// Tile classes ([`tile_table`]).
     pub tiles: BufSlot,
     /// Partial states when keys are split.
     pub partials: BufSlot,
@@ -584,7 +604,7 @@ pub struct FlashBwdKernel {
     pub linear: Option<BwdLinear>,
     /// The step index of the backward step (its tuning values are keyed by it).
     pub step: usize,
-    /// Tile classes ([`tiles`]), as the forward's.
+    /// Tile classes ([`tile_table`]), as the forward's.
     pub tiles: BufSlot,
     /// Per-item sums of the extra operands' gradients.
     pub partials: BufSlot,
@@ -684,7 +704,7 @@ impl Schedule {
     }
 
     /// An empty schedule.
-    fn new(name: &str, target: Target) -> Schedule {
+    pub(super) fn new(name: &str, target: Target) -> Schedule {
         Schedule {
             name: name.to_string(),
             target,
@@ -710,40 +730,32 @@ impl Schedule {
     }
 
     /// The slot of an integer, adding it if new.
-    fn int(&mut self, v: IntValue) -> IntSlot {
+    pub(super) fn int(&mut self, v: IntValue) -> IntSlot {
         if let Some(i) = self.slot(&v) {
             return i;
         }
         self.ints.push(v);
         self.ints.len() - 1
     }
-
-    /// For each temporary buffer, the first and last step that touches it (inclusive); `None`
-    /// for buffers no step touches and for non-temporaries.
-    pub fn lifetimes(&self) -> Vec<Option<(usize, usize)>> {
-        let mut out: Vec<Option<(usize, usize)>> = vec![None; self.buffers.len()];
-        for (s, step) in self.steps.iter().enumerate() {
-            for b in step.reads.iter().chain(&step.writes) {
-                if self.buffers[*b].kind != BufferKind::Temp {
-                    continue;
-                }
-                out[*b] = Some(match out[*b] {
-                    None => (s, s),
-                    Some((a, _)) => (a, s),
-                });
-            }
-        }
-        out
-    }
 }
 
-/// Schedules a verified graph for `policy`'s target.
+/// Schedules a verified graph for `policy`'s target: the four passes, each followed by the
+/// verifier's checks of what it guarantees.
 pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleError> {
     if let Err(errors) = crate::ir::verify(graph) {
         let reason: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         return Err(ScheduleError::Invalid { graph: graph.name.clone(), reason: reason.join("; ") });
     }
-    lower::lower(graph, policy)
+    let checked = |plan: &Schedule, pass: &'static str, result: Result<(), Vec<VerifyError>>| {
+        result.map_err(|findings| ScheduleError::Unverified { graph: plan.name.clone(), pass, findings })
+    };
+    let mut plan = form::form(graph, policy, place::Placement::of(graph))?;
+    checked(&plan, "kernel formation", verify::formed(&plan))?;
+    liveness::liveness(&mut plan);
+    checked(&plan, "liveness", verify::live(&plan))?;
+    ints::integer_table(&mut plan, policy);
+    checked(&plan, "the integer table", verify::tables(&plan, policy))?;
+    Ok(plan)
 }
 
 /// Every dim a score expression reads, for [`FlashKernel`]s.
@@ -777,3 +789,6 @@ pub fn bwd_dims(f: &FlashBwdKernel) -> Vec<Dim> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod verify_tests;

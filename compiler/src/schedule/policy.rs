@@ -239,7 +239,7 @@ impl CpuPolicy {
             return (m.max(1), 256);
         }
         // Key tiles stay within what a chunk's key extent (one byte) can describe.
-        let forced = self.flash_blocks.map(|(a, b)| (a.max(1), b.clamp(1, 255 * super::tiles::CHUNK_COLS)));
+        let forced = self.flash_blocks.map(|(a, b)| (a.max(1), b.clamp(1, 255 * super::tile_table::CHUNK_COLS)));
         let items = |bm: i64| batch.saturating_mul((m + bm - 1) / bm);
         forced.unwrap_or(if masked {
             // Long masked rows: fewer K packs outweigh the larger diagonal tiles (7% at S = 4096,
@@ -262,7 +262,7 @@ impl CpuPolicy {
     /// within noise of 48 and ahead of 96 and 128 (2–4%).
     pub fn flash_bwd_blocks(&self, m: i64, n: i64) -> (i64, i64) {
         let (bm, bn) = self.flash_bwd_blocks.unwrap_or((64, 64));
-        (bm.clamp(1, m.max(1)), bn.clamp(1, (255 * super::tiles::CHUNK_COLS).min(n.max(1))))
+        (bm.clamp(1, m.max(1)), bn.clamp(1, (255 * super::tile_table::CHUNK_COLS).min(n.max(1))))
     }
 
     /// Key splits for `m` query rows over `n` keys.

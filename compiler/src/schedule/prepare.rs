@@ -7,7 +7,7 @@ use super::policy::{
     CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_BWD_BLOCK, CUDA_MMA_ROWS, CUDA_SIMT_ROWS,
     CpuPolicy, CudaPolicy, Policy, cuda_mma_keys, cuda_pad_head,
 };
-use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tiles};
+use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tile_table};
 use crate::exec::MAX_ELEMENTS;
 use crate::ir::{Dim, DimError};
 use std::collections::HashMap;
@@ -374,7 +374,7 @@ impl Preparing<'_> {
             }
         };
         let (nqb, nkb) = (ceil_div(m, bm), ceil_div(n, bn));
-        let entry = tiles::entry_bytes(bm as usize) as i64;
+        let entry = tile_table::entry_bytes(bm as usize) as i64;
         self.set(
             s,
             &[
@@ -385,7 +385,7 @@ impl Preparing<'_> {
                 (Tuning::TileEntryBytes, entry),
             ],
         );
-        let table = tiles::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, env);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, env);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));
@@ -449,7 +449,7 @@ impl Preparing<'_> {
             Policy::Cuda(cuda) => self.cuda_blocks(cuda, s, f, (m, n, d, dv), batch)?,
         };
         let FlashBlocks { bm, bn, splits, kps, nqb, nkb, batch } = blocks;
-        let entry = tiles::entry_bytes(bm as usize) as i64;
+        let entry = tile_table::entry_bytes(bm as usize) as i64;
         self.set(
             s,
             &[
@@ -463,7 +463,7 @@ impl Preparing<'_> {
             ],
         );
         let cpu = matches!(self.policy, Policy::Cpu(_));
-        let table = tiles::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, env);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, env);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));

@@ -228,7 +228,7 @@ fn flash(out: &mut String, fk: &FlashKernel) -> fmt::Result {
     if let Some(lse) = &fk.lse {
         writeln!(out, "  lse = {lse}")?;
     }
-    let staged = |s: &super::flash::StagedScore| {
+    let staged = |s: &super::analysis::StagedScore| {
         let mut t = format!("\"{}\"", show(&s.expr));
         if s.tanh {
             t.push_str(" after tanh(s)");

@@ -27,7 +27,7 @@ use super::ops::{Kind, Tv};
 use super::score::{self, Env, Extra, Hoisted};
 use crate::abi;
 use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
-use attn_compiler::schedule::tiles::{CHUNK_COLS, CHUNK_ROWS};
+use attn_compiler::schedule::tile_table::{CHUNK_COLS, CHUNK_ROWS};
 use attn_compiler::schedule::{FlashKernel, Level, Tuning};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};

@@ -110,7 +110,7 @@ fn launches_follow_the_prepared_work() {
         assert_eq!(ready[0].grid, [6 * (130 + bm as u32 - 1) / bm as u32, 1, 1]);
         assert_eq!(ready[0].smem_bytes, (bm as u32 + 128) * (96 + 8) * 2);
         // Key tiles of 64: blocks below the diagonal full, on it partial, above it skipped.
-        let entry = attn_compiler::schedule::tiles::entry_bytes(bm as usize);
+        let entry = attn_compiler::schedule::tile_table::entry_bytes(bm as usize);
         let classes: Vec<u8> = prep.tables[0].1.chunks(entry).map(|e| e[0]).collect();
         let want: &[u8] = if tiles == 2 { &[2, 2, 0, 1, 1, 2] } else { &[2, 0, 0, 1, 2, 0, 1, 1, 2] };
         assert_eq!(classes, want);
