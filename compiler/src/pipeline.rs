@@ -13,8 +13,8 @@
 //! ([`crate::schedule::prepare()`]) and *runs* it.
 
 use crate::ir::grad::{GradError, differentiate};
-use crate::ir::{Graph, Module, Op, verify_module};
-use crate::opt::{FlashTileMap, MAP_TILE, OptOptions, OptReport, Optimized, TileMapError, flash_tile_maps, optimize};
+use crate::ir::{FlashTileMap, Graph, MAP_TILE, Module, Op, TileMapError, block_summary, flash_tile_maps, verify_module};
+use crate::opt::{OptOptions, OptReport, Optimized, optimize};
 use crate::schedule::{CpuPolicy, CudaPolicy, Policy, Schedule, ScheduleError, Target, schedule};
 use attn_dsl::{Diagnostic, Span};
 use std::collections::HashMap;
@@ -278,7 +278,7 @@ impl Compiler {
             Stage::Opt => {
                 for (n, g) in graphs.iter().enumerate() {
                     let o = self.optimize(g);
-                    let _ = write!(out, "{}{}\n{}", if n > 0 { "\n" } else { "" }, o.graph, crate::opt::block_summary(&o.graph));
+                    let _ = write!(out, "{}{}\n{}", if n > 0 { "\n" } else { "" }, o.graph, block_summary(&o.graph));
                 }
             }
             Stage::Schedule => {

@@ -263,9 +263,9 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
     let text: Vec<String> = explained.iter().map(ToString::to_string).collect();
     print_line(text.join("\n").trim_end_matches('\n'));
     if let Some(path) = &args.tiles {
-        let maps: Vec<(&str, &attn_compiler::opt::FlashTileMap)> =
+        let maps: Vec<(&str, &attn_compiler::ir::FlashTileMap)> =
             explained.iter().flat_map(|e| e.tile_maps.iter().map(|m| (e.report.graph.as_str(), m))).collect();
-        let picture = crate::pictures::tiles::tile_map_png(&maps).map_err(|e| Failure::new(Exit::Usage, e))?;
+        let picture = crate::pictures::tile_map::tile_map_png(&maps).map_err(|e| Failure::new(Exit::Usage, e))?;
         attn_runtime::io::write_atomic(path, &picture.png)
             .map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display())))?;
         print_line(&format!("wrote {} ({} tile map{})", path.display(), maps.len(), if maps.len() == 1 { "" } else { "s" }));

@@ -8,7 +8,7 @@
 pub mod heatmap;
 pub mod raster;
 pub mod svg;
-pub mod tiles;
+pub mod tile_map;
 
 /// What can go wrong when drawing.
 #[derive(Debug, thiserror::Error)]

@@ -3,9 +3,9 @@
 use super::PictureError;
 use super::heatmap::{Labels, NAN, heatmap_png};
 use super::raster::{Rect, viridis};
-use super::tiles::{FULL, PARTIAL, SKIP, tile_map_png};
+use super::tile_map::{FULL, PARTIAL, SKIP, tile_map_png};
 use attn_compiler::Compiler;
-use attn_compiler::opt::FlashTileMap;
+use attn_compiler::ir::FlashTileMap;
 use attn_runtime::Tensor;
 use std::collections::HashMap;
 

@@ -124,8 +124,8 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::PrefixAttention { reverse } => reduce::prefix_attention(args[0], args[1], args[2], *reverse, dtype, label),
         Op::LayerNorm { eps } => reduce::layer_norm(args[0], args[1], args[2], *eps, dtype, label),
         Op::RmsNorm { eps } => reduce::rms_norm(args[0], args[1], *eps, dtype, label),
-        Op::Flash(spec) => super::flash::flash(spec, args, dtype, env, label),
-        Op::FlashLse(spec) => super::flash::flash_lse(spec, args, env, label),
-        Op::FlashGrad { spec, wrt } => super::flash::flash_grad(spec, *wrt, args, dtype, shape, env, label),
+        Op::Flash(spec) => super::flash_eval::flash(spec, args, dtype, env, label),
+        Op::FlashLse(spec) => super::flash_eval::flash_lse(spec, args, env, label),
+        Op::FlashGrad { spec, wrt } => super::flash_eval::flash_grad(spec, *wrt, args, dtype, shape, env, label),
     }
 }

@@ -21,16 +21,16 @@
 //! Files: `eval` (driver and op dispatch), `elementwise`,
 //! `shape_ops`, `reduce` (reductions, softmax, norms, matmul), `value` (index arithmetic).
 
+mod data_tiles;
 mod elementwise;
 mod eval;
-mod flash;
+mod flash_eval;
 mod reduce;
 mod shape_ops;
-mod tiles;
 mod value;
 
 #[cfg(test)]
 mod tests;
 
+pub use data_tiles::{MAX_MASK_EVALS, data_tile_grids};
 pub use eval::run;
-pub use tiles::{MAX_MASK_EVALS, data_tile_grids};

@@ -15,7 +15,7 @@
 //! table.
 
 use super::dim::Dim;
-use super::flash::{FlashSpec, Weights};
+use super::flash_spec::{FlashSpec, Weights};
 use super::graph::{Graph, Value};
 use super::infer::infer;
 use super::op::{BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};

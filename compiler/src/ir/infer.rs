@@ -338,8 +338,8 @@ fn norm(args: &[&TensorType]) -> Result<TensorType, String> {
 }
 
 /// `flash_lse(q, k, v, extras…)`: the operands of a softmax flash op; `f32[…b, M]`.
-fn flash_lse(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<TensorType, String> {
-    if spec.weights != super::flash::Weights::Softmax {
+fn flash_lse(spec: &super::flash_spec::FlashSpec, args: &[&TensorType]) -> Result<TensorType, String> {
+    if spec.weights != super::flash_spec::Weights::Softmax {
         return Err("flash_lse needs softmax weights".into());
     }
     let out = flash(spec, args, None)?;
@@ -350,9 +350,9 @@ fn flash_lse(spec: &super::flash::FlashSpec, args: &[&TensorType]) -> Result<Ten
 /// `flash_grad(q, k, v, d_out, [lse, out,] extras…)`: see [`Op::FlashGrad`]. The gradient of
 /// q has q's type; of k and v, their dtype over the score's batch axes (`[…b, N, D]`,
 /// `[…b, N, Dv]`); of an extra operand, its type (which must be float).
-fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
+fn flash_grad(spec: &super::flash_spec::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
     use super::op::FlashWrt;
-    if spec.pair != super::flash::Pair::Dot {
+    if spec.pair != super::flash_spec::Pair::Dot {
         return Err("flash_grad is defined for dot-product scores only (additive attention differentiates unfused)".into());
     }
     let fixed = spec.grad_fixed_operands();
@@ -396,8 +396,8 @@ fn flash_grad(spec: &super::flash::FlashSpec, wrt: super::op::FlashWrt, args: &[
 /// broadcasting into `b`; result `[…b, M, Dv]`.
 /// A flash op's type: q's batch and row axes, v's width, and the promotion of q's and v's types,
 /// or a declared float type at least that wide (the scores may have been widened by a bias).
-fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType], declared: Option<&TensorType>) -> Result<TensorType, String> {
-    use super::flash::ScoreExpr;
+fn flash(spec: &super::flash_spec::FlashSpec, args: &[&TensorType], declared: Option<&TensorType>) -> Result<TensorType, String> {
+    use super::flash_spec::ScoreExpr;
     let [q, k, v, extras @ ..] = args else { return Err("flash takes q, k, v and extra operands".into()) };
     let r = q.rank();
     if r < 2 || k.rank() != r || v.rank() != r || spec.rank != r {
@@ -440,7 +440,7 @@ fn flash(spec: &super::flash::FlashSpec, args: &[&TensorType], declared: Option<
     if let Some(msg) = bad {
         return Err(msg);
     }
-    if let super::flash::Pair::Additive { weight } = spec.pair {
+    if let super::flash_spec::Pair::Additive { weight } = spec.pair {
         let w =
             extras.get(weight).ok_or_else(|| format!("additive weight x{weight} is not an operand ({} extra operands)", extras.len()))?;
         let batch = &q.shape[..r - 2];

@@ -1,7 +1,7 @@
 //! The closed set of IR operations, with their names and attributes in the text form.
 
 use super::dim::Dim;
-use super::flash::{FlashSpec, Pair, ShowExpr, Weights, parse_expr};
+use super::flash_spec::{FlashSpec, Pair, ShowExpr, Weights, parse_expr};
 use std::fmt;
 
 /// One-operand element-wise operations.

@@ -1,9 +1,10 @@
 //! The cost model: FLOPs plus bytes moved, with symbolic dims evaluated at representative
 //! sizes. A flash op moves O(S·D) bytes (no score matrix); the unfused chain moves O(S²).
 //!
-//! Representative sizes, unless the caller gives real ones: dims named like sequence lengths
-//! (first letter S, N, M, T or L) are 1024, batch-like `B` 2, head counts `H`/`G` 8, everything
-//! else (head widths, feature sizes, prefixes) 64. Only the ordering of costs matters.
+//! Representative sizes ([`crate::ir::representative`]), unless the caller gives real ones:
+//! dims named like sequence lengths (first letter S, N, M, T or L) are 1024, batch-like `B` 2,
+//! head counts `H`/`G` 8, everything else (head widths, feature sizes, prefixes) 64. Only the
+//! ordering of costs matters.
 
 use super::lang::{Classes, ENode};
 use crate::ir::{BinaryOp, Dim, Op, ScoreExpr, TensorType, infer};
@@ -14,16 +15,6 @@ use std::collections::HashMap;
 /// Bytes per element moved (f32), and how many FLOPs one byte is worth.
 const BYTES: f64 = 4.0;
 const FLOPS_PER_BYTE: f64 = 1.0;
-
-/// Representative size of a dim name.
-pub fn representative(name: &str) -> i64 {
-    match name.chars().next() {
-        Some('S' | 'N' | 'M' | 'T' | 'L') => 1024,
-        Some('B') => 2,
-        Some('H' | 'G') => 8,
-        _ => 64,
-    }
-}
 
 /// The cost function of extraction (also egg's [`CostFunction`]).
 pub struct Cost<'a> {

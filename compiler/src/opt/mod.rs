@@ -10,15 +10,12 @@ pub mod cost;
 pub mod extract;
 pub mod lang;
 pub mod rules;
-mod show;
-
-pub use show::{FlashTileMap, MAP_TILE, MAX_MAP_TILES, MAX_TEXT_SIDE, TileMapError, block_summary, flash_tile_maps};
 
 #[cfg(test)]
 pub(crate) mod tests;
 
-use crate::ir::{Graph, Module, Op, verify};
-use cost::{Cost, representative};
+use crate::ir::{Graph, Module, Op, representative, verify};
+use cost::Cost;
 use egg::{Id, Runner, SimpleScheduler};
 use extract::Extracted;
 use lang::{Classes, ENode, load, unload};

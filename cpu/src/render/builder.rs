@@ -2,13 +2,14 @@
 //! integer-table and buffer-address loads, structured loops and branches, and external calls.
 //!
 //! Emitters load every integer and address they need in the entry block (the "prologue")
-//! before opening loops, so those values dominate every use; [`Fx::int`] only caches values
+//! before opening loops, so those values dominate every use; [`StepBuilder::int`] only caches values
 //! loaded there. Every integer comes from the schedule's integer table; a value the table lacks
-//! is a code generator bug, recorded by [`Fx::fail`] and reported by the caller.
+//! is a code generator bug, recorded by [`StepBuilder::fail`] and reported by the caller.
 
-use super::ops::{Kind, Tv};
+use super::ops::Typed;
 use crate::abi::{Import, step_signature};
 use attn_compiler::ir::Dim;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::schedule::{IntValue, Schedule, Tuning, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -25,7 +26,7 @@ pub fn mem() -> MemFlagsData {
 }
 
 /// Builds one step function.
-pub struct Fx<'a> {
+pub struct StepBuilder<'a> {
     /// The Cranelift builder.
     pub b: FunctionBuilder<'a>,
     /// The schedule being rendered.
@@ -48,9 +49,14 @@ pub fn new_function(name: &str, call_conv: CallConv) -> Function {
     Function::with_name_signature(UserFuncName::testcase(name), step_signature(call_conv))
 }
 
-impl<'a> Fx<'a> {
+impl<'a> StepBuilder<'a> {
     /// Opens the entry block of `func`.
-    pub fn new(func: &'a mut Function, ctx: &'a mut FunctionBuilderContext, schedule: &'a Schedule, call_conv: CallConv) -> Fx<'a> {
+    pub fn new(
+        func: &'a mut Function,
+        ctx: &'a mut FunctionBuilderContext,
+        schedule: &'a Schedule,
+        call_conv: CallConv,
+    ) -> StepBuilder<'a> {
         let mut b = FunctionBuilder::new(func, ctx);
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -58,7 +64,7 @@ impl<'a> Fx<'a> {
         b.seal_block(entry);
         let p = b.block_params(entry);
         let args = [p[0], p[1], p[2], p[3], p[4]];
-        Fx {
+        StepBuilder {
             b,
             schedule,
             failures: Vec::new(),
@@ -103,9 +109,9 @@ impl<'a> Fx<'a> {
 
     /// Records that something could not be rendered; returns a placeholder value of class F
     /// (the function is discarded: [`super::compile`] reports the failure).
-    pub fn fail(&mut self, what: impl Into<String>) -> Tv {
+    pub fn fail(&mut self, what: impl Into<String>) -> Typed {
         self.failures.push(what.into());
-        Tv { v: self.fconst(0.0), k: Kind::F }
+        Typed { v: self.fconst(0.0), k: Class::Float }
     }
 
     /// Loads slot `slot` of the integer table (i64).
@@ -304,7 +310,7 @@ impl<'a> Fx<'a> {
         self.b.seal_block(exit);
     }
 
-    /// Walks `0..n` elements of f32 rows, four at a time (with [`Fx::lanes`] = 4) and then one
+    /// Walks `0..n` elements of f32 rows, four at a time (with [`StepBuilder::lanes`] = 4) and then one
     /// at a time, calling `body(fx, index, pointers)` with one pointer per base advancing with
     /// the index. Pointers are loop variables so the code generator keeps their loop-invariant
     /// parts out of the loop.

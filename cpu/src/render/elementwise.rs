@@ -5,9 +5,10 @@
 //! elements at a time when every input steps by one element (or is broadcast) along it and the
 //! output is dense along it, with a scalar loop for the tail.
 
-use super::builder::Fx;
-use super::ops::{Kind, Tv, clamped_load, kind_of};
+use super::builder::StepBuilder;
+use super::ops::{Typed, clamped_load};
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, UnaryOp};
 use attn_compiler::schedule::{Expr, View};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -54,7 +55,7 @@ struct At<'c> {
 
 /// An element-wise expression over a shape, with everything loop-invariant loaded: a kernel of
 /// its own ([`emit`]) or the operand another kernel computes as it reads it
-/// ([`super::reduce::emit_reduce_of`]).
+/// ([`super::rows::emit_reduce_of`]).
 pub(super) struct Kernel<'k> {
     rank: usize,
     operands: Vec<Option<Operand>>,
@@ -73,7 +74,7 @@ pub(super) struct Kernel<'k> {
 }
 
 /// Emits the kernel `out[idx] = expr(idx)`: one row (every axis but the last) per work item.
-pub fn emit(fx: &mut Fx, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) {
+pub fn emit(fx: &mut StepBuilder, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) {
     if let (Expr::Load(0), [input], []) = (expr, inputs, more)
         && is_transpose(out, input)
     {
@@ -132,7 +133,7 @@ fn is_transpose(out: &View, input: &View) -> bool {
 /// [`is_transpose`]'s copy by the runtime's blocked transpose: the work items are output rows,
 /// and each run of them inside one matrix is one call (`rows` of the input's matrix become the
 /// call's columns).
-fn emit_transpose(fx: &mut Fx, out: &View, input: &View) {
+fn emit_transpose(fx: &mut StepBuilder, out: &View, input: &View) {
     let rank = out.shape.len();
     let sizes = fx.dims(&out.shape);
     let (ob, os) = fx.view_base(out);
@@ -170,7 +171,7 @@ fn emit_transpose(fx: &mut Fx, out: &View, input: &View) {
 
 /// Everything loop-invariant: sizes, the output, the inputs' strides, the dims the expression
 /// reads, and whether rows run four lanes at a time (or by a row kernel).
-fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
+fn prologue<'k>(fx: &mut StepBuilder, out: &View, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
     // A scalar kernel runs as one row of one element.
     let shape: Vec<Dim> = if out.shape.is_empty() { vec![Dim::constant(1)] } else { out.shape.clone() };
     let out_strides: Vec<Dim> = if out.strides.is_empty() { vec![Dim::constant(0)] } else { out.strides.clone() };
@@ -181,12 +182,12 @@ fn prologue<'k>(fx: &mut Fx, out: &View, inputs: &[View], expr: &'k Expr) -> Ker
 /// The expression `expr` over `shape` (rank ≥ 1) with no output of its own: its inputs'
 /// strides, tables and dims loaded, and four lanes along the last axis where every input
 /// steps by one element (or is broadcast) along it.
-pub(super) fn expression<'k>(fx: &mut Fx, shape: &[Dim], inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
+pub(super) fn expression<'k>(fx: &mut StepBuilder, shape: &[Dim], inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
     build(fx, shape, None, inputs, expr)
 }
 
 /// [`prologue`] and [`expression`].
-fn build<'k>(fx: &mut Fx, shape: &[Dim], out: Option<&View>, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
+fn build<'k>(fx: &mut StepBuilder, shape: &[Dim], out: Option<&View>, inputs: &[View], expr: &'k Expr) -> Kernel<'k> {
     let rank = shape.len();
     let (mut as_load, mut as_table) = (vec![false; inputs.len()], vec![false; inputs.len()]);
     let mut dim_leaves = Vec::new();
@@ -244,7 +245,7 @@ impl Kernel<'_> {
     }
 
     /// The row addresses of the loaded inputs at outer index `outer` (every axis but the last).
-    pub(super) fn rows(&self, fx: &mut Fx, outer: &[Value]) -> Vec<Option<Value>> {
+    pub(super) fn rows(&self, fx: &mut StepBuilder, outer: &[Value]) -> Vec<Option<Value>> {
         self.operands
             .iter()
             .map(|o| {
@@ -263,7 +264,7 @@ impl Kernel<'_> {
     }
 
     /// `rows` moved along outer `axis` by `by` elements of its index.
-    pub(super) fn rows_along(&self, fx: &mut Fx, rows: &[Option<Value>], axis: usize, by: Value) -> Vec<Option<Value>> {
+    pub(super) fn rows_along(&self, fx: &mut StepBuilder, rows: &[Option<Value>], axis: usize, by: Value) -> Vec<Option<Value>> {
         self.operands
             .iter()
             .zip(rows)
@@ -282,17 +283,17 @@ impl Kernel<'_> {
 
     /// The expression at outer index `outer` and last-axis index `j` (`lanes` lanes from `j`),
     /// with the inputs' row addresses `rows` for that outer index; a truth value as i32 0/1.
-    pub(super) fn value(&self, fx: &mut Fx, outer: &[Value], (j, lanes): (Value, u8), rows: &[Option<Value>]) -> Tv {
+    pub(super) fn value(&self, fx: &mut StepBuilder, outer: &[Value], (j, lanes): (Value, u8), rows: &[Option<Value>]) -> Typed {
         fx.lanes = lanes;
         let v = self.eval(fx, self.expr, &At { outer, j, rows });
-        let v = if v.k == Kind::B { Tv { v: fx.cvt_i(v), k: Kind::I } } else { v };
+        let v = if v.k == Class::Bool { Typed { v: fx.cvt_i(v), k: Class::Int } } else { v };
         fx.lanes = 1;
         v
     }
 
     /// One row at outer index `outer`: a row kernel, or four lanes at a time where the layout
     /// allows, then one at a time.
-    fn row(&self, fx: &mut Fx, outer: &[Value]) {
+    fn row(&self, fx: &mut StepBuilder, outer: &[Value]) {
         let rank = self.rank;
         let rows = self.rows(fx, outer);
         let zero = fx.i64(0);
@@ -328,7 +329,7 @@ impl Kernel<'_> {
     }
 
     /// The expression at `at`, in its memory form.
-    fn element(&self, fx: &mut Fx, at: &At) -> Value {
+    fn element(&self, fx: &mut StepBuilder, at: &At) -> Value {
         let x = self.eval(fx, self.expr, at);
         let x = fx.round_to(x, self.out_dtype);
         store_form(fx, x)
@@ -366,7 +367,7 @@ fn scan(e: &Expr, load: &mut [bool], table: &mut [bool], dims: &mut Vec<Dim>) {
 }
 
 /// The strides of `view` along the kernel's axes (right-aligned broadcast).
-fn operand(fx: &mut Fx, view: &View, shape: &[Dim]) -> Operand {
+fn operand(fx: &mut StepBuilder, view: &View, shape: &[Dim]) -> Operand {
     let (base, strides) = fx.view_base(view);
     let rank = shape.len();
     let lead = rank.saturating_sub(view.shape.len());
@@ -386,31 +387,31 @@ fn operand(fx: &mut Fx, view: &View, shape: &[Dim]) -> Operand {
 }
 
 /// The memory form of a value: f32, i32, or bool as i32 0/1.
-fn store_form(fx: &mut Fx, x: Tv) -> Value {
+fn store_form(fx: &mut StepBuilder, x: Typed) -> Value {
     match x.k {
-        Kind::F => x.v,
+        Class::Float => x.v,
         _ => fx.cvt_i(x),
     }
 }
 
 /// Loads one element (or four consecutive ones, or one broadcast to four) of `dtype`.
-fn load_elem(fx: &mut Fx, dtype: DType, addr: Value, dense_lanes: bool) -> Tv {
-    let k = kind_of(dtype);
-    let mem_kind = if k == Kind::F { Kind::F } else { Kind::I };
+fn load_elem(fx: &mut StepBuilder, dtype: DType, addr: Value, dense_lanes: bool) -> Typed {
+    let k = Class::of(dtype);
+    let mem_kind = if k == Class::Float { Class::Float } else { Class::Int };
     let raw = if fx.lanes > 1 && dense_lanes {
         let ty = fx.ty(mem_kind);
         fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), addr, 0)
     } else {
-        let ty = if mem_kind == Kind::F { types::F32 } else { types::I32 };
+        let ty = if mem_kind == Class::Float { types::F32 } else { types::I32 };
         let s = fx.load(ty, addr);
         fx.splat(mem_kind, s)
     };
-    let x = Tv { v: raw, k: mem_kind };
-    if k == Kind::B { Tv { v: fx.cvt_b(x), k: Kind::B } } else { x }
+    let x = Typed { v: raw, k: mem_kind };
+    if k == Class::Bool { Typed { v: fx.cvt_b(x), k: Class::Bool } } else { x }
 }
 
 impl Kernel<'_> {
-    fn eval(&self, fx: &mut Fx, e: &Expr, at: &At) -> Tv {
+    fn eval(&self, fx: &mut StepBuilder, e: &Expr, at: &At) -> Typed {
         match e {
             Expr::Load(k) => {
                 let (Some(o), Some(row)) = (&self.operands[*k], at.rows[*k]) else {
@@ -431,15 +432,15 @@ impl Kernel<'_> {
             }
             Expr::Const(c, dtype) => {
                 let c = dtype.round(*c);
-                let v = match kind_of(*dtype) {
-                    Kind::F => fx.fconst(c as f32),
-                    Kind::I => fx.iconst(c as i64),
-                    Kind::B => fx.bconst(c != 0.0),
+                let v = match Class::of(*dtype) {
+                    Class::Float => fx.fconst(c as f32),
+                    Class::Int => fx.iconst(c as i64),
+                    Class::Bool => fx.bconst(c != 0.0),
                 };
-                Tv { v, k: kind_of(*dtype) }
+                Typed { v, k: Class::of(*dtype) }
             }
             Expr::Dim(d) => match self.dims.get(d).copied() {
-                Some(s) => Tv { v: fx.splat(Kind::I, s), k: Kind::I },
+                Some(s) => Typed { v: fx.splat(Class::Int, s), k: Class::Int },
                 None => fx.fail(format!("dim {d} was not loaded")),
             },
             Expr::Iota { axis, rank, one } => {
@@ -448,7 +449,7 @@ impl Kernel<'_> {
                     _ if *one => fx.iconst(0),
                     Some(k) if k + 1 == self.rank => {
                         let j = fx.b.ins().ireduce(types::I32, at.j);
-                        let j = fx.splat(Kind::I, j);
+                        let j = fx.splat(Class::Int, j);
                         match (fx.lanes > 1, self.lane_iota) {
                             (true, Some(l)) => fx.b.ins().iadd(j, l),
                             _ => j,
@@ -456,11 +457,11 @@ impl Kernel<'_> {
                     }
                     Some(k) if k < at.outer.len() => {
                         let i = fx.b.ins().ireduce(types::I32, at.outer[k]);
-                        fx.splat(Kind::I, i)
+                        fx.splat(Class::Int, i)
                     }
                     _ => fx.iconst(0),
                 };
-                Tv { v, k: Kind::I }
+                Typed { v, k: Class::Int }
             }
             Expr::Unary(op, a, dtype) => {
                 let a = self.eval(fx, a, at);
@@ -500,7 +501,7 @@ impl Kernel<'_> {
     /// `table[idx...]`, an index out of range recorded as a fault of `site` (and read clamped);
     /// lane by lane for vectors. A gather's dtype is its table's (`ir::infer`), so the table's
     /// layout is all it needs.
-    fn gather(&self, fx: &mut Fx, t: usize, idx: &[Value], site: usize) -> Tv {
+    fn gather(&self, fx: &mut StepBuilder, t: usize, idx: &[Value], site: usize) -> Typed {
         let Some(table) = &self.tables[t] else { return fx.fail(format!("gather table {t} was not loaded")) };
         let Some(record) = fx.schedule.fault else { return fx.fail("a checked gather without a fault record".to_string()) };
         let check = Some(super::ops::Checked { record, site });

@@ -21,11 +21,12 @@
 //! block sizes are run-time integers: nothing is recompiled per shape. K and V batch axes of
 //! size 1 have stride 0 (grouped-query and multi-query attention read the shared head).
 
-use super::builder::Fx;
+use super::builder::StepBuilder;
 use super::matmul::batch_strides;
-use super::ops::{Kind, Tv};
+use super::ops::Typed;
 use super::score::{self, Env, Extra, Hoisted};
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
 use attn_compiler::schedule::tile_table::{CHUNK_COLS, CHUNK_ROWS};
 use attn_compiler::schedule::{FlashKernel, Level, Tuning};
@@ -56,7 +57,7 @@ struct Common {
     lse: Option<(Value, Vec<Value>, Value)>,
 }
 
-fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
+fn common(fx: &mut StepBuilder, f: &FlashKernel) -> Common {
     let r = f.q.shape.len();
     let batch = &f.out.shape[..r - 2];
     let bdims = fx.dims(batch);
@@ -79,7 +80,7 @@ fn common(fx: &mut Fx, f: &FlashKernel) -> Common {
 }
 
 /// The strides of a `[..b, M]` view's batch axes aligned to `batch` (broadcast axes step 0).
-fn batch_strides_of(fx: &mut Fx, view: &attn_compiler::schedule::View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
+fn batch_strides_of(fx: &mut StepBuilder, view: &attn_compiler::schedule::View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
     let lead = batch.len().saturating_sub(view.shape.len().saturating_sub(1));
     (0..batch.len())
         .map(|t| match t.checked_sub(lead) {
@@ -91,7 +92,7 @@ fn batch_strides_of(fx: &mut Fx, view: &attn_compiler::schedule::View, strides: 
 
 /// Stores row `i`'s log-sum-exp `max + ln(sum)` (`-inf` when no key was kept, NaN for a NaN
 /// row) when the step writes one.
-fn store_lse(fx: &mut Fx, c: &Common, bidx: &[Value], i: Value, max: Value, sum: Value) {
+fn store_lse(fx: &mut StepBuilder, c: &Common, bidx: &[Value], i: Value, max: Value, sum: Value) {
     let Some((base, bs, rs)) = &c.lse else { return };
     let zero = fx.i64(0);
     let off = fx.dot(zero, bidx, bs);
@@ -117,7 +118,7 @@ struct QueryBlock {
     rows: Value,
 }
 
-fn query_block(fx: &mut Fx, c: &Common, t: Value) -> QueryBlock {
+fn query_block(fx: &mut StepBuilder, c: &Common, t: Value) -> QueryBlock {
     let qblk = fx.b.ins().urem(t, c.nqb);
     let bi = fx.b.ins().udiv(t, c.nqb);
     let bidx = fx.unravel(bi, &c.bdims);
@@ -128,7 +129,7 @@ fn query_block(fx: &mut Fx, c: &Common, t: Value) -> QueryBlock {
 }
 
 /// Address of the `Dv + 2` floats of partial row `r` of flash work item `w`.
-fn partial_row(fx: &mut Fx, c: &Common, w: Value, r: Value) -> Value {
+fn partial_row(fx: &mut StepBuilder, c: &Common, w: Value, r: Value) -> Value {
     let t = fx.mul(w, c.bm);
     let t = fx.add(t, r);
     let t = fx.mul(t, c.prow);
@@ -136,25 +137,25 @@ fn partial_row(fx: &mut Fx, c: &Common, w: Value, r: Value) -> Value {
 }
 
 /// Loads f32 lanes at `p`.
-fn ldp(fx: &mut Fx, p: Value) -> Value {
-    let ty = fx.ty(Kind::F);
+fn ldp(fx: &mut StepBuilder, p: Value) -> Value {
+    let ty = fx.ty(Class::Float);
     fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), p, 0)
 }
 
 /// Stores f32 lanes at `p`.
-fn stp(fx: &mut Fx, x: Value, p: Value) {
+fn stp(fx: &mut StepBuilder, x: Value, p: Value) {
     fx.b.ins().store(MemFlagsData::new().with_notrap(), x, p, 0);
 }
 
 /// Loads f32 lanes at element `c` of `base`.
-fn ld(fx: &mut Fx, base: Value, c: Value) -> Value {
+fn ld(fx: &mut StepBuilder, base: Value, c: Value) -> Value {
     let addr = fx.elem_addr(base, c);
-    let ty = fx.ty(Kind::F);
+    let ty = fx.ty(Class::Float);
     fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), addr, 0)
 }
 
 /// Stores f32 lanes at element `c` of `base`.
-fn st(fx: &mut Fx, x: Value, base: Value, c: Value) {
+fn st(fx: &mut StepBuilder, x: Value, base: Value, c: Value) {
     let addr = fx.elem_addr(base, c);
     fx.b.ins().store(MemFlagsData::new().with_notrap(), x, addr, 0);
 }
@@ -169,7 +170,7 @@ struct Operand {
     batch: Vec<Value>,
 }
 
-fn operand(fx: &mut Fx, view: &attn_compiler::schedule::View, batch: &[Dim]) -> Operand {
+fn operand(fx: &mut StepBuilder, view: &attn_compiler::schedule::View, batch: &[Dim]) -> Operand {
     let r = view.shape.len();
     let (base, strides) = fx.view_base(view);
     let batch = batch_strides(fx, view, &strides, batch);
@@ -213,7 +214,7 @@ struct Prologue<'f> {
     lane_iota: Value,
 }
 
-fn prologue<'f>(fx: &mut Fx, f: &'f FlashKernel) -> Prologue<'f> {
+fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
     let c = common(fx, f);
     let batch = f.batch().to_vec();
     let (q, k, v) = (operand(fx, &f.q, &batch), operand(fx, &f.k, &batch), operand(fx, &f.v, &batch));
@@ -285,7 +286,7 @@ struct Item {
 /// Emits the flash kernel: work item = (batch index, query block of `BlockM` rows, key
 /// split); for each key tile of the split that the tile table does not skip, Q·Kᵀ, the
 /// weights, and P·V into the running state; then the rows (or the split's partial state).
-pub fn emit(fx: &mut Fx, f: &FlashKernel) {
+pub fn emit(fx: &mut StepBuilder, f: &FlashKernel) {
     let p = prologue(fx, f);
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
@@ -310,7 +311,7 @@ pub fn emit(fx: &mut Fx, f: &FlashKernel) {
 }
 
 /// Decodes work item `w`, hoists its item-level score parts and checks the separable split.
-fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
+fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     let (f, r) = (p.f, p.f.spec.rank);
     let sp = fx.b.ins().urem(w, p.c.splits);
     let t = fx.b.ins().udiv(w, p.c.splits);
@@ -343,7 +344,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
     }
     let sep_ok = separable_ok(fx, p, &block, &b_pos, &hoisted);
     // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
-    let factor_of = |fx: &mut Fx, staged: &attn_compiler::schedule::StagedScore| {
+    let factor_of = |fx: &mut StepBuilder, staged: &attn_compiler::schedule::StagedScore| {
         staged.factor.as_ref().map(|c| match c {
             Some(c) => {
                 let env = Env { s: None, pos: &b_pos, dims: &p.dims, extras: &p.extras, hoisted: &hoisted };
@@ -360,7 +361,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
 
 /// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
 /// row `i` (then its row part is finite at `i` and at `i0`). False without a split.
-fn separable_ok(fx: &mut Fx, p: &Prologue, block: &QueryBlock, b_pos: &[Value], hoisted: &Hoisted) -> Value {
+fn separable_ok(fx: &mut StepBuilder, p: &Prologue, block: &QueryBlock, b_pos: &[Value], hoisted: &Hoisted) -> Value {
     let Some((x, _)) = &p.f.analysis.separated else { return fx.b.ins().iconst(types::I8, 0) };
     let yes = fx.b.ins().iconst(types::I8, 1);
     let ok = fx.var(types::I8, yes);
@@ -379,7 +380,7 @@ fn separable_ok(fx: &mut Fx, p: &Prologue, block: &QueryBlock, b_pos: &[Value], 
 }
 
 /// The key tile `kbi` of a work item, unless the tile table skips it.
-fn key_tile(fx: &mut Fx, p: &Prologue, it: &Item, kbi: Value) {
+fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
     let j0 = fx.mul(kbi, p.bn);
     let kleft = fx.sub(it.kend, j0);
     let cols = fx.min(p.bn, kleft);
@@ -445,7 +446,7 @@ struct TileAt {
 /// A tile's rows. Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span
 /// of keys its rows can keep (from the tile table): a diagonal tile does about half the work of
 /// a full one, a window's edge tiles only their band.
-fn tile_body(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
+fn tile_body(fx: &mut StepBuilder, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
     let zero = fx.i64(0);
     let rows = it.block.rows;
     if p.f.spec.mask.is_none() {
@@ -479,7 +480,16 @@ fn tile_body(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
 /// Rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc`: Q·Kᵀ, the weights (the mask
 /// tested when `masked`), P·V. Blocks of at most [`FEW_ROWS`] rows use the few-rows products.
 #[allow(clippy::too_many_arguments)]
-fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc): (Value, Value), (c0, cc): (Value, Value), masked: bool) {
+fn span(
+    fx: &mut StepBuilder,
+    p: &Prologue,
+    it: &Item,
+    tile: &Tile,
+    at: &TileAt,
+    (r0, rc): (Value, Value),
+    (c0, cc): (Value, Value),
+    masked: bool,
+) {
     let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
     let qoff = fx.mul(r0, p.lda);
     let qrow = fx.elem_addr(it.qp, qoff);
@@ -492,7 +502,7 @@ fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc)
     let vp = fx.elem_addr(at.vp, voff);
     let aoff = fx.mul(r0, p.c.dv);
     let arow = fx.elem_addr(p.scratch.acc, aoff);
-    let products = |fx: &mut Fx, small: abi::Import, big: abi::Import, args: &[Value]| {
+    let products = |fx: &mut StepBuilder, small: abi::Import, big: abi::Import, args: &[Value]| {
         fx.if_else(
             few,
             |fx| {
@@ -536,7 +546,7 @@ fn span(fx: &mut Fx, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt, (r0, rc)
 
 /// The work item's results: its rows divided by their sums (rows with no kept key give 0), or,
 /// when keys are split, its partial state (`max, sum, acc`) for the merge step.
-fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
+fn finish(fx: &mut StepBuilder, p: &Prologue, it: &Item, w: Value) {
     let (c, rows, zero) = (&p.c, it.block.rows, fx.i64(0));
     let softmax = p.f.spec.weights == Weights::Softmax;
     let single = fx.b.ins().icmp_imm_s(IntCC::Equal, c.splits, 1);
@@ -595,13 +605,13 @@ fn finish(fx: &mut Fx, p: &Prologue, it: &Item, w: Value) {
 /// (`rest + sep`), the rows are computed as `rest + sep(i0, j)` (`i0` the block's first row), or
 /// as `rest` alone when `sep` depends on the row only, so the true scores are higher by
 /// `sep(i, j) - sep(i0, j)` (or `sep(i, j)`), the same for every key. 0 otherwise.
-fn row_shift(fx: &mut Fx, p: &Prologue, it: &Item, i: Value) -> Value {
+fn row_shift(fx: &mut StepBuilder, p: &Prologue, it: &Item, i: Value) -> Value {
     let a = &p.f.analysis;
     let Some((x, _)) = &a.separated else { return fx.f32(0.0) };
     let i0_32 = fx.b.ins().ireduce(types::I32, it.block.i0);
     let i32v = fx.b.ins().ireduce(types::I32, i);
     // Any key position does: `i0` is where `sep_ok` checked the row part finite.
-    let at = |fx: &mut Fx, row: Value| {
+    let at = |fx: &mut StepBuilder, row: Value| {
         let mut pos = it.b_pos.clone();
         pos.extend([row, i0_32]);
         let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
@@ -621,12 +631,12 @@ fn row_shift(fx: &mut Fx, p: &Prologue, it: &Item, i: Value) -> Value {
 
 /// `dst[c] = src[c] / sum` (or `src[c]` when `sum` is `None`), 0 where `sum` is 0, rounded to
 /// `dtype`.
-fn write_row(fx: &mut Fx, src: Value, dst: Value, n: Value, sum: Option<Value>, dtype: DType) {
+fn write_row(fx: &mut StepBuilder, src: Value, dst: Value, n: Value, sum: Option<Value>, dtype: DType) {
     fx.rows(n, &[src, dst], &|fx, _, p| {
         let x = ldp(fx, p[0]);
         let y = match sum {
             Some(s) => {
-                let s = fx.splat(Kind::F, s);
+                let s = fx.splat(Class::Float, s);
                 let q = fx.b.ins().fdiv(x, s);
                 let z = fx.fconst(0.0);
                 let empty = fx.b.ins().fcmp(FloatCC::Equal, s, z);
@@ -634,7 +644,7 @@ fn write_row(fx: &mut Fx, src: Value, dst: Value, n: Value, sum: Option<Value>, 
             }
             None => x,
         };
-        let y = fx.round_to(Tv { v: y, k: Kind::F }, dtype).v;
+        let y = fx.round_to(Typed { v: y, k: Class::Float }, dtype).v;
         stp(fx, y, p[1]);
     });
 }
@@ -676,11 +686,11 @@ struct Running {
 
 impl Tile<'_> {
     /// `bias[c] = sep(i0, j0 + c)` for the tile's columns.
-    fn key_bias(&self, fx: &mut Fx, sep: &ScoreExpr, bias: Value) {
+    fn key_bias(&self, fx: &mut StepBuilder, sep: &ScoreExpr, bias: Value) {
         fx.rows(self.cols, &[bias], &|fx, c, p| {
-            let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+            let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Class::Int, *b)).collect();
             let i = fx.b.ins().ireduce(types::I32, self.i0);
-            pos.push(fx.splat(Kind::I, i));
+            pos.push(fx.splat(Class::Int, i));
             pos.push(self.key_pos(fx, c));
             let env = Env { s: None, pos: &pos, dims: self.dims, extras: self.extras, hoisted: self.item };
             let x = score::eval(fx, sep, &env);
@@ -690,10 +700,10 @@ impl Tile<'_> {
     }
 
     /// The key position(s) `j0 + c` (one per lane), i32.
-    fn key_pos(&self, fx: &mut Fx, c: Value) -> Value {
+    fn key_pos(&self, fx: &mut StepBuilder, c: Value) -> Value {
         let j = fx.add(self.j0, c);
         let j = fx.b.ins().ireduce(types::I32, j);
-        let j = fx.splat(Kind::I, j);
+        let j = fx.splat(Class::Int, j);
         if fx.lanes > 1 { fx.b.ins().iadd(j, self.lane_iota) } else { j }
     }
 
@@ -701,7 +711,7 @@ impl Tile<'_> {
     /// scores that are `s` or `c · s` are read as they are, the factor and the key bias applied
     /// by the kernel), then one online-softmax step by the kernel, and the accumulator row
     /// rescaled if its shift moved.
-    fn softmax_row(&self, fx: &mut Fx, rr: Value, masked: bool, st: &Running) {
+    fn softmax_row(&self, fx: &mut StepBuilder, rr: Value, masked: bool, st: &Running) {
         let row = self.row(fx, rr);
         self.stage(fx, row);
         let (factor, bias) = match self.factor {
@@ -721,7 +731,7 @@ impl Tile<'_> {
             let arow = fx.elem_addr(st.acc, off);
             fx.rows(st.dv, &[arow], &|fx, _, p| {
                 let x = ldp(fx, p[0]);
-                let s = fx.splat(Kind::F, scale);
+                let s = fx.splat(Class::Float, scale);
                 let y = fx.b.ins().fmul(x, s);
                 stp(fx, y, p[0]);
             });
@@ -729,14 +739,14 @@ impl Tile<'_> {
     }
 
     /// The row-wide kernels the expression was staged with (`tanh`), in place on `row`.
-    fn stage(&self, fx: &mut Fx, row: Value) {
+    fn stage(&self, fx: &mut StepBuilder, row: Value) {
         if self.tanh {
             fx.call(abi::TANH, &[row, row, self.cols]);
         }
     }
 
     /// Row `rr`'s modified scores in place (`-inf` where masked out when `masked`).
-    fn modify(&self, fx: &mut Fx, rr: Value, masked: bool) {
+    fn modify(&self, fx: &mut StepBuilder, rr: Value, masked: bool) {
         let row = self.row(fx, rr);
         let hoisted = self.row_hoisted(fx, rr);
         fx.rows(self.cols, &[row], &|fx, c, p| {
@@ -747,14 +757,14 @@ impl Tile<'_> {
     }
 
     /// The address of row `rr` of the tile.
-    fn row(&self, fx: &mut Fx, rr: Value) -> Value {
+    fn row(&self, fx: &mut StepBuilder, rr: Value) -> Value {
         let off = fx.mul(rr, self.bn);
         fx.elem_addr(self.s_tile, off)
     }
 
     /// The modified score of the element(s) at column `c`, `-inf` where masked out.
     /// The score and mask parts that depend on the row at most, computed for row `rr`.
-    fn row_hoisted(&self, fx: &mut Fx, rr: Value) -> Hoisted {
+    fn row_hoisted(&self, fx: &mut StepBuilder, rr: Value) -> Hoisted {
         let mut pos = self.b_pos.to_vec();
         let i = fx.add(self.i0, rr);
         pos.push(fx.b.ins().ireduce(types::I32, i));
@@ -767,13 +777,13 @@ impl Tile<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn modified(&self, fx: &mut Fx, rr: Value, c: Value, s: Value, masked: bool, hoisted: &Hoisted) -> Value {
-        let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+    fn modified(&self, fx: &mut StepBuilder, rr: Value, c: Value, s: Value, masked: bool, hoisted: &Hoisted) -> Value {
+        let mut pos: Vec<Value> = self.b_pos.iter().map(|b| fx.splat(Class::Int, *b)).collect();
         let i = fx.add(self.i0, rr);
         let i = fx.b.ins().ireduce(types::I32, i);
-        pos.push(fx.splat(Kind::I, i));
+        pos.push(fx.splat(Class::Int, i));
         pos.push(self.key_pos(fx, c));
-        let env = Env { s: Some(Tv { v: s, k: Kind::F }), pos: &pos, dims: self.dims, extras: self.extras, hoisted };
+        let env = Env { s: Some(Typed { v: s, k: Class::Float }), pos: &pos, dims: self.dims, extras: self.extras, hoisted };
         let x = score::eval(fx, self.score, &env);
         let mut x = fx.cvt_f(x);
         if let Some(b) = self.bias {
@@ -793,7 +803,7 @@ impl Tile<'_> {
 
     /// Sigmoid weights of row `rr` in place: `keep ? sigmoid(score) : 0`: the modified scores
     /// (`-inf` where masked out) by generated code, then the sigmoid by the row kernel.
-    fn sigmoid(&self, fx: &mut Fx, rr: Value, masked: bool) {
+    fn sigmoid(&self, fx: &mut StepBuilder, rr: Value, masked: bool) {
         let row = self.row(fx, rr);
         self.stage(fx, row);
         self.modify(fx, rr, masked);
@@ -802,7 +812,7 @@ impl Tile<'_> {
 }
 
 /// Emits the merge of split-key partial states: one work item per (batch, query block).
-pub fn emit_merge(fx: &mut Fx, f: &FlashKernel) {
+pub fn emit_merge(fx: &mut StepBuilder, f: &FlashKernel) {
     let c = common(fx, f);
     let softmax = f.spec.weights == Weights::Softmax;
     let (lo, hi) = (fx.lo(), fx.hi());
@@ -860,7 +870,7 @@ pub fn emit_merge(fx: &mut Fx, f: &FlashKernel) {
                 let src = fx.elem_addr(pr, two);
                 fx.rows(c.dv, &[src, op], &|fx, _, p| {
                     let a = ldp(fx, p[0]);
-                    let wv = fx.splat(Kind::F, wgt);
+                    let wv = fx.splat(Class::Float, wgt);
                     let o = ldp(fx, p[1]);
                     let y = fx.b.ins().fmul(a, wv);
                     let y = fx.b.ins().fadd(o, y);

@@ -19,11 +19,12 @@
 //! (transposed back). Nothing of the size of the scores exists: scratch holds one key block's
 //! `Pᵀ`, `dSᵀ`, `dK`, `dV`, `Kᵀ` and the batch index's `dQᵀ`, all O(S).
 
-use super::builder::Fx;
+use super::builder::StepBuilder;
 use super::matmul::batch_strides;
-use super::ops::{Kind, Tv};
+use super::ops::Typed;
 use super::score::{self, Env, Extra, Hoisted};
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, ScoreExpr};
 use attn_compiler::schedule::{FlashBwdKernel, Level, Tuning, View};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -43,7 +44,7 @@ pub(super) struct Operand {
     pub(super) row: Value,
 }
 
-fn operand(fx: &mut Fx, view: &View, batch: &[Dim], width: Value) -> Operand {
+fn operand(fx: &mut StepBuilder, view: &View, batch: &[Dim], width: Value) -> Operand {
     let r = view.shape.len();
     let (base, strides) = fx.view_base(view);
     let bs = batch_strides(fx, view, &strides, batch);
@@ -58,7 +59,7 @@ pub(super) struct RowStat {
     pub(super) step: Value,
 }
 
-fn row_stat(fx: &mut Fx, view: &View, batch: &[Dim]) -> RowStat {
+fn row_stat(fx: &mut StepBuilder, view: &View, batch: &[Dim]) -> RowStat {
     let (base, strides) = fx.view_base(view);
     let lead = batch.len().saturating_sub(view.shape.len().saturating_sub(1));
     let bs = (0..batch.len())
@@ -131,7 +132,7 @@ pub(super) struct Prologue<'f> {
     pub(super) lane_iota: Value,
 }
 
-fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
+fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let batch = f.batch().to_vec();
     let bdims = fx.dims(&batch);
     let (m, n, d, dv) = f.sizes();
@@ -188,7 +189,7 @@ fn prologue<'f>(fx: &mut Fx, f: &'f FlashBwdKernel) -> Prologue<'f> {
         }
         None => fx.f32(1.0),
     };
-    let scalar = |fx: &mut Fx, c: Option<&ScoreExpr>| match c {
+    let scalar = |fx: &mut StepBuilder, c: Option<&ScoreExpr>| match c {
         Some(c) => {
             let none = Hoisted::new();
             let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
@@ -273,14 +274,14 @@ pub(super) struct Sum {
     pub(super) total: Variable,
 }
 
-fn addr_of(fx: &mut Fx, o: &Operand, bidx: &[Value]) -> Value {
+fn addr_of(fx: &mut StepBuilder, o: &Operand, bidx: &[Value]) -> Value {
     let zero = fx.i64(0);
     let off = fx.dot(zero, bidx, &o.batch);
     fx.elem_addr(o.base, off)
 }
 
 /// Emits the backward kernel over work items (batch indices).
-pub fn emit(fx: &mut Fx, f: &FlashBwdKernel) {
+pub fn emit(fx: &mut StepBuilder, f: &FlashBwdKernel) {
     let p = prologue(fx, f);
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
@@ -305,7 +306,7 @@ pub fn emit(fx: &mut Fx, f: &FlashBwdKernel) {
 }
 
 /// Every row's `delta = Σ d_out ∘ out` of the item into the delta vector.
-fn deltas(fx: &mut Fx, p: &Prologue, it: &Item, out: Value) {
+fn deltas(fx: &mut StepBuilder, p: &Prologue, it: &Item, out: Value) {
     let Some((_, o)) = &p.stats else { return };
     let zero = fx.i64(0);
     fx.for_range(zero, p.m, |fx, i| {
@@ -318,7 +319,7 @@ fn deltas(fx: &mut Fx, p: &Prologue, it: &Item, out: Value) {
         let orow = fx.elem_addr(out, ooff);
         fx.rows(p.dv, &[drow, orow], &|fx, _, ptr| {
             let fl = MemFlagsData::new().with_notrap();
-            let fty = fx.ty(Kind::F);
+            let fty = fx.ty(Class::Float);
             let a = fx.b.ins().load(fty, fl, ptr[0], 0);
             let b = fx.b.ins().load(fty, fl, ptr[1], 0);
             let var = if fx.lanes > 1 { acc4 } else { acc1 };
@@ -339,7 +340,7 @@ fn deltas(fx: &mut Fx, p: &Prologue, it: &Item, out: Value) {
 }
 
 /// `n` zeros from `at`.
-pub(super) fn zero_floats(fx: &mut Fx, at: Value, n: Value) {
+pub(super) fn zero_floats(fx: &mut StepBuilder, at: Value, n: Value) {
     fx.rows(n, &[at], &|fx, _, ptr| {
         let z = fx.fconst(0.0);
         fx.b.ins().store(MemFlagsData::new().with_notrap(), z, ptr[0], 0);
@@ -347,7 +348,7 @@ pub(super) fn zero_floats(fx: &mut Fx, at: Value, n: Value) {
 }
 
 /// Decodes work item `w` and hoists its item-level expression parts.
-fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
+fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     let f = p.f;
     let bidx = fx.unravel(w, &p.bdims);
     let (q, k, v, d_out) = (addr_of(fx, &p.q, &bidx), addr_of(fx, &p.k, &bidx), addr_of(fx, &p.v, &bidx), addr_of(fx, &p.d_out, &bidx));
@@ -409,7 +410,7 @@ fn item(fx: &mut Fx, p: &Prologue, w: Value) -> Item {
 
 /// The span of live query blocks of key block `kb` by the tile table: `(first, last)`, with
 /// `last < first` when every tile of the key block is skipped.
-fn live_span(fx: &mut Fx, p: &Prologue, kb: Value) -> (Value, Value) {
+fn live_span(fx: &mut StepBuilder, p: &Prologue, kb: Value) -> (Value, Value) {
     let first = fx.var(types::I64, p.nqb);
     let none = fx.i64(-1);
     let last = fx.var(types::I64, none);
@@ -430,7 +431,7 @@ fn live_span(fx: &mut Fx, p: &Prologue, kb: Value) -> (Value, Value) {
 }
 
 /// The class (0 skip, 1 full, 2 partial) of tile (query block `qb`, key block `kb`), i32.
-pub(super) fn tile_class(fx: &mut Fx, p: &Prologue, qb: Value, kb: Value) -> Value {
+pub(super) fn tile_class(fx: &mut StepBuilder, p: &Prologue, qb: Value, kb: Value) -> Value {
     let tix = fx.mul(qb, p.nkb);
     let tix = fx.add(tix, kb);
     let tix = fx.mul(tix, p.entry_bytes);
@@ -440,7 +441,7 @@ pub(super) fn tile_class(fx: &mut Fx, p: &Prologue, qb: Value, kb: Value) -> Val
 
 /// Key block `kb`: its live span's products, every key row's weights and adjoints, the
 /// gradient products, then its `dK` and `dV` rows.
-fn key_block(fx: &mut Fx, p: &Prologue, it: &Item, kb: Value) {
+fn key_block(fx: &mut StepBuilder, p: &Prologue, it: &Item, kb: Value) {
     let f = p.f;
     let j0 = fx.mul(kb, p.bn);
     let left = fx.sub(p.n, j0);
@@ -507,7 +508,7 @@ pub(super) struct Span {
 
 /// The products of one key block over its live span, with the key rows' weights and adjoints
 /// between them.
-fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: Value) {
+fn span_products(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: Value) {
     let f = p.f;
     let qoff = fx.mul(s.r0, p.q.row);
     let qp = fx.elem_addr(it.q, qoff);
@@ -561,7 +562,7 @@ fn span_products(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, kp: Value, vp: 
 }
 
 /// Moves a key row's item-level sums (f32 lanes) into their f64 totals.
-fn flush_row_sums(fx: &mut Fx, it: &Item) {
+fn flush_row_sums(fx: &mut StepBuilder, it: &Item) {
     for sum in it.sums.iter().flatten() {
         let acc4 = fx.b.use_var(sum.lanes);
         let mut row = fx.b.use_var(sum.one);
@@ -581,18 +582,18 @@ fn flush_row_sums(fx: &mut Fx, it: &Item) {
 }
 
 /// `dst[c] = src[c]` rounded to `dtype`, for `c < n`.
-fn copy_row(fx: &mut Fx, src: Value, dst: Value, n: Value, dtype: DType) {
+fn copy_row(fx: &mut StepBuilder, src: Value, dst: Value, n: Value, dtype: DType) {
     fx.rows(n, &[src, dst], &|fx, _, ptr| {
-        let ty = fx.ty(Kind::F);
+        let ty = fx.ty(Class::Float);
         let x = fx.b.ins().load(ty, MemFlagsData::new().with_notrap(), ptr[0], 0);
-        let y = fx.round_to(Tv { v: x, k: Kind::F }, dtype).v;
+        let y = fx.round_to(Typed { v: x, k: Class::Float }, dtype).v;
         fx.b.ins().store(MemFlagsData::new().with_notrap(), y, ptr[1], 0);
     });
 }
 
 /// Adds `x` (per lane) into the partial sums of `target` at the clamped indices `idx`.
-pub(super) fn scatter_add(fx: &mut Fx, partial: Value, target: &Target, idx: &[Value], x: Value) {
-    let one = |fx: &mut Fx, idx: &[Value], x: Value| {
+pub(super) fn scatter_add(fx: &mut StepBuilder, partial: Value, target: &Target, idx: &[Value], x: Value) {
+    let one = |fx: &mut StepBuilder, idx: &[Value], x: Value| {
         let mut off = target.offset;
         let mut stride = fx.i64(1);
         for (k, i) in idx.iter().enumerate().rev() {
@@ -626,7 +627,7 @@ pub(super) fn scatter_add(fx: &mut Fx, partial: Value, target: &Target, idx: &[V
 }
 
 /// Adds the item-level totals into the item's partial sums at their (item-level) index.
-fn flush_sums(fx: &mut Fx, p: &Prologue, it: &Item) {
+fn flush_sums(fx: &mut StepBuilder, p: &Prologue, it: &Item) {
     for (l, sum) in p.f.grad.loads.iter().zip(&it.sums) {
         let (Some(sum), Some(target)) = (sum, p.targets.iter().find(|t| t.input == l.input)) else { continue };
         let total = fx.b.use_var(sum.total);
@@ -648,7 +649,7 @@ fn flush_sums(fx: &mut Fx, p: &Prologue, it: &Item) {
 }
 
 /// `dQ` of the item from `dQᵀ`, rounded to its type.
-fn write_dq(fx: &mut Fx, p: &Prologue, it: &Item, dq: &View) {
+fn write_dq(fx: &mut StepBuilder, p: &Prologue, it: &Item, dq: &View) {
     let r = dq.shape.len();
     let (base, strides) = fx.view_base(dq);
     let zero = fx.i64(0);
@@ -666,7 +667,7 @@ fn write_dq(fx: &mut Fx, p: &Prologue, it: &Item, dq: &View) {
 
 /// Emits the sum of every work item's partial sums into the extra operands' gradients: work
 /// item = one element of one gradient, summed over the backward's items in order.
-pub fn emit_reduce(fx: &mut Fx, f: &FlashBwdKernel) {
+pub fn emit_reduce(fx: &mut StepBuilder, f: &FlashBwdKernel) {
     let batch = f.batch().to_vec();
     let bdims = fx.dims(&batch);
     let mut items = fx.i64(1);
@@ -705,7 +706,7 @@ pub fn emit_reduce(fx: &mut Fx, f: &FlashBwdKernel) {
                     fx.b.def_var(acc, a);
                 });
                 let a = fx.b.use_var(acc);
-                let a = fx.round_to(Tv { v: a, k: Kind::F }, dtype).v;
+                let a = fx.round_to(Typed { v: a, k: Class::Float }, dtype).v;
                 let local = fx.sub(e, start);
                 let addr = fx.elem_addr(base, local);
                 fx.store(a, addr);

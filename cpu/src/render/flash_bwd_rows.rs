@@ -5,21 +5,22 @@
 //! mask and derivatives per element, four queries at a time. Each extra operand's gradient
 //! `dF · ∂F/∂x` is added at the index it loads.
 
-use super::builder::Fx;
+use super::builder::StepBuilder;
 use super::flash_bwd::{Item, Prologue, Span, scatter_add, tile_class, zero_floats};
-use super::ops::{Kind, Tv};
+use super::ops::Typed;
 use super::score::{self, Env};
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{ScoreExpr, Weights};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 
 /// The span's row terms `sep(i, j0) - sep(r0, j0)` of a separable expression into the vector at
 /// `into`; returns whether they (and `sep(r0, j0)`) are all finite, which the split needs.
-pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &ScoreExpr, into: Value) -> Value {
+pub(super) fn row_terms(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, sep: &ScoreExpr, into: Value) -> Value {
     let j32 = fx.b.ins().ireduce(types::I32, s.j0);
     let r0_32 = fx.b.ins().ireduce(types::I32, s.r0);
-    let at_pos = |fx: &mut Fx, i: Value| -> Value {
+    let at_pos = |fx: &mut StepBuilder, i: Value| -> Value {
         let mut pos = it.b_pos.clone();
         pos.extend([i, j32]);
         let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
@@ -43,7 +44,7 @@ pub(super) fn row_terms(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, sep: &Sc
 }
 
 /// Key row `c` of the span, query block by query block.
-pub(super) fn key_row(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, c: Value, sep_ok: Value) {
+pub(super) fn key_row(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, c: Value, sep_ok: Value) {
     let f = p.f;
     let off = fx.mul(c, p.stride);
     let srow = fx.elem_addr(p.p_rows, off);
@@ -57,7 +58,7 @@ pub(super) fn key_row(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, c: Value, 
     let none = fx.i64(-1);
     let run_start = fx.var(types::I64, none);
     let run_end = fx.var(types::I64, none);
-    let flush = |fx: &mut Fx| {
+    let flush = |fx: &mut StepBuilder| {
         let a = fx.b.use_var(run_start);
         let open = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, a, 0);
         fx.if_then(open, |fx| {
@@ -128,7 +129,7 @@ struct Row {
 
 /// Queries `at .. at + n` of the span (consecutive unmasked blocks of a linear score) by the
 /// row kernel, then their extra gradients from `dF`.
-fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Value, n: Value) {
+fn linear_run(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Value, n: Value) {
     let f = p.f;
     let Some(lin) = &f.linear else { return };
     let srow = fx.elem_addr(row.srow, at);
@@ -176,7 +177,7 @@ fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Val
     }
     if rest {
         fx.rows(n, &[df], &|fx, r, ptr| {
-            let fty = fx.ty(Kind::F);
+            let fty = fx.ty(Class::Float);
             let dfv = fx.b.ins().load(fty, MemFlagsData::new().with_notrap(), ptr[0], 0);
             let pos = positions(fx, p, it, i0, row.j32, r);
             let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
@@ -189,7 +190,7 @@ fn linear_run(fx: &mut Fx, p: &Prologue, it: &Item, s: &Span, row: &Row, at: Val
 
 /// The row statistics' addresses at query `i0` (null for sigmoid weights), and the row
 /// kernel's sigmoid flag.
-fn stats_at(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value) -> (Value, Value, i64) {
+fn stats_at(fx: &mut StepBuilder, p: &Prologue, it: &Item, i0: Value) -> (Value, Value, i64) {
     let null = fx.i64(0);
     match it.stats {
         Some((l, deltas)) => {
@@ -202,22 +203,22 @@ fn stats_at(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value) -> (Value, Value, i
 }
 
 /// The score positions of the lanes at query `i0 + r` and key `j`.
-fn positions(fx: &mut Fx, p: &Prologue, it: &Item, i0: Value, j32: Value, r: Value) -> Vec<Value> {
-    let mut pos: Vec<Value> = it.b_pos.iter().map(|b| fx.splat(Kind::I, *b)).collect();
+fn positions(fx: &mut StepBuilder, p: &Prologue, it: &Item, i0: Value, j32: Value, r: Value) -> Vec<Value> {
+    let mut pos: Vec<Value> = it.b_pos.iter().map(|b| fx.splat(Class::Int, *b)).collect();
     let i0_32 = fx.b.ins().ireduce(types::I32, i0);
     let r32 = fx.b.ins().ireduce(types::I32, r);
     let i = fx.b.ins().iadd(i0_32, r32);
-    let i = fx.splat(Kind::I, i);
+    let i = fx.splat(Class::Int, i);
     let i = if fx.lanes > 1 { fx.b.ins().iadd(i, p.lane_iota) } else { i };
     pos.push(i);
-    pos.push(fx.splat(Kind::I, j32));
+    pos.push(fx.splat(Class::Int, j32));
     pos
 }
 
 /// Each wanted load's `dF · ∂F/∂x` for these lanes (0 where `live` is false): into its
 /// item-level sum, or added at the index it loads; but not the load `skip` (the row kernel
 /// summed it).
-fn extra_gradients(fx: &mut Fx, p: &Prologue, it: &Item, env: &Env, df: Value, live: Value, skip: Option<usize>) {
+fn extra_gradients(fx: &mut StepBuilder, p: &Prologue, it: &Item, env: &Env, df: Value, live: Value, skip: Option<usize>) {
     let z = fx.fconst(0.0);
     for (k, (l, sum)) in p.f.grad.loads.iter().zip(&it.sums).enumerate() {
         if Some(k) == skip {
@@ -253,7 +254,7 @@ fn extra_gradients(fx: &mut Fx, p: &Prologue, it: &Item, env: &Env, df: Value, l
 /// A query block of a key row by the general path (`(i0, at, rows)`: its first query, its
 /// offset in the span, its length), four queries at a time: raw scores, the score
 /// modification, the mask when `masked`, the weights and adjoints, the extra gradients.
-fn general(fx: &mut Fx, p: &Prologue, it: &Item, row: &Row, (i0, at, rows): (Value, Value, Value), masked: bool) {
+fn general(fx: &mut StepBuilder, p: &Prologue, it: &Item, row: &Row, (i0, at, rows): (Value, Value, Value), masked: bool) {
     let f = p.f;
     let mut bases = vec![fx.elem_addr(row.srow, at), fx.elem_addr(row.drow, at)];
     let (lse, delta, _) = stats_at(fx, p, it, i0);
@@ -265,11 +266,11 @@ fn general(fx: &mut Fx, p: &Prologue, it: &Item, row: &Row, (i0, at, rows): (Val
     let j32 = row.j32;
     fx.rows(rows, &bases, &|fx, r, ptr| {
         let fl = MemFlagsData::new().with_notrap();
-        let fty = fx.ty(Kind::F);
+        let fty = fx.ty(Class::Float);
         let s = fx.b.ins().load(fty, fl, ptr[0], 0);
         let dp = fx.b.ins().load(fty, fl, ptr[1], 0);
         let pos = positions(fx, p, it, i0, j32, r);
-        let env = Env { s: Some(Tv { v: s, k: Kind::F }), pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
+        let env = Env { s: Some(Typed { v: s, k: Class::Float }), pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &it.hoisted };
         let score = score::eval(fx, &f.spec.score, &env);
         let score = fx.cvt_f(score);
         let (w, df) = if softmax {

@@ -3,16 +3,17 @@
 //! microkernel for the block. A transposed right operand (`k.T` of `q @ k.T`) is read in place
 //! through the `nt` kernel.
 
-use super::builder::Fx;
-use super::ops::{Kind, Tv};
+use super::builder::StepBuilder;
+use super::ops::Typed;
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim};
 use attn_compiler::schedule::{Tuning, View};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 
 /// Strides of `view`'s batch axes (all but the last two) aligned to `batch` (right-aligned;
 /// broadcast axes step 0).
-pub fn batch_strides(fx: &mut Fx, view: &View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
+pub fn batch_strides(fx: &mut StepBuilder, view: &View, strides: &[Value], batch: &[Dim]) -> Vec<Value> {
     let own = view.shape.len().saturating_sub(2);
     let lead = batch.len().saturating_sub(own);
     (0..batch.len())
@@ -24,7 +25,7 @@ pub fn batch_strides(fx: &mut Fx, view: &View, strides: &[Value], batch: &[Dim])
 }
 
 /// Emits `C = A @ B` over (batch, row block) work items.
-pub fn emit(fx: &mut Fx, step: usize, a: &View, b: &View, c: &View, b_transposed: bool) {
+pub fn emit(fx: &mut StepBuilder, step: usize, a: &View, b: &View, c: &View, b_transposed: bool) {
     let rc = c.shape.len();
     let batch = &c.shape[..rc - 2];
     let (ra, rb) = (a.shape.len(), b.shape.len());
@@ -68,7 +69,7 @@ pub fn emit(fx: &mut Fx, step: usize, a: &View, b: &View, c: &View, b_transposed
             fx.for_range(zero, total, |fx, i| {
                 let addr = fx.elem_addr(cp, i);
                 let v = fx.load(types::F32, addr);
-                let r = fx.round_to(Tv { v, k: Kind::F }, c.dtype);
+                let r = fx.round_to(Typed { v, k: Class::Float }, c.dtype);
                 fx.store(r.v, addr);
             });
         }

@@ -15,12 +15,12 @@ mod flash_bwd;
 mod flash_bwd_rows;
 mod matmul;
 mod ops;
-mod reduce;
+mod rows;
 mod score;
 
 use attn_compiler::schedule::{IntValue, Kernel, Schedule, Target};
 use attn_compiler::{RenderError, Renderer, Stage};
-use builder::{Fx, new_function};
+use builder::{StepBuilder, new_function};
 use cranelift_codegen::ir::Function;
 use cranelift_codegen::isa::CallConv;
 use cranelift_codegen::settings;
@@ -128,18 +128,18 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
     for (s, step) in schedule.steps.iter().enumerate() {
         let name = format!("{}_{s}_{}", schedule.name, step.kernel.name());
         let mut func = new_function(&name, call_conv);
-        let mut fx = Fx::new(&mut func, &mut ctx, schedule, call_conv);
+        let mut fx = StepBuilder::new(&mut func, &mut ctx, schedule, call_conv);
         match &step.kernel {
             Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&mut fx, out, inputs, expr, more),
             Kernel::MatMul { a, b, c, b_transposed, .. } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
-            Kernel::Reduce { x, op, axes, out } => reduce::emit_reduce(&mut fx, x, *op, axes, out),
-            Kernel::ReduceOf { x, op, axes, out } => reduce::emit_reduce_of(&mut fx, x, *op, axes, out),
-            Kernel::Softmax { x, axis, out } => reduce::emit_softmax(&mut fx, x, *axis, out),
-            Kernel::Scan { op, a, x, axis, reverse, out } => reduce::emit_scan(&mut fx, *op, a.as_ref(), x, *axis, *reverse, out),
-            Kernel::PrefixAttention { q, k, v, reverse, out } => reduce::emit_prefix_attention(&mut fx, q, k, v, *reverse, out),
-            Kernel::ScatterAdd { base, idx, src, axis, out, site } => reduce::emit_scatter_add(&mut fx, base, idx, src, *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, limit, .. } => reduce::emit_argsort(&mut fx, x, *axis, *descending, out, *limit),
-            Kernel::Norm { x, gamma, beta, eps, out } => reduce::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
+            Kernel::Reduce { x, op, axes, out } => rows::emit_reduce(&mut fx, x, *op, axes, out),
+            Kernel::ReduceOf { x, op, axes, out } => rows::emit_reduce_of(&mut fx, x, *op, axes, out),
+            Kernel::Softmax { x, axis, out } => rows::emit_softmax(&mut fx, x, *axis, out),
+            Kernel::Scan { op, a, x, axis, reverse, out } => rows::emit_scan(&mut fx, *op, a.as_ref(), x, *axis, *reverse, out),
+            Kernel::PrefixAttention { q, k, v, reverse, out } => rows::emit_prefix_attention(&mut fx, q, k, v, *reverse, out),
+            Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::emit_scatter_add(&mut fx, base, idx, src, *axis, out, *site),
+            Kernel::ArgSort { x, axis, descending, out, limit, .. } => rows::emit_argsort(&mut fx, x, *axis, *descending, out, *limit),
+            Kernel::Norm { x, gamma, beta, eps, out } => rows::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
             Kernel::Flash(f) => flash::emit(&mut fx, f),
             Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),
             Kernel::FlashBwd(f) => flash_bwd::emit(&mut fx, f),

@@ -3,43 +3,24 @@
 //! transcendental functions (exp, tanh, GELU's erfc, expm1 inline; log and pow through helpers).
 //!
 //! A value is a number (`F`: f32), an integer (`I`: i32) or a truth value (`B`). With
-//! [`Fx::lanes`] = 1 they are scalars (`B` is an `i8` 0/1); with 4 they are 128-bit vectors
+//! [`StepBuilder::lanes`] = 1 they are scalars (`B` is an `i8` 0/1); with 4 they are 128-bit vectors
 //! (`B` is an `i32x4` lane mask), which is how element-wise loops and the flash score loop run
 //! four elements at a time. Operations without a vector form run lane by lane.
 
-use super::builder::Fx;
+use super::builder::StepBuilder;
 use crate::abi::{self, Import};
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{BinaryOp, DType, UnaryOp};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value, types};
 
-/// The class of a per-element value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// f32.
-    F,
-    /// i32.
-    I,
-    /// Truth value.
-    B,
-}
-
 /// A typed per-element value.
 #[derive(Clone, Copy, Debug)]
-pub struct Tv {
+pub struct Typed {
     /// The Cranelift value.
     pub v: Value,
     /// Its class.
-    pub k: Kind,
-}
-
-/// The class values of a dtype compute in.
-pub fn kind_of(dtype: DType) -> Kind {
-    match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => Kind::F,
-        DType::I32 => Kind::I,
-        DType::Bool => Kind::B,
-    }
+    pub k: Class,
 }
 
 /// Where an index out of range is recorded: the fault record's buffer slot and the site.
@@ -57,16 +38,16 @@ pub struct Checked {
 /// (the flash loads, whose indices the optimizer proved in range) indices are clamped into
 /// their axes. Either way no read leaves the tensor.
 pub fn clamped_load(
-    fx: &mut Fx,
+    fx: &mut StepBuilder,
     dtype: DType,
     base: Value,
     strides: &[Value],
     sizes: &[Value],
     idx: &[Value],
     check: Option<Checked>,
-) -> Tv {
-    let mem_kind = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
-    let one = |fx: &mut Fx, idx: &[Value]| -> Value {
+) -> Typed {
+    let mem_kind = if Class::of(dtype) == Class::Float { Class::Float } else { Class::Int };
+    let one = |fx: &mut StepBuilder, idx: &[Value]| -> Value {
         let mut off = fx.i64(0);
         let mut any_bad = None;
         for (axis, ((i, s), n)) in idx.iter().zip(strides).zip(sizes).enumerate() {
@@ -94,13 +75,13 @@ pub fn clamped_load(
             let record = fx.buf(c.record);
             addr = fx.b.ins().select(bad, record, addr);
         }
-        fx.load(if mem_kind == Kind::F { types::F32 } else { types::I32 }, addr)
+        fx.load(if mem_kind == Class::Float { types::F32 } else { types::I32 }, addr)
     };
     let v = if fx.lanes == 1 {
         one(fx, idx)
     } else {
         let lanes = fx.lanes;
-        let mut out = if mem_kind == Kind::F { fx.fconst(0.0) } else { fx.iconst(0) };
+        let mut out = if mem_kind == Class::Float { fx.fconst(0.0) } else { fx.iconst(0) };
         for lane in 0..lanes {
             let xs: Vec<Value> = idx.iter().map(|i| fx.b.ins().extractlane(*i, lane)).collect();
             fx.lanes = 1;
@@ -110,23 +91,23 @@ pub fn clamped_load(
         }
         out
     };
-    let t = Tv { v, k: mem_kind };
-    if kind_of(dtype) == Kind::B { Tv { v: fx.cvt_b(t), k: Kind::B } } else { t }
+    let t = Typed { v, k: mem_kind };
+    if Class::of(dtype) == Class::Bool { Typed { v: fx.cvt_b(t), k: Class::Bool } } else { t }
 }
 
 fn vec_flags() -> MemFlagsData {
     MemFlagsData::new().with_endianness(Endianness::Little)
 }
 
-impl Fx<'_> {
+impl StepBuilder<'_> {
     /// The Cranelift type of a class at the current lane count.
-    pub fn ty(&self, k: Kind) -> Type {
+    pub fn ty(&self, k: Class) -> Type {
         match (k, self.lanes) {
-            (Kind::F, 1) => types::F32,
-            (Kind::I, 1) => types::I32,
-            (Kind::B, 1) => types::I8,
-            (Kind::F, _) => types::F32X4,
-            (Kind::I | Kind::B, _) => types::I32X4,
+            (Class::Float, 1) => types::F32,
+            (Class::Int, 1) => types::I32,
+            (Class::Bool, 1) => types::I8,
+            (Class::Float, _) => types::F32X4,
+            (Class::Int | Class::Bool, _) => types::I32X4,
         }
     }
 
@@ -148,14 +129,14 @@ impl Fx<'_> {
     }
 
     /// Broadcasts a scalar to the current lane count (identity for scalars).
-    pub fn splat(&mut self, k: Kind, scalar: Value) -> Value {
+    pub fn splat(&mut self, k: Class, scalar: Value) -> Value {
         if self.lanes == 1 {
             return scalar;
         }
         match k {
-            Kind::F => self.b.ins().splat(types::F32X4, scalar),
-            Kind::I => self.b.ins().splat(types::I32X4, scalar),
-            Kind::B => {
+            Class::Float => self.b.ins().splat(types::F32X4, scalar),
+            Class::Int => self.b.ins().splat(types::I32X4, scalar),
+            Class::Bool => {
                 let wide = self.b.ins().sextend(types::I32, scalar);
                 let neg = self.b.ins().ineg(wide);
                 self.b.ins().splat(types::I32X4, neg)
@@ -164,14 +145,14 @@ impl Fx<'_> {
     }
 
     /// Converts to f32.
-    pub fn cvt_f(&mut self, x: Tv) -> Value {
+    pub fn cvt_f(&mut self, x: Typed) -> Value {
         match x.k {
-            Kind::F => x.v,
-            Kind::I => {
-                let t = self.ty(Kind::F);
+            Class::Float => x.v,
+            Class::Int => {
+                let t = self.ty(Class::Float);
                 self.b.ins().fcvt_from_sint(t, x.v)
             }
-            Kind::B => {
+            Class::Bool => {
                 let (one, zero) = (self.fconst(1.0), self.fconst(0.0));
                 self.select_raw(x.v, one, zero)
             }
@@ -179,14 +160,14 @@ impl Fx<'_> {
     }
 
     /// Converts to i32 (floats truncate toward zero and saturate; NaN is 0).
-    pub fn cvt_i(&mut self, x: Tv) -> Value {
+    pub fn cvt_i(&mut self, x: Typed) -> Value {
         match x.k {
-            Kind::F => {
-                let t = self.ty(Kind::I);
+            Class::Float => {
+                let t = self.ty(Class::Int);
                 self.b.ins().fcvt_to_sint_sat(t, x.v)
             }
-            Kind::I => x.v,
-            Kind::B => {
+            Class::Int => x.v,
+            Class::Bool => {
                 if self.lanes == 1 {
                     self.b.ins().uextend(types::I32, x.v)
                 } else {
@@ -198,36 +179,36 @@ impl Fx<'_> {
     }
 
     /// Converts to a truth value (non-zero is true; NaN is true).
-    pub fn cvt_b(&mut self, x: Tv) -> Value {
+    pub fn cvt_b(&mut self, x: Typed) -> Value {
         match x.k {
-            Kind::F => {
+            Class::Float => {
                 let z = self.fconst(0.0);
                 self.b.ins().fcmp(FloatCC::NotEqual, x.v, z)
             }
-            Kind::I => {
+            Class::Int => {
                 let z = self.iconst(0);
                 self.b.ins().icmp(IntCC::NotEqual, x.v, z)
             }
-            Kind::B => x.v,
+            Class::Bool => x.v,
         }
     }
 
     /// Converts to class `k`.
-    pub fn cvt_kind(&mut self, x: Tv, k: Kind) -> Tv {
+    pub fn cvt_kind(&mut self, x: Typed, k: Class) -> Typed {
         let v = match k {
-            Kind::F => self.cvt_f(x),
-            Kind::I => self.cvt_i(x),
-            Kind::B => self.cvt_b(x),
+            Class::Float => self.cvt_f(x),
+            Class::Int => self.cvt_i(x),
+            Class::Bool => self.cvt_b(x),
         };
-        Tv { v, k }
+        Typed { v, k }
     }
 
     /// Converts to `dtype`'s class and rounds to what `dtype` stores.
-    pub fn round_to(&mut self, x: Tv, dtype: DType) -> Tv {
-        let x = self.cvt_kind(x, kind_of(dtype));
+    pub fn round_to(&mut self, x: Typed, dtype: DType) -> Typed {
+        let x = self.cvt_kind(x, Class::of(dtype));
         match dtype {
-            DType::BF16 => Tv { v: self.round_bf16(x.v), k: Kind::F },
-            DType::F16 => Tv { v: self.lanewise_f32(abi::ROUND_F16, &[x.v]), k: Kind::F },
+            DType::BF16 => Typed { v: self.round_bf16(x.v), k: Class::Float },
+            DType::F16 => Typed { v: self.lanewise_f32(abi::ROUND_F16, &[x.v]), k: Class::Float },
             _ => x,
         }
     }
@@ -268,7 +249,7 @@ impl Fx<'_> {
 
     /// Rounds f32 values to bf16 precision (nearest, ties to even; NaN stays NaN).
     fn round_bf16(&mut self, x: Value) -> Value {
-        let ity = self.ty(Kind::I);
+        let ity = self.ty(Class::Int);
         let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
         let bits = self.b.ins().bitcast(ity, fl, x);
         let shifted = self.b.ins().ushr_imm_s(bits, 16);
@@ -279,7 +260,7 @@ impl Fx<'_> {
         let t = self.b.ins().iadd(t, lsb);
         let mask = self.iconst(0xFFFF_0000u32 as i32 as i64);
         let t = self.b.ins().band(t, mask);
-        let fty = self.ty(Kind::F);
+        let fty = self.ty(Class::Float);
         let rounded = self.b.ins().bitcast(fty, fl, t);
         let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
         self.select_raw(nan, x, rounded)
@@ -318,14 +299,14 @@ impl Fx<'_> {
         p = self.b.ins().fadd(p, r);
         let one = self.fconst(1.0);
         p = self.b.ins().fadd(p, one);
-        let ity = self.ty(Kind::I);
+        let ity = self.ty(Class::Int);
         let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
         // bits(rounded) - bits(ROUND) = n; adding the exponent bias and shifting makes 2ⁿ.
         let bits = self.b.ins().bitcast(ity, fl, rounded);
         let bias = self.iconst(127 - ROUND.to_bits() as i64);
         let e = self.b.ins().iadd(bits, bias);
         let e = self.b.ins().ishl_imm_s(e, 23);
-        let fty = self.ty(Kind::F);
+        let fty = self.ty(Class::Float);
         let scale = self.b.ins().bitcast(fty, fl, e);
         let y = self.b.ins().fmul(p, scale);
         // Outside the clamped range: 0 below, inf above; NaN fails both tests and stays NaN.
@@ -349,14 +330,14 @@ impl Fx<'_> {
 
     /// `x`'s sign bit on the non-negative `abs` (so that `f(-0) = -0` for odd `f`).
     fn with_sign_of(&mut self, abs: Value, x: Value) -> Value {
-        let ity = self.ty(Kind::I);
+        let ity = self.ty(Class::Int);
         let fl = if self.lanes == 1 { MemFlagsData::new() } else { vec_flags() };
         let xb = self.b.ins().bitcast(ity, fl, x);
         let signmask = self.iconst(i64::from(i32::MIN));
         let sign = self.b.ins().band(xb, signmask);
         let ab = self.b.ins().bitcast(ity, fl, abs);
         let signed = self.b.ins().bor(ab, sign);
-        let fty = self.ty(Kind::F);
+        let fty = self.ty(Class::Float);
         self.b.ins().bitcast(fty, fl, signed)
     }
 
@@ -446,13 +427,13 @@ impl Fx<'_> {
     }
 
     /// A unary op in its natural class (floats for transcendental functions).
-    pub fn unary(&mut self, op: UnaryOp, x: Tv) -> Tv {
-        let int = x.k != Kind::F;
+    pub fn unary(&mut self, op: UnaryOp, x: Typed) -> Typed {
+        let int = x.k != Class::Float;
         match op {
             UnaryOp::Not => {
                 let b = self.cvt_b(x);
                 let t = self.bconst(true);
-                Tv { v: self.b.ins().bxor(b, t), k: Kind::B }
+                Typed { v: self.b.ins().bxor(b, t), k: Class::Bool }
             }
             UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Floor if int => {
                 let v = self.cvt_i(x);
@@ -465,7 +446,7 @@ impl Fx<'_> {
                     }
                     _ => v,
                 };
-                Tv { v, k: Kind::I }
+                Typed { v, k: Class::Int }
             }
             _ => {
                 let v = self.cvt_f(x);
@@ -497,19 +478,19 @@ impl Fx<'_> {
                     UnaryOp::Elu => self.elu(v),
                     UnaryOp::Not => v,
                 };
-                Tv { v: r, k: Kind::F }
+                Typed { v: r, k: Class::Float }
             }
         }
     }
 
     /// A binary op in its natural class: comparisons and logic give truth values, `/` and `**`
     /// floats, the rest integers when both sides are integers and floats otherwise.
-    pub fn binary(&mut self, op: BinaryOp, a: Tv, b: Tv) -> Tv {
-        let float = a.k == Kind::F || b.k == Kind::F;
+    pub fn binary(&mut self, op: BinaryOp, a: Typed, b: Typed) -> Typed {
+        let float = a.k == Class::Float || b.k == Class::Float;
         if op.is_logical() {
             let (x, y) = (self.cvt_b(a), self.cvt_b(b));
             let v = if op == BinaryOp::And { self.b.ins().band(x, y) } else { self.b.ins().bor(x, y) };
-            return Tv { v, k: Kind::B };
+            return Typed { v, k: Class::Bool };
         }
         if op.is_comparison() {
             let v = if float {
@@ -535,7 +516,7 @@ impl Fx<'_> {
                 };
                 self.b.ins().icmp(cc, x, y)
             };
-            return Tv { v, k: Kind::B };
+            return Typed { v, k: Class::Bool };
         }
         if float || op.is_always_float() {
             let (x, y) = (self.cvt_f(a), self.cvt_f(b));
@@ -550,7 +531,7 @@ impl Fx<'_> {
                 BinaryOp::Atan2 => self.lanewise(abi::ATAN2, &[x, y]),
                 _ => self.lanewise(abi::REM, &[x, y]),
             };
-            return Tv { v, k: Kind::F };
+            return Typed { v, k: Class::Float };
         }
         let (x, y) = (self.cvt_i(a), self.cvt_i(b));
         let v = match op {
@@ -561,7 +542,7 @@ impl Fx<'_> {
             BinaryOp::Max => self.b.ins().smax(x, y),
             _ => self.int_rem(x, y),
         };
-        Tv { v, k: Kind::I }
+        Typed { v, k: Class::Int }
     }
 
     /// Integer `%` with the sign of the divisor; 0 for a zero divisor and for `i32::MIN % -1`
@@ -597,20 +578,20 @@ impl Fx<'_> {
     }
 
     /// `where(c, a, b)` in the natural class of the branches.
-    pub fn select(&mut self, c: Tv, a: Tv, b: Tv) -> Tv {
+    pub fn select(&mut self, c: Typed, a: Typed, b: Typed) -> Typed {
         let k = match (a.k, b.k) {
-            (Kind::B, Kind::B) => Kind::B,
-            (Kind::F, _) | (_, Kind::F) => Kind::F,
-            _ => Kind::I,
+            (Class::Bool, Class::Bool) => Class::Bool,
+            (Class::Float, _) | (_, Class::Float) => Class::Float,
+            _ => Class::Int,
         };
         let c = self.cvt_b(c);
         let (x, y) = (self.cvt_kind(a, k), self.cvt_kind(b, k));
-        Tv { v: self.select_raw(c, x.v, y.v), k }
+        Typed { v: self.select_raw(c, x.v, y.v), k }
     }
 }
 
 /// Records index `index` of `axis` (of size `size`) out of range at site `c` (cold path).
-pub fn fault(fx: &mut Fx, c: Checked, axis: usize, index: Value, size: Value) {
+pub fn fault(fx: &mut StepBuilder, c: Checked, axis: usize, index: Value, size: Value) {
     let record = fx.buf(c.record);
     let site = fx.i64(c.site as i64);
     let axis = fx.i64(axis as i64);

@@ -7,8 +7,9 @@
 //! constants and dims are integers, arithmetic on two integers stays integral, `/` and `**`
 //! are floats, comparisons and logic are truth values, loads have their operand's class.
 
-use super::builder::Fx;
-use super::ops::{Kind, Tv, clamped_load};
+use super::builder::StepBuilder;
+use super::ops::{Typed, clamped_load};
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, ScoreExpr};
 use attn_compiler::schedule::{Level, level};
 use cranelift_codegen::ir::Value;
@@ -29,7 +30,7 @@ pub struct Extra {
 impl Extra {
     /// Every extra operand of a flash kernel as the expressions read it (loaded now, in the
     /// prologue).
-    pub fn of_views(fx: &mut Fx, views: &[attn_compiler::schedule::View]) -> Vec<Extra> {
+    pub fn of_views(fx: &mut StepBuilder, views: &[attn_compiler::schedule::View]) -> Vec<Extra> {
         views
             .iter()
             .map(|x| {
@@ -42,12 +43,12 @@ impl Extra {
 }
 
 /// Values of sub-expressions computed outside the score loop (scalars), by node address.
-pub type Hoisted = HashMap<*const ScoreExpr, Tv>;
+pub type Hoisted = HashMap<*const ScoreExpr, Typed>;
 
 /// Evaluates (as scalars) every maximal sub-expression of `exprs` whose level is at most `at`
 /// and that is worth hoisting (not a bare constant or position), adding them to `env`'s cache.
-pub fn hoist(fx: &mut Fx, exprs: &[&ScoreExpr], rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
-    fn walk(fx: &mut Fx, e: &ScoreExpr, rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+pub fn hoist(fx: &mut StepBuilder, exprs: &[&ScoreExpr], rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
+    fn walk(fx: &mut StepBuilder, e: &ScoreExpr, rank: usize, at: Level, env: &Env, out: &mut Hoisted) {
         let leaf = matches!(e, ScoreExpr::Score | ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_));
         if leaf || env.hoisted.contains_key(&(e as *const ScoreExpr)) {
             return;
@@ -83,7 +84,7 @@ pub fn hoist(fx: &mut Fx, exprs: &[&ScoreExpr], rank: usize, at: Level, env: &En
 /// Everything an expression can read at one score element.
 pub struct Env<'e> {
     /// The raw (or alpha-scaled) score, if the expression may read it.
-    pub s: Option<Tv>,
+    pub s: Option<Typed>,
     /// Position per score axis (i32, at the current lane count).
     pub pos: &'e [Value],
     /// Dims the expressions mention, as i32 scalars (loaded in the prologue).
@@ -95,24 +96,24 @@ pub struct Env<'e> {
 }
 
 /// Evaluates `e` at the current lane count.
-pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
+pub fn eval(fx: &mut StepBuilder, e: &ScoreExpr, env: &Env) -> Typed {
     if let Some(t) = env.hoisted.get(&(e as *const ScoreExpr)) {
-        return Tv { v: fx.splat(t.k, t.v), k: t.k };
+        return Typed { v: fx.splat(t.k, t.v), k: t.k };
     }
     match e {
         ScoreExpr::Score => env.s.unwrap_or_else(|| fx.fail("the score `s` read where no score exists")),
         ScoreExpr::Pos(k) => match env.pos.get(*k) {
-            Some(v) => Tv { v: *v, k: Kind::I },
+            Some(v) => Typed { v: *v, k: Class::Int },
             None => fx.fail(format!("position {k} read where it is not known")),
         },
-        ScoreExpr::Float(x) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+        ScoreExpr::Float(x) => Typed { v: fx.fconst(*x as f32), k: Class::Float },
         ScoreExpr::Int(x) => match i32::try_from(*x) {
-            Ok(i) => Tv { v: fx.iconst(i64::from(i)), k: Kind::I },
+            Ok(i) => Typed { v: fx.iconst(i64::from(i)), k: Class::Int },
             // Too wide for i32: keep the magnitude as a float.
-            Err(_) => Tv { v: fx.fconst(*x as f32), k: Kind::F },
+            Err(_) => Typed { v: fx.fconst(*x as f32), k: Class::Float },
         },
         ScoreExpr::Dim(d) => match env.dims.get(d) {
-            Some(v) => Tv { v: fx.splat(Kind::I, *v), k: Kind::I },
+            Some(v) => Typed { v: fx.splat(Class::Int, *v), k: Class::Int },
             None => fx.fail(format!("dim {d} was not loaded")),
         },
         ScoreExpr::Load { input, index } => {
@@ -147,6 +148,6 @@ pub fn eval(fx: &mut Fx, e: &ScoreExpr, env: &Env) -> Tv {
 }
 
 /// `x[idx...]` with every index clamped into its axis (lane by lane for vectors).
-fn load(fx: &mut Fx, x: &Extra, idx: &[Value]) -> Tv {
+fn load(fx: &mut StepBuilder, x: &Extra, idx: &[Value]) -> Typed {
     clamped_load(fx, x.dtype, x.base, &x.strides, &x.sizes, idx, None)
 }

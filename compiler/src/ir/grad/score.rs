@@ -4,7 +4,7 @@
 //! the same rules the graph's derivative uses, so a fused backward and an unfused one agree.
 
 use super::rules::{self, Algebra};
-use crate::ir::flash::{FlashSpec, ScoreExpr};
+use crate::ir::flash_spec::{FlashSpec, ScoreExpr};
 use crate::ir::op::{BinaryOp, UnaryOp};
 use crate::ir::semantics::Class;
 

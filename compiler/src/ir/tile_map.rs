@@ -1,10 +1,23 @@
-//! Text for people: each flash op's block classification as comments after the optimised IR
-//! (the IR reader skips them), and the tile maps `attnc explain` draws.
+//! The tile maps of a graph's flash ops at concrete sizes: which (query block, key tile) pairs
+//! the kernels skip, run in full or test against the mask ([`super::classify_tile`]), as data
+//! for `attnc explain` and its pictures, and as the block census printed after the optimised IR
+//! (comments the IR reader skips).
 
-use super::cost::representative;
-use crate::ir::{Graph, Op, ShowExpr, TileClass, TileGrid, grid_size, tile_grid, value_numbers};
+use super::{Graph, Op, ShowExpr, TileClass, TileGrid, grid_size, tile_grid, value_numbers};
 use std::collections::HashMap;
 use std::fmt::{self, Write};
+
+/// The size a dim takes where no size is given (the cost model's and the tile maps'
+/// representative sizes): sequence-like names (`S`, `N`, `M`, `T`, `L`) 1024, batches 2, heads
+/// 8, anything else 64.
+pub fn representative(name: &str) -> i64 {
+    match name.chars().next() {
+        Some('S' | 'N' | 'M' | 'T' | 'L') => 1024,
+        Some('B') => 2,
+        Some('H' | 'G') => 8,
+        _ => 64,
+    }
+}
 
 /// Tile size the classification summary and the default tile maps use.
 pub const MAP_TILE: i64 = 64;
@@ -53,7 +66,7 @@ pub struct FlashTileMap {
     pub batch: Vec<i64>,
     /// The classes of its tiles.
     pub grid: TileGrid,
-    /// True when the classes come from input data ([`crate::interp::data_tile_grids`]), not
+    /// True when the classes come from input data (the interpreter's `data_tile_grids`), not
     /// from the compile-time analysis alone.
     pub from_data: bool,
 }
@@ -77,7 +90,7 @@ pub fn flash_tile_maps(g: &Graph, dims: &HashMap<String, i64>, tile: (i64, i64))
                 env.entry(s).or_insert(size);
             }
         }
-        let size = |d: &crate::ir::Dim| d.eval(&env).unwrap_or(1);
+        let size = |d: &super::Dim| d.eval(&env).unwrap_or(1);
         let batch: Vec<i64> = qt.shape[..r - 2].iter().map(size).collect();
         let (m, n) = (size(&qt.shape[r - 2]), size(&kt.shape[r - 2]));
         let value = numbers[v.index()];
@@ -87,7 +100,7 @@ pub fn flash_tile_maps(g: &Graph, dims: &HashMap<String, i64>, tile: (i64, i64))
             return Err(TileMapError::TooLarge { value, rows, cols, m, n, tm, tn, limit: MAX_MAP_TILES });
         }
         let grid = tile_grid(spec.mask.as_ref(), &batch, (m, n), tile, &env);
-        let show = |e: &crate::ir::ScoreExpr| ShowExpr { expr: e, rank: r }.to_string();
+        let show = |e: &super::ScoreExpr| ShowExpr { expr: e, rank: r }.to_string();
         maps.push(FlashTileMap { value, score: show(&spec.score), mask: spec.mask.as_ref().map(show), batch, grid, from_data: false });
     }
     Ok(maps)

@@ -5,7 +5,7 @@
 //! the map then shows what this data masks, e.g. the blocks of a document mask.
 
 use super::eval::run;
-use super::flash::extra_loader;
+use super::flash_eval::extra_loader;
 use super::value::Val;
 use crate::exec::ExecError;
 use crate::exec::check_inputs;

@@ -2,9 +2,10 @@
 //! and RMS norm. Sums accumulate in f64 like the reference interpreter; each work item walks
 //! its row in a fixed order, so results do not depend on how items are spread over threads.
 
-use super::builder::Fx;
-use super::ops::{Kind, Tv, kind_of};
+use super::builder::StepBuilder;
+use super::ops::Typed;
 use crate::abi;
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, ReduceOp, ScanOp};
 use attn_compiler::schedule::{Fused, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -12,17 +13,17 @@ use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
 
 /// Loads element `off` (i64 elements from `base`) of a buffer of `dtype` as f32 or i32.
-fn load(fx: &mut Fx, dtype: DType, base: Value, off: Value) -> Tv {
+fn load(fx: &mut StepBuilder, dtype: DType, base: Value, off: Value) -> Typed {
     let addr = fx.elem_addr(base, off);
-    let k = if kind_of(dtype) == Kind::F { Kind::F } else { Kind::I };
-    let ty = if k == Kind::F { types::F32 } else { types::I32 };
-    Tv { v: fx.load(ty, addr), k }
+    let k = if Class::of(dtype) == Class::Float { Class::Float } else { Class::Int };
+    let ty = if k == Class::Float { types::F32 } else { types::I32 };
+    Typed { v: fx.load(ty, addr), k }
 }
 
 /// Rounds `x` to `dtype` and stores it as element `off` of `base`.
-fn store(fx: &mut Fx, x: Tv, dtype: DType, base: Value, off: Value) {
+fn store(fx: &mut StepBuilder, x: Typed, dtype: DType, base: Value, off: Value) {
     let x = fx.round_to(x, dtype);
-    let v = if x.k == Kind::F { x.v } else { fx.cvt_i(x) };
+    let v = if x.k == Class::Float { x.v } else { fx.cvt_i(x) };
     let addr = fx.elem_addr(base, off);
     fx.store(v, addr);
 }
@@ -32,7 +33,7 @@ fn store(fx: &mut Fx, x: Tv, dtype: DType, base: Value, off: Value) {
 /// walk the reduced axes together, one accumulator each: the same order per element (so the
 /// same bits), but independent chains and shared addressing. A reduction over a leading axis
 /// (`sum(x, axis = S)` of `[B, S, R]`) otherwise waits on one f64 add per element.
-pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &View) {
+pub fn emit_reduce(fx: &mut StepBuilder, x: &View, op: ReduceOp, axes: &[usize], out: &View) {
     let rank = x.shape.len();
     let (xb, xs) = fx.view_base(x);
     let dims = fx.dims(&x.shape);
@@ -47,9 +48,9 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
         }
         c
     };
-    let r = Reduce { x, xb, xs: &xs, dims: &dims, axes, op, int: kind_of(x.dtype) == Kind::I, count, ob, out };
+    let r = Reduce { x, xb, xs: &xs, dims: &dims, axes, op, int: Class::of(x.dtype) == Class::Int, count, ob, out };
     let (lo, hi) = (fx.lo(), fx.hi());
-    let items = |fx: &mut Fx, from: Value, to: Value| {
+    let items = |fx: &mut StepBuilder, from: Value, to: Value| {
         fx.for_range(from, to, |fx, w| {
             let idx = fx.unravel(w, &kept_dims);
             let zero = fx.i64(0);
@@ -74,7 +75,7 @@ pub fn emit_reduce(fx: &mut Fx, x: &View, op: ReduceOp, axes: &[usize], out: &Vi
 /// item is a row of outputs along it and four neighbouring outputs' elements are one vector of
 /// the expression (where its inputs allow); where it is reduced, a work item is one output and
 /// four consecutive elements along it are one vector, combined lane by lane in order.
-pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
+pub fn emit_reduce_of(fx: &mut StepBuilder, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
     let e = super::elementwise::expression(fx, &x.shape, &x.inputs, &x.expr);
     let rank = x.shape.len();
     let sizes = e.sizes().to_vec();
@@ -110,7 +111,7 @@ pub fn emit_reduce_of(fx: &mut Fx, x: &Fused, op: ReduceOp, axes: &[usize], out:
 
 /// `body(j, lanes)` over the last axis's `inner` indices: four lanes at a time while they fit
 /// (when `vectorized`), then one.
-fn along_last(fx: &mut Fx, inner: Value, vectorized: bool, body: &dyn Fn(&mut Fx, Value, u8)) {
+fn along_last(fx: &mut StepBuilder, inner: Value, vectorized: bool, body: &dyn Fn(&mut StepBuilder, Value, u8)) {
     let mut start = fx.i64(0);
     if vectorized {
         let mask = fx.i64(-4);
@@ -132,19 +133,19 @@ struct Items {
 }
 
 impl Items {
-    fn new(fx: &mut Fx, sizes: &[Value], axes: &[usize], dtype: DType) -> Items {
+    fn new(fx: &mut StepBuilder, sizes: &[Value], axes: &[usize], dtype: DType) -> Items {
         let kept: Vec<usize> = (0..sizes.len().saturating_sub(1)).filter(|a| !axes.contains(a)).collect();
         let kept_dims = kept.iter().map(|a| sizes[*a]).collect();
         let mut count = fx.i64(1);
         for a in axes {
             count = fx.mul(count, sizes[*a]);
         }
-        Items { kept, kept_dims, sizes: sizes.to_vec(), count, int: kind_of(dtype) == Kind::I }
+        Items { kept, kept_dims, sizes: sizes.to_vec(), count, int: Class::of(dtype) == Class::Int }
     }
 
     /// Work item `w`'s first element: its outer index (the reduced axes at 0) and the inputs'
     /// rows there, which the walk moves along each reduced axis.
-    fn first(&self, fx: &mut Fx, e: &super::elementwise::Kernel, w: Value) -> (Vec<Value>, Vec<Option<Value>>) {
+    fn first(&self, fx: &mut StepBuilder, e: &super::elementwise::Kernel, w: Value) -> (Vec<Value>, Vec<Option<Value>>) {
         let kept_idx = fx.unravel(w, &self.kept_dims);
         let zero = fx.i64(0);
         let mut outer = vec![zero; self.sizes.len().saturating_sub(1)];
@@ -157,7 +158,7 @@ impl Items {
 }
 
 /// [`emit_reduce_of`] where the last axis is reduced: one output per work item.
-fn reduce_of_along_last(fx: &mut Fx, e: &super::elementwise::Kernel, items: &Items, op: ReduceOp, axes: &[usize], out: &View) {
+fn reduce_of_along_last(fx: &mut StepBuilder, e: &super::elementwise::Kernel, items: &Items, op: ReduceOp, axes: &[usize], out: &View) {
     let sizes = &items.sizes;
     let rank = sizes.len();
     let inner = sizes[rank - 1];
@@ -199,7 +200,7 @@ enum Lanes {
 }
 
 impl Lanes {
-    fn new(fx: &mut Fx, op: ReduceOp, int: bool, lanes: u8) -> Lanes {
+    fn new(fx: &mut StepBuilder, op: ReduceOp, int: bool, lanes: u8) -> Lanes {
         match (op, int, lanes) {
             (ReduceOp::Sum | ReduceOp::Mean, false, 4) => {
                 let z = fx.f64(0.0);
@@ -220,7 +221,7 @@ impl Lanes {
     }
 
     /// Adds the element(s) `v` (f32 or i32, `lanes` of them).
-    fn add(&self, fx: &mut Fx, v: Value) {
+    fn add(&self, fx: &mut StepBuilder, v: Value) {
         match self {
             Lanes::Sum(lo, hi) => {
                 // Lanes 2 and 3 moved down for the second promotion.
@@ -254,7 +255,7 @@ impl Lanes {
     }
 
     /// Each lane's accumulator, in the scalar form [`finish`] takes.
-    fn results(&self, fx: &mut Fx) -> Vec<Value> {
+    fn results(&self, fx: &mut StepBuilder) -> Vec<Value> {
         match self {
             Lanes::Sum(lo, hi) => {
                 let (lo, hi) = (fx.b.use_var(*lo), fx.b.use_var(*hi));
@@ -271,12 +272,12 @@ impl Lanes {
 
 /// What a fused reduction does per element: given its outer index and the inputs' row
 /// addresses there.
-type ElementFn<'a> = dyn FnMut(&mut Fx, &[Value], &[Option<Value>]) + 'a;
+type ElementFn<'a> = dyn FnMut(&mut StepBuilder, &[Value], &[Option<Value>]) + 'a;
 
 /// Nested loops over the reduced `axes` (in order), calling `body` with the outer index and the
 /// inputs' row addresses of each element.
 fn walk(
-    fx: &mut Fx,
+    fx: &mut StepBuilder,
     e: &super::elementwise::Kernel,
     axes: &[usize],
     sizes: &[Value],
@@ -298,7 +299,7 @@ fn walk(
 }
 
 /// The accumulator type and initial value of a reduction.
-fn accumulator(fx: &mut Fx, op: ReduceOp, int: bool) -> (types::Type, Value) {
+fn accumulator(fx: &mut StepBuilder, op: ReduceOp, int: bool) -> (types::Type, Value) {
     match (op, int) {
         (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
         (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
@@ -310,7 +311,7 @@ fn accumulator(fx: &mut Fx, op: ReduceOp, int: bool) -> (types::Type, Value) {
 }
 
 /// The accumulator `a` combined with the element `v` (f32 or i32).
-fn combine(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, v: Value) -> Value {
+fn combine(fx: &mut StepBuilder, op: ReduceOp, int: bool, a: Value, v: Value) -> Value {
     match (op, int) {
         (ReduceOp::Sum | ReduceOp::Mean, false) => {
             let w = fx.b.ins().fpromote(types::F64, v);
@@ -328,11 +329,11 @@ fn combine(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, v: Value) -> Value {
 }
 
 /// The result of a reduction from its accumulator (`count` elements reduced).
-fn finish(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, count: Value) -> Tv {
+fn finish(fx: &mut StepBuilder, op: ReduceOp, int: bool, a: Value, count: Value) -> Typed {
     match (op, int) {
-        (ReduceOp::Sum, false) => Tv { v: fx.b.ins().fdemote(types::F32, a), k: Kind::F },
+        (ReduceOp::Sum, false) => Typed { v: fx.b.ins().fdemote(types::F32, a), k: Class::Float },
         // Integer sums wrap, like every integer op.
-        (ReduceOp::Sum, true) => Tv { v: fx.b.ins().ireduce(types::I32, a), k: Kind::I },
+        (ReduceOp::Sum, true) => Typed { v: fx.b.ins().ireduce(types::I32, a), k: Class::Int },
         (ReduceOp::Mean, _) => {
             let s = if int { fx.b.ins().fcvt_from_sint(types::F64, a) } else { a };
             let n = fx.b.ins().fcvt_from_sint(types::F64, count);
@@ -340,10 +341,10 @@ fn finish(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, count: Value) -> Tv {
             let zero = fx.f64(0.0);
             let empty = fx.b.ins().fcmp(FloatCC::Equal, n, zero);
             let m = fx.b.ins().select(empty, zero, m);
-            Tv { v: fx.b.ins().fdemote(types::F32, m), k: Kind::F }
+            Typed { v: fx.b.ins().fdemote(types::F32, m), k: Class::Float }
         }
-        (_, false) => Tv { v: a, k: Kind::F },
-        (_, true) => Tv { v: a, k: Kind::I },
+        (_, false) => Typed { v: a, k: Class::Float },
+        (_, true) => Typed { v: a, k: Class::Int },
     }
 }
 
@@ -351,7 +352,13 @@ fn finish(fx: &mut Fx, op: ReduceOp, int: bool, a: Value, count: Value) -> Tv {
 /// when `inner` is a multiple of [`GROUP`], the aligned groups inside the range by `group(w)`
 /// (never across the axis's end) and the items before and after them by `single(from, to)`;
 /// otherwise all by `single`.
-fn in_groups(fx: &mut Fx, inner: Value, (lo, hi): (Value, Value), single: &dyn Fn(&mut Fx, Value, Value), group: &dyn Fn(&mut Fx, Value)) {
+fn in_groups(
+    fx: &mut StepBuilder,
+    inner: Value,
+    (lo, hi): (Value, Value),
+    single: &dyn Fn(&mut StepBuilder, Value, Value),
+    group: &dyn Fn(&mut StepBuilder, Value),
+) {
     let rem = fx.b.ins().band_imm_s(inner, GROUP as i64 - 1);
     let grouped = fx.b.ins().icmp_imm_s(IntCC::Equal, rem, 0);
     fx.if_else(
@@ -389,7 +396,7 @@ struct Reduce<'a> {
 
 impl Reduce<'_> {
     /// Items `w .. w + n`, whose elements start at `base + l·step` for `l < n`.
-    fn items(&self, fx: &mut Fx, w: Value, base: Value, step: Value, n: usize) {
+    fn items(&self, fx: &mut StepBuilder, w: Value, base: Value, step: Value, n: usize) {
         let (op, int) = (self.op, self.int);
         let (acc_ty, init) = accumulator(fx, op, int);
         let accs: Vec<Variable> = (0..n).map(|_| fx.var(acc_ty, init)).collect();
@@ -415,7 +422,14 @@ impl Reduce<'_> {
 }
 
 /// Nested loops over `axes` (in order), calling `body` with each element's offset.
-fn nest(fx: &mut Fx, axes: &[usize], dims: &[Value], strides: &[Value], base: Value, body: &mut dyn FnMut(&mut Fx, Value)) {
+fn nest(
+    fx: &mut StepBuilder,
+    axes: &[usize],
+    dims: &[Value],
+    strides: &[Value],
+    base: Value,
+    body: &mut dyn FnMut(&mut StepBuilder, Value),
+) {
     match axes.split_first() {
         None => body(fx, base),
         Some((a, rest)) => {
@@ -431,7 +445,7 @@ fn nest(fx: &mut Fx, axes: &[usize], dims: &[Value], strides: &[Value], base: Va
 }
 
 /// Offsets of the row a work item addresses: every axis but `axis`, for `x` and dense `out`.
-fn row_offsets(fx: &mut Fx, w: Value, axis: usize, dims: &[Value], xs: &[Value], os: &[Value]) -> (Value, Value) {
+fn row_offsets(fx: &mut StepBuilder, w: Value, axis: usize, dims: &[Value], xs: &[Value], os: &[Value]) -> (Value, Value) {
     let others: Vec<usize> = (0..dims.len()).filter(|a| *a != axis).collect();
     let od: Vec<Value> = others.iter().map(|a| dims[*a]).collect();
     let idx = fx.unravel(w, &od);
@@ -443,7 +457,7 @@ fn row_offsets(fx: &mut Fx, w: Value, axis: usize, dims: &[Value], xs: &[Value],
 
 /// Softmax along `axis`, one row per work item; a row whose max is `-inf` gives zeros. Dense
 /// f32 rows (the usual case) go to the row kernel; anything else runs [`softmax_loops`].
-pub fn emit_softmax(fx: &mut Fx, x: &View, axis: usize, out: &View) {
+pub fn emit_softmax(fx: &mut StepBuilder, x: &View, axis: usize, out: &View) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let dims = fx.dims(&x.shape);
@@ -473,7 +487,7 @@ pub fn emit_softmax(fx: &mut Fx, x: &View, axis: usize, out: &View) {
 
 /// One row of [`emit_softmax`] as scalar loops (any dtype, any strides), the sum in f64.
 fn softmax_loops(
-    fx: &mut Fx,
+    fx: &mut StepBuilder,
     x: &View,
     out: &View,
     (xb, xo, xstep): (Value, Value, Value),
@@ -483,7 +497,7 @@ fn softmax_loops(
     let zero = fx.i64(0);
     let ninf = fx.f32(f32::NEG_INFINITY);
     let max = fx.var(types::F32, ninf);
-    let at = |fx: &mut Fx, base: Value, step: Value, i: Value| {
+    let at = |fx: &mut StepBuilder, base: Value, step: Value, i: Value| {
         let t = fx.mul(i, step);
         fx.add(base, t)
     };
@@ -503,7 +517,7 @@ fn softmax_loops(
             let z = fx.f32(0.0);
             fx.for_range(zero, n, |fx, i| {
                 let off = at(fx, oo, ostep, i);
-                store(fx, Tv { v: z, k: Kind::F }, out.dtype, ob, off);
+                store(fx, Typed { v: z, k: Class::Float }, out.dtype, ob, off);
             });
         },
         |fx| {
@@ -530,14 +544,14 @@ fn softmax_loops(
                 let addr = fx.elem_addr(ob, ooff);
                 let e = fx.load(types::F32, addr);
                 let p = fx.b.ins().fdiv(e, s32);
-                store(fx, Tv { v: p, k: Kind::F }, out.dtype, ob, ooff);
+                store(fx, Typed { v: p, k: Class::Float }, out.dtype, ob, ooff);
             });
         },
     );
 }
 
 /// Layer norm (`beta` given) or RMS norm over the last axis, in f64, one row per work item.
-pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) {
+pub fn emit_norm(fx: &mut StepBuilder, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) {
     let rank = x.shape.len();
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
@@ -584,7 +598,7 @@ pub fn emit_norm(fx: &mut Fx, x: &View, gamma: &View, beta: Option<&View>, eps: 
 /// One row of [`emit_norm`] as scalar f64 loops (any dtype, any strides).
 #[allow(clippy::too_many_arguments)]
 fn norm_loops(
-    fx: &mut Fx,
+    fx: &mut StepBuilder,
     x: &View,
     gamma: &View,
     beta: Option<&View>,
@@ -598,14 +612,14 @@ fn norm_loops(
 ) {
     {
         let zero = fx.i64(0);
-        let elem = |fx: &mut Fx, i: Value| -> Value {
+        let elem = |fx: &mut StepBuilder, i: Value| -> Value {
             let t = fx.mul(i, xstep);
             let off = fx.add(xo, t);
             let v = load(fx, x.dtype, xb, off);
             let v = fx.cvt_f(v);
             fx.b.ins().fpromote(types::F64, v)
         };
-        let sum_of = |fx: &mut Fx, f: &dyn Fn(&mut Fx, Value) -> Value| -> Value {
+        let sum_of = |fx: &mut StepBuilder, f: &dyn Fn(&mut StepBuilder, Value) -> Value| -> Value {
             let z = fx.f64(0.0);
             let acc: Variable = fx.var(types::F64, z);
             fx.for_range(zero, d, |fx, i| {
@@ -651,7 +665,7 @@ fn norm_loops(
             let y = fx.b.ins().fdemote(types::F32, y);
             let t = fx.mul(i, ostep);
             let ooff = fx.add(oo, t);
-            store(fx, Tv { v: y, k: Kind::F }, out.dtype, ob, ooff);
+            store(fx, Typed { v: y, k: Class::Float }, out.dtype, ob, ooff);
         });
     }
 }
@@ -659,7 +673,7 @@ fn norm_loops(
 /// `out = base`, then every `src` element added at its `idx` position along `axis`, in order,
 /// each sum rounded to the element type; one row per work item. A position out of range is
 /// recorded as a fault of `site` and skipped.
-pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: usize, out: &View, site: usize) {
+pub fn emit_scatter_add(fx: &mut StepBuilder, base: &View, idx: &View, src: &View, axis: usize, out: &View, site: usize) {
     let Some(record) = fx.schedule.fault else {
         fx.fail("a checked scatter_add without a fault record");
         return;
@@ -702,7 +716,7 @@ pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: 
                     let soff = fx.add(so, t);
                     let v = load(fx, src.dtype, sb, soff);
                     let sum = fx.b.ins().fadd(cur.v, v.v);
-                    store(fx, Tv { v: sum, k: Kind::F }, out.dtype, ob, ooff);
+                    store(fx, Typed { v: sum, k: Class::Float }, out.dtype, ob, ooff);
                 },
             );
         });
@@ -711,11 +725,11 @@ pub fn emit_scatter_add(fx: &mut Fx, base: &View, idx: &View, src: &View, axis: 
 
 /// The sorting permutation along `axis`, one row per work item, by the runtime's
 /// `attnc_argsort_row` ([`abi::ARGSORT_ROW`]).
-pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &View, limit: Option<i64>) {
+pub fn emit_argsort(fx: &mut StepBuilder, x: &View, axis: usize, descending: bool, out: &View, limit: Option<i64>) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let dims = fx.dims(&x.shape);
-    let flags = i64::from(descending) | if kind_of(x.dtype) == Kind::I { 2 } else { 0 };
+    let flags = i64::from(descending) | if Class::of(x.dtype) == Class::Int { 2 } else { 0 };
     let (lo, hi) = (fx.lo(), fx.hi());
     fx.for_range(lo, hi, |fx, w| {
         let (xo, oo) = row_offsets(fx, w, axis, &dims, &xs, &os);
@@ -738,7 +752,7 @@ pub fn emit_argsort(fx: &mut Fx, x: &View, axis: usize, descending: bool, out: &
 /// (i64 for integers, wrapping), each output rounded once, as the interpreter computes it.
 /// Aligned runs of [`GROUP`] rows that are neighbours along the innermost other axis run
 /// together, one recurrence each (as [`emit_reduce`] groups its items).
-pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {
+pub fn emit_scan(fx: &mut StepBuilder, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {
     let (xb, xs) = fx.view_base(x);
     let (ob, os) = fx.view_base(out);
     let a = a.map(|a| (a, fx.view_base(a)));
@@ -747,7 +761,7 @@ pub fn emit_scan(fx: &mut Fx, op: ScanOp, a: Option<&View>, x: &View, axis: usiz
     let a = a.as_ref().map(|(v, (b, s))| (*v, *b, s.as_slice()));
     let scan = Scan { op, a, x, xb, xs: &xs, out, ob, os: &os, dims: &dims, axis, inner, reverse };
     let (lo, hi) = (fx.lo(), fx.hi());
-    let rows = |fx: &mut Fx, from: Value, to: Value| fx.for_range(from, to, |fx, w| scan.rows(fx, w, 1));
+    let rows = |fx: &mut StepBuilder, from: Value, to: Value| fx.for_range(from, to, |fx, w| scan.rows(fx, w, 1));
     let Some(inner) = scan.inner else {
         return rows(fx, lo, hi);
     };
@@ -774,12 +788,12 @@ struct Scan<'a> {
 
 impl Scan<'_> {
     /// Work items `w .. w + n` (neighbours along the innermost other axis when `n > 1`).
-    fn rows(&self, fx: &mut Fx, w: Value, n: usize) {
+    fn rows(&self, fx: &mut StepBuilder, w: Value, n: usize) {
         let (op, axis, dims) = (self.op, self.axis, self.dims);
         let (xo, oo) = row_offsets(fx, w, axis, dims, self.xs, self.os);
         let ao = self.a.map(|(_, _, s)| row_offsets(fx, w, axis, dims, s, self.os).0);
         // Lane `l`'s offsets: the first row's plus `l` steps along the inner axis.
-        let lane = |fx: &mut Fx, base: Value, strides: &[Value], l: usize| match self.inner {
+        let lane = |fx: &mut StepBuilder, base: Value, strides: &[Value], l: usize| match self.inner {
             Some(k) if l > 0 => {
                 let t = fx.b.ins().imul_imm_s(strides[k], l as i64);
                 fx.add(base, t)
@@ -789,7 +803,7 @@ impl Scan<'_> {
         let xls: Vec<Value> = (0..n).map(|l| lane(fx, xo, self.xs, l)).collect();
         let ols: Vec<Value> = (0..n).map(|l| lane(fx, oo, self.os, l)).collect();
         let als: Vec<Option<Value>> = (0..n).map(|l| ao.zip(self.a).map(|(ao, (_, _, s))| lane(fx, ao, s, l))).collect();
-        let int = kind_of(self.x.dtype) == Kind::I;
+        let int = Class::of(self.x.dtype) == Class::Int;
         let (acc_ty, init) = match (op, int) {
             (ScanOp::Prod, true) => (types::I64, fx.i64(1)),
             (_, true) => (types::I64, fx.i64(0)),
@@ -839,9 +853,9 @@ impl Scan<'_> {
                 };
                 fx.b.def_var(accs[l], next);
                 let result = if int {
-                    Tv { v: fx.b.ins().ireduce(types::I32, next), k: Kind::I }
+                    Typed { v: fx.b.ins().ireduce(types::I32, next), k: Class::Int }
                 } else {
-                    Tv { v: fx.b.ins().fdemote(types::F32, next), k: Kind::F }
+                    Typed { v: fx.b.ins().fdemote(types::F32, next), k: Class::Float }
                 };
                 let ooff = fx.add(ols[l], ot);
                 store(fx, result, self.out.dtype, self.ob, ooff);
@@ -852,7 +866,7 @@ impl Scan<'_> {
 
 /// Causal linear attention, one batch index per work item, by the runtime's
 /// `attnc_prefix_attention` ([`abi::PREFIX_ATTENTION`]) on dense f32 views.
-pub fn emit_prefix_attention(fx: &mut Fx, q: &View, k: &View, v: &View, reverse: bool, out: &View) {
+pub fn emit_prefix_attention(fx: &mut StepBuilder, q: &View, k: &View, v: &View, reverse: bool, out: &View) {
     let r = q.shape.len();
     let (qb, _) = fx.view_base(q);
     let (kb, _) = fx.view_base(k);

@@ -7,7 +7,7 @@
 //! test, anything else is partial. For predicates built from differences of positions (causal,
 //! sliding window, prefix-LM) the bounds are attained, so the classification is exact.
 
-use super::flash::{ScoreExpr, int_literal};
+use super::flash_spec::{ScoreExpr, int_literal};
 use super::op::{BinaryOp, UnaryOp};
 use super::semantics::{self, Class, Scalar};
 use std::collections::HashMap;
@@ -383,7 +383,7 @@ pub fn tile_census(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::flash::parse_expr;
+    use crate::ir::flash_spec::parse_expr;
 
     /// Brute force: evaluates the mask on every element of the tile.
     fn brute(mask: &ScoreExpr, rows: (i64, i64), cols: (i64, i64), env: &HashMap<String, i64>) -> TileClass {

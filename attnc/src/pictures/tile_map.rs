@@ -3,8 +3,8 @@
 
 use super::Result;
 use super::raster::{Canvas, GLYPH, GREY, INK, Rect, Rgb, WHITE, text_width};
+use attn_compiler::ir::FlashTileMap;
 use attn_compiler::ir::TileClass;
-use attn_compiler::opt::FlashTileMap;
 
 /// Colour of a full tile (runs without the mask test).
 pub const FULL: Rgb = [49, 104, 176];
