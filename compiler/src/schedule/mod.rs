@@ -18,7 +18,8 @@
 //! steps in order; `form_attention` for flash ops and their gradients), `liveness` (each step's
 //! reads and writes), `ints` (the integer table). Beside them: `analysis` (a flash op's score
 //! analyses), `policy` (per-target choices), `prepare` (dims → launch-time plan), `tile_table`
-//! (the tile-table format), `text` (the text form `attnc build --emit schedule` prints).
+//! (the tile-table format), `render` (the one dispatch of kernel kinds to a renderer), `text` (the
+//! text form `attnc build --emit schedule` prints).
 
 mod analysis;
 mod form;
@@ -28,6 +29,7 @@ mod liveness;
 mod place;
 pub mod policy;
 mod prepare;
+pub mod render;
 mod text;
 pub mod tile_table;
 pub mod verify;
@@ -38,6 +40,7 @@ pub use analysis::{
 pub use place::{MAX_INLINE_DEPTH, MAX_SHARED_OPS};
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
 pub use prepare::{FlashBwdScratch, FlashScratch, PrepareError, Prepared, eval, flash_bwd_scratch, flash_scratch, prepare};
+pub use render::{KernelRenderer, render_kernel};
 pub use verify::{VerifyError, verify};
 
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, ReduceOp, ScanOp, ScoreExpr, UnaryOp};

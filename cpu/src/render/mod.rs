@@ -18,7 +18,10 @@ mod ops;
 mod rows;
 mod score;
 
-use attn_compiler::schedule::{IntValue, Kernel, Schedule, Target};
+use attn_compiler::ir::{ReduceOp, ScanOp};
+use attn_compiler::schedule::{
+    Expr, FlashBwdKernel, FlashKernel, Fused, IntValue, KernelRenderer, Schedule, Target, Variant, View, render_kernel,
+};
 use attn_compiler::{RenderError, Renderer, Stage};
 use builder::{StepBuilder, new_function};
 use cranelift_codegen::ir::Function;
@@ -129,22 +132,7 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
         let name = format!("{}_{s}_{}", schedule.name, step.kernel.name());
         let mut func = new_function(&name, call_conv);
         let mut fx = StepBuilder::new(&mut func, &mut ctx, schedule, call_conv);
-        match &step.kernel {
-            Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&mut fx, out, inputs, expr, more),
-            Kernel::MatMul { a, b, c, b_transposed, .. } => matmul::emit(&mut fx, s, a, b, c, *b_transposed),
-            Kernel::Reduce { x, op, axes, out } => rows::emit_reduce(&mut fx, x, *op, axes, out),
-            Kernel::ReduceOf { x, op, axes, out } => rows::emit_reduce_of(&mut fx, x, *op, axes, out),
-            Kernel::Softmax { x, axis, out } => rows::emit_softmax(&mut fx, x, *axis, out),
-            Kernel::Scan { op, a, x, axis, reverse, out } => rows::emit_scan(&mut fx, *op, a.as_ref(), x, *axis, *reverse, out),
-            Kernel::PrefixAttention { q, k, v, reverse, out } => rows::emit_prefix_attention(&mut fx, q, k, v, *reverse, out),
-            Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::emit_scatter_add(&mut fx, base, idx, src, *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, limit, .. } => rows::emit_argsort(&mut fx, x, *axis, *descending, out, *limit),
-            Kernel::Norm { x, gamma, beta, eps, out } => rows::emit_norm(&mut fx, x, gamma, beta.as_ref(), *eps, out),
-            Kernel::Flash(f) => flash::emit(&mut fx, f),
-            Kernel::FlashMerge(f) => flash::emit_merge(&mut fx, f),
-            Kernel::FlashBwd(f) => flash_bwd::emit(&mut fx, f),
-            Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&mut fx, f),
-        }
+        render_kernel(&mut Kernels(&mut fx), s, &step.kernel);
         let failures = std::mem::take(&mut fx.failures);
         fx.finish();
         if !failures.is_empty() {
@@ -162,6 +150,56 @@ pub fn render(schedule: &Schedule, features: &Features) -> Result<CpuModule, Cod
         functions.push(func);
     }
     Ok(CpuModule { schedule: schedule.clone(), functions })
+}
+
+/// The CPU's kernel kinds: each renders into the step function being built (a case it cannot
+/// render is recorded in the builder's failures).
+struct Kernels<'b, 'a>(&'b mut StepBuilder<'a>);
+
+impl KernelRenderer for Kernels<'_, '_> {
+    type Output = ();
+    fn elementwise(&mut self, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) {
+        elementwise::emit(self.0, out, inputs, expr, more)
+    }
+    fn matmul(&mut self, step: usize, a: &View, b: &View, c: &View, b_transposed: bool, _variant: Variant) {
+        matmul::emit(self.0, step, a, b, c, b_transposed)
+    }
+    fn reduce(&mut self, x: &View, op: ReduceOp, axes: &[usize], out: &View) {
+        rows::emit_reduce(self.0, x, op, axes, out)
+    }
+    fn reduce_of(&mut self, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) {
+        rows::emit_reduce_of(self.0, x, op, axes, out)
+    }
+    fn softmax(&mut self, x: &View, axis: usize, out: &View) {
+        rows::emit_softmax(self.0, x, axis, out)
+    }
+    fn scan(&mut self, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) {
+        rows::emit_scan(self.0, op, a, x, axis, reverse, out)
+    }
+    fn prefix_attention(&mut self, q: &View, k: &View, v: &View, reverse: bool, out: &View) {
+        rows::emit_prefix_attention(self.0, q, k, v, reverse, out)
+    }
+    fn scatter_add(&mut self, base: &View, idx: &View, src: &View, axis: usize, out: &View, site: usize) {
+        rows::emit_scatter_add(self.0, base, idx, src, axis, out, site)
+    }
+    fn argsort(&mut self, x: &View, axis: usize, descending: bool, out: &View, _scratch: Option<&View>, limit: Option<i64>) {
+        rows::emit_argsort(self.0, x, axis, descending, out, limit)
+    }
+    fn norm(&mut self, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) {
+        rows::emit_norm(self.0, x, gamma, beta, eps, out)
+    }
+    fn flash(&mut self, f: &FlashKernel) {
+        flash::emit(self.0, f)
+    }
+    fn flash_merge(&mut self, f: &FlashKernel) {
+        flash::emit_merge(self.0, f)
+    }
+    fn flash_bwd(&mut self, f: &FlashBwdKernel) {
+        flash_bwd::emit(self.0, f)
+    }
+    fn flash_bwd_reduce(&mut self, f: &FlashBwdKernel) {
+        flash_bwd::emit_reduce(self.0, f)
+    }
 }
 
 /// The listing of one rendered schedule, headed by its integer table and buffers as comments:

@@ -34,7 +34,10 @@ mod score;
 #[cfg(test)]
 mod tests;
 
-use attn_compiler::schedule::{BufferKind, Kernel, Schedule, Target};
+use attn_compiler::ir::{ReduceOp, ScanOp};
+use attn_compiler::schedule::{
+    BufferKind, Expr, FlashBwdKernel, FlashKernel, Fused, Kernel, KernelRenderer, Schedule, Target, Variant, View, render_kernel,
+};
 use attn_compiler::{RenderError, Renderer, Stage};
 use cexpr::Ints;
 use std::fmt::Write as _;
@@ -167,29 +170,7 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             }
             e => e,
         };
-        let src = match &step.kernel {
-            Kernel::Elementwise { out, inputs, expr, more } => elementwise::emit(&ints, &items, out, inputs, expr, more),
-            Kernel::MatMul { a, b, c, variant, .. } => matmul::emit(&ints, &items, a, b, c, *variant),
-            Kernel::Reduce { x, op, axes, out } => rows::reduce(&ints, &items, x, *op, axes, out),
-            Kernel::ReduceOf { x, op, axes, out } => rows::reduce_of(&ints, &items, x, *op, axes, out),
-            Kernel::Softmax { x, axis, out } => rows::softmax(&ints, &items, x, *axis, out),
-            Kernel::ScatterAdd { base, idx, src, axis, out, site } => rows::scatter_add(&ints, &items, (base, idx, src), *axis, out, *site),
-            Kernel::ArgSort { x, axis, descending, out, scratch, limit } => match limit {
-                Some(k) if *k <= attn_compiler::schedule::policy::CUDA_SELECT_MAX => {
-                    rows::argselect(&ints, &items, x, *axis, *descending, out, *k)
-                }
-                _ => rows::argsort(&ints, &items, x, *axis, *descending, out, scratch.as_ref()),
-            },
-            Kernel::Scan { op, a, x, axis, reverse, out } => rows::scan(&ints, &items, (*op, *axis, *reverse), a.as_ref(), x, out),
-            Kernel::PrefixAttention { q, k, v, reverse, out } => rows::prefix_attention(&ints, &items, q, k, v, *reverse, out),
-            Kernel::Norm { x, gamma, beta, eps, out } => rows::norm(&ints, &items, x, gamma, beta.as_ref(), *eps, out),
-            Kernel::Flash(f) => flash::emit(&ints, &items, f),
-            Kernel::FlashMerge(f) => flash::emit_merge(&ints, &items, f),
-            Kernel::FlashBwd(f) if f.variant == attn_compiler::schedule::Variant::TensorCore => flash_bwd_mma::emit(&ints, &items, f),
-            Kernel::FlashBwd(f) => flash_bwd::emit(&ints, &items, f),
-            Kernel::FlashBwdReduce(f) => flash_bwd::emit_reduce(&ints, &items, f),
-        }
-        .map_err(at_step)?;
+        let src = render_kernel(&mut Kernels { ints: &ints, items: &items }, s, &step.kernel).map_err(at_step)?;
         let name = format!("attnc_s{s}_{}", step.kernel.name());
         let variant = match &step.kernel {
             Kernel::MatMul { variant, .. } => format!(" ({})", variant.name()),
@@ -212,6 +193,66 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
         buffers: schedule.buffers.len(),
         ints: schedule.ints.len(),
     })
+}
+
+/// The CUDA kernel kinds of one step: `items` is the C expression of its work-item count.
+struct Kernels<'a> {
+    ints: &'a Ints<'a>,
+    items: &'a str,
+}
+
+impl KernelRenderer for Kernels<'_> {
+    type Output = Result<KernelSource, CudaEmitError>;
+    fn elementwise(&mut self, out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) -> Self::Output {
+        elementwise::emit(self.ints, self.items, out, inputs, expr, more)
+    }
+    fn matmul(&mut self, _step: usize, a: &View, b: &View, c: &View, _b_transposed: bool, variant: Variant) -> Self::Output {
+        matmul::emit(self.ints, self.items, a, b, c, variant)
+    }
+    fn reduce(&mut self, x: &View, op: ReduceOp, axes: &[usize], out: &View) -> Self::Output {
+        rows::reduce(self.ints, self.items, x, op, axes, out)
+    }
+    fn reduce_of(&mut self, x: &Fused, op: ReduceOp, axes: &[usize], out: &View) -> Self::Output {
+        rows::reduce_of(self.ints, self.items, x, op, axes, out)
+    }
+    fn softmax(&mut self, x: &View, axis: usize, out: &View) -> Self::Output {
+        rows::softmax(self.ints, self.items, x, axis, out)
+    }
+    fn scan(&mut self, op: ScanOp, a: Option<&View>, x: &View, axis: usize, reverse: bool, out: &View) -> Self::Output {
+        rows::scan(self.ints, self.items, (op, axis, reverse), a, x, out)
+    }
+    fn prefix_attention(&mut self, q: &View, k: &View, v: &View, reverse: bool, out: &View) -> Self::Output {
+        rows::prefix_attention(self.ints, self.items, q, k, v, reverse, out)
+    }
+    fn scatter_add(&mut self, base: &View, idx: &View, src: &View, axis: usize, out: &View, site: usize) -> Self::Output {
+        rows::scatter_add(self.ints, self.items, (base, idx, src), axis, out, site)
+    }
+    fn argsort(&mut self, x: &View, axis: usize, descending: bool, out: &View, scratch: Option<&View>, limit: Option<i64>) -> Self::Output {
+        match limit {
+            Some(k) if k <= attn_compiler::schedule::policy::CUDA_SELECT_MAX => {
+                rows::argselect(self.ints, self.items, x, axis, descending, out, k)
+            }
+            _ => rows::argsort(self.ints, self.items, x, axis, descending, out, scratch),
+        }
+    }
+    fn norm(&mut self, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) -> Self::Output {
+        rows::norm(self.ints, self.items, x, gamma, beta, eps, out)
+    }
+    fn flash(&mut self, f: &FlashKernel) -> Self::Output {
+        flash::emit(self.ints, self.items, f)
+    }
+    fn flash_merge(&mut self, f: &FlashKernel) -> Self::Output {
+        flash::emit_merge(self.ints, self.items, f)
+    }
+    fn flash_bwd(&mut self, f: &FlashBwdKernel) -> Self::Output {
+        match f.variant {
+            Variant::TensorCore => flash_bwd_mma::emit(self.ints, self.items, f),
+            _ => flash_bwd::emit(self.ints, self.items, f),
+        }
+    }
+    fn flash_bwd_reduce(&mut self, f: &FlashBwdKernel) -> Self::Output {
+        flash_bwd::emit_reduce(self.ints, self.items, f)
+    }
 }
 
 /// The helpers, the kernel parameter list and the head-width macros' defaults.
