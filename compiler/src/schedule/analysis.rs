@@ -2,6 +2,19 @@
 //! ([`FlashAnalysis`]): the position-free scale that rides on the Q·Kᵀ product, the split of a
 //! softmax score into a part that needs every score and terms that depend on the query or the
 //! key position only, soft-capping's `tanh(s)`, and a per-item score factor.
+//!
+//! Who reads what. Both renderers read the same analyses from the schedule; the forms that feed
+//! the CPU's row kernels the CUDA renderer does not need, because its kernels evaluate each
+//! score in a register as the tile is computed, where the whole expression costs a few
+//! instructions next to the tile's loads and products, and there is no row kernel to feed:
+//!
+//! | analysis | cpu | cuda | why the CUDA renderer does not read it |
+//! |---|---|---|---|
+//! | [`FlashAnalysis::alpha`]: the scale on the Q·Kᵀ product | yes | yes | |
+//! | [`FlashAnalysis::score`]: the score per element, scale split off | yes | yes | |
+//! | [`FlashAnalysis::staged`]: `tanh(s)` applied to whole rows, a per-item factor | yes | no | they let the CPU's online-softmax row kernel (`attnc_softmax_step_f32`) take a whole row of raw scores; CUDA computes `tanh` and the factor per score in registers |
+//! | [`FlashAnalysis::separated`], [`FlashAnalysis::key_bias`]: terms in `i` or `j` only | yes | no | they turn ALiBi-like terms into one key-bias vector per tile for that row kernel; per score in registers they are one multiply-add |
+//! | [`BwdLinear`]: the backward's linear score form | yes | no | it feeds the CPU backward's row kernel (`attnc_flash_bwd_row`); CUDA's backward forms each weight and adjoint per score in registers |
 
 use crate::ir::{BinaryOp, Dim, FlashSpec, ScoreExpr, UnaryOp, Weights};
 

@@ -632,6 +632,19 @@ impl FlashBwdKernel {
     pub fn needs_ds(&self) -> bool {
         self.dq.is_some() || self.dk.is_some() || !self.dx.is_empty()
     }
+
+    /// For each load of the score's derivative ([`crate::ir::grad::ScoreGrad::loads`]), whether
+    /// its gradient is one sum per work item: the gradient of its operand is asked for and its
+    /// index depends on batch positions only (ALiBi's slopes), so a renderer keeps the sum in
+    /// registers and adds it once per item.
+    pub fn item_sums(&self) -> Vec<bool> {
+        let rank = self.spec.rank;
+        self.grad
+            .loads
+            .iter()
+            .map(|l| self.dx.iter().any(|(x, _)| *x == l.input) && l.index.iter().all(|e| level(e, rank) == Level::Item))
+            .collect()
+    }
 }
 
 /// A bound checked before running (slices must lie inside their axis).

@@ -390,14 +390,11 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
         }
         None => fx.f32(1.0),
     };
-    let rank = f.spec.rank;
     let sums = f
-        .grad
-        .loads
-        .iter()
-        .map(|l| {
-            let item_level = l.index.iter().all(|e| attn_compiler::schedule::level(e, rank) == Level::Item);
-            (item_level && p.targets.iter().any(|t| t.input == l.input)).then(|| {
+        .item_sums()
+        .into_iter()
+        .map(|summed| {
+            summed.then(|| {
                 let z1 = fx.f32(0.0);
                 let z4 = fx.b.ins().splat(types::F32X4, z1);
                 let z64 = fx.f64(0.0);

@@ -24,7 +24,7 @@ use super::{CudaEmitError, KernelSource, Smem};
 use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, Weights};
 use attn_compiler::schedule::policy::{CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_THREADS};
-use attn_compiler::schedule::{FlashBwdKernel, Level, Tuning, View, level};
+use attn_compiler::schedule::{FlashBwdKernel, Tuning, View};
 
 /// The backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
@@ -57,13 +57,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     it.push("float* __restrict__ mine_ = part_ + (keys_ ? w_ : 0) * 2 * per_item_;  // this item's partial sums".into());
     it.push("if (keys_) for (i64 e_ = tid_; e_ < 2 * per_item_; e_ += KT_) mine_[e_] = 0.0f;".into());
     // Item-level sums (one per load whose index depends on batch positions only).
-    let rank = f.spec.rank;
-    let item_sums: Vec<bool> = f
-        .grad
-        .loads
-        .iter()
-        .map(|l| f.dx.iter().any(|(x, _)| *x == l.input) && l.index.iter().all(|e| level(e, rank) == Level::Item))
-        .collect();
+    let item_sums = f.item_sums();
     // In double: a bias's gradient sums every score of the item, with much cancellation.
     it.push(format!("double sum_[{}];", item_sums.len().max(1)));
     it.push(format!("for (int l_ = 0; l_ < {}; ++l_) sum_[l_] = 0.0;", item_sums.len().max(1)));
