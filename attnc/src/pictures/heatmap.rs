@@ -71,25 +71,7 @@ pub fn heatmap_png(name: &str, tensor: &Tensor, labels: Option<&Labels>) -> Resu
     }
     let (rows, cols) = (m.div_ceil(factor), n.div_ceil(factor));
     let shown = lead.min(MAX_PANELS);
-    let values = tensor.to_f64_vec();
-    // Cell averages per shown panel, row-major; NaN stays NaN, infinities clamp to the range.
-    let mut panels_data = Vec::with_capacity(shown);
-    for p in 0..shown {
-        let base = p * m * n;
-        let mut cells = vec![0.0f64; rows * cols];
-        for (k, cell) in cells.iter_mut().enumerate() {
-            let (r, c) = (k / cols, k % cols);
-            let (mut sum, mut count) = (0.0, 0usize);
-            for rr in r * factor..((r + 1) * factor).min(m) {
-                for cc in c * factor..((c + 1) * factor).min(n) {
-                    sum += values.get(base + rr * n + cc).copied().unwrap_or(f64::NAN);
-                    count += 1;
-                }
-            }
-            *cell = sum / count.max(1) as f64;
-        }
-        panels_data.push(cells);
-    }
+    let panels_data = cell_averages(&tensor.to_f64_vec(), shown, (m, n), factor, (rows, cols));
     let finite = panels_data.iter().flatten().copied().filter(|v| v.is_finite());
     let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let range = if lo <= hi { (lo, hi) } else { (0.0, 0.0) };
@@ -142,28 +124,70 @@ pub fn heatmap_png(name: &str, tensor: &Tensor, labels: Option<&Labels>) -> Resu
             canvas.text(px + row_label_w, py, &format!("[{}]", lead_index(&shape[..shape.len() - 2], p).join(", ")), 1, INK);
         }
         let area = Rect { x: px + row_label_w, y: py + panel_title_h + col_label_h, w: cols * cell, h: rows * cell };
-        for (k, v) in cells.iter().enumerate() {
-            let (r, c) = (k / cols, k % cols);
-            let colour = if v.is_nan() { NAN } else { viridis(scaled(*v, range)) };
-            canvas.fill(Rect { x: area.x + c * cell, y: area.y + r * cell, w: cell, h: cell }, colour);
-        }
-        canvas.frame(area, GREY);
+        draw_cells(&mut canvas, area, cells, cols, cell, range);
         if let Some(l) = labels {
-            let cut = |s: &str| s.chars().take(MAX_LABEL).collect::<String>();
-            for (r, label) in l.rows.iter().enumerate() {
-                let label = cut(label);
-                let x = area.x.saturating_sub(text_width(&label, 1) + 4);
-                canvas.text(x, area.y + r * cell + (cell - GLYPH) / 2, &label, 1, INK);
-            }
-            for (c, label) in l.cols.iter().enumerate() {
-                canvas.text_up(area.x + c * cell + (cell - GLYPH) / 2, area.y.saturating_sub(4), &cut(label), 1, INK);
-            }
+            draw_labels(&mut canvas, area, l, cell);
         }
         rects.push(area);
     }
 
     // The colour bar, as tall as one panel's cells (at least 128 pixels), beside the grid.
-    let bar = Rect { x: MARGIN + grid_w, y: top + panel_title_h + col_label_h, w: BAR_W, h: bar_h };
+    draw_colour_bar(&mut canvas, Rect { x: MARGIN + grid_w, y: top + panel_title_h + col_label_h, w: BAR_W, h: bar_h }, range);
+
+    if !notes.is_empty() {
+        canvas.text(MARGIN, height - MARGIN - notes_h, &notes.join("; "), 1, INK);
+    }
+    Ok(HeatmapPicture { png: canvas.to_png()?, panels: rects, cell, factor, range, total_panels: lead })
+}
+
+/// The average of each `factor × factor` block of cells of the first `shown` `m × n` panels of
+/// `values`, row-major (NaN stays NaN, infinities clamp to the range when drawn).
+fn cell_averages(values: &[f64], shown: usize, (m, n): (usize, usize), factor: usize, (rows, cols): (usize, usize)) -> Vec<Vec<f64>> {
+    let mut panels = Vec::with_capacity(shown);
+    for p in 0..shown {
+        let base = p * m * n;
+        let mut cells = vec![0.0f64; rows * cols];
+        for (k, cell) in cells.iter_mut().enumerate() {
+            let (r, c) = (k / cols, k % cols);
+            let (mut sum, mut count) = (0.0, 0usize);
+            for rr in r * factor..((r + 1) * factor).min(m) {
+                for cc in c * factor..((c + 1) * factor).min(n) {
+                    sum += values.get(base + rr * n + cc).copied().unwrap_or(f64::NAN);
+                    count += 1;
+                }
+            }
+            *cell = sum / count.max(1) as f64;
+        }
+        panels.push(cells);
+    }
+    panels
+}
+
+/// One panel's cells, coloured by where each falls in `range`, framed.
+fn draw_cells(canvas: &mut Canvas, area: Rect, cells: &[f64], cols: usize, cell: usize, range: (f64, f64)) {
+    for (k, v) in cells.iter().enumerate() {
+        let (r, c) = (k / cols, k % cols);
+        let colour = if v.is_nan() { NAN } else { viridis(scaled(*v, range)) };
+        canvas.fill(Rect { x: area.x + c * cell, y: area.y + r * cell, w: cell, h: cell }, colour);
+    }
+    canvas.frame(area, GREY);
+}
+
+/// Row labels left of a panel and column labels (upwards) above it.
+fn draw_labels(canvas: &mut Canvas, area: Rect, l: &Labels, cell: usize) {
+    let cut = |s: &str| s.chars().take(MAX_LABEL).collect::<String>();
+    for (r, label) in l.rows.iter().enumerate() {
+        let label = cut(label);
+        let x = area.x.saturating_sub(text_width(&label, 1) + 4);
+        canvas.text(x, area.y + r * cell + (cell - GLYPH) / 2, &label, 1, INK);
+    }
+    for (c, label) in l.cols.iter().enumerate() {
+        canvas.text_up(area.x + c * cell + (cell - GLYPH) / 2, area.y.saturating_sub(4), &cut(label), 1, INK);
+    }
+}
+
+/// The colour bar in `bar`, with the range's ends and middle as ticks beside it.
+fn draw_colour_bar(canvas: &mut Canvas, bar: Rect, range: (f64, f64)) {
     for y in 0..bar.h {
         let t = 1.0 - y as f64 / (bar.h - 1).max(1) as f64;
         canvas.fill(Rect { x: bar.x, y: bar.y + y, w: bar.w, h: 1 }, viridis(t));
@@ -173,11 +197,6 @@ pub fn heatmap_png(name: &str, tensor: &Tensor, labels: Option<&Labels>) -> Resu
     canvas.text(tx, bar.y, &tick(range.1), 1, INK);
     canvas.text(tx, bar.y + bar.h / 2 - GLYPH / 2, &tick((range.0 + range.1) / 2.0), 1, INK);
     canvas.text(tx, bar.y + bar.h - GLYPH, &tick(range.0), 1, INK);
-
-    if !notes.is_empty() {
-        canvas.text(MARGIN, height - MARGIN - notes_h, &notes.join("; "), 1, INK);
-    }
-    Ok(HeatmapPicture { png: canvas.to_png()?, panels: rects, cell, factor, range, total_panels: lead })
 }
 
 /// Where `v` falls in `range`, in `[0, 1]`; a flat range is the middle.

@@ -347,61 +347,10 @@ impl Builder {
                 let shape = graph.node(x[0]).ty.shape.clone();
                 vec![(0, self.reshape(g, &shape)?)]
             }
-            Op::Slice { axis, start, end } => {
-                let xt = graph.node(x[0]).ty.clone();
-                let mut parts = Vec::new();
-                if start.as_const() != Some(0) {
-                    let mut s = xt.shape.clone();
-                    s[*axis] = start.clone();
-                    parts.push(self.zeros(&s, self.ty(g).dtype)?);
-                }
-                parts.push(g);
-                if *end != xt.shape[*axis] {
-                    let mut s = xt.shape.clone();
-                    s[*axis] = xt.shape[*axis].sub(end);
-                    parts.push(self.zeros(&s, self.ty(g).dtype)?);
-                }
-                let padded = if parts.len() == 1 { g } else { self.add(Op::Concat { axis: *axis }, &parts, None)? };
-                vec![(0, padded)]
-            }
-            Op::Concat { axis } => {
-                let mut out = Vec::new();
-                let mut offset = Dim::constant(0);
-                for (slot, operand) in x.iter().enumerate() {
-                    let len = graph.node(*operand).ty.shape[*axis].clone();
-                    let end = offset.add(&len);
-                    let piece = self.add(Op::Slice { axis: *axis, start: offset.clone(), end: end.clone() }, &[g], None)?;
-                    out.push((slot, piece));
-                    offset = end;
-                }
-                out
-            }
+            Op::Slice { axis, start, end } => vec![(0, self.slice_grad(graph, x[0], g, *axis, (start, end))?)],
+            Op::Concat { axis } => self.concat_grad(graph, x, g, *axis)?,
             Op::Gather => vec![(0, self.gather_table(graph, x, g)?)],
-            Op::Reduce { op, axes, .. } => {
-                let xt = graph.node(x[0]).ty.clone();
-                let kept: Vec<Dim> =
-                    xt.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
-                let gk = self.reshape(g, &kept)?;
-                let d = match op {
-                    ReduceOp::Sum => self.broadcast(gk, &xt.shape)?,
-                    ReduceOp::Mean => {
-                        let n = Dim::product(axes.iter().map(|a| &xt.shape[*a]));
-                        let n = self.add(Op::DimValue(n), &[], None)?;
-                        let gm = self.bin(BinaryOp::Div, gk, n)?;
-                        self.broadcast(gm, &xt.shape)?
-                    }
-                    ReduceOp::Max | ReduceOp::Min => {
-                        let yk = self.reshape(y, &kept)?;
-                        let hit = self.bin(BinaryOp::Eq, x[0], yk)?;
-                        let one = self.fconst(1.0, g)?;
-                        let ones = self.keep(hit, one)?;
-                        let ties = self.sum(ones, axes.clone(), true)?;
-                        let share = self.bin(BinaryOp::Div, gk, ties)?;
-                        self.keep(hit, share)?
-                    }
-                };
-                vec![(0, d)]
-            }
+            Op::Reduce { op, axes, .. } => vec![(0, self.reduce_grad(graph, x[0], y, g, *op, axes)?)],
             Op::Softmax { axis } => {
                 // y (g - Σ g y)
                 let gy = self.mul(g, y)?;
@@ -421,51 +370,122 @@ impl Builder {
                     (2, self.add(other, &[k, q, g], None)?),
                 ]
             }
-            Op::Scan { op, axis, reverse } => {
-                let back =
-                    |b: &mut Builder, op: ScanOp, args: &[Value]| b.add(Op::Scan { op, axis: *axis, reverse: !*reverse }, args, None);
-                match op {
-                    // Each x_i feeds every later output: the gradient is the reverse running sum.
-                    ScanOp::Sum => vec![(0, back(self, ScanOp::Sum, &[g])?)],
-                    // ∂y_k/∂x_i = y_k / x_i for k ≥ i (x_i ≠ 0).
-                    ScanOp::Prod => {
-                        let gy = self.mul(g, y)?;
-                        let t = back(self, ScanOp::Sum, &[gy])?;
-                        vec![(0, self.bin(BinaryOp::Div, t, x[0])?)]
-                    }
-                    // h_i = a_i h_(i-1) + b_i: λ_i = g_i + a_(i+1) λ_(i+1) (a scan the other way
-                    // over a shifted by one), db = λ, da_i = λ_i h_(i-1).
-                    ScanOp::Linear => {
-                        let shape = self.ty(y).shape.clone();
-                        let a = self.broadcast(x[0], &shape)?;
-                        let a_next = self.shift(a, *axis, !*reverse)?;
-                        let lambda = back(self, ScanOp::Linear, &[a_next, g])?;
-                        let h_prev = self.shift(y, *axis, *reverse)?;
-                        vec![(0, self.mul(lambda, h_prev)?), (1, lambda)]
-                    }
-                }
-            }
-            // The values' gradient is the result's gradient where each was added (the same
-            // clamped position: a gather); the base's passes through.
-            Op::ScatterAdd { axis } => {
-                let src = graph.node(x[2]).ty.clone();
-                let mut operands = vec![g];
-                for k in 0..src.rank() {
-                    if k == *axis {
-                        operands.push(x[1]);
-                        continue;
-                    }
-                    let mut shape = vec![Dim::constant(1); src.rank()];
-                    shape[k] = src.shape[k].clone();
-                    operands.push(self.add(Op::Iota { axis: k }, &[], Some(TensorType::new(DType::I32, shape)))?);
-                }
-                vec![(0, g), (2, self.add(Op::Gather, &operands, None)?)]
-            }
+            Op::Scan { op, axis, reverse } => self.scan_grad(x, y, g, *op, *axis, *reverse)?,
+            Op::ScatterAdd { axis } => self.scatter_add_grad(graph, x, g, *axis)?,
             Op::LayerNorm { eps } => self.layer_norm(graph, x, g, *eps, true)?,
             Op::RmsNorm { eps } => self.layer_norm(graph, x, g, *eps, false)?,
             Op::Flash(spec) => self.flash(spec, x, y, g, needs)?,
             Op::FlashLse(_) | Op::FlashGrad { .. } => return Err(unsupported()),
         })
+    }
+
+    /// A slice's gradient: `g` padded with zeros back to the operand's axis.
+    fn slice_grad(&mut self, graph: &Graph, x: Value, g: Value, axis: usize, (start, end): (&Dim, &Dim)) -> Result<Value, GradError> {
+        let xt = graph.node(x).ty.clone();
+        let mut parts = Vec::new();
+        if start.as_const() != Some(0) {
+            let mut s = xt.shape.clone();
+            s[axis] = start.clone();
+            parts.push(self.zeros(&s, self.ty(g).dtype)?);
+        }
+        parts.push(g);
+        if *end != xt.shape[axis] {
+            let mut s = xt.shape.clone();
+            s[axis] = xt.shape[axis].sub(end);
+            parts.push(self.zeros(&s, self.ty(g).dtype)?);
+        }
+        if parts.len() == 1 { Ok(g) } else { self.add(Op::Concat { axis }, &parts, None) }
+    }
+
+    /// A concatenation's gradients: each operand's slice of `g`.
+    fn concat_grad(&mut self, graph: &Graph, x: &[Value], g: Value, axis: usize) -> Result<Vec<(usize, Value)>, GradError> {
+        let mut out = Vec::new();
+        let mut offset = Dim::constant(0);
+        for (slot, operand) in x.iter().enumerate() {
+            let len = graph.node(*operand).ty.shape[axis].clone();
+            let end = offset.add(&len);
+            let piece = self.add(Op::Slice { axis, start: offset.clone(), end: end.clone() }, &[g], None)?;
+            out.push((slot, piece));
+            offset = end;
+        }
+        Ok(out)
+    }
+
+    /// A reduction's gradient: `g` broadcast back (divided by the count for a mean; shared
+    /// among the tied elements for a max or min).
+    fn reduce_grad(&mut self, graph: &Graph, x: Value, y: Value, g: Value, op: ReduceOp, axes: &[usize]) -> Result<Value, GradError> {
+        let xt = graph.node(x).ty.clone();
+        let kept: Vec<Dim> =
+            xt.shape.iter().enumerate().map(|(k, d)| if axes.contains(&k) { Dim::constant(1) } else { d.clone() }).collect();
+        let gk = self.reshape(g, &kept)?;
+        match op {
+            ReduceOp::Sum => self.broadcast(gk, &xt.shape),
+            ReduceOp::Mean => {
+                let n = Dim::product(axes.iter().map(|a| &xt.shape[*a]));
+                let n = self.add(Op::DimValue(n), &[], None)?;
+                let gm = self.bin(BinaryOp::Div, gk, n)?;
+                self.broadcast(gm, &xt.shape)
+            }
+            ReduceOp::Max | ReduceOp::Min => {
+                let yk = self.reshape(y, &kept)?;
+                let hit = self.bin(BinaryOp::Eq, x, yk)?;
+                let one = self.fconst(1.0, g)?;
+                let ones = self.keep(hit, one)?;
+                let ties = self.sum(ones, axes.to_vec(), true)?;
+                let share = self.bin(BinaryOp::Div, gk, ties)?;
+                self.keep(hit, share)
+            }
+        }
+    }
+
+    /// A scan's gradients: scans the other way.
+    fn scan_grad(
+        &mut self,
+        x: &[Value],
+        y: Value,
+        g: Value,
+        op: ScanOp,
+        axis: usize,
+        reverse: bool,
+    ) -> Result<Vec<(usize, Value)>, GradError> {
+        let back = |b: &mut Builder, op: ScanOp, args: &[Value]| b.add(Op::Scan { op, axis, reverse: !reverse }, args, None);
+        Ok(match op {
+            // Each x_i feeds every later output: the gradient is the reverse running sum.
+            ScanOp::Sum => vec![(0, back(self, ScanOp::Sum, &[g])?)],
+            // ∂y_k/∂x_i = y_k / x_i for k ≥ i (x_i ≠ 0).
+            ScanOp::Prod => {
+                let gy = self.mul(g, y)?;
+                let t = back(self, ScanOp::Sum, &[gy])?;
+                vec![(0, self.bin(BinaryOp::Div, t, x[0])?)]
+            }
+            // h_i = a_i h_(i-1) + b_i: λ_i = g_i + a_(i+1) λ_(i+1) (a scan the other way
+            // over a shifted by one), db = λ, da_i = λ_i h_(i-1).
+            ScanOp::Linear => {
+                let shape = self.ty(y).shape.clone();
+                let a = self.broadcast(x[0], &shape)?;
+                let a_next = self.shift(a, axis, !reverse)?;
+                let lambda = back(self, ScanOp::Linear, &[a_next, g])?;
+                let h_prev = self.shift(y, axis, reverse)?;
+                vec![(0, self.mul(lambda, h_prev)?), (1, lambda)]
+            }
+        })
+    }
+
+    /// A scatter-add's gradients: the values' is the result's gradient where each was added (the
+    /// same clamped position: a gather); the base's passes through.
+    fn scatter_add_grad(&mut self, graph: &Graph, x: &[Value], g: Value, axis: usize) -> Result<Vec<(usize, Value)>, GradError> {
+        let src = graph.node(x[2]).ty.clone();
+        let mut operands = vec![g];
+        for k in 0..src.rank() {
+            if k == axis {
+                operands.push(x[1]);
+                continue;
+            }
+            let mut shape = vec![Dim::constant(1); src.rank()];
+            shape[k] = src.shape[k].clone();
+            operands.push(self.add(Op::Iota { axis: k }, &[], Some(TensorType::new(DType::I32, shape)))?);
+        }
+        Ok(vec![(0, g), (2, self.add(Op::Gather, &operands, None)?)])
     }
 
     /// The fused derivative of a flash op (FlashAttention-2's backward): its per-row

@@ -508,38 +508,7 @@ impl Op {
     /// Builds an op from its text name and attributes (the IR reader's half of
     /// [`Op::name`]/[`Op::attrs`]). Attribute values must have the kind `attrs` gives them.
     pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
-        let get = |key: &str| -> Result<&Attr, String> {
-            attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v).ok_or_else(|| format!("`{name}` needs attribute `{key}`"))
-        };
-        let int = |key: &str| -> Result<usize, String> {
-            match get(key)? {
-                Attr::Int(v) => Ok(*v),
-                Attr::Dim(d) => d.as_const().and_then(|v| usize::try_from(v).ok()).ok_or_else(|| format!("`{key}` must be an integer")),
-                other => Err(format!("`{key}` must be an integer, found `{other}`")),
-            }
-        };
-        let float = |key: &str| -> Result<f64, String> {
-            match get(key)? {
-                Attr::Float(v) => Ok(*v),
-                Attr::Int(v) => Ok(*v as f64),
-                Attr::Dim(d) => d.as_const().map(|v| v as f64).ok_or_else(|| format!("`{key}` must be a number")),
-                other => Err(format!("`{key}` must be a number, found `{other}`")),
-            }
-        };
-        let dim = |key: &str| -> Result<Dim, String> {
-            match get(key)? {
-                Attr::Dim(d) => Ok(d.clone()),
-                Attr::Int(v) => Ok(Dim::constant(*v as i64)),
-                Attr::Name(n) => Dim::parse(n).ok_or_else(|| format!("`{key}` must be a dimension")),
-                other => Err(format!("`{key}` must be a dimension, found `{other}`")),
-            }
-        };
-        let list = |key: &str| -> Result<Vec<usize>, String> {
-            match get(key)? {
-                Attr::List(v) => Ok(v.clone()),
-                other => Err(format!("`{key}` must be a list, found `{other}`")),
-            }
-        };
+        let a = Attrs { op: name, attrs };
         if let Some(u) = UnaryOp::from_name(name) {
             return Ok(Op::Unary(u));
         }
@@ -547,87 +516,34 @@ impl Op {
             return Ok(Op::Binary(b));
         }
         if let Some(op) = ScanOp::from_name(name) {
-            let reverse = match get("reverse")? {
-                Attr::Bool(b) => *b,
-                other => return Err(format!("`reverse` must be true or false, found `{other}`")),
-            };
-            return Ok(Op::Scan { op, axis: int("axis")?, reverse });
+            return Ok(Op::Scan { op, axis: a.int("axis")?, reverse: a.boolean("reverse")? });
         }
         if let Some((op, _)) = REDUCE.iter().find(|(_, n)| *n == name) {
-            let keepdim = match get("keepdim")? {
-                Attr::Bool(b) => *b,
-                other => return Err(format!("`keepdim` must be true or false, found `{other}`")),
-            };
-            return Ok(Op::Reduce { op: *op, axes: list("axes")?, keepdim });
-        }
-        if name == "prefix_attention" {
-            return match get("reverse")? {
-                Attr::Bool(reverse) => Ok(Op::PrefixAttention { reverse: *reverse }),
-                other => Err(format!("`reverse` must be true or false, found `{other}`")),
-            };
+            return Ok(Op::Reduce { op: *op, axes: a.list("axes")?, keepdim: a.boolean("keepdim")? });
         }
         Ok(match name {
-            "param" => match get("name")? {
+            "param" => match a.get("name")? {
                 Attr::Name(n) => Op::Param(n.clone()),
                 other => return Err(format!("`name` must be a name, found `{other}`")),
             },
-            "const" => Op::Const(float("value")?),
-            "dim" => Op::DimValue(dim("value")?),
-            "iota" => Op::Iota { axis: int("axis")? },
+            "const" => Op::Const(a.float("value")?),
+            "dim" => Op::DimValue(a.dim("value")?),
+            "iota" => Op::Iota { axis: a.int("axis")? },
             "select" => Op::Select,
             "cast" => Op::Cast,
             "matmul" => Op::MatMul,
-            "transpose" => Op::Transpose { perm: list("perm")? },
+            "transpose" => Op::Transpose { perm: a.list("perm")? },
             "reshape" => Op::Reshape,
-            "slice" => Op::Slice { axis: int("axis")?, start: dim("start")?, end: dim("end")? },
-            "concat" => Op::Concat { axis: int("axis")? },
+            "slice" => Op::Slice { axis: a.int("axis")?, start: a.dim("start")?, end: a.dim("end")? },
+            "concat" => Op::Concat { axis: a.int("axis")? },
             "gather" => Op::Gather,
-            "scatter_add" => Op::ScatterAdd { axis: int("axis")? },
-            "argsort" => match get("descending")? {
-                Attr::Bool(descending) => Op::ArgSort { axis: int("axis")?, descending: *descending },
-                other => return Err(format!("`descending` must be true or false, found `{other}`")),
-            },
-            "softmax" => Op::Softmax { axis: int("axis")? },
-            "layernorm" => Op::LayerNorm { eps: float("eps")? },
-            "rmsnorm" => Op::RmsNorm { eps: float("eps")? },
-            "flash" | "flash_lse" | "flash_grad" => {
-                let rank = int("rank")?;
-                let text = |key: &str| -> Result<Option<String>, String> {
-                    match attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v) {
-                        None => Ok(None),
-                        Some(Attr::Name(t)) => Ok(Some(t.clone())),
-                        Some(other) => Err(format!("`{key}` must be an expression in quotes, found `{other}`")),
-                    }
-                };
-                let weights = match text("weights")?.as_deref() {
-                    Some("softmax") => Weights::Softmax,
-                    Some("sigmoid") => Weights::Sigmoid,
-                    other => return Err(format!("`weights` must be softmax or sigmoid, found {other:?}")),
-                };
-                let score =
-                    parse_expr(&text("score")?.ok_or("`flash` needs attribute `score`")?, rank).map_err(|e| format!("score: {e}"))?;
-                let mask = match text("mask")? {
-                    Some(t) => Some(parse_expr(&t, rank).map_err(|e| format!("mask: {e}"))?),
-                    None => None,
-                };
-                let pair = match text("pair")? {
-                    None => Pair::Dot,
-                    Some(t) => Pair::parse(&t).ok_or_else(|| format!("`pair` must be additive(x<N>), found `{t}`"))?,
-                };
-                let spec = Box::new(FlashSpec { rank, weights, score, mask, pair });
-                match name {
-                    "flash_lse" if spec.weights != Weights::Softmax => return Err("`flash_lse` needs softmax weights".into()),
-                    "flash_lse" => Op::FlashLse(spec),
-                    "flash_grad" => {
-                        let wrt = match text("wrt")? {
-                            Some(w) => FlashWrt::from_name(&w).ok_or_else(|| format!("`wrt` must be q, k, v or x<N>, found `{w}`"))?,
-                            None => return Err("`flash_grad` needs attribute `wrt`".into()),
-                        };
-                        Op::FlashGrad { spec, wrt }
-                    }
-                    _ => Op::Flash(spec),
-                }
-            }
+            "scatter_add" => Op::ScatterAdd { axis: a.int("axis")? },
+            "argsort" => Op::ArgSort { axis: a.int("axis")?, descending: a.boolean("descending")? },
+            "prefix_attention" => Op::PrefixAttention { reverse: a.boolean("reverse")? },
+            "softmax" => Op::Softmax { axis: a.int("axis")? },
+            "layernorm" => Op::LayerNorm { eps: a.float("eps")? },
+            "rmsnorm" => Op::RmsNorm { eps: a.float("eps")? },
+            "flash" | "flash_lse" | "flash_grad" => flash_from_parts(&a)?,
             _ => return Err(format!("unknown op `{name}`")),
         })
     }
@@ -649,6 +565,100 @@ impl Op {
             Op::FlashGrad { spec, .. } => Arity::AtLeast(spec.grad_fixed_operands()),
         }
     }
+}
+
+/// An op's attributes as the IR reader found them, read by kind.
+struct Attrs<'a> {
+    /// The op's name (for messages).
+    op: &'a str,
+    attrs: &'a [(String, Attr)],
+}
+
+impl Attrs<'_> {
+    fn get(&self, key: &str) -> Result<&Attr, String> {
+        self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v).ok_or_else(|| format!("`{}` needs attribute `{key}`", self.op))
+    }
+
+    fn int(&self, key: &str) -> Result<usize, String> {
+        match self.get(key)? {
+            Attr::Int(v) => Ok(*v),
+            Attr::Dim(d) => d.as_const().and_then(|v| usize::try_from(v).ok()).ok_or_else(|| format!("`{key}` must be an integer")),
+            other => Err(format!("`{key}` must be an integer, found `{other}`")),
+        }
+    }
+
+    fn float(&self, key: &str) -> Result<f64, String> {
+        match self.get(key)? {
+            Attr::Float(v) => Ok(*v),
+            Attr::Int(v) => Ok(*v as f64),
+            Attr::Dim(d) => d.as_const().map(|v| v as f64).ok_or_else(|| format!("`{key}` must be a number")),
+            other => Err(format!("`{key}` must be a number, found `{other}`")),
+        }
+    }
+
+    fn dim(&self, key: &str) -> Result<Dim, String> {
+        match self.get(key)? {
+            Attr::Dim(d) => Ok(d.clone()),
+            Attr::Int(v) => Ok(Dim::constant(*v as i64)),
+            Attr::Name(n) => Dim::parse(n).ok_or_else(|| format!("`{key}` must be a dimension")),
+            other => Err(format!("`{key}` must be a dimension, found `{other}`")),
+        }
+    }
+
+    fn list(&self, key: &str) -> Result<Vec<usize>, String> {
+        match self.get(key)? {
+            Attr::List(v) => Ok(v.clone()),
+            other => Err(format!("`{key}` must be a list, found `{other}`")),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<bool, String> {
+        match self.get(key)? {
+            Attr::Bool(b) => Ok(*b),
+            other => Err(format!("`{key}` must be true or false, found `{other}`")),
+        }
+    }
+
+    /// A quoted expression attribute, if present.
+    fn text(&self, key: &str) -> Result<Option<String>, String> {
+        match self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v) {
+            None => Ok(None),
+            Some(Attr::Name(t)) => Ok(Some(t.clone())),
+            Some(other) => Err(format!("`{key}` must be an expression in quotes, found `{other}`")),
+        }
+    }
+}
+
+/// A `flash`, `flash_lse` or `flash_grad` op from its attributes.
+fn flash_from_parts(a: &Attrs) -> Result<Op, String> {
+    let rank = a.int("rank")?;
+    let weights = match a.text("weights")?.as_deref() {
+        Some("softmax") => Weights::Softmax,
+        Some("sigmoid") => Weights::Sigmoid,
+        other => return Err(format!("`weights` must be softmax or sigmoid, found {other:?}")),
+    };
+    let score = parse_expr(&a.text("score")?.ok_or("`flash` needs attribute `score`")?, rank).map_err(|e| format!("score: {e}"))?;
+    let mask = match a.text("mask")? {
+        Some(t) => Some(parse_expr(&t, rank).map_err(|e| format!("mask: {e}"))?),
+        None => None,
+    };
+    let pair = match a.text("pair")? {
+        None => Pair::Dot,
+        Some(t) => Pair::parse(&t).ok_or_else(|| format!("`pair` must be additive(x<N>), found `{t}`"))?,
+    };
+    let spec = Box::new(FlashSpec { rank, weights, score, mask, pair });
+    Ok(match a.op {
+        "flash_lse" if spec.weights != Weights::Softmax => return Err("`flash_lse` needs softmax weights".into()),
+        "flash_lse" => Op::FlashLse(spec),
+        "flash_grad" => {
+            let wrt = match a.text("wrt")? {
+                Some(w) => FlashWrt::from_name(&w).ok_or_else(|| format!("`wrt` must be q, k, v or x<N>, found `{w}`"))?,
+                None => return Err("`flash_grad` needs attribute `wrt`".into()),
+            };
+            Op::FlashGrad { spec, wrt }
+        }
+        _ => Op::Flash(spec),
+    })
 }
 
 /// The attributes of a flash-family op's [`FlashSpec`], in text order.

@@ -93,17 +93,13 @@ impl Cx<'_, '_> {
         if n == "topk" {
             return self.topk(frame, &call);
         }
-        let v = match self.arith_builtin(frame, &call)? {
-            Some(v) => v,
-            None => match self.norm_builtin(frame, &call)? {
-                Some(v) => v,
-                None => match self.shape_builtin(frame, &call)? {
-                    Some(v) => v,
-                    None => return Err(self.unknown_function(name)),
-                },
-            },
-        };
-        Ok(Val::T(v))
+        let families = [Self::arith_builtin, Self::norm_builtin, Self::shape_builtin, Self::order_builtin];
+        for family in families {
+            if let Some(v) = family(self, frame, &call)? {
+                return Ok(Val::T(v));
+            }
+        }
+        Err(self.unknown_function(name))
     }
 
     /// Element-wise maths, reductions, products, `where` and `cast`.
@@ -281,19 +277,10 @@ impl Cx<'_, '_> {
         }))
     }
 
-    /// Axis and shape changes: transposes, reshapes, concatenation, heads.
-    fn shape_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
+    /// Gathers along an axis, scatter-adds and sorts.
+    fn order_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
         let (n, span) = (call.name, call.span);
         Ok(Some(match n {
-            "transpose" => {
-                self.arity(call, 3, 3, &[])?;
-                let x = self.tensor(frame, call.pos[0])?;
-                let ty = self.ty(x).clone();
-                let (a, b) = (self.axis(frame, call.pos[1], &ty)?, self.axis(frame, call.pos[2], &ty)?);
-                let mut perm: Vec<usize> = (0..ty.rank()).collect();
-                perm.swap(a, b);
-                self.add(Op::Transpose { perm }, None, &[(x, call.pos[0].span)], span)?
-            }
             "take_along" => {
                 self.arity(call, 2, 3, &["axis"])?;
                 let (x, idx) = (self.tensor(frame, call.pos[0])?, self.tensor(frame, call.pos[1])?);
@@ -326,6 +313,23 @@ impl Cx<'_, '_> {
                 let descending = self.flag(call, "descending")?;
                 let order = self.add(Op::ArgSort { axis, descending }, None, &[(x, call.pos[0].span)], span)?;
                 if n == "sort" { self.take_along(call, (x, call.pos[0].span), (order, span), axis)? } else { order }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Axis and shape changes: transposes, reshapes, concatenation, heads.
+    fn shape_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
+        let (n, span) = (call.name, call.span);
+        Ok(Some(match n {
+            "transpose" => {
+                self.arity(call, 3, 3, &[])?;
+                let x = self.tensor(frame, call.pos[0])?;
+                let ty = self.ty(x).clone();
+                let (a, b) = (self.axis(frame, call.pos[1], &ty)?, self.axis(frame, call.pos[2], &ty)?);
+                let mut perm: Vec<usize> = (0..ty.rank()).collect();
+                perm.swap(a, b);
+                self.add(Op::Transpose { perm }, None, &[(x, call.pos[0].span)], span)?
             }
             "permute" => {
                 self.arity(call, 2, 2, &[])?;

@@ -184,15 +184,7 @@ pub(crate) fn optimize_with_rules(
             Err(e) => report.warnings.push(format!("rule `{}` could not be built and was skipped: {e}", r.name())),
         }
     }
-    let mut env: HashMap<String, i64> = HashMap::new();
-    for v in graph.values() {
-        for d in &graph.node(v).ty.shape {
-            for s in d.symbols() {
-                let size = opts.sizes.get(&s).copied().unwrap_or_else(|| representative(&s));
-                env.insert(s, size);
-            }
-        }
-    }
+    let env = cost_sizes(graph, opts);
     // The input's cost, on the e-graph as loaded (each value's class holds just its node).
     let input_cost = {
         let classes = Classes::new(&loaded.egraph);
@@ -216,14 +208,7 @@ pub(crate) fn optimize_with_rules(
         .with_egraph(loaded.egraph)
         .run(&rewrites);
     report.iterations = runner.iterations.len();
-    report.stop_reason = match &runner.stop_reason {
-        Some(egg::StopReason::Saturated) => "saturated".into(),
-        Some(egg::StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
-        Some(egg::StopReason::NodeLimit(n)) => format!("node limit ({n})"),
-        Some(egg::StopReason::TimeLimit(s)) => format!("time limit ({s} s)"),
-        Some(egg::StopReason::Other(s)) => s.clone(),
-        None => "not run".into(),
-    };
+    report.stop_reason = stop_reason(runner.stop_reason.as_ref());
     for it in &runner.iterations {
         for (name, n) in &it.applied {
             *report.applied.entry(name.to_string()).or_insert(0) += n;
@@ -252,10 +237,52 @@ pub(crate) fn optimize_with_rules(
         Err(e) => fallback(&mut report, graph, e),
     };
     report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, &classes, &outputs));
-    let fuse = FuseAttention { pinned };
-    let sites = attention_sites(graph, &order);
+    report.fusions = fusion_notes(graph, &order, eg, &class_of, &extractor, FuseAttention { pinned });
+    report.decisions = association_decisions(graph, &order, &classes, &class_of, &extractor);
+    report.elapsed = start.elapsed();
+    Optimized { graph: optimized, report }
+}
+
+/// The sizes the cost model evaluates `graph`'s dims at: the options' where given, else
+/// representative ones.
+fn cost_sizes(graph: &Graph, opts: &OptOptions) -> HashMap<String, i64> {
+    let mut env: HashMap<String, i64> = HashMap::new();
+    for v in graph.values() {
+        for d in &graph.node(v).ty.shape {
+            for s in d.symbols() {
+                let size = opts.sizes.get(&s).copied().unwrap_or_else(|| representative(&s));
+                env.insert(s, size);
+            }
+        }
+    }
+    env
+}
+
+/// Why the e-graph stopped growing, as the report says it.
+fn stop_reason(reason: Option<&egg::StopReason>) -> String {
+    match reason {
+        Some(egg::StopReason::Saturated) => "saturated".into(),
+        Some(egg::StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
+        Some(egg::StopReason::NodeLimit(n)) => format!("node limit ({n})"),
+        Some(egg::StopReason::TimeLimit(s)) => format!("time limit ({s} s)"),
+        Some(egg::StopReason::Other(s)) => s.clone(),
+        None => "not run".into(),
+    }
+}
+
+/// What became of each attention of the input (softmax weights times values): fused into a
+/// flash op, or the reason it was not.
+fn fusion_notes(
+    graph: &Graph,
+    order: &[crate::ir::Value],
+    eg: &lang::EG,
+    class_of: &[Id],
+    extractor: &Extracted,
+    fuse: FuseAttention,
+) -> Vec<FusionNote> {
+    let sites = attention_sites(graph, order);
     let numbers = if sites.is_empty() { Vec::new() } else { crate::ir::value_numbers(graph) };
-    report.fusions = sites
+    sites
         .into_iter()
         .map(|(w, mm)| {
             let class = eg.find(class_of[mm.index()]);
@@ -268,10 +295,7 @@ pub(crate) fn optimize_with_rules(
             };
             FusionNote { weights: numbers[w.index()], outcome }
         })
-        .collect();
-    report.decisions = association_decisions(graph, &order, &classes, &class_of, &extractor);
-    report.elapsed = start.elapsed();
-    Optimized { graph: optimized, report }
+        .collect()
 }
 
 fn fallback(report: &mut OptReport, graph: &Graph, why: String) -> Graph {

@@ -132,6 +132,31 @@ pub(super) struct Prologue<'f> {
     pub(super) lane_iota: Value,
 }
 
+/// Where each extra operand's gradient sits in a work item's partial sums: the targets, and the
+/// floats one item holds.
+fn gradient_targets(fx: &mut StepBuilder, f: &FlashBwdKernel) -> (Vec<Target>, Value) {
+    let mut per_item = fx.i64(0);
+    let mut targets = Vec::new();
+    for (input, view) in &f.dx {
+        let sizes = fx.dims(&view.shape);
+        targets.push(Target { input: *input, offset: per_item, sizes });
+        let elems = fx.dim(&Dim::product(&view.shape));
+        per_item = fx.add(per_item, elems);
+    }
+    (targets, per_item)
+}
+
+/// Every dim the step's expressions read, as the i32 they compute with.
+fn expression_dims(fx: &mut StepBuilder, f: &FlashBwdKernel) -> HashMap<Dim, Value> {
+    let mut dims = HashMap::new();
+    for dd in attn_compiler::schedule::bwd_dims(f) {
+        let x = fx.dim(&dd);
+        let x = fx.b.ins().ireduce(types::I32, x);
+        dims.insert(dd, x);
+    }
+    dims
+}
+
 fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let batch = f.batch().to_vec();
     let bdims = fx.dims(&batch);
@@ -148,21 +173,9 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let d_out = operand(fx, &f.d_out, &batch, dv);
     let stats = f.lse.as_ref().map(|(l, o)| (row_stat(fx, l, &batch), operand(fx, o, &batch, dv)));
     let extras = Extra::of_views(fx, &f.extras);
-    let mut per_item = fx.i64(0);
-    let mut targets = Vec::new();
-    for (input, view) in &f.dx {
-        let sizes = fx.dims(&view.shape);
-        targets.push(Target { input: *input, offset: per_item, sizes });
-        let elems = fx.dim(&Dim::product(&view.shape));
-        per_item = fx.add(per_item, elems);
-    }
+    let (targets, per_item) = gradient_targets(fx, f);
     let partials = fx.buf(f.partials);
-    let mut dims = HashMap::new();
-    for dd in attn_compiler::schedule::bwd_dims(f) {
-        let x = fx.dim(&dd);
-        let x = fx.b.ins().ireduce(types::I32, x);
-        dims.insert(dd, x);
-    }
+    let dims = expression_dims(fx, f);
     let base = fx.scratch();
     let [ds_rows, dq_acc, dk_acc, dv_acc, kt, df_row] = [
         Tuning::ScratchGradS,
@@ -180,15 +193,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let delta_row = fx.elem_addr(rb_row, stride);
     let w_row = fx.elem_addr(delta_row, stride);
     let sums = fx.elem_addr(w_row, stride);
-    let alpha = match f.linear.as_ref().and_then(|l| l.alpha.as_ref()) {
-        Some(a) => {
-            let none = Hoisted::new();
-            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
-            let t = score::eval(fx, a, &env);
-            fx.cvt_f(t)
-        }
-        None => fx.f32(1.0),
-    };
+    // A position-free scale (1 without one), evaluated once per step.
     let scalar = |fx: &mut StepBuilder, c: Option<&ScoreExpr>| match c {
         Some(c) => {
             let none = Hoisted::new();
@@ -198,6 +203,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
         }
         None => fx.f32(1.0),
     };
+    let alpha = scalar(fx, f.linear.as_ref().and_then(|l| l.alpha.as_ref()));
     let q_scale = scalar(fx, f.q_scale.as_ref());
     let dq_scale = scalar(fx, f.dq_scale.as_ref());
     let lane_iota = fx.lane_iota();

@@ -290,12 +290,24 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
             .into(),
     );
     it.push(format!("for (i64 kt_ = 0; kt_ < (N_ + {keys} - 1) / {keys}; ++kt_) {{"));
+    it.extend(indent(&simt_tile(fl, &p, additive.is_some())?, 2));
+    it.push("}".into());
+    it.extend(simt_finish(fl)?);
+    let body = fl.blocks(items, pre, it);
+    let smem = if additive.is_some() { Smem::FlashSimtAdditive(fl.f.step) } else { Smem::FlashSimt(fl.f.step) };
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem, body })
+}
+
+/// One key tile of the SIMT kernel: K and V rows staged in shared memory, then each warp's four
+/// rows of scores, weights and output updates.
+fn simt_tile(fl: &Flash, p: &[String], additive: bool) -> Result<Vec<String>, CudaEmitError> {
+    let keys = CUDA_LANE_KEYS;
     let mut tile = vec![
         Flash::class_line("kt_"),
         "if (cls_ == 0) continue;  // fully masked tile (the same for the whole block)".into(),
         format!("const i64 k0_ = kt_ * {keys};"),
         "attnc_sync();".into(),
-        if additive.is_some() { "int kw_ = 0;  // some k outside ±20, or not finite" } else { "// K and V rows of the tile" }.into(),
+        if additive { "int kw_ = 0;  // some k outside ±20, or not finite" } else { "// K and V rows of the tile" }.into(),
         format!("for (int e_ = tid_; e_ < {keys} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
         "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
         "  const i64 jr_ = k0_ + r_, c64_ = cc_;".into(),
@@ -304,7 +316,7 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         "  Ks_[r_ * HDP_ + cc_] = kx_;".into(),
         format!("  Vs_[r_ * HD_ + cc_] = (in_ && c64_ < DV_) ? {} : 0.0f;", fl.kv('v', "jr_", "c64_")?),
     ];
-    if additive.is_some() {
+    if additive {
         tile.push("  Ke_[r_ * HDP_ + cc_] = expf(2.0f * kx_);".into());
         tile.push("  kw_ |= !(fabsf(kx_) <= 20.0f);".into());
         tile.push("}".into());
@@ -323,11 +335,15 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     ]);
     tile.extend(indent(&fl.raw_score(), 2));
     tile.extend(["  s_ *= alpha_;".into(), "  bool keep_ = j_ < N_;".into()]);
-    tile.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 2));
+    tile.extend(indent(&fl.score(p, "i_", "j_", "s_")?, 2));
     tile.extend(indent(&simt_weights(fl.softmax), 2));
     tile.push("}".into());
-    it.extend(indent(&tile, 2));
-    it.push("}".into());
+    Ok(tile)
+}
+
+/// The SIMT kernel's end of a work item: each row normalised and stored (with its log-sum-exp).
+fn simt_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+    let mut it = Vec::new();
     it.push("#pragma unroll".into());
     it.push("for (int rr_ = 0; rr_ < 4; ++rr_) {".into());
     it.push("  const i64 i_ = q0_ + warp_ * 4 + rr_;".into());
@@ -345,9 +361,7 @@ fn simt(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.push(format!("    if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[rr_][t_] * inv_)")?));
     it.push("  }".into());
     it.push("}".into());
-    let body = fl.blocks(items, pre, it);
-    let smem = if additive.is_some() { Smem::FlashSimtAdditive(fl.f.step) } else { Smem::FlashSimt(fl.f.step) };
-    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem, body })
+    Ok(it)
 }
 
 /// One row's weights and its update of the running state (SIMT).
