@@ -25,7 +25,7 @@ docs/performance.md.
                                                       # training steps: attnc --grad vs SDPA
 
 Needs: an NVIDIA GPU (sm_80+), PyTorch with CUDA, a release build of attnc
-(`cargo build --release -p attn-runtime`), NVRTC (see docs/cuda.md).
+(`cargo build --release -p attnc`), NVRTC (see docs/cuda.md).
 """
 
 import argparse
@@ -286,7 +286,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("error: PyTorch sees no CUDA device")
     if not Path(args.attnc).exists():
-        sys.exit(f"error: {args.attnc} not found (cargo build --release -p attn-runtime)")
+        sys.exit(f"error: {args.attnc} not found (cargo build --release -p attnc)")
     device = torch.cuda.get_device_name(0)
     split = lambda text, default, conv=str: [conv(x) for x in text.split(",")] if text else default
     kinds = split(args.cases, list(KINDS))

@@ -25,8 +25,8 @@
 #   quick   bench/compare_gpu.py --quick --check
 #   bench   bench/compare_gpu.py with the remaining arguments (e.g. the full table)
 #
-# Binaries: $ATTNC_BIN_DIR/attnc and $ATTNC_BIN_DIR/runtime-tests (default target/release/attnc
-# and the newest release unit-test binary of attn-runtime), so that they can be built on another
+# Binaries: $ATTNC_BIN_DIR/attnc and $ATTNC_BIN_DIR/cuda-tests (default target/release/attnc
+# and the newest release unit-test binary of attn-cuda), so that they can be built on another
 # machine and carried. Results go to $OUT (default out/gpu): env.txt, tests.log, quick.md, ...
 # NVRTC: ATTNC_NVRTC_LIB if set, else the first libnvrtc.so.1x found in the CUDA toolkit or in
 # PyTorch's nvidia packages.
@@ -36,9 +36,9 @@ OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 BIN=${ATTNC_BIN_DIR:-target/release}
 ATTNC="$BIN/attnc"
-TESTS="$BIN/runtime-tests"
+TESTS="$BIN/cuda-tests"
 if [ ! -x "$TESTS" ]; then
-    TESTS=$(ls -t target/release/deps/attn_runtime-* 2>/dev/null | grep -v '\.d$' | head -1)
+    TESTS=$(ls -t target/release/deps/attn_cuda-* 2>/dev/null | grep -v '\.d$' | head -1)
 fi
 
 if [ -z "${ATTNC_NVRTC_LIB:-}" ]; then
@@ -78,7 +78,7 @@ while [ $i -lt ${#steps[@]} ]; do
     case "$step" in
     tests)
         echo "== tests"
-        ATTNC_GPU_TESTS=1 timeout 400 "$TESTS" cuda::gpu_tests --test-threads 4 --nocapture > "$OUT/tests.log" 2>&1
+        ATTNC_GPU_TESTS=1 timeout 400 "$TESTS" gpu_tests --test-threads 4 --nocapture > "$OUT/tests.log" 2>&1
         echo "tests: exit $?"
         grep -E "^test |test result|failure|error" "$OUT/tests.log" | grep -v " ok$" | head -40
         ;;

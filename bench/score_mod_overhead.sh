@@ -3,7 +3,7 @@
 # causal + soft-capping timed interleaved round by round (attnc bench, median of each round's
 # median), B=1 H=8, D in {64, 128}, S in {1024, 4096}, 1 and 2 threads.
 #
-#     cargo build --release -p attn-runtime --bin attnc && bash bench/score_mod_overhead.sh [ROUNDS]
+#     cargo build --release -p attnc && bash bench/score_mod_overhead.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=./target/release/attnc

@@ -387,3 +387,21 @@ impl fmt::Display for Explanation {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rendered stages need a renderer: without one, a diagnostic says so (E0906).
+    #[test]
+    fn a_rendered_stage_without_its_renderer_is_an_error() {
+        let compiler = Compiler::default();
+        let checked = compiler.check("fn f(x: f32[N]) -> f32[N] { return x * 2.0 }").unwrap_or_else(|d| panic!("{}", d[0]));
+        for stage in [Stage::Clif, Stage::Cuda] {
+            let err = compiler.emit(&checked, stage, None).expect_err("no renderer registered");
+            assert_eq!(err, PipelineError::NoRenderer(stage));
+            assert_eq!(err.diagnostic().code, "E0906");
+        }
+        assert!(compiler.emit(&checked, Stage::Schedule, None).is_ok_and(|t| t.starts_with("schedule f for cpu")));
+    }
+}
