@@ -296,15 +296,7 @@ impl CpuProgram {
 
     /// Parameters in order, with their declared types.
     pub fn params(&self) -> Vec<(String, TensorType)> {
-        self.graph
-            .params()
-            .iter()
-            .map(|p| {
-                let n = self.graph.node(*p);
-                let name = if let Op::Param(s) = &n.op { s.clone() } else { String::new() };
-                (name, n.ty.clone())
-            })
-            .collect()
+        self.graph.param_types()
     }
 
     /// Outputs in order, with their declared types.

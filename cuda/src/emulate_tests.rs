@@ -8,7 +8,7 @@ use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
 use attn_compiler::interp::run as interp_run;
-use attn_compiler::ir::{DType, Graph, Op, TensorType};
+use attn_compiler::ir::{DType, Graph};
 use attn_compiler::random::random_inputs;
 use attn_compiler::tensor::Tensor;
 use std::collections::{BTreeSet, HashMap};
@@ -52,15 +52,8 @@ pub(super) fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
 
 /// Seeded random inputs for `graph`'s parameters, and the interpreter's outputs on them.
 pub(super) fn reference_run(graph: &Graph, env: &HashMap<String, i64>, seed: u64) -> Result<(Vec<Tensor>, Vec<Tensor>), String> {
-    let params: Vec<(String, TensorType)> = graph
-        .params()
-        .iter()
-        .map(|p| {
-            let n = graph.node(*p);
-            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
-        })
-        .collect();
-    let inputs: Vec<Tensor> = random_inputs(&params, seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
+    let inputs: Vec<Tensor> =
+        random_inputs(&graph.param_types(), seed, env).map_err(|e| e.to_string())?.into_iter().map(|(_, t)| t).collect();
     let expected = interp_run(graph, &inputs, env).map_err(|e| format!("interpreter: {e}"))?;
     Ok((inputs, expected))
 }
@@ -109,38 +102,61 @@ fn run_jobs(jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>>) -> Vec<St
     failures.into_inner().unwrap_or_default()
 }
 
+/// One emulated run checked against the interpreter: a graph (as written or compiled by the
+/// pipeline) at its sizes (others from [`sizes`]) on seeded inputs, within a relative tolerance.
+struct Case {
+    label: String,
+    graph: Graph,
+    optimise: bool,
+    sizes: Vec<(&'static str, i64)>,
+    seed: u64,
+    tol: f64,
+    /// The work directory's name.
+    dir: String,
+}
+
+/// Runs the cases on two threads; fails with every failure.
+fn run_cases(cases: Vec<Case>) {
+    let jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = cases
+        .into_iter()
+        .map(|c| {
+            Box::new(move || {
+                let wd = work_dir(&c.dir);
+                let env = sizes(&c.graph, &c.sizes);
+                let device = if c.optimise { Device::Compiled(&c.graph) } else { Device::AsWritten(&c.graph) };
+                let err = check(&c.label, &c.graph, device, &env, c.seed, &wd)?;
+                let _ = std::fs::remove_dir_all(&wd);
+                if err > c.tol {
+                    return Err(format!("{}: max relative error {err:e} > {:e}", c.label, c.tol));
+                }
+                eprintln!("{}: ok (max relative error {err:.1e})", c.label);
+                Ok(())
+            }) as Box<dyn FnOnce() -> Result<(), String> + Send>
+        })
+        .collect();
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
 #[test]
 fn every_example_runs_emulated_like_the_interpreter() {
     if !compiler_or_skip("every_example_runs_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let files = examples();
-    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
-    for path in files {
+    let mut cases = Vec::new();
+    for path in examples() {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let compiled = attn_compiler::check(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for g in compiled.module.graphs {
-            for kind in ["ir", "opt"] {
-                let label = format!("{stem}/{} ({kind})", g.name);
-                let reference = g.clone();
-                let wd = work_dir(&format!("{stem}-{}-{kind}", g.name));
-                jobs.push(Box::new(move || {
-                    let env = sizes(&reference, &[]);
-                    let device = if kind == "ir" { Device::AsWritten(&reference) } else { Device::Compiled(&reference) };
-                    let err = check(&label, &reference, device, &env, 11, &wd)?;
-                    let _ = std::fs::remove_dir_all(&wd);
-                    // f32 throughout; sums in a different order than the f64 reference.
-                    if err > 1e-4 {
-                        return Err(format!("{label}: max relative error {err:e} > 1e-4"));
-                    }
-                    eprintln!("{label}: ok (max relative error {err:.1e})");
-                    Ok(())
-                }));
+            for optimise in [false, true] {
+                let kind = if optimise { "opt" } else { "ir" };
+                // f32 throughout; sums in a different order than the f64 reference.
+                let (label, dir) = (format!("{stem}/{} ({kind})", g.name), format!("{stem}-{}-{kind}", g.name));
+                cases.push(Case { label, graph: g.clone(), optimise, sizes: Vec::new(), seed: 11, tol: 1e-4, dir });
             }
         }
     }
-    let failures = run_jobs(jobs);
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    run_cases(cases);
 }
 
 #[test]
@@ -148,37 +164,25 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
     if !compiler_or_skip("flash_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    let mut cases = Vec::new();
     for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
         let g: Graph = text.parse().unwrap();
-        let dtype = g.node(g.params()[0]).ty.dtype;
+        // f16: P and the output are rounded to f16 (2^-11 relative each) and scores accumulate in
+        // f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
+        let tol = match g.node(g.params()[0]).ty.dtype {
+            DType::F16 => 5e-3,
+            DType::BF16 => 4e-2,
+            _ => 1e-4,
+        };
         // Head widths below, at and between the padded sizes (by default two, in turn); 70 keys =
         // 2 tiles and a ragged one.
         for (m, d) in attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2) {
-            let label = format!("{label} D={d}");
-            let g = g.clone();
-            let wd = work_dir(&format!("flash{n}-{m}"));
-            jobs.push(Box::new(move || {
-                let env = sizes(&g, &[("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)]);
-                let err = check(&label, &g, Device::AsWritten(&g), &env, 5 + n as u64, &wd)?;
-                let _ = std::fs::remove_dir_all(&wd);
-                // f16: P and the output are rounded to f16 (2^-11 relative each) and scores
-                // accumulate in f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
-                let tol = match dtype {
-                    DType::F16 => 5e-3,
-                    DType::BF16 => 4e-2,
-                    _ => 1e-4,
-                };
-                if err > tol {
-                    return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
-                }
-                eprintln!("{label}: ok (max relative error {err:.1e})");
-                Ok(())
-            }));
+            let sizes = vec![("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)];
+            let (label, dir) = (format!("{label} D={d}"), format!("flash{n}-{m}"));
+            cases.push(Case { label, graph: g.clone(), optimise: false, sizes, seed: 5 + n as u64, tol, dir });
         }
     }
-    let failures = run_jobs(jobs);
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    run_cases(cases);
 }
 
 #[test]
@@ -190,14 +194,7 @@ fn every_op_runs_emulated_like_the_interpreter() {
     let g = compiled.module.graphs[0].clone();
     let env = sizes(&g, &[("S", 45), ("E", 40), ("F", 72)]);
     let wd = work_dir("everyop");
-    let params: Vec<(String, TensorType)> = g
-        .params()
-        .iter()
-        .map(|p| {
-            let n = g.node(*p);
-            (if let Op::Param(name) = &n.op { name.clone() } else { String::new() }, n.ty.clone())
-        })
-        .collect();
+    let params = g.param_types();
     let inputs: Vec<Tensor> = random_inputs(&params, 9, &env).unwrap().into_iter().map(|(_, t)| t).collect();
     let expected = interp_run(&g, &inputs, &env).unwrap();
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
@@ -296,31 +293,21 @@ fn flash_backward_kernels_run_emulated_like_the_interpreter() {
     if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    let mut cases = Vec::new();
     for (n, (label, derived, tol)) in backward_cases().into_iter().enumerate() {
         // Half-typed operands take the tensor-core backward, which copies rows 16 bytes at a time
         // when the width is a multiple of 8 halves (24) and element by element otherwise (20).
         let half = derived.node(derived.params()[0]).ty.dtype != DType::F32;
         let widths: &[i64] = if half { &[24, 20] } else { &[24] };
         for &d in widths {
-            let (label, derived) = (format!("{label} D={d}"), derived.clone());
-            let wd = work_dir(&format!("flash-bwd{n}-{d}"));
-            jobs.push(Box::new(move || {
-                // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query
-                // tiles, one ragged.
-                let env = sizes(&derived, &[("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)]);
-                let err = check(&label, &derived, Device::AsWritten(&derived), &env, 21 + n as u64, &wd)?;
-                let _ = std::fs::remove_dir_all(&wd);
-                if err > tol {
-                    return Err(format!("{label}: max relative error {err:e} > {tol:e}"));
-                }
-                eprintln!("{label}: ok (max relative error {err:.1e})");
-                Ok(())
-            }));
+            // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query
+            // tiles, one ragged.
+            let sizes = vec![("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)];
+            let (label, dir) = (format!("{label} D={d}"), format!("flash-bwd{n}-{d}"));
+            cases.push(Case { label, graph: derived.clone(), optimise: false, sizes, seed: 21 + n as u64, tol, dir });
         }
     }
-    let failures = run_jobs(jobs);
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    run_cases(cases);
 }
 
 /// Gathers (`t[i]`, `take_along`) and scatter-adds record an index out of range in the fault

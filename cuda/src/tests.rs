@@ -295,6 +295,26 @@ pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The compile-time values of every flash step (forward and backward) of `s` at head width
+/// `hd`, with `tiles` query m-tiles per warp for the tensor-core forward.
+fn head_defines(s: &Schedule, hd: i64, tiles: i64) -> Vec<(String, i64)> {
+    let mut defines = Vec::new();
+    for (n, step) in s.steps.iter().enumerate() {
+        match &step.kernel {
+            Kernel::FlashBwd(_) => defines.push((format!("ATTNC_HD_{n}"), hd)),
+            Kernel::Flash(f) => {
+                defines.push((format!("ATTNC_HD_{n}"), hd));
+                if f.variant == Variant::TensorCore {
+                    defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
+                    defines.push((format!("ATTNC_MT_{n}"), tiles));
+                }
+            }
+            _ => {}
+        }
+    }
+    defines
+}
+
 #[test]
 fn flash_kernels_compile_for_every_head_width() {
     if nvrtc_or_skip("flash_kernels_compile_for_every_head_width").is_none() {
@@ -311,17 +331,7 @@ fn flash_kernels_compile_for_every_head_width() {
         let widths = attn_tests::matrix(all, |n| [0, 4, 7, 9].contains(&n));
         for (hd, rows) in widths {
             let tiles = CudaPolicy { mma_rows: rows, ..CudaPolicy::default() }.mma_row_tiles(hd);
-            let mut defines = Vec::new();
-            for (n, step) in s.steps.iter().enumerate() {
-                if let Kernel::Flash(f) = &step.kernel {
-                    defines.push((format!("ATTNC_HD_{n}"), hd));
-                    if f.variant == Variant::TensorCore {
-                        defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
-                        defines.push((format!("ATTNC_MT_{n}"), tiles));
-                    }
-                }
-            }
-            jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), defines));
+            jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), head_defines(&s, hd, tiles)));
         }
     }
     let (failures, spills) = compile_all(jobs);
@@ -343,21 +353,8 @@ fn flash_backward_kernels_compile_for_every_head_width() {
         let derived = attn_compiler::ir::grad::differentiate(&g, None).unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&derived);
         for hd in attn_tests::matrix([32, 128, 256], |n| n == 1) {
-            let mut defines = Vec::new();
-            for (n, step) in s.steps.iter().enumerate() {
-                match &step.kernel {
-                    Kernel::FlashBwd(_) => defines.push((format!("ATTNC_HD_{n}"), hd)),
-                    Kernel::Flash(f) => {
-                        defines.push((format!("ATTNC_HD_{n}"), hd));
-                        if f.variant == Variant::TensorCore {
-                            defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
-                            defines.push((format!("ATTNC_MT_{n}"), CudaPolicy::default().mma_row_tiles(hd)));
-                        }
-                    }
-                    _ => {}
-                }
-            }
             assert!(s.steps.iter().any(|st| matches!(st.kernel, Kernel::FlashBwd(_))), "{label}: no backward step");
+            let defines = head_defines(&s, hd, CudaPolicy::default().mma_row_tiles(hd));
             jobs.push((format!("{label} backward HD={hd}"), p.source.clone(), defines));
         }
     }

@@ -3,8 +3,8 @@
 //! - `examples`: every `examples/*.attn` — AST, IR, optimised IR and schedule text as insta
 //!   snapshots beside the file, IR text round trip, verifier, and a run through the reference
 //!   interpreter;
-//! - `cpu`: the Cranelift IR the CPU target generates for a few examples, as snapshots;
-//! - `cuda`: the CUDA source the GPU target emits for a few examples, as snapshots;
+//! - `rendered`: the Cranelift IR and the CUDA source the renderers make for a few examples,
+//!   as snapshots;
 //! - `diagnostics`: every `tests/cases/errors/*.attn` — the rendered diagnostics as snapshots;
 //! - `numerics`: the interpreter against values derived by hand;
 //! - `optimizer`: optimised graphs agree with the originals, at odd sizes and on random
@@ -13,11 +13,10 @@
 //!
 //! Bless new snapshots with `cargo insta review` (or `INSTA_UPDATE=always cargo test`).
 
-mod cpu;
-mod cuda;
 mod diagnostics;
 mod examples;
 mod numerics;
 mod optimizer;
+mod rendered;
 mod robustness;
 mod snapshot;

@@ -43,29 +43,33 @@ impl Failure {
     }
 }
 
-const EXIT_CODES: &str = "\
+/// The exit codes' help text, as a literal both help texts below are built from.
+macro_rules! exit_codes {
+    () => {
+        "\
 Exit codes:
   0  success
   1  the program has errors (diagnostics are printed on stderr)
   2  bad command line (unknown option or value; an entry, input, output or dim name that does not exist; a missing input)
   3  an input or output file cannot be read, decoded or written (or holds the wrong dtype)
   4  run-time error (input shapes that do not fit the declared dims, an unbound dim, ...)
-  5  the requested target is not available in this build";
+  5  the requested target is not available in this build"
+    };
+}
 
-const TOP_HELP: &str = "\
+const EXIT_CODES: &str = exit_codes!();
+
+const TOP_HELP: &str = concat!(
+    "\
 Examples:
   attnc check examples/causal.attn
   attnc build examples/causal.attn --emit ir
   attnc run examples/causal.attn --random-inputs --dim S=16 --out-dir out/
   attnc run examples/causal.attn --input q=q.npy --input k=k.npy --input v=v.npy
 
-Exit codes:
-  0  success
-  1  the program has errors (diagnostics are printed on stderr)
-  2  bad command line (unknown option or value; an entry, input, output or dim name that does not exist; a missing input)
-  3  an input or output file cannot be read, decoded or written (or holds the wrong dtype)
-  4  run-time error (input shapes that do not fit the declared dims, an unbound dim, ...)
-  5  the requested target is not available in this build";
+",
+    exit_codes!()
+);
 
 /// attnc: compile and run attention programs written in the .attn language.
 #[derive(Debug, Parser)]

@@ -112,6 +112,18 @@ impl Graph {
         &self.params
     }
 
+    /// Each parameter's name and declared type, in signature order.
+    pub fn param_types(&self) -> Vec<(String, TensorType)> {
+        self.params
+            .iter()
+            .map(|p| {
+                let n = self.node(*p);
+                let name = if let Op::Param(name) = &n.op { name.clone() } else { String::new() };
+                (name, n.ty.clone())
+            })
+            .collect()
+    }
+
     /// Named outputs in declaration order.
     pub fn outputs(&self) -> &[(String, Value)] {
         &self.outputs
