@@ -224,40 +224,12 @@ fn every_op_runs_emulated_like_the_interpreter() {
 /// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
 /// one contribution at a time), with grouped-query K/V.
 const BACKWARD_GRAPHS: &[(&str, &str)] = &[
-    (
-        "f32 causal alibi gqa",
-        "graph attn {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, 1, S, D]
-  %2 = param[name=v] : f32[B, 1, S, D]
-  %3 = param[name=slopes] : f32[H]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
-  output out = %4
-}",
-    ),
+    ("f32 causal alibi gqa", include_str!("../../tests/cases/flash_backward/f32_causal_alibi_gqa.ir")),
     (
         "f32 scaled query (folded into the products)",
-        "graph attn {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = const[value=0.25] : f32[]
-  %4 = mul %0, %3 : f32[B, H, S, D]
-  %5 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %4, %1, %2 : f32[B, H, S, D]
-  output out = %5
-}",
+        include_str!("../../tests/cases/flash_backward/f32_scaled_query_folded_into_the_product.ir"),
     ),
-    (
-        "f32 relative bias table",
-        "graph attn {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = param[name=table] : f32[H, R]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.2 + x0[h, (j - i) % dim(R)]\"] %0, %1, %2, %3 : f32[B, H, S, D]
-  output out = %4
-}",
-    ),
+    ("f32 relative bias table", include_str!("../../tests/cases/flash_backward/f32_relative_bias_table.ir")),
 ];
 
 /// The derivatives the flash backward tests run (here and on the device): every flash graph

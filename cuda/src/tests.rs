@@ -183,116 +183,23 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
 
 /// Hand-written flash graphs covering the kernel shapes the examples (all f32) do not reach:
 /// tensor cores in f16 and bf16 with GQA broadcast, a data-dependent mask and an extra
-/// operand, sigmoid weights, split-KV decode, and additive scores with a weight per head.
+/// operand, sigmoid weights, split-KV decode, and additive scores with a weight per head. The
+/// graphs are files (`tests/cases/flash/`, their header saying why each is there), compiled in
+/// so that a test binary carried to a GPU machine has them.
 pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
-    (
-        // Bare q·k on tensor cores: the short path keeps scores unscaled (one FMA per weight).
-        "f16 plain scaled scores",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, S, D]
-  %1 = param[name=k] : f16[B, H, S, D]
-  %2 = param[name=v] : f16[B, H, S, D]
-  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\"] %0, %1, %2 : f16[B, H, S, D]
-  output out = %3
-}",
-    ),
-    (
-        // A negative scale: the row maximum is not the scaled maximum of the raw scores (taken
-        // as one, the weights would overflow f16).
-        "f16 negative scale",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, S, D]
-  %1 = param[name=k] : f16[B, H, S, D]
-  %2 = param[name=v] : f16[B, H, S, D]
-  %3 = flash[rank=4, weights=softmax, score=\"s * -2.0\"] %0, %1, %2 : f16[B, H, S, D]
-  output out = %3
-}",
-    ),
-    (
-        "f16 causal alibi gqa",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, S, D]
-  %1 = param[name=k] : f16[B, 1, S, D]
-  %2 = param[name=v] : f16[B, 1, S, D]
-  %3 = param[name=slopes] : f32[H]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f16[B, H, S, D]
-  output out = %4
-}",
-    ),
-    (
-        "bf16 with an f32 bias, f32 result",
-        "graph attn {
-  %0 = param[name=q] : bf16[B, H, S, D]
-  %1 = param[name=k] : bf16[B, H, S, D]
-  %2 = param[name=v] : bf16[B, H, S, D]
-  %3 = param[name=slopes] : f32[H]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.125 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
-  output out = %4
-}",
-    ),
-    (
-        "bf16 document mask",
-        "graph attn {
-  %0 = param[name=q] : bf16[B, H, S, D]
-  %1 = param[name=k] : bf16[B, H, S, D]
-  %2 = param[name=v] : bf16[B, H, S, D]
-  %3 = param[name=seg] : i32[B, S]
-  %4 = flash[rank=4, weights=softmax, score=\"50.0 * tanh(s / 50.0)\", mask=\"x0[b, i] == x0[b, j] && j <= i\"] %0, %1, %2, %3 : bf16[B, H, S, D]
-  output out = %4
-}",
-    ),
-    (
-        "f16 sigmoid window",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, S, D]
-  %1 = param[name=k] : f16[B, H, S, D]
-  %2 = param[name=v] : f16[B, H, S, D]
-  %3 = flash[rank=4, weights=sigmoid, score=\"s - log(dim(S))\", mask=\"abs(i - j) <= 40\"] %0, %1, %2 : f16[B, H, S, D]
-  output out = %3
-}",
-    ),
-    (
-        "f16 decode",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, 1, D]
-  %1 = param[name=k] : f16[B, H, T, D]
-  %2 = param[name=v] : f16[B, H, T, D]
-  %3 = flash[rank=4, weights=softmax, score=\"s * 0.0883883\", mask=\"j < dim(T) - 3\"] %0, %1, %2 : f16[B, H, 1, D]
-  output out = %3
-}",
-    ),
-    (
-        "f32 wide mixed",
-        "graph attn {
-  %0 = param[name=q] : f32[B, M, D]
-  %1 = param[name=k] : f32[B, N, D]
-  %2 = param[name=v] : f32[B, N, E]
-  %3 = flash[rank=3, weights=softmax, score=s] %0, %1, %2 : f32[B, M, E]
-  output out = %3
-}",
-    ),
+    ("f16 plain scaled scores", include_str!("../../tests/cases/flash/f16_plain_scaled_scores.ir")),
+    ("f16 negative scale", include_str!("../../tests/cases/flash/f16_negative_scale.ir")),
+    ("f16 causal alibi gqa", include_str!("../../tests/cases/flash/f16_causal_alibi_gqa.ir")),
+    ("bf16 with an f32 bias, f32 result", include_str!("../../tests/cases/flash/bf16_with_an_f32_bias_f32_result.ir")),
+    ("bf16 document mask", include_str!("../../tests/cases/flash/bf16_document_mask.ir")),
+    ("f16 sigmoid window", include_str!("../../tests/cases/flash/f16_sigmoid_window.ir")),
+    ("f16 decode", include_str!("../../tests/cases/flash/f16_decode.ir")),
+    ("f32 wide mixed", include_str!("../../tests/cases/flash/f32_wide_mixed.ir")),
     (
         "f32 additive scores with a weight per head, causal, shared K/V heads",
-        "graph attn {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, 1, S, D]
-  %2 = param[name=v] : f32[B, 1, S, E]
-  %3 = param[name=w] : f32[H, D]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.5\", mask=\"j <= i\", pair=\"additive(x0)\"] %0, %1, %2, %3 : f32[B, H, S, E]
-  output out = %4
-}",
+        include_str!("../../tests/cases/flash/f32_additive_per_head_causal_gqa.ir"),
     ),
-    (
-        "f16 additive scores",
-        "graph attn {
-  %0 = param[name=q] : f16[B, H, S, D]
-  %1 = param[name=k] : f16[B, H, S, D]
-  %2 = param[name=v] : f16[B, H, S, E]
-  %3 = param[name=w] : f16[D]
-  %4 = flash[rank=4, weights=softmax, score=s, pair=\"additive(x0)\"] %0, %1, %2, %3 : f16[B, H, S, E]
-  output out = %4
-}",
-    ),
+    ("f16 additive scores", include_str!("../../tests/cases/flash/f16_additive_scores.ir")),
 ];
 
 /// The compile-time values of every flash step (forward and backward) of `s` at head width

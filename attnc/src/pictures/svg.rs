@@ -198,30 +198,14 @@ mod tests {
         Graph::parse(text).unwrap()
     }
 
-    const SDPA: &str = "graph sdpa {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = transpose[perm=[0, 1, 3, 2]] %1 : f32[B, H, D, S]
-  %4 = matmul %0, %3 : f32[B, H, S, S]
-  %5 = dim[value=D] : i32[]
-  %6 = sqrt %5 : f32[]
-  %7 = div %4, %6 : f32[B, H, S, S]
-  %8 = softmax[axis=3] %7 : f32[B, H, S, S]
-  %9 = matmul %8, %2 : f32[B, H, S, D]
-  output out = %9
-}";
-
-    const CAUSAL_OPT: &str = "graph causal_attention {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = dim[value=D] : i32[]
-  %4 = rsqrt %3 : f32[]
-  %5 = mul %0, %4 : f32[B, H, S, D]
-  %6 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %5, %1, %2 : f32[B, H, S, D]
-  output out = %6
-}";
+    /// The IR of an example, optimised or as written (their text is the examples' snapshots).
+    fn example(name: &str, optimise: bool) -> Graph {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(format!("{name}.attn"));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let compiler = attn_compiler::Compiler::default();
+        let graph = compiler.check(&source).unwrap_or_else(|d| panic!("{}", d[0])).module.graphs.remove(0);
+        if optimise { compiler.optimize(&graph).graph } else { graph }
+    }
 
     /// The SVG of `g`, checked to parse as XML; returns the text.
     fn svg(g: &Graph) -> String {
@@ -243,7 +227,7 @@ mod tests {
 
     #[test]
     fn one_box_per_value_and_output_and_typed_edges() {
-        let s = svg(&parse(SDPA));
+        let s = svg(&example("sdpa", false));
         assert_eq!(texts(&s, "param").len(), 3);
         assert_eq!(texts(&s, "op").len(), 7);
         assert_eq!(texts(&s, "output").len(), 1);
@@ -262,14 +246,14 @@ mod tests {
 
     #[test]
     fn flash_ops_are_highlighted_with_score_and_mask() {
-        let s = svg(&parse(CAUSAL_OPT));
+        let s = svg(&example("causal", true));
         let doc = roxmltree::Document::parse(&s).unwrap();
         let fills: Vec<_> = doc.descendants().filter(|n| n.attribute("class") == Some("flash")).map(|n| n.attribute("fill")).collect();
         assert_eq!(fills, [Some(FLASH_FILL)]);
         let labels = texts(&s, "label");
         assert!(labels.contains(&"%6 flash[rank=4, weights=softmax]\nscore: s\nmask: j <= i".to_string()), "{labels:?}");
         assert!(s.contains("mask: j &lt;= i"));
-        assert!(texts(&svg(&parse(SDPA)), "flash").is_empty());
+        assert!(texts(&svg(&example("sdpa", false)), "flash").is_empty());
     }
 
     #[test]
@@ -345,7 +329,7 @@ mod tests {
 
     #[test]
     fn same_graph_same_bytes() {
-        assert_eq!(svg(&parse(CAUSAL_OPT)), svg(&parse(CAUSAL_OPT)));
+        assert_eq!(svg(&example("causal", true)), svg(&example("causal", true)));
     }
 
     #[test]
