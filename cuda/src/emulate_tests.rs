@@ -4,7 +4,7 @@
 //! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
 
 use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
-use super::tests::{EVERY_OP, FLASH_GRAPHS, examples};
+use super::tests::{EVERY_OP, FLASH_GRAPHS, examples, flash_graphs};
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
 use attn_compiler::interp::run as interp_run;
@@ -165,15 +165,7 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
         return;
     }
     let mut cases = Vec::new();
-    for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
-        let g: Graph = text.parse().unwrap();
-        // f16: P and the output are rounded to f16 (2^-11 relative each) and scores accumulate in
-        // f32: 5e-3 of the output scale. bf16 keeps 8 bits: 4e-2. f32: 1e-4.
-        let tol = match g.node(g.params()[0]).ty.dtype {
-            DType::F16 => 5e-3,
-            DType::BF16 => 4e-2,
-            _ => 1e-4,
-        };
+    for (n, (label, g, tol)) in flash_graphs().into_iter().enumerate() {
         // Head widths below, at and between the padded sizes (by default two, in turn); 70 keys =
         // 2 tiles and a ragged one.
         for (m, d) in attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2) {

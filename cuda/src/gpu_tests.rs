@@ -4,7 +4,7 @@
 //! kernels and their backward; and the compile cache (a second run compiles nothing).
 
 use super::exec::gpu;
-use super::tests::{FLASH_GRAPHS, examples};
+use super::tests::{FLASH_GRAPHS, examples, flash_graphs};
 use attn_compiler::ir::{DType, Graph};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
@@ -127,15 +127,7 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
         return;
     };
     let mut failures = Vec::new();
-    for (n, (label, text)) in FLASH_GRAPHS.iter().enumerate() {
-        let g: Graph = text.parse().unwrap();
-        let tol = match g.node(g.params()[0]).ty.dtype {
-            // P and the output rounded to f16 (2^-11 each), f32 accumulation.
-            DType::F16 => 5e-3,
-            // bf16 keeps 8 significant bits (2^-8 = 3.9e-3 per rounding).
-            DType::BF16 => 4e-2,
-            _ => 1e-4,
-        };
+    for (n, (label, g, tol)) in flash_graphs().into_iter().enumerate() {
         for d in [32i64, 64, 80, 128, 256] {
             let env = sizes(&g, &[("D", d), ("E", d), ("S", 333), ("T", 4099), ("M", 190), ("N", 257)]);
             if let Err(e) = compare(&format!("{label} D={d}"), &g, &env, 17 + n as u64, tol, Metric::Elementwise) {

@@ -19,28 +19,15 @@ pub(crate) fn check_rule<R: Rule + Clone + 'static>(rule: &R, before: &str, afte
     assert_eq!(out.graph.to_string(), after, "rule {} did not give the expected graph", rule.name());
 }
 
-const CAUSAL: &str = "graph causal {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = transpose[perm=[0, 1, 3, 2]] %1 : f32[B, H, D, S]
-  %4 = matmul %0, %3 : f32[B, H, S, S]
-  %5 = dim[value=D] : i32[]
-  %6 = sqrt %5 : f32[]
-  %7 = div %4, %6 : f32[B, H, S, S]
-  %8 = iota[axis=2] : i32[1, 1, S, 1]
-  %9 = iota[axis=3] : i32[1, 1, 1, S]
-  %10 = le %9, %8 : bool[1, 1, S, S]
-  %11 = const[value=-inf] : f32[]
-  %12 = select %10, %7, %11 : f32[B, H, S, S]
-  %13 = softmax[axis=3] %12 : f32[B, H, S, S]
-  %14 = matmul %13, %2 : f32[B, H, S, D]
-  output out = %14
-}";
+/// The IR of `examples/causal.attn` (its text is the example's `.ir` snapshot).
+fn causal() -> String {
+    let source = include_str!("../../../examples/causal.attn");
+    crate::check(source).unwrap_or_else(|d| panic!("{}", d[0])).module.graphs[0].to_string()
+}
 
 #[test]
 fn optimisation_is_deterministic() {
-    let g = Graph::parse(CAUSAL).unwrap();
+    let g = Graph::parse(&causal()).unwrap();
     let first = super::optimize(&g, &OptOptions::default()).graph.to_string();
     for _ in 0..5 {
         assert_eq!(super::optimize(&g, &OptOptions::default()).graph.to_string(), first);
@@ -52,7 +39,7 @@ fn optimisation_is_deterministic() {
 /// budget going round that loop (it once left a causal mask followed by `* 1.0` unfused).
 #[test]
 fn identity_loops_in_the_scores_still_fuse() {
-    let text = CAUSAL.replace(
+    let text = causal().replace(
         "  %13 = softmax[axis=3] %12 : f32[B, H, S, S]\n  %14 = matmul %13, %2",
         "  %13 = const[value=1.0] : f32[]\n  %14 = mul %12, %13 : f32[B, H, S, S]\n  %15 = softmax[axis=3] %14 : f32[B, H, S, S]\n  %16 = matmul %15, %2",
     );
@@ -65,7 +52,7 @@ fn identity_loops_in_the_scores_still_fuse() {
 /// Hitting a limit is a stop reason, not an error: the result is still a verified graph.
 #[test]
 fn limits_still_give_a_valid_graph() {
-    let g = Graph::parse(CAUSAL).unwrap();
+    let g = Graph::parse(&causal()).unwrap();
     for opts in [
         OptOptions { iter_limit: 1, ..OptOptions::default() },
         OptOptions { node_limit: 18, nodes_per_input: 0, ..OptOptions::default() },
@@ -82,7 +69,7 @@ fn limits_still_give_a_valid_graph() {
 /// still stops a run, and a generous one does not.
 #[test]
 fn the_time_limit_holds_on_the_replaced_clock() {
-    let g = Graph::parse(CAUSAL).unwrap();
+    let g = Graph::parse(&causal()).unwrap();
     let o = super::optimize(&g, &OptOptions { time_limit: std::time::Duration::ZERO, ..OptOptions::default() });
     assert!(o.report.stop_reason.starts_with("time limit"), "{}", o.report.stop_reason);
     let o = super::optimize(&g, &OptOptions::default());
@@ -115,7 +102,7 @@ const MIXED: &str = "graph mixed {
 #[test]
 fn rules_want_every_class_they_rewrite() {
     let mut fired = std::collections::BTreeSet::new();
-    for text in [CAUSAL, MIXED] {
+    for text in [causal().as_str(), MIXED] {
         let g = Graph::parse(text).unwrap();
         let loaded = super::lang::load(&g);
         let mut runner = egg::Runner::default().with_egraph(loaded.egraph);
@@ -145,7 +132,7 @@ fn rules_want_every_class_they_rewrite() {
 /// Weights that are an output stay materialised; `explain` says why.
 #[test]
 fn weights_that_are_outputs_are_not_fused() {
-    let text = CAUSAL.replace("  output out = %14", "  output out = %14\n  output weights = %13");
+    let text = causal().replace("  output out = %14", "  output out = %14\n  output weights = %13");
     let g = Graph::parse(&text).unwrap();
     let o = super::optimize(&g, &OptOptions::default());
     assert!(!o.graph.to_string().contains("flash["));
