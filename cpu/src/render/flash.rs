@@ -226,21 +226,8 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
         [Tuning::BlockN, Tuning::KeysPerSplit, Tuning::KeyBlocks, Tuning::TileEntryBytes].map(|t| fx.tuning(step, t));
     let tiles = fx.buf(f.tiles);
     let extras = Extra::of_views(fx, &f.extras);
-    let mut dims = HashMap::new();
-    for dd in attn_compiler::schedule::score_dims(f) {
-        let v = fx.dim(&dd);
-        let v = fx.b.ins().ireduce(types::I32, v);
-        dims.insert(dd, v);
-    }
-    let alpha = match &f.analysis.alpha {
-        Some(a) => {
-            let none = Hoisted::new();
-            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
-            let t = score::eval(fx, a, &env);
-            fx.cvt_f(t)
-        }
-        None => fx.f32(1.0),
-    };
+    let dims = score::dim_values(fx, attn_compiler::schedule::score_dims(f));
+    let alpha = score::step_scalar(fx, f.analysis.alpha.as_ref(), &dims, &extras);
     let base = fx.scratch();
     let [acc, max, sum, bias] = [Tuning::ScratchAcc, Tuning::ScratchMax, Tuning::ScratchSum, Tuning::ScratchBias].map(|t| {
         let off = fx.tuning(step, t);

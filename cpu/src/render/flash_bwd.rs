@@ -146,17 +146,6 @@ fn gradient_targets(fx: &mut StepBuilder, f: &FlashBwdKernel) -> (Vec<Target>, V
     (targets, per_item)
 }
 
-/// Every dim the step's expressions read, as the i32 they compute with.
-fn expression_dims(fx: &mut StepBuilder, f: &FlashBwdKernel) -> HashMap<Dim, Value> {
-    let mut dims = HashMap::new();
-    for dd in attn_compiler::schedule::bwd_dims(f) {
-        let x = fx.dim(&dd);
-        let x = fx.b.ins().ireduce(types::I32, x);
-        dims.insert(dd, x);
-    }
-    dims
-}
-
 fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let batch = f.batch().to_vec();
     let bdims = fx.dims(&batch);
@@ -175,7 +164,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let extras = Extra::of_views(fx, &f.extras);
     let (targets, per_item) = gradient_targets(fx, f);
     let partials = fx.buf(f.partials);
-    let dims = expression_dims(fx, f);
+    let dims = score::dim_values(fx, attn_compiler::schedule::bwd_dims(f));
     let base = fx.scratch();
     let [ds_rows, dq_acc, dk_acc, dv_acc, kt, df_row] = [
         Tuning::ScratchGradS,
@@ -193,19 +182,9 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let delta_row = fx.elem_addr(rb_row, stride);
     let w_row = fx.elem_addr(delta_row, stride);
     let sums = fx.elem_addr(w_row, stride);
-    // A position-free scale (1 without one), evaluated once per step.
-    let scalar = |fx: &mut StepBuilder, c: Option<&ScoreExpr>| match c {
-        Some(c) => {
-            let none = Hoisted::new();
-            let env = Env { s: None, pos: &[], dims: &dims, extras: &extras, hoisted: &none };
-            let t = score::eval(fx, c, &env);
-            fx.cvt_f(t)
-        }
-        None => fx.f32(1.0),
-    };
-    let alpha = scalar(fx, f.linear.as_ref().and_then(|l| l.alpha.as_ref()));
-    let q_scale = scalar(fx, f.q_scale.as_ref());
-    let dq_scale = scalar(fx, f.dq_scale.as_ref());
+    let alpha = score::step_scalar(fx, f.linear.as_ref().and_then(|l| l.alpha.as_ref()), &dims, &extras);
+    let q_scale = score::step_scalar(fx, f.q_scale.as_ref(), &dims, &extras);
+    let dq_scale = score::step_scalar(fx, f.dq_scale.as_ref(), &dims, &extras);
     let lane_iota = fx.lane_iota();
     Prologue {
         f,

@@ -12,7 +12,7 @@ use super::ops::{Typed, clamped_load};
 use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, ScoreExpr};
 use attn_compiler::schedule::{Level, level};
-use cranelift_codegen::ir::Value;
+use cranelift_codegen::ir::{InstBuilder, Value};
 use std::collections::HashMap;
 
 /// An extra operand as the expressions read it.
@@ -93,6 +93,32 @@ pub struct Env<'e> {
     pub extras: &'e [Extra],
     /// Sub-expressions already computed outside the loop (scalars, broadcast when read).
     pub hoisted: &'e Hoisted,
+}
+
+/// Every dim of `dims` as the i32 scalar score expressions compute with (read from the integer
+/// table once, in a step's prologue).
+pub fn dim_values(fx: &mut StepBuilder, dims: Vec<Dim>) -> HashMap<Dim, Value> {
+    let mut out = HashMap::new();
+    for d in dims {
+        let x = fx.dim(&d);
+        let x = fx.b.ins().ireduce(cranelift_codegen::ir::types::I32, x);
+        out.insert(d, x);
+    }
+    out
+}
+
+/// A position-free scale (`alpha`, a folded query scale) as an f32 scalar, evaluated once per
+/// step; 1 without one.
+pub fn step_scalar(fx: &mut StepBuilder, c: Option<&ScoreExpr>, dims: &HashMap<Dim, Value>, extras: &[Extra]) -> Value {
+    match c {
+        Some(c) => {
+            let none = Hoisted::new();
+            let env = Env { s: None, pos: &[], dims, extras, hoisted: &none };
+            let t = eval(fx, c, &env);
+            fx.cvt_f(t)
+        }
+        None => fx.f32(1.0),
+    }
 }
 
 /// Evaluates `e` at the current lane count.
