@@ -19,7 +19,7 @@ use crate::nvrtc::content_hash;
 use crate::render::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, launches, render};
 use attn_compiler::Compiler;
 use attn_compiler::ir::Graph;
-use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare, schedule};
+use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -537,9 +537,10 @@ pub enum Device<'a> {
     Compiled(&'a Graph),
 }
 
+/// The schedule the emulated device runs for `d`.
 pub fn device_graph(d: Device) -> Result<Schedule, String> {
     match d {
-        Device::AsWritten(g) => schedule(g, &policy()).map_err(|e| e.to_string()),
+        Device::AsWritten(g) => Compiler::new(policy()).schedule(g).map_err(|e| e.to_string()),
         Device::Compiled(g) => Compiler::new(policy()).plan(g).map(|p| p.schedule).map_err(|e| e.to_string()),
     }
 }
