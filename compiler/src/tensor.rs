@@ -124,3 +124,51 @@ impl Tensor {
         Tensor::new(dtype, shape, data)
     }
 }
+
+/// How far the outputs of one run (`got`) are from another's (`want`, usually the reference
+/// interpreter's): same count, shapes and dtypes; floats within `rel` normwise (`max |got − want|
+/// ≤ rel · max |want|`, the maximum taken at least `floor`; NaN matches NaN, an infinity must match
+/// exactly), integers and bools exactly. `Ok` is the largest normwise error; `Err` describes the
+/// first output out of tolerance and its worst element.
+pub fn compare_outputs(got: &[Tensor], want: &[Tensor], rel: f64, floor: f64) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
+    }
+    let mut worst_rel = 0.0f64;
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.shape != w.shape || g.dtype != w.dtype {
+            return Err(format!("output {k}: {} {:?}, expected {} {:?}", g.dtype, g.shape, w.dtype, w.shape));
+        }
+        let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
+        if !w.dtype.is_float() {
+            if let Some(i) = (0..gv.len()).find(|i| gv[*i] != wv[*i]) {
+                return Err(format!("output {k}: element {i} is {}, expected {}", gv[i], wv[i]));
+            }
+            continue;
+        }
+        let scale = wv.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(floor);
+        let mut worst = (0.0f64, 0usize);
+        for (i, (a, b)) in gv.iter().zip(&wv).enumerate() {
+            let err = if (a.is_nan() && b.is_nan()) || a == b {
+                0.0
+            } else if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
+                f64::INFINITY
+            } else {
+                (a - b).abs()
+            };
+            if err > worst.0 {
+                worst = (err, i);
+            }
+        }
+        let err = worst.0 / scale;
+        worst_rel = worst_rel.max(err);
+        if err > rel {
+            let i = worst.1;
+            return Err(format!(
+                "output {k} ({} {:?}): element {i} is {:e}, expected {:e} (error {err:.3e} of max |expected| = {scale:.3e})",
+                w.dtype, w.shape, gv[i], wv[i]
+            ));
+        }
+    }
+    Ok(worst_rel)
+}

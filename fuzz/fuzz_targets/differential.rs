@@ -49,9 +49,10 @@ fn run(case: &Case) {
     let compiler = Compiler::new(policy);
     let opts = CpuOptions { threads: case.threads };
     let compiled = if case.optimize {
-        compiler.plan(graph).map_err(|e| e.to_string()).and_then(|planned| {
-            CpuProgram::from_planned(&compiler, planned, &opts, Instant::now()).map_err(|e| e.to_string())
-        })
+        compiler
+            .plan(graph)
+            .map_err(|e| e.to_string())
+            .and_then(|planned| CpuProgram::from_planned(&compiler, planned, &opts, Instant::now()).map_err(|e| e.to_string()))
     } else {
         CpuProgram::compile_graph(graph, &opts).map_err(|e| e.to_string())
     };

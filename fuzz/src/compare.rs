@@ -62,48 +62,7 @@ fn assert_same(want: &Tensor, got: &Tensor, format: &str) {
     }
 }
 
-/// Compares run outputs with the reference interpreter's: same count, shapes and dtypes; floats
-/// within [`REL`] normwise (NaN matches NaN; an infinity must match exactly), integers and bools
-/// exactly. `Err` describes the worst element.
+/// [`attn_compiler::tensor::compare_outputs`] within [`REL`] of the interpreter's.
 pub fn compare_outputs(got: &[Tensor], want: &[Tensor]) -> Result<f64, String> {
-    if got.len() != want.len() {
-        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
-    }
-    let mut worst_rel = 0.0f64;
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        if g.shape != w.shape || g.dtype != w.dtype {
-            return Err(format!("output {k}: {} {:?}, expected {} {:?}", g.dtype, g.shape, w.dtype, w.shape));
-        }
-        let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
-        if !w.dtype.is_float() {
-            if let Some(i) = (0..gv.len()).find(|i| gv[*i] != wv[*i]) {
-                return Err(format!("output {k}: element {i} is {}, expected {}", gv[i], wv[i]));
-            }
-            continue;
-        }
-        let scale = wv.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(FLOOR);
-        let mut worst = (0.0f64, 0usize);
-        for (i, (a, b)) in gv.iter().zip(&wv).enumerate() {
-            let err = if (a.is_nan() && b.is_nan()) || a == b {
-                0.0
-            } else if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
-                f64::INFINITY
-            } else {
-                (a - b).abs()
-            };
-            if err > worst.0 {
-                worst = (err, i);
-            }
-        }
-        let rel = worst.0 / scale;
-        worst_rel = worst_rel.max(rel);
-        if rel > REL {
-            let i = worst.1;
-            return Err(format!(
-                "output {k} ({} {:?}): element {i} is {:e}, expected {:e} (error {rel:.3e} of max |expected| = {scale:.3e})",
-                w.dtype, w.shape, gv[i], wv[i]
-            ));
-        }
-    }
-    Ok(worst_rel)
+    attn_compiler::tensor::compare_outputs(got, want, REL, FLOOR)
 }

@@ -259,7 +259,9 @@ fn mask(u: &mut Unstructured, shape: &Shape, needs: &mut Needs) -> Result<Option
         4 => format!("abs(i - j) <= {}", needs.int(u, "W", 0..=5)?),
         5 => format!("j <= i && i - j < {}", needs.int(u, "W", 0..=5)?),
         6 => format!("j <= i || j < {}", needs.int(u, "P", 0..=6)?),
-        7 => format!("abs(i - j) <= {} || i < {} || j < {}", needs.int(u, "W", 0..=5)?, needs.int(u, "G", 0..=3)?, needs.int(u, "G", 0..=3)?),
+        7 => {
+            format!("abs(i - j) <= {} || i < {} || j < {}", needs.int(u, "W", 0..=5)?, needs.int(u, "G", 0..=3)?, needs.int(u, "G", 0..=3)?)
+        }
         8 if shape.cross => "j <= i + (T - S)".to_string(),
         8 => "i >= j".to_string(),
         9 if !shape.cross => {

@@ -24,46 +24,8 @@ fn examples_dir() -> PathBuf {
 }
 
 /// Compares outputs: floats within [`tol`], integers and bools exactly; NaN matches NaN.
-fn compare(got: &[Tensor], want: &[Tensor]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
-    }
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        if g.shape != w.shape || g.dtype != w.dtype {
-            return Err(format!("output {k}: {:?} {:?}, expected {:?} {:?}", g.dtype, g.shape, w.dtype, w.shape));
-        }
-        let (gv, wv) = (g.to_f64_vec(), w.to_f64_vec());
-        if !w.dtype.is_float() {
-            if let Some(i) = (0..gv.len()).find(|i| gv[*i] != wv[*i]) {
-                return Err(format!("output {k}: element {i} is {}, expected {}", gv[i], wv[i]));
-            }
-            continue;
-        }
-        let scale = wv.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs())).max(tol::FLOOR);
-        let mut worst = (0.0f64, 0usize);
-        for (i, (a, b)) in gv.iter().zip(&wv).enumerate() {
-            let err = if a.is_nan() && b.is_nan() || a == b {
-                0.0
-            } else if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
-                f64::INFINITY
-            } else {
-                (a - b).abs()
-            };
-            if err > worst.0 {
-                worst = (err, i);
-            }
-        }
-        if worst.0 > tol::FP32_REL * scale {
-            let i = worst.1;
-            return Err(format!(
-                "output {k}: element {i} is {}, expected {} (error {:.3e} of scale {scale:.3e})",
-                gv[i],
-                wv[i],
-                worst.0 / scale
-            ));
-        }
-    }
-    Ok(())
+fn compare(got: &[Tensor], want: &[Tensor]) -> Result<f64, String> {
+    attn_compiler::tensor::compare_outputs(got, want, tol::FP32_REL, tol::FLOOR)
 }
 
 /// Dims for an example at sequence length `s` and width `d` (only the dims the entry uses).
