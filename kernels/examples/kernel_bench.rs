@@ -23,7 +23,7 @@
 
 use attn_kernels::{
     Gemm, Isa, KernelError, Layout, PEAK_RUNS, additive_nt, attnc_flash_bwd_row, available_isas, exp_sum, gelu, peak_gflops, peak_run,
-    sgemm_nn, sgemm_nt, sigmoid, softmax_step, tanh,
+    sgemm_nn, sgemm_nt, sigmoid, softmax_row, softmax_step, tanh,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -413,6 +413,17 @@ fn main() -> Result<(), KernelError> {
             let _ = black_box(softmax_step(*isa, black_box(&x), 0.125, None, &mut y, &mut state));
         });
         println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 256.0 / rate);
+    }
+    // A whole-row softmax (the row's max, then `exp` and the sum, then the scaling), a row of
+    // 1000 scores.
+    println!("\nsoftmax_row (row of 1000):");
+    let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
+    let mut y = vec![0.0f32; 1000];
+    for isa in isas.iter().rev() {
+        let (rate, _) = measure(batches, 1000.0, || {
+            let _ = black_box(softmax_row(*isa, black_box(&x), &mut y));
+        });
+        println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
     }
     // The element-wise row kernels: GELU (unfused MLPs), staged `tanh` (soft-capping) and
     // sigmoid, over a row of 1000 (not a multiple of any vector width: the tail counts).
