@@ -252,83 +252,84 @@ unsafe fn row_max(isa: Isa, x: *const f32, scale: f32, bias: *const f32, n: usiz
             (Isa::Avx2, true) => row_max_avx2::<false>(x, scale, bias, n),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => row_max_avx2::<true>(x, scale, bias, n),
-            _ => super::lanes::row_max(x, scale, bias, n),
+            (_, true) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, false>(x, scale, bias, n),
+            (_, false) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, true>(x, scale, bias, n),
         }
     }
 }
 
-/// AVX-512 [`row_max`].
+/// `x·scale (+ bias)` of the vector at `i`, a multiply and an add (when `PART`, lanes `..len`
+/// and `-inf` in the rest).
+///
+/// # Safety
+/// As [`scores`].
+#[inline(always)]
+unsafe fn scaled<V: Vector, const BIAS: bool, const PART: bool>(x: *const f32, bias: *const f32, i: usize, len: usize, sc: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = get::<V, PART>(x, i, len).mul(sc);
+        let v = if BIAS { v.add(get::<V, PART>(bias, i, len)) } else { v };
+        if PART { V::select(V::first(len), v, V::splat(f32::NEG_INFINITY)) } else { v }
+    }
+}
+
+/// [`row_max`] on `V`: `U` independent `max` chains, then single vectors, then a partial one.
+///
+/// # Safety
+/// As [`exp_sum`], with `V`'s instructions supported.
+#[inline(always)]
+unsafe fn row_max_on<V: Vector, const U: usize, const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
+    let l = V::LANES;
+    // SAFETY: every vector read lies inside the rows; `V`'s instructions are supported.
+    unsafe {
+        let sc = V::splat(scale);
+        let mut m = [V::splat(f32::NEG_INFINITY); U];
+        let mut i = 0;
+        while U > 1 && i + U * l <= n {
+            for (j, m) in m.iter_mut().enumerate() {
+                *m = scaled::<V, BIAS, false>(x, bias, i + j * l, l, sc).max_skip_nan(*m);
+            }
+            i += U * l;
+        }
+        while i + l <= n {
+            m[0] = scaled::<V, BIAS, false>(x, bias, i, l, sc).max_skip_nan(m[0]);
+            i += l;
+        }
+        if i < n {
+            m[0] = scaled::<V, BIAS, true>(x, bias, i, n - i, sc).max_skip_nan(m[0]);
+        }
+        let mut w = U;
+        while w > 1 {
+            let (lo, hi) = m[..w].split_at_mut(w / 2);
+            for (a, b) in lo.iter_mut().zip(hi.iter()) {
+                *a = b.max_skip_nan(*a);
+            }
+            w /= 2;
+        }
+        m[0].max_lanes()
+    }
+}
+
+/// AVX-512 [`row_max_on`].
+///
+/// # Safety
+/// As [`exp_sum`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    let sc = _mm512_set1_ps(scale);
-    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i < n {
-        let k = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the valid lanes of `i..n` are read.
-        unsafe {
-            let mut v = _mm512_mask_mul_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, _mm512_maskz_loadu_ps(k, x.add(i)), sc);
-            if BIAS {
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias.add(i)));
-            }
-            // `max_ps` returns the second operand when either is NaN: the running max.
-            m = _mm512_max_ps(v, m);
-        }
-        i += 16;
-    }
-    _mm512_reduce_max_ps(m)
+    // SAFETY: forwarded; AVX-512F is enabled here.
+    unsafe { row_max_on::<__m512, { <__m512 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
 }
 
-/// `scale·x[i..] (+ bias[i..])` in the lanes `m` selects (the others read 0 before scaling).
+/// AVX2 [`row_max_on`].
 ///
 /// # Safety
-/// The selected lanes of `x` (and of `bias` when `BIAS`) from `i` are valid.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn masked_scores8<const BIAS: bool>(x: *const f32, sc: __m256, bias: *const f32, i: usize, m: __m256i) -> __m256 {
-    // SAFETY: the caller's contract; masked-off lanes are not read.
-    unsafe {
-        let v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sc);
-        if BIAS { _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m)) } else { v }
-    }
-}
-
-/// AVX2 [`row_max`]: two vectors per step (two independent `max` chains), then a masked tail.
+/// As [`exp_sum`]; AVX2 and FMA are supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_max_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    let sc = _mm256_set1_ps(scale);
-    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let (mut m0, mut m1) = (ninf, ninf);
-    let mut i = 0;
-    // SAFETY (whole function): only elements `< n` of `x` and `bias` are read.
-    while i + 16 <= n {
-        unsafe {
-            let (mut v0, mut v1) = (_mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sc), _mm256_mul_ps(_mm256_loadu_ps(x.add(i + 8)), sc));
-            if BIAS {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias.add(i)));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias.add(i + 8)));
-            }
-            // `max_ps` returns the second operand when either is NaN: the running max.
-            m0 = _mm256_max_ps(v0, m0);
-            m1 = _mm256_max_ps(v1, m1);
-        }
-        i += 16;
-    }
-    while i < n {
-        let k = super::x86_avx2::lanes(n - i);
-        unsafe {
-            // Lanes past `n` read 0: replace them by -inf.
-            let v = _mm256_blendv_ps(ninf, masked_scores8::<BIAS>(x, sc, bias, i, k), _mm256_castsi256_ps(k));
-            m0 = _mm256_max_ps(v, m0);
-        }
-        i += 8;
-    }
-    let m = _mm256_max_ps(m0, m1);
-    let half = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let quad = _mm_max_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_max_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+    // SAFETY: forwarded; AVX2 and FMA are enabled here.
+    unsafe { row_max_on::<__m256, { <__m256 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
 }
 
 /// `y[i] = tanh(x[i])` for `i < n` on `isa`.

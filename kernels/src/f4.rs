@@ -125,6 +125,12 @@ impl F4 {
     fn at_most(self, hi: F4) -> F4 {
         F4(base!(_mm_min_ps(hi.0, self.0)))
     }
+    /// The larger of `self` and `m`, `m` where `self` is NaN.
+    #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        // `maxps` returns its second operand when either is NaN.
+        F4(base!(_mm_max_ps(self.0, m.0)))
+    }
     /// The mask of `self < o` (false for NaN).
     #[inline(always)]
     fn lt(self, o: F4) -> F4 {
@@ -212,6 +218,12 @@ impl F4 {
         let half = base!(_mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0)));
         base!(_mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps::<1>(half, half))))
     }
+    /// The largest lane.
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        let half = base!(_mm_max_ps(self.0, _mm_movehl_ps(self.0, self.0)));
+        base!(_mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<1>(half, half))))
+    }
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -265,6 +277,11 @@ impl F4 {
     #[inline(always)]
     fn at_most(self, hi: F4) -> F4 {
         F4(base!(vminq_f32(self.0, hi.0)))
+    }
+    /// The larger of `self` and `m`, `m` where `self` is NaN (`fmaxnm` takes the number).
+    #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        F4(base!(vmaxnmq_f32(self.0, m.0)))
     }
     /// The mask of `self < o` (false for NaN).
     #[inline(always)]
@@ -348,6 +365,11 @@ impl F4 {
     fn sum(self) -> f32 {
         base!(vaddvq_f32(self.0))
     }
+    /// The largest lane.
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        base!(vmaxvq_f32(self.0))
+    }
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -401,6 +423,10 @@ impl F4 {
     #[inline(always)]
     fn at_most(self, hi: F4) -> F4 {
         self.map2(hi, |a, hi| if a > hi { hi } else { a })
+    }
+    #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        self.map2(m, |a, m| if a > m { a } else { m })
     }
     #[inline(always)]
     fn lt(self, o: F4) -> F4 {
@@ -463,6 +489,10 @@ impl F4 {
     #[inline(always)]
     fn sum(self) -> f32 {
         self.0.iter().sum()
+    }
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        self.0.iter().fold(f32::NEG_INFINITY, |a, b| if *b > a { *b } else { a })
     }
 }
 
@@ -664,6 +694,10 @@ impl Vector for F4 {
         F4::at_most(self, hi)
     }
     #[inline(always)]
+    unsafe fn max_skip_nan(self, m: F4) -> F4 {
+        F4::max_skip_nan(self, m)
+    }
+    #[inline(always)]
     unsafe fn abs(self) -> F4 {
         F4::abs(self)
     }
@@ -706,6 +740,10 @@ impl Vector for F4 {
     #[inline(always)]
     unsafe fn sum(self) -> f32 {
         F4::sum(self)
+    }
+    #[inline(always)]
+    unsafe fn max_lanes(self) -> f32 {
+        F4::max_lanes(self)
     }
     #[inline(always)]
     unsafe fn pow2_of_round(t: F4, bias: i32) -> F4 {
