@@ -1,6 +1,6 @@
-//! Vectorised `exp` for the online softmax (`y = exp(x - shift)` and the sum of `y`), `tanh`
-//! and the flash backward's rows, each written once over [`Vector`] and instantiated for
-//! AVX-512 (`__m512`), AVX2 (`__m256`) and the portable path ([`F4`]) in thin
+//! Vectorised `exp` for the online softmax (`y = exp(x - shift)` and the sum of `y`, and the
+//! row's maximum), `tanh` and the flash backward's rows, each written once over [`Vector`] and
+//! instantiated for AVX-512 (`__m512`), AVX2 (`__m256`) and the portable path ([`F4`]) in thin
 //! `#[target_feature]` wrappers.
 //!
 //! Method (Cephes `expf`): `n = round(x·log2 e)` (by adding and subtracting [`ROUND`]),

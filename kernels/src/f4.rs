@@ -1,8 +1,9 @@
 //! The portable path's explicit 4-lane vector ([`F4`]: SSE2 on x86-64, NEON on AArch64 with
 //! fused multiply-adds, an array elsewhere) and the GEMM micro-tile on it ([`micro`], with
 //! [`splat4`] and [`pack_nt`] laying out its operands). [`F4`] implements [`Vector`], on which
-//! the portable path's softmax `exp`, `tanh` and flash backward rows ([`super::exp`]) and its
-//! additive scores ([`super::additive`]) are instantiated, as the AVX2 and AVX-512 paths' are.
+//! the portable path's softmax `exp` and row maximum, `tanh` and flash backward rows
+//! ([`super::exp`]) and its additive scores ([`super::additive`]) are instantiated, as the AVX2
+//! and AVX-512 paths' are.
 //!
 //! The lane loops of [`super::lanes`] leave vectorising to LLVM's SLP pass, which split the
 //! softmax step's `exp` into 2-lane halves on both baseline targets: on x86-64 SSE2 the step
