@@ -482,8 +482,13 @@ unsafe fn scores<V: Vector, const BIAS: bool, const PART: bool>(
 
 /// `exp_sum` on `V` (the bias term when `BIAS`; [`exp_bounded_vec`] when `BOUNDED`; see
 /// [`exp_sum_with`] for `KEEP`), returning `Σ y` and how many elements were done: `U` vectors
-/// per step (`V::UNROLL`, independent `exp` chains) into two accumulators, then the rest by
-/// [`exp_sum_tail`].
+/// per step (`V::UNROLL`, independent `exp` chains) into two accumulators where `U > 1`, then
+/// single vectors, then one partial vector whose lanes past `n` are `-inf`.
+///
+/// The single vectors share the function and the first accumulator with the unrolled steps.
+/// As a body of their own with their own accumulator, the portable `softmax_row` was 3%
+/// faster, but AVX2's 9% and the portable softmax step 3% slower (where to spill differs on
+/// 16 registers; `kernel_bench --rows` on Zen 4).
 ///
 /// # Safety
 /// As [`exp_sum`], with `V`'s instructions supported.
@@ -497,13 +502,15 @@ unsafe fn exp_sum_on<V: Vector, const U: usize, const BIAS: bool, const BOUNDED:
     shift: f32,
 ) -> (f32, usize) {
     let l = V::LANES;
-    // SAFETY: every vector read or written lies inside the rows (`i + U·l ≤ n`), and so do the
-    // rest's; `V`'s instructions are supported (the caller's contract).
+    // SAFETY: every vector read or written lies inside the rows (`i + U·l ≤ n`, `i + l ≤ n`,
+    // or the partial vector's `n − i` lanes); `V`'s instructions are supported (the caller's
+    // contract).
     unsafe {
         let (sc, sh, nsh, slack) = (V::splat(scale), V::splat(shift), V::splat(-shift), V::splat(RESCALE_SLACK));
         let mut acc = [V::splat(0.0); 2];
         let mut i = 0;
-        while i + U * l <= n {
+        // (With one vector per step, the single-vector loop below does it all.)
+        while U > 1 && i + U * l <= n {
             let mut e = [sc; U];
             let mut over = false;
             for (j, e) in e.iter_mut().enumerate() {
@@ -511,7 +518,7 @@ unsafe fn exp_sum_on<V: Vector, const U: usize, const BIAS: bool, const BOUNDED:
                 over |= KEEP && V::any(e.gt(slack));
             }
             if over {
-                // The tail's single vectors find the one to stop at.
+                // The single vectors below find the one to stop at.
                 break;
             }
             for (j, e) in e.iter_mut().enumerate() {
@@ -533,57 +540,28 @@ unsafe fn exp_sum_on<V: Vector, const U: usize, const BIAS: bool, const BOUNDED:
             }
             i += U * l;
         }
-        let b = if BIAS { bias.add(i) } else { bias };
-        let (rest, done) = exp_sum_tail::<V, BIAS, BOUNDED, KEEP>(x.add(i), scale, b, y.add(i), n - i, shift);
-        (acc[0].add(acc[1]).sum() + rest, i + done)
-    }
-}
-
-/// The end of [`exp_sum_on`] (its arguments offset to where the unrolled steps stopped): single
-/// vectors, then one partial vector whose lanes past `n` are `-inf`. A body of its own, with its
-/// own accumulator: continuing the unrolled loop's accumulators and registers here made the
-/// SSE2 loop above 3% slower (LLVM then kept constants in registers that loop needed).
-///
-/// # Safety
-/// As [`exp_sum_on`].
-#[inline(always)]
-unsafe fn exp_sum_tail<V: Vector, const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    let l = V::LANES;
-    // SAFETY: every vector read or written lies inside the rows (`i + l ≤ n`, or the partial
-    // vector's `n − i` lanes); `V`'s instructions are supported (the caller's contract).
-    unsafe {
-        let (sc, sh, nsh, slack) = (V::splat(scale), V::splat(shift), V::splat(-shift), V::splat(RESCALE_SLACK));
-        let mut acc = V::splat(0.0);
-        let mut i = 0;
         while i + l <= n {
             let v = scores::<V, BIAS, false>(x, bias, i, l, sc, sh, nsh);
             if KEEP && V::any(v.gt(slack)) {
-                return (acc.sum(), i);
+                return (acc[0].add(acc[1]).sum(), i);
             }
             let e = exp_of::<V, BOUNDED>(v);
             e.store(y.add(i));
-            acc = acc.add(e);
+            acc[0] = acc[0].add(e);
             i += l;
         }
         if i < n {
             let len = n - i;
             let v = scores::<V, BIAS, true>(x, bias, i, len, sc, sh, nsh);
             if KEEP && V::any(v.gt(slack)) {
-                return (acc.sum(), i);
+                return (acc[0].add(acc[1]).sum(), i);
             }
             // The padding lanes' `exp` is 0.
             let e = exp_of::<V, BOUNDED>(v);
             e.store_part(y.add(i), len);
-            acc = acc.add(e);
+            acc[0] = acc[0].add(e);
         }
-        (acc.sum(), n)
+        (acc[0].add(acc[1]).sum(), n)
     }
 }
 
