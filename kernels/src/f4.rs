@@ -618,7 +618,7 @@ impl Vector for F4 {
     /// Where [`F4::madd`] is fused: always on AArch64, with `-C target-feature=+fma` on x86-64.
     const FMA: bool = cfg!(any(target_arch = "aarch64", all(target_arch = "x86_64", target_feature = "fma")));
     /// Four vectors per step, so that independent `exp` chains overlap (two measured 4% slower
-    /// on Zen 5).
+    /// on Zen 5, and the softmax passes 6–9% slower on Zen 4).
     const UNROLL: usize = 4;
     const CHEAP_ALL: bool = false;
     const RECIP_EST: bool = false;
@@ -756,7 +756,7 @@ impl Vector for F4 {
         F4::splat(1.0).div(self)
     }
     /// A division: `rcpps` and a Newton step without FMA take five operations, which ran
-    /// the additive scores 6% (narrow) and 40% (wide form) slower than dividing on Zen 4.
+    /// the additive scores 11% (narrow) and 40% (wide form) slower than dividing on Zen 4.
     #[inline(always)]
     unsafe fn div_est_add(self, d: F4, c: F4) -> F4 {
         c.add(self.div(d))

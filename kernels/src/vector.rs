@@ -162,8 +162,8 @@ pub(super) trait Vector: Copy {
 impl Vector for __m512 {
     const LANES: usize = 16;
     const FMA: bool = true;
-    // Four vectors per step: `exp_sum` 4% and `row_max` faster than one (`kernel_bench --rows`
-    // on Zen 4).
+    // Four vectors per step: `exp_sum` 4% and `softmax_row` (`row_max`) 5% faster than one
+    // (`kernel_bench --rows` on Zen 4).
     const UNROLL: usize = 4;
     const CHEAP_ALL: bool = true;
     const RECIP_EST: bool = true;
@@ -334,8 +334,9 @@ impl Vector for __m512 {
 impl Vector for __m256 {
     const LANES: usize = 8;
     const FMA: bool = true;
-    // Four vectors per step: `exp_sum` 10% faster than one, `row_max` faster than the two
-    // chains it had (`kernel_bench --rows` on Zen 4).
+    // Four vectors per step: `exp_sum` 10% faster than one, `softmax_row` (`row_max`) as fast
+    // as with the two chains it had and 8% faster than with one (`kernel_bench --rows` on
+    // Zen 4). Four chains spill on 16 registers; what spills is sensitive to the code around.
     const UNROLL: usize = 4;
     const CHEAP_ALL: bool = false;
     const RECIP_EST: bool = false;
