@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p attn-kernels --example kernel_bench [-- --quick] [--rows]
+//! cargo run --release -p attn-kernels --example kernel_bench -- --flash-bwd-row [--quick]
 //! cargo run --release -p attn-kernels --example kernel_bench --features bench-gemm [-- --quick]
 //! ```
 //!
@@ -15,10 +16,14 @@
 //! shared: batches shorter than a scheduler time slice are mostly not preempted, so their
 //! median measures the kernel rather than the share of the CPU it got, and a peak taken next
 //! to each batch sees the same clock.
+//!
+//! `--flash-bwd-row` times the flash backward's row kernel on the dispatched path only (it has
+//! only a C ABI entry point, which dispatches by `ATTNC_ISA`); `--rows` runs it once per path
+//! in a child process of this binary with `ATTNC_ISA` set.
 
 use attn_kernels::{
-    Gemm, Isa, KernelError, Layout, PEAK_RUNS, available_isas, exp_sum, gelu, peak_gflops, peak_run, sgemm_nn, sgemm_nt, sigmoid,
-    softmax_step, tanh,
+    Gemm, Isa, KernelError, Layout, PEAK_RUNS, additive_nt, attnc_flash_bwd_row, available_isas, exp_sum, gelu, peak_gflops, peak_run,
+    sgemm_nn, sgemm_nt, sigmoid, softmax_row, softmax_step, tanh,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -287,8 +292,54 @@ fn sse_ceiling() {
     );
 }
 
+/// The flash backward's row kernel (`attnc_flash_bwd_row`) on the dispatched path, a row of 250
+/// queries (a tail on every path) with the column weights' sums: softmax weights, softmax of
+/// `tanh`-capped scores, and sigmoid weights.
+fn flash_bwd_rows(batches: usize) {
+    const N: usize = 250;
+    let isa = attn_kernels::isa();
+    let s0: Vec<f32> = (0..N).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
+    let dp0: Vec<f32> = (0..N).map(|i| ((i * 53) % 97) as f32 * 0.01 - 0.5).collect();
+    let lse: Vec<f32> = (0..N).map(|i| ((i * 29) % 31) as f32 * 0.1 + 1.0).collect();
+    let delta: Vec<f32> = (0..N).map(|i| ((i * 17) % 23) as f32 * 0.02 - 0.2).collect();
+    let rbias: Vec<f32> = (0..N).map(|i| ((i * 11) % 13) as f32 * 0.05 - 0.3).collect();
+    let w: Vec<f32> = (0..N).map(|i| ((i * 7) % 19) as f32 * 0.03 - 0.25).collect();
+    let (mut s, mut dp, mut df, mut sums) = (s0.clone(), dp0.clone(), vec![0.0f32; N], [0.0f32; 2]);
+    for (name, flags) in [("softmax", 0u32), ("tanh", 1), ("sigmoid", 2)] {
+        let (rate, _) = measure(batches, N as f64, || {
+            // Each call overwrites `s` and `dp`: restore them so every call sees the same row.
+            s.copy_from_slice(&s0);
+            dp.copy_from_slice(&dp0);
+            // SAFETY: every row holds `N` floats and `sums` two.
+            unsafe {
+                attnc_flash_bwd_row(
+                    black_box(s.as_mut_ptr()),
+                    dp.as_mut_ptr(),
+                    lse.as_ptr(),
+                    delta.as_ptr(),
+                    rbias.as_ptr(),
+                    N,
+                    0.3,
+                    1.5,
+                    -0.25,
+                    flags,
+                    df.as_mut_ptr(),
+                    w.as_ptr(),
+                    sums.as_mut_ptr(),
+                )
+            };
+            black_box(&sums);
+        });
+        println!("  {isa:>8} {name:<8}: {:7.1} ns/row, {rate:5.2} Gelem/s", N as f64 / rate);
+    }
+}
+
 fn main() -> Result<(), KernelError> {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--flash-bwd-row") {
+        flash_bwd_rows(if quick { 11 } else { 41 });
+        return Ok(());
+    }
     // `--sse-ceiling`: only the assembly forms of the portable micro-tile loop.
     #[cfg(target_arch = "x86_64")]
     if std::env::args().any(|a| a == "--sse-ceiling") {
@@ -363,6 +414,17 @@ fn main() -> Result<(), KernelError> {
         });
         println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 256.0 / rate);
     }
+    // A whole-row softmax (the row's max, then `exp` and the sum, then the scaling), a row of
+    // 1000 scores.
+    println!("\nsoftmax_row (row of 1000):");
+    let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
+    let mut y = vec![0.0f32; 1000];
+    for isa in isas.iter().rev() {
+        let (rate, _) = measure(batches, 1000.0, || {
+            let _ = black_box(softmax_row(*isa, black_box(&x), &mut y));
+        });
+        println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
+    }
     // The element-wise row kernels: GELU (unfused MLPs), staged `tanh` (soft-capping) and
     // sigmoid, over a row of 1000 (not a multiple of any vector width: the tail counts).
     let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
@@ -375,6 +437,40 @@ fn main() -> Result<(), KernelError> {
                 let _ = black_box(f(*isa, black_box(&x), &mut y));
             });
             println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
+        }
+    }
+    // Additive scores of one flash tile, 64 queries × 64 keys × 64 features: the narrow form
+    // (inputs within ±20) and the wide one (inputs up to ±30).
+    for (form, spread) in [("narrow", 2.0f32), ("wide", 30.0)] {
+        let (m, n, k) = (64, 64, 64);
+        println!("\nadditive_nt {m}×{n}×{k}, {form} form:");
+        let q: Vec<f32> = (0..m * k).map(|i| (((i * 37) % 101) as f32 / 50.0 - 1.0) * spread).collect();
+        let kk: Vec<f32> = (0..n * k).map(|i| (((i * 53) % 97) as f32 / 48.0 - 1.0) * spread).collect();
+        let w: Vec<f32> = (0..k).map(|i| ((i * 7) % 19) as f32 * 0.03 - 0.25).collect();
+        let mut c = vec![0.0f32; m * n];
+        let terms = (m * n * k) as f64;
+        for isa in isas.iter().rev() {
+            let (rate, _) = measure(batches, terms, || {
+                let _ = black_box(additive_nt(*isa, (m, n, k), black_box(&q), black_box(&kk), &mut c, 0.5, &w));
+            });
+            println!("  {isa:>8}: {:7.2} µs/tile, {rate:5.2} Gterm/s", terms / rate * 1e-3);
+        }
+    }
+    // The flash backward's row kernel, once per path in a child process (see the module docs).
+    println!("\nflash_bwd_row (row of 250):");
+    let exe = std::env::current_exe();
+    for isa in isas.iter().rev() {
+        let out = exe.as_ref().map_err(|e| e.to_string()).and_then(|exe| {
+            let mut cmd = std::process::Command::new(exe);
+            cmd.arg("--flash-bwd-row").env("ATTNC_ISA", isa.name());
+            if quick {
+                cmd.arg("--quick");
+            }
+            cmd.output().map_err(|e| e.to_string())
+        });
+        match out {
+            Ok(out) => print!("{}", String::from_utf8_lossy(&out.stdout)),
+            Err(e) => println!("  {isa:>8}: could not run the child process: {e}"),
         }
     }
     Ok(())

@@ -4,9 +4,9 @@
 //! `tanh(x + y) = 1 − 2 / (1 + e^{2x} · e^{2y})`, so with the exponentials of every query and
 //! key element computed once per call (`m·k + n·k` of them for `m·n·k` terms), a score is
 //! `alpha · (Σ_a w[a] − Σ_a 2·w[a] / (1 + E_q[a]·E_k[a]))`: an FMA, a reciprocal (an estimate
-//! refined by one Newton step on x86) and an FMA per term, where a `tanh` costs about 25 vector
-//! operations. The absolute error per term is a few f32 ulp of 1, which is what a sum of
-//! weighted terms sees.
+//! refined by a Newton step, or a division on the portable path: [`Vector::div_est_add`]) and
+//! an FMA per term, where a `tanh` costs about 25 vector operations. The absolute error per
+//! term is a few f32 ulp of 1, which is what a sum of weighted terms sees.
 //!
 //! Three forms, chosen per tile and per query row:
 //! - **narrow** (every input within [`BOUND`]): `E = e^{2x}` as one f32 each;
@@ -18,14 +18,17 @@
 //!   as the scalar semantics.
 //!
 //! Keys run along the vector lanes: the call packs `B`'s tile transposed (`k × n`, padded to 16
-//! keys) into a per-thread buffer.
+//! keys) into a per-thread buffer. The product forms' rows are written once over [`Vector`]
+//! ([`row`]) and instantiated per path.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::Isa;
-use super::exp::{LN2_HI, LN2_LO, LOG2E};
+use super::exp::{LN2_HI, LN2_LO, LOG2E, ROUND};
+use super::f4::F4;
+use super::vector::Vector;
 
 /// Inputs up to this magnitude take the narrow form: `e^{±40}` and products of two such
 /// factors (`e^{±80}`) are normal f32 values, away from the exponential's flush threshold.
@@ -37,9 +40,6 @@ const EXP2_LIMIT: f32 = 100.0;
 
 /// Keys per packed row are padded to a multiple of this (the widest vector).
 const PAD: usize = 16;
-
-/// Adding then subtracting this rounds an `f32` of magnitude below 2²² to the nearest integer.
-const ROUND: f32 = 12_582_912.0;
 
 thread_local! {
     /// Per-thread buffer of the packed key tile and per-row values, reused across calls.
@@ -254,172 +254,48 @@ unsafe fn product_row<const WIDE: bool>(isa: Isa, t: &Terms, out: *mut f32) {
             Isa::Avx512 => row_avx512::<WIDE>(t, out),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => row_avx2::<WIDE>(t, out),
-            _ => row_portable::<WIDE>(t, out),
+            _ => row::<F4, WIDE>(t, out),
         }
     }
 }
 
-/// The vector operations the product forms need, for one register width. Implementations are
-/// inlined into a `#[target_feature]` function of their instruction set.
-#[cfg(target_arch = "x86_64")]
-trait Simd {
-    /// Lanes per vector.
-    const L: usize;
-    type V: Copy;
-    unsafe fn splat(x: f32) -> Self::V;
-    unsafe fn load(p: *const f32) -> Self::V;
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    /// `a·b + c`, fused.
-    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `x` clamped into `±EXP2_LIMIT`.
-    unsafe fn clamp(x: Self::V) -> Self::V;
-    /// `1 + p·2ᵉ` for integral `e` within `±EXP2_LIMIT`.
-    unsafe fn one_plus_scaled(p: Self::V, e: Self::V) -> Self::V;
-    /// `1/t`: the instruction's estimate refined by one Newton step.
-    unsafe fn recip(t: Self::V) -> Self::V;
-    /// Stores the first `n` lanes (`n ≥ 1`).
-    unsafe fn store(p: *mut f32, x: Self::V, n: usize);
-}
-
-#[cfg(target_arch = "x86_64")]
-struct Avx512;
-
-#[cfg(target_arch = "x86_64")]
-impl Simd for Avx512 {
-    const L: usize = 16;
-    type V = __m512;
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m512 {
-        unsafe { _mm512_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m512 {
-        // SAFETY: the caller's 16 floats.
-        unsafe { _mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_add_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
-        unsafe { _mm512_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
-        unsafe { _mm512_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn clamp(x: __m512) -> __m512 {
-        unsafe { _mm512_min_ps(_mm512_set1_ps(EXP2_LIMIT), _mm512_max_ps(_mm512_set1_ps(-EXP2_LIMIT), x)) }
-    }
-    #[inline(always)]
-    unsafe fn one_plus_scaled(p: __m512, e: __m512) -> __m512 {
-        unsafe { _mm512_add_ps(_mm512_scalef_ps(p, e), _mm512_set1_ps(1.0)) }
-    }
-    #[inline(always)]
-    unsafe fn recip(t: __m512) -> __m512 {
-        // The 14-bit estimate and one Newton step.
-        unsafe {
-            let r = _mm512_rcp14_ps(t);
-            _mm512_fmadd_ps(r, _mm512_fnmadd_ps(t, r, _mm512_set1_ps(1.0)), r)
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, x: __m512, n: usize) {
-        // SAFETY: the caller's `n` floats.
-        unsafe { _mm512_mask_storeu_ps(p, super::x86_avx512::lanes(n), x) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-struct Avx2;
-
-#[cfg(target_arch = "x86_64")]
-impl Simd for Avx2 {
-    const L: usize = 8;
-    type V = __m256;
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        unsafe { _mm256_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m256 {
-        // SAFETY: the caller's 8 floats.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-        unsafe { _mm256_mul_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
-        unsafe { _mm256_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    unsafe fn clamp(x: __m256) -> __m256 {
-        unsafe { _mm256_min_ps(_mm256_set1_ps(EXP2_LIMIT), _mm256_max_ps(_mm256_set1_ps(-EXP2_LIMIT), x)) }
-    }
-    #[inline(always)]
-    unsafe fn one_plus_scaled(p: __m256, e: __m256) -> __m256 {
-        // 2ᵉ from its exponent bits.
-        unsafe {
-            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(e), _mm256_set1_epi32(127))));
-            _mm256_fmadd_ps(p, pow2, _mm256_set1_ps(1.0))
-        }
-    }
-    #[inline(always)]
-    unsafe fn recip(t: __m256) -> __m256 {
-        // The 12-bit estimate and one Newton step.
-        unsafe {
-            let r = _mm256_rcp_ps(t);
-            _mm256_fmadd_ps(r, _mm256_fnmadd_ps(t, r, _mm256_set1_ps(1.0)), r)
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, x: __m256, n: usize) {
-        // SAFETY: the caller's `n` floats.
-        unsafe { _mm256_maskstore_ps(p, super::x86_avx2::lanes(n), x) }
-    }
-}
-
-/// `V` vectors of keys from column `c0` of one row: `alpha·(Σ w + Σ_a (−2w[a]) / t)` with
-/// `t = 1 + E_q[a]·E_k[a]` (narrow) or `1 + m_q·m_k·2^{clamp(n_q + n_k)}` (`WIDE`).
+/// `U` vectors of keys from column `c0` of one row: `alpha·(Σ w + Σ_a (−2w[a]) / t)` with
+/// `t = 1 + E_q[a]·E_k[a]` (narrow) or `1 + m_q·m_k·2^{clamp(n_q + n_k)}` (`WIDE`), the
+/// quotients by [`Vector::div_est_add`].
 ///
 /// # Safety
-/// `c0 + L·V ≤ npad`; [`Terms`]' contract.
-#[cfg(target_arch = "x86_64")]
+/// `c0 + LANES·U ≤ npad`; [`Terms`]' contract; `V`'s instructions are supported.
 #[inline(always)]
-unsafe fn block<S: Simd, const V: usize, const WIDE: bool>(t: &Terms, c0: usize, out: *mut f32) {
+unsafe fn block<V: Vector, const U: usize, const WIDE: bool>(t: &Terms, c0: usize, out: *mut f32) {
     let (k, npad, n) = t.dims;
-    // SAFETY: every load is inside the row's `k` values or the keys' `k × npad`; stores inside `n`.
+    let l = V::LANES;
+    // SAFETY: every load is inside the row's `k` values or the keys' `k × npad`; stores inside
+    // `n`; `V`'s instructions are supported (the caller's contract).
     unsafe {
-        let one = S::splat(1.0);
-        let mut acc = [S::splat(0.0); V];
+        let (one, lo, hi) = (V::splat(1.0), V::splat(-EXP2_LIMIT), V::splat(EXP2_LIMIT));
+        let mut acc = [V::splat(0.0); U];
         for x in 0..k {
-            let (r0, r1) = (S::splat(*t.row.0.add(x)), S::splat(*t.row.1.add(x)));
-            let wx = S::splat(*t.wn2.add(x));
+            let (r0, r1) = (V::splat(*t.row.0.add(x)), V::splat(*t.row.1.add(x)));
+            let wx = V::splat(*t.wn2.add(x));
             let (k0, k1) = (t.keys.0.add(x * npad + c0), t.keys.1.add(x * npad + c0));
             for (v, s) in acc.iter_mut().enumerate() {
                 let d = if WIDE {
-                    let p = S::mul(r0, S::load(k0.add(S::L * v)));
-                    S::one_plus_scaled(p, S::clamp(S::add(r1, S::load(k1.add(S::L * v)))))
+                    let p = r0.mul(V::load(k0.add(l * v)));
+                    p.madd_pow2(r1.add(V::load(k1.add(l * v))).at_least(lo).at_most(hi), one)
                 } else {
-                    S::fma(r0, S::load(k0.add(S::L * v)), one)
+                    r0.madd(V::load(k0.add(l * v)), one)
                 };
-                *s = S::fma(wx, S::recip(d), *s);
+                *s = wx.div_est_add(d, *s);
             }
         }
-        let (al, ws) = (S::splat(t.alpha), S::splat(t.wsum));
+        let (al, ws) = (V::splat(t.alpha), V::splat(t.wsum));
         for (v, s) in acc.iter().enumerate() {
-            let col = c0 + S::L * v;
-            if col < n {
-                S::store(out.add(col), S::mul(al, S::add(ws, *s)), n - col);
+            let col = c0 + l * v;
+            let score = al.mul(ws.add(*s));
+            if col + l <= n {
+                score.store(out.add(col));
+            } else if col < n {
+                score.store_part(out.add(col), n - col);
             }
         }
     }
@@ -428,79 +304,42 @@ unsafe fn block<S: Simd, const V: usize, const WIDE: bool>(t: &Terms, c0: usize,
 /// A row in blocks of 4 vectors, then single vectors to the padded width.
 ///
 /// # Safety
-/// [`Terms`]' contract; `npad` a multiple of `S::L`.
-#[cfg(target_arch = "x86_64")]
+/// [`Terms`]' contract; `npad` a multiple of `V::LANES`; `V`'s instructions are supported.
 #[inline(always)]
-unsafe fn row<S: Simd, const WIDE: bool>(t: &Terms, out: *mut f32) {
-    let npad = t.dims.1;
+unsafe fn row<V: Vector, const WIDE: bool>(t: &Terms, out: *mut f32) {
+    let (npad, l) = (t.dims.1, V::LANES);
     let mut c0 = 0;
     // SAFETY: blocks stay inside `npad`.
     unsafe {
-        while c0 + 4 * S::L <= npad {
-            block::<S, 4, WIDE>(t, c0, out);
-            c0 += 4 * S::L;
+        while c0 + 4 * l <= npad {
+            block::<V, 4, WIDE>(t, c0, out);
+            c0 += 4 * l;
         }
         while c0 < npad {
-            block::<S, 1, WIDE>(t, c0, out);
-            c0 += S::L;
+            block::<V, 1, WIDE>(t, c0, out);
+            c0 += l;
         }
     }
 }
 
+/// AVX-512 [`row`].
+///
+/// # Safety
+/// As [`row`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn row_avx512<const WIDE: bool>(t: &Terms, out: *mut f32) {
     // SAFETY: forwarded, AVX-512F enabled here.
-    unsafe { row::<Avx512, WIDE>(t, out) }
+    unsafe { row::<__m512, WIDE>(t, out) }
 }
 
+/// AVX2 [`row`].
+///
+/// # Safety
+/// As [`row`]; AVX2 and FMA are supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_avx2<const WIDE: bool>(t: &Terms, out: *mut f32) {
     // SAFETY: forwarded, AVX2 and FMA enabled here.
-    unsafe { row::<Avx2, WIDE>(t, out) }
-}
-
-/// The product forms as lane loops with a true division (vectorised by LLVM for the baseline
-/// target); the wide form's `2ⁿ` from the bits of `n + 1.5·2²³` (integer lanes, no
-/// float-to-int conversion, which SSE2 has no saturating form of).
-///
-/// # Safety
-/// [`Terms`]' contract; `npad` a multiple of 16.
-unsafe fn row_portable<const WIDE: bool>(t: &Terms, out: *mut f32) {
-    const L: usize = 16;
-    let (k, npad, n) = t.dims;
-    let bias = ROUND.to_bits().wrapping_sub(127);
-    // SAFETY: the caller's contract: `k` row values and weights, `k × npad` key values.
-    let (r0, r1, wn2) =
-        unsafe { (std::slice::from_raw_parts(t.row.0, k), std::slice::from_raw_parts(t.row.1, k), std::slice::from_raw_parts(t.wn2, k)) };
-    // SAFETY: as above.
-    let (k0, k1) = unsafe { (std::slice::from_raw_parts(t.keys.0, k * npad), std::slice::from_raw_parts(t.keys.1, k * npad)) };
-    for c0 in (0..npad).step_by(L) {
-        let mut acc = [0.0f32; L];
-        for x in 0..k {
-            let at = x * npad + c0;
-            let (a0, a1) = (&k0[at..at + L], &k1[at..at + L]);
-            let mut d = [0.0f32; L];
-            for l in 0..L {
-                d[l] = if WIDE {
-                    let e = r1[x] + a1[l];
-                    let e = if e < -EXP2_LIMIT { -EXP2_LIMIT } else { e };
-                    let e = if e > EXP2_LIMIT { EXP2_LIMIT } else { e };
-                    1.0 + r0[x] * a0[l] * f32::from_bits((e + ROUND).to_bits().wrapping_sub(bias) << 23)
-                } else {
-                    1.0 + r0[x] * a0[l]
-                };
-            }
-            for l in 0..L {
-                acc[l] += wn2[x] / d[l];
-            }
-        }
-        for (l, s) in acc.iter().enumerate() {
-            if c0 + l < n {
-                // SAFETY: `c0 + l < n`.
-                unsafe { *out.add(c0 + l) = t.alpha * (t.wsum + s) };
-            }
-        }
-    }
+    unsafe { row::<__m256, WIDE>(t, out) }
 }

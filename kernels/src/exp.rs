@@ -1,21 +1,26 @@
-//! Vectorised `exp` for the online softmax: `y = exp(x - shift)` and the sum of `y`.
+//! Vectorised `exp` for the online softmax (`y = exp(x - shift)` and the sum of `y`, and the
+//! row's maximum), `tanh` and the flash backward's rows, each written once over [`Vector`] and
+//! instantiated for AVX-512 (`__m512`), AVX2 (`__m256`) and the portable path ([`F4`]) in thin
+//! `#[target_feature]` wrappers.
 //!
-//! Method (Cephes `expf`): `n = round(x·log2 e)`, `r = x − n·ln 2` in two FMA steps (ln 2 split
-//! into an exact high part and a low correction; one step in the softmax's bounded forms, whose
-//! results are within 1 ulp down to `e⁻²⁰` and 2 ulp below), `exp(r) = 1 + r + r²·P(r)` with a degree-4
-//! polynomial on `|r| ≤ ln2/2` (relative error 3·10⁻⁹, a twentieth of an ulp; evaluated by
-//! Estrin's scheme, whose short dependency chain made the softmax step faster), then scaling
-//! by `2ⁿ`. Inputs are clamped to
+//! Method (Cephes `expf`): `n = round(x·log2 e)` (by adding and subtracting [`ROUND`]),
+//! `r = x − n·ln 2` in two steps (ln 2 split into an exact high part and a low correction; one
+//! fused step in the softmax's bounded forms, whose results are within 1 ulp down to `e⁻²⁰` and
+//! 2 ulp below), `exp(r) = 1 + r + r²·P(r)` with a degree-4 polynomial on `|r| ≤ ln2/2`
+//! (relative error 3·10⁻⁹, a twentieth of an ulp; evaluated by Estrin's scheme, whose short
+//! dependency chain made the softmax step faster), then scaling by `2ⁿ`. Inputs are clamped to
 //! `[-42, 89]` first: results below [`FLUSH_BELOW`] (`e^-41.6`) are 0 (so `exp(-inf) = 0`, and
 //! no step ever makes a subnormal); above, the result overflows to `inf`. The clamp keeps NaN
-//! (the NaN operand is the one `max`/`min` return).
-//! AVX-512 scales with `vscalefps` (one rounding, exact into subnormals); AVX2 multiplies by
-//! `2^⌊n/2⌋` (exact, normal) then by `2^⌈n/2⌉`, so the single rounding is the last multiply.
+//! (the NaN operand is the one `max`/`min` return). AVX-512 scales with `vscalefps` (exact);
+//! the other paths multiply by `2ⁿ⁻²` (normal) then by 4, both exact
+//! ([`Vector::scale_exp`]).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use super::Isa;
+use super::f4::F4;
+use super::vector::Vector;
 
 /// Inputs below this give 0 (their `exp` is below [`FLUSH_BELOW`]); clamping them keeps every
 /// intermediate normal.
@@ -58,8 +63,7 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f
 /// [`exp_sum`], returning the sum and how many elements were done (`n` unless `KEEP`).
 ///
 /// - `BOUNDED`: the caller guarantees `scale·x + bias - shift ≤ RESCALE_SLACK` (or NaN) for
-///   every element, as the online-softmax step does, and the SIMD paths use
-///   [`exp8_bounded`]/[`exp16_bounded`].
+///   every element, as the online-softmax step does, and the pass uses [`exp_bounded_vec`].
 /// - `KEEP` (with `BOUNDED`): the caller does not know; the pass stops before the first vector
 ///   with an element past the slack, leaving it and everything after untouched, and returns
 ///   its start. That is the online-softmax step's usual case fused into one pass: the shift
@@ -88,8 +92,8 @@ unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(
             (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            (_, true) => super::f4::exp_sum::<BOUNDED, KEEP, false>(x, scale, bias, y, n, shift),
-            (_, false) => super::f4::exp_sum::<BOUNDED, KEEP, true>(x, scale, bias, y, n, shift),
+            (_, true) => exp_sum_on::<F4, { <F4 as Vector>::UNROLL }, false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
+            (_, false) => exp_sum_on::<F4, { <F4 as Vector>::UNROLL }, true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
         }
     }
 }
@@ -248,83 +252,84 @@ unsafe fn row_max(isa: Isa, x: *const f32, scale: f32, bias: *const f32, n: usiz
             (Isa::Avx2, true) => row_max_avx2::<false>(x, scale, bias, n),
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, false) => row_max_avx2::<true>(x, scale, bias, n),
-            _ => super::lanes::row_max(x, scale, bias, n),
+            (_, true) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, false>(x, scale, bias, n),
+            (_, false) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, true>(x, scale, bias, n),
         }
     }
 }
 
-/// AVX-512 [`row_max`].
+/// `x·scale (+ bias)` of the vector at `i`, a multiply and an add (when `PART`, lanes `..len`
+/// and `-inf` in the rest).
+///
+/// # Safety
+/// As [`scores`].
+#[inline(always)]
+unsafe fn scaled<V: Vector, const BIAS: bool, const PART: bool>(x: *const f32, bias: *const f32, i: usize, len: usize, sc: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = get::<V, PART>(x, i, len).mul(sc);
+        let v = if BIAS { v.add(get::<V, PART>(bias, i, len)) } else { v };
+        if PART { V::select(V::first(len), v, V::splat(f32::NEG_INFINITY)) } else { v }
+    }
+}
+
+/// [`row_max`] on `V`: `U` independent `max` chains, then single vectors, then a partial one.
+///
+/// # Safety
+/// As [`exp_sum`], with `V`'s instructions supported.
+#[inline(always)]
+unsafe fn row_max_on<V: Vector, const U: usize, const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
+    let l = V::LANES;
+    // SAFETY: every vector read lies inside the rows; `V`'s instructions are supported.
+    unsafe {
+        let sc = V::splat(scale);
+        let mut m = [V::splat(f32::NEG_INFINITY); U];
+        let mut i = 0;
+        while U > 1 && i + U * l <= n {
+            for (j, m) in m.iter_mut().enumerate() {
+                *m = scaled::<V, BIAS, false>(x, bias, i + j * l, l, sc).max_skip_nan(*m);
+            }
+            i += U * l;
+        }
+        while i + l <= n {
+            m[0] = scaled::<V, BIAS, false>(x, bias, i, l, sc).max_skip_nan(m[0]);
+            i += l;
+        }
+        if i < n {
+            m[0] = scaled::<V, BIAS, true>(x, bias, i, n - i, sc).max_skip_nan(m[0]);
+        }
+        let mut w = U;
+        while w > 1 {
+            let (lo, hi) = m[..w].split_at_mut(w / 2);
+            for (a, b) in lo.iter_mut().zip(hi.iter()) {
+                *a = b.max_skip_nan(*a);
+            }
+            w /= 2;
+        }
+        m[0].max_lanes()
+    }
+}
+
+/// AVX-512 [`row_max_on`].
+///
+/// # Safety
+/// As [`exp_sum`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    let sc = _mm512_set1_ps(scale);
-    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i < n {
-        let k = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the valid lanes of `i..n` are read.
-        unsafe {
-            let mut v = _mm512_mask_mul_ps(_mm512_set1_ps(f32::NEG_INFINITY), k, _mm512_maskz_loadu_ps(k, x.add(i)), sc);
-            if BIAS {
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias.add(i)));
-            }
-            // `max_ps` returns the second operand when either is NaN: the running max.
-            m = _mm512_max_ps(v, m);
-        }
-        i += 16;
-    }
-    _mm512_reduce_max_ps(m)
+    // SAFETY: forwarded; AVX-512F is enabled here.
+    unsafe { row_max_on::<__m512, { <__m512 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
 }
 
-/// `scale·x[i..] (+ bias[i..])` in the lanes `m` selects (the others read 0 before scaling).
+/// AVX2 [`row_max_on`].
 ///
 /// # Safety
-/// The selected lanes of `x` (and of `bias` when `BIAS`) from `i` are valid.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn masked_scores8<const BIAS: bool>(x: *const f32, sc: __m256, bias: *const f32, i: usize, m: __m256i) -> __m256 {
-    // SAFETY: the caller's contract; masked-off lanes are not read.
-    unsafe {
-        let v = _mm256_mul_ps(_mm256_maskload_ps(x.add(i), m), sc);
-        if BIAS { _mm256_add_ps(v, _mm256_maskload_ps(bias.add(i), m)) } else { v }
-    }
-}
-
-/// AVX2 [`row_max`]: two vectors per step (two independent `max` chains), then a masked tail.
+/// As [`exp_sum`]; AVX2 and FMA are supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_max_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    let sc = _mm256_set1_ps(scale);
-    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let (mut m0, mut m1) = (ninf, ninf);
-    let mut i = 0;
-    // SAFETY (whole function): only elements `< n` of `x` and `bias` are read.
-    while i + 16 <= n {
-        unsafe {
-            let (mut v0, mut v1) = (_mm256_mul_ps(_mm256_loadu_ps(x.add(i)), sc), _mm256_mul_ps(_mm256_loadu_ps(x.add(i + 8)), sc));
-            if BIAS {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias.add(i)));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias.add(i + 8)));
-            }
-            // `max_ps` returns the second operand when either is NaN: the running max.
-            m0 = _mm256_max_ps(v0, m0);
-            m1 = _mm256_max_ps(v1, m1);
-        }
-        i += 16;
-    }
-    while i < n {
-        let k = super::x86_avx2::lanes(n - i);
-        unsafe {
-            // Lanes past `n` read 0: replace them by -inf.
-            let v = _mm256_blendv_ps(ninf, masked_scores8::<BIAS>(x, sc, bias, i, k), _mm256_castsi256_ps(k));
-            m0 = _mm256_max_ps(v, m0);
-        }
-        i += 8;
-    }
-    let m = _mm256_max_ps(m0, m1);
-    let half = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let quad = _mm_max_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_max_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
+    // SAFETY: forwarded; AVX2 and FMA are enabled here.
+    unsafe { row_max_on::<__m256, { <__m256 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
 }
 
 /// `y[i] = tanh(x[i])` for `i < n` on `isa`.
@@ -339,64 +344,231 @@ pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
             Isa::Avx512 => tanh_avx512(x, y, n),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => tanh_avx2(x, y, n),
-            _ => super::f4::tanh_row(x, y, n),
+            _ => tanh_on::<F4>(x, y, n),
         }
     }
 }
 
-/// [`expm1_reduced8`] on 16 lanes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn expm1_reduced16(r: __m512) -> __m512 {
-    let c = |i: usize| _mm512_set1_ps(EXP_P[i]);
-    let r2 = _mm512_mul_ps(r, r);
-    let a = _mm512_fmadd_ps(c(1), r, c(2));
-    let b = _mm512_fmadd_ps(c(3), r, c(4));
-    let p = _mm512_fmadd_ps(_mm512_fmadd_ps(c(0), r2, a), r2, b);
-    _mm512_fmadd_ps(p, r2, r)
+/// `exp(r) − 1 = r + r²·P(r)` of reduced arguments (`|r| ≤ ln2/2`), `P` ([`EXP_P`]) by
+/// Estrin's scheme: three dependent steps instead of Horner's four, the same operation count.
+/// The shorter chain is what counts: the softmax step ran 11% faster per row than with Horner.
+/// (Grouping it as `(r + r²·b) + r⁴·(a + c₀r²)`, a step shorter for one multiply more, was 2%
+/// slower.)
+///
+/// # Safety
+/// `V`'s instructions are supported (as for every function here generic over [`Vector`]).
+#[inline(always)]
+unsafe fn expm1_reduced<V: Vector>(r: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let c = V::splat;
+        let r2 = r.mul(r);
+        let a = c(EXP_P[1]).madd(r, c(EXP_P[2]));
+        let b = c(EXP_P[3]).madd(r, c(EXP_P[4]));
+        c(EXP_P[0]).madd(r2, a).madd(r2, b).madd(r2, r)
+    }
 }
 
-/// `exp` of 16 lanes.
+/// `exp` of every lane: 0 below [`FLUSH_BELOW`], `inf` past `f32::MAX`, NaN stays NaN. The
+/// input is clamped into `[EXP_LO, EXP_HI]` (so `n ∈ [-61, 129]`), `n` rounded by
+/// [`Vector::round_log2e`] (adding and subtracting [`ROUND`] but on AVX-512), `r` in two steps
+/// (the `ln 2` split), and the scaling by [`Vector::scale_exp`].
+///
+/// # Safety
+/// As [`expm1_reduced`].
+#[inline(always)]
+unsafe fn exp_vec<V: Vector>(x: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let c = V::splat;
+        let x = x.at_least(c(EXP_LO)).at_most(c(EXP_HI));
+        let (n, t) = V::round_log2e(x);
+        let r = n.nmadd(c(LN2_LO), n.nmadd(c(LN2_HI), x));
+        // A NaN lane has a NaN `e`, which any scale keeps NaN.
+        let y = expm1_reduced(r).add(c(1.0)).scale_exp(n, t);
+        y.zero_where_lt(y, c(FLUSH_BELOW))
+    }
+}
+
+/// `exp` of lanes that are at most [`RESCALE_SLACK`] (or NaN): no clamps, `2ⁿ` from the
+/// rounding constant's bits (normal for the lanes kept, `n ∈ [-61, 12]`) and the scaling folded
+/// into the last step (`2ⁿ·q + 2ⁿ`, one rounding), lanes below [`FLUSH_X`] (`-inf` included)
+/// masked to 0 at the end (what the steps make of them before, `inf` or NaN included, is
+/// discarded; no step makes a subnormal, so none costs a microcode assist). NaN compares
+/// unordered and stays NaN. Results within 2 ulp of the correctly rounded `exp`.
+///
+/// # Safety
+/// As [`expm1_reduced`].
+#[inline(always)]
+unsafe fn exp_bounded_vec<V: Vector>(x: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let c = V::splat;
+        let t = x.madd(c(LOG2E), c(ROUND));
+        let n = t.sub(c(ROUND));
+        // Fused, one step with ln 2 rounded to f32: its error (1.9·10⁻⁹) times `|n| ≤ 61`
+        // moves results by at most an ulp more, on results below e⁻²⁰ only (checked by the
+        // kernels' tests). Unfused, that step is 16 ulp off near the flush: two steps.
+        let r = if V::FMA { n.nmadd(c(std::f32::consts::LN_2), x) } else { n.nmadd(c(LN2_LO), n.nmadd(c(LN2_HI), x)) };
+        let pow2 = V::pow2_of_round(t, 127);
+        expm1_reduced(r).madd(pow2, pow2).zero_where_lt(x, c(FLUSH_X))
+    }
+}
+
+/// [`exp_bounded_vec`] when `BOUNDED`, else [`exp_vec`].
+///
+/// # Safety
+/// As [`expm1_reduced`].
+#[inline(always)]
+unsafe fn exp_of<V: Vector, const BOUNDED: bool>(x: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe { if BOUNDED { exp_bounded_vec(x) } else { exp_vec(x) } }
+}
+
+/// `exp` of 16 lanes, for the AVX-512 row kernels of `rows.rs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), x));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let e = _mm512_add_ps(expm1_reduced16(r), _mm512_set1_ps(1.0));
-    flush16(_mm512_scalef_ps(e, n))
+    // SAFETY: AVX-512F is enabled here.
+    unsafe { exp_vec(x) }
 }
 
-/// Lanes below [`FLUSH_BELOW`] become 0 (NaN stays).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn flush16(y: __m512) -> __m512 {
-    _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(FLUSH_BELOW)), y)
+/// The vector at `p + i`: whole, or (when `PART`) its lanes `..len` with the rest 0.
+///
+/// # Safety
+/// The lanes read lie inside the row at `p`; as [`expm1_reduced`].
+#[inline(always)]
+unsafe fn get<V: Vector, const PART: bool>(p: *const f32, i: usize, len: usize) -> V {
+    // SAFETY: the caller's contract.
+    unsafe { if PART { V::load_part(p.add(i), len) } else { V::load(p.add(i)) } }
 }
 
-/// [`exp16`] of lanes that are at most [`RESCALE_SLACK`] (or NaN), as [`exp8_bounded`]: no
-/// clamps, `n` from the rounding constant's bits, and `2ⁿ·q + 2ⁿ` in one FMA instead of
-/// `vscalefps`, masked to 0 below [`FLUSH_X`] (`2ⁿ` is normal for `n ∈ [-61, 12]`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn exp16_bounded(x: __m512) -> __m512 {
-    // Lanes below `FLUSH_X` (`-inf` included) give 0 whatever the steps below make of them;
-    // NaN compares unordered and stays NaN.
-    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(FLUSH_X));
-    let t = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(ROUND));
-    let n = _mm512_sub_ps(t, _mm512_set1_ps(ROUND));
-    // One step with ln 2 rounded to f32: its error (1.9·10⁻⁹) times `|n| ≤ 61` moves results
-    // by at most an ulp more, on results below e⁻²⁰ only (checked by the kernels' tests).
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(std::f32::consts::LN_2), x);
-    let q = expm1_reduced16(r);
-    let bias = _mm512_set1_epi32(127 - ROUND.to_bits() as i32);
-    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_castps_si512(t), bias)));
-    _mm512_maskz_fmadd_ps(keep, q, pow2, pow2)
+/// Stores `v` at `p + i`: whole, or (when `PART`) its lanes `..len`.
+///
+/// # Safety
+/// The lanes written lie inside the row at `p`; as [`expm1_reduced`].
+#[inline(always)]
+unsafe fn put<V: Vector, const PART: bool>(p: *mut f32, i: usize, len: usize, v: V) {
+    // SAFETY: the caller's contract.
+    unsafe { if PART { v.store_part(p.add(i), len) } else { v.store(p.add(i)) } }
 }
 
-/// AVX-512 `exp_sum` (with the bias term when `BIAS`; [`exp16_bounded`] when `BOUNDED`; see
-/// [`exp_sum_with`] for `KEEP`): full vectors, then one masked vector for the tail.
+/// The scores `scale·x + bias − shift` of the vector at `i` (`sc` the splatted scale, `sh` the
+/// shift and `nsh` its negation; the bias term only when `BIAS`). When `PART`, only lanes
+/// `..len` are read and the rest are `-inf`, whose `exp` is 0 and which no slack check sees.
+///
+/// # Safety
+/// The lanes read lie inside `x` (and `bias` when `BIAS`); as [`expm1_reduced`].
+#[allow(clippy::too_many_arguments)] // Inlined: the operands stay in registers.
+#[inline(always)]
+unsafe fn scores<V: Vector, const BIAS: bool, const PART: bool>(
+    x: *const f32,
+    bias: *const f32,
+    i: usize,
+    len: usize,
+    sc: V,
+    sh: V,
+    nsh: V,
+) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let xv = get::<V, PART>(x, i, len);
+        // Without the bias, `x·scale − shift` is one multiply-add where fused (the same value
+        // as a multiply and a subtraction either way).
+        let v = if BIAS { xv.madd(sc, get::<V, PART>(bias, i, len)).sub(sh) } else { xv.madd(sc, nsh) };
+        if PART { V::select(V::first(len), v, V::splat(f32::NEG_INFINITY)) } else { v }
+    }
+}
+
+/// `exp_sum` on `V` (the bias term when `BIAS`; [`exp_bounded_vec`] when `BOUNDED`; see
+/// [`exp_sum_with`] for `KEEP`), returning `Σ y` and how many elements were done: `U` vectors
+/// per step (`V::UNROLL`, independent `exp` chains) into two accumulators where `U > 1`, then
+/// single vectors, then one partial vector whose lanes past `n` are `-inf`.
+///
+/// The single vectors share the function and the first accumulator with the unrolled steps.
+/// As a body of their own with their own accumulator, the portable `softmax_row` was 3%
+/// faster, but AVX2's 9% and the portable softmax step 3% slower (where to spill differs on
+/// 16 registers; `kernel_bench --rows` on Zen 4).
+///
+/// # Safety
+/// As [`exp_sum`], with `V`'s instructions supported.
+#[inline(always)]
+unsafe fn exp_sum_on<V: Vector, const U: usize, const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
+    x: *const f32,
+    scale: f32,
+    bias: *const f32,
+    y: *mut f32,
+    n: usize,
+    shift: f32,
+) -> (f32, usize) {
+    let l = V::LANES;
+    // SAFETY: every vector read or written lies inside the rows (`i + U·l ≤ n`, `i + l ≤ n`,
+    // or the partial vector's `n − i` lanes); `V`'s instructions are supported (the caller's
+    // contract).
+    unsafe {
+        let (sc, sh, nsh, slack) = (V::splat(scale), V::splat(shift), V::splat(-shift), V::splat(RESCALE_SLACK));
+        let mut acc = [V::splat(0.0); 2];
+        let mut i = 0;
+        // (With one vector per step, the single-vector loop below does it all.)
+        while U > 1 && i + U * l <= n {
+            let mut e = [sc; U];
+            let mut over = false;
+            for (j, e) in e.iter_mut().enumerate() {
+                *e = scores::<V, BIAS, false>(x, bias, i + j * l, l, sc, sh, nsh);
+                over |= KEEP && V::any(e.gt(slack));
+            }
+            if over {
+                // The single vectors below find the one to stop at.
+                break;
+            }
+            for (j, e) in e.iter_mut().enumerate() {
+                *e = exp_of::<V, BOUNDED>(*e);
+                e.store(y.add(i + j * l));
+            }
+            // Pairwise down to two vectors (`(e0 + e2, e1 + e3)` for four), one add into each
+            // accumulator.
+            let mut w = U;
+            while w > 2 {
+                let (lo, hi) = e[..w].split_at_mut(w / 2);
+                for (a, b) in lo.iter_mut().zip(hi.iter()) {
+                    *a = a.add(*b);
+                }
+                w /= 2;
+            }
+            for (a, e) in acc.iter_mut().zip(&e[..w]) {
+                *a = a.add(*e);
+            }
+            i += U * l;
+        }
+        while i + l <= n {
+            let v = scores::<V, BIAS, false>(x, bias, i, l, sc, sh, nsh);
+            if KEEP && V::any(v.gt(slack)) {
+                return (acc[0].add(acc[1]).sum(), i);
+            }
+            let e = exp_of::<V, BOUNDED>(v);
+            e.store(y.add(i));
+            acc[0] = acc[0].add(e);
+            i += l;
+        }
+        if i < n {
+            let len = n - i;
+            let v = scores::<V, BIAS, true>(x, bias, i, len, sc, sh, nsh);
+            if KEEP && V::any(v.gt(slack)) {
+                return (acc[0].add(acc[1]).sum(), i);
+            }
+            // The padding lanes' `exp` is 0.
+            let e = exp_of::<V, BOUNDED>(v);
+            e.store_part(y.add(i), len);
+            acc[0] = acc[0].add(e);
+        }
+        (acc[0].add(acc[1]).sum(), n)
+    }
+}
+
+/// AVX-512 [`exp_sum_on`].
+///
+/// # Safety
+/// As [`exp_sum`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
@@ -407,127 +579,14 @@ unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool, const KEEP: bool
     n: usize,
     shift: f32,
 ) -> (f32, usize) {
-    let exp16 = |v: __m512| if BOUNDED { exp16_bounded(v) } else { exp16(v) };
-    let sc = _mm512_set1_ps(scale);
-    let s = _mm512_set1_ps(shift);
-    let slack = _mm512_set1_ps(RESCALE_SLACK);
-    let mut sum = _mm512_setzero_ps();
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: `i + 16 ≤ n`.
-        unsafe {
-            let v = if BIAS {
-                _mm512_sub_ps(_mm512_fmadd_ps(_mm512_loadu_ps(x.add(i)), sc, _mm512_loadu_ps(bias.add(i))), s)
-            } else {
-                _mm512_fmsub_ps(_mm512_loadu_ps(x.add(i)), sc, s)
-            };
-            if KEEP && _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, slack) != 0 {
-                return (_mm512_reduce_add_ps(sum), i);
-            }
-            let e = exp16(v);
-            _mm512_storeu_ps(y.add(i), e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        i += 16;
-    }
-    if i < n {
-        let m = super::x86_avx512::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe {
-            let x = _mm512_maskz_loadu_ps(m, x.add(i));
-            let v = if BIAS {
-                _mm512_sub_ps(_mm512_fmadd_ps(x, sc, _mm512_maskz_loadu_ps(m, bias.add(i))), s)
-            } else {
-                _mm512_fmsub_ps(x, sc, s)
-            };
-            if KEEP && _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(m, v, slack) != 0 {
-                return (_mm512_reduce_add_ps(sum), i);
-            }
-            let e = exp16(v);
-            _mm512_mask_storeu_ps(y.add(i), m, e);
-            sum = _mm512_mask_add_ps(sum, m, sum, e);
-        }
-    }
-    (_mm512_reduce_add_ps(sum), n)
+    // SAFETY: forwarded; AVX-512F is enabled here.
+    unsafe { exp_sum_on::<__m512, { <__m512 as Vector>::UNROLL }, BIAS, BOUNDED, KEEP>(x, scale, bias, y, n, shift) }
 }
 
-/// `2^n` for integer lanes `n` in the normal exponent range.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn pow2i(n: __m256i) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127))))
-}
-
-/// `exp(r) − 1 = r + r²·P(r)` of 8 reduced arguments (`|r| ≤ ln2/2`), `P` by Estrin's scheme:
-/// three dependent steps instead of Horner's four, the same operation count.
-/// The shorter chain is what counts: the softmax step ran 11% faster per row than with Horner.
-/// (Grouping it as `(r + r²·b) + r⁴·(a + c₀r²)`, a step shorter for one multiply more, was 2%
-/// slower.)
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn expm1_reduced8(r: __m256) -> __m256 {
-    let c = |i: usize| _mm256_set1_ps(EXP_P[i]);
-    let r2 = _mm256_mul_ps(r, r);
-    let a = _mm256_fmadd_ps(c(1), r, c(2));
-    let b = _mm256_fmadd_ps(c(3), r, c(4));
-    let p = _mm256_fmadd_ps(_mm256_fmadd_ps(c(0), r2, a), r2, b);
-    _mm256_fmadd_ps(p, r2, r)
-}
-
-/// `exp` of 8 lanes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), x));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    let e = _mm256_add_ps(expm1_reduced8(r), _mm256_set1_ps(1.0));
-    // n ∈ [-61, 129]: both halves are normal exponents. A NaN lane has a NaN `e`, which any
-    // scale keeps NaN.
-    let ni = _mm256_cvtps_epi32(n);
-    let n1 = _mm256_srai_epi32::<1>(ni);
-    let n2 = _mm256_sub_epi32(ni, n1);
-    let y = _mm256_mul_ps(_mm256_mul_ps(e, pow2i(n1)), pow2i(n2));
-    // Below `FLUSH_BELOW`: 0, as [`flush16`].
-    _mm256_and_ps(y, _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(FLUSH_BELOW)))
-}
-
-/// `exp` of 8 lanes that are at most [`RESCALE_SLACK`] (or NaN): no clamps, `n` from the
-/// rounding constant's bits and the scaling folded into the last step (`2ⁿ·q + 2ⁿ`, one
-/// rounding), lanes below [`FLUSH_X`] masked to 0 at the end (what the steps make of them
-/// before, `inf` or NaN included, is discarded; no step makes a subnormal, so none costs a
-/// microcode assist). Results within 2 ulp of the correctly rounded `exp`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn exp8_bounded(x: __m256) -> __m256 {
-    // Lanes below `FLUSH_X` (`-inf` included) give 0 whatever the steps below make of them;
-    // NaN compares unordered and stays NaN.
-    let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, _mm256_set1_ps(FLUSH_X));
-    let t = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(ROUND));
-    let n = _mm256_sub_ps(t, _mm256_set1_ps(ROUND));
-    // One step with ln 2 rounded to f32: its error (1.9·10⁻⁹) times `|n| ≤ 61` moves results
-    // by at most an ulp more, on results below e⁻²⁰ only (checked by the kernels' tests).
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(std::f32::consts::LN_2), x);
-    let q = expm1_reduced8(r);
-    // bits(t) - bits(ROUND) = n; adding the exponent bias and shifting makes 2ⁿ.
-    let bias = _mm256_set1_epi32(127 - ROUND.to_bits() as i32);
-    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_castps_si256(t), bias)));
-    // 2ⁿ·(1 + q) with one rounding.
-    _mm256_and_ps(_mm256_fmadd_ps(q, pow2, pow2), keep)
-}
-
-/// The sum of 8 lanes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn sum8(v: __m256) -> f32 {
-    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps::<1>(quad, quad)))
-}
-
-/// AVX2 `exp_sum` (with the bias term when `BIAS`; [`exp8_bounded`] when `BOUNDED`; see
-/// [`exp_sum_with`] for `KEEP`): full vectors, then one masked vector for the tail.
+/// AVX2 [`exp_sum_on`].
+///
+/// # Safety
+/// As [`exp_sum`]; AVX2 and FMA are supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
@@ -538,45 +597,8 @@ unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
     n: usize,
     shift: f32,
 ) -> (f32, usize) {
-    let sc = _mm256_set1_ps(scale);
-    let s = _mm256_set1_ps(shift);
-    let slack = _mm256_set1_ps(RESCALE_SLACK);
-    let exp = |v: __m256| if BOUNDED { exp8_bounded(v) } else { exp8(v) };
-    let mut sum = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 ≤ n`.
-        unsafe {
-            let v = if BIAS {
-                _mm256_sub_ps(_mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), sc, _mm256_loadu_ps(bias.add(i))), s)
-            } else {
-                _mm256_fmsub_ps(_mm256_loadu_ps(x.add(i)), sc, s)
-            };
-            if KEEP && _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack)) != 0 {
-                return (sum8(sum), i);
-            }
-            let e = exp(v);
-            _mm256_storeu_ps(y.add(i), e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        i += 8;
-    }
-    if i < n {
-        let m = super::x86_avx2::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe {
-            let v = _mm256_sub_ps(masked_scores8::<BIAS>(x, sc, bias, i, m), s);
-            // Lanes past `n` (read as 0) do not count.
-            let over = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, slack), _mm256_castsi256_ps(m));
-            if KEEP && _mm256_movemask_ps(over) != 0 {
-                return (sum8(sum), i);
-            }
-            let e = exp(v);
-            _mm256_maskstore_ps(y.add(i), m, e);
-            sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
-        }
-    }
-    (sum8(sum), n)
+    // SAFETY: forwarded; AVX2 and FMA are enabled here.
+    unsafe { exp_sum_on::<__m256, { <__m256 as Vector>::UNROLL }, BIAS, BOUNDED, KEEP>(x, scale, bias, y, n, shift) }
 }
 
 /// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.
@@ -587,81 +609,85 @@ pub(super) const TANH_SMALL: f32 = 0.625;
 /// `tanh(x) ≈ x + x·z·P(z)` with `z = x²`.
 pub(super) const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
 
-/// `tanh` of 16 lanes: the odd polynomial near 0, `1 - 2/(e^{2|x|} + 1)` with the sign of `x`
-/// elsewhere (saturating to ±1; NaN stays NaN).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn tanh16(x: __m512) -> __m512 {
-    let ax = _mm512_abs_ps(x);
-    let z = _mm512_mul_ps(ax, ax);
-    let mut p = _mm512_set1_ps(TANH_P[0]);
-    for c in &TANH_P[1..] {
-        p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(*c));
+/// `tanh` of every lane: the odd polynomial near 0, `1 − 2/(e^{2|x|} + 1)` with the sign of
+/// `x` elsewhere (saturating to ±1; NaN stays NaN).
+///
+/// # Safety
+/// As [`expm1_reduced`].
+#[inline(always)]
+unsafe fn tanh_vec<V: Vector>(x: V) -> V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let c = V::splat;
+        let ax = x.abs();
+        let z = ax.mul(ax);
+        let mut p = c(TANH_P[0]);
+        for k in &TANH_P[1..] {
+            p = p.madd(z, c(*k));
+        }
+        let small = p.mul(z).madd(ax, ax);
+        let is_small = ax.lt(c(TANH_SMALL));
+        // Soft-capped scores are mostly well inside the polynomial's range: skip the `exp`
+        // path when every lane is (NaN lanes compare false and take it), where that test is
+        // cheap (`Vector::CHEAP_ALL`).
+        let abs = if V::CHEAP_ALL && V::all(is_small) {
+            small
+        } else {
+            // Past |x| = 9.5, tanh rounds to 1 in f32: clamping there keeps `e` finite for a
+            // reciprocal estimate, which would make NaN of `inf` (the clamp keeps NaN). A
+            // division takes `inf` to 0, and the clamp cost AVX2 3%.
+            let arg = ax.add(ax);
+            let e = exp_vec(if V::RECIP_EST { arg.at_most(c(2.0 * TANH_BIG)) } else { arg });
+            let d = e.add(c(1.0));
+            // `1 − 2·(1/d)` in one multiply-add where fused; else `1 − 2/d` saves the
+            // multiply (the same value: scaling by 2 is exact).
+            let big = if V::FMA { c(2.0).nmadd(d.recip(), c(1.0)) } else { c(1.0).sub(c(2.0).div(d)) };
+            V::select(is_small, small, big)
+        };
+        // |tanh| with x's sign bit (so tanh(-0) = -0).
+        abs.or_sign(x)
     }
-    let small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), ax, ax);
-    let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, _mm512_set1_ps(TANH_SMALL));
-    // Soft-capped scores are mostly well inside the polynomial's range: skip the `exp` path
-    // when every lane is (NaN lanes compare false and take it).
-    let abs = if is_small == 0xffff {
-        small
-    } else {
-        // Past |x| = 9.5, tanh rounds to 1 in f32; clamping keeps `e` finite for the
-        // reciprocal. (`min_ps` returns its second operand for NaN: the NaN.)
-        let e = exp16(_mm512_min_ps(_mm512_set1_ps(2.0 * TANH_BIG), _mm512_add_ps(ax, ax)));
-        // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (≈ 1 ulp; a
-        // division costs ten times as much here).
-        let d = _mm512_add_ps(e, _mm512_set1_ps(1.0));
-        let r = _mm512_rcp14_ps(d);
-        let r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0)), r);
-        let big = _mm512_fnmadd_ps(_mm512_set1_ps(2.0), r, _mm512_set1_ps(1.0));
-        _mm512_mask_blend_ps(is_small, big, small)
-    };
-    // |tanh| with x's sign bit (so tanh(-0) = -0).
-    let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
-    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(abs), sign))
 }
 
-/// AVX-512 `tanh`: full vectors, then one masked vector for the tail.
+/// `y[i] = tanh(x[i])` on `V`: full vectors, then one partial vector.
+///
+/// # Safety
+/// As [`tanh`], with `V`'s instructions supported.
+#[inline(always)]
+unsafe fn tanh_on<V: Vector>(x: *const f32, y: *mut f32, n: usize) {
+    // SAFETY: every vector lies inside the rows; `V`'s instructions are supported.
+    unsafe {
+        let mut i = 0;
+        while i + V::LANES <= n {
+            tanh_vec(V::load(x.add(i))).store(y.add(i));
+            i += V::LANES;
+        }
+        if i < n {
+            tanh_vec(V::load_part(x.add(i), n - i)).store_part(y.add(i), n - i);
+        }
+    }
+}
+
+/// AVX-512 [`tanh_on`].
+///
+/// # Safety
+/// As [`tanh`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tanh_avx512(x: *const f32, y: *mut f32, n: usize) {
-    super::x86_avx512::map16!(tanh16, x, y, n)
+    // SAFETY: forwarded; AVX-512F is enabled here.
+    unsafe { tanh_on::<__m512>(x, y, n) }
 }
 
-/// `tanh` of 8 lanes, as [`tanh16`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn tanh8(x: __m256) -> __m256 {
-    let signbit = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-    let ax = _mm256_andnot_ps(signbit, x);
-    let e = exp8(_mm256_add_ps(ax, ax));
-    let big = _mm256_sub_ps(_mm256_set1_ps(1.0), _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, _mm256_set1_ps(1.0))));
-    let z = _mm256_mul_ps(ax, ax);
-    let mut p = _mm256_set1_ps(TANH_P[0]);
-    for c in &TANH_P[1..] {
-        p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(*c));
-    }
-    let small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), ax, ax);
-    let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(ax, _mm256_set1_ps(TANH_SMALL));
-    // |tanh| with x's sign bit (so tanh(-0) = -0).
-    _mm256_or_ps(_mm256_blendv_ps(big, small, is_small), _mm256_and_ps(x, signbit))
-}
-
-/// AVX2 `tanh`: full vectors, then one masked vector for the tail.
+/// AVX2 [`tanh_on`].
+///
+/// # Safety
+/// As [`tanh`]; AVX2 and FMA are supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 ≤ n`.
-        unsafe { _mm256_storeu_ps(y.add(i), tanh8(_mm256_loadu_ps(x.add(i)))) };
-        i += 8;
-    }
-    if i < n {
-        let m = super::x86_avx2::lanes(n - i);
-        // SAFETY: only the `n - i` valid lanes are read or written.
-        unsafe { _mm256_maskstore_ps(y.add(i), m, tanh8(_mm256_maskload_ps(x.add(i), m))) };
-    }
+    // SAFETY: forwarded; AVX2 and FMA are enabled here.
+    unsafe { tanh_on::<__m256>(x, y, n) }
 }
 
 /// One key row of a flash backward tile on `isa`, queries along the row (see
@@ -684,166 +710,134 @@ pub(super) unsafe fn flash_bwd_row(
     flags: u32,
     outs: (*mut f32, *const f32, *mut f32),
 ) {
+    let (df, w, sums) = outs;
+    let row = BwdRow { s, dp, lse, delta, rbias, df, w };
     // SAFETY: forwarded; each arm runs only where its ISA is supported.
     unsafe {
-        match isa {
+        let acc = match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => flash_bwd_row_avx512(s, dp, lse, delta, rbias, n, scalars, flags, outs),
+            Isa::Avx512 => flash_bwd_row_avx512(&row, n, scalars, flags),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => flash_bwd_row_avx2(s, dp, lse, delta, rbias, n, scalars, flags, outs),
-            _ => super::f4::flash_bwd_row(s, dp, lse, delta, rbias, n, scalars, flags, outs),
+            Isa::Avx2 => flash_bwd_row_avx2(&row, n, scalars, flags),
+            _ => flash_bwd_row_on::<F4>(&row, n, scalars, flags),
+        };
+        if !w.is_null() {
+            // `sums` holds two floats when `w` is given.
+            *sums = acc.0;
+            *sums.add(1) = acc.1;
         }
     }
 }
 
-/// AVX2 [`flash_bwd_row`]: masked vectors, as [`flash_bwd_row_avx512`]. (The lane loop the
-/// AVX2 and portable paths shared came out mostly scalar: its per-lane tail loops and operand
-/// tests kept LLVM from vectorising it, and it took 18% of an AVX2 forward-and-backward run.)
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn flash_bwd_row_avx2(
+/// The rows of [`flash_bwd_row`].
+struct BwdRow {
     s: *mut f32,
     dp: *mut f32,
     lse: *const f32,
     delta: *const f32,
     rbias: *const f32,
-    n: usize,
-    (alpha, factor, cbias): (f32, f32, f32),
-    flags: u32,
-    (df, w, sums): (*mut f32, *const f32, *mut f32),
-) {
-    let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
-    let (al, fac, cb, ds, one, ninf) = (
-        _mm256_set1_ps(alpha),
-        _mm256_set1_ps(factor),
-        _mm256_set1_ps(cbias),
-        _mm256_set1_ps(alpha * factor),
-        _mm256_set1_ps(1.0),
-        _mm256_set1_ps(f32::NEG_INFINITY),
-    );
-    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i < n {
-        let m = super::x86_avx2::lanes(n - i);
-        // Masked-off lanes are neither read (they load as 0) nor written.
-        // SAFETY (both closures): the valid lanes from `i` lie inside the row.
-        let load = |p: *const f32| unsafe { _mm256_maskload_ps(p.add(i), m) };
-        let store = |p: *mut f32, v: __m256| unsafe { _mm256_maskstore_ps(p.add(i), m, v) };
-        let mut uv = _mm256_mul_ps(al, load(s));
-        if tanh {
-            uv = tanh8(uv);
+    df: *mut f32,
+    w: *const f32,
+}
+
+/// The splatted scalars of [`flash_bwd_row`]: `alpha`, `factor`, `cbias`, `alpha·factor`, 1
+/// and `-inf`.
+struct BwdConst<V> {
+    al: V,
+    fac: V,
+    cb: V,
+    ds: V,
+    one: V,
+    ninf: V,
+}
+
+/// [`flash_bwd_row`] of the vector at `i` (when `PART`, its lanes `..len`, the others loaded as
+/// 0 and kept out of the stores and sums), `acc` the sums `(Σ dF, Σ dF·w)`.
+///
+/// # Safety
+/// The lanes lie inside the rows; as [`expm1_reduced`].
+#[inline(always)]
+unsafe fn bwd_vec<V: Vector, const PART: bool>(r: &BwdRow, i: usize, len: usize, k: &BwdConst<V>, flags: u32, acc: &mut [V; 2]) {
+    let (tanh_on, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut uv = k.al.mul(get::<V, PART>(r.s, i, len));
+        if tanh_on {
+            uv = tanh_vec(uv);
         }
-        let pv = load(dp);
-        let bias = if rbias.is_null() { cb } else { _mm256_add_ps(cb, load(rbias)) };
-        let x = _mm256_fmadd_ps(fac, uv, bias);
+        let pv = get::<V, PART>(r.dp, i, len);
+        let bias = if r.rbias.is_null() { k.cb } else { k.cb.add(get::<V, PART>(r.rbias, i, len)) };
+        let x = k.fac.madd(uv, bias);
         let (wt, dfv) = if sigmoid {
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            let wt = _mm256_div_ps(one, _mm256_add_ps(one, e));
-            (wt, _mm256_mul_ps(_mm256_mul_ps(pv, wt), _mm256_sub_ps(one, wt)))
+            let e = exp_vec(V::splat(0.0).sub(x));
+            let wt = k.one.div(k.one.add(e));
+            (wt, pv.mul(wt).mul(k.one.sub(wt)))
         } else {
-            let lv = load(lse);
-            let e = exp8(_mm256_sub_ps(x, lv));
+            let lv = get::<V, PART>(r.lse, i, len);
+            let e = exp_vec(x.sub(lv));
             // A row with no kept key (lse = -inf) has no weights.
-            let wt = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(lv, ninf), e);
-            (wt, _mm256_mul_ps(wt, _mm256_sub_ps(pv, load(delta))))
+            let wt = e.zero_where(lv.eq(k.ninf));
+            (wt, wt.mul(pv.sub(get::<V, PART>(r.delta, i, len))))
         };
         // Lanes past `n` hold what the zeroed loads made: keep them out of the sums.
-        let dfv = _mm256_and_ps(dfv, _mm256_castsi256_ps(m));
-        let d = if tanh { _mm256_mul_ps(ds, _mm256_fnmadd_ps(uv, uv, one)) } else { ds };
-        store(s, wt);
-        store(dp, _mm256_mul_ps(dfv, d));
-        if !df.is_null() {
-            store(df, dfv);
+        let dfv = if PART { V::select(V::first(len), dfv, V::splat(0.0)) } else { dfv };
+        let d = if tanh_on { k.ds.mul(uv.nmadd(uv, k.one)) } else { k.ds };
+        put::<V, PART>(r.s, i, len, wt);
+        put::<V, PART>(r.dp, i, len, dfv.mul(d));
+        if !r.df.is_null() {
+            put::<V, PART>(r.df, i, len, dfv);
         }
-        if !w.is_null() {
-            s0 = _mm256_add_ps(s0, dfv);
-            s1 = _mm256_fmadd_ps(dfv, load(w), s1);
-        }
-        i += 8;
-    }
-    if !w.is_null() {
-        // SAFETY: `sums` holds two floats when `w` is given.
-        unsafe {
-            *sums = sum8(s0);
-            *sums.add(1) = sum8(s1);
+        if !r.w.is_null() {
+            acc[0] = acc[0].add(dfv);
+            acc[1] = dfv.madd(get::<V, PART>(r.w, i, len), acc[1]);
         }
     }
 }
 
-/// AVX-512 [`flash_bwd_row`]: full vectors, then one masked vector.
+/// [`flash_bwd_row`] on `V`: full vectors, then one partial vector; returns `(Σ dF, Σ dF·w)`
+/// (0 when `w` is null).
+///
+/// # Safety
+/// As [`flash_bwd_row`], with `V`'s instructions supported.
+#[inline(always)]
+unsafe fn flash_bwd_row_on<V: Vector>(r: &BwdRow, n: usize, (alpha, factor, cbias): (f32, f32, f32), flags: u32) -> (f32, f32) {
+    // SAFETY: every vector lies inside the rows; `V`'s instructions are supported.
+    unsafe {
+        let c = V::splat;
+        let k = BwdConst { al: c(alpha), fac: c(factor), cb: c(cbias), ds: c(alpha * factor), one: c(1.0), ninf: c(f32::NEG_INFINITY) };
+        let mut acc = [c(0.0); 2];
+        let mut i = 0;
+        while i + V::LANES <= n {
+            bwd_vec::<V, false>(r, i, V::LANES, &k, flags, &mut acc);
+            i += V::LANES;
+        }
+        if i < n {
+            bwd_vec::<V, true>(r, i, n - i, &k, flags, &mut acc);
+        }
+        (acc[0].sum(), acc[1].sum())
+    }
+}
+
+/// AVX-512 [`flash_bwd_row_on`].
+///
+/// # Safety
+/// As [`flash_bwd_row`]; AVX-512F is supported.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn flash_bwd_row_avx512(
-    s: *mut f32,
-    dp: *mut f32,
-    lse: *const f32,
-    delta: *const f32,
-    rbias: *const f32,
-    n: usize,
-    (alpha, factor, cbias): (f32, f32, f32),
-    flags: u32,
-    (df, w, sums): (*mut f32, *const f32, *mut f32),
-) {
-    let (tanh, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
-    let (al, fac, cb, ds, one, ninf) = (
-        _mm512_set1_ps(alpha),
-        _mm512_set1_ps(factor),
-        _mm512_set1_ps(cbias),
-        _mm512_set1_ps(alpha * factor),
-        _mm512_set1_ps(1.0),
-        _mm512_set1_ps(f32::NEG_INFINITY),
-    );
-    let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut i = 0;
-    while i < n {
-        let m = if i + 16 <= n { 0xffff } else { super::x86_avx512::lanes(n - i) };
-        // SAFETY: only the valid lanes of each row are read or written.
-        unsafe {
-            let mut uv = _mm512_mul_ps(al, _mm512_maskz_loadu_ps(m, s.add(i)));
-            if tanh {
-                uv = tanh16(uv);
-            }
-            let pv = _mm512_maskz_loadu_ps(m, dp.add(i));
-            let mut bias = cb;
-            if !rbias.is_null() {
-                bias = _mm512_add_ps(bias, _mm512_maskz_loadu_ps(m, rbias.add(i)));
-            }
-            let x = _mm512_fmadd_ps(fac, uv, bias);
-            let (wt, dfv) = if sigmoid {
-                let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-                let wt = _mm512_div_ps(one, _mm512_add_ps(one, e));
-                (wt, _mm512_mul_ps(_mm512_mul_ps(pv, wt), _mm512_sub_ps(one, wt)))
-            } else {
-                let lv = _mm512_maskz_loadu_ps(m, lse.add(i));
-                let dv = _mm512_maskz_loadu_ps(m, delta.add(i));
-                let e = exp16(_mm512_sub_ps(x, lv));
-                // A row with no kept key (lse = -inf) has no weights.
-                let empty = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(lv, ninf);
-                let wt = _mm512_mask_mov_ps(e, empty, _mm512_setzero_ps());
-                (wt, _mm512_mul_ps(wt, _mm512_sub_ps(pv, dv)))
-            };
-            // Lanes past `n` hold garbage from the zeroed loads: keep them out of the sums.
-            let dfv = _mm512_maskz_mov_ps(m, dfv);
-            let d = if tanh { _mm512_mul_ps(ds, _mm512_fnmadd_ps(uv, uv, one)) } else { ds };
-            _mm512_mask_storeu_ps(s.add(i), m, wt);
-            _mm512_mask_storeu_ps(dp.add(i), m, _mm512_mul_ps(dfv, d));
-            if !df.is_null() {
-                _mm512_mask_storeu_ps(df.add(i), m, dfv);
-            }
-            if !w.is_null() {
-                s0 = _mm512_add_ps(s0, dfv);
-                s1 = _mm512_fmadd_ps(dfv, _mm512_maskz_loadu_ps(m, w.add(i)), s1);
-            }
-        }
-        i += 16;
-    }
-    if !w.is_null() {
-        // SAFETY: `sums` holds two floats when `w` is given.
-        unsafe {
-            *sums = _mm512_reduce_add_ps(s0);
-            *sums.add(1) = _mm512_reduce_add_ps(s1);
-        }
-    }
+unsafe fn flash_bwd_row_avx512(r: &BwdRow, n: usize, scalars: (f32, f32, f32), flags: u32) -> (f32, f32) {
+    // SAFETY: forwarded; AVX-512F is enabled here.
+    unsafe { flash_bwd_row_on::<__m512>(r, n, scalars, flags) }
+}
+
+/// AVX2 [`flash_bwd_row_on`]: plain loads and stores but for the last vector (the lane loop the
+/// AVX2 and portable paths once shared came out mostly scalar; masked stores on every vector,
+/// microcoded on AMD cores, made this path slower than the portable one).
+///
+/// # Safety
+/// As [`flash_bwd_row`]; AVX2 and FMA are supported.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn flash_bwd_row_avx2(r: &BwdRow, n: usize, scalars: (f32, f32, f32), flags: u32) -> (f32, f32) {
+    // SAFETY: forwarded; AVX2 and FMA are enabled here.
+    unsafe { flash_bwd_row_on::<__m256>(r, n, scalars, flags) }
 }

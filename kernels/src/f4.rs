@@ -1,24 +1,25 @@
-//! The portable path's hot kernels on an explicit 4-lane vector ([`F4`]: SSE2 on x86-64, NEON
-//! on AArch64 with fused multiply-adds, an array elsewhere): the softmax `exp` ([`exp_sum`]),
-//! the GEMM micro-tile ([`micro`], with [`splat4`] and [`pack_nt`] laying out its operands) and
-//! the flash backward's rows ([`flash_bwd_row`]).
+//! The portable path's explicit 4-lane vector ([`F4`]: SSE2 on x86-64, NEON on AArch64 with
+//! fused multiply-adds, an array elsewhere) and the GEMM micro-tile on it ([`micro`], with
+//! [`splat4`] and [`pack_nt`] laying out its operands). [`F4`] implements [`Vector`], on which
+//! the portable path's softmax `exp` and row maximum, `tanh` and flash backward rows
+//! ([`super::exp`]) and its additive scores ([`super::additive`]) are instantiated, as the AVX2
+//! and AVX-512 paths' are.
 //!
 //! The lane loops of [`super::lanes`] leave vectorising to LLVM's SLP pass, which split the
 //! softmax step's `exp` into 2-lane halves on both baseline targets: on x86-64 SSE2 the step
 //! ran at 245 ns per 256-score row and stalled on partial stack reloads, and on AArch64 every
-//! operation was a 64-bit `.2s` NEON instruction, half the register. On [`F4`] the loop is
-//! 4-wide by construction, and it takes the SIMD paths' bounded form (no clamps, the flush by
-//! the input, see [`super::exp`]) and their degree-4 polynomial, which in the lane code made
-//! the SLP pass reverse lanes. Method and constants are [`super::exp`]'s; the range reduction
-//! keeps two steps (`ln 2` split) everywhere: without a fused multiply-add one step is 16 ulp
-//! off near the flush.
+//! operation was a 64-bit `.2s` NEON instruction, half the register; its backward rows came
+//! out mostly scalar. On [`F4`] the loops are 4-wide by construction. The range reduction of
+//! the softmax's bounded `exp` keeps two steps (`ln 2` split) where [`F4::madd`] is not fused
+//! ([`Vector::FMA`]): without a fused multiply-add one step is 16 ulp off near the flush.
 //!
 //! The micro-tile is the lane form's 6 × 8 loop with one change SSE2 needs: its two-operand
 //! multiply overwrites an operand, so each product loads its multiplier afresh instead of
 //! copying it between registers ([`F4::load_again`]; 4% more multiply-adds per second on Zen 5,
 //! `kernel_bench --sse-ceiling`). [`splat4`] lays out the splatted strip.
 
-use super::exp::{EXP_HI, EXP_LO, EXP_P, FLUSH_BELOW, FLUSH_X, LN2_HI, LN2_LO, LOG2E, RESCALE_SLACK, ROUND, TANH_BIG, TANH_P, TANH_SMALL};
+use super::exp::ROUND;
+use super::vector::Vector;
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -49,7 +50,7 @@ type Repr = [f32; W];
 /// Four `f32` lanes in one baseline vector register. A mask is an `F4` whose lanes are all ones
 /// (true) or all zeros (false).
 #[derive(Clone, Copy)]
-struct F4(Repr);
+pub(super) struct F4(Repr);
 
 #[cfg(target_arch = "x86_64")]
 impl F4 {
@@ -125,15 +126,31 @@ impl F4 {
     fn at_most(self, hi: F4) -> F4 {
         F4(base!(_mm_min_ps(hi.0, self.0)))
     }
+    /// The larger of `self` and `m`, `m` where `self` is NaN.
+    #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        // `maxps` returns its second operand when either is NaN.
+        F4(base!(_mm_max_ps(self.0, m.0)))
+    }
     /// The mask of `self < o` (false for NaN).
     #[inline(always)]
     fn lt(self, o: F4) -> F4 {
         F4(base!(_mm_cmplt_ps(self.0, o.0)))
     }
-    /// Whether any lane of `self > o`.
+    /// The mask of `self > o` (false for NaN).
     #[inline(always)]
-    fn any_gt(self, o: F4) -> bool {
-        base!(_mm_movemask_ps(_mm_cmpgt_ps(self.0, o.0))) != 0
+    fn gt(self, o: F4) -> F4 {
+        F4(base!(_mm_cmpgt_ps(self.0, o.0)))
+    }
+    /// Whether any lane of the mask `self` is set.
+    #[inline(always)]
+    fn any(self) -> bool {
+        base!(_mm_movemask_ps(self.0)) != 0
+    }
+    /// Whether every lane of the mask `self` is set.
+    #[inline(always)]
+    fn all(self) -> bool {
+        base!(_mm_movemask_ps(self.0)) == 0xf
     }
     /// 0 where `mask`, else `self`.
     #[inline(always)]
@@ -202,6 +219,12 @@ impl F4 {
         let half = base!(_mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0)));
         base!(_mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps::<1>(half, half))))
     }
+    /// The largest lane.
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        let half = base!(_mm_max_ps(self.0, _mm_movehl_ps(self.0, self.0)));
+        base!(_mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<1>(half, half))))
+    }
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -256,15 +279,30 @@ impl F4 {
     fn at_most(self, hi: F4) -> F4 {
         F4(base!(vminq_f32(self.0, hi.0)))
     }
+    /// The larger of `self` and `m`, `m` where `self` is NaN (`fmaxnm` takes the number).
+    #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        F4(base!(vmaxnmq_f32(self.0, m.0)))
+    }
     /// The mask of `self < o` (false for NaN).
     #[inline(always)]
     fn lt(self, o: F4) -> F4 {
         F4(base!(vreinterpretq_f32_u32(vcltq_f32(self.0, o.0))))
     }
-    /// Whether any lane of `self > o`.
+    /// The mask of `self > o` (false for NaN).
     #[inline(always)]
-    fn any_gt(self, o: F4) -> bool {
-        base!(vmaxvq_u32(vcgtq_f32(self.0, o.0))) != 0
+    fn gt(self, o: F4) -> F4 {
+        F4(base!(vreinterpretq_f32_u32(vcgtq_f32(self.0, o.0))))
+    }
+    /// Whether any lane of the mask `self` is set.
+    #[inline(always)]
+    fn any(self) -> bool {
+        base!(vmaxvq_u32(vreinterpretq_u32_f32(self.0))) != 0
+    }
+    /// Whether every lane of the mask `self` is set.
+    #[inline(always)]
+    fn all(self) -> bool {
+        base!(vminvq_u32(vreinterpretq_u32_f32(self.0))) != 0
     }
     /// 0 where `mask`, else `self`.
     #[inline(always)]
@@ -328,6 +366,11 @@ impl F4 {
     fn sum(self) -> f32 {
         base!(vaddvq_f32(self.0))
     }
+    /// The largest lane.
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        base!(vmaxvq_f32(self.0))
+    }
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -383,12 +426,24 @@ impl F4 {
         self.map2(hi, |a, hi| if a > hi { hi } else { a })
     }
     #[inline(always)]
+    fn max_skip_nan(self, m: F4) -> F4 {
+        self.map2(m, |a, m| if a > m { a } else { m })
+    }
+    #[inline(always)]
     fn lt(self, o: F4) -> F4 {
         self.map2(o, |a, b| f32::from_bits(if a < b { u32::MAX } else { 0 }))
     }
     #[inline(always)]
-    fn any_gt(self, o: F4) -> bool {
-        (0..W).any(|l| self.0[l] > o.0[l])
+    fn gt(self, o: F4) -> F4 {
+        self.map2(o, |a, b| f32::from_bits(if a > b { u32::MAX } else { 0 }))
+    }
+    #[inline(always)]
+    fn any(self) -> bool {
+        self.0.iter().any(|m| m.to_bits() != 0)
+    }
+    #[inline(always)]
+    fn all(self) -> bool {
+        self.0.iter().all(|m| m.to_bits() != 0)
     }
     #[inline(always)]
     fn zero_where(self, mask: F4) -> F4 {
@@ -436,123 +491,10 @@ impl F4 {
     fn sum(self) -> f32 {
         self.0.iter().sum()
     }
-}
-
-/// `(t, q)`: `t = x·log2 e + ROUND`, whose low mantissa bits are `n = round(x·log2 e)`, and
-/// `q = exp(r) − 1 = r + r²·P(r)` by Estrin's scheme, for `r = x − n·ln 2` in two steps.
-#[inline(always)]
-fn reduce(x: F4) -> (F4, F4) {
-    let c = F4::splat;
-    let t = x.madd(c(LOG2E), c(ROUND));
-    let n = t.sub(c(ROUND));
-    let r = n.nmadd(c(LN2_HI), x);
-    let r = n.nmadd(c(LN2_LO), r);
-    let r2 = r.mul(r);
-    let a = c(EXP_P[1]).madd(r, c(EXP_P[2]));
-    let b = c(EXP_P[3]).madd(r, c(EXP_P[4]));
-    let p = c(EXP_P[0]).madd(r2, a).madd(r2, b);
-    (t, p.madd(r2, r))
-}
-
-/// `exp` of lanes that are at most [`RESCALE_SLACK`] (or NaN), as the SIMD paths' bounded form:
-/// no clamps, lanes below [`FLUSH_X`] (`-inf` included) masked to 0 at the end, NaN stays NaN.
-#[inline(always)]
-fn exp_bounded(x: F4) -> F4 {
-    let (t, q) = reduce(x);
-    // `n ∈ [-61, 12]` for the lanes kept: `2ⁿ` is normal.
-    let pow2 = F4::pow2_of_round(t, 127);
-    q.madd(pow2, pow2).zero_where(x.lt(F4::splat(FLUSH_X)))
-}
-
-/// `exp` of any lanes: 0 below [`FLUSH_BELOW`], `inf` past `f32::MAX`, NaN stays NaN.
-#[inline(always)]
-fn exp_any(x: F4) -> F4 {
-    let x = x.at_least(F4::splat(EXP_LO)).at_most(F4::splat(EXP_HI));
-    let (t, q) = reduce(x);
-    // `n ∈ [-61, 129]`: `2ⁿ⁻²` is normal and both products exact (or overflowing, as `e·2ⁿ`
-    // does), so `e·2ⁿ⁻²·4` is `e·2ⁿ` rounded once.
-    let e = q.add(F4::splat(1.0)).mul(F4::pow2_of_round(t, 125)).mul(F4::splat(4.0));
-    e.zero_where(e.lt(F4::splat(FLUSH_BELOW)))
-}
-
-/// The portable `exp_sum` (see `exp::exp_sum_with` for `BOUNDED` and `KEEP`): `y[i] =
-/// exp(scale·x[i] + bias[i] − shift)` (the bias term only when `BIAS`), returning `Σ y` and how
-/// many elements were done. Four vectors per step, so that independent `exp` chains overlap
-/// (two measured 4% slower on Zen 5); the tail through one vector padded with `-inf` (whose
-/// `exp` is 0).
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer), and so does `bias` when
-/// `BIAS`.
-#[inline(always)]
-pub(super) unsafe fn exp_sum<const BOUNDED: bool, const KEEP: bool, const BIAS: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    let (sc, sh, slack) = (F4::splat(scale), F4::splat(shift), F4::splat(RESCALE_SLACK));
-    let exp = |v: F4| if BOUNDED { exp_bounded(v) } else { exp_any(v) };
-    // SAFETY (for the closure's callers): `i + W ≤ n`.
-    let scores = |i: usize| unsafe {
-        let v = F4::load(x.add(i)).mul(sc);
-        if BIAS { v.add(F4::load(bias.add(i))).sub(sh) } else { v.sub(sh) }
-    };
-    let (mut s0, mut s1) = (F4::splat(0.0), F4::splat(0.0));
-    let mut i = 0;
-    while i + 4 * W <= n {
-        let (v0, v1, v2, v3) = (scores(i), scores(i + W), scores(i + 2 * W), scores(i + 3 * W));
-        if KEEP && (v0.any_gt(slack) || v1.any_gt(slack) || v2.any_gt(slack) || v3.any_gt(slack)) {
-            break;
-        }
-        let (e0, e1, e2, e3) = (exp(v0), exp(v1), exp(v2), exp(v3));
-        // SAFETY: `i + 4W ≤ n`.
-        unsafe {
-            e0.store(y.add(i));
-            e1.store(y.add(i + W));
-            e2.store(y.add(i + 2 * W));
-            e3.store(y.add(i + 3 * W));
-        }
-        s0 = s0.add(e0.add(e2));
-        s1 = s1.add(e1.add(e3));
-        i += 4 * W;
+    #[inline(always)]
+    fn max_lanes(self) -> f32 {
+        self.0.iter().fold(f32::NEG_INFINITY, |a, b| if *b > a { *b } else { a })
     }
-    let mut sum = s0.add(s1);
-    while i < n {
-        let len = W.min(n - i);
-        let v = if len == W {
-            scores(i)
-        } else {
-            let mut pad = [f32::NEG_INFINITY; W];
-            for (l, s) in pad.iter_mut().enumerate().take(len) {
-                // SAFETY: `i + l < n`.
-                *s = unsafe { scale * *x.add(i + l) + if BIAS { *bias.add(i + l) } else { 0.0 } - shift };
-            }
-            // SAFETY: `pad` holds 4 floats.
-            unsafe { F4::load(pad.as_ptr()) }
-        };
-        if KEEP && v.any_gt(slack) {
-            return (sum.sum(), i);
-        }
-        let e = exp(v);
-        if len == W {
-            // SAFETY: `i + W ≤ n`.
-            unsafe { e.store(y.add(i)) };
-        } else {
-            let mut out = [0.0f32; W];
-            // SAFETY: `out` holds 4 floats; `i + l < n` below.
-            unsafe {
-                e.store(out.as_mut_ptr());
-                std::ptr::copy_nonoverlapping(out.as_ptr(), y.add(i), len);
-            }
-        }
-        // Padding lanes are 0.
-        sum = sum.add(e);
-        i += len;
-    }
-    (sum.sum(), n)
 }
 
 /// `MR × 8` micro-tile of the portable GEMM: `C (+)= alpha · A[MR × kc] · panel[kc × 8]` in
@@ -669,148 +611,154 @@ pub(super) unsafe fn pack_nt(b: *const f32, ldb: usize, kc: usize, nc: usize, ou
     }
 }
 
-/// `tanh` of every lane as the SIMD paths compute it: the odd polynomial below
-/// [`TANH_SMALL`], `1 − 2/(e^{2|x|} + 1)` above (`2|x|` clamped where `tanh` rounds to 1),
-/// with the sign of `x`; NaN stays NaN.
-#[inline(always)]
-fn tanh(x: F4) -> F4 {
-    let c = F4::splat;
-    let ax = x.abs();
-    let z = ax.mul(ax);
-    let mut p = c(TANH_P[0]);
-    for k in &TANH_P[1..] {
-        p = p.madd(z, c(*k));
-    }
-    let small = p.mul(z).madd(ax, ax);
-    let e = exp_any(ax.add(ax).at_most(c(2.0 * TANH_BIG)));
-    let big = c(1.0).sub(c(2.0).div(e.add(c(1.0))));
-    F4::select(ax.lt(c(TANH_SMALL)), small, big).or(x.sign())
-}
+/// The [`Vector`] operations on [`F4`]: its own, and the partial loads and stores through a
+/// 4-float buffer (neither SSE2 nor NEON has masked ones).
+impl Vector for F4 {
+    const LANES: usize = W;
+    /// Where [`F4::madd`] is fused: always on AArch64, with `-C target-feature=+fma` on x86-64.
+    const FMA: bool = cfg!(any(target_arch = "aarch64", all(target_arch = "x86_64", target_feature = "fma")));
+    /// Four vectors per step, so that independent `exp` chains overlap (two measured 4% slower
+    /// on Zen 5, and the softmax passes 6–9% slower on Zen 4).
+    const UNROLL: usize = 4;
+    const CHEAP_ALL: bool = false;
+    const RECIP_EST: bool = false;
+    type Mask = F4;
 
-/// `y[i] = tanh(x[i])` by [`tanh`].
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer).
-#[inline(always)]
-pub(super) unsafe fn tanh_row(x: *const f32, y: *mut f32, n: usize) {
-    let mut i = 0;
-    while i < n {
-        let len = W.min(n - i);
-        // SAFETY: lanes `i..i + len` lie inside both rows.
-        unsafe { store_part(tanh(load_part(x.add(i), len)), y.add(i), len) };
-        i += len;
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> F4 {
+        F4::splat(v)
     }
-}
-
-/// Lanes `..len` of `p` (the rest 0).
-///
-/// # Safety
-/// `p` addresses `len ≤ 4` floats.
-#[inline(always)]
-unsafe fn load_part(p: *const f32, len: usize) -> F4 {
-    if len == W {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F4 {
         // SAFETY: forwarded.
-        return unsafe { F4::load(p) };
+        unsafe { F4::load(p) }
     }
-    let mut a = [0.0f32; W];
-    // SAFETY: forwarded; `a` holds 4 floats.
-    unsafe {
-        std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), len);
-        F4::load(a.as_ptr())
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { F4::store(self, p) }
     }
-}
-
-/// Stores lanes `..len` of `v` at `p`.
-///
-/// # Safety
-/// `p` addresses `len ≤ 4` floats.
-#[inline(always)]
-unsafe fn store_part(v: F4, p: *mut f32, len: usize) {
-    // SAFETY: forwarded; `a` holds 4 floats.
-    unsafe {
-        if len == W {
-            v.store(p);
-        } else {
-            let mut a = [0.0f32; W];
-            v.store(a.as_mut_ptr());
-            std::ptr::copy_nonoverlapping(a.as_ptr(), p, len);
-        }
-    }
-}
-
-/// The portable `exp::flash_bwd_row` (one key row of a flash backward tile), as its AVX-512
-/// form computes it: the tail through one vector whose lanes past `n` load as 0 and are kept
-/// out of the stores and sums.
-///
-/// # Safety
-/// As `exp::flash_bwd_row`.
-#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
-pub(super) unsafe fn flash_bwd_row(
-    s: *mut f32,
-    dp: *mut f32,
-    lse: *const f32,
-    delta: *const f32,
-    rbias: *const f32,
-    n: usize,
-    (alpha, factor, cbias): (f32, f32, f32),
-    flags: u32,
-    (df, w, sums): (*mut f32, *const f32, *mut f32),
-) {
-    let (tanh_on, sigmoid) = (flags & 1 != 0, flags & 2 != 0);
-    let c = F4::splat;
-    let (al, fac, cb, ds, one, ninf) = (c(alpha), c(factor), c(cbias), c(alpha * factor), c(1.0), c(f32::NEG_INFINITY));
-    let (mut s0, mut s1) = (c(0.0), c(0.0));
-    let mut i = 0;
-    while i < n {
-        let len = W.min(n - i);
-        // SAFETY (both closures): lanes `i..i + len` lie inside the row.
-        let load = |p: *const f32| unsafe { load_part(p.add(i), len) };
-        let store = |p: *mut f32, v: F4| unsafe { store_part(v, p.add(i), len) };
-        let mut uv = al.mul(load(s));
-        if tanh_on {
-            uv = tanh(uv);
-        }
-        let pv = load(dp);
-        let bias = if rbias.is_null() { cb } else { cb.add(load(rbias)) };
-        let x = fac.madd(uv, bias);
-        let (wt, dfv) = if sigmoid {
-            let e = exp_any(c(0.0).sub(x));
-            let wt = one.div(one.add(e));
-            (wt, pv.mul(wt).mul(one.sub(wt)))
-        } else {
-            let lv = load(lse);
-            let e = exp_any(x.sub(lv));
-            // A row with no kept key (lse = -inf) has no weights.
-            let wt = e.zero_where(lv.eq(ninf));
-            (wt, wt.mul(pv.sub(load(delta))))
-        };
-        // Lanes past `n` hold what the zeroed loads made: keep them out of the sums.
-        let dfv = if len == W { dfv } else { F4::select(first_lanes(len), dfv, c(0.0)) };
-        let d = if tanh_on { ds.mul(uv.nmadd(uv, one)) } else { ds };
-        store(s, wt);
-        store(dp, dfv.mul(d));
-        if !df.is_null() {
-            store(df, dfv);
-        }
-        if !w.is_null() {
-            s0 = s0.add(dfv);
-            s1 = dfv.madd(load(w), s1);
-        }
-        i += len;
-    }
-    if !w.is_null() {
-        // SAFETY: `sums` holds two floats when `w` is given.
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> F4 {
+        let mut a = [0.0f32; W];
+        // SAFETY: the caller's `n ≤ 4` floats; `a` holds 4.
         unsafe {
-            *sums = s0.sum();
-            *sums.add(1) = s1.sum();
+            std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), n);
+            F4::load(a.as_ptr())
         }
     }
-}
-
-/// The mask of lanes `..len`.
-#[inline(always)]
-fn first_lanes(len: usize) -> F4 {
-    let lane = [0.0f32, 1.0, 2.0, 3.0];
-    // SAFETY: `lane` holds 4 floats.
-    unsafe { F4::load(lane.as_ptr()) }.lt(F4::splat(len as f32))
+    #[inline(always)]
+    unsafe fn store_part(self, p: *mut f32, n: usize) {
+        let mut a = [0.0f32; W];
+        // SAFETY: `a` holds 4 floats; the caller's `n ≤ 4` at `p`.
+        unsafe {
+            F4::store(self, a.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(a.as_ptr(), p, n);
+        }
+    }
+    #[inline(always)]
+    unsafe fn first(n: usize) -> F4 {
+        let lane = [0.0f32, 1.0, 2.0, 3.0];
+        // SAFETY: `lane` holds 4 floats.
+        unsafe { F4::load(lane.as_ptr()) }.lt(F4::splat(n as f32))
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: F4) -> F4 {
+        F4::add(self, o)
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: F4) -> F4 {
+        F4::sub(self, o)
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: F4) -> F4 {
+        F4::mul(self, o)
+    }
+    #[inline(always)]
+    unsafe fn div(self, o: F4) -> F4 {
+        F4::div(self, o)
+    }
+    #[inline(always)]
+    unsafe fn madd(self, b: F4, c: F4) -> F4 {
+        F4::madd(self, b, c)
+    }
+    #[inline(always)]
+    unsafe fn nmadd(self, b: F4, c: F4) -> F4 {
+        F4::nmadd(self, b, c)
+    }
+    #[inline(always)]
+    unsafe fn at_least(self, lo: F4) -> F4 {
+        F4::at_least(self, lo)
+    }
+    #[inline(always)]
+    unsafe fn at_most(self, hi: F4) -> F4 {
+        F4::at_most(self, hi)
+    }
+    #[inline(always)]
+    unsafe fn max_skip_nan(self, m: F4) -> F4 {
+        F4::max_skip_nan(self, m)
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> F4 {
+        F4::abs(self)
+    }
+    #[inline(always)]
+    unsafe fn or_sign(self, of: F4) -> F4 {
+        self.or(of.sign())
+    }
+    #[inline(always)]
+    unsafe fn lt(self, o: F4) -> F4 {
+        F4::lt(self, o)
+    }
+    #[inline(always)]
+    unsafe fn gt(self, o: F4) -> F4 {
+        F4::gt(self, o)
+    }
+    #[inline(always)]
+    unsafe fn eq(self, o: F4) -> F4 {
+        F4::eq(self, o)
+    }
+    #[inline(always)]
+    unsafe fn any(m: F4) -> bool {
+        m.any()
+    }
+    #[inline(always)]
+    unsafe fn all(m: F4) -> bool {
+        m.all()
+    }
+    #[inline(always)]
+    unsafe fn select(m: F4, a: F4, b: F4) -> F4 {
+        F4::select(m, a, b)
+    }
+    #[inline(always)]
+    unsafe fn zero_where(self, m: F4) -> F4 {
+        F4::zero_where(self, m)
+    }
+    #[inline(always)]
+    unsafe fn zero_where_lt(self, x: F4, lo: F4) -> F4 {
+        self.zero_where(x.lt(lo))
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        F4::sum(self)
+    }
+    #[inline(always)]
+    unsafe fn max_lanes(self) -> f32 {
+        F4::max_lanes(self)
+    }
+    #[inline(always)]
+    unsafe fn pow2_of_round(t: F4, bias: i32) -> F4 {
+        F4::pow2_of_round(t, bias)
+    }
+    /// A division: the estimates (12 bits on SSE2, 8 on NEON) need more steps than it costs.
+    #[inline(always)]
+    unsafe fn recip(self) -> F4 {
+        F4::splat(1.0).div(self)
+    }
+    /// A division: `rcpps` and a Newton step without FMA take five operations, which ran
+    /// the additive scores 11% (narrow) and 40% (wide form) slower than dividing on Zen 4.
+    #[inline(always)]
+    unsafe fn div_est_add(self, d: F4, c: F4) -> F4 {
+        c.add(self.div(d))
+    }
 }

@@ -1,10 +1,10 @@
 //! Kernels written once as fixed-width lane loops (`[f32; 8]` values, no intrinsics), which
 //! LLVM turns into whatever vectors the function they are inlined into may use: SSE2 or NEON on
 //! the portable path, 256-bit AVX2+FMA where a `#[target_feature]` wrapper instantiates them.
-//! The kernels the portable path spends its time in (the micro-tile, the softmax step's `exp`,
-//! the flash backward's rows) are written on explicit vectors instead ([`super::f4`]): LLVM's
-//! SLP vectoriser split the lane form of that `exp` into 2-lane halves and left the backward
-//! rows mostly scalar.
+//! The kernels the portable path spends its time in (the micro-tile, the softmax step's `exp`
+//! and row maximum, `tanh`, the flash backward's rows, the additive scores) are written on
+//! explicit vectors instead ([`super::f4`], [`super::vector`]): LLVM's SLP vectoriser split the
+//! lane form of that `exp` into 2-lane halves and left the backward rows mostly scalar.
 //!
 //! The `FMA` parameter chooses `a·b + c` as one fused operation (`f32::mul_add`) or as a
 //! multiply and an add. It must be `true` only where the target has a fused multiply-add
@@ -69,66 +69,6 @@ fn exp_v<const FMA: bool>(x: V) -> V {
         y[l] = if e < FLUSH_BELOW { 0.0 } else { e };
     }
     y
-}
-
-/// Loads lanes `i..i + L` of `x`, scaled, plus `bias` when not null.
-///
-/// # Safety
-/// `i + L ≤` the length of `x` (and of `bias` unless null).
-#[inline(always)]
-unsafe fn scores(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
-    // SAFETY: forwarded.
-    unsafe { if bias.is_null() { scores_with::<false>(x, scale, bias, i) } else { scores_with::<true>(x, scale, bias, i) } }
-}
-
-/// [`scores`] with the bias test made at compile time (`BIAS`: `bias` is not null).
-///
-/// # Safety
-/// As [`scores`].
-#[inline(always)]
-unsafe fn scores_with<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, i: usize) -> V {
-    // Whole-vector loads: per-lane loads under the bias test became scalar loads and shuffles.
-    // SAFETY: the caller's contract; `read_unaligned` needs no alignment.
-    let xv = unsafe { (x.add(i) as *const V).read_unaligned() };
-    let mut v = [0.0; L];
-    if BIAS {
-        // SAFETY: as above.
-        let bv = unsafe { (bias.add(i) as *const V).read_unaligned() };
-        for l in 0..L {
-            v[l] = scale * xv[l] + bv[l];
-        }
-    } else {
-        for l in 0..L {
-            v[l] = scale * xv[l];
-        }
-    }
-    v
-}
-
-/// `max(scale·x[i] + bias[i])` (no bias when null), `-inf` for `n = 0`; NaN scores are passed
-/// over, as `maxps` does.
-///
-/// # Safety
-/// `x` addresses `n` elements, and so does `bias` unless it is null.
-#[inline(always)]
-pub(super) unsafe fn row_max(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    let mut m = [f32::NEG_INFINITY; L];
-    let mut i = 0;
-    while i + L <= n {
-        // SAFETY: `i + L ≤ n`.
-        let v = unsafe { scores(x, scale, bias, i) };
-        for l in 0..L {
-            m[l] = if v[l] > m[l] { v[l] } else { m[l] };
-        }
-        i += L;
-    }
-    let mut best = m.iter().fold(f32::NEG_INFINITY, |a, b| if *b > a { *b } else { a });
-    for j in i..n {
-        // SAFETY: `j < n`.
-        let v = unsafe { scale * *x.add(j) + if bias.is_null() { 0.0 } else { *bias.add(j) } };
-        best = if v > best { v } else { best };
-    }
-    best
 }
 
 /// `sigmoid(x) = 1 / (1 + exp(-x))` of every element (0 for `-inf` and below -88.7, 1 above

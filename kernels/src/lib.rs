@@ -27,6 +27,7 @@ mod peak;
 mod portable;
 mod prefix;
 mod rows;
+mod vector;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]

@@ -1,8 +1,10 @@
 //! The portable path: kernels for the baseline target (SSE2 on x86-64, NEON on AArch64), with a
 //! fused multiply-add only where the baseline has one ([`super::lanes::HAS_FMA`]). The dense
-//! micro-tile and the softmax `exp` are written on [`super::f4`]'s explicit 4-lane vector; the
-//! rest are the lane loops of [`super::lanes`]. It is also the reference the SIMD paths are
-//! compared with in tests, besides the f64 oracle.
+//! micro-tile is written on [`super::f4`]'s explicit 4-lane vector, and the softmax `exp` and
+//! row maximum, `tanh`, the flash backward's rows and the additive scores are the kernels
+//! written over [`super::vector::Vector`] instantiated on it; sigmoid and GELU are the lane
+//! loops of [`super::lanes`]. It is also the reference the SIMD paths are compared with in
+//! tests, besides the f64 oracle.
 
 use super::f4;
 use super::gemm::{Kernel, Layout, Tile, pack_generic};
