@@ -128,6 +128,41 @@ fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: us
     })
 }
 
+/// One SSE2 loop in assembly, timed (best of 5 runs of 20 M iterations of 96 flops), printed
+/// under `$name`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! variant {
+    ($name:expr, $($body:literal),* $(,)?) => {{
+        let buf = vec![1.0f32; 1024];
+        let p = buf.as_ptr();
+        let iters: u64 = 20_000_000;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            // SAFETY: the loop reads `buf` (4 KiB) and writes only the registers it lists.
+            unsafe {
+                std::arch::asm!(
+                    "xorps xmm0, xmm0", "xorps xmm1, xmm1", "xorps xmm2, xmm2", "xorps xmm3, xmm3",
+                    "xorps xmm4, xmm4", "xorps xmm5, xmm5", "xorps xmm6, xmm6", "xorps xmm7, xmm7",
+                    "xorps xmm8, xmm8", "xorps xmm9, xmm9", "xorps xmm10, xmm10", "xorps xmm11, xmm11",
+                    "movups xmm12, [{p}]", "movups xmm13, [{p}+16]",
+                    "2:",
+                    $($body,)*
+                    "dec {n}",
+                    "jnz 2b",
+                    p = in(reg) p, n = inout(reg) iters => _,
+                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _, out("xmm4") _, out("xmm5") _,
+                    out("xmm6") _, out("xmm7") _, out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                    out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+                    options(nostack, readonly),
+                );
+            }
+            best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+        }
+        println!("  {:<44} {:6.1} GFLOP/s", $name, 96.0 / best * 1e-9);
+    }};
+}
+
 /// The portable path's 6 × 8 SSE2 micro-tile loop, written in assembly in four forms (96
 /// flops per iteration, 12 accumulators, L1-resident operands): as LLVM compiled the lane
 /// form of the micro-tile (2 panel loads, 6 splat loads, 6 register copies, 12 `mulps`, 12
@@ -136,39 +171,15 @@ fn gemm_crate_rate(layout: Layout, (m, n, k): (usize, usize, usize), batches: us
 /// can reach with this shape.
 #[cfg(target_arch = "x86_64")]
 fn sse_ceiling() {
-    use std::arch::asm;
-    macro_rules! variant {
-        ($name:expr, $($body:literal),* $(,)?) => {{
-            let buf = vec![1.0f32; 1024];
-            let p = buf.as_ptr();
-            let iters: u64 = 20_000_000;
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let t = Instant::now();
-                // SAFETY: the loop reads `buf` (4 KiB) and writes only the registers it lists.
-                unsafe {
-                    asm!(
-                        "xorps xmm0, xmm0", "xorps xmm1, xmm1", "xorps xmm2, xmm2", "xorps xmm3, xmm3",
-                        "xorps xmm4, xmm4", "xorps xmm5, xmm5", "xorps xmm6, xmm6", "xorps xmm7, xmm7",
-                        "xorps xmm8, xmm8", "xorps xmm9, xmm9", "xorps xmm10, xmm10", "xorps xmm11, xmm11",
-                        "movups xmm12, [{p}]", "movups xmm13, [{p}+16]",
-                        "2:",
-                        $($body,)*
-                        "dec {n}",
-                        "jnz 2b",
-                        p = in(reg) p, n = inout(reg) iters => _,
-                        out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _, out("xmm4") _, out("xmm5") _,
-                        out("xmm6") _, out("xmm7") _, out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
-                        out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
-                        options(nostack, readonly),
-                    );
-                }
-                best = best.min(t.elapsed().as_secs_f64() / iters as f64);
-            }
-            println!("  {:<44} {:6.1} GFLOP/s", $name, 96.0 / best * 1e-9);
-        }};
-    }
     println!("\nSSE2 6 × 8 micro-tile loop (assembly):");
+    sse_lane_form();
+    sse_load_per_product();
+    sse_no_loads();
+}
+
+/// The lane form of the micro-tile as LLVM compiled it: 8 loads and 6 register copies.
+#[cfg(target_arch = "x86_64")]
+fn sse_lane_form() {
     variant!(
         "lane form (8 loads, 6 copies)",
         "movups xmm13, [{p}]",
@@ -210,6 +221,11 @@ fn sse_ceiling() {
         "mulps xmm14, xmm12",
         "addps xmm11, xmm14",
     );
+}
+
+/// A load per product instead of the copies (the form `f4::micro` compiles to).
+#[cfg(target_arch = "x86_64")]
+fn sse_load_per_product() {
     variant!(
         "a load per product (14 loads; f4::micro)",
         "movups xmm13, [{p}]",
@@ -251,6 +267,11 @@ fn sse_ceiling() {
         "mulps xmm15, xmm12",
         "addps xmm11, xmm15",
     );
+}
+
+/// Register operands only: no loads at all.
+#[cfg(target_arch = "x86_64")]
+fn sse_no_loads() {
     variant!(
         "no loads (register operands only)",
         "movaps xmm14, xmm13",
@@ -360,6 +381,13 @@ fn main() -> Result<(), KernelError> {
             println!("peak {isa:>8}: {best:6.1} GFLOP/s (one core, {kind}, best of {PEAK_RUNS} runs)");
         }
     }
+    products(&isas, batches, rows_only)?;
+    row_kernels(&isas, batches, quick)
+}
+
+/// The tile products on every path, against the peak loop timed after each batch (none with
+/// `rows_only`, but the header).
+fn products(isas: &[Isa], batches: usize, rows_only: bool) -> Result<(), KernelError> {
     let shapes: &[(&str, Layout, usize, usize, usize)] = &[
         ("Q·Kᵀ", Layout::Nt, 64, 64, 64),
         ("Q·Kᵀ", Layout::Nt, 64, 64, 128),
@@ -392,6 +420,13 @@ fn main() -> Result<(), KernelError> {
             println!("{name:<6} {tag:>2} {m:>5} {n:>5} {k:>5}  {:>8}  {rate:9.1}  {pct:>7}", "gemm");
         }
     }
+    Ok(())
+}
+
+/// The row kernels on every path: `exp_sum`, the online-softmax step, whole-row softmax, GELU,
+/// `tanh` and sigmoid rows, additive score tiles, and the flash backward's row (in child
+/// processes).
+fn row_kernels(isas: &[Isa], batches: usize, quick: bool) -> Result<(), KernelError> {
     println!("\nexp_sum (row of 128 scores):");
     let x: Vec<f32> = (0..128).map(|i| -(i as f32) * 0.1).collect();
     let mut y = vec![0.0f32; 128];

@@ -242,36 +242,35 @@ fn check_matrix(operand: &'static str, len: usize, rows: usize, cols: usize, ld:
     Ok(())
 }
 
+/// A blocked or few-rows product driver (`gemm::run`, `gemv::run`).
+type Driver = unsafe fn(&Gemm, Layout, *const f32, *const f32, *mut f32);
+
+/// Checks `g`'s strides and the slices for `layout`, then runs `driver` on them.
+fn checked_product(driver: Driver, g: &Gemm, layout: Layout, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
+    g.check(layout, a, b, c)?;
+    // SAFETY: `check` proved every index the kernel touches is inside the slices.
+    unsafe { driver(g, layout, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    Ok(())
+}
+
 /// `C (+)= alpha · A · Bᵀ` with `B` given as `n × k` rows (keys), checked.
 pub fn sgemm_nt(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
-    g.check(Layout::Nt, a, b, c)?;
-    // SAFETY: `check` proved every index the kernel touches is inside the slices.
-    unsafe { gemm::run(g, Layout::Nt, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
-    Ok(())
+    checked_product(gemm::run, g, Layout::Nt, a, b, c)
 }
 
 /// `C (+)= alpha · A · B` with `B` given as `k × n`, checked.
 pub fn sgemm_nn(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
-    g.check(Layout::Nn, a, b, c)?;
-    // SAFETY: as in `sgemm_nt`.
-    unsafe { gemm::run(g, Layout::Nn, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
-    Ok(())
+    checked_product(gemm::run, g, Layout::Nn, a, b, c)
 }
 
 /// [`sgemm_nt`] by the few-rows kernel (any `m`; fastest for `m ≤ 4`, where it streams `B`).
 pub fn gemv_nt(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
-    g.check(Layout::Nt, a, b, c)?;
-    // SAFETY: as in `sgemm_nt`.
-    unsafe { gemv::run(g, Layout::Nt, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
-    Ok(())
+    checked_product(gemv::run, g, Layout::Nt, a, b, c)
 }
 
 /// [`sgemm_nn`] by the few-rows kernel, as [`gemv_nt`].
 pub fn gemv_nn(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), KernelError> {
-    g.check(Layout::Nn, a, b, c)?;
-    // SAFETY: as in `sgemm_nt`.
-    unsafe { gemv::run(g, Layout::Nn, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
-    Ok(())
+    checked_product(gemv::run, g, Layout::Nn, a, b, c)
 }
 
 /// `y[i] = exp(x[i] - shift)` on `isa`, returning `Σ y` (accumulated in `f32`, lane-parallel).
