@@ -338,6 +338,14 @@ pub(super) fn live(plan: &Schedule) -> Result<(), Vec<VerifyError>> {
 /// What the integer table guarantees.
 pub(super) fn tables(plan: &Schedule, policy: &Policy) -> Result<(), Vec<VerifyError>> {
     let mut errors = Vec::new();
+    // Each integer's first slot (linear in the table, whatever its length).
+    let mut slots: HashMap<&IntValue, usize> = HashMap::with_capacity(plan.ints.len());
+    for (second, v) in plan.ints.iter().enumerate() {
+        if let Some(first) = slots.insert(v, second) {
+            slots.insert(v, first);
+            errors.push(VerifyError::DuplicateInt { value: format!("{v:?}"), first, second });
+        }
+    }
     for (s, step) in plan.steps.iter().enumerate() {
         let items = IntValue::Tuning { step: s, param: Tuning::Items };
         match plan.ints.get(step.work) {
@@ -349,7 +357,7 @@ pub(super) fn tables(plan: &Schedule, policy: &Policy) -> Result<(), Vec<VerifyE
             }),
         }
         for param in policy.tunings(&step.kernel) {
-            if plan.tuning(s, param).is_none() {
+            if !slots.contains_key(&IntValue::Tuning { step: s, param }) {
                 errors.push(VerifyError::MissingInt { what: step_name(plan, s), value: format!("tuning value {param:?}") });
             }
         }
@@ -357,14 +365,9 @@ pub(super) fn tables(plan: &Schedule, policy: &Policy) -> Result<(), Vec<VerifyE
     for d in table_dims(plan) {
         let symbols: Vec<Dim> = d.symbols().iter().map(|s| Dim::sym(s)).collect();
         for d in std::iter::once(d).chain(symbols) {
-            if plan.slot(&IntValue::Dim(d.clone())).is_none() {
+            if !slots.contains_key(&IntValue::Dim(d.clone())) {
                 errors.push(VerifyError::MissingInt { what: "a view or an expression".into(), value: format!("dim `{d}`") });
             }
-        }
-    }
-    for (second, v) in plan.ints.iter().enumerate() {
-        if let Some(first) = plan.ints[..second].iter().position(|x| x == v) {
-            errors.push(VerifyError::DuplicateInt { value: format!("{v:?}"), first, second });
         }
     }
     errors.dedup();
