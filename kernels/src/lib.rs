@@ -283,6 +283,17 @@ pub fn exp_sum(isa: Isa, x: &[f32], y: &mut [f32], shift: f32) -> Result<f32, Ke
     Ok(unsafe { exp::exp_sum(isa, x.as_ptr(), 1.0, std::ptr::null(), y.as_mut_ptr(), x.len(), shift) })
 }
 
+/// A row kernel `(isa, x, y, n)` writing `y[i]` from `x[i]` for `i < n`.
+type RowKernel = unsafe fn(Isa, *const f32, *mut f32, usize);
+
+/// Checks a row kernel's operands ([`row_operands`]), then runs it on them.
+fn checked_row(kernel: RowKernel, isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+    row_operands(isa, x, y)?;
+    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
+    unsafe { kernel(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
+    Ok(())
+}
+
 /// A row kernel's checks: `isa` runs here and `y` holds at least as many elements as `x`.
 fn row_operands(isa: Isa, x: &[f32], y: &[f32]) -> Result<(), KernelError> {
     if !isa.is_supported() {
@@ -320,18 +331,12 @@ pub fn softmax_step(
 
 /// Softmax of the whole row `x` into `y` on `isa` (see [`attnc_softmax_row_f32`]).
 pub fn softmax_row(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    row_operands(isa, x, y)?;
-    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    unsafe { exp::softmax_row(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
-    Ok(())
+    checked_row(exp::softmax_row, isa, x, y)
 }
 
 /// `y[i] = tanh(x[i])` on `isa`; accurate to a few ulp, `±1` for large `|x|`, NaN stays NaN.
 pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    row_operands(isa, x, y)?;
-    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    unsafe { exp::tanh(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
-    Ok(())
+    checked_row(exp::tanh, isa, x, y)
 }
 
 /// Defines a C ABI product entry point `fn(m, n, k, a, lda, b, ldb, c, ldc, alpha,
@@ -590,16 +595,10 @@ pub unsafe extern "C" fn attnc_transpose_f32(src: *const f32, lds: usize, rows: 
 
 /// `y[i] = gelu(x[i])` on `isa`, the erf form within a few 1e-7 absolute of the exact one.
 pub fn gelu(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    row_operands(isa, x, y)?;
-    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    unsafe { rows::gelu(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
-    Ok(())
+    checked_row(rows::gelu, isa, x, y)
 }
 
 /// `y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))` on `isa` (see [`attnc_sigmoid_f32`]).
 pub fn sigmoid(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
-    row_operands(isa, x, y)?;
-    // SAFETY: `y` holds at least `x.len()` elements and the path is supported.
-    unsafe { rows::sigmoid(isa, x.as_ptr(), y.as_mut_ptr(), x.len()) };
-    Ok(())
+    checked_row(rows::sigmoid, isa, x, y)
 }

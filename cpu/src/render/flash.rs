@@ -318,17 +318,9 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     let kend = fx.add(kstart, p.kps);
     let kend = fx.min(kend, p.n);
     let b_pos: Vec<Value> = block.bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
-    let mut hoisted = Hoisted::new();
-    {
-        let mut pos = b_pos.clone();
-        let z = fx.b.ins().iconst(types::I32, 0);
-        pos.extend([z, z]);
-        let none = Hoisted::new();
-        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &none };
-        let mut exprs: Vec<&ScoreExpr> = std::iter::once(&f.analysis.score).chain(f.spec.mask.as_ref()).collect();
-        exprs.extend(f.analysis.separated.as_ref().map(|(x, _)| &x.sep));
-        score::hoist(fx, &exprs, r, Level::Item, &env, &mut hoisted);
-    }
+    let mut exprs: Vec<&ScoreExpr> = std::iter::once(&f.analysis.score).chain(f.spec.mask.as_ref()).collect();
+    exprs.extend(f.analysis.separated.as_ref().map(|(x, _)| &x.sep));
+    let hoisted = score::hoist_item(fx, &exprs, r, &b_pos, &p.dims, &p.extras);
     let sep_ok = separable_ok(fx, p, &block, &b_pos, &hoisted);
     // The factor `c` of a score `c · s` (1 for `s`), for the whole work item.
     let factor_of = |fx: &mut StepBuilder, staged: &attn_compiler::schedule::StagedScore| {

@@ -26,7 +26,7 @@ use super::score::{self, Env, Extra, Hoisted};
 use crate::abi;
 use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, ScoreExpr};
-use attn_compiler::schedule::{FlashBwdKernel, Level, Tuning, View};
+use attn_compiler::schedule::{FlashBwdKernel, Tuning, View};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use cranelift_frontend::Variable;
@@ -346,29 +346,19 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     let poff = fx.mul(w, p.per_item);
     let partial = fx.elem_addr(p.partials, poff);
     let b_pos: Vec<Value> = bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
-    let mut hoisted = Hoisted::new();
-    {
-        let mut pos = b_pos.clone();
-        let z = fx.b.ins().iconst(types::I32, 0);
-        pos.extend([z, z]);
-        let none = Hoisted::new();
-        let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &none };
-        let mut exprs: Vec<&ScoreExpr> = vec![&f.spec.score, &f.grad.ds];
-        exprs.extend(f.spec.mask.as_ref());
-        for l in &f.grad.loads {
-            exprs.push(&l.d);
-            exprs.extend(&l.index);
-        }
-        if let Some(sep) = f.linear.as_ref().and_then(|l| l.sep.as_ref()) {
-            exprs.push(sep);
-        }
-        score::hoist(fx, &exprs, f.spec.rank, Level::Item, &env, &mut hoisted);
+    let mut exprs: Vec<&ScoreExpr> = vec![&f.spec.score, &f.grad.ds];
+    exprs.extend(f.spec.mask.as_ref());
+    for l in &f.grad.loads {
+        exprs.push(&l.d);
+        exprs.extend(&l.index);
     }
+    if let Some(sep) = f.linear.as_ref().and_then(|l| l.sep.as_ref()) {
+        exprs.push(sep);
+    }
+    let hoisted = score::hoist_item(fx, &exprs, f.spec.rank, &b_pos, &p.dims, &p.extras);
     let factor = match f.linear.as_ref().and_then(|l| l.factor.as_ref()) {
         Some(c) => {
-            let mut pos = b_pos.clone();
-            let z = fx.b.ins().iconst(types::I32, 0);
-            pos.extend([z, z]);
+            let pos = score::item_positions(fx, &b_pos);
             let env = Env { s: None, pos: &pos, dims: &p.dims, extras: &p.extras, hoisted: &hoisted };
             let t = score::eval(fx, c, &env);
             fx.cvt_f(t)

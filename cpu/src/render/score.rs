@@ -95,6 +95,32 @@ pub struct Env<'e> {
     pub hoisted: &'e Hoisted,
 }
 
+/// The positions of a work item's first score: its batch positions, then query and key 0.
+pub fn item_positions(fx: &mut StepBuilder, batch: &[Value]) -> Vec<Value> {
+    let mut pos = batch.to_vec();
+    let z = fx.b.ins().iconst(cranelift_codegen::ir::types::I32, 0);
+    pos.extend([z, z]);
+    pos
+}
+
+/// The parts of `exprs` that are the same for a whole work item (batch positions `batch`, of a
+/// score tensor of rank `rank`), computed once for it.
+pub fn hoist_item(
+    fx: &mut StepBuilder,
+    exprs: &[&ScoreExpr],
+    rank: usize,
+    batch: &[Value],
+    dims: &HashMap<Dim, Value>,
+    extras: &[Extra],
+) -> Hoisted {
+    let pos = item_positions(fx, batch);
+    let none = Hoisted::new();
+    let env = Env { s: None, pos: &pos, dims, extras, hoisted: &none };
+    let mut hoisted = Hoisted::new();
+    hoist(fx, exprs, rank, Level::Item, &env, &mut hoisted);
+    hoisted
+}
+
 /// Every dim of `dims` as the i32 scalar score expressions compute with (read from the integer
 /// table once, in a step's prologue).
 pub fn dim_values(fx: &mut StepBuilder, dims: Vec<Dim>) -> HashMap<Dim, Value> {
