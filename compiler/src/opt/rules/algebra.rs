@@ -1,7 +1,7 @@
 //! Scalar algebra: constant folding, identities, and moving a scalar scale from the scores into
 //! the queries.
 
-use super::{Build, EG, Rule, konst, nodes_where, ty};
+use super::{Build, EG, ENode, Rule, konst, nodes_where, ty};
 use crate::ir::semantics::{self, Scalar};
 use crate::ir::{BinaryOp, DType, Op, TensorType, UnaryOp};
 use egg::Id;
@@ -42,32 +42,22 @@ impl Rule for FoldConstants {
 pub struct Identities;
 
 impl Rule for Identities {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::Binary(_))
-    }
+    rule_head!("algebra/identities", Op::Binary(_));
 
-    fn name(&self) -> &'static str {
-        "algebra/identities"
-    }
-
-    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
-        let mut out = Vec::new();
+    fn rewrite_node(&self, eg: &EG, class: Id, n: &ENode, out: &mut Vec<Build>) {
+        let Op::Binary(b) = n.op() else { return };
+        let (x, y) = (n.args()[0], n.args()[1]);
         let t = ty(eg, class);
-        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(_))) {
-            let Op::Binary(b) = n.op() else { continue };
-            let (x, y) = (n.args()[0], n.args()[1]);
-            let keep = |v: Id, other: Id, unit: f64| konst(eg, other) == Some(unit) && ty(eg, v) == t;
-            match b {
-                BinaryOp::Mul if keep(x, y, 1.0) => out.push(Build::Class(x)),
-                BinaryOp::Mul if keep(y, x, 1.0) => out.push(Build::Class(y)),
-                BinaryOp::Div if keep(x, y, 1.0) => out.push(Build::Class(x)),
-                BinaryOp::Add if keep(x, y, 0.0) => out.push(Build::Class(x)),
-                BinaryOp::Add if keep(y, x, 0.0) => out.push(Build::Class(y)),
-                BinaryOp::Sub if keep(x, y, 0.0) => out.push(Build::Class(x)),
-                _ => {}
-            }
+        let keep = |v: Id, other: Id, unit: f64| konst(eg, other) == Some(unit) && ty(eg, v) == t;
+        match b {
+            BinaryOp::Mul if keep(x, y, 1.0) => out.push(Build::Class(x)),
+            BinaryOp::Mul if keep(y, x, 1.0) => out.push(Build::Class(y)),
+            BinaryOp::Div if keep(x, y, 1.0) => out.push(Build::Class(x)),
+            BinaryOp::Add if keep(x, y, 0.0) => out.push(Build::Class(x)),
+            BinaryOp::Add if keep(y, x, 0.0) => out.push(Build::Class(y)),
+            BinaryOp::Sub if keep(x, y, 0.0) => out.push(Build::Class(x)),
+            _ => {}
         }
-        out
     }
 }
 
@@ -77,32 +67,22 @@ impl Rule for Identities {
 pub struct DivToMul;
 
 impl Rule for DivToMul {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::Binary(BinaryOp::Div))
-    }
+    rule_head!("algebra/div-to-mul", Op::Binary(BinaryOp::Div));
 
-    fn name(&self) -> &'static str {
-        "algebra/div-to-mul"
-    }
-
-    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
-        let mut out = Vec::new();
-        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(BinaryOp::Div))) {
-            let (x, y) = (n.args()[0], n.args()[1]);
-            let Some(yt) = ty(eg, y) else { continue };
-            if yt.rank() != 0 || !ty(eg, x).is_some_and(|t| t.dtype.is_float()) {
-                continue;
-            }
-            if let Some(c) = konst(eg, y).filter(|c| *c != 0.0 && c.is_finite()) {
-                let inv = Build::Node(Op::Const(1.0 / c), Some(TensorType::scalar(DType::F32)), vec![]);
-                out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), inv]));
-            }
-            for s in nodes_where(eg, y, |op| matches!(op, Op::Unary(UnaryOp::Sqrt))) {
-                let r = Build::op(Op::Unary(UnaryOp::Rsqrt), vec![Build::Class(s.args()[0])]);
-                out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), r]));
-            }
+    fn rewrite_node(&self, eg: &EG, _class: Id, n: &ENode, out: &mut Vec<Build>) {
+        let (x, y) = (n.args()[0], n.args()[1]);
+        let Some(yt) = ty(eg, y) else { return };
+        if yt.rank() != 0 || !ty(eg, x).is_some_and(|t| t.dtype.is_float()) {
+            return;
         }
-        out
+        if let Some(c) = konst(eg, y).filter(|c| *c != 0.0 && c.is_finite()) {
+            let inv = Build::Node(Op::Const(1.0 / c), Some(TensorType::scalar(DType::F32)), vec![]);
+            out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), inv]));
+        }
+        for s in nodes_where(eg, y, |op| matches!(op, Op::Unary(UnaryOp::Sqrt))) {
+            let r = Build::op(Op::Unary(UnaryOp::Rsqrt), vec![Build::Class(s.args()[0])]);
+            out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(x), r]));
+        }
     }
 }
 
@@ -112,28 +92,18 @@ impl Rule for DivToMul {
 pub struct ScaleIntoQuery;
 
 impl Rule for ScaleIntoQuery {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::Binary(BinaryOp::Mul))
-    }
+    rule_head!("algebra/scale-into-query", Op::Binary(BinaryOp::Mul));
 
-    fn name(&self) -> &'static str {
-        "algebra/scale-into-query"
-    }
-
-    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
-        let mut out = Vec::new();
-        for n in nodes_where(eg, class, |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
-            for (m, c) in [(n.args()[0], n.args()[1]), (n.args()[1], n.args()[0])] {
-                if ty(eg, c).is_none_or(|t| t.rank() != 0) {
-                    continue;
-                }
-                for mm in nodes_where(eg, m, |op| matches!(op, Op::MatMul)) {
-                    let scaled = Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(mm.args()[0]), Build::Class(c)]);
-                    out.push(Build::op(Op::MatMul, vec![scaled, Build::Class(mm.args()[1])]));
-                }
+    fn rewrite_node(&self, eg: &EG, _class: Id, n: &ENode, out: &mut Vec<Build>) {
+        for (m, c) in [(n.args()[0], n.args()[1]), (n.args()[1], n.args()[0])] {
+            if ty(eg, c).is_none_or(|t| t.rank() != 0) {
+                continue;
+            }
+            for mm in nodes_where(eg, m, |op| matches!(op, Op::MatMul)) {
+                let scaled = Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(mm.args()[0]), Build::Class(c)]);
+                out.push(Build::op(Op::MatMul, vec![scaled, Build::Class(mm.args()[1])]));
             }
         }
-        out
     }
 }
 

@@ -28,13 +28,7 @@ pub struct FuseAttention {
 }
 
 impl Rule for FuseAttention {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::MatMul)
-    }
-
-    fn name(&self) -> &'static str {
-        "fusion/flash-attention"
-    }
+    rule_head!("fusion/flash-attention", Op::MatMul);
 
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
         self.fuse(eg, class).into_iter().filter_map(Result::ok).collect()
@@ -78,13 +72,7 @@ impl FuseAttention {
 pub struct CastIntoFlash;
 
 impl Rule for CastIntoFlash {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::Cast)
-    }
-
-    fn name(&self) -> &'static str {
-        "fusion/cast-into-flash"
-    }
+    rule_head!("fusion/cast-into-flash", Op::Cast);
 
     fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
         let Some(target) = ty(eg, class).filter(|t| t.dtype.is_float()).cloned() else { return Vec::new() };

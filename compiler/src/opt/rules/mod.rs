@@ -6,6 +6,20 @@
 //! Following Cranelift's mid-end: no general commutativity or associativity; the one
 //! re-association rule (`assoc`) is guarded by types and decided by the cost model.
 
+/// A rule's name and the ops that can root its matches ([`Rule::name`], [`Rule::wants`]), in
+/// its `impl Rule` block: `rule_head!("topic/name", pattern)`.
+macro_rules! rule_head {
+    ($name:literal, $root:pat) => {
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn wants(&self, op: &Op) -> bool {
+            matches!(op, $root)
+        }
+    };
+}
+
 pub mod algebra;
 pub mod assoc;
 pub mod fusion;
@@ -33,18 +47,32 @@ impl Build {
     }
 }
 
-/// A rewrite rule: proposes trees equal to `class`.
+/// A rewrite rule: proposes trees equal to `class`. Most rules say which ops root a match
+/// ([`Rule::wants`]) and what one such node of the class proposes ([`Rule::rewrite_node`]); a
+/// rule that looks at the class as a whole overrides [`Rule::rewrite`] instead.
 pub trait Rule: Send + Sync {
     /// `topic/name`, as reported by `attnc explain`.
     fn name(&self) -> &'static str;
-    /// Trees equivalent to the class (empty: the rule does not apply).
-    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build>;
 
     /// Whether a node with this op can be the root of a match: the search visits only classes
     /// that hold such a node, so a rule about transposes never looks at the thousands of
     /// classes of a long chain of arithmetic. True for every op `rewrite` starts from.
     fn wants(&self, _op: &Op) -> bool {
         true
+    }
+
+    /// The trees equivalent to `class` that its node `n` (one whose op the rule
+    /// [`wants`](Rule::wants)) gives, pushed to `out`.
+    fn rewrite_node(&self, _eg: &EG, _class: Id, _n: &ENode, _out: &mut Vec<Build>) {}
+
+    /// Trees equivalent to the class (empty: the rule does not apply): by default, what each
+    /// node the rule wants gives ([`Rule::rewrite_node`]).
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let mut out = Vec::new();
+        for n in nodes_where(eg, class, |op| self.wants(op)) {
+            self.rewrite_node(eg, class, n, &mut out);
+        }
+        out
     }
 }
 

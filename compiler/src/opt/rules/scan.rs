@@ -3,7 +3,7 @@
 //! `prefix_attention(q, k, v)`: the `[.., S, D, Dv]` prefix sums are never formed, and the
 //! backends keep one `D × Dv` state per batch item (Katharopoulos et al. 2020, eqs. 16–18).
 
-use super::{Build, EG, Rule, nodes_where, ty};
+use super::{Build, EG, ENode, Rule, nodes_where, ty};
 use crate::ir::{BinaryOp, Dim, Op, ReduceOp, ScanOp};
 use egg::Id;
 
@@ -12,52 +12,42 @@ use egg::Id;
 pub struct PrefixAttention;
 
 impl Rule for PrefixAttention {
-    fn wants(&self, op: &Op) -> bool {
-        matches!(op, Op::Reduce { op: ReduceOp::Sum, keepdim: false, .. })
-    }
+    rule_head!("fusion/prefix-attention", Op::Reduce { op: ReduceOp::Sum, keepdim: false, .. });
 
-    fn name(&self) -> &'static str {
-        "fusion/prefix-attention"
-    }
-
-    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
-        let mut out = Vec::new();
-        for sum in nodes_where(eg, class, |op| matches!(op, Op::Reduce { op: ReduceOp::Sum, keepdim: false, .. })) {
-            let Op::Reduce { axes, .. } = sum.op() else { continue };
-            let prod = sum.args()[0];
-            let Some(rank) = ty(eg, prod).map(|t| t.rank()) else { continue };
-            // `[.., S, D, Dv]` summed over D.
-            if rank < 3 || axes.as_slice() != [rank - 2] {
-                continue;
-            }
-            for mul in nodes_where(eg, prod, |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
-                let (a, b) = (mul.args()[0], mul.args()[1]);
-                for (q_col, prefix) in [(a, b), (b, a)] {
-                    let Some(q) = unsqueezed(eg, q_col, rank - 1) else { continue };
-                    for scan in nodes_where(eg, prefix, |op| matches!(op, Op::Scan { op: ScanOp::Sum, .. })) {
-                        let Op::Scan { axis, reverse, .. } = scan.op() else { continue };
-                        if *axis != rank - 3 {
-                            continue;
-                        }
-                        for outer in nodes_where(eg, scan.args()[0], |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
-                            let (c, d) = (outer.args()[0], outer.args()[1]);
-                            for (k_col, v_row) in [(c, d), (d, c)] {
-                                let (Some(k), Some(v)) = (unsqueezed(eg, k_col, rank - 1), unsqueezed(eg, v_row, rank - 2)) else {
-                                    continue;
-                                };
-                                // The op's shape rule (checked when the node is added) makes q
-                                // and k match and v share their leading axes.
-                                out.push(Build::op(
-                                    Op::PrefixAttention { reverse: *reverse },
-                                    vec![Build::Class(q), Build::Class(k), Build::Class(v)],
-                                ));
-                            }
+    fn rewrite_node(&self, eg: &EG, _class: Id, sum: &ENode, out: &mut Vec<Build>) {
+        let Op::Reduce { axes, .. } = sum.op() else { return };
+        let prod = sum.args()[0];
+        let Some(rank) = ty(eg, prod).map(|t| t.rank()) else { return };
+        // `[.., S, D, Dv]` summed over D.
+        if rank < 3 || axes.as_slice() != [rank - 2] {
+            return;
+        }
+        for mul in nodes_where(eg, prod, |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
+            let (a, b) = (mul.args()[0], mul.args()[1]);
+            for (q_col, prefix) in [(a, b), (b, a)] {
+                let Some(q) = unsqueezed(eg, q_col, rank - 1) else { continue };
+                for scan in nodes_where(eg, prefix, |op| matches!(op, Op::Scan { op: ScanOp::Sum, .. })) {
+                    let Op::Scan { axis, reverse, .. } = scan.op() else { continue };
+                    if *axis != rank - 3 {
+                        continue;
+                    }
+                    for outer in nodes_where(eg, scan.args()[0], |op| matches!(op, Op::Binary(BinaryOp::Mul))) {
+                        let (c, d) = (outer.args()[0], outer.args()[1]);
+                        for (k_col, v_row) in [(c, d), (d, c)] {
+                            let (Some(k), Some(v)) = (unsqueezed(eg, k_col, rank - 1), unsqueezed(eg, v_row, rank - 2)) else {
+                                continue;
+                            };
+                            // The op's shape rule (checked when the node is added) makes q
+                            // and k match and v share their leading axes.
+                            out.push(Build::op(
+                                Op::PrefixAttention { reverse: *reverse },
+                                vec![Build::Class(q), Build::Class(k), Build::Class(v)],
+                            ));
                         }
                     }
                 }
             }
         }
-        out
     }
 }
 
