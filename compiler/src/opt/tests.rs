@@ -1,4 +1,5 @@
-//! Test helpers: one-line equivalence checks for single rules.
+//! The optimizer's tests, and one-line equivalence checks for single rules; the rules' own
+//! cases are files (`tests/cases/rules/*.ir`, [`rule_cases_rewrite_as_their_files_say`]).
 
 use super::{OptOptions, optimize_with_rules};
 use crate::ir::Graph;
@@ -10,13 +11,33 @@ use std::time::Instant;
 
 /// Runs one rule on `before` (IR text), extracts with the cost model, and compares the result's
 /// canonical text with `after`.
-pub(crate) fn check_rule<R: Rule + Clone + 'static>(rule: &R, before: &str, after: &str) {
+pub(crate) fn check_rule(rule: Arc<dyn Rule>, before: &str, after: &str) {
     let graph = Graph::parse(before).unwrap_or_else(|e| panic!("bad test input: {e}"));
     let loaded = load(&graph);
-    let rules: Vec<Arc<dyn Rule>> = vec![Arc::new(rule.clone())];
-    let out = optimize_with_rules(&graph, &OptOptions::default(), loaded, HashSet::new(), &rules, Instant::now());
+    let name = rule.name();
+    let out = optimize_with_rules(&graph, &OptOptions::default(), loaded, HashSet::new(), &[rule], Instant::now());
     assert!(out.report.fallback.is_none(), "fallback: {:?}", out.report.fallback);
-    assert_eq!(out.graph.to_string(), after, "rule {} did not give the expected graph", rule.name());
+    assert_eq!(out.graph.to_string(), after, "rule {name} did not give the expected graph");
+}
+
+/// The rules' filetests: each `tests/cases/rules/*.ir` names a rule (`# rule: topic/name`), then
+/// holds a graph and, after a `# after:` line, the graph that rule alone makes of it
+/// ([`check_rule`]).
+#[test]
+fn rule_cases_rewrite_as_their_files_say() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cases/rules");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("the rule cases").filter_map(Result::ok).map(|e| e.path()).collect();
+    files.retain(|p| p.extension().is_some_and(|x| x == "ir"));
+    files.sort();
+    assert!(files.len() >= 14, "{} rule cases in {}", files.len(), dir.display());
+    let rules = super::all_rules(HashSet::new());
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let name = text.lines().find_map(|l| l.strip_prefix("# rule: ")).unwrap_or_else(|| panic!("{}: no `# rule:` line", path.display()));
+        let rule = rules.iter().find(|r| r.name() == name.trim()).unwrap_or_else(|| panic!("{}: no rule `{name}`", path.display()));
+        let (before, after) = text.split_once("\n# after:\n").unwrap_or_else(|| panic!("{}: no `# after:` line", path.display()));
+        check_rule(rule.clone(), before, after.trim_end());
+    }
 }
 
 /// The IR of `examples/causal.attn` (its text is the example's `.ir` snapshot).

@@ -28,32 +28,3 @@ impl Rule for MatMulAssoc {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::opt::tests::check_rule;
-
-    /// With S = 1024 and D = 64 the S×S product costs far more than the D×D one.
-    #[test]
-    fn linear_attention_avoids_the_s_by_s_product() {
-        check_rule(
-            &super::MatMulAssoc,
-            "graph t {
-               %0 = param[name=q] : f32[S, D]
-               %1 = param[name=kt] : f32[D, S]
-               %2 = param[name=v] : f32[S, D]
-               %3 = matmul %0, %1 : f32[S, S]
-               %4 = matmul %3, %2 : f32[S, D]
-               output out = %4
-             }",
-            "graph t {
-  %0 = param[name=q] : f32[S, D]
-  %1 = param[name=kt] : f32[D, S]
-  %2 = param[name=v] : f32[S, D]
-  %3 = matmul %1, %2 : f32[D, D]
-  %4 = matmul %0, %3 : f32[S, D]
-  output out = %4
-}",
-        );
-    }
-}

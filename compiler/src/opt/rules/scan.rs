@@ -67,6 +67,7 @@ fn unsqueezed(eg: &EG, class: Id, axis: usize) -> Option<Id> {
 mod tests {
     use super::PrefixAttention;
     use crate::opt::tests::check_rule;
+    use std::sync::Arc;
 
     const BEFORE: &str = "graph f {
   %0 = param[name=q] : f32[H, S, D]
@@ -102,7 +103,7 @@ mod tests {
   output out = %3
 }}"
             );
-            check_rule(&PrefixAttention, &graph(reverse, 2), &after);
+            check_rule(Arc::new(PrefixAttention), &graph(reverse, 2), &after);
         }
     }
 
@@ -110,6 +111,6 @@ mod tests {
     fn other_sums_are_left_alone() {
         // Summed over the value axis instead of the key axis: not this contraction.
         let g = graph(false, 3);
-        check_rule(&PrefixAttention, &g, &crate::ir::Graph::parse(&g).expect("parses").to_string());
+        check_rule(Arc::new(PrefixAttention), &g, &crate::ir::Graph::parse(&g).expect("parses").to_string());
     }
 }
