@@ -6,9 +6,9 @@
 use super::analysis::{BwdLinear, FlashAnalysis};
 use super::form::{Formation, Place};
 use super::policy::{CUDA_MAX_HEAD, Target};
-use super::{BufferKind, FlashBwdKernel, FlashKernel, Kernel, ScheduleError, View};
+use super::{BufferKind, Expr, FlashBwdKernel, FlashKernel, Fused, Kernel, ScheduleError, View};
 use crate::ir::semantics::Class;
-use crate::ir::{DType, Dim, FlashSpec, FlashWrt, Op, Pair, ScoreExpr, Value};
+use crate::ir::{BinaryOp, DType, Dim, FlashSpec, FlashWrt, Op, Pair, ReduceOp, ScoreExpr, Value};
 
 impl Formation<'_> {
     /// The first `n` operands of the flash-family node `v`, each dense along its last axis; the
@@ -124,6 +124,10 @@ impl Formation<'_> {
         let grad =
             crate::ir::grad::score_grad(&spec, &|x| classes.get(x).copied().unwrap_or(Class::Float)).map_err(|e| self.unsupported(v, e))?;
         let results = self.gradient_results(v)?;
+        let delta = match &lse {
+            Some((l, out)) if self.policy.flash_bwd_delta() => Some(self.delta_rows(v, &d_out, out, l)?),
+            _ => None,
+        };
         let (step, tiles, partials) = self.step_tables(v);
         let variant =
             self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, !results.dx.is_empty());
@@ -138,6 +142,7 @@ impl Formation<'_> {
             v: vv,
             d_out,
             lse,
+            delta,
             extras,
             dq,
             dq_scale,
@@ -158,6 +163,25 @@ impl Formation<'_> {
             self.step(Kernel::FlashBwdReduce(Box::new(kernel)), format!("{label} (extra gradients)"), v);
         }
         self.placed(v)
+    }
+
+    /// The step before flash backward `v` that sums each row's `delta = Σ d_out ∘ out` (in f32
+    /// products, as the kernels form them) into a buffer of the log-sum-exp's layout `lse`.
+    fn delta_rows(&mut self, v: Value, d_out: &View, out: &View, lse: &View) -> Result<View, ScheduleError> {
+        let r = d_out.shape.len();
+        let f32 = |x: Expr| Expr::Cast(Box::new(x), DType::F32);
+        let expr = Expr::Binary(BinaryOp::Mul, Box::new(f32(Expr::Load(0))), Box::new(f32(Expr::Load(1))), DType::F32);
+        let x = Fused { inputs: vec![d_out.clone(), out.clone()], expr, shape: d_out.shape.clone(), dtype: DType::F32 };
+        let mut kept = d_out.shape.clone();
+        kept[r - 1] = Dim::constant(1);
+        let sums = self.temp(v, DType::F32, &kept);
+        let delta = View::contiguous(sums.buf, DType::F32, d_out.shape[..r - 1].to_vec());
+        if delta.strides != lse.strides {
+            return Err(self.unsupported(v, "the rows' delta and log-sum-exp differ in layout"));
+        }
+        let label = format!("{} (delta)", self.label(v));
+        self.step(Kernel::ReduceOf { x, op: ReduceOp::Sum, axes: vec![r - 1], out: sums }, label, v);
+        Ok(delta)
     }
 
     /// A buffer for each gradient of the group of `flash_grad` node `v`, each member placed at

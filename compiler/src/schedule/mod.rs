@@ -587,6 +587,11 @@ pub struct FlashBwdKernel {
     /// Softmax weights: the forward's log-sum-exp (`[..b, M]` f32) and result (`[..b, M, Dv]`,
     /// unit stride along Dv), whose rows' `delta = Σ d_out ∘ out` the kernel forms.
     pub lse: Option<(View, View)>,
+    /// The rows' `delta = Σ d_out ∘ out` (`[..b, M]` f32, `lse`'s layout), where the step
+    /// before computes it once ([`Policy::flash_bwd_delta`](policy::Policy::flash_bwd_delta): on
+    /// CUDA, whose key-chunk items would each form it again for every row); else the kernel
+    /// forms each row's as it stages the row.
+    pub delta: Option<View>,
     /// Extra operands the expressions load from.
     pub extras: Vec<View>,
     /// Dense results, each present when the graph asks for it: `dQ` `[..b, M, D]`, `dK`

@@ -186,6 +186,14 @@ impl Policy {
         }
     }
 
+    /// Whether a flash backward's rows' `delta` is a reduction step of its own before the
+    /// backward ([`FlashBwdKernel::delta`](super::FlashBwdKernel::delta)): on CUDA, where each
+    /// key-chunk item visits every query row (forming it there costs a pass over `d_out` and
+    /// `out` per key chunk); the CPU's items visit each row once.
+    pub fn flash_bwd_delta(&self) -> bool {
+        matches!(self, Policy::Cuda(_))
+    }
+
     /// The tuning values a step of `kernel` reads (besides `Items`, which every step has): a
     /// flash step's blocks and splits on every target, and on the CPU also its per-thread
     /// scratch layout.

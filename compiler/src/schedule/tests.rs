@@ -177,6 +177,43 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradient
     assert_eq!(variant("f16", Some(&qkv), &Policy::Cuda(CudaPolicy { simt_backward: true, ..CudaPolicy::default() })), Variant::Simt);
 }
 
+/// On CUDA the rows' `delta` is a reduction step just before the backward, into a buffer of the
+/// log-sum-exp's layout that the backward reads; the CPU's backward forms it per row.
+#[test]
+fn the_cuda_backward_reads_delta_from_the_step_before() {
+    let g: Graph = "graph attn {
+  %0 = param[name=q] : f16[B, H, S, 64]
+  %1 = param[name=k] : f16[B, H, S, 64]
+  %2 = param[name=v] : f16[B, H, S, 64]
+  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\", mask=\"j <= i\"] %0, %1, %2 : f16[B, H, S, 64]
+  output out = %3
+}"
+    .parse()
+    .expect("parses");
+    let derived = crate::ir::grad::differentiate(&g, None).expect("differentiates");
+    let backward = |s: &Schedule| {
+        s.steps.iter().enumerate().find_map(|(n, st)| match &st.kernel {
+            Kernel::FlashBwd(f) => Some((n, f.clone())),
+            _ => None,
+        })
+    };
+    let s = schedule(&derived, &Policy::Cuda(CudaPolicy::default())).expect("schedules");
+    let (n, f) = backward(&s).expect("a flash backward step");
+    let delta = f.delta.as_ref().expect("CUDA reads delta from a buffer");
+    let (lse, out) = f.lse.as_ref().expect("softmax weights");
+    assert_eq!(delta.strides, lse.strides);
+    let Kernel::ReduceOf { x, op, axes, out: sums } = &s.steps[n - 1].kernel else {
+        panic!("the step before is {:?}", s.steps[n - 1].kernel)
+    };
+    assert_eq!((*op, axes.as_slice(), sums.buf), (ReduceOp::Sum, &[3][..], delta.buf));
+    assert_eq!(x.inputs.iter().map(|v| v.buf).collect::<Vec<_>>(), vec![f.d_out.buf, out.buf]);
+    assert!(s.steps[n].reads.contains(&delta.buf), "the backward's reads name the delta buffer");
+    let cpu = schedule(&derived, &Policy::default()).expect("schedules");
+    let (n, f) = backward(&cpu).expect("a flash backward step");
+    assert!(f.delta.is_none());
+    assert!(!matches!(cpu.steps[n - 1].kernel, Kernel::ReduceOf { .. }));
+}
+
 #[test]
 fn score_scales_split_from_positions() {
     let e = |t: &str| parse_expr(t, 4).expect("parses");

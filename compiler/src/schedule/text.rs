@@ -175,6 +175,9 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
     if let Some((lse, fwd)) = &fk.lse {
         writeln!(out, "  lse = {lse}\n  out = {fwd}")?;
     }
+    if let Some(delta) = &fk.delta {
+        writeln!(out, "  delta = {delta}")?;
+    }
     for (n, x) in fk.extras.iter().enumerate() {
         writeln!(out, "  x{n} = {x}")?;
     }

@@ -131,8 +131,8 @@ pub(super) fn items_head(
     for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
         it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
     }
-    if let Some((l, o)) = &f.lse {
-        it.push(format!("const i64 loff_ = {}, ooff_ = {};", stat_offset(ints, l, &batch, &p)?, batch_offset(ints, o, &batch, &p)?));
+    if let Some((l, _)) = &f.lse {
+        it.push(format!("const i64 loff_ = {};", stat_offset(ints, l, &batch, &p)?));
     }
     for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
         if let Some(view) = view {
@@ -145,11 +145,20 @@ pub(super) fn items_head(
 /// The chain rule at one score, shared by both backward kernels: the score (`sc_`, narrowing
 /// `keep_`, which must hold whether the key exists) from the raw product `cx.s`, the weight
 /// `p_`, `dF` `df_` and `dS` `ds_` (floats the caller declares, 0) from `dP` (`dp`) and the
-/// row's `(lse, delta)` (softmax weights; sigmoid weights need neither).
-pub(super) fn weight_and_ds(cx: &ScoreCtx, f: &FlashBwdKernel, dp: &str, (lse, delta): (&str, &str)) -> Result<Vec<String>, CudaEmitError> {
+/// row's `(lse, delta)` (softmax weights; sigmoid weights need neither). `fast`: the weight's
+/// exponential on the special-function unit (the tensor-core kernel's f16/bf16 weights, as the
+/// forward's), else `expf`.
+pub(super) fn weight_and_ds(
+    cx: &ScoreCtx,
+    f: &FlashBwdKernel,
+    dp: &str,
+    (lse, delta): (&str, &str),
+    fast: bool,
+) -> Result<Vec<String>, CudaEmitError> {
     let mut out = score_lines(cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?;
     if f.spec.weights == Weights::Softmax {
-        out.push(format!("p_ = (keep_ && {lse} != -ATTNC_INF) ? expf(sc_ - {lse}) : 0.0f;"));
+        let exp = if fast { format!("attnc_exp2_fast((sc_ - {lse}) * ATTNC_LOG2E)") } else { format!("expf(sc_ - {lse})") };
+        out.push(format!("p_ = (keep_ && {lse} != -ATTNC_INF) ? {exp} : 0.0f;"));
         out.push(format!("df_ = p_ * ({dp} - {delta});"));
     } else {
         out.push("p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
@@ -222,22 +231,14 @@ impl Cx<'_> {
             format!("  Ds_[c_] = c_ < DV_ ? {} : 0.0f;", self.elem(&f.d_out, "dooff_", "i_", "(i64)c_")?),
             "}".into(),
         ];
-        if let Some((l, o)) = &f.lse {
+        if let Some((l, _)) = &f.lse {
+            let delta = f.delta.as_ref().ok_or_else(|| self.ints.fail("the flash backward's rows' delta has no step".into()))?;
             let s = &l.strides[l.strides.len() - 1];
             let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
-            // delta by the first warp: a lane per column (in double), then a fixed shuffle tree.
-            out.push("if (tid_ < 32) {".into());
-            out.push("  double t_ = 0.0;".into());
-            out.push(format!(
-                "  for (i64 c_ = tid_; c_ < DV_; c_ += 32) t_ += (double){} * (double){};",
-                self.elem(&f.d_out, "dooff_", "i_", "c_")?,
-                self.elem(o, "ooff_", "i_", "c_")?
-            ));
-            out.push("  t_ = attnc_warp_sum_d(t_);".into());
-            out.push("  if (tid_ == 0) {".into());
-            out.push(format!("    st_[0] = {};", load(l.buf, DType::F32, &off)));
-            out.push("    st_[1] = (float)t_;".into());
-            out.push("  }".into());
+            // The row's lse, and its delta (the step before summed it).
+            out.push("if (tid_ == 0) {".into());
+            out.push(format!("  st_[0] = {};", load(l.buf, DType::F32, &off)));
+            out.push(format!("  st_[1] = {};", load(delta.buf, DType::F32, &off)));
             out.push("}".into());
         }
         out.push("attnc_sync();".into());
@@ -260,7 +261,7 @@ impl Cx<'_> {
             format!("  const float dp_ = {pdot};"),
             "  bool keep_ = true;".into(),
         ];
-        out.extend(indent(&weight_and_ds(&cx, f, "dp_", ("st_[0]", "st_[1]"))?, 2));
+        out.extend(indent(&weight_and_ds(&cx, f, "dp_", ("st_[0]", "st_[1]"), false)?, 2));
         out.push("}".into());
         Ok(out)
     }

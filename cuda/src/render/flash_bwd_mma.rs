@@ -21,10 +21,8 @@
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
 use super::flash_bwd::{items_head, row_col, sizes_head, weight_and_ds};
-use super::ops;
 use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
-use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim};
 use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
 use attn_compiler::schedule::{FlashBwdKernel, View};
@@ -184,37 +182,19 @@ impl Cx<'_> {
         Ok(format!("const bool vec_ = {};  // 16-byte copies", conds.join(" && ")))
     }
 
-    /// Each of rows `first ..` (`rows` of them) gets its log-sum-exp and `delta` in `L_` and
-    /// `G_` (softmax weights), one thread per row.
+    /// Each of rows `first ..` (`rows` of them) gets its log-sum-exp and `delta` (the step
+    /// before summed it) in `L_` and `G_` (softmax weights), one thread per row.
     fn stage_stats(&self, rows: &str, first: &str) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
-        let Some((l, o)) = &f.lse else { return Ok(Vec::new()) };
+        let Some((l, _)) = &f.lse else { return Ok(Vec::new()) };
+        let delta = f.delta.as_ref().ok_or_else(|| self.ints.fail("the flash backward's rows' delta has no step".into()))?;
         let s = &l.strides[l.strides.len() - 1];
         let off = if s.as_const() == Some(1) { "loff_ + i_".to_string() } else { format!("loff_ + i_ * {}", self.ints.dim(s)?) };
-        let elem = |view: &View, base: &str| -> Result<String, CudaEmitError> {
-            let raw =
-                ops::CVal { text: load(view.buf, view.dtype, &row_col(self.ints, view, base, "i_", "c_")?), class: Class::of(view.dtype) };
-            Ok(ops::convert(&raw, Class::Float))
-        };
-        // 128 / rows consecutive lanes per row, each summing every (128 / rows)-th column, then
-        // a fixed shuffle tree over them.
         Ok(vec![
-            "{".into(),
-            format!("  constexpr int TR_ = {CUDA_FLASH_THREADS} / {rows};  // threads per row"),
-            format!("  const int sr_ = tid_ / TR_, part_ = tid_ % TR_;"),
-            format!("  const i64 i_ = {first} + sr_;"),
-            "  float t_ = 0.0f;".into(),
-            format!(
-                "  if (i_ < M_) for (i64 c_ = part_; c_ < DV_; c_ += TR_) t_ += {} * {};",
-                elem(&f.d_out, "dooff_")?,
-                elem(o, "ooff_")?
-            ),
-            "  #pragma unroll".into(),
-            "  for (int m_ = 1; m_ < TR_; m_ <<= 1) t_ += attnc_shfl_xor(t_, m_);".into(),
-            "  if (part_ == 0) {".into(),
-            format!("    L_[sr_] = i_ < M_ ? {} : 0.0f;", load(l.buf, DType::F32, &off)),
-            "    G_[sr_] = t_;".into(),
-            "  }".into(),
+            format!("for (int r_ = tid_; r_ < {rows}; r_ += {CUDA_FLASH_THREADS}) {{"),
+            format!("  const i64 i_ = {first} + r_;"),
+            format!("  L_[r_] = i_ < M_ ? {} : 0.0f;", load(l.buf, DType::F32, &off)),
+            format!("  G_[r_] = i_ < M_ ? {} : 0.0f;", load(delta.buf, DType::F32, &off)),
             "}".into(),
         ])
     }
@@ -278,7 +258,7 @@ impl Cx<'_> {
         let mut el = vec![position.to_string(), "const float sv_ = s_[nt_][e_] * qscale_, dpv_ = dp_[nt_][e_];".into()];
         el.push("float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".into());
         el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
-        el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"))?);
+        el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"), true)?);
         el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
         let mut out = vec![
             "#pragma unroll".to_string(),
