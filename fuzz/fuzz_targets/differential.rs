@@ -52,7 +52,11 @@ fn run(case: &Case) {
         compiler
             .plan(graph)
             .map_err(|e| e.to_string())
-            .and_then(|planned| CpuProgram::from_planned(&compiler, planned, &opts, Instant::now()).map_err(|e| e.to_string()))
+            .and_then(|planned| {
+                let (before, after) = planned.optimized.report.cost;
+                assert!(after <= before * (1.0 + 1e-9), "the optimizer made the program costlier by its own model: {before:.4e} -> {after:.4e}\n{case}");
+                CpuProgram::from_planned(&compiler, planned, &opts, Instant::now()).map_err(|e| e.to_string())
+            })
     } else {
         CpuProgram::compile_graph(graph, &opts).map_err(|e| e.to_string())
     };

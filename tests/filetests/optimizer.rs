@@ -4,7 +4,7 @@
 use crate::snapshot::Snapshots;
 use attn_compiler::interp;
 use attn_compiler::ir::{Graph, Op};
-use attn_compiler::opt::{OptOptions, optimize};
+use attn_compiler::opt::{OptOptions, OptReport, Optimized, optimize};
 use attn_runtime::{Program, Tensor};
 use attn_tests::normwise_error;
 use proptest::prelude::*;
@@ -43,7 +43,10 @@ pub fn original_matches_optimized(source: &str, name: &str, snaps: &mut Snapshot
     };
     let Some(entry) = program.default_entry() else { return snaps.fail(format!("{name}: no entry")) };
     let Ok(graph) = program.graph(&entry.name) else { return snaps.fail(format!("{name}: no graph")) };
-    let optimized = optimize(graph, &OptOptions::default()).graph;
+    let Optimized { graph: optimized, report } = optimize(graph, &OptOptions::default());
+    if let Err(e) = never_costlier(&report) {
+        snaps.fail(format!("{name}: {e}"));
+    }
     for &size in SIZES {
         let dims = dims_for(&program, &entry.name, size);
         let run = program.random_inputs(&entry.name, size as u64, &dims).and_then(|inputs| {
@@ -60,6 +63,16 @@ pub fn original_matches_optimized(source: &str, name: &str, snaps: &mut Snapshot
             Ok(err) => snaps.fail(format!("{name}: optimised graph differs at S={size}: normwise error {err:e}")),
             Err(e) => snaps.fail(format!("{name}: S={size}: {e}")),
         }
+    }
+}
+
+/// The optimizer's own cost model never rates its result costlier than its input.
+fn never_costlier(report: &OptReport) -> Result<(), String> {
+    let (before, after) = report.cost;
+    if after <= before * (1.0 + 1e-9) {
+        Ok(())
+    } else {
+        Err(format!("the optimizer made the program costlier: {before:.4e} -> {after:.4e}"))
     }
 }
 
@@ -100,7 +113,8 @@ proptest! {
         let source = chain_program(&mods);
         let program = Program::from_source(&source, "chain.attn").map_err(|e| TestCaseError::fail(e.render(false)))?;
         let graph = program.graph("chain").map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let optimized = optimize(graph, &OptOptions::default()).graph;
+        let Optimized { graph: optimized, report } = optimize(graph, &OptOptions::default());
+        never_costlier(&report).map_err(TestCaseError::fail)?;
         let flashes = optimized.values().filter(|v| matches!(optimized.node(*v).op, Op::Flash(_))).count();
         prop_assert_eq!(flashes, 1, "not fused:\n{}\n{}", source, optimized);
         let softmaxes = optimized.values().filter(|v| matches!(optimized.node(*v).op, Op::Softmax { .. })).count();

@@ -6,6 +6,7 @@
 //! a valid graph; a result that fails verification falls back to the input (and says so).
 //! [`OptReport`] records what happened for `attnc explain`.
 
+pub mod choose;
 pub mod cost;
 pub mod extract;
 pub mod lang;
@@ -227,18 +228,30 @@ pub(crate) fn optimize_with_rules(
     // once).
     let order = graph.topo_order().unwrap_or_default();
     let spans = lang::class_spans(graph, &order, &classes, &class_of);
-    let result = unload(&graph.name, &classes, &params, &outputs, &|c| extractor.find_best_node(c), &spans).map(|g| g.compact());
-    let optimized = match result {
-        Ok(g) => match verify(&g) {
-            Ok(()) if same_signature(graph, &g) => g,
-            Ok(()) => fallback(&mut report, graph, "the result changed the signature".into()),
-            Err(errors) => fallback(&mut report, graph, format!("the result failed verification: {}", errors[0])),
-        },
-        Err(e) => fallback(&mut report, graph, e),
+    let roots: Vec<Id> = outputs.iter().map(|(_, c)| *c).collect();
+    let (chosen, chosen_cost) = choose::choose((graph, &order), &classes, &cost, &extractor, &class_of, &roots);
+    report.cost = (input_cost, chosen_cost);
+    let optimized = if chosen_cost > input_cost * (1.0 + 1e-9) {
+        // The input is a candidate, so this takes a program the search could not walk (a
+        // cycle, an uncosted class): never return one the model rates costlier.
+        let why = format!("the best result found costs {chosen_cost:.3e}, more than the input's {input_cost:.3e}");
+        fallback(&mut report, graph, why)
+    } else {
+        let result = unload(&graph.name, &classes, &params, &outputs, &|c| chosen.node(&classes, c), &spans).map(|g| g.compact());
+        match result {
+            Ok(g) => match verify(&g) {
+                Ok(()) if same_signature(graph, &g) => g,
+                Ok(()) => fallback(&mut report, graph, "the result changed the signature".into()),
+                Err(errors) => fallback(&mut report, graph, format!("the result failed verification: {}", errors[0])),
+            },
+            Err(e) => fallback(&mut report, graph, e),
+        }
     };
-    report.cost = (input_cost, tree_cost_of_extraction(&cost, &extractor, &classes, &outputs));
-    report.fusions = fusion_notes(graph, &order, eg, &class_of, &extractor, FuseAttention { pinned });
-    report.decisions = association_decisions(graph, &order, &classes, &class_of, &extractor);
+    if report.fallback.is_some() {
+        report.cost.1 = input_cost;
+    }
+    report.fusions = fusion_notes(graph, &order, eg, &class_of, &chosen, &classes, FuseAttention { pinned });
+    report.decisions = association_decisions(graph, &order, &classes, &class_of, (&extractor, &chosen));
     report.elapsed = start.elapsed();
     Optimized { graph: optimized, report }
 }
@@ -277,7 +290,8 @@ fn fusion_notes(
     order: &[crate::ir::Value],
     eg: &lang::EG,
     class_of: &[Id],
-    extractor: &Extracted,
+    chosen: &choose::Selection,
+    classes: &Classes<'_>,
     fuse: FuseAttention,
 ) -> Vec<FusionNote> {
     let sites = attention_sites(graph, order);
@@ -286,8 +300,8 @@ fn fusion_notes(
         .into_iter()
         .map(|(w, mm)| {
             let class = eg.find(class_of[mm.index()]);
-            let chosen = extractor.find_best_node(class);
-            let outcome = if let Some(chosen) = chosen.filter(|n| matches!(n.op(), Op::Flash(_))) {
+            let picked = chosen.node(classes, class);
+            let outcome = if let Some(chosen) = picked.filter(|n| matches!(n.op(), Op::Flash(_))) {
                 Ok(format!("{}", chosen))
             } else {
                 let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
@@ -348,29 +362,15 @@ fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<(crate::ir:
     out
 }
 
-fn tree_cost_of_extraction(cost: &Cost<'_>, ex: &Extracted<'_>, classes: &Classes<'_>, outputs: &[(String, Id)]) -> f64 {
-    let mut seen = vec![false; classes.slots()];
-    let mut stack: Vec<Id> = outputs.iter().map(|(_, c)| classes.find(*c)).collect();
-    let mut total = 0.0;
-    while let Some(c) = stack.pop() {
-        if let Some(seen) = seen.get_mut(usize::from(c))
-            && !std::mem::replace(seen, true)
-            && let Some(n) = ex.find_best_node(c)
-        {
-            total += cost.own_in(n, c);
-            stack.extend(n.args().iter().map(|a| classes.find(*a)));
-        }
-    }
-    total
-}
-
-/// For every matmul of the input with a matmul operand: which grouping was kept, with costs.
+/// For every matmul of the input with a matmul operand: which grouping was kept, with each
+/// grouping's tree cost (`ex`'s), and, where the whole program's choice (`chosen`) is not the
+/// tree-cheapest, that it shares a value.
 fn association_decisions(
     graph: &Graph,
     order: &[crate::ir::Value],
     classes: &Classes<'_>,
     class_of: &[Id],
-    ex: &Extracted<'_>,
+    (ex, chosen): (&Extracted<'_>, &choose::Selection),
 ) -> Vec<String> {
     let mut numbers: Option<Vec<usize>> = None;
     let mut out = Vec::new();
@@ -388,11 +388,9 @@ fn association_decisions(
         if alternatives.len() < 2 {
             continue;
         }
-        let Some(chosen) = ex.find_best_node(class) else { continue };
-        let describe = |n: &ENode| {
-            let left_is_product = classes.get(n.args()[0]).nodes.iter().any(|m| matches!(m.op(), Op::MatMul));
-            if left_is_product { "(a @ b) @ c" } else { "a @ (b @ c)" }
-        };
+        let Some(picked) = chosen.node(classes, class) else { continue };
+        let shared = ex.find_best_node(class).is_some_and(|t| describe_node(classes, t) != describe_node(classes, picked));
+        let describe = |n: &ENode| describe_node(classes, n);
         let cost_of = |n: &ENode| ex.find_best_cost(n.args()[0]) + ex.find_best_cost(n.args()[1]);
         let mut options: Vec<String> = alternatives
             .iter()
@@ -400,9 +398,16 @@ fn association_decisions(
             .collect();
         options.dedup();
         let numbers = numbers.get_or_insert_with(|| crate::ir::value_numbers(graph));
-        out.push(format!("matmul %{}: kept {} ({})", numbers[v.index()], describe(chosen), options.join(", ")));
+        let why = if shared { "; kept over the tree-cheapest: it reuses a value the program computes once" } else { "" };
+        out.push(format!("matmul %{}: kept {} ({}{why})", numbers[v.index()], describe(picked), options.join(", ")));
     }
     out
+}
+
+/// Which grouping a matmul node of a chain is.
+fn describe_node(classes: &Classes<'_>, n: &ENode) -> &'static str {
+    let left_is_product = classes.get(n.args()[0]).nodes.iter().any(|m| matches!(m.op(), Op::MatMul));
+    if left_is_product { "(a @ b) @ c" } else { "a @ (b @ c)" }
 }
 
 impl fmt::Display for OptReport {

@@ -17,6 +17,8 @@ pub(crate) fn check_rule(rule: Arc<dyn Rule>, before: &str, after: &str) {
     let name = rule.name();
     let out = optimize_with_rules(&graph, &OptOptions::default(), loaded, HashSet::new(), &[rule], Instant::now());
     assert!(out.report.fallback.is_none(), "fallback: {:?}", out.report.fallback);
+    let (cost_before, cost_after) = out.report.cost;
+    assert!(cost_after <= cost_before * (1.0 + 1e-9), "rule {name}: the cost went from {cost_before:e} to {cost_after:e}");
     assert_eq!(out.graph.to_string(), after, "rule {name} did not give the expected graph");
 }
 
@@ -183,4 +185,30 @@ fn additive_scores_fuse_for_every_float_type() {
         let o = super::optimize(&checked.module.graphs[0], &OptOptions::default());
         assert!(o.graph.to_string().contains("pair=\"additive(x0)\""), "{t}:\n{}", o.graph);
     }
+}
+
+/// A value used three times is computed once: extraction compares whole programs by the cost
+/// they pay (each value once), not each use's tree cost, which would fold the attention into
+/// three products (`P @ (x @ (wv @ w_i))`) and cost more than the input.
+#[test]
+fn a_shared_value_is_computed_once() {
+    let src =
+        "fn f(lat: f32[L, E], x: f32[B, N, C], wk: f32[C, E], wv: f32[C, E], w1: f32[E, E], w2: f32[E, E], w3: f32[E, E]) -> f32[B, L, E] {
+    let z = softmax(lat @ (x @ wk).T / sqrt(E), axis = -1) @ (x @ wv)
+    return z @ w1 + z @ w2 + z @ w3
+}";
+    let checked = crate::check(src).expect("checks");
+    let graph = &checked.module.graphs[0];
+    let sizes = [("B", 2), ("L", 512), ("N", 1024), ("C", 64), ("E", 64)].map(|(n, v)| (n.to_string(), v)).into();
+    let out = super::optimize(graph, &OptOptions { sizes, ..OptOptions::default() });
+    let (before, after) = out.report.cost;
+    assert!(after <= before, "cost {before:e} -> {after:e}");
+    // The weights [B, L, N] multiply something once (the values, or x before `wv`), not once
+    // per use of z.
+    let g = &out.graph;
+    let weighted = g
+        .values()
+        .filter(|v| g.node(*v).op == crate::ir::Op::MatMul && matches!(g.node(g.operands(*v)[0]).op, crate::ir::Op::Softmax { .. }))
+        .count();
+    assert_eq!(weighted, 1, "{g}");
 }
