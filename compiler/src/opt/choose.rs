@@ -80,6 +80,22 @@ impl Selection {
         classes.get(class).nodes.get(self.pick.get(usize::from(class)).copied().unwrap_or(0))
     }
 
+    /// The canonical classes the program the selection builds for `roots` computes.
+    pub fn reached(&self, classes: &Classes<'_>, roots: &[Id]) -> Vec<bool> {
+        let mut seen = vec![false; self.pick.len()];
+        let mut stack: Vec<Id> = roots.iter().map(|r| classes.find(*r)).collect();
+        while let Some(c) = stack.pop() {
+            let Some(s) = seen.get_mut(usize::from(c)) else { continue };
+            if std::mem::replace(s, true) {
+                continue;
+            }
+            if let Some(n) = self.node(classes, c) {
+                stack.extend(n.args().iter().map(|a| classes.find(*a)));
+            }
+        }
+        seen
+    }
+
     /// The DAG cost of the program the selection builds for `roots`, and the classes it
     /// reaches; `None` when a chosen node needs its own class (a cycle).
     fn dag_cost(&self, t: &Table, roots: &[usize]) -> Option<(f64, Vec<usize>)> {

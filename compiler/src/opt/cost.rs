@@ -121,9 +121,25 @@ impl<'a> Cost<'a> {
                     crate::ir::Pair::Dot => 0.0,
                     crate::ir::Pair::Additive { .. } => 10.0 * width,
                 };
-                2.0 * products * rows * n_keys * width + rows * n_keys * (pair + per_score + 4.0) + moved(ins)
+                let live = self.live_share(spec.mask.as_ref(), q, n_keys);
+                live * (2.0 * products * rows * n_keys * width + rows * n_keys * (pair + per_score + 4.0)) + moved(ins)
             }
         }
+    }
+}
+
+impl Cost<'_> {
+    /// The share of a flash op's scores in tiles its mask does not skip (the kernels skip the
+    /// rest unread): a 16 × 16 grid of tiles over the `[…b, M, N]` scores, classified at the
+    /// model's sizes as the kernels' tile tables are (`ir::tile_grid`). 1 without a mask.
+    fn live_share(&self, mask: Option<&ScoreExpr>, q: &[Dim], n_keys: f64) -> f64 {
+        let Some(mask) = mask else { return 1.0 };
+        let r = q.len();
+        let size = |d: &Dim| d.eval(&self.env).unwrap_or(64).max(0);
+        let (m, n) = (q.get(r.wrapping_sub(2)).map_or(1, size), n_keys as i64);
+        let batch: Vec<i64> = q[..r.saturating_sub(2)].iter().map(size).collect();
+        let tile = ((m + 15) / 16, (n + 15) / 16);
+        1.0 - crate::ir::tile_grid(Some(mask), &batch, (m, n), tile, &self.env).skipped_share()
     }
 }
 

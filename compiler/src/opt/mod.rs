@@ -15,7 +15,7 @@ pub mod rules;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use crate::ir::{Graph, Module, Op, representative, verify};
+use crate::ir::{BinaryOp, Graph, Module, Op, representative, verify};
 use cost::Cost;
 use egg::{Id, Runner, SimpleScheduler};
 use extract::Extracted;
@@ -114,11 +114,13 @@ pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
     vec![
         Arc::new(rules::layout::TransposeFold),
         Arc::new(rules::layout::ReshapeFold),
+        Arc::new(rules::layout::TransposeThrough),
         Arc::new(rules::algebra::FoldConstants),
         Arc::new(rules::algebra::Identities),
         Arc::new(rules::algebra::DivToMul),
         Arc::new(rules::algebra::ScaleIntoQuery),
         Arc::new(rules::assoc::MatMulAssoc),
+        Arc::new(rules::algebra::DistributeMatMul),
         Arc::new(FuseAttention { pinned }),
         Arc::new(rules::fusion::CastIntoFlash),
         Arc::new(rules::scan::PrefixAttention),
@@ -250,7 +252,7 @@ pub(crate) fn optimize_with_rules(
     if report.fallback.is_some() {
         report.cost.1 = input_cost;
     }
-    report.fusions = fusion_notes(graph, &order, eg, &class_of, &chosen, &classes, FuseAttention { pinned });
+    report.fusions = fusion_notes(graph, &order, eg, &class_of, (&chosen, &classes, &roots), FuseAttention { pinned });
     report.decisions = association_decisions(graph, &order, &classes, &class_of, (&extractor, &chosen));
     report.elapsed = start.elapsed();
     Optimized { graph: optimized, report }
@@ -283,33 +285,69 @@ fn stop_reason(reason: Option<&egg::StopReason>) -> String {
     }
 }
 
-/// What became of each attention of the input (softmax weights times values): fused into a
-/// flash op, or the reason it was not.
+/// What became of each attention weights of the input (every softmax, and each sigmoid that
+/// weights a product), once each: fused into a flash op, or the reason it was not. Its products
+/// are the e-graph's matmuls whose weights are its class or a transpose of it (a rewrite may
+/// have moved the product through sums and transposes).
 fn fusion_notes(
     graph: &Graph,
     order: &[crate::ir::Value],
     eg: &lang::EG,
     class_of: &[Id],
-    chosen: &choose::Selection,
-    classes: &Classes<'_>,
+    (chosen, classes, roots): (&choose::Selection, &Classes<'_>, &[Id]),
     fuse: FuseAttention,
 ) -> Vec<FusionNote> {
     let sites = attention_sites(graph, order);
-    let numbers = if sites.is_empty() { Vec::new() } else { crate::ir::value_numbers(graph) };
+    if sites.is_empty() {
+        return Vec::new();
+    }
+    let reached = chosen.reached(classes, roots);
+    let numbers = crate::ir::value_numbers(graph);
+    // Product classes by their weights' class, and transposes by their operand's class.
+    let mut products: HashMap<Id, Vec<Id>> = HashMap::new();
+    let mut transposes: HashMap<Id, Vec<Id>> = HashMap::new();
+    for c in eg.classes() {
+        for n in &c.nodes {
+            match n.op() {
+                Op::MatMul => products.entry(eg.find(n.args()[0])).or_default().push(c.id),
+                Op::Transpose { .. } => transposes.entry(eg.find(n.args()[0])).or_default().push(c.id),
+                _ => {}
+            }
+        }
+    }
     sites
         .into_iter()
-        .map(|(w, mm)| {
-            let class = eg.find(class_of[mm.index()]);
-            let picked = chosen.node(classes, class);
-            let outcome = if let Some(chosen) = picked.filter(|n| matches!(n.op(), Op::Flash(_))) {
-                Ok(format!("{}", chosen))
-            } else {
-                let reasons: Vec<String> = fuse.fuse(eg, class).into_iter().filter_map(Result::err).collect();
-                Err(reasons.into_iter().next().unwrap_or_else(|| "the cost model kept the unfused form".into()))
+        .map(|w| {
+            let class = eg.find(class_of[w.index()]);
+            let weights = std::iter::once(class).chain(transposes.get(&class).into_iter().flatten().copied());
+            let mut uses: Vec<Id> = weights.flat_map(|c| products.get(&c).into_iter().flatten().copied()).collect();
+            uses.sort();
+            uses.dedup();
+            let computed = |c: &Id| reached.get(usize::from(classes.find(*c))).copied().unwrap_or(false);
+            let fused = uses.iter().filter(|c| computed(c)).find_map(|c| chosen.node(classes, *c).filter(|n| matches!(n.op(), Op::Flash(_))));
+            let outcome = match fused {
+                Some(flash) => Ok(flash.to_string()),
+                None if uses.is_empty() => Err(not_a_product(graph, w)),
+                None => {
+                    let reasons = uses.iter().flat_map(|c| fuse.fuse(eg, *c)).filter_map(Result::err).next();
+                    Err(reasons.unwrap_or_else(|| "the cost model kept the unfused form".into()))
+                }
             };
             FusionNote { weights: numbers[w.index()], outcome }
         })
         .collect()
+}
+
+/// Why weights `w` with no product of them in the e-graph do not fuse: what uses them.
+fn not_a_product(graph: &Graph, w: crate::ir::Value) -> String {
+    let mut users: Vec<&str> = graph.users(w).iter().map(|u| graph.node(*u).op.name()).collect();
+    users.sort_unstable();
+    users.dedup();
+    if graph.outputs().iter().any(|(_, v)| *v == w) {
+        users.push("an output");
+    }
+    let used = if users.is_empty() { "nothing".to_string() } else { users.join(", ") };
+    format!("the weights are never multiplied by values (`weights @ v`, or through sums, scalar multiples and transposes); they are used by {used}")
 }
 
 fn fallback(report: &mut OptReport, graph: &Graph, why: String) -> Graph {
@@ -324,42 +362,53 @@ fn same_signature(a: &Graph, b: &Graph) -> bool {
     sig(a) == sig(b) && a.outputs().iter().map(|(n, _)| n).eq(b.outputs().iter().map(|(n, _)| n))
 }
 
-/// Softmax/sigmoid weights whose value other nodes or outputs need, as e-classes.
+/// Softmax/sigmoid weights whose value other nodes or outputs need, as e-classes: all but those
+/// whose one use is as the weights of a product, directly or through sums, differences and
+/// scalar multiples that `algebra/distribute-matmul` moves the product into.
 fn pinned_weights(graph: &Graph, class_of: &[Id]) -> HashSet<Id> {
     let outputs: HashSet<_> = graph.outputs().iter().map(|(_, v)| *v).collect();
-    graph
-        .values()
-        .filter(|v| is_weights(&graph.node(*v).op))
-        .filter(|v| {
-            let users = graph.users(*v);
-            outputs.contains(v)
-                || users.len() != 1
-                || users.iter().any(|u| !matches!(graph.node(*u).op, Op::MatMul) || graph.operands(*u)[0] != *v)
-        })
-        .map(|v| class_of[v.index()])
-        .collect()
+    graph.values().filter(|v| is_weights(&graph.node(*v).op)).filter(|v| !weights_only(graph, *v, &outputs, 0)).map(|v| class_of[v.index()]).collect()
+}
+
+/// Whether `v`'s one use is as the left operand of a product, or as a term of a sum,
+/// difference or scalar multiple whose one use is (at most `DISTRIBUTED` terms deep).
+fn weights_only(graph: &Graph, v: crate::ir::Value, outputs: &HashSet<crate::ir::Value>, depth: usize) -> bool {
+    const DISTRIBUTED: usize = 4;
+    let users = graph.users(v);
+    let [u] = users.as_slice() else { return false };
+    if outputs.contains(&v) || depth > DISTRIBUTED {
+        return false;
+    }
+    let ops = graph.operands(*u);
+    match graph.node(*u).op {
+        Op::MatMul => ops[0] == v && ops[1] != v,
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => ops[0] != ops[1] && weights_only(graph, *u, outputs, depth + 1),
+        Op::Binary(BinaryOp::Mul) => {
+            let other = if ops[0] == v { ops[1] } else { ops[0] };
+            graph.node(other).ty.rank() == 0 && weights_only(graph, *u, outputs, depth + 1)
+        }
+        _ => false,
+    }
 }
 
 fn is_weights(op: &Op) -> bool {
     matches!(op, Op::Softmax { .. } | Op::Unary(crate::ir::UnaryOp::Sigmoid))
 }
 
-/// `(weights, matmul)` pairs: every `weights @ v` of the input. Sigmoids count only when their
-/// operand comes from a matmul chain (sigmoid attention), not e.g. a gate.
-fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<(crate::ir::Value, crate::ir::Value)> {
-    let mut out = Vec::new();
-    for &v in order {
-        if !matches!(graph.node(v).op, Op::MatMul) {
-            continue;
-        }
-        let w = graph.operands(v)[0];
-        match graph.node(w).op {
-            Op::Softmax { .. } => out.push((w, v)),
-            Op::Unary(crate::ir::UnaryOp::Sigmoid) if graph.node(w).ty.rank() >= 2 => out.push((w, v)),
-            _ => {}
-        }
-    }
-    out
+/// The input's attention weights: every softmax, and every sigmoid of rank 2 or more that is
+/// the left operand of a product (sigmoid attention; not e.g. a gate), in `order`.
+fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<crate::ir::Value> {
+    order
+        .iter()
+        .copied()
+        .filter(|&w| match graph.node(w).op {
+            Op::Softmax { .. } => true,
+            Op::Unary(crate::ir::UnaryOp::Sigmoid) => {
+                graph.node(w).ty.rank() >= 2 && graph.users(w).iter().any(|u| matches!(graph.node(*u).op, Op::MatMul) && graph.operands(*u)[0] == w)
+            }
+            _ => false,
+        })
+        .collect()
 }
 
 /// For every matmul of the input with a matmul operand: which grouping was kept, with each

@@ -212,3 +212,43 @@ fn a_shared_value_is_computed_once() {
         .count();
     assert_eq!(weighted, 1, "{g}");
 }
+
+/// The optimised graph of the first function of `src`, and its report.
+fn optimized(src: &str) -> super::Optimized {
+    let checked = crate::check(src).unwrap_or_else(|d| panic!("{}", d[0].message));
+    super::optimize(&checked.module.graphs[0], &OptOptions::default())
+}
+
+fn flash_ops(g: &Graph) -> usize {
+    g.values().filter(|v| matches!(g.node(*v).op, crate::ir::Op::Flash(_))).count()
+}
+
+/// Differential attention as its paper writes it, `(softmax(s₁) − λ softmax(s₂)) @ v`: the
+/// product distributes over the difference and each map fuses, with a note for each softmax.
+#[test]
+fn a_difference_of_attention_maps_fuses_into_two_flash_ops() {
+    let out = optimized(include_str!("../../../examples/differential_attention.attn"));
+    assert_eq!(flash_ops(&out.graph), 2, "{}", out.graph);
+    assert_eq!(out.report.fusions.len(), 2);
+    assert!(out.report.fusions.iter().all(|n| n.outcome.is_ok()), "{:?}", out.report.fusions);
+}
+
+/// Transposed weights, as the decomposable-attention paper writes them: `softmax(e, axis =
+/// 1).T @ a` and `softmax(e.T, axis = -1) @ a` both reach `softmax(q @ kᵀ) @ v`.
+#[test]
+fn transposed_weights_fuse() {
+    for body in ["softmax(e, axis = 1).T @ a", "softmax(e.T, axis = -1) @ a"] {
+        let src = format!("fn f(a: f32[B, M, E], b: f32[B, N, E]) -> f32[B, N, E] {{\n    let e = a @ b.T\n    return {body}\n}}");
+        let out = optimized(&src);
+        assert_eq!(flash_ops(&out.graph), 1, "{body}:\n{}", out.graph);
+    }
+}
+
+/// Every softmax gets one note, also one whose weights never meet the values in a product.
+#[test]
+fn every_softmax_left_unfused_says_why() {
+    let out = optimized("fn f(x: f32[S, S], v: f32[S, D]) -> f32[S, D] {\n    let w = softmax(x, axis = -1)\n    return exp(w) @ v\n}");
+    let [note] = out.report.fusions.as_slice() else { panic!("{:?}", out.report.fusions) };
+    let why = note.outcome.as_ref().expect_err("not fused");
+    assert!(why.contains("never multiplied by values") && why.contains("exp"), "{why}");
+}

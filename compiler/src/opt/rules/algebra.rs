@@ -106,3 +106,33 @@ impl Rule for ScaleIntoQuery {
         }
     }
 }
+
+/// `(a ± b) @ v = a @ v ± b @ v` and `(c · a) @ v = c · (a @ v)` for a scalar `c`, on float
+/// operands: a difference of attention weights times the values (differential attention,
+/// `(softmax(s₁) − λ softmax(s₂)) @ v`) becomes attentions the fusion rule takes one by one. The
+/// types decide where it applies: a term the product cannot take (one broadcast along the
+/// contracted axis) does not type-check, and nothing is added.
+#[derive(Clone)]
+pub struct DistributeMatMul;
+
+impl Rule for DistributeMatMul {
+    rule_head!("algebra/distribute-matmul", Op::MatMul);
+
+    fn rewrite_node(&self, eg: &EG, _class: Id, n: &ENode, out: &mut Vec<Build>) {
+        let (l, r) = (n.args()[0], n.args()[1]);
+        if !ty(eg, l).is_some_and(|t| t.dtype.is_float()) {
+            return;
+        }
+        let product = |a: Id| Build::op(Op::MatMul, vec![Build::Class(a), Build::Class(r)]);
+        let scalar = |c: Id| ty(eg, c).is_some_and(|t| t.rank() == 0);
+        for inner in nodes_where(eg, l, |op| matches!(op, Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul))) {
+            let (Op::Binary(b), [x, y]) = (inner.op(), inner.args()) else { continue };
+            match b {
+                BinaryOp::Mul if scalar(*x) => out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![Build::Class(*x), product(*y)])),
+                BinaryOp::Mul if scalar(*y) => out.push(Build::op(Op::Binary(BinaryOp::Mul), vec![product(*x), Build::Class(*y)])),
+                BinaryOp::Mul => {}
+                _ => out.push(Build::op(Op::Binary(*b), vec![product(*x), product(*y)])),
+            }
+        }
+    }
+}

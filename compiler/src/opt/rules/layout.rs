@@ -55,3 +55,46 @@ impl Rule for ReshapeFold {
         }
     }
 }
+
+/// A transpose moves inside a softmax and, when it swaps the last two axes only, inside a
+/// product: `transpose(softmax(x, a), p) = softmax(transpose(x, p), k)` with `p[k] = a`, and
+/// `(a @ b)ᵀ = bᵀ @ aᵀ`. The decomposable-attention forms `softmax(e, axis = 1).T @ a` and
+/// `softmax(e.T, axis = -1) @ a` (with `e = f @ gᵀ`) then reach the fusion rule's
+/// `softmax(q @ kᵀ) @ v`.
+#[derive(Clone)]
+pub struct TransposeThrough;
+
+impl Rule for TransposeThrough {
+    rule_head!("layout/transpose-through", Op::Transpose { .. });
+
+    fn rewrite_node(&self, eg: &EG, _class: Id, n: &ENode, out: &mut Vec<Build>) {
+        let Op::Transpose { perm } = n.op() else { return };
+        let x = n.args()[0];
+        for inner in nodes_where(eg, x, |op| matches!(op, Op::Softmax { .. })) {
+            let Op::Softmax { axis } = inner.op() else { continue };
+            let Some(k) = perm.iter().position(|p| p == axis) else { continue };
+            let moved = Build::op(Op::Transpose { perm: perm.clone() }, vec![Build::Class(inner.args()[0])]);
+            out.push(Build::op(Op::Softmax { axis: k }, vec![moved]));
+        }
+        let r = perm.len();
+        let swaps_last_two = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(k, p)| k == *p);
+        if !swaps_last_two {
+            return;
+        }
+        // Each operand's own swap of its last two axes (a batch axis may be broadcast).
+        let swapped = |c: Id| {
+            let rank = ty(eg, c).map_or(0, |t| t.rank());
+            (rank >= 2).then(|| {
+                let mut p: Vec<usize> = (0..rank).collect();
+                p.swap(rank - 2, rank - 1);
+                Build::op(Op::Transpose { perm: p }, vec![Build::Class(c)])
+            })
+        };
+        for inner in nodes_where(eg, x, |op| matches!(op, Op::MatMul)) {
+            let (a, b) = (inner.args()[0], inner.args()[1]);
+            if let (Some(bt), Some(at)) = (swapped(b), swapped(a)) {
+                out.push(Build::op(Op::MatMul, vec![bt, at]));
+            }
+        }
+    }
+}
