@@ -21,14 +21,11 @@
 //! keys) into a per-thread buffer. The product forms' rows are written once over [`Vector`]
 //! ([`row`]) and instantiated per path.
 
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::Isa;
 use super::exp::{LN2_HI, LN2_LO, LOG2E, ROUND};
-use super::f4::F4;
-use super::vector::Vector;
+use super::vector::{Vector, isa_dispatch};
 
 /// Inputs up to this magnitude take the narrow form: `e^{±40}` and products of two such
 /// factors (`e^{±80}`) are normal f32 values, away from the exponential's flush threshold.
@@ -241,22 +238,13 @@ struct Terms {
     wsum: f32,
 }
 
-/// One row by a product form (`WIDE`: the wide one) on `isa`.
-///
-/// # Safety
-/// The row's values and `wn2` address `k` elements, the keys' `k × npad`, `out` `n`; `isa` is
-/// supported.
-unsafe fn product_row<const WIDE: bool>(isa: Isa, t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => row_avx512::<WIDE>(t, out),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => row_avx2::<WIDE>(t, out),
-            _ => row::<F4, WIDE>(t, out),
-        }
-    }
+isa_dispatch! {
+    /// One row by a product form (`WIDE`: the wide one) on `isa`: [`row`].
+    ///
+    /// # Safety
+    /// The row's values and `wn2` address `k` elements, the keys' `k × npad`, `out` `n`; `isa`
+    /// is supported.
+    unsafe fn product_row<V, const WIDE: bool>(t: &Terms, out: *mut f32) => row::<V, WIDE>(t, out)
 }
 
 /// `U` vectors of keys from column `c0` of one row: `alpha·(Σ w + Σ_a (−2w[a]) / t)` with
@@ -320,26 +308,4 @@ unsafe fn row<V: Vector, const WIDE: bool>(t: &Terms, out: *mut f32) {
             c0 += l;
         }
     }
-}
-
-/// AVX-512 [`row`].
-///
-/// # Safety
-/// As [`row`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_avx512<const WIDE: bool>(t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded, AVX-512F enabled here.
-    unsafe { row::<__m512, WIDE>(t, out) }
-}
-
-/// AVX2 [`row`].
-///
-/// # Safety
-/// As [`row`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_avx2<const WIDE: bool>(t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded, AVX2 and FMA enabled here.
-    unsafe { row::<__m256, WIDE>(t, out) }
 }
