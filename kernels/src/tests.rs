@@ -235,6 +235,20 @@ fn ulps(a: f32, b: f32) -> u32 {
     a.to_bits().abs_diff(b.to_bits())
 }
 
+/// Runs the row kernel `run` on every path and every tail of `x` (its last `len` elements for
+/// each `len` up to 40, and the whole), and hands `check` the path, the inputs, the outputs and
+/// what `run` returned.
+fn on_every_tail<T>(x: &[f32], run: impl Fn(Isa, &[f32], &mut [f32]) -> T, mut check: impl FnMut(Isa, &[f32], &[f32], T)) {
+    for isa in available_isas() {
+        for len in (0..=40).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            let got = run(isa, xs, &mut y);
+            check(isa, xs, &y, got);
+        }
+    }
+}
+
 /// `exp` within 2 ulp of the correctly rounded result over the whole useful range (subnormal
 /// results included), with the special values exact, on every path and every tail length.
 #[test]
@@ -256,13 +270,12 @@ fn exp_matches_f64_over_wide_range() {
         f32::MIN,
         f32::MAX,
     ]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            let sum = exp_sum(isa, xs, &mut y, 0.0).unwrap();
+    on_every_tail(
+        &x,
+        |isa, xs, y| exp_sum(isa, xs, y, 0.0).unwrap(),
+        |isa, xs, y, sum| {
             let mut want_sum = 0.0f64;
-            for (xi, yi) in xs.iter().zip(&y) {
+            for (xi, yi) in xs.iter().zip(y) {
                 let want = (*xi as f64).exp() as f32;
                 if xi.is_nan() {
                     assert!(yi.is_nan(), "{isa}: exp(NaN) = {yi}");
@@ -280,8 +293,8 @@ fn exp_matches_f64_over_wide_range() {
             } else {
                 assert_eq!(sum, f32::INFINITY);
             }
-        }
-    }
+        },
+    );
 }
 
 /// The shift is subtracted in f32 before `exp`, as the online softmax computes `exp(s - max)`;
@@ -535,12 +548,11 @@ fn tanh_matches_f64() {
         f32::NEG_INFINITY,
         f32::NAN,
     ]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            tanh(isa, xs, &mut y).unwrap();
-            for (xi, yi) in xs.iter().zip(&y) {
+    on_every_tail(
+        &x,
+        |isa, xs, y| tanh(isa, xs, y).unwrap(),
+        |isa, xs, y, ()| {
+            for (xi, yi) in xs.iter().zip(y) {
                 if xi.is_nan() {
                     assert!(yi.is_nan(), "{isa}: tanh(NaN) = {yi}");
                     continue;
@@ -548,8 +560,8 @@ fn tanh_matches_f64() {
                 let want = (*xi as f64).tanh() as f32;
                 assert!(ulps(*yi, want) <= 4, "{isa}: tanh({xi}) = {yi:e}, want {want:e}");
             }
-        }
-    }
+        },
+    );
     let mut buf = x.clone();
     // SAFETY: `buf` holds `len` elements; the entry point allows x == y.
     unsafe { attnc_tanh_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
@@ -562,19 +574,18 @@ fn tanh_matches_f64() {
 fn gelu_matches_f64() {
     let mut x: Vec<f32> = (-800..=800).map(|i| i as f32 * 0.0125).collect();
     x.extend([-12.0, -9.0, 30.0, 0.0, -0.0, 1e-20]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            gelu(isa, xs, &mut y).unwrap();
-            for (xi, yi) in xs.iter().zip(&y) {
+    on_every_tail(
+        &x,
+        |isa, xs, y| gelu(isa, xs, y).unwrap(),
+        |isa, xs, y, ()| {
+            for (xi, yi) in xs.iter().zip(y) {
                 let v = *xi as f64;
                 let want = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
                 let err = (*yi as f64 - want).abs();
                 assert!(err <= 4e-7 * v.abs().max(1.0) + 2e-6 * want.abs(), "{isa}: gelu({xi}) = {yi:e}, want {want:e}");
             }
-        }
-    }
+        },
+    );
 }
 
 /// Layer and RMS norm rows against an f64 reference, in place and out of place, with and
