@@ -82,6 +82,19 @@ fn check_with(run: Product, layout: Layout, g: Gemm, rng: &mut Rng) {
     }
 }
 
+/// A product of shape `(m, n, k)` on `isa` varied by the case number `case`: strides padded
+/// past the rows, alpha 1 or `odd_alpha`, accumulating or not.
+fn varied(isa: Isa, layout: Layout, (m, n, k): (usize, usize, usize), case: usize, odd_alpha: f32) -> Gemm {
+    let mut g = Gemm::dense(layout, m, n, k);
+    g.isa = isa;
+    g.lda += case % 3;
+    g.ldb += case % 5;
+    g.ldc += case % 4;
+    g.alpha = if case.is_multiple_of(2) { 1.0 } else { odd_alpha };
+    g.accumulate = case % 3 == 1;
+    g
+}
+
 /// Every (m, n) pair of [`SIZES`] with a rotating k, padded strides, alpha and accumulate
 /// varied, on both layouts and every path.
 #[test]
@@ -94,14 +107,7 @@ fn gemm_matches_f64_at_odd_shapes() {
                 for (jn, &n) in SIZES.iter().enumerate() {
                     let k = SIZES[(im * 3 + jn * 5 + 1) % SIZES.len()];
                     case += 1;
-                    let mut g = Gemm::dense(layout, m, n, k);
-                    g.isa = isa;
-                    g.lda += case % 3;
-                    g.ldb += case % 5;
-                    g.ldc += case % 4;
-                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { -0.75 };
-                    g.accumulate = case % 3 == 1;
-                    check(layout, g, &mut rng);
+                    check(layout, varied(isa, layout, (m, n, k), case, -0.75), &mut rng);
                 }
             }
         }
@@ -119,14 +125,7 @@ fn gemv_matches_f64() {
             for m in [0, 1, 2, 3, 4, 5, 9] {
                 for (n, k) in [(1, 1), (3, 17), (64, 128), (65, 64), (130, 31), (7, 0), (0, 5)] {
                     case += 1;
-                    let mut g = Gemm::dense(layout, m, n, k);
-                    g.isa = isa;
-                    g.lda += case % 3;
-                    g.ldb += case % 5;
-                    g.ldc += case % 4;
-                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { 0.375 };
-                    g.accumulate = case % 3 == 1;
-                    check_with(run, layout, g, &mut rng);
+                    check_with(run, layout, varied(isa, layout, (m, n, k), case, 0.375), &mut rng);
                 }
             }
         }
