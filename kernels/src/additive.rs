@@ -23,9 +23,9 @@
 
 use std::cell::Cell;
 
-use super::Isa;
 use super::exp::{LN2_HI, LN2_LO, LOG2E, ROUND};
 use super::vector::{Vector, isa_dispatch};
+use super::{Gemm, Isa};
 
 /// Inputs up to this magnitude take the narrow form: `e^{±40}` and products of two such
 /// factors (`e^{±80}`) are normal f32 values, away from the exponential's flush threshold.
@@ -98,25 +98,15 @@ fn form_of(x: &[f32]) -> Form {
 }
 
 /// `C[r·ldc + c] = alpha · Σ_a w[a]·tanh(A[r·lda + a] + B[c·ldb + a])` for `r < m`, `c < n`,
-/// `a < k`, on `isa`.
+/// `a < k`, with the shape, strides, scale and path of `g` (`B` laid out as for `Layout::Nt`;
+/// `C` is overwritten, and `g.accumulate` is not read).
 ///
 /// # Safety
 /// For non-empty shapes `a`, `b` and `c` address `(m-1)·lda + k`, `(n-1)·ldb + k` and
-/// `(m-1)·ldc + n` valid elements and `w` addresses `k`; `C` overlaps none of them; `isa` is
+/// `(m-1)·ldc + n` valid elements and `w` addresses `k`; `C` overlaps none of them; `g.isa` is
 /// supported.
-#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
-pub(super) unsafe fn additive_nt(
-    isa: Isa,
-    (m, n, k): (usize, usize, usize),
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    w: *const f32,
-) {
+pub(super) unsafe fn additive_nt(g: &Gemm, a: *const f32, b: *const f32, c: *mut f32, w: *const f32) {
+    let Gemm { m, n, k, lda, ldb, ldc, alpha, isa, .. } = *g;
     if m == 0 || n == 0 {
         return;
     }
