@@ -325,8 +325,9 @@ pub fn softmax_step(
         }
     }
     let b = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+    let row = exp::Scores { x: x.as_ptr(), scale, bias: b, y: y.as_mut_ptr(), n: x.len() };
     // SAFETY: the slices hold `x.len()` elements, the path is supported, the state is two floats.
-    Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), scale, b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
+    Ok(unsafe { exp::softmax_step(isa, row, &mut state.0, &mut state.1) })
 }
 
 /// Softmax of the whole row `x` into `y` on `isa` (see [`attnc_softmax_row_f32`]).
@@ -497,7 +498,7 @@ pub unsafe extern "C" fn attnc_softmax_step_f32(
     sum: *mut f32,
 ) -> f32 {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::softmax_step(isa(), x, scale, bias, y, n, max, sum) }
+    unsafe { exp::softmax_step(isa(), exp::Scores { x, scale, bias, y, n }, max, sum) }
 }
 
 /// C ABI: softmax of one dense row of `n` elements, `y = exp(x - max) / Σ exp(x - max)` (`x`
