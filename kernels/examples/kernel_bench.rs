@@ -423,6 +423,15 @@ fn products(isas: &[Isa], batches: usize, rows_only: bool) -> Result<(), KernelE
     Ok(())
 }
 
+/// Times `f`, a row kernel's call on a row of `elems` elements, on every path of `isas` (widest
+/// first), and prints its time per row and elements per second.
+fn row_rates(isas: &[Isa], batches: usize, elems: usize, mut f: impl FnMut(Isa)) {
+    for isa in isas.iter().rev() {
+        let (rate, _) = measure(batches, elems as f64, || f(*isa));
+        println!("  {isa:>8}: {:7.2} ns/row, {rate:5.2} Gelem/s", elems as f64 / rate);
+    }
+}
+
 /// The row kernels on every path: `exp_sum`, the online-softmax step, whole-row softmax, GELU,
 /// `tanh` and sigmoid rows, additive score tiles, and the flash backward's row (in child
 /// processes).
@@ -430,36 +439,27 @@ fn row_kernels(isas: &[Isa], batches: usize, quick: bool) -> Result<(), KernelEr
     println!("\nexp_sum (row of 128 scores):");
     let x: Vec<f32> = (0..128).map(|i| -(i as f32) * 0.1).collect();
     let mut y = vec![0.0f32; 128];
-    for isa in isas.iter().rev() {
-        let (rate, _) = measure(batches, 128.0, || {
-            let _ = black_box(exp_sum(*isa, black_box(&x), &mut y, 0.5));
-        });
-        println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 128.0 / rate);
-    }
+    row_rates(isas, batches, 128, |isa| {
+        let _ = black_box(exp_sum(isa, black_box(&x), &mut y, 0.5));
+    });
     // The flash kernel's step: a row of 256 scaled scores (one key block) against a running
     // max that stays put, so the step's one pass runs (the bounded `exp`, the slack checked
     // per vector).
     println!("\nsoftmax_step (row of 256 scores, running max kept):");
     let x: Vec<f32> = (0..256).map(|i| ((i * 37) % 101) as f32 * 0.05 - 2.0).collect();
     let mut y = vec![0.0f32; 256];
-    for isa in isas.iter().rev() {
-        let (rate, _) = measure(batches, 256.0, || {
-            let mut state = (3.0f32, 1.0f32);
-            let _ = black_box(softmax_step(*isa, black_box(&x), 0.125, None, &mut y, &mut state));
-        });
-        println!("  {isa:>8}: {:6.2} ns/row, {rate:5.2} Gelem/s", 256.0 / rate);
-    }
+    row_rates(isas, batches, 256, |isa| {
+        let mut state = (3.0f32, 1.0f32);
+        let _ = black_box(softmax_step(isa, black_box(&x), 0.125, None, &mut y, &mut state));
+    });
     // A whole-row softmax (the row's max, then `exp` and the sum, then the scaling), a row of
     // 1000 scores.
     println!("\nsoftmax_row (row of 1000):");
     let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
     let mut y = vec![0.0f32; 1000];
-    for isa in isas.iter().rev() {
-        let (rate, _) = measure(batches, 1000.0, || {
-            let _ = black_box(softmax_row(*isa, black_box(&x), &mut y));
-        });
-        println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
-    }
+    row_rates(isas, batches, 1000, |isa| {
+        let _ = black_box(softmax_row(isa, black_box(&x), &mut y));
+    });
     // The element-wise row kernels: GELU (unfused MLPs), staged `tanh` (soft-capping) and
     // sigmoid, over a row of 1000 (not a multiple of any vector width: the tail counts).
     let x: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.08 - 4.0).collect();
@@ -467,12 +467,9 @@ fn row_kernels(isas: &[Isa], batches: usize, quick: bool) -> Result<(), KernelEr
     type RowKernel = fn(Isa, &[f32], &mut [f32]) -> Result<(), KernelError>;
     for (name, f) in [("gelu", gelu as RowKernel), ("tanh", tanh), ("sigmoid", sigmoid)] {
         println!("\n{name} (row of 1000):");
-        for isa in isas.iter().rev() {
-            let (rate, _) = measure(batches, 1000.0, || {
-                let _ = black_box(f(*isa, black_box(&x), &mut y));
-            });
-            println!("  {isa:>8}: {:7.1} ns/row, {rate:5.2} Gelem/s", 1000.0 / rate);
-        }
+        row_rates(isas, batches, 1000, |isa| {
+            let _ = black_box(f(isa, black_box(&x), &mut y));
+        });
     }
     // Additive scores of one flash tile, 64 queries × 64 keys × 64 features: the narrow form
     // (inputs within ±20) and the wide one (inputs up to ±30).

@@ -21,14 +21,11 @@
 //! keys) into a per-thread buffer. The product forms' rows are written once over [`Vector`]
 //! ([`row`]) and instantiated per path.
 
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::Isa;
 use super::exp::{LN2_HI, LN2_LO, LOG2E, ROUND};
-use super::f4::F4;
-use super::vector::Vector;
+use super::vector::{Vector, isa_dispatch};
+use super::{Gemm, Isa};
 
 /// Inputs up to this magnitude take the narrow form: `e^{±40}` and products of two such
 /// factors (`e^{±80}`) are normal f32 values, away from the exponential's flush threshold.
@@ -101,25 +98,15 @@ fn form_of(x: &[f32]) -> Form {
 }
 
 /// `C[r·ldc + c] = alpha · Σ_a w[a]·tanh(A[r·lda + a] + B[c·ldb + a])` for `r < m`, `c < n`,
-/// `a < k`, on `isa`.
+/// `a < k`, with the shape, strides, scale and path of `g` (`B` laid out as for `Layout::Nt`;
+/// `C` is overwritten, and `g.accumulate` is not read).
 ///
 /// # Safety
 /// For non-empty shapes `a`, `b` and `c` address `(m-1)·lda + k`, `(n-1)·ldb + k` and
-/// `(m-1)·ldc + n` valid elements and `w` addresses `k`; `C` overlaps none of them; `isa` is
+/// `(m-1)·ldc + n` valid elements and `w` addresses `k`; `C` overlaps none of them; `g.isa` is
 /// supported.
-#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
-pub(super) unsafe fn additive_nt(
-    isa: Isa,
-    (m, n, k): (usize, usize, usize),
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    w: *const f32,
-) {
+pub(super) unsafe fn additive_nt(g: &Gemm, a: *const f32, b: *const f32, c: *mut f32, w: *const f32) {
+    let Gemm { m, n, k, lda, ldb, ldc, alpha, isa, .. } = *g;
     if m == 0 || n == 0 {
         return;
     }
@@ -241,22 +228,13 @@ struct Terms {
     wsum: f32,
 }
 
-/// One row by a product form (`WIDE`: the wide one) on `isa`.
-///
-/// # Safety
-/// The row's values and `wn2` address `k` elements, the keys' `k × npad`, `out` `n`; `isa` is
-/// supported.
-unsafe fn product_row<const WIDE: bool>(isa: Isa, t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => row_avx512::<WIDE>(t, out),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => row_avx2::<WIDE>(t, out),
-            _ => row::<F4, WIDE>(t, out),
-        }
-    }
+isa_dispatch! {
+    /// One row by a product form (`WIDE`: the wide one) on `isa`: [`row`].
+    ///
+    /// # Safety
+    /// The row's values and `wn2` address `k` elements, the keys' `k × npad`, `out` `n`; `isa`
+    /// is supported.
+    unsafe fn product_row<V, const WIDE: bool>(t: &Terms, out: *mut f32) => row::<V, WIDE>(t, out)
 }
 
 /// `U` vectors of keys from column `c0` of one row: `alpha·(Σ w + Σ_a (−2w[a]) / t)` with
@@ -320,26 +298,4 @@ unsafe fn row<V: Vector, const WIDE: bool>(t: &Terms, out: *mut f32) {
             c0 += l;
         }
     }
-}
-
-/// AVX-512 [`row`].
-///
-/// # Safety
-/// As [`row`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_avx512<const WIDE: bool>(t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded, AVX-512F enabled here.
-    unsafe { row::<__m512, WIDE>(t, out) }
-}
-
-/// AVX2 [`row`].
-///
-/// # Safety
-/// As [`row`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_avx2<const WIDE: bool>(t: &Terms, out: *mut f32) {
-    // SAFETY: forwarded, AVX2 and FMA enabled here.
-    unsafe { row::<__m256, WIDE>(t, out) }
 }

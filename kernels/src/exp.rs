@@ -19,8 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::Isa;
-use super::f4::F4;
-use super::vector::Vector;
+use super::vector::{Vector, isa_dispatch};
 
 /// Inputs below this give 0 (their `exp` is below [`FLUSH_BELOW`]); clamping them keeps every
 /// intermediate normal.
@@ -57,7 +56,32 @@ pub(super) const EXP_P_CEPHES: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333
 /// is null; `isa` is supported.
 pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f32, y: *mut f32, n: usize, shift: f32) -> f32 {
     // SAFETY: forwarded.
-    unsafe { exp_sum_with::<false, false>(isa, x, scale, bias, y, n, shift).0 }
+    unsafe { exp_sum_with::<false, false>(isa, Scores { x, scale, bias, y, n }, shift).0 }
+}
+
+/// A row of `n` scores `scale·x[i] + bias[i]` (no bias term when `bias` is null) and the row
+/// `y` that a pass over them writes (it may be `x`).
+#[derive(Clone, Copy)]
+pub(super) struct Scores {
+    pub x: *const f32,
+    pub scale: f32,
+    pub bias: *const f32,
+    pub y: *mut f32,
+    pub n: usize,
+}
+
+impl Scores {
+    /// The rest of the row from element `i` on.
+    ///
+    /// # Safety
+    /// `i ≤ n`, and the rows are valid for `n` elements.
+    unsafe fn from(self, i: usize) -> Scores {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let bias = if self.bias.is_null() { self.bias } else { self.bias.add(i) };
+            Scores { x: self.x.add(i), bias, y: self.y.add(i), n: self.n - i, ..self }
+        }
+    }
 }
 
 /// [`exp_sum`], returning the sum and how many elements were done (`n` unless `KEEP`).
@@ -70,32 +94,36 @@ pub(super) unsafe fn exp_sum(isa: Isa, x: *const f32, scale: f32, bias: *const f
 ///   kept, the row's max checked on the way instead of by a pass of its own.
 ///
 /// # Safety
-/// As [`exp_sum`].
-#[allow(clippy::too_many_arguments)] // One pointer or scalar per operand, as the C ABI.
-unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(
-    isa: Isa,
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+/// As [`exp_sum`], for the rows of `row`.
+unsafe fn exp_sum_with<const BOUNDED: bool, const KEEP: bool>(isa: Isa, row: Scores, shift: f32) -> (f32, usize) {
+    // SAFETY: forwarded.
     unsafe {
-        match (isa, bias.is_null()) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => exp_sum_avx512::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => exp_sum_avx512::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => exp_sum_avx2::<false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => exp_sum_avx2::<true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            (_, true) => exp_sum_on::<F4, { <F4 as Vector>::UNROLL }, false, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
-            (_, false) => exp_sum_on::<F4, { <F4 as Vector>::UNROLL }, true, BOUNDED, KEEP>(x, scale, bias, y, n, shift),
+        let Scores { x, scale, bias, y, n } = row;
+        if bias.is_null() {
+            exp_sum_isa::<false, BOUNDED, KEEP>(isa, x, scale, bias, y, n, shift)
+        } else {
+            exp_sum_isa::<true, BOUNDED, KEEP>(isa, x, scale, bias, y, n, shift)
         }
     }
+}
+
+isa_dispatch! {
+    /// [`exp_sum_on`] on `isa` (the bias term when `BIAS`).
+    ///
+    /// # Safety
+    /// As [`exp_sum`].
+    // The operands one by one, in registers: a `Scores` (passed by reference) made the AVX2
+    // softmax step ~4% slower.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn exp_sum_isa<V, const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
+        x: *const f32,
+        scale: f32,
+        bias: *const f32,
+        y: *mut f32,
+        n: usize,
+        shift: f32,
+    ) -> (f32, usize)
+        => exp_sum_on::<V, { <V as Vector>::UNROLL }, BIAS, BOUNDED, KEEP>(x, scale, bias, y, n, shift)
 }
 
 /// Adding then subtracting this (1.5·2²³) rounds an `f32` of magnitude below 2²² to an integer;
@@ -115,28 +143,19 @@ pub(super) const RESCALE_SLACK: f32 = 8.0;
 ///
 /// # Safety
 /// As [`exp_sum`]; `max` and `sum` are valid for reads and writes.
-#[allow(clippy::too_many_arguments)] // Mirrors the C ABI entry point.
-pub(super) unsafe fn softmax_step(
-    isa: Isa,
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    max: *mut f32,
-    sum: *mut f32,
-) -> f32 {
+pub(super) unsafe fn softmax_step(isa: Isa, row: Scores, max: *mut f32, sum: *mut f32) -> f32 {
+    let Scores { x, scale, bias, y, n } = row;
     // SAFETY: forwarded from the caller's contract.
     unsafe {
         let old = *max;
         if old != f32::NEG_INFINITY {
             // Usually the shift stays: one pass, checking the slack on the way.
-            let (t, done) = exp_sum_with::<true, true>(isa, x, scale, bias, y, n, old);
+            let (t, done) = exp_sum_with::<true, true>(isa, row, old);
             if done == n {
                 *sum += t;
                 return 1.0;
             }
-            return moved_step(isa, (x, scale, bias, y, n), done, t, max, sum);
+            return moved_step(isa, row, done, t, max, sum);
         }
         let tmax = row_max(isa, x, scale, bias, n);
         let new = if old == f32::NEG_INFINITY || tmax > old + RESCALE_SLACK { tmax.max(old) } else { old };
@@ -156,7 +175,7 @@ pub(super) unsafe fn softmax_step(
         }
         // Every `scale·x + bias - new` is at most `RESCALE_SLACK`: `new` is within the slack of
         // this row's max, or above it.
-        let (t, _) = exp_sum_with::<true, false>(isa, x, scale, bias, y, n, new);
+        let (t, _) = exp_sum_with::<true, false>(isa, row, new);
         // A factor below `FLUSH_BELOW` is 0: the old terms weigh nothing against the new.
         let scale = if new == old { 1.0 } else { exp_flushed(old - new) };
         *max = new;
@@ -172,26 +191,18 @@ pub(super) unsafe fn softmax_step(
 ///
 /// # Safety
 /// As [`softmax_step`]; `done < n`.
-unsafe fn moved_step(
-    isa: Isa,
-    row: (*const f32, f32, *const f32, *mut f32, usize),
-    done: usize,
-    t: f32,
-    max: *mut f32,
-    sum: *mut f32,
-) -> f32 {
-    let (x, scale, bias, y, n) = row;
+unsafe fn moved_step(isa: Isa, row: Scores, done: usize, t: f32, max: *mut f32, sum: *mut f32) -> f32 {
     // SAFETY: the caller's contract; every offset is below `n`.
     unsafe {
-        let at = |p: *const f32| if p.is_null() { p } else { p.add(done) };
+        let rest = row.from(done);
         let old = *max;
-        let new = row_max(isa, x.add(done), scale, at(bias), n - done).max(old);
+        let new = row_max(isa, rest.x, rest.scale, rest.bias, rest.n).max(old);
         let factor = exp_flushed(old - new);
         for i in 0..done {
-            let v = *y.add(i) * factor;
-            *y.add(i) = if v < FLUSH_BELOW { 0.0 } else { v };
+            let v = *row.y.add(i) * factor;
+            *row.y.add(i) = if v < FLUSH_BELOW { 0.0 } else { v };
         }
-        let (rest, _) = exp_sum_with::<true, false>(isa, x.add(done), scale, at(bias), y.add(done), n - done, new);
+        let (rest, _) = exp_sum_with::<true, false>(isa, rest, new);
         *max = new;
         *sum = (*sum + t) * factor + rest;
         factor
@@ -218,7 +229,7 @@ pub(super) unsafe fn softmax_row(isa: Isa, x: *const f32, y: *mut f32, n: usize)
             return;
         }
         // Every `x - max` is at most 0 (or NaN: `+inf - +inf` too), within the bounded form.
-        let (sum, _) = exp_sum_with::<true, false>(isa, x, 1.0, std::ptr::null(), y, n, max);
+        let (sum, _) = exp_sum_with::<true, false>(isa, Scores { x, scale: 1.0, bias: std::ptr::null(), y, n }, max);
         let inv = 1.0 / sum;
         for i in 0..n {
             *y.add(i) *= inv;
@@ -241,21 +252,17 @@ pub(super) fn exp_flushed(x: f32) -> f32 {
 /// # Safety
 /// As [`exp_sum`].
 unsafe fn row_max(isa: Isa, x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match (isa, bias.is_null()) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, true) => row_max_avx512::<false>(x, scale, bias, n),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, false) => row_max_avx512::<true>(x, scale, bias, n),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, true) => row_max_avx2::<false>(x, scale, bias, n),
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, false) => row_max_avx2::<true>(x, scale, bias, n),
-            (_, true) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, false>(x, scale, bias, n),
-            (_, false) => row_max_on::<F4, { <F4 as Vector>::UNROLL }, true>(x, scale, bias, n),
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { if bias.is_null() { row_max_isa::<false>(isa, x, scale, bias, n) } else { row_max_isa::<true>(isa, x, scale, bias, n) } }
+}
+
+isa_dispatch! {
+    /// [`row_max_on`] on `isa` (the bias term when `BIAS`).
+    ///
+    /// # Safety
+    /// As [`exp_sum`].
+    unsafe fn row_max_isa<V, const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32
+        => row_max_on::<V, { <V as Vector>::UNROLL }, BIAS>(x, scale, bias, n)
 }
 
 /// `x·scale (+ bias)` of the vector at `i`, a multiply and an add (when `PART`, lanes `..len`
@@ -310,43 +317,12 @@ unsafe fn row_max_on<V: Vector, const U: usize, const BIAS: bool>(x: *const f32,
     }
 }
 
-/// AVX-512 [`row_max_on`].
-///
-/// # Safety
-/// As [`exp_sum`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_max_avx512<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    // SAFETY: forwarded; AVX-512F is enabled here.
-    unsafe { row_max_on::<__m512, { <__m512 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
-}
-
-/// AVX2 [`row_max_on`].
-///
-/// # Safety
-/// As [`exp_sum`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_max_avx2<const BIAS: bool>(x: *const f32, scale: f32, bias: *const f32, n: usize) -> f32 {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { row_max_on::<__m256, { <__m256 as Vector>::UNROLL }, BIAS>(x, scale, bias, n) }
-}
-
-/// `y[i] = tanh(x[i])` for `i < n` on `isa`.
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
-pub(super) unsafe fn tanh(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => tanh_avx512(x, y, n),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => tanh_avx2(x, y, n),
-            _ => tanh_on::<F4>(x, y, n),
-        }
-    }
+isa_dispatch! {
+    /// `y[i] = tanh(x[i])` for `i < n` on `isa`.
+    ///
+    /// # Safety
+    /// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+    pub(super) unsafe fn tanh<V>(x: *const f32, y: *mut f32, n: usize) => tanh_on::<V>(x, y, n)
 }
 
 /// `exp(r) − 1 = r + r²·P(r)` of reduced arguments (`|r| ≤ ln2/2`), `P` ([`EXP_P`]) by
@@ -565,42 +541,6 @@ unsafe fn exp_sum_on<V: Vector, const U: usize, const BIAS: bool, const BOUNDED:
     }
 }
 
-/// AVX-512 [`exp_sum_on`].
-///
-/// # Safety
-/// As [`exp_sum`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    // SAFETY: forwarded; AVX-512F is enabled here.
-    unsafe { exp_sum_on::<__m512, { <__m512 as Vector>::UNROLL }, BIAS, BOUNDED, KEEP>(x, scale, bias, y, n, shift) }
-}
-
-/// AVX2 [`exp_sum_on`].
-///
-/// # Safety
-/// As [`exp_sum`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sum_avx2<const BIAS: bool, const BOUNDED: bool, const KEEP: bool>(
-    x: *const f32,
-    scale: f32,
-    bias: *const f32,
-    y: *mut f32,
-    n: usize,
-    shift: f32,
-) -> (f32, usize) {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { exp_sum_on::<__m256, { <__m256 as Vector>::UNROLL }, BIAS, BOUNDED, KEEP>(x, scale, bias, y, n, shift) }
-}
-
 /// Beyond this `|x|`, `tanh(x)` rounds to `±1` in f32.
 pub(super) const TANH_BIG: f32 = 9.5;
 /// Below this `|x|`, `tanh` is the odd polynomial (the `exp` form would cancel).
@@ -668,28 +608,6 @@ unsafe fn tanh_on<V: Vector>(x: *const f32, y: *mut f32, n: usize) {
     }
 }
 
-/// AVX-512 [`tanh_on`].
-///
-/// # Safety
-/// As [`tanh`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tanh_avx512(x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded; AVX-512F is enabled here.
-    unsafe { tanh_on::<__m512>(x, y, n) }
-}
-
-/// AVX2 [`tanh_on`].
-///
-/// # Safety
-/// As [`tanh`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tanh_avx2(x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { tanh_on::<__m256>(x, y, n) }
-}
-
 /// One key row of a flash backward tile on `isa`, queries along the row (see
 /// [`super::attnc_flash_bwd_row`]): weights into `s`, the scores' adjoints into `dp`, `dF`
 /// into `df` unless it is null, and `Σ dF`, `Σ dF·w` into `sums` unless `w` is null.
@@ -712,15 +630,9 @@ pub(super) unsafe fn flash_bwd_row(
 ) {
     let (df, w, sums) = outs;
     let row = BwdRow { s, dp, lse, delta, rbias, df, w };
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
+    // SAFETY: forwarded.
     unsafe {
-        let acc = match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => flash_bwd_row_avx512(&row, n, scalars, flags),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => flash_bwd_row_avx2(&row, n, scalars, flags),
-            _ => flash_bwd_row_on::<F4>(&row, n, scalars, flags),
-        };
+        let acc = bwd_row_isa(isa, &row, n, scalars, flags);
         if !w.is_null() {
             // `sums` holds two floats when `w` is given.
             *sums = acc.0;
@@ -795,7 +707,9 @@ unsafe fn bwd_vec<V: Vector, const PART: bool>(r: &BwdRow, i: usize, len: usize,
 }
 
 /// [`flash_bwd_row`] on `V`: full vectors, then one partial vector; returns `(Σ dF, Σ dF·w)`
-/// (0 when `w` is null).
+/// (0 when `w` is null). Plain loads and stores but for the last vector: the lane loop the AVX2
+/// and portable paths once shared came out mostly scalar, and masked stores on every vector,
+/// microcoded on AMD cores, made AVX2 slower than the portable path.
 ///
 /// # Safety
 /// As [`flash_bwd_row`], with `V`'s instructions supported.
@@ -818,26 +732,11 @@ unsafe fn flash_bwd_row_on<V: Vector>(r: &BwdRow, n: usize, (alpha, factor, cbia
     }
 }
 
-/// AVX-512 [`flash_bwd_row_on`].
-///
-/// # Safety
-/// As [`flash_bwd_row`]; AVX-512F is supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn flash_bwd_row_avx512(r: &BwdRow, n: usize, scalars: (f32, f32, f32), flags: u32) -> (f32, f32) {
-    // SAFETY: forwarded; AVX-512F is enabled here.
-    unsafe { flash_bwd_row_on::<__m512>(r, n, scalars, flags) }
-}
-
-/// AVX2 [`flash_bwd_row_on`]: plain loads and stores but for the last vector (the lane loop the
-/// AVX2 and portable paths once shared came out mostly scalar; masked stores on every vector,
-/// microcoded on AMD cores, made this path slower than the portable one).
-///
-/// # Safety
-/// As [`flash_bwd_row`]; AVX2 and FMA are supported.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn flash_bwd_row_avx2(r: &BwdRow, n: usize, scalars: (f32, f32, f32), flags: u32) -> (f32, f32) {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { flash_bwd_row_on::<__m256>(r, n, scalars, flags) }
+isa_dispatch! {
+    /// [`flash_bwd_row_on`] on `isa`.
+    ///
+    /// # Safety
+    /// As [`flash_bwd_row`].
+    unsafe fn bwd_row_isa<V>(r: &BwdRow, n: usize, scalars: (f32, f32, f32), flags: u32) -> (f32, f32)
+        => flash_bwd_row_on::<V>(r, n, scalars, flags)
 }

@@ -78,6 +78,19 @@ pub(super) trait Kernel {
     unsafe fn tile(kc: usize, a: *const f32, lda: usize, panel: *const f32, ldp: usize, t: &Tile);
 }
 
+/// `$f::<R>$args` for the run-time row count `$rows` (`$f` a function in scope): each listed
+/// count `R` has an instance of its own (a const generic, so that the accumulators stay in
+/// registers), and any other count runs the one of `$other`.
+macro_rules! by_rows {
+    ($rows:expr, [$($r:literal),+], _ => $other:literal, $f:ident $args:tt) => {
+        match $rows {
+            $($r => $f::<$r> $args,)+
+            _ => $f::<$other> $args,
+        }
+    };
+}
+pub(super) use by_rows;
+
 /// Largest `m` for which an `Nn` product reads `B` in place (see the module docs).
 const DIRECT_MAX_M: usize = 64;
 /// Largest `ldb` for which an `Nn` product reads `B` in place: longer rows risk the set

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::Gemm;
 #[cfg(target_arch = "x86_64")]
 use super::Isa;
-use super::gemm::Layout;
+use super::gemm::{Layout, by_rows};
 #[cfg(target_arch = "x86_64")]
 use super::x86_avx512::lanes;
 
@@ -36,19 +36,9 @@ pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32,
             let (a, c) = (a.add(r0 * g.lda), c.add(r0 * g.ldc));
             match (g.isa, layout) {
                 #[cfg(target_arch = "x86_64")]
-                (Isa::Avx512, Layout::Nt) => match rows {
-                    1 => nt_avx512::<1>(g, a, b, c),
-                    2 => nt_avx512::<2>(g, a, b, c),
-                    3 => nt_avx512::<3>(g, a, b, c),
-                    _ => nt_avx512::<4>(g, a, b, c),
-                },
+                (Isa::Avx512, Layout::Nt) => by_rows!(rows, [1, 2, 3], _ => 4, nt_avx512(g, a, b, c)),
                 #[cfg(target_arch = "x86_64")]
-                (Isa::Avx512, Layout::Nn) => match rows {
-                    1 => nn_avx512::<1>(g, a, b, c),
-                    2 => nn_avx512::<2>(g, a, b, c),
-                    3 => nn_avx512::<3>(g, a, b, c),
-                    _ => nn_avx512::<4>(g, a, b, c),
-                },
+                (Isa::Avx512, Layout::Nn) => by_rows!(rows, [1, 2, 3], _ => 4, nn_avx512(g, a, b, c)),
                 #[cfg(target_arch = "x86_64")]
                 (Isa::Avx2, Layout::Nt) => nt_avx2(g, rows, a, b, c),
                 #[cfg(target_arch = "x86_64")]

@@ -325,8 +325,9 @@ pub fn softmax_step(
         }
     }
     let b = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+    let row = exp::Scores { x: x.as_ptr(), scale, bias: b, y: y.as_mut_ptr(), n: x.len() };
     // SAFETY: the slices hold `x.len()` elements, the path is supported, the state is two floats.
-    Ok(unsafe { exp::softmax_step(isa, x.as_ptr(), scale, b, y.as_mut_ptr(), x.len(), &mut state.0, &mut state.1) })
+    Ok(unsafe { exp::softmax_step(isa, row, &mut state.0, &mut state.1) })
 }
 
 /// Softmax of the whole row `x` into `y` on `isa` (see [`attnc_softmax_row_f32`]).
@@ -339,29 +340,37 @@ pub fn tanh(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
     checked_row(exp::tanh, isa, x, y)
 }
 
-/// Defines a C ABI product entry point `fn(m, n, k, a, lda, b, ldb, c, ldc, alpha,
-/// accumulate)` that runs `$driver::run` with layout `$layout` on the dispatched path.
+/// Defines a C ABI entry point over a product's operands, `fn(m, n, k, a, lda, b, ldb, c, ldc,
+/// alpha, $last)`: the shape, strides and scale become a [`Gemm`] `$g` on the dispatched path
+/// (`accumulate` from the expression `$acc`), and the entry point runs `$run`. The short form
+/// `$name, $driver, $layout` takes `accumulate: u32` last and runs `$driver::run` with layout
+/// `$layout`.
 macro_rules! product_entry {
-    ($(#[$doc:meta])* $name:ident, $driver:ident, $layout:expr) => {
+    ($(#[$doc:meta])* $name:ident($last:ident: $last_ty:ty), accumulate: $acc:expr, |$g:ident, $a:ident, $b:ident, $c:ident| $run:expr) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
         pub unsafe extern "C" fn $name(
             m: usize,
             n: usize,
             k: usize,
-            a: *const f32,
+            $a: *const f32,
             lda: usize,
-            b: *const f32,
+            $b: *const f32,
             ldb: usize,
-            c: *mut f32,
+            $c: *mut f32,
             ldc: usize,
             alpha: f32,
-            accumulate: u32,
+            $last: $last_ty,
         ) {
-            let g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: accumulate != 0, isa: isa() };
+            let $g = Gemm { m, n, k, lda, ldb, ldc, alpha, accumulate: $acc, isa: isa() };
             // SAFETY: forwarded from the caller's contract.
-            unsafe { $driver::run(&g, $layout, a, b, c) }
+            unsafe { $run }
         }
+    };
+    ($(#[$doc:meta])* $name:ident, $driver:ident, $layout:expr) => {
+        product_entry!(
+            $(#[$doc])* $name(accumulate: u32), accumulate: accumulate != 0, |g, a, b, c| $driver::run(&g, $layout, a, b, c)
+        );
     };
 }
 
@@ -411,29 +420,17 @@ product_entry!(
     Layout::Nn
 );
 
-/// C ABI: additive attention scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for
-/// `r < m`, `c < n`, `a < k`, row-major with leading dimensions (`C` is overwritten).
-///
-/// # Safety
-/// For non-empty shapes the pointers must address `(m-1)·lda + k`, `(n-1)·ldb + k` and
-/// `(m-1)·ldc + n` valid elements, and `w` `k`; `C` must not overlap the others.
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-pub unsafe extern "C" fn attnc_additive_nt(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    w: *const f32,
-) {
-    // SAFETY: forwarded from the caller's contract; `isa()` is supported.
-    unsafe { additive::additive_nt(isa(), (m, n, k), a, lda, b, ldb, c, ldc, alpha, w) }
-}
+product_entry!(
+    /// C ABI: additive attention scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for
+    /// `r < m`, `c < n`, `a < k`, row-major with leading dimensions (`C` is overwritten).
+    ///
+    /// # Safety
+    /// For non-empty shapes the pointers must address `(m-1)·lda + k`, `(n-1)·ldb + k` and
+    /// `(m-1)·ldc + n` valid elements, and `w` `k`; `C` must not overlap the others.
+    attnc_additive_nt(w: *const f32),
+    accumulate: false,
+    |g, a, b, c| additive::additive_nt(&g, a, b, c, w)
+);
 
 /// Additive attention scores on `isa` ([`attnc_additive_nt`]): `a` is `m × k`, `b` `n × k`,
 /// `c` `m × n`, dense row-major, `w` of `k`.
@@ -456,8 +453,9 @@ pub fn additive_nt(
             return Err(KernelError::TooShort { operand, len, need });
         }
     }
+    let g = Gemm { m, n, k, lda: k, ldb: k, ldc: n, alpha, accumulate: false, isa };
     // SAFETY: the slices hold the elements the shapes need and the path is supported.
-    unsafe { additive::additive_nt(isa, (m, n, k), a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), n, alpha, w.as_ptr()) };
+    unsafe { additive::additive_nt(&g, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), w.as_ptr()) };
     Ok(())
 }
 
@@ -500,7 +498,7 @@ pub unsafe extern "C" fn attnc_softmax_step_f32(
     sum: *mut f32,
 ) -> f32 {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { exp::softmax_step(isa(), x, scale, bias, y, n, max, sum) }
+    unsafe { exp::softmax_step(isa(), exp::Scores { x, scale, bias, y, n }, max, sum) }
 }
 
 /// C ABI: softmax of one dense row of `n` elements, `y = exp(x - max) / Σ exp(x - max)` (`x`

@@ -9,6 +9,8 @@
 
 use super::Isa;
 use super::lanes::HAS_FMA;
+#[cfg(target_arch = "x86_64")]
+use super::vector::Vector;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -46,36 +48,41 @@ pub fn one_run(isa: Isa) -> f64 {
     flops / start.elapsed().as_secs_f64().max(1e-9) / 1e9
 }
 
+/// `iters` rounds of 12 independent multiply-adds on `V`; returns the FLOPs done.
+///
+/// # Safety
+/// `V`'s instructions are supported: called inside a wrapper of its path.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fma_chains<V: Vector>(iters: usize) -> f64 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (m, c) = (V::splat(0.999_999), V::splat(1e-7));
+        let mut acc = [V::splat(1.0); 12];
+        for _ in 0..iters {
+            for a in &mut acc {
+                *a = a.madd(m, c);
+            }
+        }
+        black_box(acc);
+    }
+    (2 * V::LANES * 12 * iters) as f64
+}
+
 /// `iters` rounds of 12 independent 512-bit FMAs; returns the FLOPs done.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn fma512(iters: usize) -> f64 {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-    let mut acc = [_mm512_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm512_fmadd_ps(*a, m, c);
-        }
-    }
-    black_box(acc);
-    (2 * 16 * 12 * iters) as f64
+    // SAFETY: AVX-512F is enabled here.
+    unsafe { fma_chains::<std::arch::x86_64::__m512>(iters) }
 }
 
 /// `iters` rounds of 12 independent 256-bit FMAs; returns the FLOPs done.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn fma256(iters: usize) -> f64 {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm256_fmadd_ps(*a, m, c);
-        }
-    }
-    black_box(acc);
-    (2 * 8 * 12 * iters) as f64
+    // SAFETY: AVX2 and FMA are enabled here.
+    unsafe { fma_chains::<std::arch::x86_64::__m256>(iters) }
 }
 
 /// `iters` rounds of 12 independent 4-lane multiply-adds in plain Rust, compiled for the

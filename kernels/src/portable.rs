@@ -6,8 +6,8 @@
 //! loops of [`super::lanes`]. It is also the reference the SIMD paths are compared with in
 //! tests, besides the f64 oracle.
 
-use super::f4;
-use super::gemm::{Kernel, Layout, Tile, pack_generic};
+use super::f4::{self, micro};
+use super::gemm::{Kernel, Layout, Tile, by_rows, pack_generic};
 
 /// Micro-tiles of up to 6 rows × 8 columns: 12 accumulators of 128 bits and two panel vectors
 /// take 14 of the 16 SSE registers (NEON has 32). `A` comes splatted into 4-lane groups: SSE2
@@ -34,15 +34,6 @@ impl Kernel for Portable {
 
     unsafe fn tile(kc: usize, a: *const f32, _lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
         // SAFETY: forwarded; `rows` selects the instance with that many rows.
-        unsafe {
-            match t.rows {
-                6 => f4::micro::<6>(kc, a, panel, ldp, t),
-                5 => f4::micro::<5>(kc, a, panel, ldp, t),
-                4 => f4::micro::<4>(kc, a, panel, ldp, t),
-                3 => f4::micro::<3>(kc, a, panel, ldp, t),
-                2 => f4::micro::<2>(kc, a, panel, ldp, t),
-                _ => f4::micro::<1>(kc, a, panel, ldp, t),
-            }
-        }
+        unsafe { by_rows!(t.rows, [6, 5, 4, 3, 2], _ => 1, micro(kc, a, panel, ldp, t)) }
     }
 }

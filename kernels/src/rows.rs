@@ -8,31 +8,50 @@ use std::arch::x86_64::*;
 
 use super::Isa;
 
-/// `y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))` for `i < n` on `isa`, with the kernels' `exp`
-/// (0 where `x ≤ -88.7`, NaN stays NaN).
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
-pub(super) unsafe fn sigmoid(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match isa {
+/// Defines `$name(isa, x, y, n)`, `y[i] = $name(x[i])` for `i < n` on `isa`: on AVX-512 the
+/// 16-lane function `$vec16` (`__m512 → __m512`) over full vectors, then one masked vector for
+/// the tail; elsewhere the lane kernel `lanes::$name`, compiled for AVX2 and FMA on that path.
+/// The docs given are the function's.
+macro_rules! lane_row {
+    ($(#[$doc:meta])* $name:ident, $vec16:ident) => {
+        $(#[$doc])*
+        pub(super) unsafe fn $name(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
+            /// The AVX-512 instance.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => sigmoid_avx512(x, y, n),
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512(x: *const f32, y: *mut f32, n: usize) {
+                super::x86_avx512::map16!($vec16, x, y, n)
+            }
+            /// The lane kernel compiled for AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => sigmoid_avx2(x, y, n),
-            _ => super::lanes::sigmoid::<{ super::lanes::HAS_FMA }>(x, y, n),
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(x: *const f32, y: *mut f32, n: usize) {
+                // SAFETY: forwarded.
+                unsafe { super::lanes::$name::<true>(x, y, n) }
+            }
+            // SAFETY: forwarded; each arm runs only where its ISA is supported.
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => avx512(x, y, n),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => avx2(x, y, n),
+                    _ => super::lanes::$name::<{ super::lanes::HAS_FMA }>(x, y, n),
+                }
+            }
         }
-    }
+    };
 }
 
-/// The lane kernel compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn sigmoid_avx2(x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded.
-    unsafe { super::lanes::sigmoid::<true>(x, y, n) }
-}
+lane_row!(
+    /// `y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))` for `i < n` on `isa`, with the kernels' `exp`
+    /// (0 where `x ≤ -88.7`, NaN stays NaN).
+    ///
+    /// # Safety
+    /// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+    sigmoid,
+    sigmoid16
+);
 
 /// Sigmoid of 16 lanes.
 #[cfg(target_arch = "x86_64")]
@@ -43,13 +62,6 @@ fn sigmoid16(x: __m512) -> __m512 {
     _mm512_div_ps(one, _mm512_add_ps(one, e))
 }
 
-/// AVX-512 `sigmoid`: full vectors, then one masked vector for the tail.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sigmoid_avx512(x: *const f32, y: *mut f32, n: usize) {
-    super::x86_avx512::map16!(sigmoid16, x, y, n)
-}
-
 /// Abramowitz & Stegun 7.1.26: `erfc(z) ≈ t·P(t)·e^{-z²}`, `t = 1/(1 + p·z)` for `z ≥ 0`
 /// (absolute error below 1.5e-7).
 pub(super) const ERFC_P: f32 = 0.327_591_1;
@@ -57,31 +69,15 @@ pub(super) const ERFC_P: f32 = 0.327_591_1;
 pub(super) const ERFC_A: [f32; 5] = [1.061_405_4, -1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6];
 pub(super) const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 
-/// `y[i] = gelu(x[i]) = x/2 · (1 + erf(x/√2))` for `i < n` on `isa`. Negative inputs use
-/// `1 + erf(-z) = erfc(z)` directly, so the far negative tail keeps its relative accuracy.
-///
-/// # Safety
-/// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
-pub(super) unsafe fn gelu(isa: Isa, x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded; each arm runs only where its ISA is supported.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => gelu_avx512(x, y, n),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => gelu_avx2(x, y, n),
-            _ => super::lanes::gelu::<{ super::lanes::HAS_FMA }>(x, y, n),
-        }
-    }
-}
-
-/// The lane kernel compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_avx2(x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: forwarded.
-    unsafe { super::lanes::gelu::<true>(x, y, n) }
-}
+lane_row!(
+    /// `y[i] = gelu(x[i]) = x/2 · (1 + erf(x/√2))` for `i < n` on `isa`. Negative inputs use
+    /// `1 + erf(-z) = erfc(z)` directly, so the far negative tail keeps its relative accuracy.
+    ///
+    /// # Safety
+    /// `x` and `y` address `n` elements (they may be the same buffer); `isa` is supported.
+    gelu,
+    gelu16
+);
 
 /// GELU of 16 lanes.
 #[cfg(target_arch = "x86_64")]
@@ -98,13 +94,6 @@ fn gelu16(x: __m512) -> __m512 {
     let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
     let one_plus_erf = _mm512_mask_blend_ps(negative, _mm512_sub_ps(_mm512_set1_ps(2.0), erfc), erfc);
     _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), one_plus_erf)
-}
-
-/// AVX-512 `gelu`: full vectors, then one masked vector for the tail.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn gelu_avx512(x: *const f32, y: *mut f32, n: usize) {
-    super::x86_avx512::map16!(gelu16, x, y, n)
 }
 
 /// Sums `f(x[i])` over a row in f64 with eight independent accumulators (so the adds

@@ -82,6 +82,19 @@ fn check_with(run: Product, layout: Layout, g: Gemm, rng: &mut Rng) {
     }
 }
 
+/// A product of shape `(m, n, k)` on `isa` varied by the case number `case`: strides padded
+/// past the rows, alpha 1 or `odd_alpha`, accumulating or not.
+fn varied(isa: Isa, layout: Layout, (m, n, k): (usize, usize, usize), case: usize, odd_alpha: f32) -> Gemm {
+    let mut g = Gemm::dense(layout, m, n, k);
+    g.isa = isa;
+    g.lda += case % 3;
+    g.ldb += case % 5;
+    g.ldc += case % 4;
+    g.alpha = if case.is_multiple_of(2) { 1.0 } else { odd_alpha };
+    g.accumulate = case % 3 == 1;
+    g
+}
+
 /// Every (m, n) pair of [`SIZES`] with a rotating k, padded strides, alpha and accumulate
 /// varied, on both layouts and every path.
 #[test]
@@ -94,14 +107,7 @@ fn gemm_matches_f64_at_odd_shapes() {
                 for (jn, &n) in SIZES.iter().enumerate() {
                     let k = SIZES[(im * 3 + jn * 5 + 1) % SIZES.len()];
                     case += 1;
-                    let mut g = Gemm::dense(layout, m, n, k);
-                    g.isa = isa;
-                    g.lda += case % 3;
-                    g.ldb += case % 5;
-                    g.ldc += case % 4;
-                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { -0.75 };
-                    g.accumulate = case % 3 == 1;
-                    check(layout, g, &mut rng);
+                    check(layout, varied(isa, layout, (m, n, k), case, -0.75), &mut rng);
                 }
             }
         }
@@ -119,14 +125,7 @@ fn gemv_matches_f64() {
             for m in [0, 1, 2, 3, 4, 5, 9] {
                 for (n, k) in [(1, 1), (3, 17), (64, 128), (65, 64), (130, 31), (7, 0), (0, 5)] {
                     case += 1;
-                    let mut g = Gemm::dense(layout, m, n, k);
-                    g.isa = isa;
-                    g.lda += case % 3;
-                    g.ldb += case % 5;
-                    g.ldc += case % 4;
-                    g.alpha = if case.is_multiple_of(2) { 1.0 } else { 0.375 };
-                    g.accumulate = case % 3 == 1;
-                    check_with(run, layout, g, &mut rng);
+                    check_with(run, layout, varied(isa, layout, (m, n, k), case, 0.375), &mut rng);
                 }
             }
         }
@@ -235,6 +234,20 @@ fn ulps(a: f32, b: f32) -> u32 {
     a.to_bits().abs_diff(b.to_bits())
 }
 
+/// Runs the row kernel `run` on every path and every tail of `x` (its last `len` elements for
+/// each `len` up to 40, and the whole), and hands `check` the path, the inputs, the outputs and
+/// what `run` returned.
+fn on_every_tail<T>(x: &[f32], run: impl Fn(Isa, &[f32], &mut [f32]) -> T, mut check: impl FnMut(Isa, &[f32], &[f32], T)) {
+    for isa in available_isas() {
+        for len in (0..=40).chain([x.len()]) {
+            let xs = &x[x.len() - len..];
+            let mut y = vec![0.0; len];
+            let got = run(isa, xs, &mut y);
+            check(isa, xs, &y, got);
+        }
+    }
+}
+
 /// `exp` within 2 ulp of the correctly rounded result over the whole useful range (subnormal
 /// results included), with the special values exact, on every path and every tail length.
 #[test]
@@ -256,13 +269,12 @@ fn exp_matches_f64_over_wide_range() {
         f32::MIN,
         f32::MAX,
     ]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            let sum = exp_sum(isa, xs, &mut y, 0.0).unwrap();
+    on_every_tail(
+        &x,
+        |isa, xs, y| exp_sum(isa, xs, y, 0.0).unwrap(),
+        |isa, xs, y, sum| {
             let mut want_sum = 0.0f64;
-            for (xi, yi) in xs.iter().zip(&y) {
+            for (xi, yi) in xs.iter().zip(y) {
                 let want = (*xi as f64).exp() as f32;
                 if xi.is_nan() {
                     assert!(yi.is_nan(), "{isa}: exp(NaN) = {yi}");
@@ -280,8 +292,8 @@ fn exp_matches_f64_over_wide_range() {
             } else {
                 assert_eq!(sum, f32::INFINITY);
             }
-        }
-    }
+        },
+    );
 }
 
 /// The shift is subtracted in f32 before `exp`, as the online softmax computes `exp(s - max)`;
@@ -535,12 +547,11 @@ fn tanh_matches_f64() {
         f32::NEG_INFINITY,
         f32::NAN,
     ]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            tanh(isa, xs, &mut y).unwrap();
-            for (xi, yi) in xs.iter().zip(&y) {
+    on_every_tail(
+        &x,
+        |isa, xs, y| tanh(isa, xs, y).unwrap(),
+        |isa, xs, y, ()| {
+            for (xi, yi) in xs.iter().zip(y) {
                 if xi.is_nan() {
                     assert!(yi.is_nan(), "{isa}: tanh(NaN) = {yi}");
                     continue;
@@ -548,8 +559,8 @@ fn tanh_matches_f64() {
                 let want = (*xi as f64).tanh() as f32;
                 assert!(ulps(*yi, want) <= 4, "{isa}: tanh({xi}) = {yi:e}, want {want:e}");
             }
-        }
-    }
+        },
+    );
     let mut buf = x.clone();
     // SAFETY: `buf` holds `len` elements; the entry point allows x == y.
     unsafe { attnc_tanh_f32(buf.as_ptr(), buf.as_mut_ptr(), buf.len()) };
@@ -562,19 +573,18 @@ fn tanh_matches_f64() {
 fn gelu_matches_f64() {
     let mut x: Vec<f32> = (-800..=800).map(|i| i as f32 * 0.0125).collect();
     x.extend([-12.0, -9.0, 30.0, 0.0, -0.0, 1e-20]);
-    for isa in available_isas() {
-        for len in (0..=40).chain([x.len()]) {
-            let xs = &x[x.len() - len..];
-            let mut y = vec![0.0; len];
-            gelu(isa, xs, &mut y).unwrap();
-            for (xi, yi) in xs.iter().zip(&y) {
+    on_every_tail(
+        &x,
+        |isa, xs, y| gelu(isa, xs, y).unwrap(),
+        |isa, xs, y, ()| {
+            for (xi, yi) in xs.iter().zip(y) {
                 let v = *xi as f64;
                 let want = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
                 let err = (*yi as f64 - want).abs();
                 assert!(err <= 4e-7 * v.abs().max(1.0) + 2e-6 * want.abs(), "{isa}: gelu({xi}) = {yi:e}, want {want:e}");
             }
-        }
-    }
+        },
+    );
 }
 
 /// Layer and RMS norm rows against an f64 reference, in place and out of place, with and

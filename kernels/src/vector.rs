@@ -28,6 +28,54 @@ use std::arch::x86_64::*;
 
 use super::exp::{LOG2E, ROUND};
 
+/// Defines `$name(isa, args…)`, a kernel written once over [`Vector`] and run on `isa`: the
+/// expression `$call`, with the type `$V` standing for the path's vector (`__m512`, `__m256` or
+/// [`super::f4::F4`]), inside a thin `#[target_feature]` wrapper per x86 path (see the module
+/// docs) and directly on the portable path. The wrappers take the function's const generics and
+/// arguments; the docs given are the dispatcher's, whose `# Safety` must ask that `isa` be
+/// supported.
+macro_rules! isa_dispatch {
+    (
+        $(#[$doc:meta])*
+        $vis:vis unsafe fn $name:ident<$V:ident $(, const $c:ident: $ct:ty)*>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?
+            => $call:expr
+    ) => {
+        $(#[$doc])*
+        $vis unsafe fn $name<$(const $c: $ct),*>(isa: $crate::Isa, $($arg: $ty),*) $(-> $ret)? {
+            /// The AVX-512F instance.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512<$(const $c: $ct),*>($($arg: $ty),*) $(-> $ret)? {
+                type $V = std::arch::x86_64::__m512;
+                // SAFETY: forwarded; AVX-512F is enabled here.
+                unsafe { $call }
+            }
+            /// The AVX2 instance.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<$(const $c: $ct),*>($($arg: $ty),*) $(-> $ret)? {
+                type $V = std::arch::x86_64::__m256;
+                // SAFETY: forwarded; AVX2 and FMA are enabled here.
+                unsafe { $call }
+            }
+            // SAFETY: forwarded; each arm runs only where its path is supported.
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    $crate::Isa::Avx512 => avx512::<$($c),*>($($arg),*),
+                    #[cfg(target_arch = "x86_64")]
+                    $crate::Isa::Avx2 => avx2::<$($c),*>($($arg),*),
+                    _ => {
+                        type $V = $crate::f4::F4;
+                        $call
+                    }
+                }
+            }
+        }
+    };
+}
+pub(super) use isa_dispatch;
+
 /// One register of [`Vector::LANES`] `f32` lanes and the operations the kernels written over
 /// it need (see the module docs). A [`Vector::Mask`] holds one condition per lane.
 ///

@@ -1,7 +1,7 @@
 //! The AVX2+FMA path: micro-tiles of up to 6 rows × 16 columns (12 ymm accumulators, two panel
 //! vectors and a broadcast: 15 of the 16 ymm registers), the classic Haswell-class blocking.
 
-use super::gemm::{Kernel, Layout, Tile, pack_generic};
+use super::gemm::{Kernel, Layout, Tile, by_rows, pack_generic};
 use std::arch::x86_64::*;
 
 /// AVX2+FMA micro-tiles.
@@ -20,16 +20,7 @@ impl Kernel for Avx2 {
 
     unsafe fn tile(kc: usize, a: *const f32, lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
         // SAFETY: forwarded; this path runs only where AVX2 and FMA are supported.
-        unsafe {
-            match t.rows {
-                6 => micro::<6>(kc, a, lda, panel, ldp, t),
-                5 => micro::<5>(kc, a, lda, panel, ldp, t),
-                4 => micro::<4>(kc, a, lda, panel, ldp, t),
-                3 => micro::<3>(kc, a, lda, panel, ldp, t),
-                2 => micro::<2>(kc, a, lda, panel, ldp, t),
-                _ => micro::<1>(kc, a, lda, panel, ldp, t),
-            }
-        }
+        unsafe { by_rows!(t.rows, [6, 5, 4, 3, 2], _ => 1, micro(kc, a, lda, panel, ldp, t)) }
     }
 }
 

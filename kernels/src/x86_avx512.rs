@@ -8,7 +8,7 @@
 //! the benchmark shapes. Unrolling `k` by hand made LLVM hoist the broadcasts and spill, so
 //! the loop is left plain.
 
-use super::gemm::{Kernel, Layout, Tile, pack_generic};
+use super::gemm::{Kernel, Layout, Tile, by_rows, pack_generic};
 use std::arch::x86_64::*;
 
 /// AVX-512F micro-tiles.
@@ -25,22 +25,7 @@ impl Kernel for Avx512 {
 
     unsafe fn tile(kc: usize, a: *const f32, lda: usize, panel: *const f32, ldp: usize, t: &Tile) {
         // SAFETY: forwarded; this path runs only where AVX-512F is supported.
-        unsafe {
-            match t.rows {
-                12 => micro::<12>(kc, a, lda, panel, ldp, t),
-                11 => micro::<11>(kc, a, lda, panel, ldp, t),
-                10 => micro::<10>(kc, a, lda, panel, ldp, t),
-                9 => micro::<9>(kc, a, lda, panel, ldp, t),
-                8 => micro::<8>(kc, a, lda, panel, ldp, t),
-                7 => micro::<7>(kc, a, lda, panel, ldp, t),
-                6 => micro::<6>(kc, a, lda, panel, ldp, t),
-                5 => micro::<5>(kc, a, lda, panel, ldp, t),
-                4 => micro::<4>(kc, a, lda, panel, ldp, t),
-                3 => micro::<3>(kc, a, lda, panel, ldp, t),
-                2 => micro::<2>(kc, a, lda, panel, ldp, t),
-                _ => micro::<1>(kc, a, lda, panel, ldp, t),
-            }
-        }
+        unsafe { by_rows!(t.rows, [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2], _ => 1, micro(kc, a, lda, panel, ldp, t)) }
     }
 }
 
