@@ -90,8 +90,11 @@ fn check(src: &str, shapes: &[&[usize]], range: (f64, f64)) {
     check_derivative(src, graph, &derived, &inputs_for(graph, shapes, range), &HashMap::new());
 }
 
-/// [`check`] for each `(source, shapes, range)`.
-fn check_each(cases: &[(&str, &[&[usize]], (f64, f64))]) {
+/// A source, its parameters' shapes, and the range its inputs are drawn from.
+type Case<'a> = (&'a str, &'a [&'a [usize]], (f64, f64));
+
+/// [`check`] for each case.
+fn check_each(cases: &[Case]) {
     for (src, shapes, range) in cases {
         check(src, shapes, *range);
     }
