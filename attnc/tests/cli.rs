@@ -45,6 +45,15 @@ impl Dir {
     fn attnc(&self, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_attnc")).args(args).current_dir(&self.0).output().unwrap()
     }
+
+    /// Runs attnc in this directory, which must exit with `want`; returns its stderr.
+    #[track_caller]
+    fn fails(&self, args: &[&str], want: i32) -> String {
+        let o = self.attnc(args);
+        let err = stderr(&o);
+        assert_eq!(code(&o), want, "attnc {args:?}: {err}");
+        err
+    }
 }
 
 impl Drop for Dir {
@@ -195,51 +204,39 @@ fn random_inputs_fill_only_what_files_do_not_give() {
 fn missing_and_unknown_inputs_are_command_line_errors() {
     let d = Dir::new();
     io::write_npy(&d.path("q.npy"), &f32_tensor(vec![2, 5, 3], 1)).unwrap();
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.npy"]);
-    assert_eq!(code(&o), 2);
-    let err = stderr(&o);
+    let err = d.fails(&["run", "prog.attn", "--input", "q=q.npy"], 2);
     assert!(err.starts_with("error: missing inputs for `attend`: `k`, `v`, `seg`"), "{err}");
     assert!(err.contains("--random-inputs"), "{err}");
-
-    let o = d.attnc(&["run", "prog.attn", "--input", "query=q.npy"]);
-    assert_eq!(code(&o), 2);
-    assert!(stderr(&o).contains("`attend` has no parameter named `query`"), "{}", stderr(&o));
-
-    let o = d.attnc(&["run", "prog.attn", "--entry", "nope", "--random-inputs"]);
-    assert_eq!(code(&o), 2);
-    assert!(stderr(&o).contains("no function named `nope` (the program has: scale, attend)"), "{}", stderr(&o));
-
-    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--dim", "X=3"]);
-    assert_eq!(code(&o), 2);
-    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--dim", "S"]);
-    assert_eq!(code(&o), 2);
-    let o = d.attnc(&["run", "prog.attn", "--random-inputs", "--output", "nope=x.npy"]);
-    assert_eq!(code(&o), 2);
+    // What each message says ("" where only the exit code is checked).
+    for (args, says) in [
+        (&["run", "prog.attn", "--input", "query=q.npy"][..], "`attend` has no parameter named `query`"),
+        (&["run", "prog.attn", "--entry", "nope", "--random-inputs"], "no function named `nope` (the program has: scale, attend)"),
+        (&["run", "prog.attn", "--random-inputs", "--dim", "X=3"], ""),
+        (&["run", "prog.attn", "--random-inputs", "--dim", "S"], ""),
+        (&["run", "prog.attn", "--random-inputs", "--output", "nope=x.npy"], ""),
+    ] {
+        let err = d.fails(args, 2);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]
 fn bad_input_files_are_file_errors() {
     let d = Dir::new();
     std::fs::write(d.path("garbage.npy"), b"this is not numpy").unwrap();
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=garbage.npy", "--random-inputs"]);
-    assert_eq!(code(&o), 3);
-    assert!(stderr(&o).starts_with("error: garbage.npy: not a valid .npy file"), "{}", stderr(&o));
+    let err = d.fails(&["run", "prog.attn", "--input", "q=garbage.npy", "--random-inputs"], 3);
+    assert!(err.starts_with("error: garbage.npy: not a valid .npy file"), "{err}");
 
     let good = io::encode_npy(&f32_tensor(vec![2, 5, 3], 1)).unwrap();
     std::fs::write(d.path("short.npy"), &good[..good.len() - 4]).unwrap();
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=short.npy", "--random-inputs"]);
-    assert_eq!(code(&o), 3);
-    assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
-
     io::write_npy(&d.path("ints.npy"), &Tensor::i32(vec![2, 5, 3], vec![1; 30]).unwrap()).unwrap();
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=ints.npy", "--random-inputs"]);
-    assert_eq!(code(&o), 3);
-    assert!(stderr(&o).contains("`q` is declared f32 but the file holds i32"), "{}", stderr(&o));
-
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=absent.npy", "--random-inputs"]);
-    assert_eq!(code(&o), 3);
-    let o = d.attnc(&["run", "prog.attn", "--input", "q=q.csv", "--random-inputs"]);
-    assert_eq!(code(&o), 3);
+    // What each message says ("" where only the exit code is checked).
+    for (file, says) in
+        [("short.npy", "truncated"), ("ints.npy", "`q` is declared f32 but the file holds i32"), ("absent.npy", ""), ("q.csv", "")]
+    {
+        let err = d.fails(&["run", "prog.attn", "--input", &format!("q={file}"), "--random-inputs"], 3);
+        assert!(err.contains(says), "{file}: {err}");
+    }
 }
 
 #[test]

@@ -138,6 +138,26 @@ fn run_cases(cases: Vec<Case>) {
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
 }
 
+/// A case per graph of `graphs` (label, graph, tolerance) and per head width `d` that
+/// `widths(n, graph)` gives the n-th graph, with a tag for its work directory
+/// (`{dir}{n}-{tag}`); each at `sizes(d)`, on inputs seeded `seed + n`, as written.
+fn width_cases(
+    graphs: Vec<(String, Graph, f64)>,
+    dir: &str,
+    seed: u64,
+    widths: impl Fn(usize, &Graph) -> Vec<(usize, i64)>,
+    sizes: impl Fn(i64) -> Vec<(&'static str, i64)>,
+) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (n, (label, g, tol)) in graphs.into_iter().enumerate() {
+        for (tag, d) in widths(n, &g) {
+            let (label, dir) = (format!("{label} D={d}"), format!("{dir}{n}-{tag}"));
+            cases.push(Case { label, graph: g.clone(), optimise: false, sizes: sizes(d), seed: seed + n as u64, tol, dir });
+        }
+    }
+    cases
+}
+
 #[test]
 fn every_example_runs_emulated_like_the_interpreter() {
     if !compiler_or_skip("every_example_runs_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
@@ -164,17 +184,12 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
     if !compiler_or_skip("flash_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let mut cases = Vec::new();
-    for (n, (label, g, tol)) in flash_graphs().into_iter().enumerate() {
-        // Head widths below, at and between the padded sizes (by default two, in turn); 70 keys =
-        // 2 tiles and a ragged one.
-        for (m, d) in attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2) {
-            let sizes = vec![("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)];
-            let (label, dir) = (format!("{label} D={d}"), format!("flash{n}-{m}"));
-            cases.push(Case { label, graph: g.clone(), optimise: false, sizes, seed: 5 + n as u64, tol, dir });
-        }
-    }
-    run_cases(cases);
+    let graphs = flash_graphs().into_iter().map(|(label, g, tol)| (label.to_string(), g, tol)).collect();
+    // Head widths below, at and between the padded sizes (by default two, in turn), tagged by
+    // their place in the list; 70 keys = 2 tiles and a ragged one.
+    let widths = |n: usize, _: &Graph| attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2);
+    let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)];
+    run_cases(width_cases(graphs, "flash", 5, widths, sizes));
 }
 
 #[test]
@@ -257,21 +272,18 @@ fn flash_backward_kernels_run_emulated_like_the_interpreter() {
     if !compiler_or_skip("flash_backward_kernels_run_emulated_like_the_interpreter").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let mut cases = Vec::new();
-    for (n, (label, derived, tol)) in backward_cases().into_iter().enumerate() {
-        // Half-typed operands take the tensor-core backward, which copies rows 16 bytes at a time
-        // when the width is a multiple of 8 halves (24) and element by element otherwise (20).
+    // Half-typed operands take the tensor-core backward, which copies rows 16 bytes at a time
+    // when the width is a multiple of 8 halves (24) and element by element otherwise (20). Each
+    // width is tagged by itself.
+    let widths = |_: usize, derived: &Graph| {
         let half = derived.node(derived.params()[0]).ty.dtype != DType::F32;
         let widths: &[i64] = if half { &[24, 20] } else { &[24] };
-        for &d in widths {
-            // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query
-            // tiles, one ragged.
-            let sizes = vec![("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)];
-            let (label, dir) = (format!("{label} D={d}"), format!("flash-bwd{n}-{d}"));
-            cases.push(Case { label, graph: derived.clone(), optimise: false, sizes, seed: 21 + n as u64, tol, dir });
-        }
-    }
-    run_cases(cases);
+        widths.iter().map(|&d| (d as usize, d)).collect()
+    };
+    // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query tiles, one
+    // ragged.
+    let sizes = |d| vec![("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)];
+    run_cases(width_cases(backward_cases(), "flash-bwd", 21, widths, sizes));
 }
 
 /// Gathers (`t[i]`, `take_along`) and scatter-adds record an index out of range in the fault

@@ -98,6 +98,32 @@ fn compare(label: &str, graph: &Graph, env: &HashMap<String, i64>, seed: u64, to
     Ok(())
 }
 
+/// Compares each `(label, graph, tolerance)` of `cases` at each head width of `widths` (dims
+/// `D` and `E`, with `more`), the n-th case on inputs seeded `seed + n`; returns the failures.
+fn compare_at_widths(
+    cases: impl IntoIterator<Item = (String, Graph, f64)>,
+    widths: &[i64],
+    more: &[(&str, i64)],
+    seed: u64,
+    metric: Metric,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (n, (label, g, tol)) in cases.into_iter().enumerate() {
+        for &d in widths {
+            let over: Vec<(&str, i64)> = [("D", d), ("E", d)].into_iter().chain(more.iter().copied()).collect();
+            if let Err(e) = compare(&format!("{label} D={d}"), &g, &sizes(&g, &over), seed + n as u64, tol, metric) {
+                failures.push(e);
+            }
+        }
+    }
+    failures
+}
+
+#[track_caller]
+fn assert_no_failures(failures: &[String]) {
+    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
 #[test]
 fn every_example_on_the_gpu_matches_the_interpreter() {
     let Some(_turn) = enabled("every_example_on_the_gpu_matches_the_interpreter") else {
@@ -118,7 +144,7 @@ fn every_example_on_the_gpu_matches_the_interpreter() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    assert_no_failures(&failures);
 }
 
 #[test]
@@ -126,16 +152,9 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
     let Some(_turn) = enabled("flash_kernels_on_the_gpu_match_the_interpreter") else {
         return;
     };
-    let mut failures = Vec::new();
-    for (n, (label, g, tol)) in flash_graphs().into_iter().enumerate() {
-        for d in [32i64, 64, 80, 128, 256] {
-            let env = sizes(&g, &[("D", d), ("E", d), ("S", 333), ("T", 4099), ("M", 190), ("N", 257)]);
-            if let Err(e) = compare(&format!("{label} D={d}"), &g, &env, 17 + n as u64, tol, Metric::Elementwise) {
-                failures.push(e);
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    let cases = flash_graphs().into_iter().map(|(label, g, tol)| (label.to_string(), g, tol));
+    let more = [("S", 333), ("T", 4099), ("M", 190), ("N", 257)];
+    assert_no_failures(&compare_at_widths(cases, &[32, 64, 80, 128, 256], &more, 17, Metric::Elementwise));
 }
 
 /// The flash backward on the device: the emulation's cases
@@ -146,16 +165,8 @@ fn flash_backward_kernels_on_the_gpu_match_the_interpreter() {
     let Some(_turn) = enabled("flash_backward_kernels_on_the_gpu_match_the_interpreter") else {
         return;
     };
-    let mut failures = Vec::new();
-    for (n, (label, derived, tol)) in super::emulate_tests::backward_cases().into_iter().enumerate() {
-        for d in [32i64, 128] {
-            let env = sizes(&derived, &[("D", d), ("E", d), ("S", 333), ("T", 517), ("M", 190), ("N", 257), ("R", 9)]);
-            if let Err(e) = compare(&format!("{label} D={d}"), &derived, &env, 29 + n as u64, tol, Metric::Backward) {
-                failures.push(e);
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    let more = [("S", 333), ("T", 517), ("M", 190), ("N", 257), ("R", 9)];
+    assert_no_failures(&compare_at_widths(super::emulate_tests::backward_cases(), &[32, 128], &more, 29, Metric::Backward));
 }
 
 #[test]

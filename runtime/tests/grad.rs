@@ -2,7 +2,7 @@
 //! against the interpreter at odd sizes.
 
 use attn_runtime::cpu::CpuOptions;
-use attn_runtime::{DType, Program, RunOptions, Target, Tensor};
+use attn_runtime::{DType, EntryInfo, Program, RunOptions, Target, Tensor};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -20,6 +20,15 @@ fn examples() -> Vec<(String, Program)> {
         .into_iter()
         .map(|p| (p.file_stem().and_then(|s| s.to_str()).unwrap_or("?").to_string(), Program::from_file(&p).expect("example compiles")))
         .collect()
+}
+
+/// Calls `f` with each example's name, program and entry.
+fn each_entry(mut f: impl FnMut(&str, &Program, &EntryInfo)) {
+    for (name, program) in examples() {
+        for entry in program.entries() {
+            f(&name, &program, &entry);
+        }
+    }
 }
 
 /// Sizes for the entry's dims: `s` for sequence-like dims, `d` for head widths, small others.
@@ -68,58 +77,54 @@ fn grad_inputs(program: &Program, grad: &Program, entry: &str, dims: &HashMap<St
 fn interpreter_gradients_match_central_differences() {
     let mut failures = Vec::new();
     let mut checked = 0;
-    for (name, program) in examples() {
-        for entry in program.entries() {
-            let grad = match program.grad(&entry.name, None) {
-                Ok(g) => g,
-                Err(e) => {
-                    failures.push(format!("{name}/{}: {e}", entry.name));
-                    continue;
-                }
+    each_entry(|name, program, entry| {
+        let grad = match program.grad(&entry.name, None) {
+            Ok(g) => g,
+            Err(e) => {
+                failures.push(format!("{name}/{}: {e}", entry.name));
+                return;
+            }
+        };
+        let dims = program.random_dims(&entry.name, &dims_for(program, &entry.name, 5, 4)).expect("dims");
+        let inputs = grad_inputs(program, &grad, &entry.name, &dims, 3);
+        let opts = RunOptions { dims: dims.clone(), target: Target::Interp };
+        let outs = grad.run(&format!("{}_grad", entry.name), inputs.clone(), &opts).expect("grad runs");
+        let cot: HashMap<&str, &Tensor> = inputs.iter().filter_map(|(n, t)| n.strip_prefix("d_").map(|r| (r, t))).collect();
+        let fwd_inputs: Vec<(String, Tensor)> = inputs.iter().filter(|(n, _)| entry.params.iter().any(|(p, _)| p == n)).cloned().collect();
+        let loss = |xs: Vec<(String, Tensor)>| -> f64 {
+            let o = program.run(&entry.name, xs, &opts).expect("forward runs");
+            o.iter().filter_map(|(n, t)| cot.get(n.as_str()).map(|c| dot(t, c))).sum()
+        };
+        for (param, ty) in entry.params.iter().filter(|(_, t)| t.dtype.is_float()) {
+            let Some((_, g)) = outs.iter().find(|(n, _)| *n == format!("d_{param}")) else {
+                failures.push(format!("{name}/{}: no d_{param}", entry.name));
+                continue;
             };
-            let dims = program.random_dims(&entry.name, &dims_for(&program, &entry.name, 5, 4)).expect("dims");
-            let inputs = grad_inputs(&program, &grad, &entry.name, &dims, 3);
-            let opts = RunOptions { dims: dims.clone(), target: Target::Interp };
-            let outs = grad.run(&format!("{}_grad", entry.name), inputs.clone(), &opts).expect("grad runs");
-            let cot: HashMap<&str, &Tensor> = inputs.iter().filter_map(|(n, t)| n.strip_prefix("d_").map(|r| (r, t))).collect();
-            let fwd_inputs: Vec<(String, Tensor)> =
-                inputs.iter().filter(|(n, _)| entry.params.iter().any(|(p, _)| p == n)).cloned().collect();
-            let loss = |xs: Vec<(String, Tensor)>| -> f64 {
-                let o = program.run(&entry.name, xs, &opts).expect("forward runs");
-                o.iter().filter_map(|(n, t)| cot.get(n.as_str()).map(|c| dot(t, c))).sum()
-            };
-            for (param, ty) in entry.params.iter().filter(|(_, t)| t.dtype.is_float()) {
-                let Some((_, g)) = outs.iter().find(|(n, _)| *n == format!("d_{param}")) else {
-                    failures.push(format!("{name}/{}: no d_{param}", entry.name));
-                    continue;
-                };
-                let (_, x) = fwd_inputs.iter().find(|(n, _)| n == param).expect("input");
-                let dir = program.random_inputs(&entry.name, 99, &dims).expect("direction");
-                let (_, u) = dir.iter().find(|(n, _)| n == param).expect("direction input");
-                let analytic = dot(g, u);
-                let shifted = |sign: f64, h: f64| {
-                    let v: Vec<f32> = x.to_f64_vec().iter().zip(u.to_f64_vec()).map(|(a, d)| (a + sign * h * d) as f32).collect();
-                    let mut xs = fwd_inputs.clone();
-                    for (n, t) in xs.iter_mut() {
-                        if n == param {
-                            *t = Tensor::new(ty.dtype, x.shape.clone(), attn_runtime::TensorData::F32(v.clone())).expect("tensor");
-                        }
+            let (_, x) = fwd_inputs.iter().find(|(n, _)| n == param).expect("input");
+            let dir = program.random_inputs(&entry.name, 99, &dims).expect("direction");
+            let (_, u) = dir.iter().find(|(n, _)| n == param).expect("direction input");
+            let analytic = dot(g, u);
+            let shifted = |sign: f64, h: f64| {
+                let v: Vec<f32> = x.to_f64_vec().iter().zip(u.to_f64_vec()).map(|(a, d)| (a + sign * h * d) as f32).collect();
+                let mut xs = fwd_inputs.clone();
+                for (n, t) in xs.iter_mut() {
+                    if n == param {
+                        *t = Tensor::new(ty.dtype, x.shape.clone(), attn_runtime::TensorData::F32(v.clone())).expect("tensor");
                     }
-                    loss(xs)
-                };
-                checked += 1;
-                let scale: f64 = g.to_f64_vec().iter().zip(u.to_f64_vec()).map(|(a, b)| (a * b).abs()).sum::<f64>().max(1e-2);
-                // A step may cross a kink (relu, max, a mask edge): a smaller one usually does
-                // not, while staying above f32 rounding.
-                let numerics: Vec<f64> = [1e-2, 3e-3].iter().map(|h| (shifted(1.0, *h) - shifted(-1.0, *h)) / (2.0 * h)).collect();
-                let numeric =
-                    numerics.iter().copied().min_by(|a, b| (a - analytic).abs().total_cmp(&(b - analytic).abs())).unwrap_or(f64::NAN);
-                if (numeric - analytic).abs() > 3e-2 * scale || !analytic.is_finite() {
-                    failures.push(format!("{name}/{} d_{param}: finite difference {numeric:.6}, gradient {analytic:.6}", entry.name));
                 }
+                loss(xs)
+            };
+            checked += 1;
+            let scale: f64 = g.to_f64_vec().iter().zip(u.to_f64_vec()).map(|(a, b)| (a * b).abs()).sum::<f64>().max(1e-2);
+            // A step may cross a kink (relu, max, a mask edge): a smaller one usually does
+            // not, while staying above f32 rounding.
+            let numerics: Vec<f64> = [1e-2, 3e-3].iter().map(|h| (shifted(1.0, *h) - shifted(-1.0, *h)) / (2.0 * h)).collect();
+            let numeric = numerics.iter().copied().min_by(|a, b| (a - analytic).abs().total_cmp(&(b - analytic).abs())).unwrap_or(f64::NAN);
+            if (numeric - analytic).abs() > 3e-2 * scale || !analytic.is_finite() {
+                failures.push(format!("{name}/{} d_{param}: finite difference {numeric:.6}, gradient {analytic:.6}", entry.name));
             }
         }
-    }
+    });
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
     assert!(checked >= 60, "only {checked} gradients were checked");
 }
@@ -128,47 +133,44 @@ fn interpreter_gradients_match_central_differences() {
 fn cpu_gradients_match_the_interpreter_at_odd_sizes() {
     let mut failures = Vec::new();
     let mut compared = 0;
-    for (name, program) in examples() {
-        for entry in program.entries() {
-            let Ok(grad) = program.grad(&entry.name, None) else { continue };
-            let gname = format!("{}_grad", entry.name);
-            for (s, d) in [(7, 16), (65, 72)] {
-                let dims = program.random_dims(&entry.name, &dims_for(&program, &entry.name, s, d)).expect("dims");
-                let inputs = grad_inputs(&program, &grad, &entry.name, &dims, 5);
-                let interp = grad.run(&gname, inputs.clone(), &RunOptions { dims: dims.clone(), target: Target::Interp }).expect("interp");
-                let cpu =
-                    grad.run_with(&gname, inputs, &RunOptions { dims: dims.clone(), target: Target::Cpu }, &CpuOptions { threads: 2 });
-                let cpu = match cpu {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failures.push(format!("{name}/{gname} S={s} D={d}: {e}"));
-                        continue;
-                    }
-                };
-                // A gradient that is exactly zero (a softmax is blind to a shift shared by every
-                // key) is compared against the program's largest value, not its own rounding.
-                let largest = interp.iter().flat_map(|(_, t)| t.to_f64_vec()).filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
-                for ((n, want), (_, got)) in interp.iter().zip(&cpu) {
-                    let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
-                    if want.dtype != DType::F32 && want.dtype.is_float() || g.iter().any(|v| v.is_nan()) != w.iter().any(|v| v.is_nan()) {
-                        failures.push(format!("{name}/{gname} S={s} D={d} {n}: dtype or NaN mismatch"));
-                        continue;
-                    }
-                    let scale = w.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs())).max(1e-3 * largest).max(1e-6);
-                    let worst = w.iter().zip(&g).filter(|(a, _)| a.is_finite()).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-                    compared += 1;
-                    // Such a zero is what is left of f32 sums of terms as large as the program's
-                    // values, so its rounding is measured against those: up to 8 f32 epsilons of
-                    // the largest (Mega's `d_mk` is 0.92 of one on the AVX2 path, where 1e-4 of
-                    // the 1e-3 floor allows 0.84).
-                    let allowed = (1e-4 * scale).max(8.0 * f64::from(f32::EPSILON) * largest);
-                    if worst > allowed {
-                        failures.push(format!("{name}/{gname} S={s} D={d} {n}: error {worst:.3e} of scale {scale:.3e}"));
-                    }
+    each_entry(|name, program, entry| {
+        let Ok(grad) = program.grad(&entry.name, None) else { return };
+        let gname = format!("{}_grad", entry.name);
+        for (s, d) in [(7, 16), (65, 72)] {
+            let dims = program.random_dims(&entry.name, &dims_for(program, &entry.name, s, d)).expect("dims");
+            let inputs = grad_inputs(program, &grad, &entry.name, &dims, 5);
+            let interp = grad.run(&gname, inputs.clone(), &RunOptions { dims: dims.clone(), target: Target::Interp }).expect("interp");
+            let cpu = grad.run_with(&gname, inputs, &RunOptions { dims: dims.clone(), target: Target::Cpu }, &CpuOptions { threads: 2 });
+            let cpu = match cpu {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(format!("{name}/{gname} S={s} D={d}: {e}"));
+                    continue;
+                }
+            };
+            // A gradient that is exactly zero (a softmax is blind to a shift shared by every
+            // key) is compared against the program's largest value, not its own rounding.
+            let largest = interp.iter().flat_map(|(_, t)| t.to_f64_vec()).filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+            for ((n, want), (_, got)) in interp.iter().zip(&cpu) {
+                let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
+                if want.dtype != DType::F32 && want.dtype.is_float() || g.iter().any(|v| v.is_nan()) != w.iter().any(|v| v.is_nan()) {
+                    failures.push(format!("{name}/{gname} S={s} D={d} {n}: dtype or NaN mismatch"));
+                    continue;
+                }
+                let scale = w.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs())).max(1e-3 * largest).max(1e-6);
+                let worst = w.iter().zip(&g).filter(|(a, _)| a.is_finite()).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                compared += 1;
+                // Such a zero is what is left of f32 sums of terms as large as the program's
+                // values, so its rounding is measured against those: up to 8 f32 epsilons of
+                // the largest (Mega's `d_mk` is 0.92 of one on the AVX2 path, where 1e-4 of
+                // the 1e-3 floor allows 0.84).
+                let allowed = (1e-4 * scale).max(8.0 * f64::from(f32::EPSILON) * largest);
+                if worst > allowed {
+                    failures.push(format!("{name}/{gname} S={s} D={d} {n}: error {worst:.3e} of scale {scale:.3e}"));
                 }
             }
         }
-    }
+    });
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
     assert!(compared >= 150, "only {compared} outputs were compared");
 }

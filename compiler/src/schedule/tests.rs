@@ -17,6 +17,23 @@ fn examples() -> Vec<(String, String)> {
     out
 }
 
+/// A causal softmax flash op over q, k, v of `dtype[B, H, S, width]`, with `score`, as the
+/// optimizer makes it.
+fn causal_flash(dtype: &str, width: &str, score: &str) -> Graph {
+    let ty = format!("{dtype}[B, H, S, {width}]");
+    format!(
+        "graph attn {{
+  %0 = param[name=q] : {ty}
+  %1 = param[name=k] : {ty}
+  %2 = param[name=v] : {ty}
+  %3 = flash[rank=4, weights=softmax, score=\"{score}\", mask=\"j <= i\"] %0, %1, %2 : {ty}
+  output out = %3
+}}"
+    )
+    .parse()
+    .expect("parses")
+}
+
 /// The kernel kinds of the last graph's steps, and how many temporaries the schedule holds.
 fn plan_of(src: &str, optimise: bool) -> (Vec<&'static str>, usize) {
     let compiled = crate::check(src).expect("compiles");
@@ -112,15 +129,7 @@ fn concatenated_parts_of_one_shape_are_one_pass() {
 
 #[test]
 fn variants_follow_the_target_and_dtypes() {
-    let g: Graph = "graph attn {
-  %0 = param[name=q] : f16[B, H, S, 64]
-  %1 = param[name=k] : f16[B, H, S, 64]
-  %2 = param[name=v] : f16[B, H, S, 64]
-  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\", mask=\"j <= i\"] %0, %1, %2 : f16[B, H, S, 64]
-  output out = %3
-}"
-    .parse()
-    .expect("parses");
+    let g = causal_flash("f16", "64", "s * 0.125");
     let variant = |policy: &Policy| match &schedule(&g, policy).expect("schedules").steps[0].kernel {
         Kernel::Flash(f) => f.variant,
         other => panic!("{}", other.name()),
@@ -181,15 +190,7 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradient
 /// log-sum-exp's layout that the backward reads; the CPU's backward forms it per row.
 #[test]
 fn the_cuda_backward_reads_delta_from_the_step_before() {
-    let g: Graph = "graph attn {
-  %0 = param[name=q] : f16[B, H, S, 64]
-  %1 = param[name=k] : f16[B, H, S, 64]
-  %2 = param[name=v] : f16[B, H, S, 64]
-  %3 = flash[rank=4, weights=softmax, score=\"s * 0.125\", mask=\"j <= i\"] %0, %1, %2 : f16[B, H, S, 64]
-  output out = %3
-}"
-    .parse()
-    .expect("parses");
+    let g = causal_flash("f16", "64", "s * 0.125");
     let derived = crate::ir::grad::differentiate(&g, None).expect("differentiates");
     let backward = |s: &Schedule| {
         s.steps.iter().enumerate().find_map(|(n, st)| match &st.kernel {
@@ -255,15 +256,7 @@ fn soft_capping_stages_tanh() {
 
 #[test]
 fn prepare_sizes_blocks_tables_and_scratch() {
-    let g: Graph = "graph attn {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, H, S, D]
-  %2 = param[name=v] : f32[B, H, S, D]
-  %3 = flash[rank=4, weights=softmax, score=s, mask=\"j <= i\"] %0, %1, %2 : f32[B, H, S, D]
-  output out = %3
-}"
-    .parse()
-    .expect("parses");
+    let g = causal_flash("f32", "D", "s");
     let env: std::collections::HashMap<String, i64> = [("B", 2), ("H", 3), ("S", 300), ("D", 64)].map(|(k, v)| (k.to_string(), v)).into();
     let cpu = Policy::default();
     let s = schedule(&g, &cpu).expect("schedules");

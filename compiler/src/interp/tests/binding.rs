@@ -80,10 +80,7 @@ fn unsolvable_dims() {
 
 #[test]
 fn unbound_dims_are_reported() {
-    let mut g = Graph::new("bind");
-    param(&mut g, "x", f32ty(&["S"]));
-    let t = node(&mut g, Op::DimValue(Dim::sym("T")), &[]);
-    g.add_output("t", t);
+    let g = dim_value(&["S"], Dim::sym("T"));
     let err = bind_dims(&g, &[vec![3]], &HashMap::new()).unwrap_err();
     assert_eq!(err, ExecError::UnboundDim { name: "T".into() });
     assert!(err.to_string().contains("--dim T=N"));
@@ -93,10 +90,7 @@ fn unbound_dims_are_reported() {
 
 #[test]
 fn negative_sizes_and_bad_given_dims() {
-    let mut g = Graph::new("bind");
-    let x = param(&mut g, "x", f32ty(&["S"]));
-    let s = node(&mut g, Op::Slice { axis: 0, start: Dim::constant(4), end: Dim::sym("S") }, &[x]);
-    g.add_output("s", s);
+    let g = one_op(&[("x", f32ty(&["S"]))], Op::Slice { axis: 0, start: Dim::constant(4), end: Dim::sym("S") });
     let err = bind_dims(&g, &[vec![2]], &HashMap::new()).unwrap_err();
     assert!(matches!(&err, ExecError::NegativeDim { value: -2, .. }), "{err}");
     let err = bind_dims(&g, &[vec![6]], &dims(&[("S", -1)])).unwrap_err();

@@ -39,6 +39,24 @@ fn node_as(g: &mut Graph, op: Op, args: &[Value], declared: TensorType) -> Value
     g.add(op, t, args)
 }
 
+/// A graph of one node, `op` over the parameters `params` in order, with output `out`.
+fn one_op(params: &[(&str, TensorType)], op: Op) -> Graph {
+    let mut g = Graph::new("one_op");
+    let args: Vec<Value> = params.iter().map(|(name, t)| param(&mut g, name, t.clone())).collect();
+    let out = node(&mut g, op, &args);
+    g.add_output("out", out);
+    g
+}
+
+/// A graph with one parameter `x: f32[shape]` whose output is the value of the dim `dim`.
+fn dim_value(shape: &[&str], dim: Dim) -> Graph {
+    let mut g = Graph::new("dim_value");
+    param(&mut g, "x", f32ty(shape));
+    let d = node(&mut g, Op::DimValue(dim), &[]);
+    g.add_output("d", d);
+    g
+}
+
 fn scalar(g: &mut Graph, v: f64, dtype: DType) -> Value {
     g.add(Op::Const(v), TensorType::scalar(dtype), &[])
 }

@@ -5,11 +5,7 @@ use crate::ir::{BinaryOp, ReduceOp, UnaryOp};
 
 #[test]
 fn matmul_broadcasts_batch() {
-    let mut g = Graph::new("mm");
-    let a = param(&mut g, "a", f32ty(&["2", "2", "3"]));
-    let b = param(&mut g, "b", f32ty(&["3", "2"]));
-    let c = node(&mut g, Op::MatMul, &[a, b]);
-    g.add_output("c", c);
+    let g = one_op(&[("a", f32ty(&["2", "2", "3"])), ("b", f32ty(&["3", "2"]))], Op::MatMul);
     let a_data = [1., 2., 3., 4., 5., 6., 1., 0., 0., 0., 1., 0.];
     let out = run1(&g, &[tf(&[2, 2, 3], &a_data), tf(&[3, 2], &[1., 2., 3., 4., 5., 6.])]);
     assert_eq!(out.shape, vec![2, 2, 2]);
@@ -19,11 +15,7 @@ fn matmul_broadcasts_batch() {
 #[test]
 fn matmul_broadcasts_both_batches() {
     // [2, 1, 2, 2] @ [3, 2, 2] -> [2, 3, 2, 2]: out[i, j] = a[i, 0] @ b[j].
-    let mut g = Graph::new("mm");
-    let a = param(&mut g, "a", f32ty(&["2", "1", "2", "2"]));
-    let b = param(&mut g, "b", f32ty(&["3", "2", "2"]));
-    let c = node(&mut g, Op::MatMul, &[a, b]);
-    g.add_output("c", c);
+    let g = one_op(&[("a", f32ty(&["2", "1", "2", "2"])), ("b", f32ty(&["3", "2", "2"]))], Op::MatMul);
     let a_data: Vec<f32> = (1..=8).map(|x| x as f32).collect();
     let b_data: Vec<f32> = (0..12).map(|x| (x % 5) as f32 - 1.0).collect();
     let out = run1(&g, &[tf(&[2, 1, 2, 2], &a_data), tf(&[3, 2, 2], &b_data)]);
@@ -46,10 +38,7 @@ fn matmul_broadcasts_both_batches() {
 
 #[test]
 fn softmax_rows_sum_to_one_and_masked_rows_are_zero() {
-    let mut g = Graph::new("sm");
-    let x = param(&mut g, "x", f32ty(&["2", "3"]));
-    let s = node(&mut g, Op::Softmax { axis: 1 }, &[x]);
-    g.add_output("s", s);
+    let g = one_op(&[("x", f32ty(&["2", "3"]))], Op::Softmax { axis: 1 });
     let ninf = f32::NEG_INFINITY;
     let out = run1(&g, &[tf(&[2, 3], &[1., 2., 3., ninf, ninf, ninf])]).to_f64_vec();
     assert_close(&out[..3], &[0.09003057317038046, 0.24472847105479764, 0.6652409557748219], 1e-6);
@@ -59,10 +48,7 @@ fn softmax_rows_sum_to_one_and_masked_rows_are_zero() {
 
 #[test]
 fn softmax_along_a_leading_axis() {
-    let mut g = Graph::new("sm");
-    let x = param(&mut g, "x", f32ty(&["2", "2"]));
-    let s = node(&mut g, Op::Softmax { axis: 0 }, &[x]);
-    g.add_output("s", s);
+    let g = one_op(&[("x", f32ty(&["2", "2"]))], Op::Softmax { axis: 0 });
     let out = run1(&g, &[tf(&[2, 2], &[0., 0., 3f32.ln(), f32::NEG_INFINITY])]).to_f64_vec();
     assert_close(&out, &[0.25, 1.0, 0.75, 0.0], 1e-6);
 }
@@ -283,11 +269,7 @@ fn comparisons_logic_select_and_cast() {
 
 #[test]
 fn f16_nodes_round_to_f16() {
-    let mut g = Graph::new("half");
-    let a = param(&mut g, "a", ty(DType::F16, &["2"]));
-    let b = param(&mut g, "b", ty(DType::F16, &["2"]));
-    let s = node(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
-    g.add_output("s", s);
+    let g = one_op(&[("a", ty(DType::F16, &["2"])), ("b", ty(DType::F16, &["2"]))], Op::Binary(BinaryOp::Add));
     let half_tensor = |v: &[f32]| Tensor::new(DType::F16, vec![2], crate::tensor::TensorData::F32(v.to_vec())).unwrap();
     // 2048 + 1 is not representable in f16 (spacing 2 there); ties round to even -> 2048.
     let out = run1(&g, &[half_tensor(&[2048.0, 0.1]), half_tensor(&[1.0, 0.2])]);
@@ -319,20 +301,14 @@ fn transpose_reshape_slice_concat() {
 
 #[test]
 fn symbolic_slice_bounds_are_checked() {
-    let mut g = Graph::new("slice");
-    let x = param(&mut g, "x", f32ty(&["S"]));
-    let s = node(&mut g, Op::Slice { axis: 0, start: Dim::constant(1), end: Dim::parse("S+1").unwrap() }, &[x]);
-    g.add_output("s", s);
+    let g = one_op(&[("x", f32ty(&["S"]))], Op::Slice { axis: 0, start: Dim::constant(1), end: Dim::parse("S+1").unwrap() });
     let err = run(&g, &[tf(&[3], &[1., 2., 3.])], &HashMap::new()).unwrap_err();
     assert_eq!(err, ExecError::OutOfRange { node: "%1 (slice)".into(), axis: 0, start: 1, end: 4, size: 3 });
 }
 
 #[test]
 fn dim_values_and_scalar_outputs() {
-    let mut g = Graph::new("dimv");
-    let _x = param(&mut g, "x", f32ty(&["H*D"]));
-    let d = node(&mut g, Op::DimValue(Dim::parse("H*D+1").unwrap()), &[]);
-    g.add_output("d", d);
+    let g = dim_value(&["H*D"], Dim::parse("H*D+1").unwrap());
     let out = run(&g, &[tf(&[6], &[0.; 6])], &dims(&[("H", 2)])).unwrap();
     assert_eq!(out, vec![ti(&[], &[7])]);
 }

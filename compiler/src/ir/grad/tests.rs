@@ -5,9 +5,8 @@ use crate::interp;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 
-/// `Σ d_out · f(x)` for the forward graph.
-fn loss(graph: &Graph, inputs: &[Tensor], cot: &[Tensor]) -> f64 {
-    let outs = interp::run(graph, inputs, &HashMap::new()).unwrap();
+/// `Σ d_out · f(x)` for the forward outputs `outs`.
+fn loss(outs: &[Tensor], cot: &[Tensor]) -> f64 {
     outs.iter().zip(cot).map(|(o, c)| o.to_f64_vec().iter().zip(c.to_f64_vec()).map(|(a, b)| a * b).sum::<f64>()).sum()
 }
 
@@ -23,39 +22,81 @@ fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f32> {
         .collect()
 }
 
-/// Checks every float parameter's gradient of `src`'s only function against a central
-/// difference of the loss along a random direction. Inputs are drawn from [lo, hi].
-fn check(src: &str, shapes: &[Vec<usize>], lo: f64, hi: f64) {
-    let checked = crate::check(src).unwrap();
-    let graph = &checked.module.graphs[0];
-    let derived = differentiate(graph, None).unwrap();
-    super::super::verify(&derived).unwrap();
-    let inputs: Vec<Tensor> =
-        shapes.iter().enumerate().map(|(k, s)| Tensor::f32(s.clone(), values(s.iter().product(), k as u64, lo, hi)).unwrap()).collect();
-    let fwd = interp::run(graph, &inputs, &HashMap::new()).unwrap();
+/// Inputs drawn from [-1, 1].
+const UNIT: (f64, f64) = (-1.0, 1.0);
+
+/// Seeded inputs for `graph`'s parameters at `shapes`: floats drawn from `range`, integers
+/// ids (`k / 3` at element `k`).
+fn inputs_for(graph: &Graph, shapes: &[&[usize]], (lo, hi): (f64, f64)) -> Vec<Tensor> {
+    let params = graph.params();
+    assert_eq!(params.len(), shapes.len(), "one shape per parameter");
+    shapes
+        .iter()
+        .zip(params)
+        .enumerate()
+        .map(|(k, (s, p))| {
+            let n = s.iter().product();
+            if graph.node(*p).ty.dtype == DType::I32 {
+                Tensor::new(DType::I32, s.to_vec(), crate::tensor::TensorData::I32((0..n as i32).map(|x| x / 3).collect())).unwrap()
+            } else {
+                Tensor::f32(s.to_vec(), values(n, k as u64, lo, hi)).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// Checks every float parameter's gradient that `derived` (the derivative of `graph`) gives
+/// against a central difference of the loss along a random direction, with seeded
+/// cotangents, running both on the interpreter with `env`. `what` names the case.
+fn check_derivative(what: &str, graph: &Graph, derived: &Graph, inputs: &[Tensor], env: &HashMap<String, i64>) {
+    let run = |g: &Graph, xs: &[Tensor]| interp::run(g, xs, env).unwrap();
+    let fwd = run(graph, inputs);
     let cot: Vec<Tensor> = fwd
         .iter()
         .enumerate()
         .map(|(k, o)| Tensor::f32(o.shape.clone(), values(o.shape.iter().product(), 100 + k as u64, -1.0, 1.0)).unwrap())
         .collect();
-    let mut all = inputs.clone();
+    let mut all = inputs.to_vec();
     all.extend(cot.iter().cloned());
-    let outs = interp::run(&derived, &all, &HashMap::new()).unwrap();
+    let outs = run(derived, &all);
     let grads = &outs[fwd.len()..];
-    assert_eq!(grads.len(), inputs.len());
-    for (k, (x, g)) in inputs.iter().zip(grads).enumerate() {
+    let floats: Vec<usize> =
+        graph.params().iter().enumerate().filter(|(_, p)| graph.node(**p).ty.dtype.is_float()).map(|(k, _)| k).collect();
+    assert_eq!(grads.len(), floats.len());
+    for (k, g) in floats.into_iter().zip(grads) {
+        let x = &inputs[k];
         let dir = values(x.shape.iter().product(), 200 + k as u64, -1.0, 1.0);
         let analytic: f64 = g.to_f64_vec().iter().zip(&dir).map(|(a, b)| a * f64::from(*b)).sum();
         let h = 1e-3;
         let shifted = |sign: f64| {
-            let mut xs = inputs.clone();
+            let mut xs = inputs.to_vec();
             let v: Vec<f32> = x.to_f64_vec().iter().zip(&dir).map(|(a, d)| (a + sign * h * f64::from(*d)) as f32).collect();
             xs[k] = Tensor::f32(x.shape.clone(), v).unwrap();
-            loss(graph, &xs, &cot)
+            loss(&run(graph, &xs), &cot)
         };
         let numeric = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
         let scale: f64 = g.to_f64_vec().iter().map(|a| a.abs()).sum::<f64>().max(1e-3);
-        assert!((numeric - analytic).abs() <= 2e-2 * scale, "{src}\\nparam {k}: finite difference {numeric}, gradient {analytic}");
+        assert!((numeric - analytic).abs() <= 2e-2 * scale, "{what}\nparam {k}: finite difference {numeric}, gradient {analytic}");
+    }
+}
+
+/// Checks every float parameter's gradient of `src`'s only function (see [`check_derivative`]).
+/// Inputs are drawn from `range`.
+fn check(src: &str, shapes: &[&[usize]], range: (f64, f64)) {
+    let checked = crate::check(src).unwrap();
+    let graph = &checked.module.graphs[0];
+    let derived = differentiate(graph, None).unwrap();
+    super::super::verify(&derived).unwrap();
+    check_derivative(src, graph, &derived, &inputs_for(graph, shapes, range), &HashMap::new());
+}
+
+/// A source, its parameters' shapes, and the range its inputs are drawn from.
+type Case<'a> = (&'a str, &'a [&'a [usize]], (f64, f64));
+
+/// [`check`] for each case.
+fn check_each(cases: &[Case]) {
+    for (src, shapes, range) in cases {
+        check(src, shapes, *range);
     }
 }
 
@@ -79,7 +120,7 @@ fn unary_rules() {
         "floor(x) + x",
     ] {
         let (lo, hi) = if op.contains("log") || op.contains("sqrt") { (0.5, 2.0) } else { (-2.0, 2.0) };
-        check(&format!("fn f(x: f32[N]) -> f32[N] {{ return {op} }}"), &[vec![7]], lo, hi);
+        check(&format!("fn f(x: f32[N]) -> f32[N] {{ return {op} }}"), &[&[7]], (lo, hi));
     }
 }
 
@@ -87,35 +128,33 @@ fn unary_rules() {
 fn binary_rules_with_broadcasting() {
     for op in ["x + y", "x - y", "x * y", "x / y", "x ** y", "min(x, y)", "max(x, y)", "atan2(x, y)", "x % y"] {
         let (lo, hi) = if op.contains("**") || op.contains("/") || op.contains("%") { (0.5, 2.0) } else { (-2.0, 2.0) };
-        check(&format!("fn f(x: f32[M, N], y: f32[N]) -> f32[M, N] {{ return {op} }}"), &[vec![3, 5], vec![5]], lo, hi);
+        check(&format!("fn f(x: f32[M, N], y: f32[N]) -> f32[M, N] {{ return {op} }}"), &[&[3, 5], &[5]], (lo, hi));
     }
 }
 
 #[test]
 fn matmul_softmax_reductions_and_layout() {
-    check("fn f(a: f32[B, M, K], b: f32[K, N]) -> f32[B, M, N] { return a @ b }", &[vec![2, 3, 4], vec![4, 5]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M, N] { return softmax(x, axis = -1) }", &[vec![3, 6]], -2.0, 2.0);
-    check("fn f(x: f32[M, N]) -> f32[N, M] { return x.T * 2.0 }", &[vec![3, 4]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M] { return sum(x, axis = -1) }", &[vec![3, 4]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[N] { return mean(x, axis = 0) }", &[vec![3, 4]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M] { return max(x, axis = -1) }", &[vec![3, 4]], -1.0, 1.0);
+    check_each(&[
+        ("fn f(a: f32[B, M, K], b: f32[K, N]) -> f32[B, M, N] { return a @ b }", &[&[2, 3, 4], &[4, 5]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M, N] { return softmax(x, axis = -1) }", &[&[3, 6]], (-2.0, 2.0)),
+        ("fn f(x: f32[M, N]) -> f32[N, M] { return x.T * 2.0 }", &[&[3, 4]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M] { return sum(x, axis = -1) }", &[&[3, 4]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[N] { return mean(x, axis = 0) }", &[&[3, 4]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M] { return max(x, axis = -1) }", &[&[3, 4]], UNIT),
+    ]);
 }
 
 #[test]
 fn where_masks_and_norms() {
-    check(
-        "fn f(x: f32[N, N]) -> f32[N, N] { let (i, j) = indices(x)\n return softmax(where(j <= i, x, -inf), axis = -1) }",
-        &[vec![5, 5]],
-        -1.0,
-        1.0,
-    );
-    check(
-        "fn f(x: f32[S, E], g: f32[E], b: f32[E]) -> f32[S, E] { return layernorm(x, g, b) }",
-        &[vec![3, 6], vec![6], vec![6]],
-        -1.0,
-        1.0,
-    );
-    check("fn f(x: f32[S, E], g: f32[E]) -> f32[S, E] { return rmsnorm(x, g) }", &[vec![3, 6], vec![6]], -1.0, 1.0);
+    check_each(&[
+        (
+            "fn f(x: f32[N, N]) -> f32[N, N] { let (i, j) = indices(x)\n return softmax(where(j <= i, x, -inf), axis = -1) }",
+            &[&[5, 5]],
+            UNIT,
+        ),
+        ("fn f(x: f32[S, E], g: f32[E], b: f32[E]) -> f32[S, E] { return layernorm(x, g, b) }", &[&[3, 6], &[6], &[6]], UNIT),
+        ("fn f(x: f32[S, E], g: f32[E]) -> f32[S, E] { return rmsnorm(x, g) }", &[&[3, 6], &[6]], UNIT),
+    ]);
 }
 
 #[test]
@@ -149,154 +188,85 @@ fn wrt_and_names() {
 
 #[test]
 fn scan_rules() {
-    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 1) }", &[vec![3, 5]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 0, reverse = true) }", &[vec![3, 5]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M, N] { return cumprod(x, axis = 1) }", &[vec![3, 5]], 0.5, 1.5);
-    check("fn f(a: f32[N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 1) }", &[vec![5], vec![3, 5]], -1.0, 1.0);
-    check(
-        "fn f(a: f32[M, N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 0, reverse = true) }",
-        &[vec![4, 2], vec![4, 2]],
-        -1.0,
-        1.0,
-    );
+    check_each(&[
+        ("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 1) }", &[&[3, 5]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M, N] { return cumsum(x, axis = 0, reverse = true) }", &[&[3, 5]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M, N] { return cumprod(x, axis = 1) }", &[&[3, 5]], (0.5, 1.5)),
+        ("fn f(a: f32[N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 1) }", &[&[5], &[3, 5]], UNIT),
+        ("fn f(a: f32[M, N], b: f32[M, N]) -> f32[M, N] { return scan(a, b, axis = 0, reverse = true) }", &[&[4, 2], &[4, 2]], UNIT),
+    ]);
 }
 
 #[test]
 fn gather_rule() {
     check(
         "fn f(t: f32[K], s: f32[K, N]) -> f32[K, N] { let (h, n) = indices(s)\n return s * t[h] + t[(n + h) % K] }",
-        &[vec![3], vec![3, 4]],
-        -1.0,
-        1.0,
+        &[&[3], &[3, 4]],
+        UNIT,
     );
 }
 
 #[test]
 fn gathers_along_an_axis_and_by_leading_index() {
-    check(
-        "fn f(e: f32[V, E], x: f32[M, E]) -> f32[M, E] { let (m, c) = indices(x)\n return e[reshape(m, [M]) % V] * x }",
-        &[vec![3, 4], vec![5, 4]],
-        -1.0,
-        1.0,
-    );
-    check(
-        "fn f(x: f32[M, N], w: f32[M, 2]) -> f32[M, 2] { let (m, c) = indices(w)\n return take_along(x, (c * 2 + m) % N, axis = 1) * w }",
-        &[vec![3, 5], vec![3, 2]],
-        -1.0,
-        1.0,
-    );
+    check_each(&[
+        (
+            "fn f(e: f32[V, E], x: f32[M, E]) -> f32[M, E] { let (m, c) = indices(x)\n return e[reshape(m, [M]) % V] * x }",
+            &[&[3, 4], &[5, 4]],
+            UNIT,
+        ),
+        (
+            "fn f(x: f32[M, N], w: f32[M, 2]) -> f32[M, 2] { let (m, c) = indices(w)\n return take_along(x, (c * 2 + m) % N, axis = 1) * w }",
+            &[&[3, 5], &[3, 2]],
+            UNIT,
+        ),
+    ]);
 }
 
 #[test]
 fn sorted_values_and_top_k_carry_gradients() {
-    check("fn f(x: f32[M, N]) -> f32[M, N] { return sort(x, axis = 1) }", &[vec![3, 5]], -1.0, 1.0);
-    check("fn f(x: f32[M, N]) -> f32[M, 2] { let (v, i) = topk(x, 2)\n return v * 2.0 }", &[vec![3, 5]], -1.0, 1.0);
+    check_each(&[
+        ("fn f(x: f32[M, N]) -> f32[M, N] { return sort(x, axis = 1) }", &[&[3, 5]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M, 2] { let (v, i) = topk(x, 2)\n return v * 2.0 }", &[&[3, 5]], UNIT),
+    ]);
 }
 
 #[test]
 fn scatter_add_rule() {
     check(
         "fn f(b: f32[N, E], s: f32[M, E]) -> f32[N, E] { let (m, e) = indices(s)\n return scatter_add(b, (m * 2 + e) % N + 0 * e, s * s, axis = 0) }",
-        &[vec![3, 2], vec![5, 2]],
-        -1.0,
-        1.0,
+        &[&[3, 2], &[5, 2]],
+        UNIT,
     );
 }
 
-/// [`check`] for a graph in IR text (a flash op as the optimizer makes it): every float
-/// parameter's gradient against a central difference, with the dims given.
-fn check_graph(text: &str, shapes: &[Vec<usize>], dims: &[(&str, i64)]) {
-    let graph: Graph = text.parse().unwrap();
+/// [`check`] for a graph in IR text (a flash op as the optimizer makes it), which must derive a
+/// fused backward: every float parameter's gradient against a central difference, with the
+/// dims given.
+fn check_graph(text: &str, shapes: &[&[usize]], dims: &[(&str, i64)]) {
+    let graph: Graph = text.parse().unwrap_or_else(|e| panic!("{text}\n{e}"));
     let env: HashMap<String, i64> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    let derived = differentiate(&graph, None).unwrap();
+    let derived = differentiate(&graph, None).unwrap_or_else(|e| panic!("{text}\n{e}"));
     super::super::verify(&derived).unwrap();
-    assert!(derived.values().any(|v| matches!(derived.node(v).op, Op::FlashGrad { .. })), "not fused:\n{derived}");
-    let params: Vec<TensorType> = graph.params().iter().map(|p| graph.node(*p).ty.clone()).collect();
-    let inputs: Vec<Tensor> = shapes
-        .iter()
-        .zip(&params)
-        .enumerate()
-        .map(|(k, (s, t))| {
-            let n = s.iter().product();
-            if t.dtype == DType::I32 {
-                Tensor::new(DType::I32, s.clone(), crate::tensor::TensorData::I32((0..n as i32).map(|x| x / 3).collect())).unwrap()
-            } else {
-                Tensor::f32(s.clone(), values(n, k as u64, -1.0, 1.0)).unwrap()
-            }
-        })
-        .collect();
-    let run = |g: &Graph, xs: &[Tensor]| interp::run(g, xs, &env).unwrap();
-    let fwd = run(&graph, &inputs);
-    let cot: Vec<Tensor> = fwd
-        .iter()
-        .enumerate()
-        .map(|(k, o)| Tensor::f32(o.shape.clone(), values(o.shape.iter().product(), 100 + k as u64, -1.0, 1.0)).unwrap())
-        .collect();
-    let mut all = inputs.clone();
-    all.extend(cot.iter().cloned());
-    let outs = run(&derived, &all);
-    let grads = &outs[fwd.len()..];
-    let floats: Vec<usize> = params.iter().enumerate().filter(|(_, t)| t.dtype.is_float()).map(|(k, _)| k).collect();
-    assert_eq!(grads.len(), floats.len());
-    for (k, g) in floats.into_iter().zip(grads) {
-        let x = &inputs[k];
-        let dir = values(x.shape.iter().product(), 200 + k as u64, -1.0, 1.0);
-        let analytic: f64 = g.to_f64_vec().iter().zip(&dir).map(|(a, b)| a * f64::from(*b)).sum();
-        let h = 1e-3;
-        let shifted = |sign: f64| {
-            let mut xs = inputs.clone();
-            let v: Vec<f32> = x.to_f64_vec().iter().zip(&dir).map(|(a, d)| (a + sign * h * f64::from(*d)) as f32).collect();
-            xs[k] = Tensor::f32(x.shape.clone(), v).unwrap();
-            let o = run(&graph, &xs);
-            o.iter().zip(&cot).map(|(o, c)| o.to_f64_vec().iter().zip(c.to_f64_vec()).map(|(a, b)| a * b).sum::<f64>()).sum::<f64>()
-        };
-        let numeric = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
-        let scale: f64 = g.to_f64_vec().iter().map(|a| a.abs()).sum::<f64>().max(1e-3);
-        assert!((numeric - analytic).abs() <= 2e-2 * scale, "{text}\nparam {k}: finite difference {numeric}, gradient {analytic}");
-    }
+    assert!(derived.values().any(|v| matches!(derived.node(v).op, Op::FlashGrad { .. })), "{text}\nnot fused:\n{derived}");
+    check_derivative(text, &graph, &derived, &inputs_for(&graph, shapes, UNIT), &env);
 }
+
+/// Flash ops as the optimizer makes them, with their parameters' shapes. The graphs are files
+/// (`tests/cases/flash_gradient/`, their header saying what each covers).
+const FLASH_CASES: &[(&str, &[&[usize]])] = &[
+    (include_str!("../../../../tests/cases/flash_gradient/alibi_causal_gqa.ir"), &[&[2, 3, 5, 4], &[2, 1, 5, 4], &[2, 1, 5, 4], &[3]]),
+    (include_str!("../../../../tests/cases/flash_gradient/soft_capped_sigmoid_cross.ir"), &[&[2, 4, 3], &[2, 6, 3], &[2, 6, 5]]),
+    (
+        include_str!("../../../../tests/cases/flash_gradient/relative_bias_document_mask.ir"),
+        &[&[2, 6, 3], &[2, 6, 3], &[2, 6, 3], &[2, 5], &[6]],
+    ),
+];
 
 #[test]
 fn flash_rule_against_central_differences() {
-    // ALiBi slopes (a load per head) under a causal mask, with grouped K/V heads.
-    check_graph(
-        "graph g {
-  %0 = param[name=q] : f32[B, H, S, D]
-  %1 = param[name=k] : f32[B, 1, S, D]
-  %2 = param[name=v] : f32[B, 1, S, D]
-  %3 = param[name=slopes] : f32[H]
-  %4 = flash[rank=4, weights=softmax, score=\"s * 0.5 + x0[h] * (j - i)\", mask=\"j <= i\"] %0, %1, %2, %3 : f32[B, H, S, D]
-  output out = %4
-}",
-        &[vec![2, 3, 5, 4], vec![2, 1, 5, 4], vec![2, 1, 5, 4], vec![3]],
-        &[],
-    );
-    // Soft-capping with sigmoid weights, keys of another length and a wider value.
-    check_graph(
-        "graph g {
-  %0 = param[name=q] : f32[B, M, D]
-  %1 = param[name=k] : f32[B, N, D]
-  %2 = param[name=v] : f32[B, N, E]
-  %3 = flash[rank=3, weights=sigmoid, score=\"3.0 * tanh(s / 3.0) - 1.0\"] %0, %1, %2 : f32[B, M, E]
-  output out = %3
-}",
-        &[vec![2, 4, 3], vec![2, 6, 3], vec![2, 6, 5]],
-        &[],
-    );
-    // A relative-bias table gathered by clamped offsets, and a document mask read from data.
-    check_graph(
-        "graph g {
-  %0 = param[name=q] : f32[H, S, D]
-  %1 = param[name=k] : f32[H, S, D]
-  %2 = param[name=v] : f32[H, S, D]
-  %3 = param[name=table] : f32[H, R]
-  %4 = param[name=doc] : i32[S]
-  %5 = flash[rank=3, weights=softmax, score=\"s + x0[b, j - i + 2]\", mask=\"x1[i] == x1[j]\"] %0, %1, %2, %3, %4 : f32[H, S, D]
-  output out = %5
-}",
-        &[vec![2, 6, 3], vec![2, 6, 3], vec![2, 6, 3], vec![2, 5], vec![6]],
-        &[],
-    );
+    for (text, shapes) in FLASH_CASES {
+        check_graph(text, shapes, &[]);
+    }
 }
 
 #[test]
