@@ -218,15 +218,7 @@ fn masked_additive_attention_fuses_and_matches_the_interpreter() {
             assert!(stats.largest_temp_bytes <= (2 * 2 * (m + 5) * 40 * 4) as usize, "{name} M={m}: {stats:?}");
         }
         // Wider than the score kernel's buffers are sized for: a typed error, not an abort.
-        let dims = HashMap::from([
-            ("B".into(), 1),
-            ("H".into(), 1),
-            ("M".into(), 2),
-            ("N".into(), 2),
-            ("Dq".into(), 2),
-            ("Dk".into(), 2),
-            ("A".into(), 9000),
-        ]);
+        let dims = dim_map(&[("B", 1), ("H", 1), ("M", 2), ("N", 2), ("Dq", 2), ("Dk", 2), ("A", 9000)]);
         let inputs: Vec<Tensor> = program.random_inputs("additive", 1, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
         match compiled.run_tensors(&inputs, &dims) {
             Err(e @ CpuError::Unsupported(_)) => assert!(e.to_string().contains("additive scores of width 9000"), "{e}"),
@@ -237,15 +229,7 @@ fn masked_additive_attention_fuses_and_matches_the_interpreter() {
     // interpreter.
     let program = Program::from_source(&shared.replace("f32", "f16"), "additive16.attn").expect("compiles");
     let compiled = program.compile_cpu("additive", &CpuOptions { threads: 2 }).expect("compiles");
-    let dims = HashMap::from([
-        ("B".into(), 2),
-        ("H".into(), 2),
-        ("M".into(), 65),
-        ("N".into(), 70),
-        ("Dq".into(), 24),
-        ("Dk".into(), 16),
-        ("A".into(), 40),
-    ]);
+    let dims = dim_map(&[("B", 2), ("H", 2), ("M", 65), ("N", 70), ("Dq", 24), ("Dk", 16), ("A", 40)]);
     let inputs: Vec<Tensor> = program.random_inputs("additive", 3, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
     let want = interp::run(program.graph("additive").expect("graph"), &inputs, &dims).expect("interpreter")[0].to_f64_vec();
     let got = compiled.run_tensors(&inputs, &dims).expect("runs")[0].to_f64_vec();
@@ -530,106 +514,48 @@ fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
     assert!(failures.is_empty(), "{} failure(s):\n  {}", failures.len(), failures.join("\n  "));
 }
 
+/// Dim sizes by name.
+fn dim_map(sizes: &[(&str, i64)]) -> HashMap<String, i64> {
+    sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+/// The bit-for-bit cases (`tests/cases/bit_exact/*.attn`): each file's `# entry:` function at
+/// each of its `# sizes:` (seeds 1, 2, … in order), [`same_bits_as_interpreter`]. Scans,
+/// transposing copies, reductions (stored and fused operands), sorts and scatter-adds, whose
+/// CPU kernels compute exactly what the interpreter does.
 #[test]
-fn scans_match_the_interpreter_bit_for_bit() {
-    // Every scan variant: forward and reversed, integer (wrapping), f16, a broadcast coefficient
-    // (with exact element-wise operands only: tanh, exp... may differ in the last bit), rows one
-    // by one and in groups.
-    let src = "
-fn scans(x: f32[B, S, E], a: f32[E], n: i32[B, S], h: f16[B, S, E])
-    -> (s: f32[B, S, E], r: f32[B, S, E], p: f32[B, S, E], l: f32[B, S, E], lr: f32[B, S, E], i: i32[B, S], f: f16[B, S, E]) {
-    return cumsum(x, axis = 1), cumsum(x, axis = 1, reverse = true), cumprod(x * 0.5 + 1.0), scan(a * 0.25, x, axis = 1),
-        scan(x, x * 0.5 - 1.0, axis = 1, reverse = true), cumprod(n * 7919 + 3, axis = -1), cumsum(h, axis = -1)
-}";
-    same_bits_as_interpreter(
-        src,
-        "scans",
-        &[
-            (1, &[("S", 1), ("E", 5), ("B", 3)]),
-            (2, &[("S", 7), ("E", 5), ("B", 3)]),
-            (3, &[("S", 130), ("E", 5), ("B", 3)]),
-            // Rows in aligned groups of four (E = 8, 12; S = 4 for the last-axis scan).
-            (4, &[("S", 4), ("E", 8), ("B", 3)]),
-            (5, &[("S", 9), ("E", 12), ("B", 2)]),
-        ],
-    );
+fn bit_exact_cases_match_the_interpreter_bit_for_bit() {
+    let files = attn_tests::attn_files(&attn_tests::repo_root().join("tests/cases/bit_exact"));
+    assert!(files.len() >= 6, "{} bit-exact cases", files.len());
+    for path in files {
+        let src = std::fs::read_to_string(&path).expect("readable");
+        let header =
+            |key: &str| src.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{}: no `{key}` line", path.display()));
+        let sizes: Vec<Vec<(&str, i64)>> = header("# sizes: ")
+            .split(';')
+            .map(|case| {
+                case.split_whitespace()
+                    .map(|kv| {
+                        kv.split_once('=')
+                            .and_then(|(k, v)| Some((k, v.parse().ok()?)))
+                            .unwrap_or_else(|| panic!("{}: bad size {kv}", path.display()))
+                    })
+                    .collect()
+            })
+            .collect();
+        let cases: Vec<(u64, &[(&str, i64)])> = sizes.iter().zip(1..).map(|(s, seed)| (seed, s.as_slice())).collect();
+        same_bits_as_interpreter(&src, header("# entry: ").trim(), &cases);
+    }
 }
 
 #[test]
-fn transposing_copies_match_the_interpreter_bit_for_bit() {
-    // Copies that transpose matrices run as blocked transposes, in runs of output rows that the
-    // threads' work items split anywhere (also inside a matrix): batched and plain, with sizes
-    // of 1, below, at and above the 8 × 8 blocks.
-    let src = "
-fn tr(x: f32[B, S, E], y: f32[S, E]) -> (t: f32[B, E, S], u: f32[E, S]) {
-    return x.T, y.T
-}";
-    same_bits_as_interpreter(
-        src,
-        "tr",
-        &[
-            (1, &[("B", 3), ("S", 7), ("E", 5)]),
-            (2, &[("B", 2), ("S", 130), ("E", 33)]),
-            (3, &[("B", 1), ("S", 1), ("E", 9)]),
-            (4, &[("B", 4), ("S", 16), ("E", 1)]),
-        ],
-    );
-}
-
-#[test]
-fn reductions_over_leading_axes_match_the_interpreter_bit_for_bit() {
-    // Items run in aligned groups of four where the innermost kept axis allows (R = 8, 12) and
-    // one by one elsewhere (R = 5, 1), with thread splits inside a group's row: every op, f32
-    // and i32, one and two reduced axes.
-    let src = "
-fn red(x: f32[B, S, R], n: i32[B, S, R]) -> (s: f32[B, R], m: f32[B, R], hi: f32[B, R], lo: f32[S, R], t: i32[B, R], u: f32[R]) {
-    return sum(x, axis = 1), mean(x, axis = 1), max(x, axis = 1), min(x, axis = 0), sum(n, axis = 1), sum(x, axis = [0, 1])
-}";
-    same_bits_as_interpreter(
-        src,
-        "red",
-        &[
-            (1, &[("B", 3), ("S", 7), ("R", 8)]),
-            (2, &[("B", 2), ("S", 33), ("R", 12)]),
-            (3, &[("B", 3), ("S", 5), ("R", 5)]),
-            (4, &[("B", 5), ("S", 4), ("R", 1)]),
-            (5, &[("B", 1), ("S", 0), ("R", 8)]),
-        ],
-    );
-}
-
-#[test]
-fn fused_reductions_match_the_interpreter_bit_for_bit() {
+fn fused_reductions_compute_their_operands_inside() {
     // Reductions of element-wise expressions compute each element as they read it (no stored
-    // operand). Over leading axes: four neighbouring outputs as one vector where R allows, one
-    // by one in the tail (R = 5, 1). Over the last axis: four consecutive elements as one
-    // vector, combined in order. Every op, f32 and i32, one, two and all reduced axes, a value
-    // shared by reductions and a product, broadcast operands, a 1-D operand.
-    let src = "
-fn fr(x: f32[B, S, R], y: f32[S, R], n: i32[B, S, R])
-    -> (s: f32[B, R], m: f32[B, R], hi: f32[B, R], lo: f32[S, R], t: i32[B, R], u: f32[R], d: f32[B, 1, R],
-        rs: f32[B, S], rm: f32[B, S], rx: f32[B, 1, 1], ri: i32[S], all: f32[1], v: f32[1]) {
-    let z = x * y - 0.5
-    return sum(z, axis = 1), mean(abs(x) + y, axis = 1), max(x * 2.0, axis = 1), min(x - y, axis = 0),
-        sum(n * 3 + 1, axis = 1), sum(z * z, axis = [0, 1]), max(y - x, axis = 1, keepdim = true),
-        sum(z, axis = 2), mean(x * y, axis = -1), max(z - y, axis = [1, 2], keepdim = true), min(n - 2, axis = [0, 2]),
-        reshape(sum(z * 2.0), [1]), reshape(sum(reshape(y, [S * R]) + 1.0, axis = 0), [1])
-}";
-    let program = Program::from_source(src, "test.attn").expect("compiles");
+    // operand); `bit_exact_cases_match_the_interpreter_bit_for_bit` checks their values.
+    let program = Program::from_source(include_str!("../../tests/cases/bit_exact/fused_reductions.attn"), "test.attn").expect("compiles");
     let graph = program.graph("fr").expect("graph");
     let schedule = attn_compiler::schedule::schedule(graph, &Default::default()).expect("schedules").to_string();
     assert!(!schedule.contains("elementwise"), "every operand is computed inside its reduction:\n{schedule}");
-    same_bits_as_interpreter(
-        src,
-        "fr",
-        &[
-            (1, &[("B", 3), ("S", 7), ("R", 8)]),
-            (2, &[("B", 2), ("S", 33), ("R", 12)]),
-            (3, &[("B", 3), ("S", 5), ("R", 5)]),
-            (4, &[("B", 5), ("S", 4), ("R", 1)]),
-            (5, &[("B", 1), ("S", 0), ("R", 8)]),
-        ],
-    );
 }
 
 /// Compiles `entry` of `src` for the CPU and checks it against the interpreter bit for bit on
@@ -675,36 +601,6 @@ fn leading_index_gathers_and_take_along_pick_the_right_elements() {
         assert_eq!(out[0].1.to_f64_vec(), vec![20.0, 21.0, 0.0, 1.0, 10.0, 11.0, 20.0, 21.0], "{target}");
         assert_eq!(out[1].1.to_f64_vec(), vec![2.0, 0.0, 4.0, 4.0, 6.0, 8.0, 11.0, 11.0], "{target}");
     }
-}
-
-#[test]
-fn sorts_match_the_interpreter_bit_for_bit() {
-    // Float and integer rows, ascending and descending, along a strided axis, top-k (selected,
-    // not sorted, when fewer places than elements are read: one place along a strided axis,
-    // four of five with ties).
-    let src = "
-fn sorts(x: f32[S, E], n: i32[S, E]) -> (a: i32[S, E], d: f32[S, E], v: f32[S, 2], i: i32[S, 2], t: i32[S, E], o: i32[1, E], f: i32[S, 4]) {
-    let (v, i) = topk(x * 0.0 + floor(x * 2.0), 2)
-    let (v1, o) = topk(floor(x * 2.0), 1, axis = 0)
-    let (v4, f) = topk(cast(n % 2, f32), 4)
-    return argsort(x, axis = 0), sort(floor(x), axis = 1, descending = true), v, i, argsort(n % 3, axis = 0, descending = true), o, f
-}";
-    same_bits_as_interpreter(src, "sorts", &[(1, &[("S", 1), ("E", 5)]), (2, &[("S", 9), ("E", 5)]), (3, &[("S", 130), ("E", 5)])]);
-}
-
-#[test]
-fn scatter_add_matches_the_interpreter_bit_for_bit() {
-    // Along a leading and a trailing axis, f32 and f16, repeated positions (random i32 inputs
-    // are ids in [0, 4), against 4 rows and 5 columns).
-    let src = "
-fn scatter(b: f32[N, E], i: i32[M, E], s: f32[M, E], h: f16[N, E], j: i32[N, M]) -> (a: f32[N, E], c: f16[N, E], t: f32[N, E]) {
-    return scatter_add(b, i, s, axis = 0), scatter_add(h, i, cast(s, f16), axis = 0), scatter_add(b, j, cast(j, f32) * 0.25 - 0.5, axis = 1)
-}";
-    same_bits_as_interpreter(
-        src,
-        "scatter",
-        &[(1, &[("N", 4), ("E", 5), ("M", 1)]), (2, &[("N", 4), ("E", 5), ("M", 7)]), (3, &[("N", 4), ("E", 5), ("M", 130)])],
-    );
 }
 
 /// An index error's axis, index and the axis' size.

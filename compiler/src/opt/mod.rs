@@ -324,7 +324,8 @@ fn fusion_notes(
             uses.sort();
             uses.dedup();
             let computed = |c: &Id| reached.get(usize::from(classes.find(*c))).copied().unwrap_or(false);
-            let fused = uses.iter().filter(|c| computed(c)).find_map(|c| chosen.node(classes, *c).filter(|n| matches!(n.op(), Op::Flash(_))));
+            let fused =
+                uses.iter().filter(|c| computed(c)).find_map(|c| chosen.node(classes, *c).filter(|n| matches!(n.op(), Op::Flash(_))));
             let outcome = match fused {
                 Some(flash) => Ok(flash.to_string()),
                 None if uses.is_empty() => Err(not_a_product(graph, w)),
@@ -347,7 +348,9 @@ fn not_a_product(graph: &Graph, w: crate::ir::Value) -> String {
         users.push("an output");
     }
     let used = if users.is_empty() { "nothing".to_string() } else { users.join(", ") };
-    format!("the weights are never multiplied by values (`weights @ v`, or through sums, scalar multiples and transposes); they are used by {used}")
+    format!(
+        "the weights are never multiplied by values (`weights @ v`, or through sums, scalar multiples and transposes); they are used by {used}"
+    )
 }
 
 fn fallback(report: &mut OptReport, graph: &Graph, why: String) -> Graph {
@@ -367,7 +370,12 @@ fn same_signature(a: &Graph, b: &Graph) -> bool {
 /// scalar multiples that `algebra/distribute-matmul` moves the product into.
 fn pinned_weights(graph: &Graph, class_of: &[Id]) -> HashSet<Id> {
     let outputs: HashSet<_> = graph.outputs().iter().map(|(_, v)| *v).collect();
-    graph.values().filter(|v| is_weights(&graph.node(*v).op)).filter(|v| !weights_only(graph, *v, &outputs, 0)).map(|v| class_of[v.index()]).collect()
+    graph
+        .values()
+        .filter(|v| is_weights(&graph.node(*v).op))
+        .filter(|v| !weights_only(graph, *v, &outputs, 0))
+        .map(|v| class_of[v.index()])
+        .collect()
 }
 
 /// Whether `v`'s one use is as the left operand of a product, or as a term of a sum,
@@ -404,7 +412,8 @@ fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<crate::ir::
         .filter(|&w| match graph.node(w).op {
             Op::Softmax { .. } => true,
             Op::Unary(crate::ir::UnaryOp::Sigmoid) => {
-                graph.node(w).ty.rank() >= 2 && graph.users(w).iter().any(|u| matches!(graph.node(*u).op, Op::MatMul) && graph.operands(*u)[0] == w)
+                graph.node(w).ty.rank() >= 2
+                    && graph.users(w).iter().any(|u| matches!(graph.node(*u).op, Op::MatMul) && graph.operands(*u)[0] == w)
             }
             _ => false,
         })

@@ -209,6 +209,13 @@ struct Cx<'a> {
 }
 
 impl Cx<'_> {
+    /// The batch positions, then `i` and `j` (the score's position for [`ScoreCtx`]).
+    fn positions(&self, i: &str, j: &str) -> Vec<String> {
+        let mut pos = self.p.to_vec();
+        pos.extend([i.to_string(), j.to_string()]);
+        pos
+    }
+
     /// `row * stride + col` of a view's element within its batch index.
     fn at(&self, view: &View, base: &str, row: &str, col: &str) -> Result<String, CudaEmitError> {
         row_col(self.ints, view, base, row, col)
@@ -250,9 +257,7 @@ impl Cx<'_> {
     /// `dp_` from `pdot` (expressions).
     fn score_row(&self, sdot: &str, pdot: &str) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
-        let mut pos = self.p.to_vec();
-        pos.push("i_".into());
-        pos.push("j_".into());
+        let pos = self.positions("i_", "j_");
         let cx = ScoreCtx { ints: self.ints, s: Some("s_"), pos: &pos, extras: &f.extras };
         let mut out = vec![
             "float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".to_string(),
@@ -315,9 +320,7 @@ impl Cx<'_> {
     fn extra_contributions(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = Vec::new();
-        let mut pos = self.p.to_vec();
-        pos.push("i_".into());
-        pos.push("j_".into());
+        let pos = self.positions("i_", "j_");
         let cx = ScoreCtx { ints: self.ints, s: Some("s_"), pos: &pos, extras: &f.extras };
         for (k, l) in f.grad.loads.iter().enumerate() {
             let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
@@ -429,9 +432,7 @@ impl Cx<'_> {
     fn flush_sums(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = Vec::new();
-        let mut pos = self.p.to_vec();
-        pos.push("0LL".into());
-        pos.push("0LL".into());
+        let pos = self.positions("0LL", "0LL");
         let cx = ScoreCtx { ints: self.ints, s: None, pos: &pos, extras: &f.extras };
         for (k, l) in f.grad.loads.iter().enumerate() {
             if !self.item_sums[k] {

@@ -90,6 +90,22 @@ struct Walk<'a> {
     first: &'a str,
 }
 
+/// A key-block item's walk over the query half tiles of its column of the tile table.
+const QUERY_HALVES: Walk<'static> = Walk {
+    count: "2 * nqb_",
+    live: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < M_",
+    class: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_]",
+    first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+};
+
+/// A query-tile item's walk over the key half tiles of its row of the tile table.
+const KEY_HALVES: Walk<'static> = Walk {
+    count: "2 * nkb_",
+    live: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < N_",
+    class: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_]",
+    first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
+};
+
 /// What the two kinds of work item share.
 struct Cx<'a> {
     ints: &'a Ints<'a>,
@@ -180,6 +196,37 @@ impl Cx<'_> {
             conds.push(format!("{} % 8 == 0", self.ints.dim(&view.strides[view.strides.len() - 2])?));
         }
         Ok(format!("const bool vec_ = {};  // 16-byte copies", conds.join(" && ")))
+    }
+
+    /// A half tile's two products from the resident operands (`A_`, `B_`, the warp's 16 rows)
+    /// and the staged half tile (`Cb_`, `Eb_`), `s_` and `dp_`, then the weights and `dS` per
+    /// element at `position` ([`Self::weights`]), after the comment `what`.
+    fn scores(&self, what: &str, position: &str) -> Result<Vec<String>, CudaEmitError> {
+        let mut out = vec![what.to_string()];
+        out.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
+        out.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        out.extend(self.weights(position)?);
+        Ok(out)
+    }
+
+    /// [`Self::stage`] of two operands' rows `first ..` (of `limit`) into `bufs`: the first of
+    /// width `D_` (q or k), the second of `DV_` (d_out or v).
+    fn stage_pair(
+        &self,
+        bufs: [&str; 2],
+        rows: &str,
+        ops: [(&View, &str); 2],
+        (first, limit): (&str, &str),
+    ) -> Result<Vec<String>, CudaEmitError> {
+        let mut out = self.stage(bufs[0], rows, ops[0], first, (limit, "D_"))?;
+        out.extend(self.stage(bufs[1], rows, ops[1], first, (limit, "DV_"))?);
+        Ok(out)
+    }
+
+    /// [`Self::stage_pair`] of a half tile into buffer `b` (0 or 1) of `C_` and `E_`.
+    fn stage_half(&self, b: &str, ops: [(&View, &str); 2], at: (&str, &str)) -> Result<Vec<String>, CudaEmitError> {
+        let bufs = [format!("(C_ + ({b}) * (HB_ * LD_))"), format!("(E_ + ({b}) * (HB_ * LD_))")];
+        self.stage_pair([&bufs[0], &bufs[1]], "HB_", ops, at)
     }
 
     /// Each of rows `first ..` (`rows` of them) gets its log-sum-exp and `delta` (the step
@@ -310,17 +357,20 @@ impl Cx<'_> {
     fn half_tiles(&self, walk: &Walk, stage: &Stage, stats: Vec<String>, body: Vec<String>) -> Result<Vec<String>, CudaEmitError> {
         let Walk { count, live, class, first } = *walk;
         let at = |x: &str, h: &str| x.replace('@', h);
+        // Copies half tile `h` (when there is one) into buffer `b`, asynchronously.
+        let prefetch = |h: &str, b: &str| -> Result<Vec<String>, CudaEmitError> {
+            let mut v = vec![format!("if ({h} < {count}) {{"), format!("  const i64 f0_ = {};", at(first, h))];
+            v.extend(indent(&stage(b, "f0_")?, 2));
+            v.extend(["  attnc_cp_commit();".to_string(), "}".into()]);
+            Ok(v)
+        };
         let mut out = vec![
             format!("auto live_ = [&](i64 h) -> bool {{ return {}; }};", at(live, "h")),
             "i64 h_ = 0;".into(),
             format!("while (h_ < {count} && !live_(h_)) ++h_;"),
             "int cb_ = 0;  // the buffer of half tile h_".into(),
-            format!("if (h_ < {count}) {{"),
-            format!("  const i64 f0_ = {};", at(first, "h_")),
         ];
-        out.extend(indent(&stage("0", "f0_")?, 2));
-        out.push("  attnc_cp_commit();".into());
-        out.push("}".into());
+        out.extend(prefetch("h_", "0")?);
         out.push(format!("while (h_ < {count}) {{"));
         let mut it = vec![
             "i64 hn_ = h_ + 1;".to_string(),
@@ -328,12 +378,8 @@ impl Cx<'_> {
             format!("const int cls_ = {};  // 0 skip, 1 full, 2 partial", at(class, "h_")),
             format!("const i64 x0_ = {};  // the half tile's first row", at(first, "h_")),
             "attnc_sync();  // every warp is done with the other buffer and with L_, G_".into(),
-            format!("if (hn_ < {count}) {{"),
-            format!("  const i64 f0_ = {};", at(first, "hn_")),
         ];
-        it.extend(indent(&stage("cb_ ^ 1", "f0_")?, 2));
-        it.push("  attnc_cp_commit();".into());
-        it.push("}".into());
+        it.extend(prefetch("hn_", "cb_ ^ 1")?);
         it.extend(stats);
         it.push(format!("if (hn_ < {count}) attnc_cp_wait_1(); else attnc_cp_wait_all();  // this half tile is in"));
         it.push("attnc_sync();".into());
@@ -350,32 +396,19 @@ impl Cx<'_> {
     fn key_block(&self) -> Result<Vec<String>, CudaEmitError> {
         let f = self.f;
         let mut out = vec!["const i64 kb0_ = blk_ * BL_, row0_ = kb0_ + warp_ * 16;  // the block's keys; the warp's".to_string()];
-        out.extend(self.stage("A_", "BL_", (&f.k, "koff_"), "kb0_", ("N_", "D_"))?);
-        out.extend(self.stage("B_", "BL_", (&f.v, "voff_"), "kb0_", ("N_", "DV_"))?);
+        out.extend(self.stage_pair(["A_", "B_"], "BL_", [(&f.k, "koff_"), (&f.v, "voff_")], ("kb0_", "N_"))?);
         out.push("attnc_cp_commit();".into());
         out.extend(Self::zero("dk_"));
         out.extend(Self::zero("dv_"));
-        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
-            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.q, "qoff_"), row, ("M_", "D_"))?;
-            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.d_out, "dooff_"), row, ("M_", "DV_"))?);
-            Ok(v)
-        };
-        let mut body = vec!["// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.".to_string()];
-        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
-        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
-        body.extend(
-            self.weights("const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = x0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;")?,
-        );
+        let stage = |b: &str, row: &str| self.stage_half(b, [(&f.q, "qoff_"), (&f.d_out, "dooff_")], (row, "M_"));
+        let mut body = self.scores(
+            "// Sᵀ = K Qᵀ and dPᵀ = V d_outᵀ: rows are the warp's keys, columns the half tile's queries.",
+            "const int sr_ = nt_ * 8 + tg_ * 2 + (e_ & 1); const i64 i_ = x0_ + sr_, j_ = row0_ + g_ + (e_ >> 1) * 8;",
+        )?;
         body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
         body.extend(self.accumulate("dv_", "s_", "Eb_"));
         body.extend(self.accumulate("dk_", "dp_", "Cb_"));
-        let walk = Walk {
-            count: "2 * nqb_",
-            live: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < M_",
-            class: "tbl_[((@ >> 1) * nkb_ + blk_) * entry_]",
-            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
-        };
-        out.extend(self.half_tiles(&walk, &stage, self.stage_stats("HB_", "x0_")?, body)?);
+        out.extend(self.half_tiles(&QUERY_HALVES, &stage, self.stage_stats("HB_", "x0_")?, body)?);
         if let Some(dk) = &f.dk {
             out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
         }
@@ -390,31 +423,18 @@ impl Cx<'_> {
         let f = self.f;
         let Some(dq) = &f.dq else { return Ok(Vec::new()) };
         let mut out = vec!["const i64 q0_ = blk_ * BL_, row0_ = q0_ + warp_ * 16;  // the tile's rows; the warp's".to_string()];
-        out.extend(self.stage("A_", "BL_", (&f.q, "qoff_"), "q0_", ("M_", "D_"))?);
-        out.extend(self.stage("B_", "BL_", (&f.d_out, "dooff_"), "q0_", ("M_", "DV_"))?);
+        out.extend(self.stage_pair(["A_", "B_"], "BL_", [(&f.q, "qoff_"), (&f.d_out, "dooff_")], ("q0_", "M_"))?);
         out.push("attnc_cp_commit();".into());
         out.extend(self.stage_stats("BL_", "q0_")?);
         out.extend(Self::zero("dq_"));
-        let stage = |b: &str, row: &str| -> Result<Vec<String>, CudaEmitError> {
-            let mut v = self.stage(&format!("(C_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.k, "koff_"), row, ("N_", "D_"))?;
-            v.extend(self.stage(&format!("(E_ + ({b}) * (HB_ * LD_))"), "HB_", (&f.v, "voff_"), row, ("N_", "DV_"))?);
-            Ok(v)
-        };
-        let mut body = vec!["// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.".to_string()];
-        body.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
-        body.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
-        body.extend(self.weights(
+        let stage = |b: &str, row: &str| self.stage_half(b, [(&f.k, "koff_"), (&f.v, "voff_")], (row, "N_"));
+        let mut body = self.scores(
+            "// S = Q Kᵀ and dP = d_out Vᵀ: rows are the warp's queries, columns the half tile's keys.",
             "const int sr_ = warp_ * 16 + g_ + (e_ >> 1) * 8; const i64 i_ = q0_ + sr_, j_ = x0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);",
-        )?);
+        )?;
         body.push("// dQ += dS K".into());
         body.extend(self.accumulate("dq_", "dp_", "Cb_"));
-        let walk = Walk {
-            count: "2 * nkb_",
-            live: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_] != 0 && (@ >> 1) * BL_ + (@ & 1) * HB_ < N_",
-            class: "tbl_[(blk_ * nkb_ + (@ >> 1)) * entry_]",
-            first: "(@ >> 1) * BL_ + (@ & 1) * HB_",
-        };
-        out.extend(self.half_tiles(&walk, &stage, Vec::new(), body)?);
+        out.extend(self.half_tiles(&KEY_HALVES, &stage, Vec::new(), body)?);
         out.extend(self.store_rows("dq_", dq, "dqoff_", "dqscale_", "M_", "D_")?);
         Ok(out)
     }

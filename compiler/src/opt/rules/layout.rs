@@ -77,7 +77,8 @@ impl Rule for TransposeThrough {
             out.push(Build::op(Op::Softmax { axis: k }, vec![moved]));
         }
         let r = perm.len();
-        let swaps_last_two = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(k, p)| k == *p);
+        let swaps_last_two =
+            r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(k, p)| k == *p);
         if !swaps_last_two {
             return;
         }
