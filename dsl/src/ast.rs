@@ -200,12 +200,14 @@ pub struct Arg {
 pub enum IndexItem {
     /// An expression: a gathered index tensor, or a constant integer in a slice.
     Expr(Expr),
-    /// `lo:hi` with either bound optional.
+    /// `lo:hi` or `lo:hi:step` with either bound and the step optional.
     Slice {
         /// Start (default 0).
         lo: Option<Expr>,
         /// End (default: the axis' size).
         hi: Option<Expr>,
+        /// Every `step`-th element from `lo` (default 1).
+        step: Option<Expr>,
         /// The whole slice.
         span: Span,
     },

@@ -155,13 +155,16 @@ impl Display for Expr {
                     }
                     match item {
                         IndexItem::Expr(e) => write!(f, "{e}")?,
-                        IndexItem::Slice { lo, hi, .. } => {
+                        IndexItem::Slice { lo, hi, step, .. } => {
                             if let Some(lo) = lo {
                                 write!(f, "{lo}")?;
                             }
                             f.write_char(':')?;
                             if let Some(hi) = hi {
                                 write!(f, "{hi}")?;
+                            }
+                            if let Some(step) = step {
+                                write!(f, ":{step}")?;
                             }
                         }
                     }

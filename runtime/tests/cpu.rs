@@ -603,6 +603,35 @@ fn leading_index_gathers_and_take_along_pick_the_right_elements() {
     }
 }
 
+/// `arange`, `stack`, strided slices and `broadcast_to` give NumPy's values, on the interpreter
+/// and the CPU target.
+#[test]
+fn constructors_and_strided_slices_give_numpys_values() {
+    let src = "fn c(x: f32[S, 2*Dh], y: f32[S, 2*Dh], r: f32[Dh]) -> (a: i32[S], st: f32[S, 2, 2*Dh], ev: f32[S, Dh], od: f32[S, Dh], b: f32[S, Dh], m: f32[S, Dh]) {
+    return arange(S), stack([x, y], axis = 1), x[:, 0::2], x[:, 1::2], broadcast_to(r, [S, Dh]), x[:, 1:2*Dh:2] - y[:, ::2]
+}";
+    let program = Program::from_source(src, "c.attn").expect("compiles");
+    let f = |shape: Vec<usize>, v: Vec<f32>| Tensor::f32(shape, v).expect("tensor");
+    let inputs = [
+        ("x", f(vec![2, 4], (0..8).map(|v| v as f32).collect())),
+        ("y", f(vec![2, 4], (0..8).map(|v| 10.0 * v as f32).collect())),
+        ("r", f(vec![2], vec![-1.0, -0.0])),
+    ];
+    for target in [attn_runtime::Target::Interp, attn_runtime::Target::Cpu] {
+        let opts = attn_runtime::RunOptions { target, ..Default::default() };
+        let out = program.run("c", inputs.clone(), &opts).expect("runs");
+        let values = |k: usize| out[k].1.to_f64_vec();
+        assert_eq!(values(0), vec![0.0, 1.0], "{target}");
+        assert_eq!(out[1].1.shape, vec![2, 2, 4], "{target}");
+        assert_eq!(values(1), vec![0., 1., 2., 3., 0., 10., 20., 30., 4., 5., 6., 7., 40., 50., 60., 70.], "{target}");
+        assert_eq!(values(2), vec![0.0, 2.0, 4.0, 6.0], "{target}");
+        assert_eq!(values(3), vec![1.0, 3.0, 5.0, 7.0], "{target}");
+        assert_eq!(values(4), vec![-1.0, 0.0, -1.0, 0.0], "{target}");
+        assert!(values(4)[1].is_sign_negative(), "{target}: -0 stays -0");
+        assert_eq!(values(5), vec![1.0, -17.0, -35.0, -53.0], "{target}");
+    }
+}
+
 /// An index error's axis, index and the axis' size.
 type Fault = Option<(usize, i64, usize)>;
 

@@ -7,15 +7,15 @@ use attn_dsl::ast::{Arg, Expr, ExprKind, Ident};
 use attn_dsl::{Diagnostic, Span};
 
 /// The arguments of one call, split into positional and keyword ones.
-struct Call<'e> {
-    name: &'e str,
-    pos: Vec<&'e Expr>,
+pub(super) struct Call<'e> {
+    pub(super) name: &'e str,
+    pub(super) pos: Vec<&'e Expr>,
     named: Vec<(&'e Ident, &'e Expr)>,
-    span: Span,
+    pub(super) span: Span,
 }
 
 impl<'e> Call<'e> {
-    fn kw(&self, key: &str) -> Option<&'e Expr> {
+    pub(super) fn kw(&self, key: &str) -> Option<&'e Expr> {
         self.named.iter().find(|(k, _)| k.name == key).map(|(_, e)| *e)
     }
 }
@@ -69,6 +69,10 @@ pub(crate) const BUILTINS: &[&str] = &[
     "topk",
     "matmul",
     "indices",
+    "arange",
+    "stack",
+    "broadcast_to",
+    "expand",
 ];
 
 impl Cx<'_, '_> {
@@ -93,7 +97,7 @@ impl Cx<'_, '_> {
         if n == "topk" {
             return self.topk(frame, &call);
         }
-        let families = [Self::arith_builtin, Self::norm_builtin, Self::shape_builtin, Self::order_builtin];
+        let families = [Self::arith_builtin, Self::norm_builtin, Self::shape_builtin, Self::construct_builtin, Self::order_builtin];
         for family in families {
             if let Some(v) = family(self, frame, &call)? {
                 return Ok(Val::T(v));
@@ -526,7 +530,7 @@ impl Cx<'_, '_> {
 
     /// An axis: an integer (negative counts from the end) or a dimension name that occurs once
     /// in the shape.
-    fn axis(&mut self, frame: &Frame, e: &Expr, ty: &TensorType) -> LResult<usize> {
+    pub(super) fn axis(&mut self, frame: &Frame, e: &Expr, ty: &TensorType) -> LResult<usize> {
         let rank = ty.rank() as i64;
         if let Some((v, true)) = literal(e) {
             let k = v as i64;
@@ -574,7 +578,7 @@ impl Cx<'_, '_> {
         }
     }
 
-    fn arity(&mut self, call: &Call<'_>, min: usize, max: usize, keywords: &[&str]) -> LResult<()> {
+    pub(super) fn arity(&mut self, call: &Call<'_>, min: usize, max: usize, keywords: &[&str]) -> LResult<()> {
         if let Some((k, _)) = call.named.iter().find(|(k, _)| !keywords.contains(&k.name.as_str())) {
             let allowed = if keywords.is_empty() { "none".to_string() } else { keywords.join(", ") };
             let help = if k.name == "dim" && keywords.contains(&"axis") {
@@ -603,7 +607,7 @@ impl Cx<'_, '_> {
         }
     }
 
-    fn bad_args(&mut self, call: &Call<'_>, msg: &str) -> super::Reported {
+    pub(super) fn bad_args(&mut self, call: &Call<'_>, msg: &str) -> super::Reported {
         self.error(Diagnostic::error(codes::BAD_ARGS, msg.to_string(), call.span, format!("in this call to `{}`", call.name)))
     }
 }

@@ -181,6 +181,18 @@ impl Cx<'_, '_> {
         for (axis, it) in items.iter().enumerate() {
             let size = self.ty(cur).shape[axis].clone();
             let (start, end) = match it {
+                IndexItem::Slice { lo, hi, step: Some(step), .. } => {
+                    let start = match lo {
+                        Some(e) => self.bound(e, &size, &frame.dims)?,
+                        None => Dim::constant(0),
+                    };
+                    let end = match hi {
+                        Some(e) => self.bound(e, &size, &frame.dims)?,
+                        None => size.clone(),
+                    };
+                    cur = self.strided(cur, axis, (start, end), step, &frame.dims, (base.span, span))?;
+                    continue;
+                }
                 IndexItem::Slice { lo, hi, .. } => {
                     let start = match lo {
                         Some(e) => self.bound(e, &size, &frame.dims)?,
@@ -261,6 +273,70 @@ impl Cx<'_, '_> {
     }
 
     /// A slice bound: a dimension expression; a negative integer counts from the end.
+    /// `x[..., start:end:k]` along `axis`: elements `start, start + k, …` below `end`. Written
+    /// as a slice of an aligned window, a reshape of that axis to `[n, k]`, and column `r` of
+    /// it (`x[1::2]` of an axis of `2*Dh` is column 1 of `[Dh, 2]`), so every backend and the
+    /// derivative rules already know it. The window must be exact as polynomials: `n` elements
+    /// (`(end − start + k − 1) / k` divides exactly), inside the axis.
+    fn strided(
+        &mut self,
+        x: Value,
+        axis: usize,
+        (start, end): (Dim, Dim),
+        step: &Expr,
+        dims: &std::collections::HashMap<String, Dim>,
+        (xspan, span): (Span, Span),
+    ) -> LResult<Value> {
+        let k = match self.dim_expr(step, dims)?.as_const() {
+            Some(k) if k > 0 => k,
+            _ => {
+                return Err(self.error(Diagnostic::error(
+                    codes::BAD_ARGS,
+                    "a slice's step must be a positive integer",
+                    step.span,
+                    "this step",
+                )));
+            }
+        };
+        let ty = self.ty(x).clone();
+        let size = ty.shape[axis].clone();
+        let kd = Dim::constant(k);
+        // The first element's place in its group of k (start − r is where an aligned window of
+        // groups begins); a symbolic start is its own group's first.
+        let r = start.as_const().map_or(0, |s| s.rem_euclid(k));
+        let from = start.sub(&Dim::constant(r));
+        // n = ceil((end − start) / k): the length's symbolic part must divide by k; its constant
+        // part c adds ceil(c / k).
+        let len = end.sub(&start);
+        let zeros: std::collections::HashMap<String, i64> = len.symbols().into_iter().map(|s| (s, 0)).collect();
+        let c = len.eval(&zeros).unwrap_or(0);
+        let n = len.sub(&Dim::constant(c)).div_exact(&kd).map(|p| p.add(&Dim::constant((c + k - 1).div_euclid(k))));
+        let fits = |n: &Dim| size.sub(&from.add(&n.mul(&kd))).as_const().is_some_and(|d| d >= 0) && from.as_const().is_none_or(|f| f >= 0);
+        let Some(n) = n.filter(fits) else {
+            let d = Diagnostic::error(
+                codes::BAD_ARGS,
+                format!("a step of {k} along an axis of {size} (from {start} to {end}) is not an exact number of elements"),
+                span,
+                "this strided slice",
+            );
+            return Err(self.error(
+                d.with_help(format!("declare the axis as a multiple of the step, e.g. `{k}*Dh`, so that the slice has `Dh` elements")),
+            ));
+        };
+        let mut cur = x;
+        let window_end = from.add(&n.mul(&kd));
+        if from != Dim::constant(0) || window_end != size {
+            cur = self.add(Op::Slice { axis, start: from, end: window_end }, None, &[(cur, xspan)], span)?;
+        }
+        let mut grouped = ty.shape.clone();
+        grouped.splice(axis..=axis, [n.clone(), kd]);
+        cur = self.add(Op::Reshape, Some(TensorType::new(ty.dtype, grouped)), &[(cur, xspan)], span)?;
+        cur = self.add(Op::Slice { axis: axis + 1, start: Dim::constant(r), end: Dim::constant(r + 1) }, None, &[(cur, xspan)], span)?;
+        let mut shape = ty.shape.clone();
+        shape[axis] = n;
+        self.add(Op::Reshape, Some(TensorType::new(ty.dtype, shape)), &[(cur, xspan)], span)
+    }
+
     pub(crate) fn bound(&mut self, e: &Expr, size: &Dim, dims: &std::collections::HashMap<String, Dim>) -> LResult<Dim> {
         let d = self.dim_expr(e, dims)?;
         Ok(match d.as_const() {

@@ -126,7 +126,7 @@ fn used_names<'e>(roots: &[&'e Expr]) -> Vec<&'e str> {
                 for item in items {
                     match item {
                         IndexItem::Expr(e) => stack.push(e),
-                        IndexItem::Slice { lo, hi, .. } => stack.extend(lo.iter().chain(hi.iter())),
+                        IndexItem::Slice { lo, hi, step, .. } => stack.extend(lo.iter().chain(hi.iter()).chain(step.iter())),
                     }
                 }
             }

@@ -9,6 +9,7 @@
 //! operators, indexing) and `builtins` (built-in functions). [`lint`] finds the warnings.
 
 mod builtins;
+mod construct;
 mod expr;
 pub mod lint;
 

@@ -252,8 +252,9 @@ impl Parser<'_> {
             let start = self.span();
             let lo = if self.peek() == Token::Colon { None } else { Some(self.expr()?) };
             let item = if self.eat(Token::Colon) {
-                let hi = if matches!(self.peek(), Token::Comma | Token::RBracket) { None } else { Some(self.expr()?) };
-                IndexItem::Slice { lo, hi, span: start.to(self.prev_span()) }
+                let hi = if matches!(self.peek(), Token::Comma | Token::RBracket | Token::Colon) { None } else { Some(self.expr()?) };
+                let step = if self.eat(Token::Colon) { Some(self.expr()?) } else { None };
+                IndexItem::Slice { lo, hi, step, span: start.to(self.prev_span()) }
             } else {
                 match lo {
                     Some(e) => IndexItem::Expr(e),

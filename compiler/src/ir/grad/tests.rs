@@ -314,3 +314,12 @@ fn a_fully_masked_row_of_a_flash_op_has_zero_gradient() {
     assert!(outs[0].to_f64_vec()[..6].iter().all(|x| *x == 0.0));
     assert!(outs[1].to_f64_vec()[..6].iter().all(|x| *x == 0.0));
 }
+
+#[test]
+fn stacks_broadcasts_and_strided_slices_carry_gradients() {
+    check_each(&[
+        ("fn f(x: f32[M, N], y: f32[M, N]) -> f32[M, 2, N] { return stack([x * y, y], axis = 1) }", &[&[3, 4], &[3, 4]], UNIT),
+        ("fn f(x: f32[N], y: f32[M, N]) -> f32[M, N] { return broadcast_to(x, [M, N]) * y }", &[&[4], &[3, 4]], UNIT),
+        ("fn f(x: f32[M, 2*D]) -> f32[M, D] { return x[:, 0::2] * x[:, 1::2] + cast(arange(D), f32) }", &[&[3, 6]], UNIT),
+    ]);
+}
