@@ -106,26 +106,17 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
         return Err("the scores do not depend on q @ kᵀ".into());
     }
     let (q, k, pair) = match leaf {
-        Leaf::Dot(q, kt) => (Build::Class(q), untranspose(eg, kt, rank), Pair::Dot),
+        Leaf::Dot(q, kt) => (query_of_rank(eg, q, &st.shape)?, key_of_rank(eg, kt, rank)?, Pair::Dot),
         Leaf::Additive { q, k, w } => {
             let weight = cx.extras.iter().position(|e| *e == w).ok_or("the additive weight is not an operand")?;
             (squeeze(eg, q, rank - 1), squeeze(eg, k, rank - 2), Pair::Additive { weight })
         }
     };
-    if let Leaf::Dot(q, kt) = leaf {
-        for t in [ty(eg, q), ty(eg, kt)] {
-            if t.is_none_or(|t| t.rank() != rank) {
-                return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
-            }
-        }
-    }
-    if ty(eg, v).is_none_or(|t| t.rank() != rank) {
-        return Err("q, kᵀ and v must have the rank of the scores (no implicit broadcasting of ranks)".into());
-    }
+    let v = lift(eg, v, rank).ok_or("v has more axes than the scores")?;
     let (score, preds) = split_mask(expr);
     let mask = preds.into_iter().reduce(|a, b| ScoreExpr::bin(BinaryOp::And, a, b));
     let spec = FlashSpec { rank, weights, score, mask, pair };
-    let mut args = vec![q, k, Build::Class(v)];
+    let mut args = vec![q, k, v];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
     if let (Leaf::Additive { w, .. }, Pair::Additive { weight }) = (leaf, pair)
         && let Some(t) = ty(eg, w).filter(|t| t.rank() >= 2)
@@ -164,6 +155,63 @@ fn squeeze(eg: &EG, class: Id, axis: usize) -> Build {
         }
     }
     Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(class)])
+}
+
+/// `class` with size-1 axes in front up to `rank` (as broadcasting aligns it), itself when it
+/// has `rank` axes; `None` when it has more.
+fn lift(eg: &EG, class: Id, rank: usize) -> Option<Build> {
+    let t = ty(eg, class)?;
+    if t.rank() > rank {
+        return None;
+    }
+    if t.rank() == rank {
+        return Some(Build::Class(class));
+    }
+    let mut shape = vec![Dim::constant(1); rank - t.rank()];
+    shape.extend(t.shape.iter().cloned());
+    Some(Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![Build::Class(class)]))
+}
+
+/// The query operand for scores of shape `scores`: lifted to their rank, and, where its batch
+/// axes are 1 and the scores' are not (a query shared by the batch: Perceiver's latents
+/// against `[B, N, C]` inputs), repeated along them by an exact select (`broadcast_to`): the
+/// flash op takes its batch from the query, and the copy is the query's size, not the scores'.
+fn query_of_rank(eg: &EG, q: Id, scores: &[Dim]) -> Result<Build, String> {
+    let rank = scores.len();
+    let t = ty(eg, q).ok_or("untyped q")?.clone();
+    let lifted = lift(eg, q, rank).ok_or("q has more axes than the scores")?;
+    if t.rank() < 2 {
+        return Err("q has fewer than two axes".into());
+    }
+    let lifted_batch: Vec<Dim> =
+        std::iter::repeat_n(Dim::constant(1), rank - t.rank()).chain(t.shape[..t.rank() - 2].iter().cloned()).collect();
+    if lifted_batch == scores[..rank - 2] {
+        return Ok(lifted);
+    }
+    let mut shape: Vec<Dim> = scores[..rank - 2].to_vec();
+    shape.extend(t.shape[t.rank() - 2..].iter().cloned());
+    let position = Build::Node(Op::Iota { axis: 0 }, Some(TensorType::new(DType::I32, shape)), vec![]);
+    let zero = Build::Node(Op::Const(0.0), Some(TensorType::scalar(DType::I32)), vec![]);
+    let always = Build::op(Op::Binary(BinaryOp::Ge), vec![position, zero]);
+    Ok(Build::op(Op::Select, vec![always, lifted.clone(), lifted]))
+}
+
+/// `k` for scores of rank `rank` from the class of `kᵀ`, lifted to that rank (K broadcasts
+/// its batch axes into the query's).
+fn key_of_rank(eg: &EG, kt: Id, rank: usize) -> Result<Build, String> {
+    let r = ty(eg, kt).ok_or("untyped kᵀ")?.rank();
+    if r < 2 || r > rank {
+        return Err("kᵀ has fewer than two axes or more than the scores".into());
+    }
+    let k = untranspose(eg, kt, r);
+    if r == rank {
+        return Ok(k);
+    }
+    let t = ty(eg, kt).ok_or("untyped kᵀ")?;
+    let mut shape = vec![Dim::constant(1); rank - r];
+    shape.extend(t.shape[..r - 2].iter().cloned());
+    shape.extend([t.shape[r - 1].clone(), t.shape[r - 2].clone()]);
+    Ok(Build::Node(Op::Reshape, Some(TensorType::new(t.dtype, shape)), vec![k]))
 }
 
 /// `k` from `kᵀ`: the operand of a last-two-axes transpose if there is one, else a transpose.
