@@ -208,6 +208,10 @@ impl RunError {
 pub const INPUT_MISMATCH: &str = "E0401";
 /// The code of an index out of range at run time (a gather, `take_along`, `scatter_add`).
 pub const INDEX_OUT_OF_RANGE: &str = "E0402";
+/// The code of a slice whose bounds lie outside its axis at run time.
+pub const SLICE_OUT_OF_RANGE: &str = "E0403";
+/// The code of a size that evaluates to a negative number at run time (`S - 4` with `S = 2`).
+pub const NEGATIVE_SIZE: &str = "E0404";
 
 impl From<crate::cuda::CudaError> for RunError {
     /// Input problems become [`RunError::Interp`], as on the interpreter.
@@ -336,12 +340,33 @@ impl Program {
     /// when `given` (name, dtype, shape of each input) holds it. `None` when the error is about
     /// no parameter.
     pub fn run_error_diagnostic(&self, entry: &str, err: &RunError, given: &[(String, DType, Vec<usize>)]) -> Option<Diagnostic> {
-        if let RunError::Interp(ExecError::IndexOutOfRange { span: Some(span), index, axis, size, .. }) = err {
-            let what = format!("index {index} is out of range for axis {axis} of size {size}");
-            return Some(
-                Diagnostic::error(INDEX_OUT_OF_RANGE, what, *span, format!("indexed here: every index must lie in 0..{size}"))
-                    .with_help("indices are never clamped or wrapped; `clamp(i, 0, n - 1)` in the program clamps them explicitly"),
-            );
+        if let RunError::Interp(fault) = err
+            && let Some(span) = fault.span()
+        {
+            match fault {
+                ExecError::IndexOutOfRange { index, axis, size, .. } => {
+                    let what = format!("index {index} is out of range for axis {axis} of size {size}");
+                    return Some(
+                        Diagnostic::error(INDEX_OUT_OF_RANGE, what, span, format!("indexed here: every index must lie in 0..{size}"))
+                            .with_help("indices are never clamped or wrapped; `clamp(i, 0, n - 1)` in the program clamps them explicitly"),
+                    );
+                }
+                ExecError::OutOfRange { axis, start, end, size, .. } => {
+                    let what = format!("slice {start}:{end} is out of range for axis {axis} of size {size}");
+                    return Some(
+                        Diagnostic::error(SLICE_OUT_OF_RANGE, what, span, format!("sliced here: the bounds must lie in 0..={size}"))
+                            .with_help("the axis' size depends on the dims of this run; bounds written with dims follow them"),
+                    );
+                }
+                ExecError::NegativeDim { dim, value, .. } => {
+                    let what = format!("size {dim} evaluates to {value}, which is negative");
+                    return Some(
+                        Diagnostic::error(NEGATIVE_SIZE, what, span, format!("this has an axis of size {dim}"))
+                            .with_help("the dims of this run make this size negative; pass dims (or inputs) for which it is at least 0"),
+                    );
+                }
+                _ => {}
+            }
         }
         let param = err.param()?;
         let graph = self.graph(entry).ok()?;

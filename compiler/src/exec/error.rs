@@ -6,7 +6,8 @@ use thiserror::Error;
 /// An error from [`super::bind_dims`], [`super::check_inputs`], the interpreter's
 /// [`crate::interp::run`] or a backend's run. Input problems (count, dtype, rank, sizes, dimension
 /// bindings) name the parameter and axis; problems found while evaluating a node name the node as
-/// `%INDEX (op)`; an index out of range also has its source span.
+/// `%INDEX (op)`; an index or slice out of range and a negative size also have the source span of
+/// the expression that made the node, when known ([`ExecError::span`]).
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ExecError {
     /// Wrong number of inputs.
@@ -112,6 +113,8 @@ pub enum ExecError {
     NegativeDim {
         /// The node whose type mentions it.
         node: String,
+        /// Where the node is written in the source, when known.
+        span: Option<attn_dsl::Span>,
         /// The dim.
         dim: String,
         /// Its value.
@@ -122,6 +125,8 @@ pub enum ExecError {
     OutOfRange {
         /// The slice node.
         node: String,
+        /// Where the slice is written in the source, when known.
+        span: Option<attn_dsl::Span>,
         /// The sliced axis.
         axis: usize,
         /// First index kept.
@@ -196,6 +201,27 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// Where in the source a fault found while running lies (an index or slice out of range, a
+    /// negative size), when known.
+    pub fn span(&self) -> Option<attn_dsl::Span> {
+        match self {
+            ExecError::NegativeDim { span, .. } | ExecError::OutOfRange { span, .. } | ExecError::IndexOutOfRange { span, .. } => *span,
+            _ => None,
+        }
+    }
+
+    /// The error with `at` as its source span, if it is a fault that has one and does not know
+    /// it yet (the interpreter's op functions know the node's label, not its span).
+    pub fn or_span(mut self, at: Option<attn_dsl::Span>) -> ExecError {
+        if let ExecError::NegativeDim { span, .. } | ExecError::OutOfRange { span, .. } | ExecError::IndexOutOfRange { span, .. } =
+            &mut self
+            && span.is_none()
+        {
+            *span = at;
+        }
+        self
+    }
+
     /// The parameter an input error is about (drivers point at its declaration).
     pub fn param(&self) -> Option<&str> {
         match self {
