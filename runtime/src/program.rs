@@ -500,8 +500,12 @@ impl Program {
         cpu: &CpuOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (graph, info, dims) = self.begin_run(entry, opts)?;
-        if inputs.len() != info.params.len() {
-            return Err(RunError::Interp(ExecError::InputCount { expected: info.params.len(), actual: inputs.len() }));
+        if inputs.len() < info.params.len() {
+            let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
+            return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
+        }
+        if inputs.len() > info.params.len() {
+            return Err(RunError::Interp(ExecError::input_count(graph, inputs.len())));
         }
         for ((name, ty), t) in info.params.iter().zip(inputs) {
             if t.dtype != ty.dtype {

@@ -22,7 +22,7 @@ struct Axis<'g> {
 pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<String, i64>) -> Result<HashMap<String, i64>, ExecError> {
     let params = graph.params();
     if input_shapes.len() != params.len() {
-        return Err(ExecError::InputCount { expected: params.len(), actual: input_shapes.len() });
+        return Err(ExecError::input_count(graph, input_shapes.len()));
     }
     let mut env: HashMap<String, i64> = HashMap::new();
     // Where each binding came from, for error messages.

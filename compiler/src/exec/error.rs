@@ -11,12 +11,15 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ExecError {
     /// Wrong number of inputs.
-    #[error("the graph takes {expected} input(s), but {actual} were given")]
+    #[error("the graph takes {expected} input(s), but {actual} were given{}", missing_list(missing))]
     InputCount {
         /// Number of parameters.
         expected: usize,
         /// Number of inputs given.
         actual: usize,
+        /// The parameters without an input (inputs go to parameters in order), empty when there
+        /// are too many inputs.
+        missing: Vec<String>,
     },
     /// An input whose dtype differs from its parameter's.
     #[error("input `{param}` must be {expected}, but a {actual} tensor was given")]
@@ -200,7 +203,22 @@ pub enum ExecError {
     Internal(String),
 }
 
+fn missing_list(names: &[String]) -> String {
+    if names.is_empty() {
+        return String::new();
+    }
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    format!("; missing: {}", quoted.join(", "))
+}
+
 impl ExecError {
+    /// Wrong number of inputs for `graph`'s parameters, naming those left without one.
+    pub fn input_count(graph: &crate::ir::Graph, actual: usize) -> ExecError {
+        let params = graph.param_types();
+        let missing = params.iter().skip(actual).map(|(name, _)| name.clone()).collect();
+        ExecError::InputCount { expected: params.len(), actual, missing }
+    }
+
     /// Where in the source a fault found while running lies (an index or slice out of range, a
     /// negative size), when known.
     pub fn span(&self) -> Option<attn_dsl::Span> {
