@@ -503,6 +503,24 @@ fn explain_classifies_data_masks_from_inputs() {
     assert_eq!(code(&o), 3, "{}", stderr(&o));
 }
 
+/// `explain` rejects a dim the program does not use, with `run`'s message and exit code.
+#[test]
+fn explain_rejects_unknown_dims_like_run() {
+    let d = causal_dir();
+    for (file, entry) in [("causal.attn", None), ("prog.attn", Some("attend"))] {
+        let entry: Vec<&str> = entry.map(|e| vec!["--entry", e]).unwrap_or_default();
+        let run = d.fails(&[&["run", file, "--random-inputs", "--dim", "Q=64"], &entry[..]].concat(), 2);
+        let explain = d.fails(&[&["explain", file, "--dim", "Q=64"], &entry[..]].concat(), 2);
+        assert!(run.contains("has no dimension named `Q`"), "{run}");
+        assert_eq!(explain, run);
+    }
+    // Every function at once: a dim none of them uses.
+    let err = d.fails(&["explain", "prog.attn", "--dim", "Q=64"], 2);
+    assert!(err.contains("no function of the program has a dimension named `Q` (their dimensions: B, D, N, S)"), "{err}");
+    let o = d.attnc(&["explain", "prog.attn", "--dim", "N=64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
 #[test]
 fn explain_tile_map_errors() {
     let d = causal_dir();

@@ -600,6 +600,7 @@ fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given
         | RunError::DuplicateInput { .. }
         | RunError::Interp(I::InputCount { .. }) => "ArgumentError",
         RunError::UnknownDim { .. }
+        | RunError::UnknownProgramDim { .. }
         | RunError::FixedDim { .. }
         | RunError::Interp(
             I::InputRank { .. }

@@ -164,6 +164,15 @@ pub enum RunError {
         /// The dims the entry uses, sorted.
         known: Vec<String>,
     },
+    /// A given dim that no function of the program uses (a check of the whole program,
+    /// [`Program::check_given_dims`] without an entry).
+    #[error("no function of the program has a dimension named `{name}` (their dimensions: {})", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
+    UnknownProgramDim {
+        /// The name given.
+        name: String,
+        /// The dims the functions use, sorted.
+        known: Vec<String>,
+    },
     /// A given dim that contradicts `dim NAME = N` in the file.
     #[error("dimension `{name}` is fixed to {fixed} by `dim {name} = {fixed}` in the program, but {given} was given")]
     FixedDim {
@@ -409,6 +418,37 @@ impl Program {
             }
         }
         Ok(names.into_iter().collect())
+    }
+
+    /// Checks given dims as [`Program::run`] does: each must be a dim `entry` uses, or one the
+    /// file fixes (`dim NAME = N`) given that size. Without an entry (every function), each must
+    /// be used by some function ([`RunError::UnknownProgramDim`] otherwise).
+    pub fn check_given_dims(&self, entry: Option<&str>, given: &HashMap<String, i64>) -> Result<(), RunError> {
+        let graphs = &self.checked.module.graphs;
+        let entry = match (entry, graphs.as_slice()) {
+            (Some(entry), _) => entry,
+            (None, [only]) => only.name.as_str(),
+            (None, _) => {
+                let mut known = BTreeSet::new();
+                for g in graphs {
+                    known.extend(self.entry_dims(&g.name)?);
+                }
+                let mut sorted: Vec<(&String, &i64)> = given.iter().collect();
+                sorted.sort();
+                for (name, value) in sorted {
+                    match self.fixed_dims.iter().find(|(n, _)| n == name) {
+                        Some((_, fixed)) if fixed != value => {
+                            return Err(RunError::FixedDim { name: name.clone(), given: *value, fixed: *fixed });
+                        }
+                        Some(_) => {}
+                        None if known.contains(name) => {}
+                        None => return Err(RunError::UnknownProgramDim { name: name.clone(), known: known.into_iter().collect() }),
+                    }
+                }
+                return Ok(());
+            }
+        };
+        self.check_dims(entry, given, &self.entry_dims(entry)?).map(drop)
     }
 
     /// The dims [`Program::random_inputs`] uses: `given`, plus [`DEFAULT_DIM`] (8) for every

@@ -265,6 +265,7 @@ pub(super) fn run_failure(e: RunError) -> Failure {
         | RunError::UnexpectedInput { .. }
         | RunError::DuplicateInput { .. }
         | RunError::UnknownDim { .. }
+        | RunError::UnknownProgramDim { .. }
         | RunError::FixedDim { .. } => Exit::Usage,
         RunError::NoEntry => Exit::Program,
         RunError::InputDType { .. } => Exit::File,
