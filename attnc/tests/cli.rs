@@ -555,6 +555,7 @@ fn run_draws_heatmaps_with_labels() {
     let args = ["run", "prog.attn", "--random-inputs", "--dim", "B=2", "--dim", "S=4", "--heatmap", "w=w.png"];
     let o = d.attnc(&[&args[..], &["--labels", "rows.txt,cols.txt"]].concat());
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote w.png (heatmap of `w`: 2 panels)"), "{}", stdout(&o));
     let (w, h, _) = decode_png(&d.path("w.png"));
     assert!(w > 100 && h > 60, "{w}x{h}");
     // Labels that do not fit the output, an unknown output, and a missing labels file.
