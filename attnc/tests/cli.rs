@@ -416,6 +416,28 @@ fn input_errors_point_at_the_declaration() {
     }
 }
 
+/// A slice that leaves its axis, or a size that turns negative, for some dims only (here after
+/// `topk`, whose result is a slice of a sort) is shown at the expression on every target: E0403
+/// and E0404, not an IR node number alone.
+#[test]
+fn run_time_faults_point_at_the_source() {
+    let d = Dir::new();
+    let slice = "fn f(x: f32[S, N]) -> f32[S, 2] {\n    let (v, _i) = topk(x, N - 4, axis = -1)\n    return v[:, 3:5]\n}\n";
+    let negative = "fn f(x: f32[S, N]) -> f32[S, N - 6] {\n    let (v, _i) = topk(x, N - 6, axis = -1)\n    return v\n}\n";
+    std::fs::write(d.path("slice.attn"), slice).unwrap();
+    std::fs::write(d.path("negative.attn"), negative).unwrap();
+    for target in ["cpu", "interp"] {
+        let o = d.attnc(&["run", "slice.attn", "--random-inputs", "--dim", "S=2", "--dim", "N=10", "--target", target]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let err = d.fails(&["run", "slice.attn", "--random-inputs", "--dim", "S=2", "--dim", "N=8", "--target", target], 4);
+        assert!(err.contains("error[E0403]: slice 3:5 is out of range for axis 1 of size 4"), "{target}: {err}");
+        assert!(err.contains("slice.attn:3:12") && err.contains("sliced here"), "{target}: {err}");
+        let err = d.fails(&["run", "negative.attn", "--random-inputs", "--dim", "S=2", "--dim", "N=4", "--target", target], 4);
+        assert!(err.contains("error[E0404]: size N-6 evaluates to -2"), "{target}: {err}");
+        assert!(err.contains("negative.attn:2:19") && err.contains("topk(x, N - 6, axis = -1)"), "{target}: {err}");
+    }
+}
+
 // ---- pictures: explain's tile maps, run --heatmap ----
 
 /// Decodes a PNG file: width, height and RGB bytes.
@@ -481,6 +503,24 @@ fn explain_classifies_data_masks_from_inputs() {
     assert_eq!(code(&o), 3, "{}", stderr(&o));
 }
 
+/// `explain` rejects a dim the program does not use, with `run`'s message and exit code.
+#[test]
+fn explain_rejects_unknown_dims_like_run() {
+    let d = causal_dir();
+    for (file, entry) in [("causal.attn", None), ("prog.attn", Some("attend"))] {
+        let entry: Vec<&str> = entry.map(|e| vec!["--entry", e]).unwrap_or_default();
+        let run = d.fails(&[&["run", file, "--random-inputs", "--dim", "Q=64"], &entry[..]].concat(), 2);
+        let explain = d.fails(&[&["explain", file, "--dim", "Q=64"], &entry[..]].concat(), 2);
+        assert!(run.contains("has no dimension named `Q`"), "{run}");
+        assert_eq!(explain, run);
+    }
+    // Every function at once: a dim none of them uses.
+    let err = d.fails(&["explain", "prog.attn", "--dim", "Q=64"], 2);
+    assert!(err.contains("no function of the program has a dimension named `Q` (their dimensions: B, D, N, S)"), "{err}");
+    let o = d.attnc(&["explain", "prog.attn", "--dim", "N=64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
 #[test]
 fn explain_tile_map_errors() {
     let d = causal_dir();
@@ -515,6 +555,7 @@ fn run_draws_heatmaps_with_labels() {
     let args = ["run", "prog.attn", "--random-inputs", "--dim", "B=2", "--dim", "S=4", "--heatmap", "w=w.png"];
     let o = d.attnc(&[&args[..], &["--labels", "rows.txt,cols.txt"]].concat());
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote w.png (heatmap of `w`: 2 panels)"), "{}", stdout(&o));
     let (w, h, _) = decode_png(&d.path("w.png"));
     assert!(w > 100 && h > 60, "{w}x{h}");
     // Labels that do not fit the output, an unknown output, and a missing labels file.

@@ -336,7 +336,7 @@ impl CpuProgram {
     fn bind(&self, inputs: &[TensorRef], dims: &HashMap<String, i64>) -> Result<Bound, CpuError> {
         let params = self.graph.params();
         if inputs.len() != params.len() {
-            return Err(CpuError::Input(ExecError::InputCount { expected: params.len(), actual: inputs.len() }));
+            return Err(CpuError::Input(ExecError::input_count(&self.graph, inputs.len())));
         }
         let mut owned: Vec<Option<Vec<u32>>> = vec![None; inputs.len()];
         for (i, (p, t)) in params.iter().zip(inputs).enumerate() {

@@ -137,11 +137,11 @@ impl ShapeState {
 pub fn prepare_error(e: PrepareError) -> CpuError {
     CpuError::Input(match e {
         PrepareError::UnboundDim(name) => ExecError::UnboundDim { name },
-        PrepareError::OutOfRange { node, axis, start, end, size } => {
-            ExecError::OutOfRange { node, axis, start, end, size: size.max(0) as usize }
+        PrepareError::OutOfRange { node, span, axis, start, end, size } => {
+            ExecError::OutOfRange { node, span, axis, start, end, size: size.max(0) as usize }
         }
         PrepareError::TooLarge { what, elements, limit } => ExecError::TooLarge { what, shape: vec![elements.max(0) as usize], limit },
-        PrepareError::Negative { dim, value } => ExecError::NegativeDim { node: "a buffer".into(), dim, value },
+        PrepareError::Negative { dim, value } => ExecError::NegativeDim { node: "a buffer".into(), span: None, dim, value },
         PrepareError::Overflow(what) => ExecError::Overflow { what },
         e @ (PrepareError::AdditiveWidth { .. } | PrepareError::EmptyOperand { .. }) => return CpuError::Unsupported(e),
         other => return CpuError::Internal(other.to_string()),

@@ -6,7 +6,7 @@ use crate::render::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, 
 use attn_compiler::Compiler;
 use attn_compiler::exec::{ExecError, bind_dims};
 use attn_compiler::ir::Graph;
-use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};
+use attn_compiler::schedule::{CudaPolicy, Policy, PrepareError, Prepared, Schedule, prepare};
 use attn_compiler::tensor::Tensor;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -239,7 +239,7 @@ pub(super) fn run(
     let env = bind_dims(graph, &shapes, given)?;
     let exec = gpu.exec_for(graph)?;
     let mut ex = exec.lock().map_err(|_| poisoned())?;
-    let prep = prepare(&ex.schedule, &env, &gpu.policy())?;
+    let prep = prepare(&ex.schedule, &env, &gpu.policy()).map_err(slice_fault)?;
     let bytes = buffer_bytes(&ex.schedule, &prep)?;
     let ready = launches(&ex.program, &ex.schedule, &prep, &gpu.limits())?;
     ex.ensure_buffers(gpu, &bytes)?;
@@ -324,4 +324,16 @@ pub(super) fn run(
         }
     }
     Ok((outputs, times))
+}
+
+/// A slice outside its axis is a fault of the program at these dims, reported like the CPU and
+/// the interpreter report it (with the slice's source span); other preparation errors are the
+/// GPU's limits.
+fn slice_fault(e: PrepareError) -> CudaError {
+    match e {
+        PrepareError::OutOfRange { node, span, axis, start, end, size } => {
+            CudaError::Input(ExecError::OutOfRange { node, span, axis, start, end, size: size.max(0) as usize })
+        }
+        e => CudaError::Prepare(e),
+    }
 }

@@ -55,12 +55,12 @@ struct Compiled {
 }
 
 /// An argument read as a NumPy array: borrowed in place, or converted (bool is read in
-/// place too; float16 is widened into an owned f32 buffer).
+/// place too; float16 and float64 are converted into an owned f32 buffer).
 enum Held<'py> {
     F32(PyReadonlyArrayDyn<'py, f32>),
     I32(PyReadonlyArrayDyn<'py, i32>),
     Bool(PyReadonlyArrayDyn<'py, bool>),
-    Widened(Vec<f32>),
+    Converted(Vec<f32>),
 }
 
 struct Input<'py> {
@@ -76,7 +76,7 @@ impl Input<'_> {
             Held::F32(a) => DataRef::F32(a.as_slice().map_err(slice_err)?),
             Held::I32(a) => DataRef::I32(a.as_slice().map_err(slice_err)?),
             Held::Bool(a) => DataRef::Bool(a.as_slice().map_err(slice_err)?),
-            Held::Widened(v) => DataRef::F32(v),
+            Held::Converted(v) => DataRef::F32(v),
         };
         Ok(TensorRef { dtype: self.dtype, shape: &self.shape, data })
     }
@@ -489,7 +489,12 @@ fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value:
     } else if matches!(declared, DType::F32 | DType::F16) && is(numpy::dtype::<half::f16>(py)) {
         // f16 values are exact in f32: widen into an owned buffer (any layout is fine).
         let a = readonly::<half::f16>(py, param, value)?;
-        Held::Widened(a.as_array().iter().map(|x| x.to_f32()).collect())
+        Held::Converted(a.as_array().iter().map(|x| x.to_f32()).collect())
+    } else if declared == DType::F32 && is(numpy::dtype::<f64>(py)) {
+        // NumPy's default float (and a Python float): rounded to the nearest f32, as the
+        // command line rounds f64 `.npy` inputs (`attn_runtime::io::convert`).
+        let a = readonly::<f64>(py, param, value)?;
+        Held::Converted(a.as_array().iter().map(|&x| x as f32).collect())
     } else if declared == DType::I32 && is(numpy::dtype::<i32>(py)) {
         wants_layout()?;
         Held::I32(readonly::<i32>(py, param, value)?)
@@ -600,6 +605,7 @@ fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given
         | RunError::DuplicateInput { .. }
         | RunError::Interp(I::InputCount { .. }) => "ArgumentError",
         RunError::UnknownDim { .. }
+        | RunError::UnknownProgramDim { .. }
         | RunError::FixedDim { .. }
         | RunError::Interp(
             I::InputRank { .. }

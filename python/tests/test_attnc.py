@@ -150,6 +150,28 @@ def test_float16_inputs_are_widened_exactly():
     np.testing.assert_array_equal(prog(q, k, v), prog(*(x.astype(np.float32) for x in (q, k, v))))
 
 
+def test_float64_arrays_and_python_floats_are_rounded_to_f32():
+    # As the command line reads a float64 .npy file for an f32 parameter: each value rounded to
+    # the nearest f32.
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    assert q.dtype == np.float64
+    prog = attnc.compile(SDPA)
+    f32 = [x.astype(np.float32) for x in (q, k, v)]
+    np.testing.assert_array_equal(prog(q, k, v), prog(*f32))
+    np.testing.assert_array_equal(prog(q=q, k=f32[1], v=v), prog(*f32))
+    # Any layout: the conversion copies.
+    np.testing.assert_array_equal(prog(q, k, np.asfortranarray(v)), prog(*f32))
+    scale = attnc.compile("fn scale(x: f32[N], s: f32) -> f32[N] { return x * s }")
+    x = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    np.testing.assert_array_equal(scale(x, 0.1), x * np.float32(0.1))
+    np.testing.assert_array_equal(scale([1.0, 2.0, 3.0], s=0.1), x * np.float32(0.1))
+    # Only f32 parameters take float64, as on the command line: f16 is not rounded unasked.
+    half = attnc.compile("fn h(x: f16[N]) -> f16[N] { return x }")
+    with pytest.raises(attnc.DTypeError, match=r"`x` is declared f16\[N\] but a float64 array"):
+        half(np.zeros(3))
+
+
 def test_buffer_protocol_and_array_like_inputs():
     prog = attnc.compile("fn scale(x: f32[N]) -> f32[N] { return x * 2.0 }")
     buf = array.array("f", [1.0, 2.0, 3.5])
@@ -283,8 +305,8 @@ def qkv():
 def test_wrong_dtype(qkv):
     q, k, v = qkv
     prog = attnc.compile(SDPA)
-    with pytest.raises(attnc.DTypeError, match=r"`v` is declared f32\[B, H, S, D\] but a float64 array") as e:
-        prog(q, k, v.astype(np.float64))
+    with pytest.raises(attnc.DTypeError, match=r"`v` is declared f32\[B, H, S, D\] but a complex64 array") as e:
+        prog(q, k, v.astype(np.complex64))
     assert e.value.param == "v" and isinstance(e.value, TypeError)
     with pytest.raises(attnc.DTypeError, match="int32"):
         attnc.compile(EXAMPLES / "document_mask.attn")(q, k, v, np.zeros((1, 16), dtype=np.int64))

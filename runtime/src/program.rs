@@ -164,6 +164,15 @@ pub enum RunError {
         /// The dims the entry uses, sorted.
         known: Vec<String>,
     },
+    /// A given dim that no function of the program uses (a check of the whole program,
+    /// [`Program::check_given_dims`] without an entry).
+    #[error("no function of the program has a dimension named `{name}` (their dimensions: {})", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
+    UnknownProgramDim {
+        /// The name given.
+        name: String,
+        /// The dims the functions use, sorted.
+        known: Vec<String>,
+    },
     /// A given dim that contradicts `dim NAME = N` in the file.
     #[error("dimension `{name}` is fixed to {fixed} by `dim {name} = {fixed}` in the program, but {given} was given")]
     FixedDim {
@@ -208,6 +217,10 @@ impl RunError {
 pub const INPUT_MISMATCH: &str = "E0401";
 /// The code of an index out of range at run time (a gather, `take_along`, `scatter_add`).
 pub const INDEX_OUT_OF_RANGE: &str = "E0402";
+/// The code of a slice whose bounds lie outside its axis at run time.
+pub const SLICE_OUT_OF_RANGE: &str = "E0403";
+/// The code of a size that evaluates to a negative number at run time (`S - 4` with `S = 2`).
+pub const NEGATIVE_SIZE: &str = "E0404";
 
 impl From<crate::cuda::CudaError> for RunError {
     /// Input problems become [`RunError::Interp`], as on the interpreter.
@@ -336,12 +349,33 @@ impl Program {
     /// when `given` (name, dtype, shape of each input) holds it. `None` when the error is about
     /// no parameter.
     pub fn run_error_diagnostic(&self, entry: &str, err: &RunError, given: &[(String, DType, Vec<usize>)]) -> Option<Diagnostic> {
-        if let RunError::Interp(ExecError::IndexOutOfRange { span: Some(span), index, axis, size, .. }) = err {
-            let what = format!("index {index} is out of range for axis {axis} of size {size}");
-            return Some(
-                Diagnostic::error(INDEX_OUT_OF_RANGE, what, *span, format!("indexed here: every index must lie in 0..{size}"))
-                    .with_help("indices are never clamped or wrapped; `clamp(i, 0, n - 1)` in the program clamps them explicitly"),
-            );
+        if let RunError::Interp(fault) = err
+            && let Some(span) = fault.span()
+        {
+            match fault {
+                ExecError::IndexOutOfRange { index, axis, size, .. } => {
+                    let what = format!("index {index} is out of range for axis {axis} of size {size}");
+                    return Some(
+                        Diagnostic::error(INDEX_OUT_OF_RANGE, what, span, format!("indexed here: every index must lie in 0..{size}"))
+                            .with_help("indices are never clamped or wrapped; `clamp(i, 0, n - 1)` in the program clamps them explicitly"),
+                    );
+                }
+                ExecError::OutOfRange { axis, start, end, size, .. } => {
+                    let what = format!("slice {start}:{end} is out of range for axis {axis} of size {size}");
+                    return Some(
+                        Diagnostic::error(SLICE_OUT_OF_RANGE, what, span, format!("sliced here: the bounds must lie in 0..={size}"))
+                            .with_help("the axis' size depends on the dims of this run; bounds written with dims follow them"),
+                    );
+                }
+                ExecError::NegativeDim { dim, value, .. } => {
+                    let what = format!("size {dim} evaluates to {value}, which is negative");
+                    return Some(
+                        Diagnostic::error(NEGATIVE_SIZE, what, span, format!("this has an axis of size {dim}"))
+                            .with_help("the dims of this run make this size negative; pass dims (or inputs) for which it is at least 0"),
+                    );
+                }
+                _ => {}
+            }
         }
         let param = err.param()?;
         let graph = self.graph(entry).ok()?;
@@ -384,6 +418,37 @@ impl Program {
             }
         }
         Ok(names.into_iter().collect())
+    }
+
+    /// Checks given dims as [`Program::run`] does: each must be a dim `entry` uses, or one the
+    /// file fixes (`dim NAME = N`) given that size. Without an entry (every function), each must
+    /// be used by some function ([`RunError::UnknownProgramDim`] otherwise).
+    pub fn check_given_dims(&self, entry: Option<&str>, given: &HashMap<String, i64>) -> Result<(), RunError> {
+        let graphs = &self.checked.module.graphs;
+        let entry = match (entry, graphs.as_slice()) {
+            (Some(entry), _) => entry,
+            (None, [only]) => only.name.as_str(),
+            (None, _) => {
+                let mut known = BTreeSet::new();
+                for g in graphs {
+                    known.extend(self.entry_dims(&g.name)?);
+                }
+                let mut sorted: Vec<(&String, &i64)> = given.iter().collect();
+                sorted.sort();
+                for (name, value) in sorted {
+                    match self.fixed_dims.iter().find(|(n, _)| n == name) {
+                        Some((_, fixed)) if fixed != value => {
+                            return Err(RunError::FixedDim { name: name.clone(), given: *value, fixed: *fixed });
+                        }
+                        Some(_) => {}
+                        None if known.contains(name) => {}
+                        None => return Err(RunError::UnknownProgramDim { name: name.clone(), known: known.into_iter().collect() }),
+                    }
+                }
+                return Ok(());
+            }
+        };
+        self.check_dims(entry, given, &self.entry_dims(entry)?).map(drop)
     }
 
     /// The dims [`Program::random_inputs`] uses: `given`, plus [`DEFAULT_DIM`] (8) for every
@@ -475,8 +540,12 @@ impl Program {
         cpu: &CpuOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (graph, info, dims) = self.begin_run(entry, opts)?;
-        if inputs.len() != info.params.len() {
-            return Err(RunError::Interp(ExecError::InputCount { expected: info.params.len(), actual: inputs.len() }));
+        if inputs.len() < info.params.len() {
+            let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
+            return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
+        }
+        if inputs.len() > info.params.len() {
+            return Err(RunError::Interp(ExecError::input_count(graph, inputs.len())));
         }
         for ((name, ty), t) in info.params.iter().zip(inputs) {
             if t.dtype != ty.dtype {

@@ -4,7 +4,7 @@
 //! boxed, labelled snippets users see (through miette's graphical handler).
 
 use attn_compiler::tensor::Tensor;
-use attn_dsl::{Diagnostic, Label, Severity};
+use attn_dsl::{Diagnostic, Label, Severity, Span};
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
 use std::fmt;
 
@@ -64,7 +64,21 @@ impl Report {
             let span = SourceSpan::from(start..end);
             if primary { LabeledSpan::new_primary_with_span(text, span) } else { LabeledSpan::new_with_span(text, span) }
         };
-        let mut labels = vec![span(&d.primary, true)];
+        // miette cannot draw a label inside another on one line: it pushes the inner ones past
+        // the end of the outer one. Operands are labelled inside the primary span (`q @ k`, a
+        // call), so the primary is drawn under what is left of it: the operator or the name.
+        let inner: Vec<(usize, usize)> = d
+            .secondary
+            .iter()
+            .map(|l| (l.span.start as usize, l.span.end as usize))
+            .filter(|&(s, e)| s < e && d.primary.span.start as usize <= s && e <= d.primary.span.end as usize)
+            .filter(|&(s, e)| (s, e) != (d.primary.span.start as usize, d.primary.span.end as usize))
+            .collect();
+        let mut primary = d.primary.clone();
+        if let Some((s, e)) = uncovered_token(source, (primary.span.start as usize, primary.span.end as usize), &inner) {
+            primary.span = Span::new(s, e);
+        }
+        let mut labels = vec![span(&primary, true)];
         labels.extend(d.secondary.iter().map(|l| span(l, false)));
         let kind = match d.severity {
             Severity::Error => "error",
@@ -79,6 +93,24 @@ impl Report {
             source: NamedSource::new(file_name, source.to_string()),
         }
     }
+}
+
+/// The first token of `outer` that no span of `inner` covers: an operator (`@`, `**`), a name
+/// (`where` in `where(c, a, b)`, `softmax` in `x.softmax()`), else the first other character.
+/// `None` when `inner` is empty or covers every visible character.
+fn uncovered_token(source: &str, outer: (usize, usize), inner: &[(usize, usize)]) -> Option<(usize, usize)> {
+    if inner.is_empty() || outer.1 > source.len() {
+        return None;
+    }
+    let covered = |i: usize| inner.iter().any(|&(s, e)| s <= i && i < e);
+    let free = |i: usize, c: char| !covered(i) && !c.is_whitespace() && !matches!(c, '(' | ')' | '[' | ']' | ',' | '.');
+    let text = source.get(outer.0..outer.1)?;
+    let mut chars = text.char_indices().map(|(i, c)| (outer.0 + i, c)).skip_while(|&(i, c)| !free(i, c)).peekable();
+    let &(start, first) = chars.peek()?;
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let same_kind = |c: char| if word(first) { word(c) } else { !word(c) };
+    let end = chars.take_while(|&(i, c)| free(i, c) && same_kind(c)).last().map(|(i, c)| i + c.len_utf8())?;
+    Some((start, end))
 }
 
 /// A byte offset moved into the source and back onto a character boundary, so that a stale or
@@ -164,7 +196,6 @@ fn fmt_num(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use attn_dsl::Span;
 
     fn diag() -> Diagnostic {
         Diagnostic::error("E0201", "shapes do not match", Span::new(26, 31), "this is f32[B, S]")
@@ -202,6 +233,33 @@ mod tests {
   help: declare it first
 ";
         assert_eq!(render_diagnostics(&[d], "bad.attn", src, false), expected);
+    }
+
+    #[test]
+    fn operand_labels_inside_the_primary_span_sit_under_their_operands() {
+        let src = "let s = q @ k\n";
+        let d = Diagnostic::error("E0102", "inner dimensions differ", Span::new(8, 13), "in this `@`")
+            .with_label(Span::new(8, 9), "this is f32[S, D]")
+            .with_label(Span::new(12, 13), "this is f32[T, D]");
+        let expected = "  × error[E0102]: inner dimensions differ
+   ╭─[a.attn:1:11]
+ 1 │ let s = q @ k
+   ·         ┬ ┬ ┬
+   ·         │ │ ╰── this is f32[T, D]
+   ·         │ ╰── in this `@`
+   ·         ╰── this is f32[S, D]
+   ╰────
+";
+        assert_eq!(render_diagnostics(&[d], "a.attn", src, false), expected);
+    }
+
+    #[test]
+    fn a_call_with_labelled_operands_is_marked_at_its_name() {
+        assert_eq!(uncovered_token("where(c, a, -b)", (0, 15), &[(6, 7), (9, 10), (12, 14)]), Some((0, 5)));
+        assert_eq!(uncovered_token("x.softmax()", (0, 11), &[(0, 1)]), Some((2, 9)));
+        assert_eq!(uncovered_token("a ** b", (0, 6), &[(0, 1), (5, 6)]), Some((2, 4)));
+        assert_eq!(uncovered_token("(a)", (0, 3), &[(1, 2)]), None);
+        assert_eq!(uncovered_token("a + b", (0, 5), &[]), None);
     }
 
     #[test]

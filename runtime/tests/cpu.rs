@@ -407,7 +407,7 @@ fn mismatched_inputs_are_typed_errors() {
         Err(CpuError::Input(e)) => e,
         other => panic!("expected an input error, got {other:?}"),
     };
-    assert!(matches!(input(c.run(&ok[..3], &HashMap::new())), attn_compiler::exec::ExecError::InputCount { expected: 4, actual: 3 }));
+    assert!(matches!(input(c.run(&ok[..3], &HashMap::new())), attn_compiler::exec::ExecError::InputCount { expected: 4, actual: 3, .. }));
     let ints = vec![1i32; 40];
     let wrong_dtype = [ok[0], TensorRef::i32(&shape, &ints), ok[2], ok[3]];
     assert!(matches!(input(c.run(&wrong_dtype, &HashMap::new())), attn_compiler::exec::ExecError::InputDType { .. }));

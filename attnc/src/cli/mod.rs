@@ -146,7 +146,8 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub grad: GradArgs,
     /// The size of a dim for the tile maps (others take representative sizes: 1024 for S, N,
-    /// M, T, L; 8 for H, G; 2 for B; 64 for the rest). Repeatable.
+    /// M, T, L; 8 for H, G; 2 for B; 64 for the rest). A name the entry does not use (without
+    /// --entry: that no function uses) is an error, as for `run`. Repeatable.
     #[arg(long = "dim", value_name = "NAME=N", value_parser = run::parse_dim)]
     pub dims: Vec<(String, i64)>,
     /// Tile size of the maps: query rows x keys.
@@ -244,6 +245,8 @@ fn explain(args: &ExplainArgs, ui: Ui) -> Result<(), Failure> {
     let compiler = attn_runtime::cpu::cpu_compiler();
     let entry = grad_entry.as_deref();
     let mut dims = run::given_dims(&args.dims)?;
+    // As `run` does: a dim the program does not use is a mistake, not something to ignore.
+    program.check_given_dims(entry, &dims).map_err(run::run_failure)?;
     let data = if args.random_inputs || !args.inputs.is_empty() {
         let info = match entry {
             Some(name) => program.entry(name).map_err(run::run_failure)?,

@@ -157,8 +157,16 @@ fn write_heatmaps(args: &RunArgs, labels: Option<&Labels>, outputs: &[(String, T
         let Some((_, tensor)) = outputs.iter().find(|(n, _)| n == name) else { continue };
         let picture = heatmap_png(name, tensor, labels).map_err(|e| Failure::new(Exit::Usage, e))?;
         io::write_atomic(path, &picture.png).map_err(|e| Failure::new(Exit::File, format!("cannot write {}: {e}", path.display())))?;
+        let (drawn, total) = (picture.panels.len(), picture.total_panels);
+        let panels = if drawn < total { format!("the first {drawn} of {total} panels") } else { plural(drawn, "panel") };
+        print_line(&format!("wrote {} (heatmap of `{name}`: {panels})", path.display()));
     }
     Ok(())
+}
+
+/// `1 panel`, `2 panels`.
+fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
 
 /// Parses `NAME=N` (also used by `attnc bench`).
@@ -265,6 +273,7 @@ pub(super) fn run_failure(e: RunError) -> Failure {
         | RunError::UnexpectedInput { .. }
         | RunError::DuplicateInput { .. }
         | RunError::UnknownDim { .. }
+        | RunError::UnknownProgramDim { .. }
         | RunError::FixedDim { .. } => Exit::Usage,
         RunError::NoEntry => Exit::Program,
         RunError::InputDType { .. } => Exit::File,

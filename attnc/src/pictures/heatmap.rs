@@ -106,14 +106,17 @@ pub fn heatmap_png(name: &str, tensor: &Tensor, labels: Option<&Labels>) -> Resu
     let ticks_w = [range.0, (range.0 + range.1) / 2.0, range.1].iter().map(|v| text_width(&tick(*v), 1)).max().unwrap_or(0);
     let grid_w = grid_cols * (panel_w + MARGIN);
     let notes_h = if notes.is_empty() { 0 } else { GLYPH + 8 };
-    let width = MARGIN + grid_w + BAR_W + 8 + ticks_w + MARGIN;
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    let title = format!("{name} {}[{}]", tensor.dtype, dims.join(", "));
+    let notes = notes.join("; ");
+    // Wide enough for the title (twice the text size) and the notes, however small the grid.
+    let width = (MARGIN + grid_w + BAR_W + 8 + ticks_w + MARGIN).max(2 * MARGIN + text_width(&title, 2).max(text_width(&notes, 1)));
     let bar_h = (rows * cell).max(128);
     let grid_h = (grid_rows * (panel_h + MARGIN)).max(panel_title_h + col_label_h + bar_h + MARGIN);
     let height = MARGIN + title_h + grid_h + notes_h + MARGIN;
     let mut canvas = Canvas::new(width, height, WHITE, &format!("the heatmap of `{name}`"))?;
 
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    canvas.text(MARGIN, MARGIN, &format!("{name} {}[{}]", tensor.dtype, dims.join(", ")), 2, INK);
+    canvas.text(MARGIN, MARGIN, &title, 2, INK);
     let top = MARGIN + title_h;
     let mut rects = Vec::with_capacity(shown);
     for (p, cells) in panels_data.iter().enumerate() {
@@ -135,7 +138,7 @@ pub fn heatmap_png(name: &str, tensor: &Tensor, labels: Option<&Labels>) -> Resu
     draw_colour_bar(&mut canvas, Rect { x: MARGIN + grid_w, y: top + panel_title_h + col_label_h, w: BAR_W, h: bar_h }, range);
 
     if !notes.is_empty() {
-        canvas.text(MARGIN, height - MARGIN - notes_h, &notes.join("; "), 1, INK);
+        canvas.text(MARGIN, height - MARGIN - notes_h, &notes, 1, INK);
     }
     Ok(HeatmapPicture { png: canvas.to_png()?, panels: rects, cell, factor, range, total_panels: lead })
 }

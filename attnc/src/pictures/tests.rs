@@ -2,7 +2,7 @@
 
 use super::PictureError;
 use super::heatmap::{Labels, NAN, heatmap_png};
-use super::raster::{Rect, viridis};
+use super::raster::{INK, Rect, viridis};
 use super::tile_map::{FULL, PARTIAL, SKIP, tile_map_png};
 use attn_compiler::Compiler;
 use attn_compiler::ir::FlashTileMap;
@@ -87,6 +87,47 @@ fn text_maps_downsample_large_grids() {
     // Top-right skipped, bottom-left full, diagonal mixed.
     assert!(rows[0].ends_with('·') && rows[63].trim_start().starts_with('█') && rows[10].trim().chars().nth(10) == Some('▒'));
     assert!(text.contains("50% of the scores skipped"), "{text}");
+}
+
+/// A map of a few tiles is narrower than its title at twice the text size: the picture widens
+/// so that the whole title is drawn, inside the margin.
+#[test]
+fn a_small_map_keeps_its_whole_title() {
+    let maps = maps("causal.attn", &[("S", 128)]);
+    let map = &maps[0];
+    assert_eq!((map.grid.rows, map.grid.cols), (2, 2));
+    // The title is set at scale 2 from (24, 24): its rightmost inked column.
+    let (margin, glyph) = (24, 8);
+    let title_end = |name: &str| {
+        let img = decode(&tile_map_png(&[(name, map)]).unwrap().png);
+        let inked = |x: usize| (margin..margin + 2 * glyph).any(|y| pixel(&img, (x, y)) == INK);
+        ((0..img.0).rev().find(|&x| inked(x)).unwrap(), img.0)
+    };
+    // A title of 31 characters (496 pixels) is wider than the legend's 520-pixel picture allows.
+    let suffix = format!(" %{}", map.value);
+    let name: String = "causal_attention_over_all_heads".chars().take(31 - suffix.len()).collect();
+    let (right, width) = title_end(&name);
+    let end = margin + 2 * glyph * 31;
+    assert!(right + 2 * glyph >= end && right < end, "title ends at {right}, expected near {end} (width {width})");
+    assert!(width >= end + margin, "width {width} for a title ending at {end}");
+    // A title longer than a full-size grid is cut with "...", still inside the margin.
+    let (right, width) = title_end(&"long_".repeat(20));
+    assert!(right < width - margin && width <= 2 * margin + 512 + 3 * glyph, "title ends at {right}, width {width}");
+}
+
+/// A heatmap of a few values keeps its whole title too.
+#[test]
+fn a_small_heatmap_keeps_its_whole_title() {
+    let t = Tensor::f32(vec![2], vec![1.0, 2.0]).unwrap();
+    let title = "attention_weights_of_layer_one f32[2]";
+    let h = heatmap_png("attention_weights_of_layer_one", &t, None).unwrap();
+    let img = decode(&h.png);
+    let (margin, glyph) = (24, 8);
+    let inked = |x: usize| (margin..margin + 2 * glyph).any(|y| pixel(&img, (x, y)) == INK);
+    let right = (0..img.0).rev().find(|&x| inked(x)).unwrap();
+    let end = margin + 2 * glyph * title.chars().count();
+    assert!(right + 2 * glyph >= end && right < end, "title ends at {right}, expected near {end} (width {})", img.0);
+    assert!(img.0 >= end + margin, "width {} for a title ending at {end}", img.0);
 }
 
 #[test]

@@ -27,6 +27,8 @@ const PANELS_PER_ROW: usize = 4;
 /// The side, in pixels, a grid aims for.
 const GRID_SIDE: usize = 512;
 const MARGIN: usize = 24;
+/// The scale of a panel's title (twice the other text).
+const TITLE_SCALE: usize = 2;
 
 /// A drawn tile map: the PNG and where each panel's grid lies, for tests and tools.
 #[derive(Clone, Debug)]
@@ -45,10 +47,15 @@ pub fn tile_map_png(maps: &[(&str, &FlashTileMap)]) -> Result<TilePicture> {
     // Tile side: about GRID_SIDE pixels for the grid, 1 to 32 pixels a tile.
     let cell = |m: &FlashTileMap| (GRID_SIDE / m.grid.rows.max(m.grid.cols).max(1)).clamp(1, 32);
     let head = 2 * GLYPH + 3 * (GLYPH + 4) + 8;
-    let panel_w = |m: &FlashTileMap| (cell(m) * m.grid.cols).max(GRID_SIDE / 2) + 2 * GLYPH + 8;
+    // The width of a panel's text: the grid's, at least half of GRID_SIDE, and as wide as the
+    // title (up to GRID_SIDE; longer titles are cut with "...") so that a small map keeps it.
+    let text_w = |graph: &str, m: &FlashTileMap| {
+        (cell(m) * m.grid.cols).max(GRID_SIDE / 2).max(text_width(&title(graph, m), TITLE_SCALE).min(GRID_SIDE))
+    };
+    let panel_w = |graph: &str, m: &FlashTileMap| text_w(graph, m) + 2 * GLYPH + 8;
     let panel_h = |m: &FlashTileMap| head + cell(m) * m.grid.rows;
     let rows: Vec<&[(&str, &FlashTileMap)]> = maps.chunks(PANELS_PER_ROW).collect();
-    let width = rows.iter().map(|r| r.iter().map(|(_, m)| panel_w(m) + MARGIN).sum::<usize>()).max().unwrap_or(0) + MARGIN;
+    let width = rows.iter().map(|r| r.iter().map(|(g, m)| panel_w(g, m) + MARGIN).sum::<usize>()).max().unwrap_or(0) + MARGIN;
     let legend_h = 3 * GLYPH;
     let height = rows.iter().map(|r| r.iter().map(|(_, m)| panel_h(m)).max().unwrap_or(0) + MARGIN).sum::<usize>() + MARGIN + legend_h;
     let legend = "full (no mask test)   partial (mask tested)   skipped";
@@ -59,8 +66,8 @@ pub fn tile_map_png(maps: &[(&str, &FlashTileMap)]) -> Result<TilePicture> {
     for row in rows {
         let mut x = MARGIN;
         for (graph, map) in row {
-            grids.push(draw_panel(&mut canvas, x, y, graph, map, cell(map), head));
-            x += panel_w(map) + MARGIN;
+            grids.push(draw_panel(&mut canvas, (x, y), (graph, map), (cell(map), text_w(graph, map)), head));
+            x += panel_w(graph, map) + MARGIN;
         }
         y += row.iter().map(|(_, m)| panel_h(m)).max().unwrap_or(0) + MARGIN;
     }
@@ -68,12 +75,25 @@ pub fn tile_map_png(maps: &[(&str, &FlashTileMap)]) -> Result<TilePicture> {
     Ok(TilePicture { png: canvas.to_png()?, grids })
 }
 
-/// One panel: title, mask, counts, axis names and the grid. Returns the grid's rectangle.
-fn draw_panel(canvas: &mut Canvas, x: usize, y: usize, graph: &str, map: &FlashTileMap, cell: usize, head: usize) -> (Rect, usize) {
+/// A panel's title: the function and the flash op's value.
+fn title(graph: &str, map: &FlashTileMap) -> String {
+    format!("{graph} %{}", map.value)
+}
+
+/// One panel: title, mask, counts, axis names and the grid, its text at most `text_w` pixels
+/// wide. Returns the grid's rectangle.
+fn draw_panel(
+    canvas: &mut Canvas,
+    (x, y): (usize, usize),
+    (graph, map): (&str, &FlashTileMap),
+    (cell, text_w): (usize, usize),
+    head: usize,
+) -> (Rect, usize) {
     let grid_w = cell * map.grid.cols;
-    let chars = (grid_w.max(GRID_SIDE / 2) / GLYPH).max(8);
-    let fit = |s: String| if s.chars().count() > chars { s.chars().take(chars - 3).collect::<String>() + "..." } else { s };
-    canvas.text(x, y, &fit(format!("{graph} %{}", map.value)), 2, INK);
+    let cut = |s: String, chars: usize| if s.chars().count() > chars { s.chars().take(chars - 3).collect::<String>() + "..." } else { s };
+    let chars = (text_w / GLYPH).max(8);
+    let fit = |s: String| cut(s, chars);
+    canvas.text(x, y, &cut(title(graph, map), (text_w / (GLYPH * TITLE_SCALE)).max(8)), TITLE_SCALE, INK);
     let mask = map.mask.as_deref().map_or("no mask".to_string(), |m| format!("mask: {m}"));
     canvas.text(x, y + 2 * GLYPH + 4, &fit(mask), 1, INK);
     let [skip, full, partial] = map.grid.counts();

@@ -22,7 +22,7 @@ struct Axis<'g> {
 pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<String, i64>) -> Result<HashMap<String, i64>, ExecError> {
     let params = graph.params();
     if input_shapes.len() != params.len() {
-        return Err(ExecError::InputCount { expected: params.len(), actual: input_shapes.len() });
+        return Err(ExecError::input_count(graph, input_shapes.len()));
     }
     let mut env: HashMap<String, i64> = HashMap::new();
     // Where each binding came from, for error messages.
@@ -48,7 +48,7 @@ pub fn bind_dims(graph: &Graph, input_shapes: &[Vec<usize>], given: &HashMap<Str
         for d in &node.ty.shape {
             let value = eval_dim(d, &env)?;
             if value < 0 {
-                return Err(ExecError::NegativeDim { node: node_label(graph, v), dim: d.to_string(), value });
+                return Err(ExecError::NegativeDim { node: node_label(graph, v), span: node.span, dim: d.to_string(), value });
             }
         }
     }
@@ -259,7 +259,7 @@ pub(crate) fn eval_shape(shape: &[Dim], env: &HashMap<String, i64>, node: &str) 
         .iter()
         .map(|d| {
             let value = eval_dim(d, env)?;
-            usize::try_from(value).map_err(|_| ExecError::NegativeDim { node: node.to_string(), dim: d.to_string(), value })
+            usize::try_from(value).map_err(|_| ExecError::NegativeDim { node: node.to_string(), span: None, dim: d.to_string(), value })
         })
         .collect()
 }

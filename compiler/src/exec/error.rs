@@ -6,16 +6,20 @@ use thiserror::Error;
 /// An error from [`super::bind_dims`], [`super::check_inputs`], the interpreter's
 /// [`crate::interp::run`] or a backend's run. Input problems (count, dtype, rank, sizes, dimension
 /// bindings) name the parameter and axis; problems found while evaluating a node name the node as
-/// `%INDEX (op)`; an index out of range also has its source span.
+/// `%INDEX (op)`; an index or slice out of range and a negative size also have the source span of
+/// the expression that made the node, when known ([`ExecError::span`]).
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ExecError {
     /// Wrong number of inputs.
-    #[error("the graph takes {expected} input(s), but {actual} were given")]
+    #[error("the graph takes {expected} input(s), but {actual} were given{}", missing_list(missing))]
     InputCount {
         /// Number of parameters.
         expected: usize,
         /// Number of inputs given.
         actual: usize,
+        /// The parameters without an input (inputs go to parameters in order), empty when there
+        /// are too many inputs.
+        missing: Vec<String>,
     },
     /// An input whose dtype differs from its parameter's.
     #[error("input `{param}` must be {expected}, but a {actual} tensor was given")]
@@ -112,6 +116,8 @@ pub enum ExecError {
     NegativeDim {
         /// The node whose type mentions it.
         node: String,
+        /// Where the node is written in the source, when known.
+        span: Option<attn_dsl::Span>,
         /// The dim.
         dim: String,
         /// Its value.
@@ -122,6 +128,8 @@ pub enum ExecError {
     OutOfRange {
         /// The slice node.
         node: String,
+        /// Where the slice is written in the source, when known.
+        span: Option<attn_dsl::Span>,
         /// The sliced axis.
         axis: usize,
         /// First index kept.
@@ -195,7 +203,43 @@ pub enum ExecError {
     Internal(String),
 }
 
+fn missing_list(names: &[String]) -> String {
+    if names.is_empty() {
+        return String::new();
+    }
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    format!("; missing: {}", quoted.join(", "))
+}
+
 impl ExecError {
+    /// Wrong number of inputs for `graph`'s parameters, naming those left without one.
+    pub fn input_count(graph: &crate::ir::Graph, actual: usize) -> ExecError {
+        let params = graph.param_types();
+        let missing = params.iter().skip(actual).map(|(name, _)| name.clone()).collect();
+        ExecError::InputCount { expected: params.len(), actual, missing }
+    }
+
+    /// Where in the source a fault found while running lies (an index or slice out of range, a
+    /// negative size), when known.
+    pub fn span(&self) -> Option<attn_dsl::Span> {
+        match self {
+            ExecError::NegativeDim { span, .. } | ExecError::OutOfRange { span, .. } | ExecError::IndexOutOfRange { span, .. } => *span,
+            _ => None,
+        }
+    }
+
+    /// The error with `at` as its source span, if it is a fault that has one and does not know
+    /// it yet (the interpreter's op functions know the node's label, not its span).
+    pub fn or_span(mut self, at: Option<attn_dsl::Span>) -> ExecError {
+        if let ExecError::NegativeDim { span, .. } | ExecError::OutOfRange { span, .. } | ExecError::IndexOutOfRange { span, .. } =
+            &mut self
+            && span.is_none()
+        {
+            *span = at;
+        }
+        self
+    }
+
     /// The parameter an input error is about (drivers point at its declaration).
     pub fn param(&self) -> Option<&str> {
         match self {

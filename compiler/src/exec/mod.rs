@@ -34,7 +34,7 @@ pub fn element_count(shape: &[usize], what: &str) -> Result<usize, ExecError> {
 pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), ExecError> {
     let params = graph.params();
     if inputs.len() != params.len() {
-        return Err(ExecError::InputCount { expected: params.len(), actual: inputs.len() });
+        return Err(ExecError::input_count(graph, inputs.len()));
     }
     for (p, t) in params.iter().zip(inputs) {
         check_input(graph.node(*p), t)?;

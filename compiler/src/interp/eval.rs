@@ -50,7 +50,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
         let node = graph.node(*v);
         let label = node_label(graph, *v);
         let operands = graph.operands(*v);
-        let shape = eval_shape(&node.ty.shape, &env, &label)?;
+        let shape = eval_shape(&node.ty.shape, &env, &label).map_err(|e| e.or_span(node.span))?;
         let val = if let Some(i) = param_index.get(v) {
             let t = &inputs[*i];
             Val::new(node.ty.dtype, t.shape.clone(), t.to_f64_vec())
@@ -59,12 +59,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor], given: &HashMap<String, i64>) -> Re
                 .iter()
                 .map(|o| vals[o.index()].as_ref().ok_or_else(|| ExecError::Internal(format!("{label}: operand %{} is missing", o.index()))))
                 .collect::<Result<Vec<&Val>, ExecError>>()?;
-            eval_node(node, &args, shape.clone(), &env, &label).map_err(|e| match e {
-                ExecError::IndexOutOfRange { node: n, span: None, axis, index, size } => {
-                    ExecError::IndexOutOfRange { node: n, span: node.span, axis, index, size }
-                }
-                e => e,
-            })?
+            eval_node(node, &args, shape.clone(), &env, &label).map_err(|e| e.or_span(node.span))?
         };
         if val.shape != shape {
             return Err(ExecError::ShapeMismatch { node: label, expected: shape, actual: val.shape });

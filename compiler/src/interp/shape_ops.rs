@@ -39,7 +39,7 @@ pub(super) fn slice(x: &Val, axis: usize, start: i64, end: i64, dtype: DType, no
     };
     let in_range = 0 <= start && start <= end && usize::try_from(end).is_ok_and(|e| e <= size);
     if !in_range {
-        return Err(ExecError::OutOfRange { node: node.to_string(), axis, start, end, size });
+        return Err(ExecError::OutOfRange { node: node.to_string(), span: None, axis, start, end, size });
     }
     // In range, so both bounds are non-negative and at most `size`.
     let (start, end) = (start as usize, end as usize);

@@ -279,7 +279,8 @@ impl Formation<'_> {
             }
             Op::Slice { axis, start, end } => {
                 let size = x.shape.get(*axis).cloned().ok_or_else(|| self.unsupported(v, "slice axis out of range"))?;
-                self.plan.checks.push(Check { node: self.label(v), axis: *axis, start: start.clone(), end: end.clone(), size });
+                let (node, span) = (self.label(v), self.g.node(v).span);
+                self.plan.checks.push(Check { node, span, axis: *axis, start: start.clone(), end: end.clone(), size });
                 let mut out = x;
                 out.offset = out.offset.add(&start.mul(&out.strides[*axis]));
                 out.shape[*axis] = end.sub(start);

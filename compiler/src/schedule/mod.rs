@@ -657,6 +657,8 @@ impl FlashBwdKernel {
 pub struct Check {
     /// `%N (slice)`.
     pub node: String,
+    /// Where the slice is written in the source, when known.
+    pub span: Option<Span>,
     /// The axis.
     pub axis: usize,
     /// First index.

@@ -39,6 +39,8 @@ pub enum PrepareError {
     OutOfRange {
         /// `%N slice`.
         node: String,
+        /// Where the slice is written in the source, when known.
+        span: Option<attn_dsl::Span>,
         /// The axis.
         axis: usize,
         /// First index.
@@ -245,7 +247,7 @@ pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy)
     for c in &schedule.checks {
         let (start, end, size) = (eval(&c.start, env)?, eval(&c.end, env)?, eval(&c.size, env)?);
         if !(0 <= start && start <= end && end <= size) {
-            return Err(PrepareError::OutOfRange { node: c.node.clone(), axis: c.axis, start, end, size });
+            return Err(PrepareError::OutOfRange { node: c.node.clone(), span: c.span, axis: c.axis, start, end, size });
         }
     }
     let mut p = Preparing { env, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };

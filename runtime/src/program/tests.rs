@@ -158,7 +158,11 @@ fn borrowed_inputs_are_checked() {
     let s = [3.0f32];
     let seg = [0i32];
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x)], &opts, &cpu).unwrap_err();
-    assert!(matches!(err, RunError::Interp(ExecError::InputCount { expected: 2, actual: 1 })), "{err}");
+    assert!(matches!(&err, RunError::MissingInputs { names, .. } if names == &["s"]), "{err}");
+    assert!(err.to_string().contains("missing input for `scale`: `s`"), "{err}");
+    let three = [TensorRef::f32(&[2], &x), TensorRef::f32(&[], &s), TensorRef::f32(&[], &s)];
+    let err = p.run_borrowed("scale", &three, &opts, &cpu).unwrap_err();
+    assert!(matches!(err, RunError::Interp(ExecError::InputCount { expected: 2, actual: 3, .. })), "{err}");
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[2], &x), TensorRef::i32(&[], &seg)], &opts, &cpu).unwrap_err();
     assert!(matches!(&err, RunError::InputDType { param, .. } if param == "s"), "{err}");
     let err = p.run_borrowed("scale", &[TensorRef::f32(&[3], &x), TensorRef::f32(&[], &s)], &opts, &cpu).unwrap_err();

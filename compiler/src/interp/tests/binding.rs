@@ -104,7 +104,7 @@ fn input_checks() {
     g.add_output("x", x);
     let no = HashMap::new();
     let err = run(&g, &[], &no).unwrap_err();
-    assert_eq!(err, ExecError::InputCount { expected: 1, actual: 0 });
+    assert_eq!(err, ExecError::InputCount { expected: 1, actual: 0, missing: vec!["x".into()] });
     let err = run(&g, &[ti(&[2, 2], &[1, 2, 3, 4])], &no).unwrap_err();
     assert!(matches!(err, ExecError::InputDType { expected: DType::F32, actual: DType::I32, .. }));
     let err = run(&g, &[tf(&[4], &[1., 2., 3., 4.])], &no).unwrap_err();

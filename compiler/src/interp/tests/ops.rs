@@ -303,7 +303,7 @@ fn transpose_reshape_slice_concat() {
 fn symbolic_slice_bounds_are_checked() {
     let g = one_op(&[("x", f32ty(&["S"]))], Op::Slice { axis: 0, start: Dim::constant(1), end: Dim::parse("S+1").unwrap() });
     let err = run(&g, &[tf(&[3], &[1., 2., 3.])], &HashMap::new()).unwrap_err();
-    assert_eq!(err, ExecError::OutOfRange { node: "%1 (slice)".into(), axis: 0, start: 1, end: 4, size: 3 });
+    assert_eq!(err, ExecError::OutOfRange { node: "%1 (slice)".into(), span: None, axis: 0, start: 1, end: 4, size: 3 });
 }
 
 #[test]
