@@ -106,18 +106,18 @@ pub fn flash_tile_maps(g: &Graph, dims: &HashMap<String, i64>, tile: (i64, i64))
     Ok(maps)
 }
 
-/// `# %N: …` lines classifying the 64×64 tiles of every flash op at representative sizes.
+/// `# %N: …` lines classifying the 64×64 tiles of every flash op at representative sizes, with
+/// the share of the scores skipped as `explain` reports it ([`FlashTileMap::summary`]).
 pub fn block_summary(g: &Graph) -> String {
     let mut out = String::new();
     for map in flash_tile_maps(g, &HashMap::new(), (MAP_TILE, MAP_TILE)).unwrap_or_default() {
         let [skip, full, partial] = map.grid.counts();
-        let total = (skip + full + partial).max(1);
         let (m, n) = map.grid.size;
         let _ = writeln!(
             out,
-            "# %{}: {MAP_TILE}x{MAP_TILE} tiles at {m}x{n} scores: {full} full, {partial} partial (mask tested), {skip} skipped ({} of the work)",
+            "# %{}: {MAP_TILE}x{MAP_TILE} tiles at {m}x{n} scores: {full} full, {partial} partial (mask tested), {skip} skipped; {} of the scores skipped",
             map.value,
-            percent((full + partial) as f64 / total as f64)
+            percent(map.grid.skipped_share())
         );
     }
     out

@@ -14,6 +14,7 @@ impl Parser<'_> {
             Token::Let => {
                 let start = self.bump();
                 let mut names = Vec::new();
+                let open = self.span();
                 if self.eat(Token::LParen) {
                     loop {
                         names.push(self.ident("in a `let (a, b) = ...` pattern")?);
@@ -21,7 +22,7 @@ impl Parser<'_> {
                             break;
                         }
                     }
-                    self.require(Token::RParen, "to close the pattern")?;
+                    self.close(Token::RParen, open, "to close the pattern")?;
                 } else {
                     names.push(self.ident("after `let`")?);
                 }
@@ -201,13 +202,13 @@ impl Parser<'_> {
                 ExprKind::Name(ident.name)
             }
             Token::LParen => {
-                self.bump();
+                let open = self.bump();
                 let inner = self.expr()?;
-                let end = self.require(Token::RParen, "to close the parenthesis")?;
+                let end = self.close(Token::RParen, open, "to close the parenthesis")?;
                 return Ok(Expr { kind: inner.kind, span: span.to(end) });
             }
             Token::LBracket => {
-                self.bump();
+                let open = self.bump();
                 let mut elems = Vec::new();
                 while self.peek() != Token::RBracket {
                     elems.push(self.expr()?);
@@ -215,8 +216,21 @@ impl Parser<'_> {
                         break;
                     }
                 }
-                let end = self.require(Token::RBracket, "to close the list")?;
+                let end = self.close(Token::RBracket, open, "to close the list")?;
                 return Ok(Expr { kind: ExprKind::List(elems), span: span.to(end) });
+            }
+            // `.5`: a number needs a digit before its point.
+            Token::Dot if self.peek_at(1) == Token::Int && self.toks.get(self.pos + 1).is_some_and(|t| t.1.start == span.end) => {
+                let digits = self.toks.get(self.pos + 1).and_then(|t| self.src.get(t.1.range())).unwrap_or("5");
+                let d = Diagnostic::error(
+                    codes::UNEXPECTED,
+                    "a number needs a digit before its point",
+                    span.to(self.toks[self.pos + 1].1),
+                    "here",
+                )
+                .with_help(format!("write `0.{digits}`"));
+                self.diags.push(d);
+                return Err(Recover);
             }
             _ => return Err(self.unexpected("expected an expression")),
         };
@@ -225,6 +239,7 @@ impl Parser<'_> {
 
     /// Call arguments after `(`, up to and including `)`.
     fn args(&mut self) -> PResult<Vec<Arg>> {
+        let open = self.prev_span();
         let mut args = Vec::new();
         while self.peek() != Token::RParen {
             // `dim` is a keyword only at the top level: `softmax(s, dim = -1)` names an argument.
@@ -241,7 +256,7 @@ impl Parser<'_> {
                 break;
             }
         }
-        self.require(Token::RParen, "to close the argument list")?;
+        self.close(Token::RParen, open, "to close the argument list")?;
         Ok(args)
     }
 

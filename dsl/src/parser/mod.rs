@@ -116,6 +116,31 @@ impl<'s> Parser<'s> {
         if self.peek() == tok { Ok(self.bump()) } else { Err(self.unexpected(&format!("expected {} {context}", tok.describe()))) }
     }
 
+    /// [`Self::require`] for the bracket `tok` that closes the one at `open`. A missing one is
+    /// reported with the opening bracket marked, and, when the next token is on a later line
+    /// (the bracket was forgotten at a line's end), at the last token it should follow.
+    fn close(&mut self, tok: Token, open: Span, context: &str) -> PResult<Span> {
+        if self.peek() == tok {
+            return Ok(self.bump());
+        }
+        let (prev, here) = (self.prev_span(), self.span());
+        if self.lex_errors.iter().any(|e| e.start >= prev.end && e.end <= here.start) {
+            return Err(Recover);
+        }
+        let found = if self.peek() == Token::Eof { "end of file".to_string() } else { format!("`{}`", self.text()) };
+        let gap = self.src.get(prev.end as usize..here.start as usize).unwrap_or("");
+        let (at, label) = if gap.contains('\n') || self.peek() == Token::Eof {
+            (prev, format!("{} expected after this", tok.describe()))
+        } else {
+            (here, "unexpected here".to_string())
+        };
+        let opener = self.src.get(open.range()).unwrap_or("(");
+        let d = Diagnostic::error(codes::UNEXPECTED, format!("expected {} {context}, found {found}", tok.describe()), at, label)
+            .with_label(open, format!("this `{opener}` is not closed"));
+        self.diags.push(d);
+        Err(Recover)
+    }
+
     /// Records "expected X, found Y" at the current token.
     fn unexpected(&mut self, expected: &str) -> Recover {
         let (lo, hi) = (self.prev_span().end, self.span().start);
