@@ -330,8 +330,11 @@ fn fusion_notes(
                 Some(flash) => Ok(flash.to_string()),
                 None if uses.is_empty() => Err(not_a_product(graph, w)),
                 None => {
-                    let reasons = uses.iter().flat_map(|c| fuse.fuse(eg, *c)).filter_map(Result::err).next();
-                    Err(reasons.unwrap_or_else(|| "the cost model kept the unfused form".into()))
+                    // A fused form that exists but was not chosen is the cost model's decision;
+                    // else the first reason no form exists.
+                    let tries: Vec<Result<_, String>> = uses.iter().flat_map(|c| fuse.fuse(eg, *c)).collect();
+                    let reason = if tries.iter().any(Result::is_ok) { None } else { tries.into_iter().find_map(Result::err) };
+                    Err(reason.unwrap_or_else(|| "the cost model kept the unfused form".into()))
                 }
             };
             FusionNote { weights: numbers[w.index()], outcome }

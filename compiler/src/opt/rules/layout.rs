@@ -56,46 +56,65 @@ impl Rule for ReshapeFold {
     }
 }
 
-/// A transpose moves inside a softmax and, when it swaps the last two axes only, inside a
-/// product: `transpose(softmax(x, a), p) = softmax(transpose(x, p), k)` with `p[k] = a`, and
-/// `(a @ b)ᵀ = bᵀ @ aᵀ`. The decomposable-attention forms `softmax(e, axis = 1).T @ a` and
-/// `softmax(e.T, axis = -1) @ a` (with `e = f @ gᵀ`) then reach the fusion rule's
-/// `softmax(q @ kᵀ) @ v`.
+/// A transpose moves inside a softmax, `transpose(softmax(x, a), p) = softmax(transpose(x, p), k)`
+/// with `p[k] = a`, and, under a softmax, inside the product that makes its scores when it swaps
+/// the last two axes only: `softmax((a @ b)ᵀ) = softmax(bᵀ @ aᵀ)`. The decomposable-attention
+/// forms `softmax(e, axis = 1).T @ v` and `softmax(e.T, axis = -1) @ v` (with `e = f @ gᵀ`) then
+/// reach the fusion rule's `softmax(q @ kᵀ) @ v`. Products elsewhere keep their transposes:
+/// moving those would let re-association fold projections into each other (`q (W_q W_kᵀ) xᵀ`),
+/// which changes the rounding of programs that fuse either way.
 #[derive(Clone)]
 pub struct TransposeThrough;
 
 impl Rule for TransposeThrough {
-    rule_head!("layout/transpose-through", Op::Transpose { .. });
+    rule_head!("layout/transpose-through", Op::Transpose { .. } | Op::Softmax { .. });
 
     fn rewrite_node(&self, eg: &EG, _class: Id, n: &ENode, out: &mut Vec<Build>) {
-        let Op::Transpose { perm } = n.op() else { return };
-        let x = n.args()[0];
-        for inner in nodes_where(eg, x, |op| matches!(op, Op::Softmax { .. })) {
-            let Op::Softmax { axis } = inner.op() else { continue };
-            let Some(k) = perm.iter().position(|p| p == axis) else { continue };
-            let moved = Build::op(Op::Transpose { perm: perm.clone() }, vec![Build::Class(inner.args()[0])]);
-            out.push(Build::op(Op::Softmax { axis: k }, vec![moved]));
-        }
-        let r = perm.len();
-        let swaps_last_two =
-            r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(k, p)| k == *p);
-        if !swaps_last_two {
-            return;
-        }
-        // Each operand's own swap of its last two axes (a batch axis may be broadcast).
-        let swapped = |c: Id| {
-            let rank = ty(eg, c).map_or(0, |t| t.rank());
-            (rank >= 2).then(|| {
-                let mut p: Vec<usize> = (0..rank).collect();
-                p.swap(rank - 2, rank - 1);
-                Build::op(Op::Transpose { perm: p }, vec![Build::Class(c)])
-            })
-        };
-        for inner in nodes_where(eg, x, |op| matches!(op, Op::MatMul)) {
-            let (a, b) = (inner.args()[0], inner.args()[1]);
-            if let (Some(bt), Some(at)) = (swapped(b), swapped(a)) {
-                out.push(Build::op(Op::MatMul, vec![bt, at]));
+        match n.op() {
+            Op::Transpose { perm } => {
+                for inner in nodes_where(eg, n.args()[0], |op| matches!(op, Op::Softmax { .. })) {
+                    let Op::Softmax { axis } = inner.op() else { continue };
+                    let Some(k) = perm.iter().position(|p| p == axis) else { continue };
+                    let x = inner.args()[0];
+                    out.push(Build::op(
+                        Op::Softmax { axis: k },
+                        vec![Build::op(Op::Transpose { perm: perm.clone() }, vec![Build::Class(x)])],
+                    ));
+                    for scores in transposed_products(eg, x, perm) {
+                        out.push(Build::op(Op::Softmax { axis: k }, vec![scores]));
+                    }
+                }
             }
+            Op::Softmax { axis } => {
+                for t in nodes_where(eg, n.args()[0], |op| matches!(op, Op::Transpose { .. })) {
+                    let Op::Transpose { perm } = t.op() else { continue };
+                    for scores in transposed_products(eg, t.args()[0], perm) {
+                        out.push(Build::op(Op::Softmax { axis: *axis }, vec![scores]));
+                    }
+                }
+            }
+            _ => {}
         }
     }
+}
+
+/// `bᵀ @ aᵀ` for each product `a @ b` of class `x`, when `perm` swaps the last two axes only
+/// (each operand with its own swap: a batch axis may be broadcast).
+fn transposed_products(eg: &EG, x: Id, perm: &[usize]) -> Vec<Build> {
+    let r = perm.len();
+    let swaps_last_two = r >= 2 && perm[r - 2] == r - 1 && perm[r - 1] == r - 2 && perm[..r - 2].iter().enumerate().all(|(k, p)| k == *p);
+    if !swaps_last_two {
+        return Vec::new();
+    }
+    let swapped = |c: Id| {
+        let rank = ty(eg, c).map_or(0, |t| t.rank());
+        (rank >= 2).then(|| {
+            let mut p: Vec<usize> = (0..rank).collect();
+            p.swap(rank - 2, rank - 1);
+            Build::op(Op::Transpose { perm: p }, vec![Build::Class(c)])
+        })
+    };
+    nodes_where(eg, x, |op| matches!(op, Op::MatMul))
+        .filter_map(|m| Some(Build::op(Op::MatMul, vec![swapped(m.args()[1])?, swapped(m.args()[0])?])))
+        .collect()
 }
