@@ -1,6 +1,6 @@
-//! FlashAttention's forward test matrix (`tests/test_flash_attn.py`, `test_flash_attn_output`)
-//! on the CPU target in f32, against a float64 reference written here from FlashAttention's
-//! definitions, not from attnc's interpreter:
+//! FlashAttention's test matrix (`tests/test_flash_attn.py`, `test_flash_attn_output`: the
+//! output, and the gradients of q, k and v) on the CPU target in f32, against a float64
+//! reference written here from FlashAttention's definitions, not from attnc's interpreter:
 //!
 //! - scores `q·kᵀ / √D`; soft-capping `cap · tanh(s / cap)`; ALiBi `− slope_h · |i + N − M − j|`;
 //! - causal aligned to the bottom right (query `i` sees key `j` when `j ≤ i + N − M`), and local
@@ -95,11 +95,16 @@ impl Variant {
         )
     }
 
-    /// The float64 reference at `(m, n, d)` from FlashAttention's definitions.
-    fn reference(&self, (m, n, d): (usize, usize, usize), q: &[f64], k: &[f64], v: &[f64], slopes: &[f64]) -> Vec<f64> {
+    /// The float64 reference at `(m, n, d)` from FlashAttention's definitions: the output and,
+    /// given the output's cotangent `d_out`, the gradients of q, k and v (K/V heads summing over
+    /// their group).
+    fn reference(&self, (m, n, d): (usize, usize, usize), [q, k, v, slopes]: [&[f64]; 4], d_out: Option<&[f64]>) -> [Vec<f64>; 4] {
         let kv_heads = HEADS / self.group;
         let mut out = vec![0.0; BATCH * HEADS * m * d];
+        let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
         let mut p = vec![0.0; n];
+        // ∂(modified score)/∂(q·k/√D) per key of the row.
+        let mut slope = vec![1.0; n];
         for b in 0..BATCH {
             for h in 0..HEADS {
                 let kh = h / self.group;
@@ -111,7 +116,9 @@ impl Variant {
                         let kj = &k[((b * kv_heads + kh) * n + j) * d..][..d];
                         let mut s = qi.iter().zip(kj).map(|(a, c)| a * c).sum::<f64>() / (d as f64).sqrt();
                         if let Some(cap) = self.softcap {
-                            s = cap * (s / cap).tanh();
+                            let t = (s / cap).tanh();
+                            slope[j] = 1.0 - t * t;
+                            s = cap * t;
                         }
                         if self.alibi {
                             s -= slopes[h] * (diag - j as i64).abs() as f64;
@@ -125,17 +132,30 @@ impl Variant {
                         continue;
                     }
                     let sum: f64 = p.iter().map(|s| (s - max).exp()).sum();
-                    let o = &mut out[((b * HEADS + h) * m + i) * d..][..d];
-                    for (j, s) in p.iter().enumerate() {
-                        let w = (s - max).exp() / sum;
-                        for (oc, vc) in o.iter_mut().zip(&v[((b * kv_heads + kh) * n + j) * d..][..d]) {
+                    p.iter_mut().for_each(|s| *s = (*s - max).exp() / sum);
+                    let row = ((b * HEADS + h) * m + i) * d;
+                    let kv_row = |j: usize| ((b * kv_heads + kh) * n + j) * d;
+                    for (j, w) in p.iter().enumerate() {
+                        for (oc, vc) in out[row..row + d].iter_mut().zip(&v[kv_row(j)..][..d]) {
                             *oc += w * vc;
+                        }
+                    }
+                    let Some(g) = d_out else { continue };
+                    let g = &g[row..row + d];
+                    let dp: Vec<f64> = (0..n).map(|j| g.iter().zip(&v[kv_row(j)..][..d]).map(|(a, c)| a * c).sum()).collect();
+                    let delta: f64 = p.iter().zip(&dp).map(|(a, c)| a * c).sum();
+                    for j in 0..n {
+                        let ds = p[j] * (dp[j] - delta) * slope[j] / (d as f64).sqrt();
+                        for c in 0..d {
+                            dq[row + c] += ds * k[kv_row(j) + c];
+                            dk[kv_row(j) + c] += ds * q[row + c];
+                            dv[kv_row(j) + c] += p[j] * g[c];
                         }
                     }
                 }
             }
         }
-        out
+        [out, dq, dk, dv]
     }
 }
 
@@ -154,28 +174,48 @@ fn cells() -> Vec<(usize, (usize, usize))> {
     }
 }
 
+/// Cells whose gradients are checked too: a sample of them by default (the reference's
+/// backward is slow in a debug build), every one with `ATTNC_FA_MATRIX=full`.
+fn with_gradients(k: usize) -> bool {
+    std::env::var("ATTNC_FA_MATRIX").is_ok_and(|v| v == "full") || k < 2
+}
+
 #[test]
 fn flash_attention_test_matrix_matches_a_float64_reference() {
     let mut failures = Vec::new();
+    let qkv = ["q", "k", "v"].map(String::from);
     for (n_variant, var) in VARIANTS.iter().enumerate() {
         let program = Program::from_source(&var.source(), "fa.attn").unwrap_or_else(|e| panic!("{var:?}: {}", e.render(false)));
-        let compiled = program.compile_cpu("fa", &CpuOptions { threads: 2 }).expect("compiles");
-        for (d, (m, n)) in cells() {
+        let forward = program.compile_cpu("fa", &CpuOptions { threads: 2 }).expect("compiles");
+        let backward =
+            program.grad("fa", Some(&qkv)).expect("derives").compile_cpu("fa_grad", &CpuOptions { threads: 2 }).expect("compiles");
+        for (cell, (d, (m, n))) in cells().into_iter().enumerate() {
             let mut rng = StdRng::seed_from_u64((n_variant * 1000 + d) as u64);
             let kv = HEADS / var.group;
-            let inputs = vec![
+            let mut inputs = vec![
                 random(&mut rng, vec![BATCH, HEADS, m, d]),
                 random(&mut rng, vec![BATCH, kv, n, d]),
                 random(&mut rng, vec![BATCH, kv, n, d]),
                 Tensor::f32(vec![HEADS], (0..HEADS).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / HEADS as f32)).collect()).expect("slopes"),
             ];
             let dims: HashMap<String, i64> = [("R".to_string(), var.group as i64)].into();
-            let got = compiled.run_tensors(&inputs, &dims).expect("runs")[0].to_f64_vec();
-            let f = |t: &Tensor| t.to_f64_vec();
-            let want = var.reference((m, n, d), &f(&inputs[0]), &f(&inputs[1]), &f(&inputs[2]), &f(&inputs[3]));
-            let err = normwise_error(&got, &want);
-            if err.is_nan() || err > F32_TOLERANCE {
-                failures.push(format!("{var:?} D={d} M={m} N={n}: normwise error {err:e}"));
+            let f: Vec<Vec<f64>> = inputs.iter().map(Tensor::to_f64_vec).collect();
+            let grads = with_gradients(cell);
+            let d_out = grads.then(|| random(&mut rng, vec![BATCH, HEADS, m, d]));
+            let g = d_out.as_ref().map(Tensor::to_f64_vec);
+            let want = var.reference((m, n, d), [&f[0], &f[1], &f[2], &f[3]], g.as_deref());
+            let got = match d_out {
+                Some(t) => {
+                    inputs.push(t);
+                    backward.run_tensors(&inputs, &dims).expect("runs")
+                }
+                None => forward.run_tensors(&inputs, &dims).expect("runs"),
+            };
+            for (k, (name, want)) in ["out", "d_q", "d_k", "d_v"].iter().zip(&want).take(got.len()).enumerate() {
+                let err = normwise_error(&got[k].to_f64_vec(), want);
+                if err.is_nan() || err > F32_TOLERANCE {
+                    failures.push(format!("{var:?} D={d} M={m} N={n} {name}: normwise error {err:e}"));
+                }
             }
         }
     }
