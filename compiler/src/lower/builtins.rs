@@ -345,13 +345,7 @@ impl Cx<'_, '_> {
             "reshape" => {
                 self.arity(call, 2, 2, &[])?;
                 let x = self.tensor(frame, call.pos[0])?;
-                let ExprKind::List(items) = &call.pos[1].kind else {
-                    return Err(self.bad_args(call, "the shape is a list of dimensions, e.g. `reshape(x, [B, S, H, Dh])`"));
-                };
-                let mut shape = Vec::new();
-                for item in items {
-                    shape.push(self.dim_expr(item, &frame.dims)?);
-                }
+                let shape = self.shape_arg(frame, call, "`reshape(x, [B, S, H, Dh])`")?;
                 let dtype = self.ty(x).dtype;
                 self.add(Op::Reshape, Some(TensorType::new(dtype, shape)), &[(x, call.pos[0].span)], span)?
             }
@@ -526,6 +520,19 @@ impl Cx<'_, '_> {
 
     fn last_axis(&mut self, ty: &TensorType, span: Span) -> LResult<usize> {
         ty.rank().checked_sub(1).ok_or_else(|| self.error(Diagnostic::error(codes::BAD_AXIS, "a scalar has no axes", span, "here")))
+    }
+
+    /// The call's second argument as a shape: a list of dimension expressions (`example` shows
+    /// one in the error otherwise).
+    pub(super) fn shape_arg(&mut self, frame: &Frame, call: &Call<'_>, example: &str) -> LResult<Vec<Dim>> {
+        let ExprKind::List(items) = &call.pos[1].kind else {
+            return Err(self.bad_args(call, &format!("the shape is a list of dimensions, e.g. {example}")));
+        };
+        let mut shape = Vec::new();
+        for item in items {
+            shape.push(self.dim_expr(item, &frame.dims)?);
+        }
+        Ok(shape)
     }
 
     /// An axis: an integer (negative counts from the end) or a dimension name that occurs once

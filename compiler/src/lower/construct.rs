@@ -63,13 +63,7 @@ impl Cx<'_, '_> {
     fn broadcast_to(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Value> {
         self.arity(call, 2, 2, &[])?;
         let x = self.tensor(frame, call.pos[0])?;
-        let ExprKind::List(items) = &call.pos[1].kind else {
-            return Err(self.bad_args(call, "the shape is a list of dimensions, e.g. `broadcast_to(x, [B, S, D])`"));
-        };
-        let mut shape = Vec::new();
-        for item in items {
-            shape.push(self.dim_expr(item, &frame.dims)?);
-        }
+        let shape = self.shape_arg(frame, call, "`broadcast_to(x, [B, S, D])`")?;
         let ty = self.ty(x).clone();
         if broadcast_shapes(&ty.shape, &shape).as_ref() != Some(&shape) {
             let target = TensorType::new(ty.dtype, shape);

@@ -181,7 +181,7 @@ impl Cx<'_, '_> {
         for (axis, it) in items.iter().enumerate() {
             let size = self.ty(cur).shape[axis].clone();
             let (start, end) = match it {
-                IndexItem::Slice { lo, hi, step: Some(step), .. } => {
+                IndexItem::Slice { lo, hi, step, .. } => {
                     let start = match lo {
                         Some(e) => self.bound(e, &size, &frame.dims)?,
                         None => Dim::constant(0),
@@ -190,18 +190,10 @@ impl Cx<'_, '_> {
                         Some(e) => self.bound(e, &size, &frame.dims)?,
                         None => size.clone(),
                     };
-                    cur = self.strided(cur, axis, (start, end), step, &frame.dims, (base.span, span))?;
-                    continue;
-                }
-                IndexItem::Slice { lo, hi, .. } => {
-                    let start = match lo {
-                        Some(e) => self.bound(e, &size, &frame.dims)?,
-                        None => Dim::constant(0),
-                    };
-                    let end = match hi {
-                        Some(e) => self.bound(e, &size, &frame.dims)?,
-                        None => size.clone(),
-                    };
+                    if let Some(step) = step {
+                        cur = self.strided(cur, axis, (start, end), step, &frame.dims, (base.span, span))?;
+                        continue;
+                    }
                     (start, end)
                 }
                 IndexItem::Expr(e) => {
