@@ -226,6 +226,9 @@ ATTNC_DEV int attnc_sync_or(int p) {
 }
 ATTNC_DEV float attnc_rcp_fast(float x) { return 1.0f / x; }
 ATTNC_DEV void attnc_syncwarp() { attnc_emu::wait(attnc_emu_warp().bar); }
+// Blocks run one after another on one OS thread: an atomic add is an add.
+ATTNC_DEV void attnc_red_add(float* p, float v) { *p += v; }
+ATTNC_DEV void attnc_red_add4(float* p, float a, float b, float c, float d) { p[0] += a; p[1] += b; p[2] += c; p[3] += d; }
 ATTNC_DEV int attnc_cas(int* p, int expected, int value) {
   __atomic_compare_exchange_n(p, &expected, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return expected;
 }
@@ -526,6 +529,7 @@ fn policy() -> Policy {
         max_smem_per_block: 232_448,
         mma_rows: super::mma_rows_knob(),
         simt_backward: super::simt_backward_knob(),
+        deterministic_backward: super::deterministic_backward_knob(),
     })
 }
 
@@ -539,9 +543,20 @@ pub enum Device<'a> {
 
 /// The schedule the emulated device runs for `d`.
 pub fn device_graph(d: Device) -> Result<Schedule, String> {
+    device_graph_in(d, policy())
+}
+
+/// [`device_graph`] with the tensor-core flash backward in its deterministic mode (no atomic
+/// adds), whatever `ATTNC_CUDA_BWD` says.
+pub fn deterministic_device_graph(d: Device) -> Result<Schedule, String> {
+    let Policy::Cuda(c) = policy() else { return Err("the emulation's policy is not CUDA's".into()) };
+    device_graph_in(d, Policy::Cuda(CudaPolicy { deterministic_backward: true, ..c }))
+}
+
+fn device_graph_in(d: Device, policy: Policy) -> Result<Schedule, String> {
     match d {
-        Device::AsWritten(g) => Compiler::new(policy()).schedule(g).map_err(|e| e.to_string()),
-        Device::Compiled(g) => Compiler::new(policy()).plan(g).map(|p| p.schedule).map_err(|e| e.to_string()),
+        Device::AsWritten(g) => Compiler::new(policy).schedule(g).map_err(|e| e.to_string()),
+        Device::Compiled(g) => Compiler::new(policy).plan(g).map(|p| p.schedule).map_err(|e| e.to_string()),
     }
 }
 

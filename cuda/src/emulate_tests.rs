@@ -3,13 +3,14 @@
 //! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
 //! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
 
-use super::emulate::{Device, compiler_or_skip, device_graph, emulate_schedule};
+use super::emulate::{Device, compiler_or_skip, deterministic_device_graph, device_graph, emulate_schedule};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples, flash_graphs};
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
 use attn_compiler::interp::run as interp_run;
 use attn_compiler::ir::{DType, Graph};
 use attn_compiler::random::random_inputs;
+use attn_compiler::schedule::Schedule;
 use attn_compiler::tensor::Tensor;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -60,11 +61,18 @@ pub(super) fn reference_run(graph: &Graph, env: &HashMap<String, i64>, seed: u64
 
 /// Runs `device`'s kernels on the host and the interpreter on `reference`; returns the largest
 /// relative error over the outputs.
-fn check(label: &str, reference: &Graph, device: Device, env: &HashMap<String, i64>, seed: u64, dir: &Path) -> Result<f64, String> {
+fn check(
+    label: &str,
+    reference: &Graph,
+    device: Result<Schedule, String>,
+    env: &HashMap<String, i64>,
+    seed: u64,
+    dir: &Path,
+) -> Result<f64, String> {
     let (inputs, expected) = reference_run(reference, env, seed)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
-    let got = emulate_schedule(&device_graph(device), &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
+    let got = emulate_schedule(&device, &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
     let mut worst = 0.0f64;
     for (got, exp) in got.iter().zip(&expected) {
         // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
@@ -113,6 +121,8 @@ struct Case {
     tol: f64,
     /// The work directory's name.
     dir: String,
+    /// The tensor-core flash backward's deterministic mode instead of the atomic `dQ`.
+    deterministic: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -124,7 +134,8 @@ fn run_cases(cases: Vec<Case>) {
                 let wd = work_dir(&c.dir);
                 let env = sizes(&c.graph, &c.sizes);
                 let device = if c.optimise { Device::Compiled(&c.graph) } else { Device::AsWritten(&c.graph) };
-                let err = check(&c.label, &c.graph, device, &env, c.seed, &wd)?;
+                let schedule = if c.deterministic { deterministic_device_graph(device) } else { device_graph(device) };
+                let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd)?;
                 let _ = std::fs::remove_dir_all(&wd);
                 if err > c.tol {
                     return Err(format!("{}: max relative error {err:e} > {:e}", c.label, c.tol));
@@ -152,7 +163,16 @@ fn width_cases(
     for (n, (label, g, tol)) in graphs.into_iter().enumerate() {
         for (tag, d) in widths(n, &g) {
             let (label, dir) = (format!("{label} D={d}"), format!("{dir}{n}-{tag}"));
-            cases.push(Case { label, graph: g.clone(), optimise: false, sizes: sizes(d), seed: seed + n as u64, tol, dir });
+            cases.push(Case {
+                label,
+                graph: g.clone(),
+                optimise: false,
+                sizes: sizes(d),
+                seed: seed + n as u64,
+                tol,
+                dir,
+                deterministic: false,
+            });
         }
     }
     cases
@@ -172,7 +192,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
                 let kind = if optimise { "opt" } else { "ir" };
                 // f32 throughout; sums in a different order than the f64 reference.
                 let (label, dir) = (format!("{stem}/{} ({kind})", g.name), format!("{stem}-{}-{kind}", g.name));
-                cases.push(Case { label, graph: g.clone(), optimise, sizes: Vec::new(), seed: 11, tol: 1e-4, dir });
+                cases.push(Case { label, graph: g.clone(), optimise, sizes: Vec::new(), seed: 11, tol: 1e-4, dir, deterministic: false });
             }
         }
     }
@@ -283,7 +303,23 @@ fn flash_backward_kernels_run_emulated_like_the_interpreter() {
     // 70 keys are one key chunk of the backward, 150 two; 70 query rows three query tiles, one
     // ragged.
     let sizes = |d| vec![("D", d), ("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)];
-    run_cases(width_cases(backward_cases(), "flash-bwd", 21, widths, sizes));
+    let mut cases = width_cases(backward_cases(), "flash-bwd", 21, widths, sizes);
+    // The tensor-core backward's deterministic mode (dQ from query items, no atomic adds) too,
+    // at the 16-byte-copy width.
+    let half: Vec<Case> = cases
+        .iter()
+        .filter(|c| c.graph.node(c.graph.params()[0]).ty.dtype != DType::F32 && c.label.ends_with("D=24"))
+        .map(|c| Case {
+            label: format!("{} deterministic", c.label),
+            dir: format!("{}-det", c.dir),
+            deterministic: true,
+            graph: c.graph.clone(),
+            sizes: c.sizes.clone(),
+            ..*c
+        })
+        .collect();
+    cases.extend(half);
+    run_cases(cases);
 }
 
 /// Gathers (`t[i]`, `take_along`) and scatter-adds record an index out of range in the fault
@@ -363,7 +399,7 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
     for n in [1, 2, 257, 700] {
         let env = sizes(&g, &[("B", 3), ("N", n)]);
         let wd = work_dir(&format!("argsort-{n}"));
-        let err = check(&format!("argsort N={n}"), &g, Device::AsWritten(&g), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let err = check(&format!("argsort N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&wd);
         assert_eq!(err, 0.0, "N={n}: the permutations differ");
     }
@@ -380,7 +416,7 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
     for n in [20, 257, 700] {
         let env = sizes(&g, &[("B", 4), ("N", n)]);
         let wd = work_dir(&format!("topk-{n}"));
-        let err = check(&format!("topk N={n}"), &g, Device::AsWritten(&g), &env, 6, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let err = check(&format!("topk N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 6, &wd).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&wd);
         assert_eq!(err, 0.0, "N={n}: the top-k differ");
     }

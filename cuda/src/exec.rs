@@ -115,6 +115,7 @@ impl Gpu {
             max_smem_per_block: self.limits().max_smem_per_block,
             mma_rows: super::mma_rows_knob(),
             simt_backward: super::simt_backward_knob(),
+            deterministic_backward: super::deterministic_backward_knob(),
         })
     }
 

@@ -52,6 +52,12 @@ pub(crate) fn simt_backward_knob() -> bool {
     std::env::var("ATTNC_CUDA_BWD").is_ok_and(|s| s.trim() == "simt")
 }
 
+/// `ATTNC_CUDA_BWD=deterministic`: the tensor-core flash backward in its deterministic mode
+/// (`dQ` from query items of its own, no atomic adds: the same bits on every run).
+pub(crate) fn deterministic_backward_knob() -> bool {
+    std::env::var("ATTNC_CUDA_BWD").is_ok_and(|s| s.trim() == "deterministic")
+}
+
 /// Why the CUDA target could not run a graph.
 #[derive(Debug, Error, Clone, PartialEq)]
 #[non_exhaustive]

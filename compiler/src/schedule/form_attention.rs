@@ -128,12 +128,22 @@ impl Formation<'_> {
             Some((l, out)) if self.policy.flash_bwd_delta() => Some(self.delta_rows(v, &d_out, out, l)?),
             _ => None,
         };
-        let (step, tiles, partials) = self.step_tables(v);
         let variant =
             self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, !results.dx.is_empty());
         let wanted: Vec<usize> = results.dx.iter().map(|(n, _)| *n).collect();
         let linear = BwdLinear::of(&spec, &grad, &wanted);
         let Results { dq, dq_scale, dk, dv, dx } = results;
+        let (dq, dq_accum) = match dq {
+            Some(dq) if self.policy.flash_bwd_atomic_dq(variant) => {
+                let acc = self.temp(v, DType::F32, &dq.shape);
+                let zero =
+                    Kernel::Elementwise { out: acc.clone(), inputs: Vec::new(), expr: Expr::Const(0.0, DType::F32), more: Vec::new() };
+                self.step(zero, format!("{} (dq zeroed)", self.label(v)), v);
+                (None, Some((dq, acc)))
+            }
+            dq => (dq, None),
+        };
+        let (step, tiles, partials) = self.step_tables(v);
         let kernel = FlashBwdKernel {
             spec: *spec,
             q,
@@ -146,6 +156,7 @@ impl Formation<'_> {
             extras,
             dq,
             dq_scale,
+            dq_accum: dq_accum.as_ref().map(|(_, acc)| acc.clone()),
             dk,
             dv,
             dx,
@@ -161,6 +172,10 @@ impl Formation<'_> {
         self.step(Kernel::FlashBwd(Box::new(kernel.clone())), label.clone(), v);
         if reduce {
             self.step(Kernel::FlashBwdReduce(Box::new(kernel)), format!("{label} (extra gradients)"), v);
+        }
+        if let Some((dq, acc)) = dq_accum {
+            let expr = Expr::Cast(Box::new(Expr::Load(0)), dq.dtype);
+            self.step(Kernel::Elementwise { out: dq, inputs: vec![acc], expr, more: Vec::new() }, format!("{label} (dq rounded)"), v);
         }
         self.placed(v)
     }

@@ -46,7 +46,7 @@ pub(super) fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
             r.extend(f.delta.iter().map(|x| x.buf));
             r.extend(f.extras.iter().map(|x| x.buf));
             r.push(f.tiles);
-            let mut w: Vec<usize> = [&f.dq, &f.dk, &f.dv].into_iter().flatten().map(|x| x.buf).collect();
+            let mut w: Vec<usize> = [&f.dq, &f.dq_accum, &f.dk, &f.dv].into_iter().flatten().map(|x| x.buf).collect();
             w.push(f.partials);
             (r, w)
         }

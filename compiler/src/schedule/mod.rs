@@ -599,6 +599,11 @@ pub struct FlashBwdKernel {
     pub dq: Option<View>,
     /// A scale the graph applies to `dQ` (the derivative of a scaled query), written with it.
     pub dq_scale: Option<ScoreExpr>,
+    /// `dQ` summed in f32 by atomic adds from the key items (`[..b, M, D]`, dense), in the
+    /// fast mode of the CUDA tensor-core kernel ([`Policy::flash_bwd_atomic_dq`](policy::Policy::flash_bwd_atomic_dq)):
+    /// the step before zeroes it, the step after rounds it into the query gradient, and `dq`
+    /// is then `None` here (no query items). Scaled by `dq_scale` as it is added.
+    pub dq_accum: Option<View>,
     /// See `dq`.
     pub dk: Option<View>,
     /// See `dq`.
@@ -635,7 +640,7 @@ impl FlashBwdKernel {
 
     /// Whether the score's adjoint `dS` is needed (for `dQ`, `dK` or an extra's gradient).
     pub fn needs_ds(&self) -> bool {
-        self.dq.is_some() || self.dk.is_some() || !self.dx.is_empty()
+        self.dq.is_some() || self.dq_accum.is_some() || self.dk.is_some() || !self.dx.is_empty()
     }
 
     /// For each load of the score's derivative ([`crate::ir::grad::ScoreGrad::loads`]), whether

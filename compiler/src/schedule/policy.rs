@@ -108,12 +108,17 @@ pub struct CudaPolicy {
     /// two (`ATTNC_CUDA_BWD=simt`, read by the runtime); both compute the same gradients up to
     /// rounding.
     pub simt_backward: bool,
+    /// The tensor-core flash backward in its deterministic mode: `dQ` from query items of its
+    /// own (two more products per tile pair), so that every sum runs in a fixed order and two
+    /// runs give the same bits. Off: the key items add `dQ` atomically ([`Policy::flash_bwd_atomic_dq`]).
+    /// `ATTNC_CUDA_BWD=deterministic`, read by the runtime.
+    pub deterministic_backward: bool,
 }
 
 impl Default for CudaPolicy {
     /// An A100-like device (108 SMs, 163 KiB of shared memory per block).
     fn default() -> CudaPolicy {
-        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None, simt_backward: false }
+        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None, simt_backward: false, deterministic_backward: false }
     }
 }
 
@@ -184,6 +189,14 @@ impl Policy {
             }
             Policy::Cuda(_) => Variant::Simt,
         }
+    }
+
+    /// Whether a flash backward of `variant` sums `dQ` by atomic adds from its key items into
+    /// an f32 buffer ([`FlashBwdKernel::dq_accum`](super::FlashBwdKernel::dq_accum)): on CUDA's
+    /// tensor-core kernel unless the deterministic mode is asked for. Five products per tile
+    /// pair instead of seven, at the price of a summation order that varies from run to run.
+    pub fn flash_bwd_atomic_dq(&self, variant: Variant) -> bool {
+        matches!(self, Policy::Cuda(c) if !c.deterministic_backward && variant == Variant::TensorCore)
     }
 
     /// Whether a flash backward's rows' `delta` is a reduction step of its own before the

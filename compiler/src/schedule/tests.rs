@@ -203,8 +203,9 @@ fn the_cuda_backward_reads_delta_from_the_step_before() {
     let delta = f.delta.as_ref().expect("CUDA reads delta from a buffer");
     let (lse, out) = f.lse.as_ref().expect("softmax weights");
     assert_eq!(delta.strides, lse.strides);
-    let Kernel::ReduceOf { x, op, axes, out: sums } = &s.steps[n - 1].kernel else {
-        panic!("the step before is {:?}", s.steps[n - 1].kernel)
+    // (Between them, the step zeroing the atomic dQ: see the next test.)
+    let Kernel::ReduceOf { x, op, axes, out: sums } = &s.steps[n - 2].kernel else {
+        panic!("the step two before is {:?}", s.steps[n - 2].kernel)
     };
     assert_eq!((*op, axes.as_slice(), sums.buf), (ReduceOp::Sum, &[3][..], delta.buf));
     assert_eq!(x.inputs.iter().map(|v| v.buf).collect::<Vec<_>>(), vec![f.d_out.buf, out.buf]);
@@ -213,6 +214,44 @@ fn the_cuda_backward_reads_delta_from_the_step_before() {
     let (n, f) = backward(&cpu).expect("a flash backward step");
     assert!(f.delta.is_none());
     assert!(!matches!(cpu.steps[n - 1].kernel, Kernel::ReduceOf { .. }));
+}
+
+/// CUDA's tensor-core backward adds dQ atomically into an f32 buffer that the step before
+/// zeroes and the step after rounds into the query gradient; the deterministic mode, the SIMT
+/// kernel and the CPU write dQ themselves.
+#[test]
+fn the_cuda_tensor_core_backward_sums_dq_atomically_unless_deterministic() {
+    let g = causal_flash("f16", "64", "s * 0.125");
+    let derived = crate::ir::grad::differentiate(&g, None).expect("differentiates");
+    let backward = |policy: CudaPolicy| {
+        let s = schedule(&derived, &Policy::Cuda(policy)).expect("schedules");
+        let found = s.steps.iter().enumerate().find_map(|(n, st)| match &st.kernel {
+            Kernel::FlashBwd(f) => Some((n, f.clone())),
+            _ => None,
+        });
+        let (n, f) = found.expect("a flash backward step");
+        (s, n, f)
+    };
+    let (s, n, f) = backward(CudaPolicy::default());
+    assert_eq!(f.variant, Variant::TensorCore);
+    assert!(f.dq.is_none(), "no query items");
+    let acc = f.dq_accum.as_ref().expect("dQ is summed atomically");
+    assert_eq!((acc.dtype, acc.shape.clone()), (DType::F32, f.q.shape.clone()));
+    let Kernel::Elementwise { out, inputs, expr: Expr::Const(c, _), .. } = &s.steps[n - 1].kernel else {
+        panic!("the step before is {:?}", s.steps[n - 1].kernel)
+    };
+    assert_eq!((out.buf, inputs.len(), *c), (acc.buf, 0, 0.0));
+    assert!(s.steps[n].writes.contains(&acc.buf));
+    let Kernel::Elementwise { out: dq, inputs, expr: Expr::Cast(_, t), .. } = &s.steps[n + 1].kernel else {
+        panic!("the step after is {:?}", s.steps[n + 1].kernel)
+    };
+    assert_eq!((inputs[0].buf, dq.dtype, *t), (acc.buf, DType::F16, DType::F16));
+    for policy in
+        [CudaPolicy { deterministic_backward: true, ..CudaPolicy::default() }, CudaPolicy { simt_backward: true, ..CudaPolicy::default() }]
+    {
+        let (_, _, f) = backward(policy);
+        assert!(f.dq.is_some() && f.dq_accum.is_none(), "{policy:?}");
+    }
 }
 
 #[test]

@@ -181,7 +181,7 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
     for (n, x) in fk.extras.iter().enumerate() {
         writeln!(out, "  x{n} = {x}")?;
     }
-    for (name, r) in [("dq", &fk.dq), ("dk", &fk.dk), ("dv", &fk.dv)] {
+    for (name, r) in [("dq", &fk.dq), ("dq summed atomically into", &fk.dq_accum), ("dk", &fk.dk), ("dv", &fk.dv)] {
         if let Some(r) = r {
             writeln!(out, "  {name} = {r}")?;
         }

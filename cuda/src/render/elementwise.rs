@@ -24,11 +24,22 @@ pub(super) fn emit(
     body.push(format!("  const i64 e_ = w_ * {CUDA_ELEMENTS}LL + threadIdx.x;"));
     body.push("  if (e_ >= n_) continue;".into());
     let mut inner = Vec::new();
+    // Dense views of one shape and an expression that reads no index: every view is one axis,
+    // read at the element's number (no division per axis).
+    let flat = linear(out, inputs, expr, more).then(|| {
+        let n = Dim::product(&out.shape);
+        move |v: &View| View { shape: vec![n.clone()], strides: vec![Dim::constant(1)], ..v.clone() }
+    });
+    let (out, inputs, more): (View, Vec<View>, Vec<(View, Expr)>) = match &flat {
+        Some(f) => (f(out), inputs.iter().map(f).collect(), more.iter().map(|(o, e)| (f(o), e.clone())).collect()),
+        None => (out.clone(), inputs.to_vec(), more.to_vec()),
+    };
     let idx = delinearize(ints, &mut inner, "e_", &out.shape, "i")?;
     // Every output at the same index (they share the shape): one thread, one pass.
     let mut l = Lines::new("x");
     let mut stores = Vec::new();
-    for (o, e) in std::iter::once((out, expr)).chain(more.iter().map(|(o, e)| (o, e))) {
+    let inputs = &inputs[..];
+    for (o, e) in std::iter::once((&out, expr)).chain(more.iter().map(|(o, e)| (o, e))) {
         let value = Eval { ints, inputs, idx: &idx }.eval(&mut l, e)?;
         stores.push(super::cexpr::store(o.buf, o.dtype, &ints.offset(o, &idx)?, &ops::store_value(&value, o.dtype)));
     }
@@ -37,6 +48,17 @@ pub(super) fn emit(
     body.extend(super::cexpr::indent(&inner, 2));
     body.push("}".into());
     Ok(KernelSource { threads: CUDA_THREADS, items_per_block: 1, smem: super::Smem::None, body })
+}
+
+/// Whether an element-wise step's views are all dense with the output's shape and its
+/// expressions read no index (no iota, no gather): then it runs over one flat axis.
+fn linear(out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) -> bool {
+    let dense = |v: &View| v.shape == out.shape && v.is_contiguous();
+    let mut indexless = true;
+    for e in std::iter::once(expr).chain(more.iter().map(|(_, e)| e)) {
+        e.visit(&mut |x| indexless &= !matches!(x, Expr::Iota { .. } | Expr::Gather(..)));
+    }
+    indexless && dense(out) && inputs.iter().all(dense) && more.iter().all(|(o, _)| dense(o))
 }
 
 /// Evaluates an element-wise expression at the kernel's index.

@@ -28,6 +28,9 @@ use attn_compiler::schedule::{FlashBwdKernel, Tuning, View};
 
 /// The backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
+    if f.dq_accum.is_some() {
+        return Err(ints.fail("the SIMT flash backward writes dQ itself (no atomic sum)".into()));
+    }
     let step = f.step;
     let keys = CUDA_BWD_KEYS;
     let mut body = vec![
@@ -134,7 +137,7 @@ pub(super) fn items_head(
     if let Some((l, _)) = &f.lse {
         it.push(format!("const i64 loff_ = {};", stat_offset(ints, l, &batch, &p)?));
     }
-    for (name, view) in [("dqoff_", &f.dq), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
+    for (name, view) in [("dqoff_", &f.dq), ("dqaoff_", &f.dq_accum), ("dkoff_", &f.dk), ("dvoff_", &f.dv)] {
         if let Some(view) = view {
             it.push(format!("const i64 {name} = {};", batch_offset(ints, view, &batch, &p)?));
         }

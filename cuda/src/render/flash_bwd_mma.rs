@@ -2,8 +2,12 @@
 //! f32 accumulation), for f16/bf16 `q`, `k`, `v` (and `d_out` of their type or f32, rounded to
 //! it on staging: an f32 bias makes the op's result f32) when no extra operand's gradient is
 //! asked for ([`Variant::TensorCore`](attn_compiler::schedule::Variant) of a [`FlashBwdKernel`]).
-//! A block has four warps and one of two kinds of work item, each owning what it writes, so
-//! every sum runs in a fixed order:
+//! A block has four warps. In the fast mode (the default) every work item is a key block
+//! (1. below) that also adds its share of `dQ` into an f32 buffer by atomic adds
+//! ([`FlashBwdKernel::dq_accum`]: zeroed by the step before, rounded into `dQ` by the step
+//! after): five products per tile pair, FlashAttention-2's backward. In the deterministic mode
+//! (`ATTNC_CUDA_BWD=deterministic`) there are two kinds of work item, each owning what it
+//! writes, so every sum runs in a fixed order (seven products per tile pair):
 //!
 //! 1. A block of [`CUDA_MMA_BWD_BLOCK`] keys of one batch index (items `0 .. batch · key
 //!    blocks`); warp `w` owns keys `16w .. 16w + 16` and their `dK` and `dV` rows in
@@ -12,7 +16,8 @@
 //!    worked on: two buffers) and the rows' `lse` and `delta` are staged,
 //!    and `Sᵀ = K Qᵀ`, `dPᵀ = V d_outᵀ` (tensor cores), the weights and `dSᵀ` (per element,
 //!    through the score modification and the mask), then `dV += Pᵀ d_out` and `dK += dSᵀ Q`
-//!    (tensor cores, P and dS rounded to the operands' type).
+//!    (tensor cores, P and dS rounded to the operands' type). In the fast mode, `dS` of the
+//!    half tile then goes to shared memory and `dQ += dS K` is added atomically.
 //! 2. A tile of [`CUDA_MMA_BWD_BLOCK`] query rows (the next `batch · query blocks` items, when
 //!    `dQ` is asked for): warp `w` owns rows `16w .. 16w + 16` and their `dQ` in registers; for
 //!    each live key tile, half at a time, `S = Q Kᵀ`, `dP = d_out Vᵀ`, `dS`, then `dQ += dS K`.
@@ -49,6 +54,11 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "u16* E_ = C_ + 2 * HB_ * LD_; // [2][HB_][LD_]: d_out or V".into(),
         "float* L_ = (float*)(E_ + 2 * HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
         "float* G_ = L_ + BL_;                  // [BL_]: the rows' delta = Σ d_out ∘ out".into(),
+        "constexpr int LS_ = BL_ + 8;  // the row stride of S_ (halves)".into(),
+        "u16* S_ = (u16*)(G_ + BL_);   // [HB_][LS_]: a half tile's dS (queries × the block's keys), when dQ is added atomically".into(),
+        "constexpr int LQ_ = HD_ + 4;  // the row stride of Q_ (floats)".into(),
+        "float* Q_ = (float*)(S_ + HB_ * LS_);  // [HB_][LQ_]: the half tile's dQ, then added to global memory".into(),
+        "(void)Q_;".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
         "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
         "// The row this lane gives ldmatrix (elements from a 16 x 16 corner): an A fragment or".into(),
@@ -56,7 +66,10 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8).".into(),
         "const int fa_ = ((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8;".into(),
         "const int fb_ = ((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8;".into(),
-        "const unsigned As_ = attnc_saddr(A_), Bs_ = attnc_saddr(B_), Cs_ = attnc_saddr(C_), Es_ = attnc_saddr(E_);".into(),
+        "const int fs_ = ((lm_ & 1) * 8 + lr_) * LS_ + (lm_ >> 1) * 8;  // fa_ in S_".into(),
+        "const unsigned As_ = attnc_saddr(A_), Bs_ = attnc_saddr(B_), Cs_ = attnc_saddr(C_), Es_ = attnc_saddr(E_), Ss_ = attnc_saddr(S_);"
+            .into(),
+        "(void)fs_; (void)Ss_;".into(),
     ];
     body.extend(sizes_head(ints, f)?);
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
@@ -74,7 +87,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     }
     body.extend(indent(&it, 2));
     body.push("}".into());
-    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashBwdMma(step), body })
+    Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashBwdMma(step, f.dq_accum.is_some()), body })
 }
 
 /// Copies a half tile into a buffer: (the buffer's index expression, the first row).
@@ -408,6 +421,9 @@ impl Cx<'_> {
         body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
         body.extend(self.accumulate("dv_", "s_", "Eb_"));
         body.extend(self.accumulate("dk_", "dp_", "Cb_"));
+        if let Some(acc) = &f.dq_accum {
+            body.extend(self.dq_added(acc)?);
+        }
         out.extend(self.half_tiles(&QUERY_HALVES, &stage, self.stage_stats("HB_", "x0_")?, body)?);
         if let Some(dk) = &f.dk {
             out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
@@ -416,6 +432,56 @@ impl Cx<'_> {
             out.extend(self.store_rows("dv_", dv, "dvoff_", "1.0f", "N_", "DV_")?);
         }
         Ok(out)
+    }
+
+    /// `dQ += dS K` for the half tile's queries, added atomically into `acc` (the fast mode):
+    /// each warp's `dSᵀ` goes to `S_` as `dS` (queries × the block's keys); warp `w` forms
+    /// queries `16 (w & 1) ..` and columns `(w >> 1) HD_/2 ..` (16 at a time) against K in `A_`
+    /// into `Q_`; then the block adds `Q_` to global memory four neighbouring columns at a time
+    /// (one vector `red` on sm_90) where the row is 16-byte aligned.
+    fn dq_added(&self, acc: &View) -> Result<Vec<String>, CudaEmitError> {
+        let (mma, conv) = (self.mma, self.conv);
+        let dst = ptr(acc.buf, DType::F32, true);
+        let at = row_col(self.ints, acc, "dqaoff_", "r_", "c_")?;
+        Ok(vec![
+            "// dQ += dS K, added atomically; dS of the warp's 16 keys to shared memory first.".into(),
+            "#pragma unroll".into(),
+            "for (int nt_ = 0; nt_ < 4; ++nt_) {".into(),
+            "  #pragma unroll".into(),
+            format!("  for (int e_ = 0; e_ < 4; ++e_) S_[(nt_ * 8 + tg_ * 2 + (e_ & 1)) * LS_ + warp_ * 16 + g_ + (e_ >> 1) * 8] = {conv}(dp_[nt_][e_]);"),
+            "}".into(),
+            "attnc_sync();  // every warp's dS is in".into(),
+            "{".into(),
+            "  const int qr_ = (warp_ & 1) * 16, c0_ = (warp_ >> 1) * (HD_ / 2);".into(),
+            "  unsigned a_[4][4];".into(),
+            "  #pragma unroll".into(),
+            "  for (int kk_ = 0; kk_ < 4; ++kk_) attnc_ldsm_x4(a_[kk_], Ss_ + 2u * (fs_ + qr_ * LS_ + kk_ * 16));".into(),
+            "  #pragma unroll".into(),
+            "  for (int t_ = 0; t_ < HD_ / 2; t_ += 16) {".into(),
+            "    float q_[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};".into(),
+            "    #pragma unroll".into(),
+            "    for (int kk_ = 0; kk_ < 4; ++kk_) {".into(),
+            "      unsigned b_[4];".into(),
+            "      attnc_ldsm_x4_t(b_, As_ + 2u * (fa_ + kk_ * 16 * LD_ + c0_ + t_));".into(),
+            format!("      {mma}(q_[0], a_[kk_], b_);"),
+            format!("      {mma}(q_[1], a_[kk_], b_ + 2);"),
+            "    }".into(),
+            "    #pragma unroll".into(),
+            "    for (int e_ = 0; e_ < 8; ++e_)".into(),
+            "      Q_[(qr_ + g_ + ((e_ & 3) >> 1) * 8) * LQ_ + c0_ + t_ + (e_ >> 2) * 8 + tg_ * 2 + (e_ & 1)] = q_[e_ >> 2][e_ & 3];".into(),
+            "  }".into(),
+            "}".into(),
+            "attnc_sync();  // the half tile's dQ is in Q_".into(),
+            format!("for (int e_ = tid_; e_ < HB_ * (HD_ / 4); e_ += {CUDA_FLASH_THREADS}) {{"),
+            "  const int rr_ = e_ / (HD_ / 4), c_ = (e_ % (HD_ / 4)) * 4;".into(),
+            "  const i64 r_ = x0_ + rr_;".into(),
+            "  if (r_ >= M_ || c_ >= D_) continue;".into(),
+            "  const float* x_ = &Q_[rr_ * LQ_ + c_];".into(),
+            format!("  float* y_ = &{dst}[{at}];"),
+            "  if (c_ + 4 <= D_ && ((unsigned long long)y_ & 15) == 0) attnc_red_add4(y_, dqscale_ * x_[0], dqscale_ * x_[1], dqscale_ * x_[2], dqscale_ * x_[3]);".into(),
+            "  else for (int u_ = 0; u_ < 4 && c_ + u_ < D_; ++u_) attnc_red_add(y_ + u_, dqscale_ * x_[u_]);".into(),
+            "}".into(),
+        ])
     }
 
     /// Work item 2: `dQ` of a query tile.

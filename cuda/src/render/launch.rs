@@ -84,10 +84,11 @@ pub fn launches(
                 let additive = if matches!(k.smem, Smem::FlashSimtAdditive(_)) { rows * hd + keys * (hd + 1) + hd } else { 0 };
                 (tiles + additive) * 4
             }
-            Smem::FlashBwdMma(s) => {
+            Smem::FlashBwdMma(s, ds) => {
                 let (hd, b) = (define("HD", s, "head width")?, CUDA_MMA_BWD_BLOCK);
-                // Two blocks, two double-buffered half tiles; the rows' statistics.
-                4 * b * (hd + 8) * 2 + 2 * b * 4
+                // Two blocks, two double-buffered half tiles; the rows' statistics; when dQ is
+                // added atomically, a half tile's dS and its dQ (f32).
+                4 * b * (hd + 8) * 2 + 2 * b * 4 + if ds { b / 2 * (b + 8) * 2 + b / 2 * (hd + 4) * 4 } else { 0 }
             }
             Smem::FlashMma(s) => {
                 let (hd, bn, mt) = (define("HD", s, "head width")?, define("BN", s, "key tile")?, define("MT", s, "m-tiles")?);

@@ -114,8 +114,10 @@ pub enum Smem {
     FlashSimtAdditive(usize),
     /// The tensor-core flash kernel of a step: `(64·MT + 2·BN)·(HD+8)` halves.
     FlashMma(usize),
-    /// The tensor-core flash backward of a step: `4·64·(HD+8)` halves and `2·64` floats.
-    FlashBwdMma(usize),
+    /// The tensor-core flash backward of a step: `4·64·(HD+8)` halves and `2·64` floats, and
+    /// when `dQ` is added atomically (the flag) a half tile's `dS` and `dQ`, `32·72` halves and
+    /// `32·(HD+4)` floats.
+    FlashBwdMma(usize, bool),
 }
 
 /// One step's kernel: its name and how it is launched.

@@ -82,6 +82,16 @@ ATTNC_DEV double attnc_dmuladd(double a, double b, double c) { return __dadd_rn(
 ATTNC_DEV void attnc_sync() { __syncthreads(); }
 ATTNC_DEV void attnc_syncwarp() { __syncwarp(); }
 ATTNC_DEV int attnc_cas(int* p, int expected, int value) { return atomicCAS(p, expected, value); }
+// An atomic add whose old value is not wanted (a `red` instruction).
+ATTNC_DEV void attnc_red_add(float* p, float v) { atomicAdd(p, v); }
+// Four neighbouring adds (p 16-byte aligned): one vector `red` on sm_90.
+ATTNC_DEV void attnc_red_add4(float* p, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+  atomicAdd(p, a); atomicAdd(p + 1, b); atomicAdd(p + 2, c); atomicAdd(p + 3, d);
+#endif
+}
 #define ATTNC_SHARED __shared__
 #define ATTNC_DYN_SMEM extern __shared__ __align__(16) unsigned char attnc_smem[]
 #define ATTNC_KERNEL extern "C" __global__
