@@ -607,6 +607,7 @@ fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given
         RunError::UnknownDim { .. }
         | RunError::UnknownProgramDim { .. }
         | RunError::FixedDim { .. }
+        | RunError::IndivisibleDim { .. }
         | RunError::Interp(
             I::InputRank { .. }
             | I::InputData { .. }

@@ -20,7 +20,7 @@ use crate::target::Target;
 use attn_compiler::exec::ExecError;
 use attn_compiler::interp;
 use attn_compiler::ir::grad::GradError;
-use attn_compiler::ir::{Attr, DType, Graph, Module, Op, TensorType, verify};
+use attn_compiler::ir::{Attr, DType, Dim, Graph, Module, Op, TensorType, verify};
 use attn_compiler::tensor::{Tensor, TensorError};
 use attn_compiler::{Checked, Compiler, Derived, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
@@ -182,6 +182,16 @@ pub enum RunError {
         given: i64,
         /// The size the file fixes.
         fixed: i64,
+    },
+    /// A given dim that the signature divides (`D/2`) but the size given does not divide.
+    #[error("dimension `{name}` is divided by {divisor} in the signature ({name} = {divisor}*({name}/{divisor})), but {given} was given")]
+    IndivisibleDim {
+        /// The dim.
+        name: String,
+        /// The size given.
+        given: i64,
+        /// The divisor (the least common multiple of the signature's divisors of the name).
+        divisor: i64,
     },
     /// Random inputs could not be made.
     #[error(transparent)]
@@ -441,7 +451,7 @@ impl Program {
                             return Err(RunError::FixedDim { name: name.clone(), given: *value, fixed: *fixed });
                         }
                         Some(_) => {}
-                        None if known.contains(name) => {}
+                        None if known.contains(name) || quotient_of(name, known.iter()).is_some() => {}
                         None => return Err(RunError::UnknownProgramDim { name: name.clone(), known: known.into_iter().collect() }),
                     }
                 }
@@ -643,12 +653,27 @@ impl Program {
                 }
             } else if known.contains(name) {
                 out.insert(name.clone(), *value);
+            } else if let Some((q, divisor)) = quotient_of(name, known.iter()) {
+                // `--dim D=64` where the signature divides D: D is `divisor · (D/divisor)`.
+                if value % divisor != 0 {
+                    return Err(RunError::IndivisibleDim { name: name.clone(), given: *value, divisor });
+                }
+                out.insert(q.clone(), value / divisor);
             } else {
                 return Err(RunError::UnknownDim { entry: entry.to_string(), name: name.clone(), known: known.to_vec() });
             }
         }
         Ok(out)
     }
+}
+
+/// The quotient dim (`D/2`) among `known` that stands for the name `name` divided, with its
+/// divisor.
+fn quotient_of<'a>(name: &str, known: impl IntoIterator<Item = &'a String>) -> Option<(&'a String, i64)> {
+    known.into_iter().find_map(|k| match Dim::quotient_parts(k) {
+        Some((n, d)) if n == name => Some((k, d)),
+        _ => None,
+    })
 }
 
 fn entry_info(graph: &Graph) -> EntryInfo {

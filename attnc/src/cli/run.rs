@@ -274,7 +274,8 @@ pub(super) fn run_failure(e: RunError) -> Failure {
         | RunError::DuplicateInput { .. }
         | RunError::UnknownDim { .. }
         | RunError::UnknownProgramDim { .. }
-        | RunError::FixedDim { .. } => Exit::Usage,
+        | RunError::FixedDim { .. }
+        | RunError::IndivisibleDim { .. } => Exit::Usage,
         RunError::NoEntry => Exit::Program,
         RunError::InputDType { .. } => Exit::File,
         RunError::Cuda(attn_runtime::cuda::CudaError::Unavailable(_)) => Exit::Target,

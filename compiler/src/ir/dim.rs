@@ -252,7 +252,22 @@ impl Dim {
         Some(Dim::from_map(terms))
     }
 
-    /// Parses the canonical text (`B`, `H*D`, `2*S+1`, `S-1`); the IR text reader uses it.
+    /// The name of the quotient `name / divisor` that a signature's `D/2` introduces: `D/2`
+    /// (printed in parentheses inside a product: `2*(D/2)`). The signature's `D` is then
+    /// `divisor · (D/2)`, a polynomial like any other.
+    pub fn quotient_name(name: &str, divisor: i64) -> String {
+        format!("{name}/{divisor}")
+    }
+
+    /// The name and divisor of a quotient name (`D/2` gives `("D", 2)`).
+    pub fn quotient_parts(name: &str) -> Option<(&str, i64)> {
+        let (n, d) = name.split_once('/')?;
+        let d: i64 = d.parse().ok().filter(|d| *d > 0)?;
+        (!n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).then_some((n, d))
+    }
+
+    /// Parses the canonical text (`B`, `H*D`, `2*S+1`, `S-1`, `2*(D/2)`); the IR text reader
+    /// uses it.
     pub fn parse(text: &str) -> Option<Dim> {
         let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
         if text.is_empty() {
@@ -277,6 +292,10 @@ impl Dim {
                     && !factor.starts_with(|c: char| c.is_ascii_digit())
                 {
                     Dim::sym(factor)
+                } else if let Some(q) =
+                    factor.strip_prefix('(').and_then(|f| f.strip_suffix(')')).filter(|q| Dim::quotient_parts(q).is_some())
+                {
+                    Dim::sym(q)
                 } else {
                     return None;
                 };
@@ -319,7 +338,8 @@ impl fmt::Display for Dim {
             if mag != 1 {
                 write!(f, "{mag}*")?;
             }
-            f.write_str(&m.join("*"))?;
+            let names: Vec<String> = m.iter().map(|n| if n.contains('/') { format!("({n})") } else { n.clone() }).collect();
+            f.write_str(&names.join("*"))?;
             first = false;
         }
         if let Some(c) = constant {
@@ -350,11 +370,18 @@ mod tests {
         let hd = Dim::sym("H").mul(&Dim::sym("D"));
         assert_eq!(hd, Dim::sym("D").mul(&Dim::sym("H")));
         assert_eq!(Dim::sym("S").add(&Dim::constant(1)).sub(&Dim::constant(1)), Dim::sym("S"));
-        for text in ["H*D", "S+1", "2*S-1", "0", "-3", "B*S*E", "N-S+2"] {
+        for text in ["H*D", "S+1", "2*S-1", "0", "-3", "B*S*E", "N-S+2", "2*(D/2)", "(D/4)*H+1"] {
             let d = Dim::parse(text).unwrap();
             assert_eq!(Dim::parse(&d.to_string()), Some(d.clone()), "{text}");
         }
         assert_eq!(Dim::parse("H*D").unwrap().to_string(), "D*H");
+        // A quotient name prints in parentheses and is the only name with a `/`.
+        let half = Dim::sym(&Dim::quotient_name("D", 2)).scale(2);
+        assert_eq!(half.to_string(), "2*(D/2)");
+        assert_eq!(Dim::quotient_parts("D/2"), Some(("D", 2)));
+        for bad in ["D/0", "D/-2", "/2", "D/x", "2*D/2", "(D/2"] {
+            assert!(Dim::quotient_parts(bad).is_none() || Dim::parse(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

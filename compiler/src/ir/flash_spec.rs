@@ -488,7 +488,14 @@ impl ExprParser<'_> {
             self.require("(")?;
             self.ws();
             let start = self.pos;
-            while self.pos < self.s.len() && self.s[self.pos] != b')' {
+            // Up to the matching `)`: a quotient dim is written `(D/2)`.
+            let mut depth = 0usize;
+            while self.pos < self.s.len() && (self.s[self.pos] != b')' || depth > 0) {
+                match self.s[self.pos] {
+                    b'(' => depth += 1,
+                    b')' => depth -= 1,
+                    _ => {}
+                }
                 self.pos += 1;
             }
             let text = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();

@@ -221,7 +221,7 @@ fn attr_kind(op: &str, key: &str) -> AttrKind {
 }
 
 fn is_dim_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '*' | '+' | '-' | ' ' | '\t')
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '*' | '+' | '-' | ' ' | '\t' | '(' | ')' | '/')
 }
 
 fn is_number_char(c: char) -> bool {

@@ -312,7 +312,9 @@ impl Cx<'_, '_> {
                 "this strided slice",
             );
             return Err(self.error(
-                d.with_help(format!("declare the axis as a multiple of the step, e.g. `{k}*Dh`, so that the slice has `Dh` elements")),
+                d.with_help(format!(
+                    "declare the axis as a multiple of the step: divide its name in the entry's signature (a `D/{k}` anywhere there makes D a multiple of {k}), or write it `{k}*Dh`, so that the slice has `Dh` elements"
+                )),
             ));
         };
         let mut cur = x;

@@ -16,7 +16,7 @@ pub mod lint;
 use crate::ir::{DType, Dim, Graph, Module, Op, TensorType, Value, infer};
 use attn_dsl::ast::{self, ExprKind, FnDef, Item, Ret, Stmt, TypeExpr};
 use attn_dsl::{Diagnostic, Span};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Diagnostic codes of the type checker (see `docs/diagnostics.md`).
 pub mod codes {
@@ -247,6 +247,7 @@ impl Cx<'_, '_> {
         for (name, v) in &self.globals.fixed_dims {
             frame.dims.insert(name.clone(), Dim::constant(*v));
         }
+        declare_quotients(def, &mut frame.dims, self.globals);
         let mut params_ok = true;
         let mut seen: HashMap<&str, Span> = HashMap::new();
         for p in &def.params {
@@ -511,9 +512,27 @@ impl Cx<'_, '_> {
                     _ => a.mul(&b),
                 })
             }
+            ExprKind::Binary(ast::BinOp::Div, a, b) => {
+                let (n, d) = (self.dim_expr(a, dims)?, self.dim_expr(b, dims)?);
+                match n.div_exact(&d) {
+                    Some(q) if d.as_const().is_none_or(|c| c > 0) => Ok(q),
+                    _ => Err(self.error(
+                        Diagnostic::error(
+                            codes::NOT_A_DIM,
+                            format!("{n} is not known to be a multiple of {d}"),
+                            e.span,
+                            "not a whole dimension",
+                        )
+                        .with_help(
+                            "divide a name of the entry's signature by an integer (`D/2` makes D even, checked when the \
+                             inputs bind it), or a product by one of its factors (`(H*Dh)/H`)",
+                        ),
+                    )),
+                }
+            }
             _ => Err(self.error(
                 Diagnostic::error(codes::NOT_A_DIM, "expected a dimension expression", e.span, "not a dimension")
-                    .with_help("dimensions are names, integers, and `+`, `-`, `*` of them (no division: write H*Dh)"),
+                    .with_help("dimensions are names, integers, and `+`, `-`, `*`, `/` of them"),
             )),
         }
     }
@@ -636,6 +655,61 @@ impl Cx<'_, '_> {
 }
 
 /// Declares every dimension name of a signature dim expression (not constants) as a symbol.
+/// A name of the entry's signature that the signature divides by integers (`D/2`, `D/4`) is
+/// `L · (D/L)` for the least common multiple `L` of the divisors: a new dimension `D/L` the
+/// inputs bind, so that every division is exact and every dim stays a polynomial.
+fn declare_quotients(def: &FnDef, dims: &mut HashMap<String, Dim>, globals: &Globals<'_>) {
+    fn visit(e: &ast::Expr, out: &mut Vec<(String, i64)>) {
+        match &e.kind {
+            ExprKind::Binary(ast::BinOp::Div, a, b) => {
+                if let (ExprKind::Name(n), ExprKind::Int(c)) = (&a.kind, &b.kind)
+                    && let Ok(c) = i64::try_from(*c)
+                    && c > 1
+                {
+                    out.push((n.clone(), c));
+                }
+                visit(a, out);
+                visit(b, out);
+            }
+            ExprKind::Unary(_, a) => visit(a, out),
+            ExprKind::Binary(_, a, b) => {
+                visit(a, out);
+                visit(b, out);
+            }
+            _ => {}
+        }
+    }
+    let results: Vec<&TypeExpr> = match &def.ret {
+        Ret::Single(t) => vec![t],
+        Ret::Named(ps) => ps.iter().map(|p| &p.ty).collect(),
+    };
+    let mut found = Vec::new();
+    for t in def.params.iter().map(|p| &p.ty).chain(results) {
+        for d in &t.dims {
+            visit(d, &mut found);
+        }
+    }
+    let mut lcm: BTreeMap<String, i64> = BTreeMap::new();
+    for (name, c) in found {
+        if dims.contains_key(&name) || globals.consts.contains_key(&name) {
+            continue;
+        }
+        let l = lcm.entry(name).or_insert(1);
+        // Past i64 the division is left to `dim_expr`, which reports it.
+        *l = l.checked_mul(c / gcd(*l, c)).unwrap_or(*l);
+    }
+    for (name, l) in lcm {
+        dims.insert(name.clone(), Dim::sym(&Dim::quotient_name(&name, l)).scale(l));
+    }
+}
+
+fn gcd(mut a: i64, mut b: i64) -> i64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 fn declare_dim_names(e: &ast::Expr, dims: &mut HashMap<String, Dim>, globals: &Globals<'_>) {
     match &e.kind {
         ExprKind::Name(n) if !dims.contains_key(n) && !globals.consts.contains_key(n) => {

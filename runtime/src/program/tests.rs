@@ -83,6 +83,21 @@ fn dims_are_checked_against_the_entry_and_the_file() {
     assert_eq!(inputs[0].1.shape, vec![8, 5, 16]);
 }
 
+/// A name the signature divides (`D/2`) is given by its own size: `D=6` binds `D/2` to 3, and
+/// an odd `D` is refused, as is an input of odd width.
+#[test]
+fn a_divided_dim_is_given_whole() {
+    let p = Program::from_source("fn h(x: f32[S, D], w: f32[D/2]) -> f32[S, D/2] {\n    return x[:, 0::2] * w\n}\n", "h.attn").unwrap();
+    let inputs = p.random_inputs("h", 0, &HashMap::from([("S".to_string(), 2), ("D".to_string(), 6)])).unwrap();
+    assert_eq!((inputs[0].1.shape.clone(), inputs[1].1.shape.clone()), (vec![2, 6], vec![3]));
+    match p.random_inputs("h", 0, &HashMap::from([("S".to_string(), 2), ("D".to_string(), 7)])) {
+        Err(e @ RunError::IndivisibleDim { divisor: 2, given: 7, .. }) => assert!(e.to_string().contains("D = 2*(D/2)"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let odd = [("x", Tensor::f32(vec![2, 5], vec![0.0; 10]).unwrap()), ("w", Tensor::f32(vec![2], vec![0.0; 2]).unwrap())];
+    assert!(p.run("h", odd, &RunOptions::default()).is_err());
+}
+
 #[test]
 fn random_inputs_run_and_are_deterministic() {
     let p = program();
