@@ -663,10 +663,9 @@ fn declare_quotients(def: &FnDef, dims: &mut HashMap<String, Dim>, globals: &Glo
         match &e.kind {
             ExprKind::Binary(ast::BinOp::Div, a, b) => {
                 if let (ExprKind::Name(n), ExprKind::Int(c)) = (&a.kind, &b.kind)
-                    && let Ok(c) = i64::try_from(*c)
-                    && c > 1
+                    && *c > 1
                 {
-                    out.push((n.clone(), c));
+                    out.push((n.clone(), *c));
                 }
                 visit(a, out);
                 visit(b, out);
