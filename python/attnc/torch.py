@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch as _torch
 
 from . import Program
-from ._errors import ArgumentError
+from ._errors import ArgumentError, DTypeError, ShapeError
 
 _FLOAT = ("f32", "f16", "bf16")
 
@@ -82,3 +82,155 @@ def _bind(names: List[str], args: tuple, named: dict, entry: str) -> tuple:
     if missing:
         raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{entry}`: {', '.join(missing)}")
     return tuple(slots)
+
+
+# ---- attnc.torch.sdpa: torch.nn.functional.scaled_dot_product_attention -----------------------
+
+_TORCH_DTYPES = {"float32": "f32", "float16": "f16"}
+# Per variant: the program, and it wrapped for autograd.
+_SDPA_PROGRAMS: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]] = {}
+
+
+def sdpa(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> _torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``, computed by attnc.
+
+    The same arguments and meaning: ``query`` ``(..., Hq, L, E)``, ``key`` ``(..., H, S, E)``,
+    ``value`` ``(..., H, S, Ev)``; ``attn_mask`` a bool mask (``True``: takes part) or a float
+    mask added to the scores, broadcastable to ``(..., Hq, L, S)`` (broadcast axes are read in
+    place, never expanded); ``is_causal`` the top-left causal mask (key ``j`` visible from query
+    ``i`` when ``j <= i``); ``scale`` default ``1/sqrt(E)``; ``enable_gqa`` lets ``Hq`` be a
+    multiple of ``H`` (query head ``h`` reads key/value head ``h // (Hq / H)``; K and V are
+    never repeated). Differentiable: gradients flow to query, key, value and a float mask.
+
+    The program behind each combination of rank, dtype, mask layout, causality, GQA and scale
+    is compiled once (the first call) and reused for every size: a new sequence length
+    compiles nothing. float32 and float16 run as they are; bfloat16 runs in float32 (converted
+    on the way in and out). ``dropout_p > 0`` is not supported yet and raises.
+    """
+    if dropout_p != 0.0:
+        raise ArgumentError(
+            f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
+            "(or torch's scaled_dot_product_attention for training with attention dropout)"
+        )
+    if is_causal and attn_mask is not None:
+        raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, _torch.Tensor):
+            raise ArgumentError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
+        raise ShapeError(
+            f"query, key and value must have the same rank, at least 2: got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
+    out_dtype = query.dtype
+    args = [query, key, value]
+    if out_dtype == _torch.bfloat16:
+        args = [a.float() for a in args]
+    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
+    if dtype is None:
+        raise DTypeError(f"attnc.torch.sdpa runs float32, float16 and bfloat16 tensors, not {out_dtype}")
+    gqa = bool(enable_gqa) and query.dim() >= 3 and query.shape[-3] != key.shape[-3]
+    mask_key: Optional[Tuple[Any, ...]] = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, _torch.Tensor):
+            raise ArgumentError(f"attn_mask must be a torch.Tensor or None, not {type(attn_mask).__name__}")
+        if attn_mask.dim() > query.dim():
+            raise ShapeError(f"attn_mask {tuple(attn_mask.shape)} has more axes than the scores {tuple(query.shape[:-1]) + (key.shape[-2],)}")
+        if attn_mask.dtype == _torch.bool:
+            kind = "bool"
+        elif attn_mask.dtype == out_dtype:
+            kind = dtype
+        else:
+            raise DTypeError(f"attn_mask must be bool or the query's dtype ({out_dtype}), not {attn_mask.dtype}")
+        # Broadcast axes (size 1, or stride 0 from `expand`) are size-1 axes of the program's
+        # mask parameter, so the mask is read in place at its own size.
+        ones = tuple(n == 1 or s == 0 for n, s in zip(attn_mask.shape, attn_mask.stride()))
+        index = tuple(0 if one else slice(None) for one in ones)
+        mask = attn_mask[index].reshape([1 if one else n for one, n in zip(ones, attn_mask.shape)])
+        if mask.dtype == _torch.bfloat16:
+            mask = mask.float()
+        args.append(mask)
+        mask_key = (kind, ones)
+    threads = _torch.get_num_threads()
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), threads)
+    found = _SDPA_PROGRAMS.get(key_)
+    if found is None:
+        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale), threads)
+        found = (prog, attention(prog))
+        _SDPA_PROGRAMS[key_] = found
+    prog, differentiable = found
+    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        out = differentiable(*args)
+    else:
+        out = prog(*(a if a.is_contiguous() else a.contiguous() for a in args))
+    return out.to(out_dtype) if out.dtype != out_dtype else out
+
+
+def _compile(text: str, threads: int) -> Program:
+    from . import compile as _compile_program
+
+    return _compile_program(text, entry="sdpa", threads=threads)
+
+
+def _sdpa_source(
+    rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[bool, ...]]], causal: bool, gqa: bool, scale: Optional[float]
+) -> str:
+    """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`)."""
+    lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
+    heads_q, heads_kv = (["Hk*G"], ["Hk"]) if gqa else ([], [])
+    q = lead + heads_q + ["L", "E"]
+    k = lead + heads_kv + ["S", "E"]
+    v = lead + heads_kv + ["S", "Ev"]
+    out = lead + heads_q + ["L", "Ev"]
+    # The scores' axes, as the caller sees them (a mask aligns with these, right to left).
+    seen = lead + heads_q + ["L", "S"]
+    params = [f"q: {dtype}[{', '.join(q)}]", f"k: {dtype}[{', '.join(k)}]", f"v: {dtype}[{', '.join(v)}]"]
+    body = []
+    if gqa:
+        g = len(lead) + 1  # the group axis
+        body += [
+            f"let qg = reshape(q, [{', '.join(lead + ['Hk', 'G', 'L', 'E'])}])",
+            f"let kg = unsqueeze(k, {g})",
+            f"let vg = unsqueeze(v, {g})",
+        ]
+        qn, kn, vn = "qg", "kg", "vg"
+    else:
+        qn, kn, vn = "q", "k", "v"
+    factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
+    body.append(f"let scores = {qn} @ {kn}.T {factor}")
+    score_rank = len(seen) + (1 if gqa else 0)
+    if mask is not None:
+        kind, ones = mask
+        dims = [("1" if one else seen[len(seen) - len(ones) + a]) for a, one in enumerate(ones)]
+        params.append(f"mask: {kind}[{', '.join(dims)}]")
+        m = "mask"
+        if gqa and len(ones) >= 3:
+            h = len(ones) - 3
+            split = dims[:h] + (["1", "1"] if ones[h] else ["Hk", "G"]) + dims[h + 1 :]
+            body.append(f"let mg = reshape(mask, [{', '.join(split)}])")
+            m = "mg"
+        body.append(f"let masked = where({m}, scores, -inf)" if kind == "bool" else f"let masked = scores + {m}")
+    else:
+        body.append("let masked = scores")
+    if causal:
+        names = [f"a{n}" for n in range(score_rank - 2)] + ["i", "j"]
+        body.append(f"let ({', '.join(names)}) = indices(masked)")
+        body.append("let weights = softmax(where(j <= i, masked, -inf), axis = -1)")
+    else:
+        body.append("let weights = softmax(masked, axis = -1)")
+    if gqa:
+        body.append(f"return reshape(weights @ {vn}, [{', '.join(out)}])")
+    else:
+        body.append(f"return weights @ {vn}")
+    head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
+    return "\n".join([head] + ["    " + line for line in body] + ["}", ""])

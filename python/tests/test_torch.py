@@ -51,8 +51,8 @@ def test_mixed_numpy_and_torch_inputs_give_torch():
 def test_bad_tensors():
     q, k, v = qkv(1, 1, 16, 8, seed=4)
     prog = attnc.compile(EXAMPLES / "sdpa.attn")
-    with pytest.raises(attnc.DTypeError, match="float64"):
-        prog(q, k, v.double())
+    # float64 is rounded to the parameter's f32, as the command line rounds it.
+    torch.testing.assert_close(prog(q, k, v.double()), prog(q, k, v), rtol=0, atol=0)
     with pytest.raises(attnc.DTypeError, match="bfloat16"):
         prog(q, k, v.bfloat16())
     with pytest.raises(attnc.LayoutError):

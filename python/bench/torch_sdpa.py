@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""``attnc.torch.sdpa`` against ``torch.nn.functional.scaled_dot_product_attention``, from torch,
+on torch tensors: each case timed interleaved (attnc, sdpa, attnc, ...) for several rounds,
+medians compared. Cases (f32, one thread unless --threads):
+
+- overhead: B=H=1 S=16 D=16 without gradients (issue target: <= 15 us per call);
+- decode: one query against T=128 cached keys, B=1 H=32 D=128, causal, GQA 32/8;
+- prefill: B=1 H=8 S=1024 D=64 causal, forward only and forward+backward.
+
+Run from the repository root after ``pip install ./python`` into an environment with torch:
+
+    python python/bench/torch_sdpa.py [--rounds 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attnc.torch as at
+
+
+def per_call(fn, seconds: float = 0.2) -> float:
+    fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s, grad=False: torch.randn(*s, generator=g).requires_grad_(grad)  # noqa: E731
+    tiny = [r(1, 1, 16, 16) for _ in range(3)]
+    yield "overhead B=H=1 S=16 D=16", lambda f: lambda: f(*tiny), False
+    q, k, v = r(1, 32, 1, 128), r(1, 8, 128, 128), r(1, 8, 128, 128)
+    yield "decode T=128 H=32/8 D=128", lambda f: lambda: f(q, k, v, enable_gqa=True), False
+    p = [r(1, 8, 1024, 64) for _ in range(3)]
+    yield "prefill S=1024 D=64 causal", lambda f: lambda: f(*p, is_causal=True), False
+    pg = [r(1, 8, 1024, 64, grad=True) for _ in range(3)]
+
+    def train(f):
+        def step():
+            out = f(*pg, is_causal=True)
+            out.backward(torch.ones_like(out))
+
+        return step
+
+    yield "prefill S=1024 D=64 causal, fwd+bwd", train, True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds interleaved")
+    print("| case | attnc | sdpa | sdpa/attnc |\n|---|---|---|---|")
+    for name, make, grad in cases():
+        ours, theirs = make(at.sdpa), make(F.scaled_dot_product_attention)
+        a, b = [], []
+        with torch.set_grad_enabled(grad):
+            for _ in range(args.rounds):
+                a.append(per_call(ours))
+                b.append(per_call(theirs))
+        ma, mb = statistics.median(a), statistics.median(b)
+        unit, k = ("us", 1e6) if mb < 1e-3 else ("ms", 1e3)
+        print(f"| {name} | {ma * k:.1f} {unit} | {mb * k:.1f} {unit} | {mb / ma:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""``attnc.torch.sdpa`` against ``torch.nn.functional.scaled_dot_product_attention``: outputs and
+gradients, masks of every layout, causality, scales, GQA, dtypes, and the errors. Skipped
+without torch."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+
+import torch.nn.functional as F  # noqa: E402
+
+import attnc  # noqa: E402
+import attnc.torch as at  # noqa: E402
+
+B, H, L, S, E = 2, 4, 13, 17, 8
+
+
+def inputs(hk=H, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, E, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(B, hk, S, E, generator=g).to(dtype).requires_grad_()
+    v = torch.randn(B, hk, S, E + 3, generator=g).to(dtype).requires_grad_()
+    return q, k, v
+
+
+def masks():
+    g = torch.Generator().manual_seed(1)
+    return {
+        "none": None,
+        "bool [L, S]": torch.rand(L, S, generator=g) > 0.3,
+        "bool [B, 1, L, S]": torch.rand(B, 1, L, S, generator=g) > 0.3,
+        "bool expanded": (torch.rand(1, 1, L, S, generator=g) > 0.3).expand(B, H, L, S),
+        "float [B, H, L, S]": torch.randn(B, H, L, S, generator=g),
+        "float [1, S]": torch.randn(1, S, generator=g),
+    }
+
+
+CASES = [
+    (name, kw)
+    for name in masks()
+    for kw in ({}, {"scale": 0.3}, {"enable_gqa": True, "hk": 2}, {"enable_gqa": True, "hk": 1})
+] + [("none", {"is_causal": True}), ("none", {"is_causal": True, "enable_gqa": True, "hk": 2})]
+
+
+@pytest.mark.parametrize("mask_name,kw", CASES, ids=[f"{m}-{sorted(k.items())}" for m, k in CASES])
+def test_sdpa_matches_torch_with_gradients(mask_name, kw):
+    kw = dict(kw)
+    q, k, v = inputs(hk=kw.pop("hk", H))
+    mask = masks()[mask_name]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    got = at.sdpa(q, k, v, attn_mask=mask, **kw)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    cot = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), cot), torch.autograd.grad(want, (q, k, v), cot)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
+def test_a_float_mask_gets_its_gradient():
+    q, k, v = inputs()
+    mask = torch.randn(1, H, L, S, requires_grad=True)
+    cot = torch.randn(B, H, L, E + 3)
+    (a,) = torch.autograd.grad(at.sdpa(q, k, v, attn_mask=mask), mask, cot)
+    (b,) = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), mask, cot)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_half_types_run_and_keep_their_dtype(dtype, tol):
+    q, k, v = (t.detach() for t in inputs(dtype=dtype))
+    got = at.sdpa(q, k, v, is_causal=True)
+    assert got.dtype == dtype
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+def test_one_compile_serves_every_sequence_length():
+    at._SDPA_PROGRAMS.clear()
+    for s in (5, 64, 129):
+        q, k, v = (torch.randn(1, 2, s, 16) for _ in range(3))
+        with torch.no_grad():
+            torch.testing.assert_close(at.sdpa(q, k, v, is_causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert len(at._SDPA_PROGRAMS) == 1
+
+
+def test_what_it_cannot_do_is_an_error():
+    q, k, v = (t.detach() for t in inputs())
+    with pytest.raises(attnc.ArgumentError, match="dropout"):
+        at.sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(attnc.ArgumentError, match="is_causal"):
+        at.sdpa(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.bool), is_causal=True)
+    with pytest.raises(attnc.DTypeError, match="float64"):
+        at.sdpa(q.double(), k.double(), v.double())
+    with pytest.raises(attnc.DTypeError, match="attn_mask"):
+        at.sdpa(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.int32))
+    # Heads that differ without enable_gqa, as torch refuses them.
+    q2, k2, v2 = (t.detach() for t in inputs(hk=2))
+    with pytest.raises(attnc.ShapeError):
+        at.sdpa(q2, k2, v2)
