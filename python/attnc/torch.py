@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch as _torch
 
 from . import Program
-from ._errors import ArgumentError, DTypeError, ShapeError
+from ._errors import ArgumentError, DTypeError, LayoutError, ShapeError
 
 _FLOAT = ("f32", "f16", "bf16")
 
@@ -126,6 +126,8 @@ def sdpa(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.sdpa runs CPU tensors (pass .cpu())")
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ShapeError(
             f"query, key and value must have the same rank, at least 2: got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
@@ -172,7 +174,9 @@ def sdpa(
     if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
         out = differentiable(*args)
     else:
-        out = prog(*(a if a.is_contiguous() else a.contiguous() for a in args))
+        # Straight to the binding: CPU tensors share their memory with the arrays.
+        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
+        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
     return out.to(out_dtype) if out.dtype != out_dtype else out
 
 

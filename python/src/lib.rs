@@ -472,7 +472,6 @@ fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value:
     };
     let shape = array.shape().to_vec();
     let dtype = array.dtype();
-    let given = dtype.str().map_or_else(|_| "?".to_string(), |s| s.to_string()); // "float64"
     let is = |d: Bound<'py, numpy::PyArrayDescr>| dtype.is_equiv_to(&d);
     let wants_layout = || {
         if !array.is_c_contiguous() {
@@ -509,6 +508,7 @@ fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value:
             DType::Bool => "; convert it with x.astype(bool)",
             _ => "",
         };
+        let given = dtype.str().map_or_else(|_| "?".to_string(), |s| s.to_string()); // "float64"
         let msg = format!("input `{param}` is declared {ty} but a {given} array was given{hint}");
         return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
     };

@@ -263,6 +263,10 @@ fn quoted(items: &[String]) -> String {
 /// Entries compiled for the CPU target, by name and thread count (shared by clones).
 type CpuCache = Arc<Mutex<HashMap<(String, usize), Arc<CpuProgram>>>>;
 
+/// Per entry: its dims ([`Program::entry_dims`]) and signature, formed once (a run's fixed
+/// cost at small sizes is mostly this bookkeeping).
+type EntryCache = Arc<Mutex<HashMap<String, Arc<(Vec<String>, EntryInfo)>>>>;
+
 /// A compiled program, ready to run any of its entry points.
 #[derive(Clone, Debug)]
 pub struct Program {
@@ -272,6 +276,8 @@ pub struct Program {
     fixed_dims: Vec<(String, i64)>,
     /// Entries compiled for the CPU target by [`Program::run`], by name and thread count.
     cpu: CpuCache,
+    /// Each run entry's dims and signature.
+    entries: EntryCache,
     /// For a program made by [`Program::grad`]: how its backward pass was built
     /// ([`attn_compiler::Derived::fused`]).
     backward: Option<Result<Vec<String>, String>>,
@@ -300,6 +306,7 @@ impl Program {
             file_name: file_name.to_string(),
             fixed_dims,
             cpu: Arc::default(),
+            entries: Arc::default(),
             backward: None,
         })
     }
@@ -598,7 +605,7 @@ impl Program {
         }
         let mut checked = self.checked.clone();
         checked.module.graphs = vec![derived];
-        Ok(Program { checked, cpu: Arc::default(), backward: Some(fused), ..self.clone() })
+        Ok(Program { checked, cpu: Arc::default(), entries: Arc::default(), backward: Some(fused), ..self.clone() })
     }
 
     /// For a program made by [`Program::grad`], how its backward pass was built: one line per
@@ -636,8 +643,19 @@ impl Program {
     /// The entry's graph and signature, and the given dims checked ([`Program::check_dims`]).
     fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, EntryInfo, HashMap<String, i64>), RunError> {
         let graph = self.graph(entry)?;
-        let dims = self.check_dims(entry, &opts.dims, &self.entry_dims(entry)?)?;
-        Ok((graph, entry_info(graph), dims))
+        let cached = self.entries.lock().ok().and_then(|c| c.get(entry).cloned());
+        let meta = match cached {
+            Some(m) => m,
+            None => {
+                let m = Arc::new((self.entry_dims(entry)?, entry_info(graph)));
+                if let Ok(mut c) = self.entries.lock() {
+                    c.insert(entry.to_string(), m.clone());
+                }
+                m
+            }
+        };
+        let dims = if opts.dims.is_empty() { HashMap::new() } else { self.check_dims(entry, &opts.dims, &meta.0)? };
+        Ok((graph, meta.1.clone(), dims))
     }
 
     /// Checks given dims against the entry and the file's `dim` items; returns the ones to pass
