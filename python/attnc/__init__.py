@@ -114,10 +114,13 @@ class Program:
     the order of :attr:`outputs`; torch tensors when any input was a torch tensor.
     """
 
-    __slots__ = ("_compiled",)
+    __slots__ = ("_compiled", "_differentiable")
 
     def __init__(self, compiled: "_attnc.Compiled") -> None:
         self._compiled = compiled
+        # The program as a torch.autograd.Function (attnc.torch.attention), made on the first
+        # call with tensors that require grad.
+        self._differentiable: Optional[Any] = None
 
     def __call__(self, *args: Any, **named: Any) -> Any:
         """Runs the program: positional inputs in parameter order, or by parameter name."""
@@ -130,6 +133,17 @@ class Program:
         return self._run(args, named, dict(dims) if dims is not None else None)
 
     def _run(self, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]]) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and dims is None and torch.is_grad_enabled():
+            tensors = [a for a in (*args, *named.values()) if isinstance(a, torch.Tensor)]
+            if any(t.requires_grad for t in tensors):
+                # Tensors that require grad: the call records itself in autograd (the backward
+                # runs the derived program), instead of returning a result with no history.
+                if self._differentiable is None:
+                    from .torch import attention
+
+                    self._differentiable = attention(self)
+                return self._differentiable(*args, **named)
         as_torch = False
         if not all(type(a) is np.ndarray for a in args):
             converted = []

@@ -113,6 +113,18 @@ def test_only_the_inputs_that_need_gradients_get_them():
         attention(q, k)
 
 
+def test_a_plain_call_on_tensors_that_require_grad_is_differentiable():
+    q, k, v = qkv(1, 2, 11, 8, seed=9, requires_grad=True)
+    prog = attnc.compile(EXAMPLES / "causal.attn")
+    out, got = grads_of(prog, q, k, v)
+    want_out, want = grads_of(lambda *x: torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True), q, k, v)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert not prog(q, k, v).requires_grad
+
+
 def test_training_example_runs():
     import runpy
     import sys
