@@ -116,6 +116,22 @@ def sdpa(
     compiles nothing. float32 and float16 run as they are; bfloat16 runs in float32 (converted
     on the way in and out). ``dropout_p > 0`` is not supported yet and raises.
     """
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, None)
+
+
+def _sdpa(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+) -> _torch.Tensor:
+    """:func:`sdpa`, and with ``softcap`` the scaled scores soft-capped first,
+    ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping)."""
     if dropout_p != 0.0:
         raise ArgumentError(
             f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
@@ -164,10 +180,11 @@ def sdpa(
         args.append(mask)
         mask_key = (kind, ones)
     threads = _torch.get_num_threads()
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), threads)
+    cap = None if softcap is None else float(softcap)
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads)
     found = _SDPA_PROGRAMS.get(key_)
     if found is None:
-        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale), threads)
+        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap), threads)
         found = (prog, attention(prog))
         _SDPA_PROGRAMS[key_] = found
     prog, differentiable = found
@@ -187,7 +204,13 @@ def _compile(text: str, threads: int) -> Program:
 
 
 def _sdpa_source(
-    rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[bool, ...]]], causal: bool, gqa: bool, scale: Optional[float]
+    rank: int,
+    dtype: str,
+    mask: Optional[Tuple[str, Tuple[bool, ...]]],
+    causal: bool,
+    gqa: bool,
+    scale: Optional[float],
+    softcap: Optional[float] = None,
 ) -> str:
     """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`)."""
     lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
@@ -211,7 +234,10 @@ def _sdpa_source(
     else:
         qn, kn, vn = "q", "k", "v"
     factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
-    body.append(f"let scores = {qn} @ {kn}.T {factor}")
+    if softcap is None:
+        body.append(f"let scores = {qn} @ {kn}.T {factor}")
+    else:
+        body.append(f"let scores = {float(softcap)!r} * tanh({qn} @ {kn}.T {factor} / {float(softcap)!r})")
     score_rank = len(seen) + (1 if gqa else 0)
     if mask is not None:
         kind, ones = mask
