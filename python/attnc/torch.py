@@ -264,3 +264,159 @@ def _sdpa_source(
         body.append(f"return weights @ {vn}")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
+
+
+# ---- attnc.torch.flex_attention: torch.nn.attention.flex_attention -----------------------------
+
+
+class BlockMask:
+    """What :func:`create_block_mask` returns: the mask function and the sizes it was made for.
+    attnc classifies tiles (full, partial, empty) from the mask expression itself when it
+    compiles, so nothing is materialised here. torch's own ``BlockMask`` is accepted too."""
+
+    def __init__(self, mask_mod: Callable[..., Any], shape: Tuple[Any, Any, int, int]) -> None:
+        self.mask_mod = mask_mod
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return f"attnc.torch.BlockMask(shape={self.shape}, mask_mod={getattr(self.mask_mod, '__name__', self.mask_mod)})"
+
+
+def create_block_mask(
+    mask_mod: Callable[..., Any], B: Optional[int], H: Optional[int], Q_LEN: int, KV_LEN: int, device: Any = None, **_: Any
+) -> BlockMask:
+    """``torch.nn.attention.flex_attention.create_block_mask``: a mask from ``mask_mod(b, h,
+    q_idx, kv_idx) -> bool`` (True: takes part). The sizes are recorded, not baked in: the
+    program that uses it runs at any size."""
+    if not callable(mask_mod):
+        raise ArgumentError(f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, not {type(mask_mod).__name__}")
+    return BlockMask(mask_mod, (B, H, Q_LEN, KV_LEN))
+
+
+# Per traced program (text and captured tensors' kinds): the program and its autograd wrapper.
+_FLEX_PROGRAMS: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]] = {}
+
+
+def flex_attention(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    score_mod: Optional[Callable[..., Any]] = None,
+    block_mask: Optional[Any] = None,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    **_: Any,
+) -> _torch.Tensor:
+    """``torch.nn.attention.flex_attention.flex_attention``, computed by attnc.
+
+    ``query`` ``[B, Hq, L, E]``, ``key`` ``[B, H, S, E]``, ``value`` ``[B, H, S, Ev]``.
+    ``score_mod(score, b, h, q_idx, kv_idx)`` and the block mask's ``mask_mod(b, h, q_idx,
+    kv_idx)`` are traced once into an ``.attn`` program (arithmetic, comparisons, ``&``, ``|``,
+    ``~``, ``torch.where``, ``torch.tanh``/``exp``/``sigmoid``/..., and indexing captured tensors
+    by the indices). Captured tensors (ALiBi slopes, bias tables, document ids) become inputs of
+    the program, with gradients for float ones. The program is compiled once per traced
+    expression and reused at every sequence length; masked tiles are skipped where the mask is
+    a function of positions. ``return_lse=True`` is not supported yet.
+    """
+    if return_lse:
+        raise ArgumentError("return_lse=True: attnc.torch.flex_attention does not return the log-sum-exp yet")
+    from ._trace import Tracer, trace
+
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, _torch.Tensor) or t.dim() != 4:
+            raise ShapeError(f"{name} must be a 4-d torch.Tensor [B, H, S, D]")
+        if t.device.type != "cpu":
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.flex_attention runs CPU tensors (pass .cpu())")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
+    out_dtype = query.dtype
+    dtype = {"float32": "f32", "float16": "f16", "bfloat16": "f32"}.get(str(out_dtype).replace("torch.", ""))
+    if dtype is None:
+        raise DTypeError(f"attnc.torch.flex_attention runs float32, float16 and bfloat16 tensors, not {out_dtype}")
+    gqa = query.shape[1] != key.shape[1]
+    if gqa and not enable_gqa:
+        raise ShapeError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass enable_gqa=True for grouped-query attention")
+    tracer = Tracer()
+    mod = None
+    if score_mod is not None:
+        mod = trace(score_mod, ("scores", "b", "h", "i", "j"), ("f", "i", "i", "i", "i"), tracer, "score_mod")
+    mask = None
+    if block_mask is not None:
+        mask_mod = getattr(block_mask, "mask_mod", None)
+        if mask_mod is None:
+            raise ArgumentError("block_mask must come from create_block_mask (attnc's or torch's)")
+        mask = trace(mask_mod, ("b", "h", "i", "j"), ("i", "i", "i", "i"), tracer, "mask_mod")
+        if mask.kind != "b":
+            raise ArgumentError("mask_mod must return a bool (a comparison, `&`, `|`, `~`)")
+    captured = [_captured(t) for t in tracer.tensors]
+    kinds = tuple((c.dtype, c.dim()) for c in captured)
+    scale_ = None if scale is None else float(scale)
+    threads = _torch.get_num_threads()
+    key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads)
+    found = _FLEX_PROGRAMS.get(key_)
+    if found is None:
+        text = _flex_source(dtype, gqa, scale_, mod, mask, kinds)
+        prog = _compile_entry(text, "flex", threads)
+        found = (prog, attention(prog))
+        _FLEX_PROGRAMS[key_] = found
+    prog, differentiable = found
+    args = [query, key, value]
+    if out_dtype == _torch.bfloat16:
+        args = [a.float() for a in args]
+    args += captured
+    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        out = differentiable(*args)
+    else:
+        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
+        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
+    return out.to(out_dtype) if out.dtype != out_dtype else out
+
+
+def _captured(t: _torch.Tensor) -> _torch.Tensor:
+    """A captured tensor as the program reads it: float as float32 (differentiable), integers as
+    int32, bool as bool."""
+    if t.dtype == _torch.bool:
+        return t
+    if t.is_floating_point():
+        return t if t.dtype == _torch.float32 else t.float()
+    return t.to(_torch.int32)
+
+
+def _compile_entry(text: str, entry: str, threads: int) -> Program:
+    from . import compile as _compile_program
+
+    return _compile_program(text, entry=entry, threads=threads)
+
+
+def _flex_source(dtype: str, gqa: bool, scale: Optional[float], mod: Any, mask: Any, kinds: Tuple[Tuple[Any, int], ...]) -> str:
+    """The ``.attn`` program of one traced ``flex_attention`` (see :func:`flex_attention`)."""
+    heads_q, heads_kv = ("Hk*R", "Hk") if gqa else ("H", "H")
+    params = [
+        f"q: {dtype}[B, {heads_q}, L, E]",
+        f"k: {dtype}[B, {heads_kv}, S, E]",
+        f"v: {dtype}[B, {heads_kv}, S, Ev]",
+    ]
+    for n, (dt, rank) in enumerate(kinds):
+        t = {_torch.bool: "bool", _torch.int32: "i32"}.get(dt, "f32")
+        dims = ", ".join(f"X{n}_{a}" for a in range(rank))
+        params.append(f"x{n}: {t}[{dims}]" if rank else f"x{n}: {t}")
+    factor = "/ sqrt(E)" if scale is None else f"* {scale!r}"
+    if gqa:
+        body = [
+            "let qg = reshape(q, [B, Hk, R, L, E])",
+            f"let scores = qg @ unsqueeze(k, 2).T {factor}",
+            "let (b, hk, r, i, j) = indices(scores)",
+            "let h = hk * R + r",
+        ]
+        vv, out = "unsqueeze(v, 2)", "[B, Hk*R, L, Ev]"
+    else:
+        body = [f"let scores = q @ k.T {factor}", "let (b, h, i, j) = indices(scores)"]
+        vv, out = "v", None
+    s = "scores" if mod is None else (mod.text if mod.kind == "f" else f"cast({mod.text}, f32)")
+    body.append(f"let modified = {s}")
+    weights = "softmax(modified, axis = -1)" if mask is None else f"softmax(where({mask.text}, modified, -inf), axis = -1)"
+    body.append(f"let o = {weights} @ {vv}")
+    body.append(f"return reshape(o, {out})" if out else "return o")
+    head = f"fn flex({', '.join(params)}) -> {dtype}[B, {heads_q}, L, Ev] {{"
+    return "\n".join([head] + ["    " + line for line in body] + ["}", ""])

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""``attnc.torch.flex_attention`` against the same attention in eager PyTorch (scores
+materialised, ``score_mod`` applied by broadcasting) and against torch's own
+``flex_attention`` (forward only: torch has no CPU backward), ALiBi (causal) and soft-capping,
+B=1 H=8 D=64, interleaved for several rounds, medians compared (issue target: >= 3x eager).
+
+    python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+import attnc.torch as at
+
+warnings.filterwarnings("ignore")
+H = 8
+SLOPES = torch.tensor([2.0 ** (-8 * (n + 1) / H) for n in range(H)])
+
+
+def alibi(s, b, h, qi, ki):
+    return s + SLOPES[h] * (ki - qi)
+
+
+def causal(b, h, qi, ki):
+    return qi >= ki
+
+
+def softcap(s, b, h, qi, ki):
+    return 30.0 * torch.tanh(s / 30.0)
+
+
+CASES = {"alibi (causal)": (alibi, causal), "soft-capping": (softcap, None)}
+
+
+def eager(q, k, v, score_mod, mask_mod):
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    L, S = s.shape[-2:]
+    b = torch.arange(q.shape[0])[:, None, None, None]
+    h = torch.arange(H)[None, :, None, None]
+    i = torch.arange(L)[None, None, :, None]
+    j = torch.arange(S)[None, None, None, :]
+    s = score_mod(s, b, h, i, j)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, i, j), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def timed(fn, seconds=0.5):
+    fn()
+    n, start = 0, time.perf_counter()
+    while n < 2 or time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seqs", default="1024,2048")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"# torch {torch.__version__}, {args.threads} thread(s), B=1 H={H} D=64 f32, {args.rounds} rounds interleaved, ms")
+    print("| case | S | pass | attnc | eager | torch flex | eager/attnc | flex/attnc |\n|---|---|---|---|---|---|---|---|")
+    for name, (sm, mm) in CASES.items():
+        for s in (int(x) for x in args.seqs.split(",")):
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(1, H, s, 64, generator=g) for _ in range(3))
+            bm_a = at.create_block_mask(mm, None, None, s, s) if mm else None
+            bm_t = torch_block_mask(mm, None, None, s, s, device="cpu") if mm else None
+            for grad in (False, True):
+                qg, kg, vg = (x.clone().requires_grad_(grad) for x in (q, k, v))
+
+                def step(f):
+                    def run():
+                        out = f()
+                        if grad:
+                            out.backward(torch.ones_like(out))
+
+                    return run
+
+                ours = step(lambda: at.flex_attention(qg, kg, vg, score_mod=sm, block_mask=bm_a))
+                theirs = step(lambda: eager(qg, kg, vg, sm, mm))
+                flex = None if grad else step(lambda: torch_flex(q, k, v, score_mod=sm, block_mask=bm_t))
+                a, b, c = [], [], []
+                with torch.set_grad_enabled(grad):
+                    for _ in range(args.rounds):
+                        a.append(timed(ours))
+                        b.append(timed(theirs))
+                        if flex is not None:
+                            c.append(timed(flex))
+                ma, mb = statistics.median(a), statistics.median(b)
+                mc = statistics.median(c) if c else None
+                flex_cols = f"{mc * 1e3:.1f} | {mc / ma:.2f}" if mc else "— | —"
+                print(f"| {name} | {s} | {'fwd+bwd' if grad else 'fwd'} | {ma * 1e3:.1f} | {mb * 1e3:.1f} | "
+                      f"{flex_cols.split(' | ')[0]} | {mb / ma:.2f} | {flex_cols.split(' | ')[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
