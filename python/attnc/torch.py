@@ -132,11 +132,38 @@ def _sdpa(
 ) -> _torch.Tensor:
     """:func:`sdpa`, and with ``softcap`` the scaled scores soft-capped first,
     ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping)."""
+    if _torch.compiler.is_compiling():
+        # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
+        # an autograd formula), so the graph has no break.
+        return _torch.ops.attnc.sdpa(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), softcap)
     if dropout_p != 0.0:
         raise ArgumentError(
             f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
             "(or torch's scaled_dot_product_attention for training with attention dropout)"
         )
+    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap)
+    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        out = differentiable(*args)
+    else:
+        # Straight to the binding: CPU tensors share their memory with the arrays.
+        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
+        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
+    return out.to(out_dtype) if out.dtype != out_dtype else out
+
+
+def _sdpa_prepare(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype]:
+    """The checked arguments of an :func:`_sdpa` call: its program (compiled on first use), the
+    program as an autograd function, the program's inputs, and the result's dtype."""
+
     if is_causal and attn_mask is not None:
         raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -187,14 +214,7 @@ def _sdpa(
         prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap), threads)
         found = (prog, attention(prog))
         _SDPA_PROGRAMS[key_] = found
-    prog, differentiable = found
-    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        out = differentiable(*args)
-    else:
-        # Straight to the binding: CPU tensors share their memory with the arrays.
-        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
-        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
-    return out.to(out_dtype) if out.dtype != out_dtype else out
+    return found[0], found[1], args, out_dtype
 
 
 def _compile(text: str, threads: int) -> Program:
@@ -420,3 +440,75 @@ def _flex_source(dtype: str, gqa: bool, scale: Optional[float], mod: Any, mask: 
     body.append(f"return reshape(o, {out})" if out else "return o")
     head = f"fn flex({', '.join(params)}) -> {dtype}[B, {heads_q}, L, Ev] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
+
+
+# ---- torch.library: attnc::sdpa for torch.compile --------------------------------------------
+
+
+@_torch.library.custom_op("attnc::sdpa", mutates_args=())
+def _sdpa_op(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+) -> _torch.Tensor:
+    with _torch.no_grad():
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap).clone()
+
+
+@_sdpa_op.register_fake
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap):  # type: ignore[no-untyped-def]
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+@_torch.library.custom_op("attnc::sdpa_backward", mutates_args=())
+def _sdpa_backward_op(
+    grad: _torch.Tensor,
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor]:
+    # A custom op runs below autograd: the derived program is called directly. A float mask is
+    # taken whole (no broadcast axis folded away), so that its gradient is per element.
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
+    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap)
+    wrt = ["q", "k", "v"] + (["mask"] if float_mask else [])
+    cot = grad.to(args[0].dtype).contiguous()
+    outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
+    grads = [g.to(query.dtype) for g in outs[len(outs) - len(wrt) :]]
+    mask_grad = grads[3].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
+    return grads[0], grads[1], grads[2], mask_grad
+
+
+@_sdpa_backward_op.register_fake
+def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap):  # type: ignore[no-untyped-def]
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    mask_grad = attn_mask.new_empty(attn_mask.shape) if float_mask else query.new_empty(0)
+    return _torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value), mask_grad
+
+
+def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
+    query, key, value, attn_mask, _, is_causal, scale, enable_gqa, softcap = inputs
+    ctx.save_for_backward(query, key, value, attn_mask)
+    ctx.flags = (is_causal, scale, enable_gqa, softcap)
+
+
+def _sdpa_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
+    query, key, value, attn_mask = ctx.saved_tensors
+    dq, dk, dv, dm = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags)
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None
+
+
+_sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)

@@ -98,3 +98,24 @@ def test_what_it_cannot_do_is_an_error():
     q2, k2, v2 = (t.detach() for t in inputs(hk=2))
     with pytest.raises(attnc.ShapeError):
         at.sdpa(q2, k2, v2)
+
+
+def test_torch_compile_traces_it_without_a_graph_break():
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return at.sdpa(q * 2.0, k, v, attn_mask=mask, enable_gqa=True).sum(-1)
+
+    compiled = torch.compile(Block(), fullgraph=True, backend="aot_eager")  # fullgraph: a break raises
+    q, k, v = inputs(hk=2)
+    mask = torch.randn(1, 1, L, S, requires_grad=True)
+    got = compiled(q, k, v, mask)
+    want = F.scaled_dot_product_attention(q * 2.0, k, v, attn_mask=mask, enable_gqa=True).sum(-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v, mask)), torch.autograd.grad(want.sum(), (q, k, v, mask))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
+def test_the_registered_op_passes_torch_opcheck():
+    q, k, v = (t.detach() for t in inputs())
+    for mask, causal in ((None, True), (torch.rand(L, S) > 0.3, False), (torch.randn(1, H, L, S), False)):
+        torch.library.opcheck(torch.ops.attnc.sdpa.default, (q, k, v, mask, 0.0, causal, None, False, None))
