@@ -187,6 +187,15 @@ class Program:
         """
         return Program(self._compiled.grad(list(wrt) if wrt is not None else None))
 
+    def grad_split(self, wrt: Optional[List[str]] = None) -> Optional[Tuple["Program", "Program"]]:
+        """The gradients in two halves, for autograd: ``(forward, backward)``. ``forward``
+        returns the results, then each fused flash op's result and log-sum-exp (``saved_out0``,
+        ``saved_lse0``, ...); ``backward`` takes the inputs, a cotangent per float result and
+        those saved values, and returns the gradients (as :meth:`grad` does) without running the
+        flash forward again. ``None`` when the backward is not fused: use :meth:`grad`."""
+        split = self._compiled.grad_split(list(wrt) if wrt is not None else None)
+        return None if split is None else (Program(split[0]), Program(split[1]))
+
     def random_inputs(self, seed: int = 0, dims: Optional[Mapping[str, int]] = None) -> Dict[str, np.ndarray]:
         """Seeded random inputs, by parameter name, as ``attnc run --random-inputs`` makes them:
         floats from N(0, 1), ``i32`` inputs as sorted segment ids, bools as coin flips; each dim

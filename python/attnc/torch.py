@@ -22,36 +22,60 @@ def attention(prog: Program) -> Callable[..., Any]:
     """A callable running ``prog`` on torch tensors, differentiable by autograd.
 
     Arguments bind as in :class:`attnc.Program` (positional, or by parameter name); tensors
-    are made contiguous first. The forward pass runs ``prog``; the backward pass runs
-    ``prog.grad(wrt=...)`` for the inputs that need gradients (compiled once per set and
-    cached), which recomputes the forward values it needs.
+    are made contiguous first. When the derivative is fused (flash attention), the forward
+    pass runs ``prog.grad_split(wrt)``'s forward, which also returns each flash op's result and
+    log-sum-exp; they are saved, and the backward pass runs the split's backward on them,
+    without running the attention forward again. Otherwise the backward pass runs
+    ``prog.grad(wrt=...)``, which recomputes the forward values it needs. Either is compiled
+    once per set of inputs that need gradients and cached.
     """
     names = [name for name, _, _ in prog.params]
     is_float = [dtype in _FLOAT for _, dtype, _ in prog.params]
     float_results = [dtype in _FLOAT for _, dtype, _ in prog.outputs]
+    results = len(prog.outputs)
     grads: Dict[Tuple[str, ...], Program] = {}
+    splits: Dict[Tuple[str, ...], Optional[Tuple[Program, Program]]] = {}
 
     def grad_program(wrt: Tuple[str, ...]) -> Program:
         if wrt not in grads:
             grads[wrt] = prog.grad(list(wrt))
         return grads[wrt]
 
+    def split_programs(wrt: Tuple[str, ...]) -> Optional[Tuple[Program, Program]]:
+        if wrt not in splits:
+            splits[wrt] = prog.grad_split(list(wrt))
+        return splits[wrt]
+
     class _Attention(_torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *inputs: Any) -> Any:  # type: ignore[override]
-            ctx.save_for_backward(*[x if isinstance(x, _torch.Tensor) else None for x in inputs])
+            wrt = tuple(n for n, f, need in zip(names, is_float, ctx.needs_input_grad) if f and need)
+            split = split_programs(wrt) if wrt else None
+            ctx.wrt, ctx.split = wrt, split
             ctx.others = [None if isinstance(x, _torch.Tensor) else x for x in inputs]
-            return prog(*inputs)
+            tensors = [x if isinstance(x, _torch.Tensor) else None for x in inputs]
+            if split is None:
+                ctx.save_for_backward(*tensors)
+                return prog(*inputs)
+            outs = split[0](*inputs)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            ctx.save_for_backward(*tensors, *outs[results:])
+            ctx.mark_non_differentiable(*[o for o, f in zip(outs[:results], float_results) if not f])
+            return outs[0] if results == 1 else outs[:results]
 
         @staticmethod
         def backward(ctx: Any, *cotangents: _torch.Tensor) -> Any:  # type: ignore[override]
             saved = ctx.saved_tensors
-            inputs = [s if s is not None else o for s, o in zip(saved, ctx.others)]
-            wrt = tuple(n for n, f, need in zip(names, is_float, ctx.needs_input_grad) if f and need)
+            inputs = [s if s is not None else o for s, o in zip(saved[: len(names)], ctx.others)]
+            wrt = ctx.wrt
             if not wrt:
                 return (None,) * len(names)
             cots = [c.detach().contiguous() for c, f in zip(cotangents, float_results) if f]
-            outs = grad_program(wrt)(*inputs, *cots)
+            if ctx.split is None:
+                program, extra = grad_program(wrt), []
+            else:
+                program, extra = ctx.split[1], list(saved[len(names) :])
+            outs = program(*inputs, *cots, *extra)
             outs = outs if isinstance(outs, tuple) else (outs,)
             found = dict(zip(wrt, outs[len(outs) - len(wrt) :]))
             return tuple(found.get(n) for n in names)

@@ -272,6 +272,35 @@ impl Compiled {
         })
     }
 
+    /// The gradients split for autograd (`Program::grad_split`): the compiled entries
+    /// `<entry>_fwd` (results, then each fused flash op's saved result and log-sum-exp) and
+    /// `<entry>_bwd` (inputs, cotangents, saved values → gradients), or `None` when the
+    /// backward is not fused. Cached like `grad`.
+    #[pyo3(signature = (wrt=None))]
+    fn grad_split(&self, py: Python<'_>, wrt: Option<Vec<String>>) -> PyResult<Option<(Compiled, Compiled)>> {
+        let inner = &*self.inner;
+        let name = &inner.entry.name;
+        let split = py.detach(|| inner.program.grad_split(name, wrt.as_deref()));
+        let Some(program) = split.map_err(|e| run_error(py, &inner.program, name, &e, &[]))? else { return Ok(None) };
+        let half = |suffix: &str| -> PyResult<Compiled> {
+            let key: Key = (
+                inner.program.source().to_string(),
+                inner.program.file_name().to_string(),
+                // Not an entry name any program can have (a control character).
+                Some(format!("{name}\u{1f}{suffix}")),
+                inner.target,
+                inner.cpu.threads,
+                Some(wrt.clone().unwrap_or_default()),
+            );
+            cached_or_built(py, key, || {
+                let fail = |e| Failure::Run(Box::new((program.clone(), name.clone(), e)));
+                let entry = program.entry(&format!("{name}_{suffix}")).map_err(fail)?;
+                prepared(program.clone(), entry, inner.target, inner.cpu.clone())
+            })
+        };
+        Ok(Some((half("fwd")?, half("bwd")?)))
+    }
+
     /// Seeded random inputs for every parameter, as `attnc run --random-inputs` makes them:
     /// floats from N(0, 1), i32 inputs as sorted segment ids, bools as coin flips; every dim
     /// not in `dims` (nor fixed by the program) is 8. A dict by parameter name.

@@ -608,6 +608,31 @@ impl Program {
         Ok(Program { checked, cpu: Arc::default(), entries: Arc::default(), backward: Some(fused), ..self.clone() })
     }
 
+    /// The entry's gradients in two halves, for autograd integrations that run the forward and
+    /// the backward at different times: entry `<entry>_fwd` returns the entry's results, then
+    /// `saved_out<n>` and `saved_lse<n>` (each fused flash op's result and per-row log-sum-exp);
+    /// entry `<entry>_bwd` takes the inputs, a cotangent `d_<result>` per float result, and
+    /// those saved values, and returns the gradients as [`Program::grad`] does, without running
+    /// the flash forward again. `None` when the backward is not fused (nothing to save): use
+    /// [`Program::grad`].
+    pub fn grad_split(&self, entry: &str, wrt: Option<&[String]>) -> Result<Option<Program>, RunError> {
+        let graph = self.graph(entry)?;
+        let Derived { graph: derived, fused } = Compiler::default().differentiate(graph, wrt)?;
+        let Ok(fused) = fused else { return Ok(None) };
+        let Some((fwd, bwd)) = attn_compiler::ir::grad::split_saved(&derived, graph.params().len(), graph.outputs().len(), entry) else {
+            return Ok(None);
+        };
+        for g in [&fwd, &bwd] {
+            if let Err(errors) = verify(g) {
+                let reason = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+                return Err(RunError::Grad(GradError::Internal { graph: entry.to_string(), reason }));
+            }
+        }
+        let mut checked = self.checked.clone();
+        checked.module.graphs = vec![fwd, bwd];
+        Ok(Some(Program { checked, cpu: Arc::default(), entries: Arc::default(), backward: Some(Ok(fused)), ..self.clone() }))
+    }
+
     /// For a program made by [`Program::grad`], how its backward pass was built: one line per
     /// fused flash backward (`Ok`), or why the program was differentiated op by op, unfused
     /// (`Err`). `None` for other programs.

@@ -25,6 +25,8 @@ use std::collections::{HashMap, HashSet};
 use thiserror::Error;
 
 mod rules;
+mod saved;
+pub use saved::split_saved;
 mod score;
 
 use rules::Algebra;

@@ -187,3 +187,42 @@ fn borrowed_inputs_are_checked() {
     let err = p.run_borrowed("nope", &[], &opts, &cpu).unwrap_err();
     assert!(matches!(err, RunError::UnknownEntry { .. }), "{err}");
 }
+
+/// The split gradients give the gradients of `Program::grad` bit for bit: the forward returns
+/// the result and the flash op's saved result and log-sum-exp, the backward takes them instead
+/// of running the flash forward again (ALiBi: the slopes' gradient too).
+#[test]
+fn split_gradients_are_the_gradients() {
+    let src = "fn alibi(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], slopes: f32[H]) -> f32[B, H, S, D] {
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i, scores + slopes[h] * (j - i), -inf), axis = -1) @ v
+}";
+    let p = Program::from_source(src, "alibi.attn").unwrap();
+    let dims = HashMap::from([("B".to_string(), 2), ("H".to_string(), 3), ("S".to_string(), 37), ("D".to_string(), 8)]);
+    let inputs = p.random_inputs("alibi", 7, &dims).unwrap();
+    let grad = p.grad("alibi", None).unwrap();
+    let mut with_cot = inputs.clone();
+    with_cot.push(("d_out".to_string(), inputs[0].1.clone()));
+    let opts = RunOptions { target: Target::Cpu, ..Default::default() };
+    let want = grad.run("alibi_grad", with_cot.clone(), &opts).unwrap();
+    let split = p.grad_split("alibi", None).unwrap().expect("a fused backward has a split");
+    let fwd = split.run("alibi_fwd", inputs.clone(), &opts).unwrap();
+    let names: Vec<&str> = fwd.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["out", "saved_out0", "saved_lse0"]);
+    assert_eq!(fwd[0].1, want[0].1, "the forward's result");
+    let mut bwd_inputs = with_cot;
+    bwd_inputs.extend(fwd[1..].iter().cloned());
+    let got = split.run("alibi_bwd", bwd_inputs, &opts).unwrap();
+    assert_eq!(got.len(), 4);
+    for ((gn, g), (wn, w)) in got.iter().zip(&want[1..]) {
+        assert_eq!((gn, g), (wn, w), "gradient {wn}");
+    }
+    // An unfused derivative has no split.
+    let additive = "fn f(q: f32[S, D], k: f32[S, D], v: f32[S, D], w: f32[D]) -> f32[S, D] {
+    let (i, j) = indices(q @ k.T)
+    return softmax(sum(tanh(unsqueeze(q, 1) + unsqueeze(k, 0)) * w, axis = -1), axis = -1) @ v
+}";
+    let p = Program::from_source(additive, "f.attn").unwrap();
+    assert!(p.grad_split("f", None).unwrap().is_none());
+}
