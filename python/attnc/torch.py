@@ -536,3 +536,11 @@ def _sdpa_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
 
 
 _sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
+
+
+def ring_attention(*args: Any, **kwargs: Any) -> _torch.Tensor:
+    """Context-parallel attention over a ``torch.distributed`` group: see
+    :func:`attnc._ring.ring_attention` (and ``attnc._ring.shard``/``unshard`` for the layout)."""
+    from ._ring import ring_attention as ring
+
+    return ring(*args, **kwargs)
