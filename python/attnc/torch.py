@@ -361,10 +361,10 @@ def flex_attention(
     by the indices). Captured tensors (ALiBi slopes, bias tables, document ids) become inputs of
     the program, with gradients for float ones. The program is compiled once per traced
     expression and reused at every sequence length; masked tiles are skipped where the mask is
-    a function of positions. ``return_lse=True`` is not supported yet.
+    a function of positions. ``return_lse=True`` also returns the per-row log-sum-exp of the
+    modified, masked scores ``[B, Hq, L]`` (natural log, as torch's), which is not differentiable;
+    with gradients, the forward runs once more to form it.
     """
-    if return_lse:
-        raise ArgumentError("return_lse=True: attnc.torch.flex_attention does not return the log-sum-exp yet")
     from ._trace import Tracer, trace
 
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -409,12 +409,30 @@ def flex_attention(
     if out_dtype == _torch.bfloat16:
         args = [a.float() for a in args]
     args += captured
-    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+    grad = _torch.is_grad_enabled() and any(a.requires_grad for a in args)
+    lse = None
+    if return_lse:
+        split = _FLEX_SPLITS.get(key_, False)
+        if split is False:
+            split = _FLEX_SPLITS[key_] = prog.grad_split(["q"])
+        if split is None:
+            raise ArgumentError("return_lse=True: this score modification has no fused form that saves the log-sum-exp")
+        saved = split[0](*(a.detach().contiguous() for a in args))
+        lse = saved[-1].reshape(query.shape[0], query.shape[1], query.shape[2])
+        if not grad:
+            out = saved[0]
+            return (out.to(out_dtype) if out.dtype != out_dtype else out), lse
+    if grad:
         out = differentiable(*args)
     else:
         arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
         out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
-    return out.to(out_dtype) if out.dtype != out_dtype else out
+    out = out.to(out_dtype) if out.dtype != out_dtype else out
+    return (out, lse) if return_lse else out
+
+
+# Per traced program: its split forward (for return_lse), or None when it has none.
+_FLEX_SPLITS: Dict[Tuple[Any, ...], Optional[Tuple[Program, Program]]] = {}
 
 
 def _captured(t: _torch.Tensor) -> _torch.Tensor:

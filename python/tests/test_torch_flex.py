@@ -106,5 +106,24 @@ def test_what_cannot_be_traced_is_an_error_that_names_it():
         at.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: s + torch.ones(3))
     with pytest.raises(attnc.ArgumentError, match="return a bool"):
         at.flex_attention(q, q, q, block_mask=at.create_block_mask(lambda b, h, qi, ki: qi - ki, None, None, 8, 8))
-    with pytest.raises(attnc.ArgumentError, match="return_lse"):
-        at.flex_attention(q, q, q, return_lse=True)
+
+
+@pytest.mark.parametrize("heads_kv", [H, 2], ids=["mha", "gqa"])
+def test_return_lse_is_torchs(heads_kv):
+    score_mod, mask_mod, _ = CASES["alibi"]
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(B, H, L, E, generator=g)
+    k, v = (torch.randn(B, heads_kv, S, E, generator=g) for _ in range(2))
+    gqa = heads_kv != H
+    with torch.no_grad():
+        out, lse = at.flex_attention(q, k, v, score_mod=score_mod, block_mask=at.create_block_mask(mask_mod, None, None, L, S), enable_gqa=gqa, return_lse=True)
+        want_out, want_lse = torch_flex(
+            q, k, v, score_mod=score_mod, block_mask=torch_block_mask(mask_mod, None, None, L, S, device="cpu"), enable_gqa=gqa, return_lse=True
+        )
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=5e-6)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=5e-6)
+    # With gradients the output is differentiable and the lse the same.
+    qg = q.clone().requires_grad_()
+    out2, lse2 = at.flex_attention(qg, k, v, score_mod=score_mod, block_mask=at.create_block_mask(mask_mod, None, None, L, S), enable_gqa=gqa, return_lse=True)
+    assert out2.requires_grad and not lse2.requires_grad
+    torch.testing.assert_close(lse2, want_lse, rtol=1e-5, atol=5e-6)
