@@ -127,3 +127,24 @@ def test_return_lse_is_torchs(heads_kv):
     out2, lse2 = at.flex_attention(qg, k, v, score_mod=score_mod, block_mask=at.create_block_mask(mask_mod, None, None, L, S), enable_gqa=gqa, return_lse=True)
     assert out2.requires_grad and not lse2.requires_grad
     torch.testing.assert_close(lse2, want_lse, rtol=1e-5, atol=5e-6)
+
+
+def test_examples_lse_merge_joins_two_partial_attentions_exactly():
+    from pathlib import Path
+
+    merge = attnc.compile(Path(__file__).resolve().parents[2] / "examples" / "lse_merge.attn")
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(B, H, L, E, generator=g)
+    k, v = (torch.randn(B, H, S, E, generator=g) for _ in range(2))
+    with torch.no_grad():
+        o1, l1 = at.flex_attention(q, k[:, :, :20], v[:, :, :20], return_lse=True)
+        o2, l2 = at.flex_attention(q, k[:, :, 20:], v[:, :, 20:], return_lse=True)
+        out, lse = merge(o1, l1, o2, l2)
+        want, want_lse = at.flex_attention(q, k, v, return_lse=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=2e-6)
+    # A part that saw no key contributes nothing.
+    empty = torch.full_like(l1, float("-inf"))
+    again, lse_again = merge(o1, l1, torch.zeros_like(o2), empty)
+    torch.testing.assert_close(again, o1)
+    torch.testing.assert_close(lse_again, l1)
