@@ -19,6 +19,9 @@
 #           --grad alone, f16, interleaved, into bwd.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
 #           training step, f16, none and causal, S=1024 and 4096, into train.md
+#   train-det
+#           the same at S=4096 with the tensor-core backward's deterministic mode
+#           (ATTNC_CUDA_BWD=deterministic: no atomic adds), into train-det.md
 #   additive
 #           bench/bahdanau.py --target cuda: additive attention against PyTorch eager, with inputs
 #           in the product form's range (trained) and outside it (wide), into additive.txt
@@ -160,6 +163,13 @@ while [ $i -lt ${#steps[@]} ]; do
             --dtypes f16 --seqs 1024,4096 --iters 10 --warmup 2 --out "$OUT/train.md" 2> "$OUT/train.log"
         echo "train: exit $?"
         tail -8 "$OUT/train.log"
+        ;;
+    train-det)
+        echo "== train-det"
+        ATTNC_CUDA_BWD=deterministic PYTHONUNBUFFERED=1 timeout 200 python3 bench/compare_gpu.py --attnc "$ATTNC" --train \
+            --cases none,causal --dtypes f16 --seqs 4096 --iters 10 --warmup 2 --out "$OUT/train-det.md" 2> "$OUT/train-det.log"
+        echo "train-det: exit $?"
+        tail -4 "$OUT/train-det.log"
         ;;
     additive)
         echo "== additive"
