@@ -376,15 +376,28 @@ impl CpuProgram {
         let mut given: Vec<(String, i64)> = dims.iter().map(|(k, v)| (k.clone(), *v)).collect();
         given.sort();
         let same = |k: &BindKey| k.1 == given && k.0.len() == inputs.len() && k.0.iter().zip(inputs).all(|(a, t)| a.as_slice() == t.shape);
-        if let Ok(last) = self.last_bind.lock()
-            && let Some(k) = last.as_ref().filter(|k| same(k))
-        {
-            return Ok((owned, k.2.clone()));
-        }
-        let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.to_vec()).collect();
-        let env = bind_dims(&self.graph, &shapes, dims).map_err(CpuError::Input)?;
-        if let Ok(mut last) = self.last_bind.lock() {
-            *last = Some((shapes, given, env.clone()));
+        let cached = self.last_bind.lock().ok().and_then(|last| last.as_ref().filter(|k| same(k)).map(|k| k.2.clone()));
+        let mut env = match cached {
+            Some(env) => env,
+            None => {
+                let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.to_vec()).collect();
+                let env = bind_dims(&self.graph, &shapes, dims).map_err(CpuError::Input)?;
+                if let Ok(mut last) = self.last_bind.lock() {
+                    *last = Some((shapes, given, env.clone()));
+                }
+                env
+            }
+        };
+        // 0-d i32 inputs by value: a mask that reads one (a window size) classifies its tiles by
+        // it (`attn_compiler::ir::scalar_param_key`); the per-shape state is keyed by it too.
+        for (i, (p, t)) in params.iter().zip(inputs).enumerate() {
+            let ty = &self.graph.node(*p).ty;
+            if ty.rank() == 0
+                && ty.dtype == DType::I32
+                && let DataRef::I32([v]) = t.data
+            {
+                env.insert(attn_compiler::ir::scalar_param_key(i), i64::from(*v));
+            }
         }
         Ok((owned, env))
     }

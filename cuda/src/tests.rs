@@ -200,6 +200,7 @@ pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
     ("bf16 document mask", include_str!("../../tests/cases/flash/bf16_document_mask.ir")),
     ("f16 sigmoid window", include_str!("../../tests/cases/flash/f16_sigmoid_window.ir")),
     ("f16 decode", include_str!("../../tests/cases/flash/f16_decode.ir")),
+    ("f16 window as an input", include_str!("../../tests/cases/flash/f16_window_as_an_input.ir")),
     ("f32 wide mixed", include_str!("../../tests/cases/flash/f32_wide_mixed.ir")),
     (
         "f32 additive scores with a weight per head, causal, shared K/V heads",

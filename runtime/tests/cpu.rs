@@ -705,3 +705,37 @@ fn a(q: f32[H, S, D], k: f32[H, S, D], v: f32[H, S, D], rel: f32[H, S]) -> f32[H
     });
     assert_eq!(index_fault(&got), Some((1, -1, 5)));
 }
+
+/// A window size given as an input runs fused with tile skipping decided by its value: the same
+/// bits as the program with that window written as a constant, and as the interpreter, for
+/// windows that keep one key, some, and every key.
+#[test]
+fn a_window_given_as_an_input_matches_the_constant_window() {
+    let with_input = "fn win(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], w: i32) -> f32[B, H, S, D] {
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i && i - j <= w, scores, -inf), axis = -1) @ v
+}";
+    let program = Program::from_source(with_input, "win.attn").expect("compiles");
+    let compiled = program.compile_cpu("win", &CpuOptions { threads: 2 }).expect("cpu");
+    let dims: HashMap<String, i64> = dim_map(&[("B", 1), ("H", 2), ("S", 300), ("D", 16)]);
+    let mut inputs: Vec<Tensor> = program.random_inputs("win", 3, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+    for w in [0, 7, 130, 5000] {
+        inputs[3] = Tensor::i32(vec![], vec![w]).expect("scalar");
+        let got = compiled.run_tensors(&inputs, &HashMap::new()).expect("runs");
+        let constant =
+            Program::from_source(&with_input.replace(", w: i32)", ")").replace("<= w,", &format!("<= {w},")), "c.attn").expect("compiles");
+        let want =
+            constant.compile_cpu("win", &CpuOptions { threads: 2 }).expect("cpu").run_tensors(&inputs[..3], &HashMap::new()).expect("runs");
+        assert!(same_bits(&got, &want), "w = {w}: the input window differs from the constant one");
+        let env = attn_compiler::exec::bind_dims(
+            program.graph("win").expect("graph"),
+            &inputs.iter().map(|t| t.shape.clone()).collect::<Vec<_>>(),
+            &HashMap::new(),
+        )
+        .expect("dims");
+        let reference = interp::run(program.graph("win").expect("graph"), &inputs, &env).expect("interpreter");
+        let err = compare(&got, &reference).unwrap_or_else(|e| panic!("w = {w}: {e}"));
+        assert!(err < 1e-4, "w = {w}: differs from the interpreter by {err:e}");
+    }
+}

@@ -477,6 +477,10 @@ impl ExprParser<'_> {
         }
         if let Some(n) = w.strip_prefix('x').and_then(|n| n.parse::<usize>().ok()) {
             self.require("[")?;
+            // `x0[]`: a 0-d operand, one value for every score.
+            if self.eat("]") {
+                return Ok(ScoreExpr::Load { input: n, index: Vec::new() });
+            }
             let mut index = vec![self.expr(0)?];
             while self.eat(",") {
                 index.push(self.expr(0)?);

@@ -110,6 +110,10 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Bo
     let int = |v: i64| Bound::new(Iv::point(v as f64), Class::Int);
     match e {
         ScoreExpr::Score => Bound::any(Class::Float),
+        // A 0-d i32 operand whose value the run gave (a window size, a prefix length).
+        ScoreExpr::Load { input, index } if index.is_empty() => {
+            env.get(&scalar_load_key(*input)).map_or(Bound::any(Class::Float), |v| int(*v))
+        }
         ScoreExpr::Load { .. } => Bound::any(Class::Float),
         ScoreExpr::Pos(k) => {
             ranges.get(*k).map_or(Bound::any(Class::Int), |(lo, hi)| Bound::new(Iv { lo: *lo as f64, hi: *hi as f64 }, Class::Int))
@@ -265,6 +269,20 @@ fn compare(b: BinaryOp, x: Iv, y: Iv) -> Option<bool> {
             }
         }
     }
+}
+
+/// The name under which a classification's `env` holds the value of the flash op's extra
+/// operand `input` when it is a 0-d i32 value known at run time: the mask's `x<input>[]` is then
+/// that number, and tiles classify as they do for a constant (a window size given as an input
+/// keeps its tile skipping). No dimension can have this name.
+pub fn scalar_load_key(input: usize) -> String {
+    format!("\u{1}x{input}")
+}
+
+/// The name under which a run's `env` holds the value of parameter `param` when it is a 0-d
+/// i32 input ([`scalar_load_key`] is its name as a flash op's operand).
+pub fn scalar_param_key(param: usize) -> String {
+    format!("\u{1}p{param}")
 }
 
 /// Classifies the tile of query rows `rows` and key rows `cols` (half-open ranges) of a mask

@@ -250,7 +250,7 @@ pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy)
             return Err(PrepareError::OutOfRange { node: c.node.clone(), span: c.span, axis: c.axis, start, end, size });
         }
     }
-    let mut p = Preparing { env, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };
+    let mut p = Preparing { env, schedule, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };
     for (s, step) in schedule.steps.iter().enumerate() {
         let items = p.step(s, &step.kernel)?;
         p.tuning.insert((s, Tuning::Items), items);
@@ -295,12 +295,30 @@ impl Prepared {
 
 struct Preparing<'a> {
     env: &'a HashMap<String, i64>,
+    schedule: &'a Schedule,
     policy: &'a Policy,
     tuning: HashMap<(usize, Tuning), i64>,
     prepared: Prepared,
 }
 
 impl Preparing<'_> {
+    /// The run's bindings plus, for each of a flash op's `extras` that is a 0-d i32 input whose
+    /// value the run gave ([`crate::ir::scalar_param_key`]), that value as the mask's
+    /// `x<n>[]` ([`crate::ir::scalar_load_key`]), so that its tiles classify by it.
+    fn with_scalars(&self, extras: &[super::View]) -> HashMap<String, i64> {
+        let mut env = self.env.clone();
+        for (n, x) in extras.iter().enumerate() {
+            let Some(&BufferKind::Param(i)) = self.schedule.buffers.get(x.buf).map(|b| &b.kind) else { continue };
+            if x.shape.is_empty()
+                && x.dtype == crate::ir::DType::I32
+                && let Some(v) = self.env.get(&crate::ir::scalar_param_key(i))
+            {
+                env.insert(crate::ir::scalar_load_key(n), *v);
+            }
+        }
+        env
+    }
+
     fn set(&mut self, step: usize, values: &[(Tuning, i64)]) {
         for (t, v) in values {
             self.tuning.insert((step, *t), *v);
@@ -387,7 +405,7 @@ impl Preparing<'_> {
                 (Tuning::TileEntryBytes, entry),
             ],
         );
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, env);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &self.with_scalars(&f.extras));
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));
@@ -465,7 +483,7 @@ impl Preparing<'_> {
             ],
         );
         let cpu = matches!(self.policy, Policy::Cpu(_));
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, env);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &self.with_scalars(&f.extras));
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));

@@ -324,3 +324,38 @@ fn prepare_sizes_blocks_tables_and_scratch() {
     let bad: std::collections::HashMap<String, i64> = [("B", 1), ("H", 1), ("S", -1), ("D", 4)].map(|(k, v)| (k.to_string(), v)).into();
     assert!(matches!(prepare(&schedule(&g, &cpu).expect("schedules"), &bad, &cpu), Err(PrepareError::Negative { .. })));
 }
+
+/// A window size given as a 0-d i32 input folds into the fused mask as `x0[]`, and a run that
+/// gives its value (`scalar_param_key`) classifies tiles by it as it would a constant; without
+/// the value every tile is partial (evaluated per element, still correct).
+#[test]
+fn a_window_given_as_an_input_classifies_tiles_by_its_value() {
+    let src = "fn win(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], w: i32) -> f32[B, H, S, D] {
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i && i - j <= w, scores, -inf), axis = -1) @ v
+}";
+    let compiled = crate::check(src).expect("compiles");
+    let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
+    let cpu = Policy::default();
+    let s = schedule(&g, &cpu).expect("schedules");
+    let Kernel::Flash(f) = &s.steps[0].kernel else { panic!("{:?}", s.steps[0].kernel) };
+    assert!(f.spec.mask.as_ref().is_some_and(|m| ShowExpr { expr: m, rank: 4 }.to_string().contains("x0[]")), "{:?}", f.spec.mask);
+    let classes = |w: Option<i64>| {
+        let mut env: std::collections::HashMap<String, i64> =
+            [("B", 1), ("H", 1), ("S", 1024), ("D", 64)].map(|(k, v)| (k.to_string(), v)).into();
+        if let Some(w) = w {
+            env.insert(crate::ir::scalar_param_key(3), w);
+        }
+        let p = prepare(&s, &env, &cpu).expect("prepares");
+        let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
+        p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
+            c[e[0] as usize] += 1;
+            c
+        })
+    };
+    // 8 × 8 tiles of 128: a window of 100 keeps the diagonal and the one below it.
+    assert_eq!(classes(Some(100)), [64 - 15, 0, 15]);
+    assert_eq!(classes(Some(4096)), [28, 28, 8], "as causal");
+    assert_eq!(classes(None), [28, 0, 36], "the diagonal's upper triangle is skipped either way");
+}

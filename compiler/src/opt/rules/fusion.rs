@@ -392,9 +392,10 @@ impl Cx<'_> {
         None
     }
 
-    /// A tensor that broadcasts along the score axes, read per element.
+    /// A tensor that broadcasts along the score axes, read per element (a 0-d one, such as a
+    /// window size or a temperature given as an input, is one value for every score).
     fn load_whole(&mut self, class: Id, t: &TensorType) -> Option<ScoreExpr> {
-        if t.rank() == 0 || t.rank() > self.shape.len() {
+        if t.rank() > self.shape.len() {
             return None;
         }
         let offset = self.shape.len() - t.rank();
