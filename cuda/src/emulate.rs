@@ -570,7 +570,9 @@ pub fn emulate_schedule(
 ) -> Result<Vec<Tensor>, String> {
     let s = s.as_ref().map_err(Clone::clone)?;
     let program = render(s).map_err(|e| e.to_string())?;
-    let prep = prepare(s, env, &policy()).map_err(|e| e.to_string())?;
+    let mut run_env = env.clone();
+    attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
+    let prep = prepare(s, &run_env, &policy()).map_err(|e| e.to_string())?;
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;
     let mut uploads: Vec<(usize, Vec<u8>)> = s.params.iter().zip(inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();

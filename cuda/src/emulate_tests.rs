@@ -469,3 +469,26 @@ fn additive_scores_take_both_forms_emulated() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A window size given as an input: the run's tile table is classified by its value (skipped
+/// and full tiles included), and the emulated kernels give the interpreter's result for a
+/// window of one key, of some, and of every key.
+#[test]
+fn a_window_given_as_an_input_classifies_by_its_value_emulated() {
+    if !compiler_or_skip("a_window_given_as_an_input_classifies_by_its_value_emulated").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let g: Graph = include_str!("../../tests/cases/flash/f16_window_as_an_input.ir").parse().unwrap();
+    let env = sizes(&g, &[("B", 1), ("H", 2), ("S", 200), ("D", 32)]);
+    let schedule = device_graph(Device::AsWritten(&g));
+    let mut inputs: Vec<Tensor> = random_inputs(&g.param_types(), 4, &env).unwrap().into_iter().map(|(_, t)| t).collect();
+    for w in [0, 37, 500] {
+        inputs[3] = Tensor::i32(vec![], vec![w]).unwrap();
+        let want = interp_run(&g, &inputs, &env).unwrap();
+        let wd = work_dir(&format!("window{w}"));
+        let got = emulate_schedule(&schedule, &inputs, &env, &wd).unwrap_or_else(|e| panic!("w = {w}: {e}"));
+        let _ = std::fs::remove_dir_all(&wd);
+        let err = max_rel(&got[0], &want[0], 1.0);
+        assert!(err <= 5e-3, "w = {w}: max relative error {err:e}");
+    }
+}

@@ -237,7 +237,8 @@ pub(super) fn run(
     let gpu = gpu()?;
     attn_compiler::exec::check_inputs(graph, inputs)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
-    let env = bind_dims(graph, &shapes, given)?;
+    let mut env = bind_dims(graph, &shapes, given)?;
+    attn_compiler::exec::add_scalar_inputs(inputs, &mut env);
     let exec = gpu.exec_for(graph)?;
     let mut ex = exec.lock().map_err(|_| poisoned())?;
     let prep = prepare(&ex.schedule, &env, &gpu.policy()).map_err(slice_fault)?;

@@ -29,6 +29,19 @@ pub fn element_count(shape: &[usize], what: &str) -> Result<usize, ExecError> {
     if n > MAX_ELEMENTS { Err(too_large()) } else { Ok(n) }
 }
 
+/// Adds to a run's `env` the value of each 0-d i32 input (in parameter order) under
+/// [`crate::ir::scalar_param_key`], so that a mask reading it (a window size) classifies its
+/// tiles by it when the run is prepared ([`crate::schedule::prepare()`]).
+pub fn add_scalar_inputs(inputs: &[Tensor], env: &mut std::collections::HashMap<String, i64>) {
+    for (i, t) in inputs.iter().enumerate() {
+        if let (true, crate::tensor::TensorData::I32(v)) = (t.shape.is_empty(), &t.data)
+            && let [x] = v.as_slice()
+        {
+            env.insert(crate::ir::scalar_param_key(i), i64::from(*x));
+        }
+    }
+}
+
 /// Inputs must match the parameters in count, dtype and stored element count (shapes are
 /// checked by [`bind_dims`]). Every backend validates its inputs with this.
 pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), ExecError> {
