@@ -369,15 +369,8 @@ impl Cx<'_, '_> {
             }
             "concat" => {
                 self.arity(call, 1, 1, &["axis"])?;
-                let ExprKind::List(items) = &call.pos[0].kind else {
-                    return Err(self.bad_args(call, "concat takes a list of tensors: `concat([a, b], axis = 1)`"));
-                };
-                let mut ops = Vec::new();
-                for e in items {
-                    ops.push((self.tensor(frame, e)?, e.span));
-                }
-                let Some(first) = ops.first() else { return Err(self.bad_args(call, "concat needs at least one tensor")) };
-                let ty = self.ty(first.0).clone();
+                let ops = self.tensor_list(frame, call, "concat([a, b], axis = 1)")?;
+                let ty = self.ty(ops[0].0).clone();
                 let axis = match call.kw("axis") {
                     Some(e) => self.axis(frame, e, &ty)?,
                     None => return Err(self.bad_args(call, "concat needs `axis = ...`")),
@@ -612,6 +605,23 @@ impl Cx<'_, '_> {
             Some(ExprKind::Bool(b)) => Ok(*b),
             Some(_) => Err(self.bad_args(call, &format!("`{key}` is `true` or `false`"))),
         }
+    }
+
+    /// The call's first argument as a non-empty list of tensors with their spans (`concat`,
+    /// `stack`); `usage` shows the call written right.
+    pub(super) fn tensor_list(&mut self, frame: &Frame, call: &Call<'_>, usage: &str) -> LResult<Vec<(Value, Span)>> {
+        let name = call.name;
+        let ExprKind::List(items) = &call.pos[0].kind else {
+            return Err(self.bad_args(call, &format!("{name} takes a list of tensors: `{usage}`")));
+        };
+        let mut xs = Vec::new();
+        for e in items {
+            xs.push((self.tensor(frame, e)?, e.span));
+        }
+        if xs.is_empty() {
+            return Err(self.bad_args(call, &format!("{name} needs at least one tensor")));
+        }
+        Ok(xs)
     }
 
     pub(super) fn bad_args(&mut self, call: &Call<'_>, msg: &str) -> super::Reported {

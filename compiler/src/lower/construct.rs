@@ -7,7 +7,6 @@ use super::builtins::Call;
 use super::{Cx, Frame, LResult, codes};
 use crate::ir::{BinaryOp, DType, Dim, Op, TensorType, Value, broadcast_shapes};
 use attn_dsl::Diagnostic;
-use attn_dsl::ast::ExprKind;
 
 impl Cx<'_, '_> {
     /// `arange(N)`, `stack([...], axis = a)`, `broadcast_to(x, [...])` / `expand(x, [...])`.
@@ -29,15 +28,8 @@ impl Cx<'_, '_> {
     /// appends), each `xk` unsqueezed there, then concatenated along it.
     fn stack(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Value> {
         self.arity(call, 1, 1, &["axis"])?;
-        let ExprKind::List(items) = &call.pos[0].kind else {
-            return Err(self.bad_args(call, "stack takes a list of tensors: `stack([a, b], axis = -1)`"));
-        };
-        let mut xs = Vec::new();
-        for e in items {
-            xs.push((self.tensor(frame, e)?, e.span));
-        }
-        let Some(&(first, _)) = xs.first() else { return Err(self.bad_args(call, "stack needs at least one tensor")) };
-        let ty = self.ty(first).clone();
+        let xs = self.tensor_list(frame, call, "stack([a, b], axis = -1)")?;
+        let ty = self.ty(xs[0].0).clone();
         let widened = TensorType::new(ty.dtype, vec![Dim::constant(1); ty.rank() + 1]);
         let axis = match call.kw("axis") {
             Some(e) => self.axis(frame, e, &widened)?,
