@@ -711,11 +711,7 @@ fn a(q: f32[H, S, D], k: f32[H, S, D], v: f32[H, S, D], rel: f32[H, S]) -> f32[H
 /// windows that keep one key, some, and every key.
 #[test]
 fn a_window_given_as_an_input_matches_the_constant_window() {
-    let with_input = "fn win(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], w: i32) -> f32[B, H, S, D] {
-    let scores = q @ k.T / sqrt(D)
-    let (b, h, i, j) = indices(scores)
-    return softmax(where(j <= i && i - j <= w, scores, -inf), axis = -1) @ v
-}";
+    let with_input = include_str!("../../tests/cases/flash/window_as_an_input.attn");
     let program = Program::from_source(with_input, "win.attn").expect("compiles");
     let compiled = program.compile_cpu("win", &CpuOptions { threads: 2 }).expect("cpu");
     let dims: HashMap<String, i64> = dim_map(&[("B", 1), ("H", 2), ("S", 300), ("D", 16)]);

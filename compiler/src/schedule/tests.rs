@@ -330,11 +330,7 @@ fn prepare_sizes_blocks_tables_and_scratch() {
 /// the value every tile is partial (evaluated per element, still correct).
 #[test]
 fn a_window_given_as_an_input_classifies_tiles_by_its_value() {
-    let src = "fn win(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], w: i32) -> f32[B, H, S, D] {
-    let scores = q @ k.T / sqrt(D)
-    let (b, h, i, j) = indices(scores)
-    return softmax(where(j <= i && i - j <= w, scores, -inf), axis = -1) @ v
-}";
+    let src = include_str!("../../../tests/cases/flash/window_as_an_input.attn");
     let compiled = crate::check(src).expect("compiles");
     let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
     let cpu = Policy::default();
