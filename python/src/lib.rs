@@ -280,10 +280,8 @@ impl Compiled {
     fn grad_split(&self, py: Python<'_>, wrt: Option<Vec<String>>) -> PyResult<Option<(Compiled, Compiled)>> {
         let inner = &*self.inner;
         let name = &inner.entry.name;
-        let split = py.detach(|| inner.program.grad_split(name, wrt.as_deref()));
-        let Some(program) = split.map_err(|e| run_error(py, &inner.program, name, &e, &[]))? else { return Ok(None) };
-        let half = |suffix: &str| -> PyResult<Compiled> {
-            let key: Key = (
+        let key = |suffix: &str| -> Key {
+            (
                 inner.program.source().to_string(),
                 inner.program.file_name().to_string(),
                 // Not an entry name any program can have (a control character).
@@ -291,8 +289,16 @@ impl Compiled {
                 inner.target,
                 inner.cpu.threads,
                 Some(wrt.clone().unwrap_or_default()),
-            );
-            cached_or_built(py, key, || {
+            )
+        };
+        if let (Some(fwd), Some(bwd)) = (cached(&key("fwd")), cached(&key("bwd"))) {
+            return Ok(Some((Compiled { inner: fwd }, Compiled { inner: bwd })));
+        }
+        // Differentiated once for both halves.
+        let split = py.detach(|| inner.program.grad_split(name, wrt.as_deref()));
+        let Some(program) = split.map_err(|e| run_error(py, &inner.program, name, &e, &[]))? else { return Ok(None) };
+        let half = |suffix: &str| {
+            cached_or_built(py, key(suffix), || {
                 let fail = |e| Failure::Run(Box::new((program.clone(), name.clone(), e)));
                 let entry = program.entry(&format!("{name}_{suffix}")).map_err(fail)?;
                 prepared(program.clone(), entry, inner.target, inner.cpu.clone())

@@ -514,7 +514,8 @@ impl Program {
         opts: &RunOptions,
         cpu: &CpuOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
-        let (graph, info, dims) = self.begin_run(entry, opts)?;
+        let (graph, meta, dims) = self.begin_run(entry, opts)?;
+        let info = &meta.1;
         let params: Vec<String> = info.params.iter().map(|(n, _)| n.clone()).collect();
         let mut slots: Vec<Option<Tensor>> = vec![None; params.len()];
         for (name, tensor) in inputs {
@@ -542,7 +543,7 @@ impl Program {
             Target::Cpu => self.cpu_entry(entry, cpu)?.run_tensors(&tensors, &dims)?,
             Target::Cuda => crate::cuda::run(graph, &tensors, &dims)?,
         };
-        Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
+        Ok(info.outputs.iter().map(|(n, _)| n.clone()).zip(results).collect())
     }
 
     /// Runs `entry` on borrowed inputs, one per parameter in order (the zero-copy door the
@@ -556,7 +557,8 @@ impl Program {
         opts: &RunOptions,
         cpu: &CpuOptions,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
-        let (graph, info, dims) = self.begin_run(entry, opts)?;
+        let (graph, meta, dims) = self.begin_run(entry, opts)?;
+        let info = &meta.1;
         if inputs.len() < info.params.len() {
             let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
             return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
@@ -589,7 +591,7 @@ impl Program {
                 }
             }
         };
-        Ok(info.outputs.into_iter().map(|(n, _)| n).zip(results).collect())
+        Ok(info.outputs.iter().map(|(n, _)| n.clone()).zip(results).collect())
     }
 
     /// `entry` with its gradients, as a program of one entry point, `<entry>_grad`: it takes
@@ -666,7 +668,7 @@ impl Program {
     }
 
     /// The entry's graph and signature, and the given dims checked ([`Program::check_dims`]).
-    fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, EntryInfo, HashMap<String, i64>), RunError> {
+    fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, Arc<(Vec<String>, EntryInfo)>, HashMap<String, i64>), RunError> {
         let graph = self.graph(entry)?;
         let cached = self.entries.lock().ok().and_then(|c| c.get(entry).cloned());
         let meta = match cached {
@@ -680,7 +682,7 @@ impl Program {
             }
         };
         let dims = if opts.dims.is_empty() { HashMap::new() } else { self.check_dims(entry, &opts.dims, &meta.0)? };
-        Ok((graph, meta.1.clone(), dims))
+        Ok((graph, meta, dims))
     }
 
     /// Checks given dims against the entry and the file's `dim` items; returns the ones to pass
