@@ -108,8 +108,11 @@ class Sym:
         return self._bin("/", o, True, kind="f")
 
     def __floordiv__(self, o: Any) -> "Sym":
-        q = self._bin("/", o, kind="f")
-        return Sym(f"cast(floor({q.text}), i32)", "i", self.tracer) if "f" not in (self.kind, self._lift(o).kind) else Sym(f"floor({q.text})", "f", self.tracer)
+        other = self._lift(o)
+        q = f"floor({self.text} / {other.text})"
+        if "f" in (self.kind, other.kind):
+            return Sym(q, "f", self.tracer)
+        return Sym(f"cast({q}, i32)", "i", self.tracer)
 
     def __mod__(self, o: Any) -> "Sym":
         return self._bin("%", o)
@@ -226,9 +229,10 @@ class Sym:
             return Sym(f"{op}({', '.join(x.text for x in xs)})", kind or _join(*xs), tracer)
         if name in ("clamp", "clip"):
             return _sym(tracer, args[0]).clamp(*args[1:], **kwargs)
-        if name in ("to", "float", "int", "long", "bool", "type_as"):
-            s = _sym(tracer, args[0])
-            return getattr(s, name if name != "type_as" else "to")(*args[1:], **kwargs) if name != "type_as" else s
+        if name == "type_as":
+            return _sym(tracer, args[0])
+        if name in ("to", "float", "int", "long", "bool"):
+            return getattr(_sym(tracer, args[0]), name)(*args[1:], **kwargs)
         raise TraceError(f"`{name}` in a score or mask function cannot be traced into attnc (see attnc.torch.flex_attention)")
 
 

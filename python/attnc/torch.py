@@ -169,9 +169,7 @@ def _sdpa(
     if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
         out = differentiable(*args)
     else:
-        # Straight to the binding: CPU tensors share their memory with the arrays.
-        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
-        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
+        out = _run_plain(prog, args)
     return out.to(out_dtype) if out.dtype != out_dtype else out
 
 
@@ -239,6 +237,13 @@ def _sdpa_prepare(
         found = (prog, attention(prog))
         _SDPA_PROGRAMS[key_] = found
     return found[0], found[1], args, out_dtype
+
+
+def _run_plain(prog: Program, args: List[_torch.Tensor]) -> _torch.Tensor:
+    """``prog``'s first result on CPU tensors, without autograd, straight through the binding:
+    the arrays share the tensors' memory (a non-contiguous tensor is copied once)."""
+    arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
+    return _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
 
 
 def _compile(text: str, threads: int) -> Program:
@@ -425,8 +430,7 @@ def flex_attention(
     if grad:
         out = differentiable(*args)
     else:
-        arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
-        out = _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
+        out = _run_plain(prog, args)
     out = out.to(out_dtype) if out.dtype != out_dtype else out
     return (out, lse) if return_lse else out
 
