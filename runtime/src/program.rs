@@ -265,7 +265,10 @@ type CpuCache = Arc<Mutex<HashMap<(String, usize), Arc<CpuProgram>>>>;
 
 /// Per entry: its dims ([`Program::entry_dims`]) and signature, formed once (a run's fixed
 /// cost at small sizes is mostly this bookkeeping).
-type EntryCache = Arc<Mutex<HashMap<String, Arc<(Vec<String>, EntryInfo)>>>>;
+type EntryCache = Arc<Mutex<HashMap<String, EntryMeta>>>;
+
+/// One entry's dims and signature, shared by its runs.
+type EntryMeta = Arc<(Vec<String>, EntryInfo)>;
 
 /// A compiled program, ready to run any of its entry points.
 #[derive(Clone, Debug)]
@@ -668,7 +671,7 @@ impl Program {
     }
 
     /// The entry's graph and signature, and the given dims checked ([`Program::check_dims`]).
-    fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, Arc<(Vec<String>, EntryInfo)>, HashMap<String, i64>), RunError> {
+    fn begin_run(&self, entry: &str, opts: &RunOptions) -> Result<(&Graph, EntryMeta, HashMap<String, i64>), RunError> {
         let graph = self.graph(entry)?;
         let cached = self.entries.lock().ok().and_then(|c| c.get(entry).cloned());
         let meta = match cached {
