@@ -216,8 +216,7 @@ impl Cx<'_> {
     /// element at `position` ([`Self::weights`]), after the comment `what`.
     fn scores(&self, what: &str, position: &str) -> Result<Vec<String>, CudaEmitError> {
         let mut out = vec![what.to_string()];
-        out.extend(self.product("s_", "As_", "warp_ * 16", "Cb_"));
-        out.extend(self.product("dp_", "Bs_", "warp_ * 16", "Eb_"));
+        out.extend(self.products([("s_", "As_", "Cb_"), ("dp_", "Bs_", "Eb_")], "warp_ * 16"));
         out.extend(self.weights(position)?);
         Ok(out)
     }
@@ -259,29 +258,39 @@ impl Cx<'_> {
         ])
     }
 
-    /// `acc[16 rows][32 columns] = X Yᵀ` over the padded head width: X's 16 rows from shared
-    /// address `xs` (`xrow` the warp's first row), Y's 32 rows from `ys`.
-    fn product(&self, acc: &str, xs: &str, xrow: &str, ys: &str) -> Vec<String> {
+    /// `acc[16 rows][32 columns] = X Yᵀ` over the padded head width for both `(acc, xs, ys)`:
+    /// X's 16 rows from shared address `xs` (`xrow` the warp's first row), Y's 32 rows from
+    /// `ys`. The two products share one loop over the width, so that eight independent
+    /// accumulators (not four) hide the tensor cores' latency.
+    fn products(&self, pair: [(&str, &str, &str); 2], xrow: &str) -> Vec<String> {
         let mma = self.mma;
-        vec![
-            format!("float {acc}[4][4];"),
-            "#pragma unroll".into(),
-            format!(
+        let mut out = Vec::new();
+        for (acc, _, _) in pair {
+            out.push(format!("float {acc}[4][4];"));
+            out.push("#pragma unroll".into());
+            out.push(format!(
                 "for (int nt_ = 0; nt_ < 4; ++nt_) {{ {acc}[nt_][0] = 0.0f; {acc}[nt_][1] = 0.0f; {acc}[nt_][2] = 0.0f; {acc}[nt_][3] = 0.0f; }}"
-            ),
-            "#pragma unroll".into(),
-            "for (int ks_ = 0; ks_ < KS_; ++ks_) {".into(),
-            "  unsigned a_[4];".into(),
-            format!("  attnc_ldsm_x4(a_, {xs} + 2u * (fa_ + ({xrow}) * LD_ + ks_ * 16));"),
-            "  #pragma unroll".into(),
-            "  for (int nt_ = 0; nt_ < 4; nt_ += 2) {".into(),
-            "    unsigned b_[4];".into(),
-            format!("    attnc_ldsm_x4(b_, {ys} + 2u * (fb_ + nt_ * 8 * LD_ + ks_ * 16));"),
-            format!("    {mma}({acc}[nt_], a_, b_);"),
-            format!("    {mma}({acc}[nt_ + 1], a_, b_ + 2);"),
-            "  }".into(),
-            "}".into(),
-        ]
+            ));
+        }
+        out.push("#pragma unroll".into());
+        out.push("for (int ks_ = 0; ks_ < KS_; ++ks_) {".into());
+        for (acc, xs, ys) in pair {
+            out.extend([
+                "  {".to_string(),
+                "    unsigned a_[4];".into(),
+                format!("    attnc_ldsm_x4(a_, {xs} + 2u * (fa_ + ({xrow}) * LD_ + ks_ * 16));"),
+                "    #pragma unroll".into(),
+                "    for (int nt_ = 0; nt_ < 4; nt_ += 2) {".into(),
+                "      unsigned b_[4];".into(),
+                format!("      attnc_ldsm_x4(b_, {ys} + 2u * (fb_ + nt_ * 8 * LD_ + ks_ * 16));"),
+                format!("      {mma}({acc}[nt_], a_, b_);"),
+                format!("      {mma}({acc}[nt_ + 1], a_, b_ + 2);"),
+                "    }".into(),
+                "  }".into(),
+            ]);
+        }
+        out.push("}".into());
+        out
     }
 
     /// `acc[16][HD_] += X Z` for X = the 16 × 32 accumulator `x` (rounded to the operand type)
@@ -436,7 +445,8 @@ impl Cx<'_> {
 
     /// `dQ += dS K` for the half tile's queries, added atomically into `acc` (the fast mode):
     /// each warp's `dSᵀ` goes to `S_` as `dS` (queries × the block's keys); warp `w` forms
-    /// queries `16 (w & 1) ..` and columns `(w >> 1) HD_/2 ..` (16 at a time) against K in `A_`
+    /// queries `16 (w & 1) ..` and columns `(w >> 1) HD_/2 ..` (32 at a time where the width
+    /// allows: four independent accumulators, else 16) against K in `A_`
     /// into `Q_`; then the block adds `Q_` to global memory four neighbouring columns at a time
     /// (one vector `red` on sm_90) where the row is 16-byte aligned.
     fn dq_added(&self, acc: &View) -> Result<Vec<String>, CudaEmitError> {
@@ -456,18 +466,24 @@ impl Cx<'_> {
             "  unsigned a_[4][4];".into(),
             "  #pragma unroll".into(),
             "  for (int kk_ = 0; kk_ < 4; ++kk_) attnc_ldsm_x4(a_[kk_], Ss_ + 2u * (fs_ + qr_ * LS_ + kk_ * 16));".into(),
+            "  constexpr int TW_ = (HD_ / 2) % 32 == 0 ? 32 : 16;  // columns at a time: four independent accumulators where the width allows".into(),
             "  #pragma unroll".into(),
-            "  for (int t_ = 0; t_ < HD_ / 2; t_ += 16) {".into(),
-            "    float q_[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};".into(),
+            "  for (int t_ = 0; t_ < HD_ / 2; t_ += TW_) {".into(),
+            "    float q_[TW_ / 8][4];".into(),
+            "    #pragma unroll".into(),
+            "    for (int u_ = 0; u_ < TW_ / 8; ++u_) { q_[u_][0] = 0.0f; q_[u_][1] = 0.0f; q_[u_][2] = 0.0f; q_[u_][3] = 0.0f; }".into(),
             "    #pragma unroll".into(),
             "    for (int kk_ = 0; kk_ < 4; ++kk_) {".into(),
-            "      unsigned b_[4];".into(),
-            "      attnc_ldsm_x4_t(b_, As_ + 2u * (fa_ + kk_ * 16 * LD_ + c0_ + t_));".into(),
-            format!("      {mma}(q_[0], a_[kk_], b_);"),
-            format!("      {mma}(q_[1], a_[kk_], b_ + 2);"),
+            "      #pragma unroll".into(),
+            "      for (int u_ = 0; u_ < TW_; u_ += 16) {".into(),
+            "        unsigned b_[4];".into(),
+            "        attnc_ldsm_x4_t(b_, As_ + 2u * (fa_ + kk_ * 16 * LD_ + c0_ + t_ + u_));".into(),
+            format!("        {mma}(q_[u_ / 8], a_[kk_], b_);"),
+            format!("        {mma}(q_[u_ / 8 + 1], a_[kk_], b_ + 2);"),
+            "      }".into(),
             "    }".into(),
             "    #pragma unroll".into(),
-            "    for (int e_ = 0; e_ < 8; ++e_)".into(),
+            "    for (int e_ = 0; e_ < TW_ / 2; ++e_)".into(),
             "      Q_[(qr_ + g_ + ((e_ & 3) >> 1) * 8) * LQ_ + c0_ + t_ + (e_ >> 2) * 8 + tg_ * 2 + (e_ & 1)] = q_[e_ >> 2][e_ & 3];".into(),
             "  }".into(),
             "}".into(),
