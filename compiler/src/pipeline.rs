@@ -341,7 +341,7 @@ impl Compiler {
 fn backward_groups(g: &Graph) -> Vec<String> {
     let mut groups: Vec<(Vec<crate::ir::Value>, &crate::ir::FlashSpec, Vec<String>)> = Vec::new();
     for v in g.values() {
-        if let Op::FlashGrad { spec, wrt } = &g.node(v).op {
+        if let Op::FlashGrad { spec, wrt, .. } = &g.node(v).op {
             let operands = g.operands(v);
             match groups.iter_mut().find(|(o, s, _)| *o == operands && *s == &**spec) {
                 Some((_, _, wrts)) => wrts.push(wrt.name()),

@@ -249,7 +249,8 @@ fn every_op_runs_emulated_like_the_interpreter() {
 
 /// f32 flash ops whose score modifications load extra operands with gradients: per batch
 /// index (ALiBi slopes, summed in registers) and per position (a relative-bias table, added
-/// one contribution at a time), with grouped-query K/V.
+/// one contribution at a time), with grouped-query K/V; and attention sinks through the
+/// log-sum-exp (its cotangent subtracted from `delta` by a step of its own), f32 and f16.
 const BACKWARD_GRAPHS: &[(&str, &str)] = &[
     ("f32 causal alibi gqa", include_str!("../../tests/cases/flash_backward/f32_causal_alibi_gqa.ir")),
     (
@@ -257,6 +258,8 @@ const BACKWARD_GRAPHS: &[(&str, &str)] = &[
         include_str!("../../tests/cases/flash_backward/f32_scaled_query_folded_into_the_product.ir"),
     ),
     ("f32 relative bias table", include_str!("../../tests/cases/flash_backward/f32_relative_bias_table.ir")),
+    ("f32 sinks", include_str!("../../tests/cases/flash_backward/f32_sinks_through_the_log_sum_exp.ir")),
+    ("f16 sinks", include_str!("../../tests/cases/flash_backward/f16_sinks_through_the_log_sum_exp.ir")),
 ];
 
 /// The derivatives the flash backward tests run (here and on the device): every flash graph

@@ -179,7 +179,8 @@ fn cpu_gradients_match_the_interpreter_at_odd_sizes() {
 /// that span several 64 x 64 tiles with ragged edges (S = 150, a cross length of 97, D = 72):
 /// causal (skipped and diagonal tiles), ALiBi slopes and a relative-bias table (extra operands'
 /// gradients by per-item sums and by index), soft-capping, sigmoid weights over a window,
-/// grouped-query K/V, and a mask that keeps no key for the first rows (their gradients are 0).
+/// grouped-query K/V, a mask that keeps no key for the first rows (their gradients are 0), and
+/// the log-sum-exp as a value (attention sinks, a second result) whose cotangent joins `delta`.
 const FUSED: &[(&str, &str)] = &[
     (
         "causal",
@@ -222,6 +223,22 @@ const FUSED: &[(&str, &str)] = &[
             let s = q @ k.T / sqrt(D)
             let (b, h, i, j) = indices(s)
             return softmax(where(i >= 70 && j <= i, s, -inf), axis = -1) @ v }",
+    ),
+    (
+        "sinks (the log-sum-exp's cotangent)",
+        "fn f(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], sink: f32[H]) -> f32[B, H, S, D] {
+            let s = q @ k.T / sqrt(D)
+            let (b, h, i, j) = indices(s)
+            let c = where(j <= i, s, -inf)
+            return (softmax(c, axis = -1) @ v) * unsqueeze(sigmoid(logsumexp(c, axis = -1) - unsqueeze(sink, 1)), 3) }",
+    ),
+    (
+        "log-sum-exp returned, alibi",
+        "fn f(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], slopes: f32[H]) -> (out: f32[B, H, S, D], lse: f32[B, H, S]) {
+            let s = q @ k.T / sqrt(D)
+            let (b, h, i, j) = indices(s)
+            let c = where(i - j < 90, s + slopes[h] * (j - i), -inf)
+            return softmax(c, axis = -1) @ v, logsumexp(c, axis = -1) }",
     ),
 ];
 

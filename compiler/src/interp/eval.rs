@@ -121,6 +121,6 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::RmsNorm { eps } => reduce::rms_norm(args[0], args[1], *eps, dtype, label),
         Op::Flash(spec) => super::flash_eval::flash(spec, args, dtype, env, label),
         Op::FlashLse(spec) => super::flash_eval::flash_lse(spec, args, env, label),
-        Op::FlashGrad { spec, wrt } => super::flash_eval::flash_grad(spec, *wrt, args, dtype, shape, env, label),
+        Op::FlashGrad { spec, wrt, lse_grad } => super::flash_eval::flash_grad(spec, (*wrt, *lse_grad), args, dtype, shape, env, label),
     }
 }

@@ -223,7 +223,7 @@ pub(super) fn flash_lse(spec: &FlashSpec, args: &[&Val], env: &HashMap<String, i
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_grad(
     spec: &FlashSpec,
-    wrt: FlashWrt,
+    (wrt, lse_grad): (FlashWrt, bool),
     args: &[&Val],
     dtype: DType,
     shape: Vec<usize>,
@@ -231,13 +231,15 @@ pub(super) fn flash_grad(
     label: &str,
 ) -> Result<Val, ExecError> {
     let bad = |reason: String| ExecError::BadNode { node: label.to_string(), reason };
-    let fixed = spec.grad_fixed_operands();
+    let fixed = spec.grad_fixed_operands(lse_grad);
     if args.len() < fixed {
         return Err(bad(format!("flash_grad needs {fixed} operands before its extras")));
     }
     let (q, k, v, d_out) = (args[0], args[1], args[2], args[3]);
-    // The log-sum-exp and the forward's result (softmax weights).
-    let stats = (fixed == 6).then(|| (args[4], args[5]));
+    // The log-sum-exp and the forward's result (softmax weights), and the log-sum-exp's
+    // cotangent.
+    let stats = (fixed >= 6).then(|| (args[4], args[5]));
+    let d_lse = lse_grad.then(|| args[6]);
     let extras = &args[fixed..];
     let g = Geometry::of(q, k, v, extras, &bad)?;
     let (r, m, d, n, dv) = (g.r, g.m, g.d, g.n, g.dv);
@@ -261,8 +263,10 @@ pub(super) fn flash_grad(
             let qrow = &q.data[row * d..(row + 1) * d];
             let dorow = &d_out.data[row * dv..(row + 1) * dv];
             score_row(spec, &g, qrow, k, koff, &mut pos, env, &load, (&mut raw, &mut scores, &mut keep));
-            // delta = Σ d_out ∘ out over the row.
-            let delta = stats.map_or(0.0, |(_, out)| dorow.iter().zip(&out.data[row * dv..(row + 1) * dv]).map(|(a, b)| a * b).sum());
+            // delta = Σ d_out ∘ out over the row, less the log-sum-exp's cotangent (∂lse/∂s = P).
+            let delta = stats
+                .map_or(0.0, |(_, out)| dorow.iter().zip(&out.data[row * dv..(row + 1) * dv]).map(|(a, b)| a * b).sum::<f64>())
+                - d_lse.and_then(|x| x.data.get(row)).copied().unwrap_or(0.0);
             for j in 0..n {
                 if !keep[j] {
                     continue;

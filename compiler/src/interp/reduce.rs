@@ -11,8 +11,8 @@ fn bad(node: &str, reason: String) -> ExecError {
 }
 
 /// Reduces `axes` (sorted, distinct). An empty reduction gives 0 for sum and mean (mean is
-/// defined as 0 there rather than NaN), `-inf` for max and `inf` for min. Max and min
-/// propagate NaN.
+/// defined as 0 there rather than NaN), `-inf` for max, log-sum-exp and `inf` for min. Max,
+/// min and log-sum-exp propagate NaN.
 pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype: DType, node: &str) -> Result<Val, ExecError> {
     let rank = x.shape.len();
     if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= rank) {
@@ -27,12 +27,12 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
     }
     let init = match op {
         ReduceOp::Sum | ReduceOp::Mean => 0.0,
-        ReduceOp::Max => f64::NEG_INFINITY,
+        ReduceOp::Max | ReduceOp::LogSumExp => f64::NEG_INFINITY,
         ReduceOp::Min => f64::INFINITY,
     };
     let combine: fn(f64, f64) -> f64 = match op {
         ReduceOp::Sum | ReduceOp::Mean => |acc, v| acc + v,
-        ReduceOp::Max => max_f,
+        ReduceOp::Max | ReduceOp::LogSumExp => max_f,
         ReduceOp::Min => min_f,
     };
     let mut acc = filled(n, init, node)?;
@@ -41,6 +41,20 @@ pub(super) fn reduce(x: &Val, op: ReduceOp, axes: &[usize], keepdim: bool, dtype
         acc[o] = combine(acc[o], x.data[i]);
         i += 1;
     });
+    if op == ReduceOp::LogSumExp {
+        // m + log Σ exp(x - m) with m the maximum (taken as 0 where it is infinite: a row of
+        // -inf gives -inf, one with +inf gives +inf).
+        let m: Vec<f64> = acc.iter().map(|m| if m.is_infinite() { 0.0 } else { *m }).collect();
+        let mut sums = filled(n, 0.0, node)?;
+        let mut i = 0;
+        walk(&x.shape, [&strides], |[o]| {
+            sums[o] += (x.data[i] - m[o]).exp();
+            i += 1;
+        });
+        for ((a, s), m) in acc.iter_mut().zip(&sums).zip(&m) {
+            *a = m + s.ln();
+        }
+    }
     if op == ReduceOp::Mean {
         let count: usize = axes.iter().map(|a| x.shape[*a]).product();
         for v in &mut acc {

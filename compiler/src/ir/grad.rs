@@ -150,8 +150,37 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
             b.accumulate(&mut adjoint, *v, seed)?;
         }
     }
+    // A flash op and its log-sum-exp (same spec and operands) are differentiated together, at
+    // whichever comes first in `order` (both adjoints are complete there).
+    let twins = lse_twins(graph);
+    let position: HashMap<Value, usize> = order.iter().enumerate().map(|(i, v)| (*v, i)).collect();
     for v in order.iter().rev() {
         if !needs.contains(v) {
+            continue;
+        }
+        if let Some(t) = twins.get(v) {
+            if position.get(t) < position.get(v) {
+                continue;
+            }
+            let (f, l) = if matches!(graph.node(*v).op, Op::Flash(_)) { (*v, *t) } else { (*t, *v) };
+            let (gf, gl) = (adjoint.get(&f).copied(), adjoint.get(&l).copied());
+            if gf.is_none() && gl.is_none() {
+                continue;
+            }
+            let Op::Flash(spec) = &graph.node(f).op else { return Err(internal("a log-sum-exp's twin is not a flash op".into())) };
+            let fty = graph.node(f).ty.clone();
+            let gf = match gf {
+                Some(g) => g,
+                None => b.zeros(&fty.shape, fty.dtype)?,
+            };
+            let operands = graph.operands(f);
+            for (slot, contribution) in b.flash(spec, &operands, (f, Some(l)), (gf, gl), &needs)? {
+                let operand = operands[slot];
+                if needs.contains(&operand) {
+                    let c = b.unbroadcast(contribution, &graph.node(operand).ty)?;
+                    b.accumulate(&mut adjoint, operand, c)?;
+                }
+            }
             continue;
         }
         let Some(g) = adjoint.get(v).copied() else { continue };
@@ -177,6 +206,24 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
     }
     // Rules build both operands' gradients; drop those no output uses.
     Ok(b.g.compact())
+}
+
+/// Each softmax flash op paired with a `flash_lse` of the same spec and operands, both ways.
+fn lse_twins(graph: &Graph) -> HashMap<Value, Value> {
+    let mut out = HashMap::new();
+    for v in graph.values() {
+        let Op::FlashLse(spec) = &graph.node(v).op else { continue };
+        let operands = graph.operands(v);
+        let Some(first) = operands.first() else { continue };
+        let twin = graph.users(*first).into_iter().find(|u| {
+            matches!(&graph.node(*u).op, Op::Flash(f) if **f == **spec) && graph.operands(*u) == operands && !out.contains_key(u)
+        });
+        if let Some(f) = twin {
+            out.insert(f, v);
+            out.insert(v, f);
+        }
+    }
+    out
 }
 
 struct Builder {
@@ -376,8 +423,16 @@ impl Builder {
             Op::ScatterAdd { axis } => self.scatter_add_grad(graph, x, g, *axis)?,
             Op::LayerNorm { eps } => self.layer_norm(graph, x, g, *eps, true)?,
             Op::RmsNorm { eps } => self.layer_norm(graph, x, g, *eps, false)?,
-            Op::Flash(spec) => self.flash(spec, x, y, g, needs)?,
-            Op::FlashLse(_) | Op::FlashGrad { .. } => return Err(unsupported()),
+            Op::Flash(spec) => self.flash(spec, x, (y, None), (g, None), needs)?,
+            // With its flash op, the pair is differentiated at once (`differentiate`); alone, the
+            // unfused graph is.
+            Op::FlashLse(_) => {
+                return Err(GradError::Unfused {
+                    graph: self.name.clone(),
+                    reason: "a log-sum-exp without its attention (no flash op of the same scores) has no fused derivative".into(),
+                });
+            }
+            Op::FlashGrad { .. } => return Err(unsupported()),
         })
     }
 
@@ -414,7 +469,7 @@ impl Builder {
     }
 
     /// A reduction's gradient: `g` broadcast back (divided by the count for a mean; shared
-    /// among the tied elements for a max or min).
+    /// among the tied elements for a max or min; weighted by the softmax for a log-sum-exp).
     fn reduce_grad(&mut self, graph: &Graph, x: Value, y: Value, g: Value, op: ReduceOp, axes: &[usize]) -> Result<Value, GradError> {
         let xt = graph.node(x).ty.clone();
         let kept: Vec<Dim> =
@@ -427,6 +482,16 @@ impl Builder {
                 let n = self.add(Op::DimValue(n), &[], None)?;
                 let gm = self.bin(BinaryOp::Div, gk, n)?;
                 self.broadcast(gm, &xt.shape)
+            }
+            // The softmax of x over the axes times g; 0 where every element was -inf.
+            ReduceOp::LogSumExp => {
+                let yk = self.reshape(y, &kept)?;
+                let shifted = self.bin(BinaryOp::Sub, x, yk)?;
+                let w = self.un(UnaryOp::Exp, shifted)?;
+                let ninf = self.fconst(f64::NEG_INFINITY, y)?;
+                let live = self.bin(BinaryOp::Ne, yk, ninf)?;
+                let w = self.keep(live, w)?;
+                self.bin(BinaryOp::Mul, w, gk)
             }
             ReduceOp::Max | ReduceOp::Min => {
                 let yk = self.reshape(y, &kept)?;
@@ -501,8 +566,8 @@ impl Builder {
         &mut self,
         spec: &FlashSpec,
         x: &[Value],
-        y: Value,
-        g: Value,
+        (y, lse): (Value, Option<Value>),
+        (g, d_lse): (Value, Option<Value>),
         needs: &HashSet<Value>,
     ) -> Result<Vec<(usize, Value)>, GradError> {
         let r = spec.rank;
@@ -532,15 +597,21 @@ impl Builder {
             wanted.push((3 + n, FlashWrt::Extra(n)));
         }
         let mut operands = vec![x[0], x[1], x[2], g];
+        let lse_grad = d_lse.is_some() && spec.weights == Weights::Softmax;
         if spec.weights == Weights::Softmax {
-            let lse = self.add(Op::FlashLse(Box::new(spec.clone())), x, None)?;
+            // The forward's own log-sum-exp where it has one (so one step computes both).
+            let lse = match lse {
+                Some(l) => l,
+                None => self.add(Op::FlashLse(Box::new(spec.clone())), x, None)?,
+            };
             operands.extend([lse, y]);
+            operands.extend(d_lse.filter(|_| lse_grad));
         }
         operands.extend_from_slice(extras);
         let mut out = Vec::new();
         let fixed = [(0, FlashWrt::Q), (1, FlashWrt::K), (2, FlashWrt::V)];
         for (slot, wrt) in fixed.into_iter().filter(|(slot, _)| needs.contains(&x[*slot])).chain(wanted) {
-            out.push((slot, self.add(Op::FlashGrad { spec: Box::new(spec.clone()), wrt }, &operands, None)?));
+            out.push((slot, self.add(Op::FlashGrad { spec: Box::new(spec.clone()), wrt, lse_grad }, &operands, None)?));
         }
         Ok(out)
     }

@@ -79,6 +79,21 @@ impl Graph {
         }
     }
 
+    /// Makes every user of `old` (and every output naming it) use `new` instead, in the same
+    /// operand slots. `old` is left without users.
+    pub fn replace_uses(&mut self, old: Value, new: Value) {
+        let uses: Vec<(Value, u32)> = self.g.edges_directed(old, Direction::Outgoing).map(|e| (e.target(), *e.weight())).collect();
+        self.g.retain_edges(|g, e| g.edge_endpoints(e).is_none_or(|(s, _)| s != old));
+        for (user, slot) in uses {
+            self.g.add_edge(new, user, slot);
+        }
+        for (_, v) in &mut self.outputs {
+            if *v == old {
+                *v = new;
+            }
+        }
+    }
+
     /// Declares a named output.
     pub fn add_output(&mut self, name: impl Into<String>, v: Value) {
         self.outputs.push((name.into(), v));

@@ -81,7 +81,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         }
         Op::Flash(spec) => flash(spec, args, declared),
         Op::FlashLse(spec) => flash_lse(spec, args),
-        Op::FlashGrad { spec, wrt } => flash_grad(spec, *wrt, args),
+        Op::FlashGrad { spec, wrt, lse_grad } => flash_grad(spec, *wrt, *lse_grad, args),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm(args),
     }
 }
@@ -251,6 +251,9 @@ fn gather(args: &[&TensorType]) -> Result<TensorType, String> {
 
 fn reduce(x: &TensorType, r: ReduceOp, axes: &[usize], keepdim: bool) -> Result<TensorType, String> {
     numeric(x, "the operand of a reduction")?;
+    if r == ReduceOp::LogSumExp && !x.dtype.is_float() {
+        return Err(format!("logsumexp needs a float operand, found {x}"));
+    }
     if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= x.rank()) {
         return Err(format!("bad reduction axes {axes:?} for rank {}", x.rank()));
     }
@@ -347,15 +350,26 @@ fn flash_lse(spec: &super::flash_spec::FlashSpec, args: &[&TensorType]) -> Resul
     Ok(TensorType::new(DType::F32, out.shape[..r - 1].to_vec()))
 }
 
-/// `flash_grad(q, k, v, d_out, [lse, out,] extras…)`: see [`Op::FlashGrad`]. The gradient of
-/// q has q's type; of k and v, their dtype over the score's batch axes (`[…b, N, D]`,
-/// `[…b, N, Dv]`); of an extra operand, its type (which must be float).
-fn flash_grad(spec: &super::flash_spec::FlashSpec, wrt: super::op::FlashWrt, args: &[&TensorType]) -> Result<TensorType, String> {
+/// `flash_grad(q, k, v, d_out, [lse, out, [d_lse,]] extras…)`: see [`Op::FlashGrad`]. The
+/// gradient of q has q's type; of k and v, their dtype over the score's batch axes
+/// (`[…b, N, D]`, `[…b, N, Dv]`); of an extra operand, its type (which must be float).
+fn flash_grad(
+    spec: &super::flash_spec::FlashSpec,
+    wrt: super::op::FlashWrt,
+    lse_grad: bool,
+    args: &[&TensorType],
+) -> Result<TensorType, String> {
     use super::op::FlashWrt;
     if spec.pair != super::flash_spec::Pair::Dot {
         return Err("flash_grad is defined for dot-product scores only (additive attention differentiates unfused)".into());
     }
-    let fixed = spec.grad_fixed_operands();
+    if lse_grad && spec.weights != super::flash_spec::Weights::Softmax {
+        return Err("flash_grad's lse_grad needs softmax weights".into());
+    }
+    let fixed = spec.grad_fixed_operands(lse_grad);
+    if args.len() < fixed {
+        return Err(format!("flash_grad takes {fixed} operands before its extras, found {}", args.len()));
+    }
     let [q, k, v, d_out, ..] = args else { return Err("flash_grad takes q, k, v, d_out and more operands".into()) };
     let extras = &args[fixed..];
     let mut forward: Vec<&TensorType> = vec![q, k, v];
@@ -365,10 +379,13 @@ fn flash_grad(spec: &super::flash_spec::FlashSpec, wrt: super::op::FlashWrt, arg
     if d_out.shape != out.shape || !d_out.dtype.is_float() {
         return Err(format!("flash_grad's d_out must be a float tensor of the result's shape {}, found {d_out}", shape_str(&out.shape)));
     }
-    if fixed == 6 {
+    if fixed >= 6 {
         let rows = &out.shape[..r - 1];
         if args[4].dtype != DType::F32 || args[4].shape != rows {
             return Err(format!("flash_grad's lse must be f32{}, found {}", shape_str(rows), args[4]));
+        }
+        if lse_grad && (args[6].dtype != DType::F32 || args[6].shape != rows) {
+            return Err(format!("flash_grad's d_lse must be f32{}, found {}", shape_str(rows), args[6]));
         }
         if args[5].shape != out.shape || !args[5].dtype.is_float() {
             return Err(format!("flash_grad's out must be the flash op's result {}, found {}", shape_str(&out.shape), args[5]));

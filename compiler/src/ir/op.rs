@@ -130,6 +130,11 @@ pub enum ReduceOp {
     Min,
     /// arithmetic mean
     Mean,
+    /// `log Σ exp(x)`, computed as `m + log Σ exp(x - m)` with `m` the maximum (`-inf` for an
+    /// empty axis or one of only `-inf`; float operands only). Of attention scores over the key
+    /// axis it is the softmax's normaliser, which a flash op computes with its result
+    /// ([`Op::FlashLse`]).
+    LogSumExp,
 }
 
 /// Running accumulations along an axis ([`Op::Scan`]).
@@ -284,12 +289,17 @@ pub enum Op {
     /// (`q`'s type); `dSᵀ · q` or `Pᵀ · d_out` over the score's batch axes (k's or v's head
     /// shape, unsummed over broadcast batch axes); or an extra operand's gradient, `dF · ∂F/∂x`
     /// added at every index the score modification loads. Backends compute every gradient of one
-    /// flash op in one kernel.
+    /// flash op in one kernel. With `lse_grad`, a further operand after `out`, `d_lse`
+    /// (`f32[..batch, M]`), is the cotangent of the op's log-sum-exp (a program that returns
+    /// it, or adds attention sinks through it): since `∂lse/∂s = P`, it joins as
+    /// `dF = P (dP - (delta - d_lse))`, so it costs nothing per score.
     FlashGrad {
         /// The flash op differentiated.
         spec: Box<FlashSpec>,
         /// Which operand's gradient.
         wrt: FlashWrt,
+        /// Whether the log-sum-exp's cotangent `d_lse` is an operand (softmax weights only).
+        lse_grad: bool,
     },
 }
 
@@ -330,10 +340,11 @@ impl FlashWrt {
 
 impl FlashSpec {
     /// Operands of an [`Op::FlashGrad`] of this op before its extras: q, k, v, d_out, and for
-    /// softmax weights lse and the forward's result.
-    pub fn grad_fixed_operands(&self) -> usize {
+    /// softmax weights lse and the forward's result, then with `lse_grad` the log-sum-exp's
+    /// cotangent.
+    pub fn grad_fixed_operands(&self, lse_grad: bool) -> usize {
         match self.weights {
-            Weights::Softmax => 6,
+            Weights::Softmax => 6 + usize::from(lse_grad),
             Weights::Sigmoid => 4,
         }
     }
@@ -411,8 +422,13 @@ const BINARY: [(BinaryOp, &str); 17] = [
     (BinaryOp::Or, "or"),
 ];
 
-const REDUCE: [(ReduceOp, &str); 4] =
-    [(ReduceOp::Sum, "reduce_sum"), (ReduceOp::Max, "reduce_max"), (ReduceOp::Min, "reduce_min"), (ReduceOp::Mean, "reduce_mean")];
+const REDUCE: [(ReduceOp, &str); 5] = [
+    (ReduceOp::Sum, "reduce_sum"),
+    (ReduceOp::Max, "reduce_max"),
+    (ReduceOp::Min, "reduce_min"),
+    (ReduceOp::Mean, "reduce_mean"),
+    (ReduceOp::LogSumExp, "reduce_logsumexp"),
+];
 
 impl UnaryOp {
     /// Name in the IR text (also the `.attn` built-in's name).
@@ -496,8 +512,11 @@ impl Op {
             Op::ArgSort { axis, descending } => vec![("axis", Attr::Int(*axis)), ("descending", Attr::Bool(*descending))],
             Op::PrefixAttention { reverse } => vec![("reverse", Attr::Bool(*reverse))],
             Op::Flash(spec) | Op::FlashLse(spec) => flash_attrs(spec),
-            Op::FlashGrad { spec, wrt } => {
+            Op::FlashGrad { spec, wrt, lse_grad } => {
                 let mut attrs = vec![("wrt", Attr::Name(wrt.name()))];
+                if *lse_grad {
+                    attrs.push(("lse_grad", Attr::Bool(true)));
+                }
                 attrs.extend(flash_attrs(spec));
                 attrs
             }
@@ -562,7 +581,7 @@ impl Op {
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
             Op::Flash(_) | Op::FlashLse(_) => Arity::AtLeast(3),
-            Op::FlashGrad { spec, .. } => Arity::AtLeast(spec.grad_fixed_operands()),
+            Op::FlashGrad { spec, lse_grad, .. } => Arity::AtLeast(spec.grad_fixed_operands(*lse_grad)),
         }
     }
 }
@@ -619,6 +638,14 @@ impl Attrs<'_> {
         }
     }
 
+    /// An optional true/false attribute.
+    fn flag(&self, key: &str) -> Result<Option<bool>, String> {
+        match self.attrs.iter().any(|(k, _)| k == key) {
+            true => self.boolean(key).map(Some),
+            false => Ok(None),
+        }
+    }
+
     /// A quoted expression attribute, if present.
     fn text(&self, key: &str) -> Result<Option<String>, String> {
         match self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v) {
@@ -655,7 +682,11 @@ fn flash_from_parts(a: &Attrs) -> Result<Op, String> {
                 Some(w) => FlashWrt::from_name(&w).ok_or_else(|| format!("`wrt` must be q, k, v or x<N>, found `{w}`"))?,
                 None => return Err("`flash_grad` needs attribute `wrt`".into()),
             };
-            Op::FlashGrad { spec, wrt }
+            let lse_grad = a.flag("lse_grad")?.unwrap_or(false);
+            if lse_grad && spec.weights != Weights::Softmax {
+                return Err("`lse_grad` needs softmax weights".into());
+            }
+            Op::FlashGrad { spec, wrt, lse_grad }
         }
         _ => Op::Flash(spec),
     })

@@ -48,6 +48,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "cast",
     "sum",
     "mean",
+    "logsumexp",
     "softmax",
     "cumsum",
     "cumprod",
@@ -115,11 +116,12 @@ impl Cx<'_, '_> {
                 let op = if n == "min" { BinaryOp::Min } else { BinaryOp::Max };
                 self.binary(frame, call, op)?
             }
-            "min" | "max" | "sum" | "mean" => {
+            "min" | "max" | "sum" | "mean" | "logsumexp" => {
                 let op = match n {
                     "min" => ReduceOp::Min,
                     "max" => ReduceOp::Max,
                     "sum" => ReduceOp::Sum,
+                    "logsumexp" => ReduceOp::LogSumExp,
                     _ => ReduceOp::Mean,
                 };
                 self.reduce(frame, call, op)?

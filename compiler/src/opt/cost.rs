@@ -101,8 +101,12 @@ impl<'a> Cost<'a> {
             }
             Op::ScatterAdd { .. } => 2.0 * ins + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
-            // Products per score: Q·Kᵀ and P·V (forward), Q·Kᵀ alone (log-sum-exp), and the
-            // backward's five (Q·Kᵀ, dO·Vᵀ, dV, dK, dQ), for each gradient a share of them.
+            // Products per score: Q·Kᵀ and P·V (forward), and the backward's five (Q·Kᵀ, dO·Vᵀ,
+            // dV, dK, dQ), for each gradient a share of them. A log-sum-exp comes with its flash
+            // op (`fusion/flash-logsumexp` builds it where the same scores' attention fuses; the
+            // backends' flash step writes both), so it costs no products, only the score
+            // modification: that term makes it choose the same form as its flash op (a scale
+            // folded into q, or into the score), which pairs the two.
             Op::Flash(spec) | Op::FlashLse(spec) | Op::FlashGrad { spec, .. } => {
                 let q = &tys[0].shape;
                 let r = q.len();
@@ -111,7 +115,7 @@ impl<'a> Cost<'a> {
                 let rows = self.elems(&q[..r - 1]);
                 let per_score = expr_ops(&spec.score) + spec.mask.as_ref().map_or(0.0, expr_ops);
                 let products = match n.op() {
-                    Op::FlashLse(_) => 1.0,
+                    Op::FlashLse(_) => 0.0,
                     Op::FlashGrad { .. } => 3.0,
                     _ => 2.0,
                 };

@@ -122,6 +122,7 @@ pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
         Arc::new(rules::assoc::MatMulAssoc),
         Arc::new(rules::algebra::DistributeMatMul),
         Arc::new(FuseAttention { pinned }),
+        Arc::new(rules::fusion::FuseLogSumExp),
         Arc::new(rules::fusion::CastIntoFlash),
         Arc::new(rules::scan::PrefixAttention),
     ]

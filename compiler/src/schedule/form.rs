@@ -14,7 +14,7 @@
 use super::place::{Placement, is_elementwise, reduces_inline};
 use super::policy::{Policy, Target};
 use super::{Buffer, BufferKind, Check, Expr, Fused, Kernel, Schedule, ScheduleError, Step, View, row_major};
-use crate::ir::{DType, Dim, Graph, Op, Value, value_numbers};
+use crate::ir::{DType, Dim, Graph, Op, ReduceOp, Value, value_numbers};
 
 /// Where a value lives.
 #[derive(Clone, Debug)]
@@ -349,6 +349,9 @@ impl Formation<'_> {
     /// A reduction, computing an inline operand as it reads it ([`Kernel::ReduceOf`]).
     fn reduce(&mut self, v: Value, op: &Op, x: Value) -> Result<View, ScheduleError> {
         let Op::Reduce { op: which, axes, .. } = op else { return Err(self.unsupported(v, "not a reduction")) };
+        if *which == ReduceOp::LogSumExp {
+            return Err(self.unsupported(v, "a log-sum-exp reaches no kernel (it is expanded before kernel formation)"));
+        }
         let ty = self.g.node(v).ty.clone();
         // The result in keepdim layout: the reduced axes of the operand's shape at 1.
         let x_ty = self.g.node(x).ty.clone();

@@ -100,16 +100,18 @@ impl Formation<'_> {
     /// The step computing every gradient of the flash op whose `flash_grad` node `v` is one
     /// (each member placed at its result), and the merge of extra operands' gradients.
     pub(super) fn flash_grad(&mut self, v: Value) -> Result<View, ScheduleError> {
-        let Op::FlashGrad { spec, .. } = self.g.node(v).op.clone() else { return Err(self.unsupported(v, "not a flash_grad node")) };
+        let Op::FlashGrad { spec, lse_grad, .. } = self.g.node(v).op.clone() else {
+            return Err(self.unsupported(v, "not a flash_grad node"));
+        };
         let args = self.g.operands(v);
-        let fixed = spec.grad_fixed_operands();
+        let fixed = spec.grad_fixed_operands(lse_grad);
         if args.len() < fixed {
             return Err(self.unsupported(v, format!("flash_grad needs {fixed} operands before its extras")));
         }
         let (dense, q_scale) = self.attention_operands(v, &args, 4)?;
         let [q, k, vv, d_out]: [View; 4] = dense.try_into().map_err(|_| self.unsupported(v, "flash_grad needs q, k, v, d_out"))?;
         self.cuda_head_fits(v, &q, &vv)?;
-        let lse = if fixed == 6 {
+        let lse = if fixed >= 6 {
             let a = self.view(args[4])?;
             let a = self.dense_if(v, a, DType::F32, View::is_contiguous);
             Some((a, self.unit_last(v, args[5])?))
@@ -124,9 +126,16 @@ impl Formation<'_> {
         let grad =
             crate::ir::grad::score_grad(&spec, &|x| classes.get(x).copied().unwrap_or(Class::Float)).map_err(|e| self.unsupported(v, e))?;
         let results = self.gradient_results(v)?;
-        let delta = match &lse {
-            Some((l, out)) if self.policy.flash_bwd_delta() => Some(self.delta_rows(v, &d_out, out, l)?),
-            _ => None,
+        let d_lse = match lse_grad {
+            true => {
+                let a = self.view(args[6])?;
+                Some(self.dense_if(v, a, DType::F32, View::is_contiguous))
+            }
+            false => None,
+        };
+        let (delta, d_lse) = match &lse {
+            Some((l, out)) if self.policy.flash_bwd_delta() => (Some(self.delta_rows(v, &d_out, out, l, d_lse)?), None),
+            _ => (None, d_lse),
         };
         let variant =
             self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, !results.dx.is_empty());
@@ -153,6 +162,7 @@ impl Formation<'_> {
             d_out,
             lse,
             delta,
+            d_lse,
             extras,
             dq,
             dq_scale,
@@ -181,8 +191,9 @@ impl Formation<'_> {
     }
 
     /// The step before flash backward `v` that sums each row's `delta = Σ d_out ∘ out` (in f32
-    /// products, as the kernels form them) into a buffer of the log-sum-exp's layout `lse`.
-    fn delta_rows(&mut self, v: Value, d_out: &View, out: &View, lse: &View) -> Result<View, ScheduleError> {
+    /// products, as the kernels form them) into a buffer of the log-sum-exp's layout `lse`, and
+    /// with the log-sum-exp's cotangent `d_lse` (dense, that layout) one that subtracts it.
+    fn delta_rows(&mut self, v: Value, d_out: &View, out: &View, lse: &View, d_lse: Option<View>) -> Result<View, ScheduleError> {
         let r = d_out.shape.len();
         let f32 = |x: Expr| Expr::Cast(Box::new(x), DType::F32);
         let expr = Expr::Binary(BinaryOp::Mul, Box::new(f32(Expr::Load(0))), Box::new(f32(Expr::Load(1))), DType::F32);
@@ -196,7 +207,15 @@ impl Formation<'_> {
         }
         let label = format!("{} (delta)", self.label(v));
         self.step(Kernel::ReduceOf { x, op: ReduceOp::Sum, axes: vec![r - 1], out: sums }, label, v);
-        Ok(delta)
+        let Some(d_lse) = d_lse else { return Ok(delta) };
+        if d_lse.strides != lse.strides {
+            return Err(self.unsupported(v, "the log-sum-exp and its cotangent differ in layout"));
+        }
+        let less = self.temp(v, DType::F32, &delta.shape);
+        let expr = Expr::Binary(BinaryOp::Sub, Box::new(Expr::Load(0)), Box::new(Expr::Load(1)), DType::F32);
+        let label = format!("{} (delta less d_lse)", self.label(v));
+        self.step(Kernel::Elementwise { out: less.clone(), inputs: vec![delta, d_lse], expr, more: Vec::new() }, label, v);
+        Ok(less)
     }
 
     /// A buffer for each gradient of the group of `flash_grad` node `v`, each member placed at

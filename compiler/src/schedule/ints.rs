@@ -99,7 +99,7 @@ pub(super) fn visit_kernel(k: &Kernel, f: &mut dyn FnMut(Named)) {
             super::score_dims(fl).iter().for_each(|d| f(Named::Dim(d)));
         }
         Kernel::FlashBwd(b) | Kernel::FlashBwdReduce(b) => {
-            let stats = b.lse.iter().flat_map(|(x, y)| [x, y]).chain(&b.delta);
+            let stats = b.lse.iter().flat_map(|(x, y)| [x, y]).chain(&b.delta).chain(&b.d_lse);
             let results = [&b.dq, &b.dq_accum, &b.dk, &b.dv].into_iter().flatten().chain(b.dx.iter().map(|(_, x)| x));
             [&b.q, &b.k, &b.v, &b.d_out].into_iter().chain(stats).chain(&b.extras).chain(results).for_each(|v| f(Named::View(v)));
             super::bwd_dims(b).iter().for_each(|d| f(Named::Dim(d)));

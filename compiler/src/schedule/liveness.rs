@@ -43,7 +43,7 @@ pub(super) fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         Kernel::FlashBwd(f) => {
             let mut r = bufs(&[&f.q, &f.k, &f.v, &f.d_out]);
             r.extend(f.lse.iter().flat_map(|(a, b)| [a.buf, b.buf]));
-            r.extend(f.delta.iter().map(|x| x.buf));
+            r.extend(f.delta.iter().chain(&f.d_lse).map(|x| x.buf));
             r.extend(f.extras.iter().map(|x| x.buf));
             r.push(f.tiles);
             let mut w: Vec<usize> = [&f.dq, &f.dq_accum, &f.dk, &f.dv].into_iter().flatten().map(|x| x.buf).collect();

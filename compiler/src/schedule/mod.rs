@@ -25,6 +25,7 @@ mod analysis;
 mod form;
 mod form_attention;
 mod ints;
+mod legalize;
 mod liveness;
 mod place;
 pub mod policy;
@@ -592,6 +593,11 @@ pub struct FlashBwdKernel {
     /// CUDA, whose key-chunk items would each form it again for every row); else the kernel
     /// forms each row's as it stages the row.
     pub delta: Option<View>,
+    /// The cotangent of the log-sum-exp (`[..b, M]` f32, `lse`'s layout) when the graph
+    /// differentiates it ([`Op::FlashGrad`](crate::ir::Op::FlashGrad)'s `lse_grad`): each
+    /// row's `delta` less it. On CUDA the step after the delta step subtracts it (and this is
+    /// `None`); the CPU kernel subtracts it as it forms `delta`.
+    pub d_lse: Option<View>,
     /// Extra operands the expressions load from.
     pub extras: Vec<View>,
     /// Dense results, each present when the graph asks for it: `dQ` `[..b, M, D]`, `dK`
@@ -777,6 +783,7 @@ pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleErro
     let checked = |plan: &Schedule, pass: &'static str, result: Result<(), Vec<VerifyError>>| {
         result.map_err(|findings| ScheduleError::Unverified { graph: plan.name.clone(), pass, findings })
     };
+    let graph = &*legalize::expand(graph).map_err(|reason| ScheduleError::Invalid { graph: graph.name.clone(), reason })?;
     let mut plan = form::form(graph, policy, place::Placement::of(graph))?;
     checked(&plan, "kernel formation", verify::formed(&plan))?;
     liveness::liveness(&mut plan);

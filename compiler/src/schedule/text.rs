@@ -178,6 +178,9 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
     if let Some(delta) = &fk.delta {
         writeln!(out, "  delta = {delta}")?;
     }
+    if let Some(d_lse) = &fk.d_lse {
+        writeln!(out, "  delta less d_lse = {d_lse}")?;
+    }
     for (n, x) in fk.extras.iter().enumerate() {
         writeln!(out, "  x{n} = {x}")?;
     }

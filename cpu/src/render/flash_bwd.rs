@@ -100,6 +100,8 @@ pub(super) struct Prologue<'f> {
     d_out: Operand,
     /// Softmax weights: the log-sum-exp, and the forward's result.
     pub(super) stats: Option<(RowStat, Operand)>,
+    /// The log-sum-exp's cotangent, subtracted from each row's `delta`.
+    d_lse: Option<RowStat>,
     pub(super) extras: Vec<Extra>,
     pub(super) targets: Vec<Target>,
     /// Floats of partial sums per work item.
@@ -161,6 +163,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let v = operand(fx, &f.v, &batch, dv);
     let d_out = operand(fx, &f.d_out, &batch, dv);
     let stats = f.lse.as_ref().map(|(l, o)| (row_stat(fx, l, &batch), operand(fx, o, &batch, dv)));
+    let d_lse = f.d_lse.as_ref().map(|l| row_stat(fx, l, &batch));
     let extras = Extra::of_views(fx, &f.extras);
     let (targets, per_item) = gradient_targets(fx, f);
     let partials = fx.buf(f.partials);
@@ -204,6 +207,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
         v,
         d_out,
         stats,
+        d_lse,
         extras,
         targets,
         per_item,
@@ -238,6 +242,8 @@ pub(super) struct Item {
     v: Value,
     d_out: Value,
     pub(super) stats: Option<(Value, Value)>,
+    /// This item's log-sum-exp cotangent (row 0), when the graph differentiates the log-sum-exp.
+    d_lse: Option<Value>,
     /// This item's block of partial sums.
     pub(super) partial: Value,
     /// Its forward result (softmax weights).
@@ -290,7 +296,8 @@ pub fn emit(fx: &mut StepBuilder, f: &FlashBwdKernel) {
     });
 }
 
-/// Every row's `delta = Σ d_out ∘ out` of the item into the delta vector.
+/// Every row's `delta = Σ d_out ∘ out` (less the log-sum-exp's cotangent, when there is one) of
+/// the item into the delta vector.
 fn deltas(fx: &mut StepBuilder, p: &Prologue, it: &Item, out: Value) {
     let Some((_, o)) = &p.stats else { return };
     let zero = fx.i64(0);
@@ -319,6 +326,12 @@ fn deltas(fx: &mut StepBuilder, p: &Prologue, it: &Item, out: Value) {
             let x = fx.b.ins().extractlane(v4, lane);
             total = fx.b.ins().fadd(total, x);
         }
+        if let (Some(base), Some(l)) = (it.d_lse, &p.d_lse) {
+            let off = fx.mul(i, l.step);
+            let at = fx.elem_addr(base, off);
+            let g = fx.load(types::F32, at);
+            total = fx.b.ins().fsub(total, g);
+        }
         let at = fx.elem_addr(p.delta_row, i);
         fx.store(total, at);
     });
@@ -343,6 +356,11 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
         (fx.elem_addr(l.base, lo), p.delta_row)
     });
     let out = p.stats.as_ref().map(|(_, o)| addr_of(fx, o, &bidx));
+    let d_lse = p.d_lse.as_ref().map(|l| {
+        let zero = fx.i64(0);
+        let lo = fx.dot(zero, &bidx, &l.batch);
+        fx.elem_addr(l.base, lo)
+    });
     let poff = fx.mul(w, p.per_item);
     let partial = fx.elem_addr(p.partials, poff);
     let b_pos: Vec<Value> = bidx.iter().map(|x| fx.b.ins().ireduce(types::I32, *x)).collect();
@@ -377,7 +395,7 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
             })
         })
         .collect();
-    Item { bidx, b_pos, q, k, v, d_out, stats, partial, out, hoisted, factor, sums }
+    Item { bidx, b_pos, q, k, v, d_out, stats, d_lse, partial, out, hoisted, factor, sums }
 }
 
 /// The span of live query blocks of key block `kb` by the tile table: `(first, last)`, with

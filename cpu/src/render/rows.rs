@@ -303,9 +303,10 @@ fn accumulator(fx: &mut StepBuilder, op: ReduceOp, int: bool) -> (types::Type, V
     match (op, int) {
         (ReduceOp::Sum | ReduceOp::Mean, false) => (types::F64, fx.f64(0.0)),
         (ReduceOp::Sum | ReduceOp::Mean, true) => (types::I64, fx.i64(0)),
-        (ReduceOp::Max, false) => (types::F32, fx.f32(f32::NEG_INFINITY)),
+        // A log-sum-exp never reaches a kernel (the schedule expands it into max, exp, sum, log).
+        (ReduceOp::Max | ReduceOp::LogSumExp, false) => (types::F32, fx.f32(f32::NEG_INFINITY)),
         (ReduceOp::Min, false) => (types::F32, fx.f32(f32::INFINITY)),
-        (ReduceOp::Max, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
+        (ReduceOp::Max | ReduceOp::LogSumExp, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MIN))),
         (ReduceOp::Min, true) => (types::I32, fx.b.ins().iconst(types::I32, i64::from(i32::MAX))),
     }
 }
@@ -321,9 +322,9 @@ fn combine(fx: &mut StepBuilder, op: ReduceOp, int: bool, a: Value, v: Value) ->
             let w = fx.b.ins().sextend(types::I64, v);
             fx.b.ins().iadd(a, w)
         }
-        (ReduceOp::Max, false) => fx.b.ins().fmax(a, v),
+        (ReduceOp::Max | ReduceOp::LogSumExp, false) => fx.b.ins().fmax(a, v),
         (ReduceOp::Min, false) => fx.b.ins().fmin(a, v),
-        (ReduceOp::Max, true) => fx.b.ins().smax(a, v),
+        (ReduceOp::Max | ReduceOp::LogSumExp, true) => fx.b.ins().smax(a, v),
         (ReduceOp::Min, true) => fx.b.ins().smin(a, v),
     }
 }

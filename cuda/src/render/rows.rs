@@ -145,7 +145,8 @@ fn reduction(op: ReduceOp, int: bool) -> (&'static str, &'static str, &'static s
     let (acc_ty, init, combine, finish, class) = match (op, int) {
         (ReduceOp::Sum | ReduceOp::Mean, true) => ("long long", "0", "acc_ += v_;", "acc_ = attnc_warp_sum_ll(acc_);", Class::Int),
         (ReduceOp::Sum | ReduceOp::Mean, false) => ("double", "0.0", "acc_ += (double)v_;", "acc_ = attnc_warp_sum_d(acc_);", Class::Float),
-        (ReduceOp::Max, _) => {
+        // A log-sum-exp never reaches a kernel (the schedule expands it into max, exp, sum, log).
+        (ReduceOp::Max | ReduceOp::LogSumExp, _) => {
             ("double", "(-ATTNC_DINF)", "acc_ = attnc_dmax(acc_, (double)v_);", "acc_ = attnc_warp_max_d(acc_);", Class::Float)
         }
         (ReduceOp::Min, _) => {

@@ -141,6 +141,8 @@ fn matmul_softmax_reductions_and_layout() {
         ("fn f(x: f32[M, N]) -> f32[M] { return sum(x, axis = -1) }", &[&[3, 4]], UNIT),
         ("fn f(x: f32[M, N]) -> f32[N] { return mean(x, axis = 0) }", &[&[3, 4]], UNIT),
         ("fn f(x: f32[M, N]) -> f32[M] { return max(x, axis = -1) }", &[&[3, 4]], UNIT),
+        ("fn f(x: f32[M, N]) -> f32[M] { return logsumexp(x, axis = -1) }", &[&[3, 4]], (-3.0, 3.0)),
+        ("fn f(x: f32[M, N]) -> f32[M, 1] { return logsumexp(x * 2.0, axis = 1, keepdim = true) }", &[&[3, 4]], UNIT),
     ]);
 }
 
@@ -155,6 +157,20 @@ fn where_masks_and_norms() {
         ("fn f(x: f32[S, E], g: f32[E], b: f32[E]) -> f32[S, E] { return layernorm(x, g, b) }", &[&[3, 6], &[6], &[6]], UNIT),
         ("fn f(x: f32[S, E], g: f32[E]) -> f32[S, E] { return rmsnorm(x, g) }", &[&[3, 6], &[6]], UNIT),
     ]);
+}
+
+#[test]
+fn a_fully_masked_row_has_a_log_sum_exp_of_minus_infinity_and_zero_gradient() {
+    let src = "fn f(x: f32[N, N]) -> f32[N] { let (i, j) = indices(x)\n return logsumexp(where(j < i, x, -inf), axis = -1) }";
+    let checked = crate::check(src).unwrap();
+    let derived = differentiate(&checked.module.graphs[0], None).unwrap();
+    let x = Tensor::f32(vec![4, 4], values(16, 1, -1.0, 1.0)).unwrap();
+    let d = Tensor::f32(vec![4], values(4, 2, -1.0, 1.0)).unwrap();
+    let outs = interp::run(&derived, &[x, d], &HashMap::new()).unwrap();
+    assert_eq!(outs[0].to_f64_vec()[0], f64::NEG_INFINITY);
+    let dx = outs[1].to_f64_vec();
+    assert!(dx.iter().all(|v| v.is_finite()), "{dx:?}");
+    assert_eq!(&dx[..4], &[0.0; 4]);
 }
 
 #[test]
@@ -248,6 +264,12 @@ fn check_graph(text: &str, shapes: &[&[usize]], dims: &[(&str, i64)]) {
     let derived = differentiate(&graph, None).unwrap_or_else(|e| panic!("{text}\n{e}"));
     super::super::verify(&derived).unwrap();
     assert!(derived.values().any(|v| matches!(derived.node(v).op, Op::FlashGrad { .. })), "{text}\nnot fused:\n{derived}");
+    // A differentiated log-sum-exp joins its flash op's backward (no second pass, no lone lse).
+    if text.contains("flash_lse") {
+        assert!(derived.values().any(|v| matches!(derived.node(v).op, Op::FlashGrad { lse_grad: true, .. })), "{text}\n{derived}");
+        let lse = derived.values().filter(|v| matches!(derived.node(*v).op, Op::FlashLse(_))).count();
+        assert_eq!(lse, 1, "{derived}");
+    }
     check_derivative(text, &graph, &derived, &inputs_for(&graph, shapes, UNIT), &env);
 }
 
@@ -260,6 +282,9 @@ const FLASH_CASES: &[(&str, &[&[usize]])] = &[
         include_str!("../../../../tests/cases/flash_gradient/relative_bias_document_mask.ir"),
         &[&[2, 6, 3], &[2, 6, 3], &[2, 6, 3], &[2, 5], &[6]],
     ),
+    (include_str!("../../../../tests/cases/flash_gradient/sinks_lse_grad.ir"), &[&[2, 3, 5, 4], &[2, 3, 5, 4], &[2, 3, 5, 4], &[3]]),
+    (include_str!("../../../../tests/cases/flash_gradient/lse_output_alibi.ir"), &[&[1, 2, 6, 4], &[1, 2, 6, 4], &[1, 2, 6, 4], &[2]]),
+    (include_str!("../../../../tests/cases/flash_gradient/lse_alone.ir"), &[&[5, 3], &[5, 3], &[5, 3]]),
 ];
 
 #[test]

@@ -64,6 +64,76 @@ impl FuseAttention {
     }
 }
 
+/// `logsumexp(scores, last axis)` → `flash_lse(q, k, v, extras…)` where the program also
+/// computes `softmax(scores) @ v` over the same scores (the case of returning the log-sum-exp
+/// with the attention, or of attention sinks): the flash op that the attention fuses into
+/// ([`FuseAttention`]) then writes the log-sum-exp too, and neither needs the score matrix.
+/// The log-sum-exp of scores that no attention uses stays a reduction (it needs no `v`, which
+/// a flash op has).
+#[derive(Clone)]
+pub struct FuseLogSumExp;
+
+impl Rule for FuseLogSumExp {
+    rule_head!("fusion/flash-logsumexp", Op::Reduce { op: ReduceOp::LogSumExp, .. });
+
+    fn rewrite(&self, eg: &EG, class: Id) -> Vec<Build> {
+        let Some(target) = ty(eg, class).cloned() else { return Vec::new() };
+        let mut out = Vec::new();
+        for n in eg[class].nodes.iter() {
+            let Op::Reduce { op: ReduceOp::LogSumExp, axes, keepdim } = n.op() else { continue };
+            let scores = eg.find(n.args()[0]);
+            let Some(rank) = ty(eg, scores).map(TensorType::rank) else { continue };
+            if axes.as_slice() != [rank - 1] {
+                continue;
+            }
+            for v in attention_values(eg, scores) {
+                let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None) else { continue };
+                let lse = Build::Node(Op::FlashLse(spec), None, args);
+                // f32 over the scores' rows: the reduction's type after a cast and, with
+                // `keepdim`, a reshape; anything else (broadcast rows) is left alone.
+                let rows = &target.shape[..if *keepdim { rank - 1 } else { target.rank() }];
+                if *keepdim && target.shape.last().and_then(Dim::as_const) != Some(1) {
+                    continue;
+                }
+                let f32_rows = TensorType::new(DType::F32, rows.to_vec());
+                let lse = Build::Node(Op::Reshape, Some(f32_rows.clone()), vec![lse]);
+                let lse = if target.dtype == DType::F32 {
+                    lse
+                } else {
+                    Build::Node(Op::Cast, Some(TensorType::new(target.dtype, rows.to_vec())), vec![lse])
+                };
+                out.push(if *keepdim { Build::Node(Op::Reshape, Some(target.clone()), vec![lse]) } else { lse });
+            }
+        }
+        out
+    }
+}
+
+/// The `v` of every `matmul(softmax(scores, last axis), v)` in the e-graph.
+fn attention_values(eg: &EG, scores: Id) -> Vec<Id> {
+    let mut out = Vec::new();
+    let users = |child: Id| -> Vec<(Id, &super::super::lang::ENode)> {
+        eg[child]
+            .parents()
+            .map(|p| eg.find(p))
+            .flat_map(|c| eg[c].nodes.iter().map(move |n| (c, n)))
+            .filter(|(_, n)| n.args().iter().any(|a| eg.find(*a) == child))
+            .collect()
+    };
+    for (p, n) in users(scores) {
+        let last = ty(eg, p).is_some_and(|t| matches!(n.op(), Op::Softmax { axis } if *axis + 1 == t.rank()));
+        if !last {
+            continue;
+        }
+        for (_, m) in users(p) {
+            if matches!(m.op(), Op::MatMul) && eg.find(m.args()[0]) == p && !out.contains(&eg.find(m.args()[1])) {
+                out.push(eg.find(m.args()[1]));
+            }
+        }
+    }
+    out
+}
+
 /// `cast(flash : f32) : t` → `flash : t` when `t` is a float type at least as wide as the flash
 /// op's inputs (`promote(q, v)`): the op accumulates in f32 and rounds its result once either
 /// way, so the cast's extra pass over the output disappears. This undoes the widening that an

@@ -1,0 +1,113 @@
+//! Serving forms end to end on the cpu target: partial attentions with their log-sum-exps
+//! (`examples/lse_merge.attn`'s `partial`, one fused flash op each) merged exactly into the
+//! attention over all keys, and attention sinks (`examples/sinks.attn`) against the definition
+//! with the sink as an extra key of no value.
+
+use attn_runtime::{Program, RunOptions, Target, Tensor};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+fn example(name: &str) -> Program {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    Program::from_file(&path).expect("example compiles")
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::f32(shape.to_vec(), values(shape.iter().product(), seed)).expect("tensor")
+}
+
+/// Rows `lo..hi` of axis 2 of a `[B, H, T, D]` tensor.
+fn keys(t: &Tensor, lo: usize, hi: usize) -> Tensor {
+    let (s, x) = (t.shape.clone(), t.to_f64_vec());
+    let (outer, rows, d) = (s[0] * s[1], s[2], s[3]);
+    let mut out = Vec::new();
+    for o in 0..outer {
+        for r in lo..hi {
+            out.extend(x[(o * rows + r) * d..(o * rows + r + 1) * d].iter().map(|v| *v as f32));
+        }
+    }
+    Tensor::f32(vec![s[0], s[1], hi - lo, d], out).expect("tensor")
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    a.to_f64_vec().iter().zip(b.to_f64_vec()).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
+}
+
+fn cpu(dims: &[(&str, i64)]) -> RunOptions {
+    RunOptions { dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect::<HashMap<_, _>>(), target: Target::Cpu }
+}
+
+#[test]
+fn partial_attentions_merged_by_their_log_sum_exps_are_the_whole_attention() {
+    let program = example("lse_merge.attn");
+    let (b, h, s, t, d) = (1, 2, 37, 150, 24);
+    let (q, k, v) = (tensor(&[b, h, s, d], 1), tensor(&[b, h, t, d], 2), tensor(&[b, h, t, d], 3));
+    let part = |lo: usize, hi: usize| {
+        let inputs = [("q", q.clone()), ("k", keys(&k, lo, hi)), ("v", keys(&v, lo, hi))];
+        program.run("partial", inputs, &cpu(&[])).expect("partial runs")
+    };
+    let whole = part(0, t);
+    let (first, second) = (part(0, 61), part(61, t));
+    let merged = program
+        .run(
+            "lse_merge",
+            [("o1", first[0].1.clone()), ("lse1", first[1].1.clone()), ("o2", second[0].1.clone()), ("lse2", second[1].1.clone())],
+            &cpu(&[]),
+        )
+        .expect("merge runs");
+    assert!(max_diff(&merged[0].1, &whole[0].1) < 1e-5, "out differs by {}", max_diff(&merged[0].1, &whole[0].1));
+    assert!(max_diff(&merged[1].1, &whole[1].1) < 1e-5, "lse differs by {}", max_diff(&merged[1].1, &whole[1].1));
+    // The log-sum-exp is the softmax's normaliser: the interpreter's of the same program.
+    let interp = program
+        .run(
+            "partial",
+            [("q", q.clone()), ("k", k.clone()), ("v", v.clone())],
+            &RunOptions { dims: HashMap::new(), target: Target::Interp },
+        )
+        .expect("interpreter runs");
+    assert!(max_diff(&interp[1].1, &whole[1].1) < 1e-5);
+}
+
+#[test]
+fn a_sink_is_an_extra_key_of_no_value() {
+    let program = example("sinks.attn");
+    let (b, h, s, d) = (1, 3, 70, 16);
+    let (q, k, v, sink) = (tensor(&[b, h, s, d], 4), tensor(&[b, h, s, d], 5), tensor(&[b, h, s, d], 6), tensor(&[h], 7));
+    let got =
+        program.run("sinks", [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("sink", sink.clone())], &cpu(&[])).expect("runs");
+    // out_i = Σ_{j ≤ i} e^(s_ij) v_j / (e^(sink_h) + Σ_{j ≤ i} e^(s_ij)), in f64.
+    let (q, k, v, sink) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec(), sink.to_f64_vec());
+    let mut want = vec![0.0f64; b * h * s * d];
+    for hh in 0..h {
+        for i in 0..s {
+            let row = |x: &[f64], r: usize| x[(hh * s + r) * d..(hh * s + r + 1) * d].to_vec();
+            let qi = row(&q, i);
+            let scores: Vec<f64> =
+                (0..=i).map(|j| qi.iter().zip(row(&k, j)).map(|(a, c)| a * c).sum::<f64>() / (d as f64).sqrt()).collect();
+            let m = scores.iter().fold(sink[hh], |m, x| m.max(*x));
+            let denom = (sink[hh] - m).exp() + scores.iter().map(|x| (x - m).exp()).sum::<f64>();
+            for (j, sc) in scores.iter().enumerate() {
+                let w = (sc - m).exp() / denom;
+                for (c, vj) in row(&v, j).iter().enumerate() {
+                    want[(hh * s + i) * d + c] += w * vj;
+                }
+            }
+        }
+    }
+    let got = got[0].1.to_f64_vec();
+    let worst = got.iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst < 1e-5, "max |diff| {worst}");
+}
