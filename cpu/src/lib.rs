@@ -235,6 +235,8 @@ pub struct CpuProgram {
     last_bind: Mutex<Option<BindKey>>,
     scratch: Mutex<Option<AlignedBuf>>,
     compile_time: Duration,
+    /// Parameters whose values classify flash tiles (1-d i32 segment ids a mask reads).
+    mask_params: Vec<usize>,
 }
 
 impl fmt::Debug for CpuProgram {
@@ -271,7 +273,9 @@ impl CpuProgram {
         let isa = jit::host_isa()?;
         let module = clif::render(&schedule, &jit::features(&isa))?;
         let code = jit::load(isa, &module)?;
+        let mask_params = attn_compiler::schedule::mask_data_params(&schedule);
         Ok(CpuProgram {
+            mask_params,
             graph,
             module,
             policy,
@@ -399,16 +403,36 @@ impl CpuProgram {
                 env.insert(attn_compiler::ir::scalar_param_key(i), i64::from(*v));
             }
         }
+        // 1-d i32 inputs a flash mask reads (segment ids) classify its tiles by their values:
+        // the per-shape state is keyed by their content too.
+        for &i in &self.mask_params {
+            if let Some(DataRef::I32(v)) = inputs.get(i).map(|t| &t.data) {
+                env.insert(attn_compiler::ir::data_param_key(i), attn_compiler::exec::content_hash(v));
+            }
+        }
         Ok((owned, env))
     }
 
     /// The per-shape state for `env`, built unless the last run had the same dims.
-    fn state<'s>(&self, guard: &'s mut Option<ShapeState>, env: &HashMap<String, i64>) -> Result<&'s ShapeState, CpuError> {
+    fn state<'s>(
+        &self,
+        guard: &'s mut Option<ShapeState>,
+        env: &HashMap<String, i64>,
+        inputs: &[TensorRef],
+    ) -> Result<&'s ShapeState, CpuError> {
         let mut key: Vec<(String, i64)> = env.iter().map(|(k, v)| (k.clone(), *v)).collect();
         key.sort();
         if guard.as_ref().is_none_or(|s| s.prepared.key != key) {
             *guard = None;
-            *guard = Some(ShapeState::new(&self.module.schedule, env, &self.policy)?);
+            let data = self
+                .mask_params
+                .iter()
+                .filter_map(|&i| match inputs.get(i).map(|t| &t.data) {
+                    Some(DataRef::I32(v)) => Some((i, std::sync::Arc::new(attn_compiler::ir::RangeTable::new(v)))),
+                    _ => None,
+                })
+                .collect();
+            *guard = Some(ShapeState::new(&self.module.schedule, env, &self.policy, &data)?);
         }
         guard.as_ref().ok_or_else(|| CpuError::Internal("no shape state".into()))
     }
@@ -418,7 +442,7 @@ impl CpuProgram {
     pub fn prepare(&self, inputs: &[TensorRef], dims: &HashMap<String, i64>) -> Result<AllocStats, CpuError> {
         let (_, env) = self.bind(inputs, dims)?;
         let mut guard = self.state.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
-        Ok(self.state(&mut guard, &env)?.stats.clone())
+        Ok(self.state(&mut guard, &env, inputs)?.stats.clone())
     }
 
     /// Runs on borrowed inputs (one per parameter, in order); `dims` gives sizes the inputs do
@@ -430,7 +454,7 @@ impl CpuProgram {
     pub fn run(&self, inputs: &[TensorRef], dims: &HashMap<String, i64>) -> Result<Vec<Tensor>, CpuError> {
         let (owned, env) = self.bind(inputs, dims)?;
         let mut guard = self.state.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
-        let state = self.state(&mut guard, &env)?;
+        let state = self.state(&mut guard, &env, inputs)?;
         let plan = &self.module.schedule;
         let prepared = &state.prepared;
 

@@ -4,7 +4,7 @@
 
 use super::CpuError;
 use attn_compiler::exec::ExecError;
-use attn_compiler::schedule::{BufferKind, Policy, PrepareError, Prepared, Schedule, prepare};
+use attn_compiler::schedule::{BufferKind, Policy, PrepareError, Prepared, Schedule};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -101,8 +101,15 @@ pub struct ShapeState {
 impl ShapeState {
     /// Prepares `schedule` for the dims `env` (already bound and checked against the inputs)
     /// and allocates what it needs.
-    pub fn new(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy) -> Result<ShapeState, CpuError> {
-        let prepared = prepare(schedule, env, policy).map_err(prepare_error)?;
+    /// `data`: the values of the 1-d i32 parameters flash masks read, which classify their tiles
+    /// ([`attn_compiler::schedule::prepare_with`]).
+    pub fn new(
+        schedule: &Schedule,
+        env: &HashMap<String, i64>,
+        policy: &Policy,
+        data: &HashMap<usize, std::sync::Arc<attn_compiler::ir::RangeTable>>,
+    ) -> Result<ShapeState, CpuError> {
+        let prepared = attn_compiler::schedule::prepare_with(schedule, env, policy, data).map_err(prepare_error)?;
         let mut stats =
             AllocStats { arena_bytes: prepared.arena_bytes, scratch_bytes_per_thread: prepared.scratch_bytes, ..AllocStats::default() };
         let mut side = HashMap::new();

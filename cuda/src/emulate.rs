@@ -19,7 +19,7 @@ use crate::nvrtc::content_hash;
 use crate::render::{CudaProgram, DeviceLimits, PRELUDE_BEGIN, PRELUDE_END, ReadyLaunch, buffer_bytes, launches, render};
 use attn_compiler::Compiler;
 use attn_compiler::ir::Graph;
-use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule, prepare};
+use attn_compiler::schedule::{CudaPolicy, Policy, Prepared, Schedule};
 use attn_compiler::tensor::Tensor;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -572,7 +572,8 @@ pub fn emulate_schedule(
     let program = render(s).map_err(|e| e.to_string())?;
     let mut run_env = env.clone();
     attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
-    let prep = prepare(s, &run_env, &policy()).map_err(|e| e.to_string())?;
+    let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);
+    let prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy(), &data).map_err(|e| e.to_string())?;
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;
     let mut uploads: Vec<(usize, Vec<u8>)> = s.params.iter().zip(inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();

@@ -6,7 +6,7 @@ use crate::render::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, 
 use attn_compiler::Compiler;
 use attn_compiler::exec::{ExecError, bind_dims};
 use attn_compiler::ir::Graph;
-use attn_compiler::schedule::{CudaPolicy, Policy, PrepareError, Prepared, Schedule, prepare};
+use attn_compiler::schedule::{CudaPolicy, Policy, PrepareError, Prepared, Schedule};
 use attn_compiler::tensor::Tensor;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -241,7 +241,8 @@ pub(super) fn run(
     attn_compiler::exec::add_scalar_inputs(inputs, &mut env);
     let exec = gpu.exec_for(graph)?;
     let mut ex = exec.lock().map_err(|_| poisoned())?;
-    let prep = prepare(&ex.schedule, &env, &gpu.policy()).map_err(slice_fault)?;
+    let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(&ex.schedule), inputs, &mut env);
+    let prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &gpu.policy(), &data).map_err(slice_fault)?;
     let bytes = buffer_bytes(&ex.schedule, &prep)?;
     let ready = launches(&ex.program, &ex.schedule, &prep, &gpu.limits())?;
     ex.ensure_buffers(gpu, &bytes)?;

@@ -42,6 +42,34 @@ pub fn add_scalar_inputs(inputs: &[Tensor], env: &mut std::collections::HashMap<
     }
 }
 
+/// The values of the inputs whose values classify flash tiles (`mask_params`, from
+/// [`crate::schedule::mask_data_params`]: 1-d i32 segment ids), for
+/// [`crate::schedule::prepare_with`], each also named in `env` by a content hash
+/// ([`crate::ir::data_param_key`]) so that a reused plan is one of the same values.
+pub fn mask_data_inputs(
+    mask_params: &[usize],
+    inputs: &[Tensor],
+    env: &mut std::collections::HashMap<String, i64>,
+) -> std::collections::HashMap<usize, std::sync::Arc<crate::ir::RangeTable>> {
+    let mut out = std::collections::HashMap::new();
+    for &i in mask_params {
+        if let Some(crate::tensor::TensorData::I32(v)) = inputs.get(i).map(|t| &t.data) {
+            env.insert(crate::ir::data_param_key(i), content_hash(v));
+            out.insert(i, std::sync::Arc::new(crate::ir::RangeTable::new(v)));
+        }
+    }
+    out
+}
+
+/// A 64-bit hash of an input's values (a run's `env` names the values that classify tiles by
+/// it, [`crate::ir::data_param_key`]).
+pub fn content_hash(values: &[i32]) -> i64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    values.hash(&mut h);
+    h.finish() as i64
+}
+
 /// Inputs must match the parameters in count, dtype and stored element count (shapes are
 /// checked by [`bind_dims`]). Every backend validates its inputs with this.
 pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<(), ExecError> {

@@ -23,7 +23,10 @@ pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};
 pub use text::{ParseIrError, print_order, value_numbers};
-pub use tile_class::{TileClass, TileGrid, classify_tile, grid_size, scalar_load_key, scalar_param_key, tile_census, tile_grid};
+pub use tile_class::{
+    Known, RangeTable, TileClass, TileGrid, classify_tile, classify_tile_known, data_param_key, grid_size, scalar_load_key,
+    scalar_param_key, tile_census, tile_grid,
+};
 pub use tile_map::{FlashTileMap, MAP_TILE, MAX_MAP_TILES, MAX_TEXT_SIDE, TileMapError, block_summary, flash_tile_maps, representative};
 pub use types::{DType, TensorType, broadcast_shapes};
 pub use verify::{VerifyError, verify, verify_module};

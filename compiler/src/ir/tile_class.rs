@@ -106,7 +106,8 @@ impl Bound {
 /// Bounds an expression given an inclusive range per score position. Endpoints are computed
 /// with the expression's own semantics (f32 rounding, which is monotone), so the bounds hold
 /// for the values the backends compute.
-fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Bound {
+fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], known: &Known) -> Bound {
+    let (env, data) = (known.env, known.data);
     let int = |v: i64| Bound::new(Iv::point(v as f64), Class::Int);
     match e {
         ScoreExpr::Score => Bound::any(Class::Float),
@@ -114,7 +115,23 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Bo
         ScoreExpr::Load { input, index } if index.is_empty() => {
             env.get(&scalar_load_key(*input)).map_or(Bound::any(Class::Float), |v| int(*v))
         }
-        ScoreExpr::Load { .. } => Bound::any(Class::Float),
+        // A 1-d i32 operand whose values the run gave (segment ids): the range of the values
+        // at the indices the index expression can take (clamped into range, as loads are).
+        ScoreExpr::Load { input, index } => match (data.get(input), index.as_slice()) {
+            (Some(table), [ix]) => {
+                let b = bound(ix, ranges, known);
+                match (b.class, table.len()) {
+                    (Class::Int, n) if n > 0 && b.iv.lo.is_finite() && b.iv.hi.is_finite() => {
+                        let last = n as f64 - 1.0;
+                        let (lo, hi) = (b.iv.lo.clamp(0.0, last) as usize, b.iv.hi.clamp(0.0, last) as usize);
+                        let (min, max) = table.min_max(lo, hi);
+                        Bound::new(Iv { lo: f64::from(min), hi: f64::from(max) }, Class::Int)
+                    }
+                    _ => Bound::any(Class::Float),
+                }
+            }
+            _ => Bound::any(Class::Float),
+        },
         ScoreExpr::Pos(k) => {
             ranges.get(*k).map_or(Bound::any(Class::Int), |(lo, hi)| Bound::new(Iv { lo: *lo as f64, hi: *hi as f64 }, Class::Int))
         }
@@ -124,12 +141,12 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], env: &HashMap<String, i64>) -> Bo
             other => Bound::new(Iv::point(other.as_f()), Class::Float),
         },
         ScoreExpr::Dim(d) => d.eval(env).map_or(Bound::any(Class::Int), int),
-        ScoreExpr::Unary(u, a) => bound_unary(*u, bound(a, ranges, env)),
-        ScoreExpr::Binary(b, x, y) => bound_binary(*b, bound(x, ranges, env), bound(y, ranges, env)),
+        ScoreExpr::Unary(u, a) => bound_unary(*u, bound(a, ranges, known)),
+        ScoreExpr::Binary(b, x, y) => bound_binary(*b, bound(x, ranges, known), bound(y, ranges, known)),
         ScoreExpr::Select(c, a, b) => {
-            let (a, b) = (bound(a, ranges, env), bound(b, ranges, env));
+            let (a, b) = (bound(a, ranges, known), bound(b, ranges, known));
             let class = semantics::select_class(a.class, b.class);
-            match bound(c, ranges, env).iv.truth() {
+            match bound(c, ranges, known).iv.truth() {
                 Some(true) => Bound::new(a.as_class(class), class),
                 Some(false) => Bound::new(b.as_class(class), class),
                 None => Bound::new(Iv::hull(a.as_class(class), b.as_class(class)), class),
@@ -285,6 +302,75 @@ pub fn scalar_param_key(param: usize) -> String {
     format!("\u{1}p{param}")
 }
 
+/// The values of a 1-d i32 operand a run gave, for the range of values over any span of
+/// indices in constant time (sparse tables of minima and maxima): what a mask reading segment
+/// ids (`x0[i] == x0[j]`, a packed ragged batch) needs to classify its tiles from the data.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangeTable {
+    /// Level `k` holds the minimum and maximum of each span of `2^k` values.
+    levels: Vec<(Vec<i32>, Vec<i32>)>,
+}
+
+impl RangeTable {
+    /// The table of `values` (O(n log n)).
+    pub fn new(values: &[i32]) -> RangeTable {
+        let mut levels = vec![(values.to_vec(), values.to_vec())];
+        let mut width = 1;
+        while width * 2 <= values.len() {
+            let (lo, hi) = &levels[levels.len() - 1];
+            let n = lo.len() - width;
+            let next = ((0..n).map(|i| lo[i].min(lo[i + width])).collect(), (0..n).map(|i| hi[i].max(hi[i + width])).collect());
+            levels.push(next);
+            width *= 2;
+        }
+        RangeTable { levels }
+    }
+
+    /// How many values.
+    pub fn len(&self) -> usize {
+        self.levels.first().map_or(0, |l| l.0.len())
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The minimum and maximum of the values at indices `lo ..= hi` (`lo ≤ hi < len`).
+    pub fn min_max(&self, lo: usize, hi: usize) -> (i32, i32) {
+        let span = hi - lo + 1;
+        let k = (usize::BITS - 1 - span.leading_zeros()) as usize;
+        let (mins, maxs) = &self.levels[k];
+        let j = hi + 1 - (1 << k);
+        (mins[lo].min(mins[j]), maxs[lo].max(maxs[j]))
+    }
+}
+
+/// What a run knows when it classifies tiles: dims and 0-d i32 inputs by name (`env`, see
+/// [`scalar_load_key`]), and 1-d i32 operands' values by the flash op's operand index.
+#[derive(Clone, Copy)]
+pub struct Known<'a> {
+    /// Dims, and scalar operands' values.
+    pub env: &'a HashMap<String, i64>,
+    /// Run-time values of 1-d i32 extra operands (`x<n>`).
+    pub data: &'a HashMap<usize, std::sync::Arc<RangeTable>>,
+}
+
+impl<'a> Known<'a> {
+    /// Only `env` (no operand's values).
+    pub fn env(env: &'a HashMap<String, i64>) -> Known<'a> {
+        static NONE: std::sync::OnceLock<HashMap<usize, std::sync::Arc<RangeTable>>> = std::sync::OnceLock::new();
+        Known { env, data: NONE.get_or_init(HashMap::new) }
+    }
+}
+
+/// The name under which a run's `env` holds a content hash of parameter `param` when it is a
+/// 1-d i32 input a flash mask reads (its values classify tiles, so a prepared run is reused
+/// only for the same values).
+pub fn data_param_key(param: usize) -> String {
+    format!("\u{1}d{param}")
+}
+
 /// Classifies the tile of query rows `rows` and key rows `cols` (half-open ranges) of a mask
 /// predicate for a score tensor with `batch_sizes` leading axes. `None` (no mask) is always
 /// [`TileClass::Full`]. Empty ranges are [`TileClass::Skip`].
@@ -295,6 +381,11 @@ pub fn classify_tile(
     cols: (i64, i64),
     env: &HashMap<String, i64>,
 ) -> TileClass {
+    classify_tile_known(mask, batch_sizes, rows, cols, &Known::env(env))
+}
+
+/// [`classify_tile`] also knowing 1-d i32 operands' values (segment ids given at run time).
+pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: (i64, i64), cols: (i64, i64), known: &Known) -> TileClass {
     if rows.0 >= rows.1 || cols.0 >= cols.1 {
         return TileClass::Skip;
     }
@@ -302,7 +393,7 @@ pub fn classify_tile(
     let mut ranges: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
     ranges.push((rows.0, rows.1 - 1));
     ranges.push((cols.0, cols.1 - 1));
-    match bound(mask, &ranges, env).iv.truth() {
+    match bound(mask, &ranges, known).iv.truth() {
         Some(true) => TileClass::Full,
         Some(false) => TileClass::Skip,
         None => TileClass::Partial,

@@ -9,8 +9,9 @@ use super::policy::{
 };
 use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tile_table};
 use crate::exec::MAX_ELEMENTS;
-use crate::ir::{Dim, DimError};
+use crate::ir::{Dim, DimError, Known, RangeTable};
 use std::collections::HashMap;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// The widest additive (Bahdanau) score a flash op takes: the CPU kernel's per-thread buffers
@@ -242,6 +243,43 @@ struct FlashBlocks {
 
 /// Everything one run of `schedule` with dims `env` needs on `policy`'s target.
 pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy) -> Result<Prepared, PrepareError> {
+    prepare_with(schedule, env, policy, &HashMap::new())
+}
+
+/// The parameters (by index) whose values classify flash tiles when a run gives them
+/// ([`prepare_with`]): 1-d i32 parameters a flash op reads densely as an extra operand (segment
+/// ids).
+pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
+    let mut out = Vec::new();
+    for step in &schedule.steps {
+        let extras = match &step.kernel {
+            Kernel::Flash(f) => &f.extras,
+            Kernel::FlashBwd(f) => &f.extras,
+            _ => continue,
+        };
+        for x in extras {
+            if let Some(&BufferKind::Param(i)) = schedule.buffers.get(x.buf).map(|b| &b.kind)
+                && x.shape.len() == 1
+                && x.dtype == crate::ir::DType::I32
+                && !out.contains(&i)
+            {
+                out.push(i);
+            }
+        }
+    }
+    out
+}
+
+/// [`prepare`] with the values of 1-d i32 parameters that flash masks read (by parameter index,
+/// [`mask_data_params`]): their tiles are classified from the data (segment ids of a packed
+/// ragged batch skip every tile across two sequences). `env` must name the data too (its
+/// [`data_param_key`]), since a prepared run is reused for an equal `env`.
+pub fn prepare_with(
+    schedule: &Schedule,
+    env: &HashMap<String, i64>,
+    policy: &Policy,
+    data: &HashMap<usize, Arc<RangeTable>>,
+) -> Result<Prepared, PrepareError> {
     let mut key: Vec<(String, i64)> = env.iter().map(|(k, v)| (k.clone(), *v)).collect();
     key.sort();
     for c in &schedule.checks {
@@ -250,7 +288,7 @@ pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy)
             return Err(PrepareError::OutOfRange { node: c.node.clone(), span: c.span, axis: c.axis, start, end, size });
         }
     }
-    let mut p = Preparing { env, schedule, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };
+    let mut p = Preparing { env, data, schedule, policy, tuning: HashMap::new(), prepared: Prepared::default_for(key, schedule) };
     for (s, step) in schedule.steps.iter().enumerate() {
         let items = p.step(s, &step.kernel)?;
         p.tuning.insert((s, Tuning::Items), items);
@@ -295,6 +333,7 @@ impl Prepared {
 
 struct Preparing<'a> {
     env: &'a HashMap<String, i64>,
+    data: &'a HashMap<usize, Arc<RangeTable>>,
     schedule: &'a Schedule,
     policy: &'a Policy,
     tuning: HashMap<(usize, Tuning), i64>,
@@ -305,8 +344,9 @@ impl Preparing<'_> {
     /// The run's bindings plus, for each of a flash op's `extras` that is a 0-d i32 input whose
     /// value the run gave ([`crate::ir::scalar_param_key`]), that value as the mask's
     /// `x<n>[]` ([`crate::ir::scalar_load_key`]), so that its tiles classify by it.
-    fn with_scalars(&self, extras: &[super::View]) -> HashMap<String, i64> {
+    fn with_scalars(&self, extras: &[super::View]) -> (HashMap<String, i64>, HashMap<usize, Arc<RangeTable>>) {
         let mut env = self.env.clone();
+        let mut data = HashMap::new();
         for (n, x) in extras.iter().enumerate() {
             let Some(&BufferKind::Param(i)) = self.schedule.buffers.get(x.buf).map(|b| &b.kind) else { continue };
             if x.shape.is_empty()
@@ -315,8 +355,18 @@ impl Preparing<'_> {
             {
                 env.insert(crate::ir::scalar_load_key(n), *v);
             }
+            // The operand as the mask reads it: the whole parameter, densely.
+            if x.shape.len() == 1
+                && x.dtype == crate::ir::DType::I32
+                && x.offset.as_const() == Some(0)
+                && x.strides.first().and_then(Dim::as_const) == Some(1)
+                && let Some(t) = self.data.get(&i)
+                && size(&x.shape[0], self.env).ok() == i64::try_from(t.len()).ok()
+            {
+                data.insert(n, t.clone());
+            }
         }
-        env
+        (env, data)
     }
 
     fn set(&mut self, step: usize, values: &[(Tuning, i64)]) {
@@ -405,7 +455,8 @@ impl Preparing<'_> {
                 (Tuning::TileEntryBytes, entry),
             ],
         );
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &self.with_scalars(&f.extras));
+        let (run_env, data) = self.with_scalars(&f.extras);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &Known { env: &run_env, data: &data });
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));
@@ -483,7 +534,8 @@ impl Preparing<'_> {
             ],
         );
         let cpu = matches!(self.policy, Policy::Cpu(_));
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &self.with_scalars(&f.extras));
+        let (run_env, data) = self.with_scalars(&f.extras);
+        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &Known { env: &run_env, data: &data });
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));

@@ -355,3 +355,53 @@ fn a_window_given_as_an_input_classifies_tiles_by_its_value() {
     assert_eq!(classes(Some(4096)), [28, 28, 8], "as causal");
     assert_eq!(classes(None), [28, 0, 36], "the diagonal's upper triangle is skipped either way");
 }
+
+/// Segment ids given as a 1-d i32 input (a packed ragged batch, `examples/varlen.attn`) classify
+/// tiles by their values when the run gives them (`prepare_with`): every tile across two
+/// sequences is skipped, one inside a sequence below the diagonal is full. Without the values
+/// only the causal half is skipped.
+#[test]
+fn segment_ids_given_at_run_time_classify_tiles_by_their_values() {
+    let src = include_str!("../../../examples/varlen.attn");
+    let compiled = crate::check(src).expect("compiles");
+    let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
+    let cpu = Policy::default();
+    let s = schedule(&g, &cpu).expect("schedules");
+    assert_eq!(super::mask_data_params(&s), vec![3]);
+    let (bm, t) = (128usize, 1024usize);
+    // Four sequences of 256 tokens: with 128-row tiles, each sequence is 2 × 2 tiles.
+    let ids: Vec<i32> = (0..t).map(|x| (x / 256) as i32).collect();
+    let classes = |data: bool| {
+        let mut env: std::collections::HashMap<String, i64> =
+            [("H", 1), ("T", t as i64), ("D", 64)].map(|(k, v)| (k.to_string(), v)).into();
+        let mut tables = std::collections::HashMap::new();
+        if data {
+            env.insert(crate::ir::data_param_key(3), 1);
+            tables.insert(3, std::sync::Arc::new(crate::ir::RangeTable::new(&ids)));
+        }
+        let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
+        assert_eq!(p.ints[s.tuning(0, Tuning::BlockM).expect("bm")] as usize, bm);
+        let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
+        p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
+            c[e[0] as usize] += 1;
+            c
+        })
+    };
+    // 8 × 8 tiles: per sequence one full tile below the diagonal and two diagonal (partial).
+    assert_eq!(classes(true), [64 - 12, 4, 8]);
+    assert_eq!(classes(false), [28, 0, 36]);
+}
+
+#[test]
+fn range_tables_give_the_range_of_any_span() {
+    let values = [5, -3, 8, 8, 0, 2, 7, -1, 4];
+    let t = crate::ir::RangeTable::new(&values);
+    for lo in 0..values.len() {
+        for hi in lo..values.len() {
+            let span = &values[lo..=hi];
+            let want = (*span.iter().min().expect("nonempty"), *span.iter().max().expect("nonempty"));
+            assert_eq!(t.min_max(lo, hi), want, "{lo}..={hi}");
+        }
+    }
+    assert_eq!(crate::ir::RangeTable::new(&[]).len(), 0);
+}
