@@ -427,8 +427,11 @@ impl CpuProgram {
             let data = self
                 .mask_params
                 .iter()
-                .filter_map(|&i| match inputs.get(i).map(|t| &t.data) {
-                    Some(DataRef::I32(v)) => Some((i, std::sync::Arc::new(attn_compiler::ir::RangeTable::new(v)))),
+                .filter_map(|&i| match inputs.get(i) {
+                    Some(TensorRef { data: DataRef::I32(v), shape, .. }) => {
+                        let width = shape.last().copied().unwrap_or(v.len());
+                        Some((i, std::sync::Arc::new(attn_compiler::ir::RangeTable::of_rows(v, width))))
+                    }
                     _ => None,
                 })
                 .collect();

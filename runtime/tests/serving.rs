@@ -141,3 +141,28 @@ fn a_packed_ragged_batch_matches_the_interpreter_as_its_ids_change() {
         assert!(diff < 1e-5, "{lens:?}: max |diff| {diff}");
     }
 }
+
+#[test]
+fn a_batch_of_packed_documents_matches_the_interpreter_as_its_ids_change() {
+    let program = example("document_mask.attn");
+    let (b, h, s, d) = (2, 2, 200, 16);
+    let (q, k, v) = (tensor(&[b, h, s, d], 11), tensor(&[b, h, s, d], 12), tensor(&[b, h, s, d], 13));
+    let compiled = program.compile_cpu("document_mask", &attn_runtime::cpu::CpuOptions { threads: 2 }).expect("compiles");
+    let seg = |lens: [&[usize]; 2]| {
+        let v: Vec<i32> = lens.iter().flat_map(|l| l.iter().enumerate().flat_map(|(x, n)| std::iter::repeat_n(x as i32, *n))).collect();
+        Tensor::i32(vec![b, s], v).expect("seg")
+    };
+    for lens in [[&[70usize, 130][..], &[200][..]], [&[200][..], &[1, 99, 100][..]], [&[70, 130][..], &[200][..]]] {
+        let ids = seg(lens);
+        let want = program
+            .run(
+                "document_mask",
+                [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("seg", ids.clone())],
+                &RunOptions { dims: HashMap::new(), target: Target::Interp },
+            )
+            .expect("interpreter runs");
+        let got = compiled.run_tensors(&[q.clone(), k.clone(), v.clone(), ids], &HashMap::new()).expect("cpu runs");
+        let diff = max_diff(&got[0], &want[0].1);
+        assert!(diff < 1e-5, "{lens:?}: max |diff| {diff}");
+    }
+}

@@ -53,9 +53,11 @@ pub fn mask_data_inputs(
 ) -> std::collections::HashMap<usize, std::sync::Arc<crate::ir::RangeTable>> {
     let mut out = std::collections::HashMap::new();
     for &i in mask_params {
-        if let Some(crate::tensor::TensorData::I32(v)) = inputs.get(i).map(|t| &t.data) {
+        if let Some(t) = inputs.get(i)
+            && let crate::tensor::TensorData::I32(v) = &t.data
+        {
             env.insert(crate::ir::data_param_key(i), content_hash(v));
-            out.insert(i, std::sync::Arc::new(crate::ir::RangeTable::new(v)));
+            out.insert(i, std::sync::Arc::new(crate::ir::RangeTable::of_rows(v, t.shape.last().copied().unwrap_or(v.len()))));
         }
     }
     out

@@ -117,21 +117,21 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], known: &Known) -> Bound {
         }
         // A 1-d i32 operand whose values the run gave (segment ids): the range of the values
         // at the indices the index expression can take (clamped into range, as loads are).
-        ScoreExpr::Load { input, index } => match (data.get(input), index.as_slice()) {
-            (Some(table), [ix]) => {
-                let b = bound(ix, ranges, known);
-                match (b.class, table.len()) {
-                    (Class::Int, n) if n > 0 && b.iv.lo.is_finite() && b.iv.hi.is_finite() => {
-                        let last = n as f64 - 1.0;
-                        let (lo, hi) = (b.iv.lo.clamp(0.0, last) as usize, b.iv.hi.clamp(0.0, last) as usize);
-                        let (min, max) = table.min_max(lo, hi);
-                        Bound::new(Iv { lo: f64::from(min), hi: f64::from(max) }, Class::Int)
-                    }
-                    _ => Bound::any(Class::Float),
-                }
-            }
-            _ => Bound::any(Class::Float),
-        },
+        ScoreExpr::Load { input, index } => {
+            // The indices an index expression can take along an axis of `n`, clamped as loads are.
+            let span = |e: &ScoreExpr, n: usize| {
+                let b = bound(e, ranges, known);
+                let last = n as f64 - 1.0;
+                (b.class == Class::Int && n > 0 && b.iv.lo.is_finite() && b.iv.hi.is_finite())
+                    .then(|| (b.iv.lo.clamp(0.0, last) as usize, b.iv.hi.clamp(0.0, last) as usize))
+            };
+            let found = data.get(input).and_then(|t| match index.as_slice() {
+                [ix] if t.row_count() == 1 => Some(t.min_max_rows((0, 0), span(ix, t.len())?)),
+                [rx, ix] => Some(t.min_max_rows(span(rx, t.row_count())?, span(ix, t.len())?)),
+                _ => None,
+            });
+            found.map_or(Bound::any(Class::Float), |(min, max)| Bound::new(Iv { lo: f64::from(min), hi: f64::from(max) }, Class::Int))
+        }
         ScoreExpr::Pos(k) => {
             ranges.get(*k).map_or(Bound::any(Class::Int), |(lo, hi)| Bound::new(Iv { lo: *lo as f64, hi: *hi as f64 }, Class::Int))
         }
@@ -302,33 +302,32 @@ pub fn scalar_param_key(param: usize) -> String {
     format!("\u{1}p{param}")
 }
 
-/// The values of a 1-d i32 operand a run gave, for the range of values over any span of
-/// indices in constant time (sparse tables of minima and maxima): what a mask reading segment
-/// ids (`x0[i] == x0[j]`, a packed ragged batch) needs to classify its tiles from the data.
+/// The values of a 1-d or 2-d i32 operand a run gave, for the range of values over any span of
+/// indices along the last axis in constant time (per row, sparse tables of minima and maxima):
+/// what a mask reading segment ids (`x0[i] == x0[j]`, a packed ragged batch; `x0[b, i]`, a
+/// batch of packed documents) needs to classify its tiles from the data.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RangeTable {
-    /// Level `k` holds the minimum and maximum of each span of `2^k` values.
-    levels: Vec<(Vec<i32>, Vec<i32>)>,
+    /// Per row, level `k` holds the minimum and maximum of each span of `2^k` values.
+    rows: Vec<Vec<(Vec<i32>, Vec<i32>)>>,
+    width: usize,
 }
 
 impl RangeTable {
-    /// The table of `values` (O(n log n)).
+    /// The table of a 1-d operand's `values` (O(n log n)).
     pub fn new(values: &[i32]) -> RangeTable {
-        let mut levels = vec![(values.to_vec(), values.to_vec())];
-        let mut width = 1;
-        while width * 2 <= values.len() {
-            let (lo, hi) = &levels[levels.len() - 1];
-            let n = lo.len() - width;
-            let next = ((0..n).map(|i| lo[i].min(lo[i + width])).collect(), (0..n).map(|i| hi[i].max(hi[i + width])).collect());
-            levels.push(next);
-            width *= 2;
-        }
-        RangeTable { levels }
+        RangeTable::of_rows(values, values.len())
     }
 
-    /// How many values.
+    /// The table of a 2-d operand: `values` in rows of `width`.
+    pub fn of_rows(values: &[i32], width: usize) -> RangeTable {
+        let rows = if width == 0 { Vec::new() } else { values.chunks_exact(width).map(levels).collect() };
+        RangeTable { rows, width }
+    }
+
+    /// Values per row.
     pub fn len(&self) -> usize {
-        self.levels.first().map_or(0, |l| l.0.len())
+        if self.rows.is_empty() { 0 } else { self.width }
     }
 
     /// Whether there are none.
@@ -336,14 +335,40 @@ impl RangeTable {
         self.len() == 0
     }
 
-    /// The minimum and maximum of the values at indices `lo ..= hi` (`lo ≤ hi < len`).
+    /// Rows (1 for a 1-d operand).
+    pub fn row_count(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The minimum and maximum of the values at indices `lo ..= hi` (`lo ≤ hi < len`) of row 0.
     pub fn min_max(&self, lo: usize, hi: usize) -> (i32, i32) {
+        self.min_max_rows((0, 0), (lo, hi))
+    }
+
+    /// The minimum and maximum over rows `r0 ..= r1` and indices `lo ..= hi` (in range).
+    pub fn min_max_rows(&self, (r0, r1): (usize, usize), (lo, hi): (usize, usize)) -> (i32, i32) {
         let span = hi - lo + 1;
         let k = (usize::BITS - 1 - span.leading_zeros()) as usize;
-        let (mins, maxs) = &self.levels[k];
         let j = hi + 1 - (1 << k);
-        (mins[lo].min(mins[j]), maxs[lo].max(maxs[j]))
+        self.rows[r0..=r1].iter().fold((i32::MAX, i32::MIN), |(a, b), row| {
+            let (mins, maxs) = &row[k];
+            (a.min(mins[lo]).min(mins[j]), b.max(maxs[lo]).max(maxs[j]))
+        })
     }
+}
+
+/// A row's sparse tables: level `k` holds the minimum and maximum of each span of `2^k` values.
+fn levels(values: &[i32]) -> Vec<(Vec<i32>, Vec<i32>)> {
+    let mut levels = vec![(values.to_vec(), values.to_vec())];
+    let mut width = 1;
+    while width * 2 <= values.len() {
+        let (lo, hi) = &levels[levels.len() - 1];
+        let n = lo.len() - width;
+        let next = ((0..n).map(|i| lo[i].min(lo[i + width])).collect(), (0..n).map(|i| hi[i].max(hi[i + width])).collect());
+        levels.push(next);
+        width *= 2;
+    }
+    levels
 }
 
 /// What a run knows when it classifies tiles: dims and 0-d i32 inputs by name (`env`, see
@@ -393,12 +418,39 @@ pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: 
     let mut ranges: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
     ranges.push((rows.0, rows.1 - 1));
     ranges.push((cols.0, cols.1 - 1));
-    match bound(mask, &ranges, known).iv.truth() {
+    let class = |ranges: &[(i64, i64)]| match bound(mask, ranges, known).iv.truth() {
         Some(true) => TileClass::Full,
         Some(false) => TileClass::Skip,
         None => TileClass::Partial,
+    };
+    // With per-batch data (`seg[b, i]`), every load of one batch index must see that index:
+    // bounding each load over all of them would lose that two loads share it. Up to
+    // `PER_BATCH` batch indices, each is classified on its own and the classes merged.
+    let batch = batch_sizes.iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX);
+    if known.data.values().any(|t| t.row_count() > 1) && (1..=PER_BATCH).contains(&batch) {
+        let mut merged: Option<TileClass> = None;
+        for at in 0..batch {
+            let mut rest = at;
+            for (k, n) in batch_sizes.iter().enumerate().rev() {
+                let p = rest % n.max(&1);
+                rest /= n.max(&1);
+                ranges[k] = (p, p);
+            }
+            let c = class(&ranges);
+            merged = Some(match merged {
+                None => c,
+                Some(m) if m == c => m,
+                Some(_) => return TileClass::Partial,
+            });
+        }
+        return merged.unwrap_or(TileClass::Skip);
     }
+    class(&ranges)
 }
+
+/// The most batch indices [`classify_tile_known`] classifies one by one when the data it knows
+/// has rows (per batch index ids); above it, a load is bounded over all of them.
+const PER_BATCH: i64 = 256;
 
 /// The class of every tile of an `m × n` score matrix cut into `tile.0 × tile.1` tiles (the
 /// last row and column of tiles may be smaller).

@@ -247,8 +247,8 @@ pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy)
 }
 
 /// The parameters (by index) whose values classify flash tiles when a run gives them
-/// ([`prepare_with`]): 1-d i32 parameters a flash op reads densely as an extra operand (segment
-/// ids).
+/// ([`prepare_with`]): 1-d and 2-d i32 parameters a flash op reads as an extra operand (segment
+/// ids, per-sequence lengths).
 pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
     let mut out = Vec::new();
     for step in &schedule.steps {
@@ -259,7 +259,7 @@ pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
         };
         for x in extras {
             if let Some(&BufferKind::Param(i)) = schedule.buffers.get(x.buf).map(|b| &b.kind)
-                && x.shape.len() == 1
+                && matches!(x.shape.len(), 1 | 2)
                 && x.dtype == crate::ir::DType::I32
                 && !out.contains(&i)
             {
@@ -355,13 +355,20 @@ impl Preparing<'_> {
             {
                 env.insert(crate::ir::scalar_load_key(n), *v);
             }
-            // The operand as the mask reads it: the whole parameter, densely.
-            if x.shape.len() == 1
+            // The operand as the mask reads it: the whole parameter, densely (rows of the table
+            // along its first axis when it has two).
+            let sizes: Vec<Option<i64>> = x.shape.iter().map(|d| size(d, self.env).ok()).collect();
+            let dense = match (sizes.as_slice(), x.strides.as_slice()) {
+                ([Some(_)], [s]) => s.as_const() == Some(1),
+                ([Some(_), Some(w)], [r, s]) => s.as_const() == Some(1) && r.eval(self.env).ok() == Some(*w),
+                _ => false,
+            };
+            if dense
                 && x.dtype == crate::ir::DType::I32
                 && x.offset.as_const() == Some(0)
-                && x.strides.first().and_then(Dim::as_const) == Some(1)
                 && let Some(t) = self.data.get(&i)
-                && size(&x.shape[0], self.env).ok() == i64::try_from(t.len()).ok()
+                && sizes.last().copied().flatten() == i64::try_from(t.len()).ok()
+                && (sizes.len() == 1 || sizes.first().copied().flatten() == i64::try_from(t.row_count()).ok())
             {
                 data.insert(n, t.clone());
             }

@@ -405,3 +405,34 @@ fn range_tables_give_the_range_of_any_span() {
     }
     assert_eq!(crate::ir::RangeTable::new(&[]).len(), 0);
 }
+
+/// 2-d ids (`seg[b, i]`, a batch of packed documents, `examples/document_mask.attn`) classify
+/// the tiles every batch index shares: a tile is skipped where no batch index keeps a score,
+/// full where every one keeps them all.
+#[test]
+fn per_batch_segment_ids_classify_the_tiles_every_batch_index_shares() {
+    let src = include_str!("../../../examples/document_mask.attn");
+    let compiled = crate::check(src).expect("compiles");
+    let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
+    let cpu = Policy::default();
+    let s = schedule(&g, &cpu).expect("schedules");
+    assert_eq!(super::mask_data_params(&s), vec![3]);
+    let t = 1024usize;
+    // Batch index 0: documents of 256 tokens; 1: of 512.
+    let ids: Vec<i32> = (0..t).map(|x| (x / 256) as i32).chain((0..t).map(|x| (x / 512) as i32)).collect();
+    let mut env: std::collections::HashMap<String, i64> =
+        [("B", 2), ("H", 1), ("S", t as i64), ("D", 64)].map(|(k, v)| (k.to_string(), v)).into();
+    env.insert(crate::ir::data_param_key(3), 1);
+    let tables = [(3, std::sync::Arc::new(crate::ir::RangeTable::of_rows(&ids, t)))].into();
+    let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
+    let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
+    let classes = p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
+        c[e[0] as usize] += 1;
+        c
+    });
+    // 8 × 8 tiles of 128; per 512-token document (4 × 4 tiles): 2 tiles below the diagonal
+    // inside a 256-token document of batch index 0 are full, the other 4 below it and the 4
+    // on it partial, the 6 above it skipped; every tile across the two 512-token documents
+    // skipped.
+    assert_eq!(classes, [44, 4, 16]);
+}
