@@ -25,6 +25,11 @@
 #   additive
 #           bench/bahdanau.py --target cuda: additive attention against PyTorch eager, with inputs
 #           in the product form's range (trained) and outside it (wide), into additive.txt
+#   serving the serving forms on the device: the flash backward's and every example's device
+#           tests (sinks through the log-sum-exp's cotangent, varlen, varlen_kv, lse_merge), then
+#           a packed ragged batch (8 sequences of 100–4000 tokens, f32, H=8, D=64) against the
+#           batch padded to 4000 and the sequences one by one (bench/varlen.sh's comparison),
+#           into serving.txt
 #   quick   bench/compare_gpu.py --quick --check
 #   bench   bench/compare_gpu.py with the remaining arguments (e.g. the full table)
 #
@@ -177,6 +182,36 @@ while [ $i -lt ${#steps[@]} ]; do
             --rounds 2 --iters 10 > "$OUT/additive.txt" 2>&1
         echo "additive: exit $?"
         cat "$OUT/additive.txt"
+        ;;
+    serving)
+        echo "== serving"
+        ATTNC_GPU_TESTS=1 timeout 200 "$TESTS" gpu_tests::flash_backward gpu_tests::every_example --test-threads 2 --nocapture \
+            > "$OUT/tests-serving.log" 2>&1
+        echo "serving tests: exit $?"
+        grep -E "sinks|varlen|lse_merge|test result|panicked|FAIL" "$OUT/tests-serving.log" | head -30
+        python3 - "$OUT/seq.npy" 100 650 1200 1750 2300 2850 3400 4000 <<'PY'
+import struct, sys
+lens = [int(x) for x in sys.argv[2:]]
+ids = [s for s, n in enumerate(lens) for _ in range(n)]
+header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % len(ids)
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%di" % len(ids), *ids))
+PY
+        ms() { timeout 60 "$ATTNC" bench "$@" --target cuda --iters 10 --warmup 2 --json | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p'; }
+        for round in 1 2; do
+            p=$(ms examples/varlen.attn --input "seq=$OUT/seq.npy" --dim H=8 --dim D=64)
+            q=$(ms examples/causal.attn --dim B=8 --dim H=8 --dim S=4000 --dim D=64)
+            s=0
+            for n in 100 650 1200 1750 2300 2850 3400 4000; do
+                t=$(ms examples/causal.attn --dim B=1 --dim H=8 --dim S=$n --dim D=64)
+                s=$(awk -v a="$s" -v b="$t" 'BEGIN {print a + b}')
+            done
+            echo "round $round: packed $p ms, padded to 4000 $q ms, one by one $s ms"
+        done > "$OUT/serving.txt" 2>&1
+        cat "$OUT/serving.txt"
+        rm -f "$OUT/seq.npy"
         ;;
     quick)
         echo "== quick"

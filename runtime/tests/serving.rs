@@ -166,3 +166,50 @@ fn a_batch_of_packed_documents_matches_the_interpreter_as_its_ids_change() {
         assert!(diff < 1e-5, "{lens:?}: max |diff| {diff}");
     }
 }
+
+/// Chunked prefill over a ragged batch: sequence `s` brings `q_lens[s]` new queries against
+/// `kv_lens[s]` keys (its cache and itself), bottom-right aligned. The cpu target against the
+/// interpreter and against attention computed sequence by sequence in f64.
+#[test]
+fn a_ragged_chunked_prefill_is_bottom_right_aligned_per_sequence() {
+    let program = example("varlen_kv.attn");
+    let (q_lens, kv_lens) = ([5usize, 40, 1, 70, 0], [30usize, 100, 1, 70, 9]);
+    let (tq, tk, h, d) = (q_lens.iter().sum::<usize>(), kv_lens.iter().sum::<usize>(), 2, 16);
+    let (q, k, v) = (tensor(&[h, tq, d], 14), tensor(&[h, tk, d], 15), tensor(&[h, tk, d], 16));
+    let table = |f: &dyn Fn(usize, usize) -> i32, lens: &[usize]| {
+        let v: Vec<i32> = lens.iter().enumerate().flat_map(|(s, n)| (0..*n).map(move |x| f(s, x))).collect();
+        Tensor::i32(vec![v.len()], v).expect("table")
+    };
+    let seq_q = table(&|s, _| s as i32, &q_lens);
+    let seq_k = table(&|s, _| s as i32, &kv_lens);
+    let pos_q = table(&|s, x| (kv_lens[s] - q_lens[s] + x) as i32, &q_lens);
+    let pos_k = table(&|_, x| x as i32, &kv_lens);
+    let inputs =
+        [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("seq_q", seq_q), ("seq_k", seq_k), ("pos_q", pos_q), ("pos_k", pos_k)];
+    let got = program.run("varlen_kv", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let interp = program.run("varlen_kv", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    assert!(max_diff(&got[0].1, &interp[0].1) < 1e-5, "cpu vs interpreter: {}", max_diff(&got[0].1, &interp[0].1));
+    // Sequence by sequence: query x of sequence s sees keys 0 ..= kv_len - q_len + x of it.
+    let (q, k, v, got) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec(), got[0].1.to_f64_vec());
+    let (mut q0, mut k0, mut worst) = (0, 0, 0.0f64);
+    for (ql, kl) in q_lens.iter().zip(&kv_lens) {
+        for hh in 0..h {
+            for x in 0..*ql {
+                let row = &q[(hh * tq + q0 + x) * d..][..d];
+                let keys = kl - ql + x + 1;
+                let s: Vec<f64> = (0..keys)
+                    .map(|j| row.iter().zip(&k[(hh * tk + k0 + j) * d..][..d]).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
+                let m = s.iter().fold(f64::NEG_INFINITY, |a, b| a.max(*b));
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for c in 0..d {
+                    let want: f64 = s.iter().enumerate().map(|(j, sj)| (sj - m).exp() / z * v[(hh * tk + k0 + j) * d + c]).sum();
+                    worst = worst.max((want - got[(hh * tq + q0 + x) * d + c]).abs());
+                }
+            }
+        }
+        q0 += ql;
+        k0 += kl;
+    }
+    assert!(worst < 1e-5, "max |diff| {worst}");
+}
