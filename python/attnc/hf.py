@@ -13,7 +13,9 @@ so that the model builds the padding, causal and sliding-window masks it builds 
 hands them over (without a mask function transformers passes ``attention_mask=None`` and
 padding would be silently ignored). Attention then runs through :func:`attnc.torch.sdpa`:
 grouped-query attention without repeating K and V, the mask read at its broadcast size,
-Gemma 2's ``softcap``, the decode step against a KV cache, differentiable for training.
+Gemma 2's ``softcap``, gpt-oss's attention sinks (``s_aux``: one logit per head in every
+softmax denominator, through the fused log-sum-exp), the decode step against a KV cache,
+differentiable for training.
 transformers is an optional dependency (``pip install transformers``).
 """
 
@@ -58,8 +60,6 @@ def attention_forward(
     ``[B, Hkv, S, D]`` (a KV cache's keys included), the mask the registered mask function made
     (bool ``[B, 1, L, S]``, or ``None`` when a causal mask is enough); returns the output as
     ``[B, L, Hq, D]`` and no attention weights."""
-    if s_aux is not None:
-        raise ArgumentError("attention sinks (s_aux) are not supported by attnc yet")
     if position_bias is not None:
         raise ArgumentError("a position bias (T5-style) is not supported by attnc's transformers backend yet")
     q_len = query.shape[2]
@@ -69,5 +69,5 @@ def attention_forward(
         # As transformers' SDPA backend: a causal mask over the first L keys (top-left aligned).
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     groups = getattr(module, "num_key_value_groups", 1)
-    out = _sdpa(query, key, value, attention_mask, dropout, causal, scaling, groups > 1, softcap)
+    out = _sdpa(query, key, value, attention_mask, dropout, causal, scaling, groups > 1, softcap, s_aux)
     return out.transpose(1, 2).contiguous(), None

@@ -153,9 +153,14 @@ def _sdpa(
     scale: Optional[float],
     enable_gqa: bool,
     softcap: Optional[float],
+    sinks: Optional[_torch.Tensor] = None,
 ) -> _torch.Tensor:
     """:func:`sdpa`, and with ``softcap`` the scaled scores soft-capped first,
-    ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping)."""
+    ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping); with ``sinks``
+    (one logit per query head, gpt-oss's ``s_aux``) each head's sink joins every softmax
+    denominator, through the fused log-sum-exp (``examples/sinks.attn``), differentiable."""
+    if sinks is not None and _torch.compiler.is_compiling():
+        raise ArgumentError("attention sinks under torch.compile are not supported yet: run the model eagerly")
     if _torch.compiler.is_compiling():
         # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
         # an autograd formula), so the graph has no break.
@@ -165,7 +170,7 @@ def _sdpa(
             f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
             "(or torch's scaled_dot_product_attention for training with attention dropout)"
         )
-    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap)
+    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks)
     if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
         out = differentiable(*args)
     else:
@@ -182,6 +187,7 @@ def _sdpa_prepare(
     scale: Optional[float],
     enable_gqa: bool,
     softcap: Optional[float],
+    sinks: Optional[_torch.Tensor] = None,
 ) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype]:
     """The checked arguments of an :func:`_sdpa` call: its program (compiled on first use), the
     program as an autograd function, the program's inputs, and the result's dtype."""
@@ -228,12 +234,18 @@ def _sdpa_prepare(
             mask = mask.float()
         args.append(mask)
         mask_key = (kind, ones)
+    if sinks is not None:
+        heads = query.shape[-3] if query.dim() >= 3 else 0
+        if not isinstance(sinks, _torch.Tensor) or sinks.dim() != 1 or sinks.shape[0] != heads:
+            got = tuple(sinks.shape) if isinstance(sinks, _torch.Tensor) else type(sinks).__name__
+            raise ShapeError(f"sinks must be one logit per query head, a tensor of shape ({heads},): got {got}")
+        args.append(sinks.to(args[0].dtype))
     threads = _torch.get_num_threads()
     cap = None if softcap is None else float(softcap)
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads)
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None)
     found = _SDPA_PROGRAMS.get(key_)
     if found is None:
-        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap), threads)
+        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None), threads)
         found = (prog, attention(prog))
         _SDPA_PROGRAMS[key_] = found
     return found[0], found[1], args, out_dtype
@@ -260,8 +272,10 @@ def _sdpa_source(
     gqa: bool,
     scale: Optional[float],
     softcap: Optional[float] = None,
+    sinks: bool = False,
 ) -> str:
-    """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`)."""
+    """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`); with ``sinks``, a
+    parameter ``sink`` of one logit per query head joins each softmax denominator."""
     lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
     heads_q, heads_kv = (["Hk*G"], ["Hk"]) if gqa else ([], [])
     q = lead + heads_q + ["L", "E"]
@@ -304,13 +318,27 @@ def _sdpa_source(
     if causal:
         names = [f"a{n}" for n in range(score_rank - 2)] + ["i", "j"]
         body.append(f"let ({', '.join(names)}) = indices(masked)")
-        body.append("let weights = softmax(where(j <= i, masked, -inf), axis = -1)")
+        body.append("let kept = where(j <= i, masked, -inf)")
     else:
-        body.append("let weights = softmax(masked, axis = -1)")
+        body.append("let kept = masked")
+    body.append(f"let attended = softmax(kept, axis = -1) @ {vn}")
+    if sinks:
+        # out · σ(lse − sink): the sink as one more logit in each row's denominator, with no
+        # value (examples/sinks.attn); the log-sum-exp fuses into the attention's flash op.
+        head_axis = (heads_q[0] if gqa else lead[-1]) if (gqa or lead) else None
+        if head_axis is None:
+            raise ShapeError("attention sinks need a head axis (query of rank 3 or more)")
+        params.append(f"sink: {dtype}[{head_axis}]")
+        body.append("let lse = logsumexp(kept, axis = -1)")
+        # The sink broadcast against lse's [..., heads, L] (or [..., Hk, G, L]).
+        body.append("let sg = unsqueeze(reshape(sink, [Hk, G]), 2)" if gqa else "let sg = unsqueeze(sink, 1)")
+        body.append(f"let result = attended * unsqueeze(sigmoid(lse - sg), {score_rank - 1})")
+    else:
+        body.append("let result = attended")
     if gqa:
-        body.append(f"return reshape(weights @ {vn}, [{', '.join(out)}])")
+        body.append(f"return reshape(result, [{', '.join(out)}])")
     else:
-        body.append(f"return weights @ {vn}")
+        body.append("return result")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
 

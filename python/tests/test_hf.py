@@ -1,7 +1,8 @@
-"""attnc as a transformers attention backend (``attnc.hf.register``): small random Llama, Qwen2
-and Gemma 2 models built from configs (no downloads), against transformers' own "sdpa"
-("eager" for Gemma 2, whose soft-capping SDPA lacks): logits on a left-padded batch, greedy
-generation through the KV cache, and 20 training steps. Skipped without transformers."""
+"""attnc as a transformers attention backend (``attnc.hf.register``): small random Llama, Qwen2,
+Gemma 2 and gpt-oss models built from configs (no downloads), against transformers' own "sdpa"
+("eager" for Gemma 2, whose soft-capping SDPA lacks, and for gpt-oss, whose sinks it lacks):
+logits on a left-padded batch, greedy generation through the KV cache, and 20 training steps.
+Skipped without transformers."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ CONFIGS = {
     "gemma2 (sliding window, soft-capping)": (
         lambda: transformers.Gemma2Config(
             num_key_value_heads=2, head_dim=16, sliding_window=8, attn_logit_softcapping=50.0, query_pre_attn_scalar=16, **SMALL
+        ),
+        "eager",
+    ),
+    "gpt-oss (sinks, sliding window, GQA)": (
+        lambda: transformers.GptOssConfig(
+            num_key_value_heads=2, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2, **SMALL
         ),
         "eager",
     ),
@@ -64,7 +71,7 @@ def test_logits_and_greedy_generation_match(name):
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["llama (GQA 4/2)", "gemma2 (sliding window, soft-capping)"])
+@pytest.mark.parametrize("name", ["llama (GQA 4/2)", "gemma2 (sliding window, soft-capping)", "gpt-oss (sinks, sliding window, GQA)"])
 def test_twenty_training_steps_match(name):
     ids, mask = batch()
     # Padded positions predict nothing: their query rows see no key (left padding), and the
@@ -90,8 +97,35 @@ def test_twenty_training_steps_match(name):
     assert losses[0][-1] < 0.9 * losses[0][0], "the steps train"
 
 
-def test_sinks_and_position_biases_are_errors_not_silence():
+def test_sinks_are_an_extra_logit_per_head_with_gradients():
+    # gpt-oss's definition (transformers' eager gpt-oss attention): the sink joins the logits
+    # of each row and is dropped after the softmax. GQA 4/2, causal, in float64 for the
+    # reference; the sinks' gradient too.
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 7, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 7, 8, generator=g, requires_grad=True)
+    sinks = torch.randn(4, generator=g, requires_grad=True)
+    module = torch.nn.Module()
+    module.num_key_value_groups = 2
+    out, _ = attnc.hf.attention_forward(module, q, k, v, None, scaling=0.3, s_aux=sinks)
+    kk, vv = (x.double().repeat_interleave(2, dim=1) for x in (k, v))
+    s = q.double() @ kk.transpose(2, 3) * 0.3
+    s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    logits = torch.cat([s, sinks.double().reshape(1, 4, 1, 1).expand(2, 4, 7, 1)], dim=-1)
+    want = (torch.softmax(logits, dim=-1)[..., :-1] @ vv).transpose(1, 2)
+    assert float((out.double() - want).abs().max()) < 1e-5
+    cot = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    got_grads = torch.autograd.grad((out.double() * cot).sum(), (q, k, v, sinks))
+    want_grads = torch.autograd.grad((want * cot).sum(), (q, k, v, sinks))
+    for a, b in zip(got_grads, want_grads):
+        assert float((a.double() - b).abs().max()) < 1e-4 * max(1.0, float(b.abs().max()))
+
+
+def test_position_biases_and_misshapen_sinks_are_errors_not_silence():
     q = torch.randn(1, 2, 3, 8)
     module = torch.nn.Module()
-    with pytest.raises(attnc.ArgumentError, match="sinks"):
-        attnc.hf.attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
+    with pytest.raises(attnc.ShapeError, match="sinks"):
+        attnc.hf.attention_forward(module, q, q, q, None, s_aux=torch.zeros(3))
+    with pytest.raises(attnc.ArgumentError, match="position bias"):
+        attnc.hf.attention_forward(module, q, q, q, None, position_bias=torch.zeros(1, 2, 3, 3))
