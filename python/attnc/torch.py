@@ -594,3 +594,110 @@ def ring_attention(*args: Any, **kwargs: Any) -> _torch.Tensor:
     from ._ring import ring_attention as ring
 
     return ring(*args, **kwargs)
+
+
+# ---- attnc.torch.varlen_attention: FlashAttention's flash_attn_varlen_func ----------------------
+
+_VARLEN_PROGRAMS: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]] = {}
+
+
+def varlen_attention(
+    q: _torch.Tensor,
+    k: _torch.Tensor,
+    v: _torch.Tensor,
+    cu_seqlens_q: _torch.Tensor,
+    cu_seqlens_k: _torch.Tensor,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+) -> _torch.Tensor:
+    """Attention over a ragged batch packed without padding, with FlashAttention's
+    ``flash_attn_varlen_func`` conventions: ``q`` ``[total_q, H, D]``, ``k`` ``[total_k, Hk, D]``
+    and ``v`` ``[total_k, Hk, Dv]`` (``H`` a multiple of ``Hk``: grouped-query attention without
+    repeating K and V), sequence ``s`` being rows ``cu_seqlens_q[s] .. cu_seqlens_q[s + 1]`` of
+    ``q`` and ``cu_seqlens_k[s] ..`` of ``k`` and ``v``; ``causal`` aligned bottom-right (the
+    last query of a sequence sees every one of its keys, as FlashAttention aligns it when a
+    sequence has fewer queries than keys: chunked prefill, a prefix cache). Returns
+    ``[total_q, H, Dv]``, differentiable. The sequence tables are inputs of one compiled program
+    (``examples/varlen_kv.attn``'s form), reused for every batch; each call classifies the
+    tiles from them, so tiles across two sequences are skipped. ``max_seqlen_*`` are accepted
+    for compatibility and not needed."""
+    del max_seqlen_q, max_seqlen_k
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, _torch.Tensor) or t.dim() != 3:
+            raise ShapeError(f"{name} must be a [tokens, heads, head width] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.device.type != "cpu":
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.varlen_attention runs CPU tensors (pass .cpu())")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise DTypeError(f"q, k and v must have one dtype: got {q.dtype}, {k.dtype}, {v.dtype}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if v.shape[1] != kv_heads or k.shape[0] != v.shape[0] or k.shape[2] != q.shape[2] or kv_heads == 0 or heads % kv_heads:
+        raise ShapeError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must share tokens and heads, k the width of q {tuple(q.shape)}, "
+            "and q's heads be a multiple of theirs"
+        )
+    cu = []
+    for name, c, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        c = _torch.as_tensor(c)
+        if c.dim() != 1 or c.numel() < 1 or c.dtype.is_floating_point:
+            raise ShapeError(f"{name} must be a 1-d integer tensor of cumulative lengths, got {tuple(c.shape)} {c.dtype}")
+        c = c.to(_torch.int64).cpu()
+        if int(c[0]) != 0 or int(c[-1]) != total or bool((c[1:] < c[:-1]).any()):
+            raise ShapeError(f"{name} must rise from 0 to {total} (the packed tokens), got {c.tolist()}")
+        cu.append(c)
+    if cu[0].numel() != cu[1].numel():
+        raise ShapeError(f"cu_seqlens_q and cu_seqlens_k must name as many sequences: {cu[0].numel() - 1} and {cu[1].numel() - 1}")
+    lens_q, lens_k = cu[0][1:] - cu[0][:-1], cu[1][1:] - cu[1][:-1]
+    if causal and bool((lens_q > lens_k).any()):
+        raise ShapeError("causal (bottom-right aligned) needs each sequence to have no more queries than keys")
+    seqs = _torch.arange(lens_q.numel())
+    seq_q, seq_k = _torch.repeat_interleave(seqs, lens_q), _torch.repeat_interleave(seqs, lens_k)
+    # Positions in each sequence; the queries' shifted so that the last sits at the last key.
+    pos_k = _torch.arange(k.shape[0]) - cu[1][seq_k]
+    pos_q = _torch.arange(q.shape[0]) - cu[0][seq_q] + (lens_k - lens_q)[seq_q]
+    out_dtype = q.dtype
+    args = [q, k, v]
+    if out_dtype == _torch.bfloat16:
+        args = [a.float() for a in args]
+    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
+    if dtype is None:
+        raise DTypeError(f"attnc.torch.varlen_attention runs float32, float16 and bfloat16 tensors, not {out_dtype}")
+    args += [t.to(_torch.int32) for t in (seq_q, seq_k, pos_q, pos_k)]
+    threads = _torch.get_num_threads()
+    scale = None if softmax_scale is None else float(softmax_scale)
+    key_ = (dtype, bool(causal), scale, threads)
+    found = _VARLEN_PROGRAMS.get(key_)
+    if found is None:
+        prog = _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads)
+        found = (prog, attention(prog))
+        _VARLEN_PROGRAMS[key_] = found
+    prog, differentiable = found
+    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        out = differentiable(*args)
+    else:
+        out = _run_plain(prog, args)
+    return out.to(out_dtype) if out.dtype != out_dtype else out
+
+
+def _varlen_source(dtype: str, causal: bool, scale: Optional[float]) -> str:
+    """The ``.attn`` program of :func:`varlen_attention` (heads in groups of ``G`` query heads
+    per K/V head)."""
+    factor = "/ sqrt(E)" if scale is None else f"* {scale!r}"
+    keep = "seq_q[i] == seq_k[j] && pos_k[j] <= pos_q[i]" if causal else "seq_q[i] == seq_k[j]"
+    return "\n".join(
+        [
+            f"fn varlen(q: {dtype}[Tq, Hk*G, E], k: {dtype}[Tk, Hk, E], v: {dtype}[Tk, Hk, Ev],",
+            "          seq_q: i32[Tq], seq_k: i32[Tk], pos_q: i32[Tq], pos_k: i32[Tk]) -> "
+            f"{dtype}[Tq, Hk*G, Ev] {{",
+            "    let qh = permute(reshape(q, [Tq, Hk, G, E]), [1, 2, 0, 3])      # [Hk, G, Tq, E]",
+            "    let kh = unsqueeze(permute(k, [1, 0, 2]), 1)                     # [Hk, 1, Tk, E]",
+            "    let vh = unsqueeze(permute(v, [1, 0, 2]), 1)                     # [Hk, 1, Tk, Ev]",
+            f"    let scores = qh @ kh.T {factor}",
+            "    let (h, g, i, j) = indices(scores)",
+            f"    let out = softmax(where({keep}, scores, -inf), axis = -1) @ vh",
+            "    return reshape(permute(out, [2, 0, 1, 3]), [Tq, Hk*G, Ev])",
+            "}",
+            "",
+        ]
+    )
