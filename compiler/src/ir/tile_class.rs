@@ -319,11 +319,18 @@ impl RangeTable {
         RangeTable::of_rows(values, values.len())
     }
 
-    /// The table of a 2-d operand: `values` in rows of `width`.
+    /// The table of a 2-d operand: `values` in rows of `width`. Above [`RangeTable::MAX_VALUES`]
+    /// values the table is empty (it would take `O(n log n)` memory): the tiles are then not
+    /// classified from the data (evaluated per element, still correct).
     pub fn of_rows(values: &[i32], width: usize) -> RangeTable {
-        let rows = if width == 0 { Vec::new() } else { values.chunks_exact(width).map(levels).collect() };
+        let rows =
+            if width == 0 || values.len() > Self::MAX_VALUES { Vec::new() } else { values.chunks_exact(width).map(levels).collect() };
         RangeTable { rows, width }
     }
+
+    /// The most values a table holds (2^18 tokens: at most about 40 MiB of tables, 8 bytes
+    /// per value and level).
+    pub const MAX_VALUES: usize = 1 << 18;
 
     /// Values per row.
     pub fn len(&self) -> usize {

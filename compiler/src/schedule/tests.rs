@@ -497,3 +497,10 @@ fn tiles_classified_from_tables_agree_with_the_mask_on_every_score() {
     // straddle two sequences (the ranges of ids then meet).
     assert!(counts[TileClass::Skip as usize] * 10 >= skippable * 9, "{counts:?} of which {skippable} keep nothing");
 }
+
+#[test]
+fn range_tables_of_too_many_values_are_empty_not_huge() {
+    let t = crate::ir::RangeTable::new(&vec![0; crate::ir::RangeTable::MAX_VALUES + 1]);
+    assert!(t.is_empty());
+    assert_eq!(t.row_count(), 0);
+}
