@@ -159,12 +159,12 @@ def _sdpa(
     ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping); with ``sinks``
     (one logit per query head, gpt-oss's ``s_aux``) each head's sink joins every softmax
     denominator, through the fused log-sum-exp (``examples/sinks.attn``), differentiable."""
-    if sinks is not None and _torch.compiler.is_compiling():
-        raise ArgumentError("attention sinks under torch.compile are not supported yet: run the model eagerly")
     if _torch.compiler.is_compiling():
         # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
         # an autograd formula), so the graph has no break.
-        return _torch.ops.attnc.sdpa(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), softcap)
+        return _torch.ops.attnc.sdpa(
+            query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), softcap, sinks
+        )
     if dropout_p != 0.0:
         raise ArgumentError(
             f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
@@ -530,13 +530,14 @@ def _sdpa_op(
     scale: Optional[float],
     enable_gqa: bool,
     softcap: Optional[float],
+    sinks: Optional[_torch.Tensor] = None,
 ) -> _torch.Tensor:
     with _torch.no_grad():
-        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap).clone()
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks).clone()
 
 
 @_sdpa_op.register_fake
-def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap):  # type: ignore[no-untyped-def]
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks=None):  # type: ignore[no-untyped-def]
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
@@ -551,38 +552,41 @@ def _sdpa_backward_op(
     scale: Optional[float],
     enable_gqa: bool,
     softcap: Optional[float],
-) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor]:
+    sinks: Optional[_torch.Tensor] = None,
+) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor]:
     # A custom op runs below autograd: the derived program is called directly. A float mask is
     # taken whole (no broadcast axis folded away), so that its gradient is per element.
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap)
-    wrt = ["q", "k", "v"] + (["mask"] if float_mask else [])
+    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks)
+    wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
     cot = grad.to(args[0].dtype).contiguous()
     outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
-    grads = [g.to(query.dtype) for g in outs[len(outs) - len(wrt) :]]
-    mask_grad = grads[3].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
-    return grads[0], grads[1], grads[2], mask_grad
+    grads = dict(zip(wrt, (g.to(query.dtype) for g in outs[len(outs) - len(wrt) :])))
+    mask_grad = grads["mask"].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
+    sink_grad = grads["sink"] if sinks is not None else query.new_empty(0)
+    return grads["q"], grads["k"], grads["v"], mask_grad, sink_grad
 
 
 @_sdpa_backward_op.register_fake
-def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap):  # type: ignore[no-untyped-def]
+def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks=None):  # type: ignore[no-untyped-def]
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask_grad = attn_mask.new_empty(attn_mask.shape) if float_mask else query.new_empty(0)
-    return _torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value), mask_grad
+    sink_grad = sinks.new_empty(sinks.shape) if sinks is not None else query.new_empty(0)
+    return _torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value), mask_grad, sink_grad
 
 
 def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
-    query, key, value, attn_mask, _, is_causal, scale, enable_gqa, softcap = inputs
-    ctx.save_for_backward(query, key, value, attn_mask)
+    query, key, value, attn_mask, _, is_causal, scale, enable_gqa, softcap, sinks = inputs
+    ctx.save_for_backward(query, key, value, attn_mask, sinks)
     ctx.flags = (is_causal, scale, enable_gqa, softcap)
 
 
 def _sdpa_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
-    query, key, value, attn_mask = ctx.saved_tensors
-    dq, dk, dv, dm = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags)
+    query, key, value, attn_mask, sinks = ctx.saved_tensors
+    dq, dk, dv, dm, ds = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags, sinks)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None
+    return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None, (ds.to(sinks.dtype) if sinks is not None else None)
 
 
 _sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)

@@ -115,7 +115,24 @@ def test_torch_compile_traces_it_without_a_graph_break():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
 
 
+def test_torch_compile_traces_sinks_with_their_gradient():
+    # gpt-oss's sinks (attnc.hf's s_aux) through the registered op: no graph break, the same
+    # values and gradients as eager.
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v, sinks):
+            return at._sdpa(q, k, v, None, 0.0, True, None, True, None, sinks).sum(-1)
+
+    q, k, v = inputs(hk=2)
+    sinks = torch.randn(H, requires_grad=True)
+    compiled = torch.compile(Block(), fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v, sinks), Block()(q, k, v, sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v, sinks)), torch.autograd.grad(want.sum(), (q, k, v, sinks))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
 def test_the_registered_op_passes_torch_opcheck():
     q, k, v = (t.detach() for t in inputs())
     for mask, causal in ((None, True), (torch.rand(L, S) > 0.3, False), (torch.randn(1, H, L, S), False)):
         torch.library.opcheck(torch.ops.attnc.sdpa.default, (q, k, v, mask, 0.0, causal, None, False, None))
+    torch.library.opcheck(torch.ops.attnc.sdpa.default, (q, k, v, None, 0.0, True, None, False, None, torch.randn(H)))
