@@ -121,8 +121,8 @@ pub fn all_rules(pinned: HashSet<Id>) -> Vec<Arc<dyn Rule>> {
         Arc::new(rules::algebra::ScaleIntoQuery),
         Arc::new(rules::assoc::MatMulAssoc),
         Arc::new(rules::algebra::DistributeMatMul),
-        Arc::new(FuseAttention { pinned }),
-        Arc::new(rules::fusion::FuseLogSumExp),
+        Arc::new(FuseAttention { pinned: pinned.clone() }),
+        Arc::new(rules::fusion::FuseLogSumExp { pinned }),
         Arc::new(rules::fusion::CastIntoFlash),
         Arc::new(rules::scan::PrefixAttention),
     ]

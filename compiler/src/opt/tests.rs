@@ -273,3 +273,33 @@ fn a_query_shared_by_the_batch_fuses() {
     assert_eq!(want.len(), 2 * 3 * 4);
     assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + a.abs())), "{want:?}\n{got:?}");
 }
+
+/// `logsumexp` of the scores an attention fuses comes out of the same flash op (`flash_lse` of
+/// its spec and operands, which one step computes); where the weights stay materialised (an
+/// output), it stays a reduction of the materialised scores rather than a flash op of its own.
+#[test]
+fn a_log_sum_exp_pairs_with_its_attention_unless_the_weights_are_kept() {
+    let optimized = |src: &str| {
+        let checked = crate::check(src).unwrap_or_else(|d| panic!("{}", d[0]));
+        super::optimize(&checked.module.graphs[0], &OptOptions::default()).graph
+    };
+    let g = optimized(
+        "fn f(q: f32[S, D], k: f32[T, D], v: f32[T, D]) -> (out: f32[S, D], lse: f32[S]) {
+            let s = q @ k.T / sqrt(D)
+            return softmax(s, axis = -1) @ v, logsumexp(s, axis = -1) }",
+    );
+    let ops: Vec<&crate::ir::Op> = g.values().map(|v| &g.node(v).op).collect();
+    let flash = g.values().find(|v| matches!(g.node(*v).op, crate::ir::Op::Flash(_))).expect("a flash op");
+    let lse = g.values().find(|v| matches!(g.node(*v).op, crate::ir::Op::FlashLse(_))).unwrap_or_else(|| panic!("no flash_lse:\n{g}"));
+    let (crate::ir::Op::Flash(a), crate::ir::Op::FlashLse(b)) = (&g.node(flash).op, &g.node(lse).op) else { unreachable!() };
+    assert_eq!(a, b, "{g}");
+    assert_eq!(g.operands(flash), g.operands(lse), "{g}");
+    assert!(!ops.iter().any(|o| matches!(o, crate::ir::Op::Softmax { .. } | crate::ir::Op::Reduce { .. })), "{g}");
+    let kept = optimized(
+        "fn f(q: f32[S, D], k: f32[T, D], v: f32[T, D]) -> (out: f32[S, D], w: f32[S, T], lse: f32[S]) {
+            let s = q @ k.T / sqrt(D)
+            let w = softmax(s, axis = -1)
+            return w @ v, w, logsumexp(s, axis = -1) }",
+    );
+    assert!(!kept.values().any(|v| matches!(kept.node(v).op, crate::ir::Op::FlashLse(_) | crate::ir::Op::Flash(_))), "{kept}");
+}

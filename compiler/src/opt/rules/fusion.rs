@@ -69,9 +69,13 @@ impl FuseAttention {
 /// with the attention, or of attention sinks): the flash op that the attention fuses into
 /// ([`FuseAttention`]) then writes the log-sum-exp too, and neither needs the score matrix.
 /// The log-sum-exp of scores that no attention uses stays a reduction (it needs no `v`, which
-/// a flash op has).
+/// a flash op has), and so does one whose attention cannot fuse (its weights are `pinned`:
+/// used elsewhere), since a flash op of its own would compute the scores again.
 #[derive(Clone)]
-pub struct FuseLogSumExp;
+pub struct FuseLogSumExp {
+    /// Weight classes that must stay materialised ([`FuseAttention::pinned`]).
+    pub pinned: HashSet<Id>,
+}
 
 impl Rule for FuseLogSumExp {
     rule_head!("fusion/flash-logsumexp", Op::Reduce { op: ReduceOp::LogSumExp, .. });
@@ -86,7 +90,7 @@ impl Rule for FuseLogSumExp {
             if axes.as_slice() != [rank - 1] {
                 continue;
             }
-            for v in attention_values(eg, scores) {
+            for v in attention_values(eg, scores, &self.pinned) {
                 let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None) else { continue };
                 let lse = Build::Node(Op::FlashLse(spec), None, args);
                 // f32 over the scores' rows: the reduction's type after a cast and, with
@@ -109,8 +113,9 @@ impl Rule for FuseLogSumExp {
     }
 }
 
-/// The `v` of every `matmul(softmax(scores, last axis), v)` in the e-graph.
-fn attention_values(eg: &EG, scores: Id) -> Vec<Id> {
+/// The `v` of every `matmul(softmax(scores, last axis), v)` in the e-graph whose weights are
+/// not `pinned`.
+fn attention_values(eg: &EG, scores: Id, pinned: &HashSet<Id>) -> Vec<Id> {
     let mut out = Vec::new();
     let users = |child: Id| -> Vec<(Id, &super::super::lang::ENode)> {
         eg[child]
@@ -122,7 +127,7 @@ fn attention_values(eg: &EG, scores: Id) -> Vec<Id> {
     };
     for (p, n) in users(scores) {
         let last = ty(eg, p).is_some_and(|t| matches!(n.op(), Op::Softmax { axis } if *axis + 1 == t.rank()));
-        if !last {
+        if !last || pinned.contains(&eg.find(p)) {
             continue;
         }
         for (_, m) in users(p) {
