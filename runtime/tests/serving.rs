@@ -213,3 +213,44 @@ fn a_ragged_chunked_prefill_is_bottom_right_aligned_per_sequence() {
     }
     assert!(worst < 1e-5, "max |diff| {worst}");
 }
+
+/// A paged KV cache (`examples/paged_decode.attn`): pages shuffled in the pool, last pages
+/// partly filled, two queries per sequence bottom-right aligned; against attention over each
+/// sequence's tokens gathered densely in f64.
+#[test]
+fn paged_decode_matches_dense_attention_over_each_sequences_pages() {
+    let program = example("paged_decode.attn");
+    let (b, h, m, d, np, p, mp) = (3usize, 2usize, 2usize, 8usize, 12usize, 4usize, 4usize);
+    let lens = [13usize, 4, 9];
+    // Distinct pages per sequence, in a shuffled order; unused entries name page 0.
+    let table: [[usize; 4]; 3] = [[7, 2, 11, 5], [9, 0, 0, 0], [3, 10, 6, 0]];
+    let (q, kp, vp) = (tensor(&[b, h, m, d], 20), tensor(&[np, p, h, d], 21), tensor(&[np, p, h, d], 22));
+    let bt = Tensor::i32(vec![b, mp], table.iter().flatten().map(|x| *x as i32).collect()).expect("table");
+    let ln = Tensor::i32(vec![b], lens.iter().map(|x| *x as i32).collect()).expect("lens");
+    let inputs = [("q", q.clone()), ("k_pages", kp.clone()), ("v_pages", vp.clone()), ("block_table", bt), ("lens", ln)];
+    let got = program.run("paged_decode", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let interp =
+        program.run("paged_decode", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    assert!(max_diff(&got[0].1, &interp[0].1) < 1e-5);
+    let (q, kp, vp, got) = (q.to_f64_vec(), kp.to_f64_vec(), vp.to_f64_vec(), got[0].1.to_f64_vec());
+    // Token t of sequence s, head hh: row t % p of page table[s][t / p].
+    let row = |x: &[f64], s: usize, t: usize, hh: usize| x[((table[s][t / p] * p + t % p) * h + hh) * d..][..d].to_vec();
+    let mut worst = 0.0f64;
+    for s in 0..b {
+        for hh in 0..h {
+            for i in 0..m {
+                let qi = &q[((s * h + hh) * m + i) * d..][..d];
+                let seen = lens[s] - m + i + 1;
+                let sc: Vec<f64> =
+                    (0..seen).map(|t| qi.iter().zip(row(&kp, s, t, hh)).map(|(a, c)| a * c).sum::<f64>() / (d as f64).sqrt()).collect();
+                let mx = sc.iter().fold(f64::NEG_INFINITY, |a, c| a.max(*c));
+                let z: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+                for c in 0..d {
+                    let want: f64 = sc.iter().enumerate().map(|(t, x)| (x - mx).exp() / z * row(&vp, s, t, hh)[c]).sum();
+                    worst = worst.max((want - got[((s * h + hh) * m + i) * d + c]).abs());
+                }
+            }
+        }
+    }
+    assert!(worst < 1e-5, "max |diff| {worst}");
+}
