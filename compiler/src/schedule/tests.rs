@@ -504,3 +504,31 @@ fn range_tables_of_too_many_values_are_empty_not_huge() {
     assert!(t.is_empty());
     assert_eq!(t.row_count(), 0);
 }
+
+/// Per-sequence lengths given at run time (`lens[b]`, `examples/paged_decode.attn`) skip every
+/// key tile past the longest sequence's end (the table all sequences share).
+#[test]
+fn lengths_given_at_run_time_skip_the_tiles_past_every_sequence() {
+    let src = include_str!("../../../examples/paged_decode.attn");
+    let compiled = crate::check(src).expect("compiles");
+    let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
+    let cpu = Policy::default();
+    let s = schedule(&g, &cpu).expect("schedules");
+    let step = s.steps.iter().position(|st| matches!(st.kernel, Kernel::Flash(_))).expect("a flash step");
+    let lens_param = 4;
+    assert!(super::mask_data_params(&s).contains(&lens_param));
+    // 64 pages of 16 per sequence: 1024 token slots; the sequences hold 100 and 300 tokens.
+    let mut env: std::collections::HashMap<String, i64> =
+        [("B", 2), ("H", 1), ("M", 1), ("D", 64), ("NP", 128), ("P", 16), ("MP", 64)].map(|(k, v)| (k.to_string(), v)).into();
+    env.insert(crate::ir::data_param_key(lens_param), 1);
+    let tables = [(lens_param, std::sync::Arc::new(crate::ir::RangeTable::new(&[100, 300])))].into();
+    let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
+    let entry = p.ints[s.tuning(step, Tuning::TileEntryBytes).expect("entry")] as usize;
+    let bn = p.ints[s.tuning(step, Tuning::BlockN).expect("bn")] as usize;
+    let Kernel::Flash(f) = &s.steps[step].kernel else { unreachable!() };
+    let table = &p.tables.iter().find(|(b, _)| *b == f.tiles).expect("the table").1;
+    let classes: Vec<u8> = table.chunks(entry).map(|e| e[0]).collect();
+    // One query row: one row of key tiles; a tile from key 300 on keeps nothing.
+    let live = classes.iter().filter(|c| **c != 0).count();
+    assert_eq!(live, 300usize.div_ceil(bn), "{classes:?} (tiles of {bn} keys)");
+}
