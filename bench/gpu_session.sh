@@ -189,16 +189,7 @@ while [ $i -lt ${#steps[@]} ]; do
             > "$OUT/tests-serving.log" 2>&1
         echo "serving tests: exit $?"
         grep -E "sinks|varlen|lse_merge|test result|panicked|FAIL" "$OUT/tests-serving.log" | head -30
-        python3 - "$OUT/seq.npy" 100 650 1200 1750 2300 2850 3400 4000 <<'PY'
-import struct, sys
-lens = [int(x) for x in sys.argv[2:]]
-ids = [s for s, n in enumerate(lens) for _ in range(n)]
-header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % len(ids)
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%di" % len(ids), *ids))
-PY
+        python3 bench/write_ids.py "$OUT/seq.npy" 100 650 1200 1750 2300 2850 3400 4000
         ms() { timeout 60 "$ATTNC" bench "$@" --target cuda --iters 10 --warmup 2 --json | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p'; }
         for round in 1 2; do
             p=$(ms examples/varlen.attn --input "seq=$OUT/seq.npy" --dim H=8 --dim D=64)

@@ -15,16 +15,7 @@ D=${3:-64}
 LENS="100 650 1200 1750 2300 2850 3400 4000"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir/seq.npy" $LENS <<'PY'
-import struct, sys
-lens = [int(x) for x in sys.argv[2:]]
-ids = [s for s, n in enumerate(lens) for _ in range(n)]
-header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % len(ids)
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
-with open(sys.argv[1], "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-    f.write(struct.pack("<%di" % len(ids), *ids))
-PY
+python3 bench/write_ids.py "$dir/seq.npy" $LENS
 ms() { "$A" bench "$@" --threads "$THREADS" --iters 3 --warmup 1 --json | sed -n 's/^json: .*"median_ms": \([0-9.]*\).*/\1/p'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 packed="" padded="" separate=""

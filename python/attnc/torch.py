@@ -171,11 +171,27 @@ def _sdpa(
             "(or torch's scaled_dot_product_attention for training with attention dropout)"
         )
     prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks)
+    return _run_either(prog, differentiable, args, out_dtype)
+
+
+def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_torch.Tensor], out_dtype: _torch.dtype) -> _torch.Tensor:
+    """``prog``'s first result: through autograd when an argument needs a gradient, else
+    straight through the binding; in ``out_dtype``."""
     if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
         out = differentiable(*args)
     else:
         out = _run_plain(prog, args)
     return out.to(out_dtype) if out.dtype != out_dtype else out
+
+
+def _attention_args(tensors: List[_torch.Tensor], what: str) -> Tuple[List[_torch.Tensor], str]:
+    """q, k and v as a program takes them (bfloat16 as float32: NumPy has no bfloat16), and the
+    program's dtype name; a clear error for another dtype."""
+    args = [a.float() for a in tensors] if tensors[0].dtype == _torch.bfloat16 else list(tensors)
+    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
+    if dtype is None:
+        raise DTypeError(f"{what} runs float32, float16 and bfloat16 tensors, not {tensors[0].dtype}")
+    return args, dtype
 
 
 def _sdpa_prepare(
@@ -206,12 +222,7 @@ def _sdpa_prepare(
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
     out_dtype = query.dtype
-    args = [query, key, value]
-    if out_dtype == _torch.bfloat16:
-        args = [a.float() for a in args]
-    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
-    if dtype is None:
-        raise DTypeError(f"attnc.torch.sdpa runs float32, float16 and bfloat16 tensors, not {out_dtype}")
+    args, dtype = _attention_args([query, key, value], "attnc.torch.sdpa")
     gqa = bool(enable_gqa) and query.dim() >= 3 and query.shape[-3] != key.shape[-3]
     mask_key: Optional[Tuple[Any, ...]] = None
     if attn_mask is not None:
@@ -660,13 +671,7 @@ def varlen_attention(
     # Positions in each sequence; the queries' shifted so that the last sits at the last key.
     pos_k = _torch.arange(k.shape[0]) - cu[1][seq_k]
     pos_q = _torch.arange(q.shape[0]) - cu[0][seq_q] + (lens_k - lens_q)[seq_q]
-    out_dtype = q.dtype
-    args = [q, k, v]
-    if out_dtype == _torch.bfloat16:
-        args = [a.float() for a in args]
-    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
-    if dtype is None:
-        raise DTypeError(f"attnc.torch.varlen_attention runs float32, float16 and bfloat16 tensors, not {out_dtype}")
+    args, dtype = _attention_args([q, k, v], "attnc.torch.varlen_attention")
     args += [t.to(_torch.int32) for t in (seq_q, seq_k, pos_q, pos_k)]
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
@@ -676,12 +681,7 @@ def varlen_attention(
         prog = _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads)
         found = (prog, attention(prog))
         _VARLEN_PROGRAMS[key_] = found
-    prog, differentiable = found
-    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
-        out = differentiable(*args)
-    else:
-        out = _run_plain(prog, args)
-    return out.to(out_dtype) if out.dtype != out_dtype else out
+    return _run_either(found[0], found[1], args, q.dtype)
 
 
 def _varlen_source(dtype: str, causal: bool, scale: Optional[float]) -> str:

@@ -94,33 +94,7 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
     let internal = |reason: String| GradError::Internal { graph: name.clone(), reason };
     let params: Vec<(String, Value, TensorType)> =
         graph.params().iter().map(|p| (graph.param_name(*p).to_string(), *p, graph.node(*p).ty.clone())).collect();
-    let targets: Vec<&(String, Value, TensorType)> = match wrt {
-        None => params.iter().filter(|(_, _, t)| t.dtype.is_float()).collect(),
-        Some(names) => {
-            let mut out = Vec::new();
-            for n in names {
-                let Some(p) = params.iter().find(|(pn, _, _)| pn == n) else {
-                    let known: Vec<&str> = params.iter().map(|(pn, _, _)| pn.as_str()).collect();
-                    return Err(GradError::Wrt {
-                        graph: name.clone(),
-                        name: n.clone(),
-                        reason: format!("no parameter has that name (its parameters: {})", known.join(", ")),
-                    });
-                };
-                if !p.2.dtype.is_float() {
-                    return Err(GradError::Wrt {
-                        graph: name.clone(),
-                        name: n.clone(),
-                        reason: format!("it is {}, and only floating-point parameters have gradients", p.2),
-                    });
-                }
-                if !out.iter().any(|q: &&(String, Value, TensorType)| q.0 == *n) {
-                    out.push(p);
-                }
-            }
-            out
-        }
-    };
+    let targets = targets(&name, &params, wrt)?;
     let order = graph.topo_order().ok_or_else(|| internal("the graph has a cycle".into()))?;
 
     // Values that depend on a target parameter: only their adjoints are needed.
@@ -158,34 +132,23 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
         if !needs.contains(v) {
             continue;
         }
-        if let Some(t) = twins.get(v) {
-            if position.get(t) < position.get(v) {
-                continue;
-            }
-            let (f, l) = if matches!(graph.node(*v).op, Op::Flash(_)) { (*v, *t) } else { (*t, *v) };
-            let (gf, gl) = (adjoint.get(&f).copied(), adjoint.get(&l).copied());
-            if gf.is_none() && gl.is_none() {
-                continue;
-            }
-            let Op::Flash(spec) = &graph.node(f).op else { return Err(internal("a log-sum-exp's twin is not a flash op".into())) };
-            let fty = graph.node(f).ty.clone();
-            let gf = match gf {
-                Some(g) => g,
-                None => b.zeros(&fty.shape, fty.dtype)?,
-            };
-            let operands = graph.operands(f);
-            for (slot, contribution) in b.flash(spec, &operands, (f, Some(l)), (gf, gl), &needs)? {
-                let operand = operands[slot];
-                if needs.contains(&operand) {
-                    let c = b.unbroadcast(contribution, &graph.node(operand).ty)?;
-                    b.accumulate(&mut adjoint, operand, c)?;
+        let (node, contributions) = match twins.get(v) {
+            Some(t) if position.get(t) < position.get(v) => continue,
+            Some(t) => {
+                let pair = if matches!(graph.node(*v).op, Op::Flash(_)) { (*v, *t) } else { (*t, *v) };
+                let adjoints = (adjoint.get(&pair.0).copied(), adjoint.get(&pair.1).copied());
+                match b.flash_pair(graph, pair, adjoints, &needs)? {
+                    Some(c) => (pair.0, c),
+                    None => continue,
                 }
             }
-            continue;
-        }
-        let Some(g) = adjoint.get(v).copied() else { continue };
-        let operands = graph.operands(*v);
-        for (slot, contribution) in b.rule(graph, *v, &operands, g, &needs)? {
+            None => {
+                let Some(g) = adjoint.get(v).copied() else { continue };
+                (*v, b.rule(graph, *v, &graph.operands(*v), g, &needs)?)
+            }
+        };
+        let operands = graph.operands(node);
+        for (slot, contribution) in contributions {
             let operand = operands[slot];
             if needs.contains(&operand) {
                 let c = b.unbroadcast(contribution, &graph.node(operand).ty)?;
@@ -206,6 +169,31 @@ pub fn differentiate(graph: &Graph, wrt: Option<&[String]>) -> Result<Graph, Gra
     }
     // Rules build both operands' gradients; drop those no output uses.
     Ok(b.g.compact())
+}
+
+/// The parameters whose gradients are asked for: `wrt` (each once, in its order), or every float
+/// parameter.
+fn targets<'p>(
+    graph: &str,
+    params: &'p [(String, Value, TensorType)],
+    wrt: Option<&[String]>,
+) -> Result<Vec<&'p (String, Value, TensorType)>, GradError> {
+    let Some(names) = wrt else { return Ok(params.iter().filter(|(_, _, t)| t.dtype.is_float()).collect()) };
+    let mut out: Vec<&(String, Value, TensorType)> = Vec::new();
+    for n in names {
+        let wrong = |reason: String| GradError::Wrt { graph: graph.to_string(), name: n.clone(), reason };
+        let Some(p) = params.iter().find(|(pn, _, _)| pn == n) else {
+            let known: Vec<&str> = params.iter().map(|(pn, _, _)| pn.as_str()).collect();
+            return Err(wrong(format!("no parameter has that name (its parameters: {})", known.join(", "))));
+        };
+        if !p.2.dtype.is_float() {
+            return Err(wrong(format!("it is {}, and only floating-point parameters have gradients", p.2)));
+        }
+        if !out.iter().any(|q| q.0 == *n) {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 /// Each softmax flash op paired with a `flash_lse` of the same spec and operands, both ways.
@@ -361,6 +349,28 @@ impl Builder {
         };
         adjoint.insert(v, total);
         Ok(())
+    }
+
+    /// The contributions of a flash op `f` and its log-sum-exp `l` (`pair`) to the flash op's
+    /// operands, from their adjoints (either may be absent: the flash op's is then zero), as
+    /// [`Builder::rule`] gives them; `None` when neither has an adjoint.
+    fn flash_pair(
+        &mut self,
+        graph: &Graph,
+        (f, l): (Value, Value),
+        adjoints: (Option<Value>, Option<Value>),
+        needs: &HashSet<Value>,
+    ) -> Result<Option<Vec<(usize, Value)>>, GradError> {
+        let (gf, gl) = match adjoints {
+            (None, None) => return Ok(None),
+            (Some(g), gl) => (g, gl),
+            (None, gl) => {
+                let t = graph.node(f).ty.clone();
+                (self.zeros(&t.shape, t.dtype)?, gl)
+            }
+        };
+        let Op::Flash(spec) = &graph.node(f).op else { return Err(self.internal("a log-sum-exp's twin is not a flash op".into())) };
+        self.flash(spec, &graph.operands(f), (f, Some(l)), (gf, gl), needs).map(Some)
     }
 
     /// The contributions of `v`'s adjoint `g` to its operands, as (slot, gradient of the

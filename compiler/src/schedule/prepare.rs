@@ -341,10 +341,11 @@ struct Preparing<'a> {
 }
 
 impl Preparing<'_> {
-    /// The run's bindings plus, for each of a flash op's `extras` that is a 0-d i32 input whose
-    /// value the run gave ([`crate::ir::scalar_param_key`]), that value as the mask's
-    /// `x<n>[]` ([`crate::ir::scalar_load_key`]), so that its tiles classify by it.
-    fn with_scalars(&self, extras: &[super::View]) -> (HashMap<String, i64>, HashMap<usize, Arc<RangeTable>>) {
+    /// What the run knows of a flash op's `extras`, for classifying its tiles: the bindings
+    /// plus the value of each 0-d i32 input the run gave ([`crate::ir::scalar_param_key`]) as
+    /// the mask's `x<n>[]` ([`crate::ir::scalar_load_key`]), and the range tables of the 1-d and
+    /// 2-d i32 inputs it gave ([`prepare_with`]) by operand index `n`.
+    fn run_values(&self, extras: &[super::View]) -> (HashMap<String, i64>, HashMap<usize, Arc<RangeTable>>) {
         let mut env = self.env.clone();
         let mut data = HashMap::new();
         for (n, x) in extras.iter().enumerate() {
@@ -462,7 +463,7 @@ impl Preparing<'_> {
                 (Tuning::TileEntryBytes, entry),
             ],
         );
-        let (run_env, data) = self.with_scalars(&f.extras);
+        let (run_env, data) = self.run_values(&f.extras);
         let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &Known { env: &run_env, data: &data });
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
@@ -541,7 +542,7 @@ impl Preparing<'_> {
             ],
         );
         let cpu = matches!(self.policy, Policy::Cpu(_));
-        let (run_env, data) = self.with_scalars(&f.extras);
+        let (run_env, data) = self.run_values(&f.extras);
         let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &Known { env: &run_env, data: &data });
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();

@@ -325,6 +325,17 @@ fn prepare_sizes_blocks_tables_and_scratch() {
     assert!(matches!(prepare(&schedule(&g, &cpu).expect("schedules"), &bad, &cpu), Err(PrepareError::Negative { .. })));
 }
 
+/// How many tiles of flash step `step`'s table are skipped, full and partial.
+fn class_counts(s: &Schedule, p: &super::Prepared, step: usize) -> [usize; 3] {
+    let entry = p.ints[s.tuning(step, Tuning::TileEntryBytes).expect("entry")] as usize;
+    let Kernel::Flash(f) = &s.steps[step].kernel else { panic!("step {step} is not a flash step") };
+    let table = &p.tables.iter().find(|(b, _)| *b == f.tiles).expect("the table").1;
+    table.chunks(entry).fold([0; 3], |mut c, e| {
+        c[e[0] as usize] += 1;
+        c
+    })
+}
+
 /// A window size given as a 0-d i32 input folds into the fused mask as `x0[]`, and a run that
 /// gives its value (`scalar_param_key`) classifies tiles by it as it would a constant; without
 /// the value every tile is partial (evaluated per element, still correct).
@@ -344,11 +355,7 @@ fn a_window_given_as_an_input_classifies_tiles_by_its_value() {
             env.insert(crate::ir::scalar_param_key(3), w);
         }
         let p = prepare(&s, &env, &cpu).expect("prepares");
-        let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
-        p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
-            c[e[0] as usize] += 1;
-            c
-        })
+        class_counts(&s, &p, 0)
     };
     // 8 × 8 tiles of 128: a window of 100 keeps the diagonal and the one below it.
     assert_eq!(classes(Some(100)), [64 - 15, 0, 15]);
@@ -381,11 +388,7 @@ fn segment_ids_given_at_run_time_classify_tiles_by_their_values() {
         }
         let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
         assert_eq!(p.ints[s.tuning(0, Tuning::BlockM).expect("bm")] as usize, bm);
-        let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
-        p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
-            c[e[0] as usize] += 1;
-            c
-        })
+        class_counts(&s, &p, 0)
     };
     // 8 × 8 tiles: per sequence one full tile below the diagonal and two diagonal (partial).
     assert_eq!(classes(true), [64 - 12, 4, 8]);
@@ -425,11 +428,7 @@ fn per_batch_segment_ids_classify_the_tiles_every_batch_index_shares() {
     env.insert(crate::ir::data_param_key(3), 1);
     let tables = [(3, std::sync::Arc::new(crate::ir::RangeTable::of_rows(&ids, t)))].into();
     let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
-    let entry = p.ints[s.tuning(0, Tuning::TileEntryBytes).expect("entry")] as usize;
-    let classes = p.tables[0].1.chunks(entry).fold([0; 3], |mut c, e| {
-        c[e[0] as usize] += 1;
-        c
-    });
+    let classes = class_counts(&s, &p, 0);
     // 8 × 8 tiles of 128; per 512-token document (4 × 4 tiles): 2 tiles below the diagonal
     // inside a 256-token document of batch index 0 are full, the other 4 below it and the 4
     // on it partial, the 6 above it skipped; every tile across the two 512-token documents

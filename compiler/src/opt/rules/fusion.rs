@@ -87,20 +87,16 @@ impl Rule for FuseLogSumExp {
             let Op::Reduce { op: ReduceOp::LogSumExp, axes, keepdim } = n.op() else { continue };
             let scores = eg.find(n.args()[0]);
             let Some(rank) = ty(eg, scores).map(TensorType::rank) else { continue };
-            if axes.as_slice() != [rank - 1] {
+            // f32 over the scores' rows: the reduction's type after a cast and, with `keepdim`, a
+            // reshape; anything else (broadcast rows) is left alone.
+            if axes.as_slice() != [rank - 1] || (*keepdim && target.shape.last().and_then(Dim::as_const) != Some(1)) {
                 continue;
             }
+            let rows = &target.shape[..if *keepdim { rank - 1 } else { target.rank() }];
             for v in attention_values(eg, scores, &self.pinned) {
                 let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None) else { continue };
                 let lse = Build::Node(Op::FlashLse(spec), None, args);
-                // f32 over the scores' rows: the reduction's type after a cast and, with
-                // `keepdim`, a reshape; anything else (broadcast rows) is left alone.
-                let rows = &target.shape[..if *keepdim { rank - 1 } else { target.rank() }];
-                if *keepdim && target.shape.last().and_then(Dim::as_const) != Some(1) {
-                    continue;
-                }
-                let f32_rows = TensorType::new(DType::F32, rows.to_vec());
-                let lse = Build::Node(Op::Reshape, Some(f32_rows.clone()), vec![lse]);
+                let lse = Build::Node(Op::Reshape, Some(TensorType::new(DType::F32, rows.to_vec())), vec![lse]);
                 let lse = if target.dtype == DType::F32 {
                     lse
                 } else {
