@@ -75,6 +75,11 @@ imports! {
     GEMV_NT = kernels::attnc_gemv_nt(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
     /// [`SGEMM_NN`] for a few rows of `A`: same parameters.
     GEMV_NN = kernels::attnc_gemv_nn(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
+    /// [`GEMV_NT`] with `B`'s key rows read in place from a paged cache: `(m, n, k, a, lda,
+    /// rows, c, ldc, alpha, accumulate)`, `rows` the address of a `kernels::PagedRows`.
+    GEMV_NT_PAGED = kernels::attnc_gemv_nt_paged(I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
+    /// [`GEMV_NN`] with `B`'s value rows read in place from a paged cache, as [`GEMV_NT_PAGED`].
+    GEMV_NN_PAGED = kernels::attnc_gemv_nn_paged(I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
     /// Additive scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for `r < m`, `c < n`,
     /// `a < k`: `(m, n, k, a, lda, b, ldb, c, ldc, alpha, w)`.
     ADDITIVE_NT = kernels::attnc_additive_nt(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I64) -> ();
@@ -91,6 +96,7 @@ imports! {
     /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
     /// ldd)`.
     TRANSPOSE = kernels::attnc_transpose_f32(I64, I64, I64, I64, I64, I64) -> ();
+
     /// One key row of a flash backward tile: `(s, dp, lse|0, delta|0, rbias|0, n, alpha, factor,
     /// cbias, flags, df|0, w|0, sums)`.
     FLASH_BWD_ROW = kernels::attnc_flash_bwd_row(I64, I64, I64, I64, I64, I64, F32, F32, F32, I32, I64, I64, I64) -> ();

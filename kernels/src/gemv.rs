@@ -21,11 +21,169 @@ const ROWS: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 16;
 
+/// Where each row of `B` is: rows `ldb` apart ([`Dense`]), or a paged cache's rows found
+/// through its block table ([`Paged`]). `row` may be asked for rows past `B` only by
+/// [`Rows::prefetch`], which forms addresses with wrapping arithmetic and reads nothing.
+pub(super) trait Rows {
+    /// The first element of row `j` (`j` inside `B`).
+    fn row(&mut self, j: usize) -> *const f32;
+    /// Prefetches `count` rows of `bytes` bytes each from row `j` on, where they exist.
+    fn prefetch(&mut self, j: usize, count: usize, bytes: usize);
+}
+
+/// Rows `ldb` elements apart from `b`; rows from `limit` on are not prefetched (a run of a
+/// paged cache's rows: what follows in memory belongs to another head or sequence).
+pub(super) struct Dense {
+    b: *const f32,
+    ldb: usize,
+    limit: usize,
+}
+
+impl Rows for Dense {
+    fn row(&mut self, j: usize) -> *const f32 {
+        self.b.wrapping_add(j * self.ldb)
+    }
+
+    fn prefetch(&mut self, j: usize, count: usize, bytes: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if j < self.limit {
+            // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
+            unsafe { prefetch(self.row(j), bytes * count.min(self.limit - j)) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (j, count, bytes);
+    }
+}
+
+/// `B`'s rows read in place from a paged KV cache: row `j` is key `first + j` of a sequence,
+/// row `(first + j) % page` of page `clamp(table[(first + j) / page · table_stride], 0,
+/// pages − 1)`. The layout generated code fills for [`super::attnc_gemv_nt_paged`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PagedRows {
+    /// Page 0's first element (the batch index's offset included).
+    pub base: *const f32,
+    /// Elements between the rows of a page.
+    pub row_stride: usize,
+    /// Elements between pages.
+    pub page_stride: usize,
+    /// Rows per page (≥ 1).
+    pub page: usize,
+    /// Pages in the pool (≥ 1).
+    pub pages: usize,
+    /// The sequence's row of the block table.
+    pub table: *const i32,
+    /// Elements between the table's entries.
+    pub table_stride: usize,
+    /// Entries in the table's row.
+    pub table_len: usize,
+    /// The key of `B`'s row 0.
+    pub first: usize,
+}
+
+/// The page holding key `t` of a [`PagedRows`]: its first key and its first row, when the table
+/// has an entry for it.
+fn page_of(d: &PagedRows, t: usize) -> Option<(usize, *const f32)> {
+    let m = t / d.page.max(1);
+    if m >= d.table_len {
+        return None;
+    }
+    // SAFETY: entry `m < table_len` of the table's row, which the caller's contract makes
+    // readable.
+    let id = unsafe { *d.table.add(m * d.table_stride) };
+    let id = (id.max(0) as usize).min(d.pages.saturating_sub(1));
+    Some((m * d.page, d.base.wrapping_add(id * d.page_stride)))
+}
+
+/// A cursor over a [`PagedRows`]' rows (all inside its table): the page of the last row asked
+/// for is kept, so that a row of the same page costs a compare and a multiply-add. What follows
+/// a page in memory is not the next page, so prefetching follows the table: on entering a page,
+/// the first rows of the page about [`PAGED_AHEAD`] rows on (on Zen 4 with pages of 16 rows,
+/// `bench/paged_decode.sh` measured two pages ahead at 82% of the contiguous decode's
+/// bandwidth, four at 81–91%, eight at 71%; without it 53%), into L2 (`T1`: with `T0` the
+/// prefetches wait for L1's fill buffers and gained nothing). The kernels' own prefetches (rows
+/// ahead in memory) are dropped.
+pub(super) struct Paged<'d> {
+    d: &'d PagedRows,
+    /// The cached page's first key (`usize::MAX`: none yet) and first row.
+    lo: usize,
+    start: *const f32,
+    /// Bytes of a row.
+    row_bytes: usize,
+}
+
+/// Rows ahead (in sequence order, across pages) that a paged product prefetches.
+const PAGED_AHEAD: usize = 64;
+
+impl<'d> Paged<'d> {
+    pub(super) fn new(d: &'d PagedRows, row_bytes: usize) -> Paged<'d> {
+        Paged { d, lo: usize::MAX, start: std::ptr::null(), row_bytes }
+    }
+
+    /// Prefetches `row_bytes` at `p` into L2.
+    #[inline(always)]
+    fn fetch(&self, p: *const f32) {
+        #[cfg(target_arch = "x86_64")]
+        for off in (0..self.row_bytes).step_by(64) {
+            // SAFETY: a prefetch reads nothing and cannot fault; the address wraps.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>().wrapping_add(off)) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+}
+
+impl Rows for Paged<'_> {
+    #[inline(always)]
+    fn row(&mut self, j: usize) -> *const f32 {
+        let t = self.d.first + j;
+        if self.lo == usize::MAX || t.wrapping_sub(self.lo) >= self.d.page {
+            if let Some((lo, start)) = page_of(self.d, t) {
+                (self.lo, self.start) = (lo, start);
+            }
+            let page = self.d.page.max(1);
+            let ahead = PAGED_AHEAD.div_ceil(page).max(1) * page;
+            if let Some((_, next)) = page_of(self.d, self.lo.wrapping_add(ahead)) {
+                for r in 0..page.min(AHEAD) {
+                    self.fetch(next.wrapping_add(r * self.d.row_stride));
+                }
+            }
+        }
+        self.start.wrapping_add(t.wrapping_sub(self.lo) * self.d.row_stride)
+    }
+
+    #[inline(always)]
+    fn prefetch(&mut self, _j: usize, _count: usize, _bytes: usize) {}
+}
+
+/// [`run`] with `B`'s rows read through a paged cache ([`PagedRows`], every row inside its
+/// table), through a [`Paged`] cursor per block of rows of `A`.
+///
+/// # Safety
+/// As [`run`] for `A` and `C`; `d`'s table row and pages as [`super::attnc_gemv_nt_paged`]
+/// says, with rows `first..first + count` inside the table (`count` = `n` for `Nt`, `k` for
+/// `Nn`).
+pub(super) unsafe fn run_paged(g: &Gemm, layout: Layout, a: *const f32, d: &PagedRows, c: *mut f32) {
+    let row_bytes = if layout == Layout::Nt { g.k * 4 } else { g.n * 4 };
+    // SAFETY: forwarded.
+    unsafe { run_rows(g, layout, a, || Paged::new(d, row_bytes), c) }
+}
+
 /// `C (+)= alpha · A · op(B)` for any shape, fastest for `m ≤ 4`.
 ///
 /// # Safety
 /// As [`super::attnc_sgemm_nt`] / [`super::attnc_sgemm_nn`]; `g.isa` is supported.
 pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32, c: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { run_rows(g, layout, a, || Dense { b, ldb: g.ldb, limit: usize::MAX }, c) }
+}
+
+/// [`run`] with `B`'s rows from `rows` (one cursor per block of rows of `A`).
+///
+/// # Safety
+/// As [`run`], with every row `rows` gives for `j <` `n` (`Nt`) or `k` (`Nn`) holding the
+/// row's elements.
+pub(super) unsafe fn run_rows<R: Rows>(g: &Gemm, layout: Layout, a: *const f32, rows_of: impl Fn() -> R, c: *mut f32) {
     if g.m == 0 || g.n == 0 {
         return;
     }
@@ -34,6 +192,7 @@ pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32,
         // SAFETY: row block `r0..r0 + rows` of `A` and `C` lies within the caller's shapes.
         unsafe {
             let (a, c) = (a.add(r0 * g.lda), c.add(r0 * g.ldc));
+            let b = rows_of();
             match (g.isa, layout) {
                 #[cfg(target_arch = "x86_64")]
                 (Isa::Avx512, Layout::Nt) => by_rows!(rows, [1, 2, 3], _ => 4, nt_avx512(g, a, b, c)),
@@ -62,7 +221,7 @@ unsafe fn put(g: &Gemm, c: *mut f32, sum: f32) {
 /// [`nt_portable`] compiled for AVX2 (256-bit lanes; these products are bound by memory).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn nt_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nt_avx2(g: &Gemm, rows: usize, a: *const f32, b: impl Rows, c: *mut f32) {
     // SAFETY: forwarded.
     unsafe { nt_portable(g, rows, a, b, c) }
 }
@@ -70,7 +229,7 @@ unsafe fn nt_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f
 /// [`nn_portable`] compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn nn_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nn_avx2(g: &Gemm, rows: usize, a: *const f32, b: impl Rows, c: *mut f32) {
     // SAFETY: forwarded.
     unsafe { nn_portable(g, rows, a, b, c) }
 }
@@ -81,10 +240,10 @@ unsafe fn nn_avx2(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f
 /// # Safety
 /// As [`run`], for `rows` rows at `a` and `c`.
 #[inline(always)]
-unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, mut b: impl Rows, c: *mut f32) {
     for j in 0..g.n {
         // SAFETY: key row `j < n` of `B` holds `k` elements.
-        let key = unsafe { std::slice::from_raw_parts(b.add(j * g.ldb), g.k) };
+        let key = unsafe { std::slice::from_raw_parts(b.row(j), g.k) };
         for r in 0..rows {
             // SAFETY: row `r < m` of `A` holds `k` elements.
             let q = unsafe { std::slice::from_raw_parts(a.add(r * g.lda), g.k) };
@@ -107,15 +266,16 @@ unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *m
 /// # Safety
 /// As [`run`], for `rows` rows at `a` and `c`.
 #[inline(always)]
-unsafe fn nn_portable(g: &Gemm, rows: usize, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nn_portable(g: &Gemm, rows: usize, a: *const f32, mut b: impl Rows, c: *mut f32) {
     let mut sums = vec![0.0f32; rows * g.n];
     for p in 0..g.k {
+        let brow = b.row(p);
         for r in 0..rows {
             // SAFETY: `(r, p)` is inside `A`.
             let ap = unsafe { *a.add(r * g.lda + p) };
             for (j, s) in sums[r * g.n..(r + 1) * g.n].iter_mut().enumerate() {
                 // SAFETY: `(p, j)` is inside `B`.
-                *s += ap * unsafe { *b.add(p * g.ldb + j) };
+                *s += ap * unsafe { *brow.add(j) };
             }
         }
     }
@@ -145,19 +305,20 @@ fn prefetch(p: *const f32, bytes: usize) {
 /// As [`run`], for `R ≤ 4` rows at `a` and `c`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn nt_avx512<const R: usize>(g: &Gemm, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nt_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c: *mut f32) {
     let row_bytes = g.k * 4;
     let mut j = 0;
     while j < g.n {
         let pair = (g.n - j).min(2);
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        prefetch(b.wrapping_add((j + AHEAD) * g.ldb), row_bytes * pair);
+        b.prefetch(j + AHEAD, pair, row_bytes);
+        let (k0, k1) = (b.row(j), b.row(j + pair - 1));
         let mut p = 0;
         while p < g.k {
             let m = lanes(g.k - p);
             // SAFETY: lanes `p..min(p + 16, k)` of key rows `j..j + pair` and of `A`'s rows.
             unsafe {
-                let keys = [_mm512_maskz_loadu_ps(m, b.add(j * g.ldb + p)), _mm512_maskz_loadu_ps(m, b.add((j + pair - 1) * g.ldb + p))];
+                let keys = [_mm512_maskz_loadu_ps(m, k0.add(p)), _mm512_maskz_loadu_ps(m, k1.add(p))];
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let q = _mm512_maskz_loadu_ps(m, a.add(r * g.lda + p));
                     acc[0] = _mm512_fmadd_ps(q, keys[0], acc[0]);
@@ -183,16 +344,16 @@ unsafe fn nt_avx512<const R: usize>(g: &Gemm, a: *const f32, b: *const f32, c: *
 /// As [`run`], for `R ≤ 4` rows at `a` and `c`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, b: *const f32, c: *mut f32) {
+unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c: *mut f32) {
     let alpha = _mm512_set1_ps(g.alpha);
     for j0 in (0..g.n).step_by(64) {
         let width = (g.n - j0).min(64);
         let masks = [lanes(width), lanes(width.saturating_sub(16)), lanes(width.saturating_sub(32)), lanes(width.saturating_sub(48))];
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         for p in 0..g.k {
-            let brow = b.wrapping_add(p * g.ldb + j0);
+            let brow = b.row(p).wrapping_add(j0);
             if j0 == 0 {
-                prefetch(b.wrapping_add((p + AHEAD) * g.ldb), g.n * 4);
+                b.prefetch(p + AHEAD, 1, g.n * 4);
             }
             // SAFETY: row `p < k` of `B`, the chunk's valid lanes; `(r, p)` inside `A`.
             unsafe {

@@ -42,6 +42,7 @@ use std::sync::OnceLock;
 use thiserror::Error;
 
 pub use gemm::Layout;
+pub use gemv::PagedRows;
 pub use peak::{PEAK_RUNS, one_run as peak_run, peak_gflops};
 pub use prefix::prefix_attention;
 
@@ -579,6 +580,82 @@ pub unsafe extern "C" fn attnc_flash_bwd_row(
 ) {
     // SAFETY: forwarded from the caller's contract.
     unsafe { exp::flash_bwd_row(isa(), s, dp, lse, delta, rbias, n, (alpha, factor, cbias), flags, (df, w, sums)) }
+}
+
+/// The product of a few rows of `A` with `B` read in place from a paged KV cache
+/// ([`PagedRows`]): the rows of `B` (`n` of them for `Nt`, `k` for `Nn`) must lie inside the
+/// table's row and the pool hold a page, else nothing is done.
+///
+/// # Safety
+/// `rows` points to a valid [`PagedRows`] whose table row holds `table_len` readable entries
+/// and whose every page (of the clamped ids) holds its rows' elements; `A` and `C` as
+/// [`attnc_sgemm_nt`].
+#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+unsafe fn gemv_paged(
+    layout: gemm::Layout,
+    shape: (usize, usize, usize),
+    a: (*const f32, usize),
+    rows: *const PagedRows,
+    c: (*mut f32, usize),
+    alpha: f32,
+    accumulate: u32,
+) {
+    let (m, n, k) = shape;
+    // SAFETY: the caller's contract.
+    let d = unsafe { *rows };
+    let count = if layout == gemm::Layout::Nt { n } else { k };
+    let fits = d.page > 0 && d.pages > 0 && d.first.checked_add(count).is_some_and(|e| e <= d.table_len.saturating_mul(d.page));
+    if !fits {
+        return;
+    }
+    let ldb = if layout == gemm::Layout::Nt { k } else { n };
+    let g = Gemm { m, n, k, lda: a.1, ldb, ldc: c.1, alpha, accumulate: accumulate != 0, isa: isa() };
+    // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
+    unsafe { gemv::run_paged(&g, layout, a.0, &d, c.0) }
+}
+
+/// C ABI: [`attnc_gemv_nt`] with the key rows of `B` read through a paged cache's block table:
+/// `(m, n, k, a, lda, rows, c, ldc, alpha, accumulate)`, `rows` a [`PagedRows`].
+///
+/// # Safety
+/// As [`gemv_paged`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attnc_gemv_nt_paged(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    rows: *const PagedRows,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    accumulate: u32,
+) {
+    // SAFETY: forwarded.
+    unsafe { gemv_paged(gemm::Layout::Nt, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
+}
+
+/// C ABI: [`attnc_gemv_nn`] with the value rows of `B` (`k` of them) read through a paged
+/// cache's block table, as [`attnc_gemv_nt_paged`].
+///
+/// # Safety
+/// As [`gemv_paged`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attnc_gemv_nn_paged(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    rows: *const PagedRows,
+    c: *mut f32,
+    ldc: usize,
+    alpha: f32,
+    accumulate: u32,
+) {
+    // SAFETY: forwarded.
+    unsafe { gemv_paged(gemm::Layout::Nn, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
 }
 
 /// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).

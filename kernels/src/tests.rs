@@ -724,3 +724,78 @@ fn additive_scores_match_f64_on_every_path() {
         assert!(c[3].is_nan(), "{isa}");
     }
 }
+
+/// The paged few-rows products against an f64 product over the rows gathered densely: rows of
+/// `B` from key `first` on, through a shuffled table with ids outside the pool (clamped), pages
+/// of 1, 3 and 16 rows (row and page strides wider than a row, as a head of a `[NP, P, H, D]`
+/// pool), every row-block size of `A`, overwriting and accumulating; and nothing done when the
+/// rows run past the table.
+#[test]
+fn paged_products_read_rows_through_the_table() {
+    let mut rng = Rng(11);
+    let table: Vec<i32> = vec![5, 2, -3, 7, 0, 99, 4, 1, 6, 3, 2, 5];
+    let (np, width, spare) = (8usize, 37usize, 5usize);
+    for page in [1usize, 3, 16] {
+        let (row_stride, page_stride) = (width + spare, page * (width + spare) + 3);
+        let pool = rng.vec(np * page_stride + 1);
+        let row_of = |t: usize| {
+            let id = (table[t / page].max(0) as usize).min(np - 1);
+            id * page_stride + (t % page) * row_stride
+        };
+        for layout in [Layout::Nt, Layout::Nn] {
+            for (m, first, count) in [(1, 0, 1), (2, page / 2, page + 2), (4, 1, 3 * page), (5, 0, (table.len() * page).min(40))] {
+                let (n, k) = if layout == Layout::Nt { (count, width) } else { (width, count) };
+                let a = rng.vec(m * k);
+                let rows = PagedRows {
+                    base: pool.as_ptr(),
+                    row_stride,
+                    page_stride,
+                    page,
+                    pages: np,
+                    table: table.as_ptr(),
+                    table_stride: 1,
+                    table_len: table.len(),
+                    first,
+                };
+                for accumulate in [0u32, 1] {
+                    let old = rng.vec(m * n);
+                    let mut c = old.clone();
+                    let entry = if layout == Layout::Nt { attnc_gemv_nt_paged } else { attnc_gemv_nn_paged };
+                    // SAFETY: dense A and C of the shapes passed; every row through the table
+                    // lies inside `pool`, the table row holds `table_len` entries.
+                    unsafe { entry(m, n, k, a.as_ptr(), k, &rows, c.as_mut_ptr(), n, 0.5, accumulate) };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let dot: f64 = (0..k)
+                                .map(|p| {
+                                    let (key, col) = if layout == Layout::Nt { (first + j, p) } else { (first + p, j) };
+                                    a[i * k + p] as f64 * pool[row_of(key) + col] as f64
+                                })
+                                .sum();
+                            let want = 0.5 * dot + if accumulate == 1 { old[i * n + j] as f64 } else { 0.0 };
+                            let got = c[i * n + j] as f64;
+                            assert!((got - want).abs() < 1e-4, "{layout:?} page {page} m {m} first {first}: ({i}, {j}) {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+        // Rows past the table's last page: C untouched.
+        let rows = PagedRows {
+            base: pool.as_ptr(),
+            row_stride,
+            page_stride,
+            page,
+            pages: np,
+            table: table.as_ptr(),
+            table_stride: 1,
+            table_len: 2,
+            first: 0,
+        };
+        let a = rng.vec(width);
+        let mut c = vec![SENTINEL; 2 * page + 1];
+        // SAFETY: as above; the call must refuse the rows past the table.
+        unsafe { attnc_gemv_nt_paged(1, 2 * page + 1, width, a.as_ptr(), width, &rows, c.as_mut_ptr(), 2 * page + 1, 1.0, 0) };
+        assert!(c.iter().all(|x| *x == SENTINEL));
+    }
+}

@@ -214,18 +214,32 @@ fn a_ragged_chunked_prefill_is_bottom_right_aligned_per_sequence() {
     assert!(worst < 1e-5, "max |diff| {worst}");
 }
 
-/// A paged KV cache (`examples/paged_decode.attn`): pages shuffled in the pool, last pages
-/// partly filled, two queries per sequence bottom-right aligned; against attention over each
-/// sequence's tokens gathered densely in f64.
+/// A paged KV cache (`examples/paged_decode.attn`, read in place through the block table): pages
+/// shuffled in the pool, last pages partly filled, two queries per sequence bottom-right aligned;
+/// against attention over each sequence's tokens gathered densely in f64.
 #[test]
 fn paged_decode_matches_dense_attention_over_each_sequences_pages() {
+    let table = [vec![7, 2, 11, 5], vec![9, 0, 0, 0], vec![3, 10, 6, 0]];
+    paged_case((2, 8, 12, 4), &[13, 4, 9], &table);
+}
+
+/// The same with more queries than the few-rows products take (chunked prefill against the
+/// cache), pages of 3 rows (no key tile starts on a page boundary), and table entries outside
+/// the pool where no valid token lies (clamped, as `paged` defines; masked by the lengths).
+#[test]
+fn paged_prefill_with_odd_pages_and_stray_table_entries() {
+    let table = [vec![4, 17, 1, 0, 9, 12, 2, -1, 99, 99, 99, 99], vec![6, 3, 8, 10, 11, 5, 13, 14, 15, 16, 7, 99]];
+    paged_case((9, 16, 18, 3), &[21, 33], &table);
+}
+
+/// Runs `paged_decode.attn` with `m` queries of width `d` per sequence, 2 heads, a pool of `np`
+/// pages of `p` rows, sequences of `lens` tokens and the block `table`; checks the CPU against
+/// the interpreter and an f64 reference over each sequence's tokens.
+fn paged_case((m, d, np, p): (usize, usize, usize, usize), lens: &[usize], table: &[Vec<i32>]) {
     let program = example("paged_decode.attn");
-    let (b, h, m, d, np, p, mp) = (3usize, 2usize, 2usize, 8usize, 12usize, 4usize, 4usize);
-    let lens = [13usize, 4, 9];
-    // Distinct pages per sequence, in a shuffled order; unused entries name page 0.
-    let table: [[usize; 4]; 3] = [[7, 2, 11, 5], [9, 0, 0, 0], [3, 10, 6, 0]];
+    let (b, h, mp) = (lens.len(), 2usize, table[0].len());
     let (q, kp, vp) = (tensor(&[b, h, m, d], 20), tensor(&[np, p, h, d], 21), tensor(&[np, p, h, d], 22));
-    let bt = Tensor::i32(vec![b, mp], table.iter().flatten().map(|x| *x as i32).collect()).expect("table");
+    let bt = Tensor::i32(vec![b, mp], table.iter().flatten().copied().collect()).expect("table");
     let ln = Tensor::i32(vec![b], lens.iter().map(|x| *x as i32).collect()).expect("lens");
     let inputs = [("q", q.clone()), ("k_pages", kp.clone()), ("v_pages", vp.clone()), ("block_table", bt), ("lens", ln)];
     let got = program.run("paged_decode", inputs.clone(), &cpu(&[])).expect("cpu runs");
@@ -234,7 +248,7 @@ fn paged_decode_matches_dense_attention_over_each_sequences_pages() {
     assert!(max_diff(&got[0].1, &interp[0].1) < 1e-5);
     let (q, kp, vp, got) = (q.to_f64_vec(), kp.to_f64_vec(), vp.to_f64_vec(), got[0].1.to_f64_vec());
     // Token t of sequence s, head hh: row t % p of page table[s][t / p].
-    let row = |x: &[f64], s: usize, t: usize, hh: usize| x[((table[s][t / p] * p + t % p) * h + hh) * d..][..d].to_vec();
+    let row = |x: &[f64], s: usize, t: usize, hh: usize| x[((table[s][t / p] as usize * p + t % p) * h + hh) * d..][..d].to_vec();
     let mut worst = 0.0f64;
     for s in 0..b {
         for hh in 0..h {
@@ -253,4 +267,76 @@ fn paged_decode_matches_dense_attention_over_each_sequences_pages() {
         }
     }
     assert!(worst < 1e-5, "max |diff| {worst}");
+}
+
+/// The paged decode program with the pages in FlashInfer's HND layout (`[NP, H, P, D]`, one
+/// head's rows of a page together), permuted into `paged`'s `[NP, P, H, D]`: still read in place
+/// (the schedule says so), and equal to the NHD example on the same cache.
+const PAGED_HND: &str = "
+fn hnd(q: f32[B, H, M, D], k_pages: f32[NP, H, P, D], v_pages: f32[NP, H, P, D],
+       block_table: i32[B, MP], lens: i32[B]) -> f32[B, H, M, D] {
+    let k = permute(paged(permute(k_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
+    let v = permute(paged(permute(v_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, t) = indices(scores)
+    return softmax(where(t <= lens[b] - M + i, scores, -inf), axis = -1) @ v
+}
+";
+
+/// `[NP, P, H, D]` → `[NP, H, P, D]`.
+fn swap_page_axes(t: &Tensor) -> Tensor {
+    let (s, x) = (t.shape.clone(), t.to_f64_vec());
+    let (np, p, h, d) = (s[0], s[1], s[2], s[3]);
+    let mut out = vec![0.0f32; x.len()];
+    for a in 0..np {
+        for r in 0..p {
+            for hh in 0..h {
+                for c in 0..d {
+                    out[((a * h + hh) * p + r) * d + c] = x[((a * p + r) * h + hh) * d + c] as f32;
+                }
+            }
+        }
+    }
+    Tensor::f32(vec![np, h, p, d], out).expect("tensor")
+}
+
+#[test]
+fn pages_in_hnd_layout_are_read_in_place_like_nhd() {
+    let schedule = attn_runtime::emit(PAGED_HND, attn_runtime::Stage::Schedule).expect("schedules");
+    assert!(schedule.contains("k paged: table") && schedule.contains("v paged: table"), "{schedule}");
+    let hnd = Program::from_source(PAGED_HND, "hnd.attn").expect("compiles");
+    let nhd = example("paged_decode.attn");
+    let (b, h, m, d, np, p, mp) = (2usize, 3usize, 5usize, 16usize, 9usize, 5usize, 4usize);
+    let (q, kp, vp) = (tensor(&[b, h, m, d], 30), tensor(&[np, p, h, d], 31), tensor(&[np, p, h, d], 32));
+    let bt = Tensor::i32(vec![b, mp], vec![8, 1, 4, 6, 0, 7, 3, 2]).expect("table");
+    let ln = Tensor::i32(vec![b], vec![19, 11]).expect("lens");
+    let inputs =
+        |k: Tensor, v: Tensor| [("q", q.clone()), ("k_pages", k), ("v_pages", v), ("block_table", bt.clone()), ("lens", ln.clone())];
+    let want = nhd.run("paged_decode", inputs(kp.clone(), vp.clone()), &cpu(&[])).expect("nhd runs");
+    let got = hnd.run("hnd", inputs(swap_page_axes(&kp), swap_page_axes(&vp)), &cpu(&[])).expect("hnd runs");
+    assert!(max_diff(&got[0].1, &want[0].1) < 1e-6);
+}
+
+/// A paged read that something other than a flash op uses (here also returned) is gathered into
+/// a copy instead (the schedule shows no paged operand), with the same values.
+#[test]
+fn a_paged_read_used_elsewhere_is_gathered_with_the_same_values() {
+    let src = "
+fn both(q: f32[B, H, M, D], k_pages: f32[NP, P, H, D], block_table: i32[B, MP]) -> (o: f32[B, H, M, D], k: f32[B, MP*P, H, D]) {
+    let kk = paged(k_pages, block_table)
+    let k = permute(kk, [0, 2, 1, 3])
+    return softmax(q @ k.T, axis = -1) @ k, kk
+}
+";
+    let schedule = attn_runtime::emit(src, attn_runtime::Stage::Schedule).expect("schedules");
+    assert!(!schedule.contains("paged: table"), "{schedule}");
+    let program = Program::from_source(src, "both.attn").expect("compiles");
+    let (q, kp) = (tensor(&[1, 2, 3, 8], 40), tensor(&[5, 3, 2, 8], 41));
+    let bt = Tensor::i32(vec![1, 3], vec![4, -2, 9]).expect("table");
+    let inputs = [("q", q), ("k_pages", kp), ("block_table", bt)];
+    let got = program.run("both", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let want = program.run("both", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(max_diff(&g.1, &w.1) < 1e-5);
+    }
 }

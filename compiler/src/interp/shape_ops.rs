@@ -1,4 +1,4 @@
-//! Ops that move elements without arithmetic: transpose, reshape, slice, concat, gather.
+//! Ops that move elements without arithmetic: transpose, reshape, slice, concat, gather, paged.
 
 use super::value::{Val, broadcast, broadcast_strides, element_count, filled, room, row_major_strides, walk};
 use crate::exec::ExecError;
@@ -118,5 +118,30 @@ pub(super) fn gather(table: &Val, indices: &[&Val], dtype: DType, node: &str) ->
         }
     }
     let out = offsets.iter().map(|o| table.data[*o]).collect();
+    Ok(Val::new(dtype, shape, out))
+}
+
+/// `paged(pages, table)` ([`crate::ir::Op::Paged`]): `out[b, t, r…] = pages[table[b, t / P], t %
+/// P, r…]` for `pages` `[NP, P, R…]` and `table` `[B, MP]`, the page id clamped into `[0, NP)`.
+pub(super) fn paged(pages: &Val, table: &Val, dtype: DType, node: &str) -> Result<Val, ExecError> {
+    let (&[np, p, ..], &[b, mp]) = (pages.shape.as_slice(), table.shape.as_slice()) else {
+        return Err(bad(node, format!("paged needs pages [NP, P, …] and a table [B, MP], got {:?} and {:?}", pages.shape, table.shape)));
+    };
+    let row: usize = pages.shape[2..].iter().product();
+    let mut shape = vec![b, mp.checked_mul(p).ok_or_else(|| bad(node, "too many rows".into()))?];
+    shape.extend_from_slice(&pages.shape[2..]);
+    let mut out = room(element_count(&shape, node)?, node)?;
+    if np == 0 {
+        return Err(bad(node, "paged reads from a pool of no pages".into()));
+    }
+    for bi in 0..b {
+        for m in 0..mp {
+            let id = table.data[bi * mp + m];
+            // Clamped into the pool (NaN only in an ill-typed graph: page 0).
+            let page = if id >= 0.0 { (id as usize).min(np.saturating_sub(1)) } else { 0 };
+            let start = page * p * row;
+            out.extend_from_slice(&pages.data[start..start + p * row]);
+        }
+    }
     Ok(Val::new(dtype, shape, out))
 }

@@ -409,6 +409,15 @@ impl Builder {
             Op::Slice { axis, start, end } => vec![(0, self.slice_grad(graph, x[0], g, *axis, (start, end))?)],
             Op::Concat { axis } => self.concat_grad(graph, x, g, *axis)?,
             Op::Gather => vec![(0, self.gather_table(graph, x, g)?)],
+            // The pages' gradient: the expansion's gather, scattered back (the table is an
+            // integer: none).
+            Op::Paged => {
+                let (pages, table) = (graph.node(x[0]).ty.clone(), graph.node(x[1]).ty.clone());
+                let mut args = vec![x[0]];
+                args.extend(super::paged::gather_indices(self, &pages, (x[1], &table))?);
+                let g = self.reshape(g, &super::paged::gathered_shape(&pages, &table))?;
+                vec![(0, self.gather_table(graph, &args, g)?)]
+            }
             Op::Reduce { op, axes, .. } => vec![(0, self.reduce_grad(graph, x[0], y, g, *op, axes)?)],
             Op::Softmax { axis } => {
                 // y (g - Σ g y)
@@ -708,6 +717,13 @@ impl Builder {
             out.push((2, g));
         }
         Ok(out)
+    }
+}
+
+impl super::paged::AddNode for Builder {
+    type Error = GradError;
+    fn node(&mut self, op: Op, args: &[Value], declared: Option<TensorType>) -> Result<Value, GradError> {
+        self.add(op, args, declared)
     }
 }
 

@@ -67,6 +67,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Slice { axis, start, end } => slice(args[0], *axis, start, end),
         Op::Concat { axis } => concat(args, *axis),
         Op::Gather => gather(args),
+        Op::Paged => paged(args[0], args[1]),
         Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
         Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Scan { op, axis, .. } => scan(*op, args, *axis),
@@ -247,6 +248,18 @@ fn gather(args: &[&TensorType]) -> Result<TensorType, String> {
         shape = broadcast_shapes(&shape, &i.shape).ok_or_else(|| "index shapes do not broadcast".to_string())?;
     }
     Ok(TensorType::new(table.dtype, shape))
+}
+
+fn paged(pages: &TensorType, table: &TensorType) -> Result<TensorType, String> {
+    if pages.rank() < 2 {
+        return Err(format!("the pages of `paged` need at least two axes [pages, rows per page, …], found {pages}"));
+    }
+    if table.dtype != DType::I32 || table.rank() != 2 {
+        return Err(format!("the block table of `paged` must be i32 [sequences, pages per sequence], found {table}"));
+    }
+    let mut shape = vec![table.shape[0].clone(), table.shape[1].mul(&pages.shape[1])];
+    shape.extend(pages.shape[2..].iter().cloned());
+    Ok(TensorType::new(pages.dtype, shape))
 }
 
 fn reduce(x: &TensorType, r: ReduceOp, axes: &[usize], keepdim: bool) -> Result<TensorType, String> {

@@ -9,6 +9,7 @@ pub mod grad;
 mod graph;
 mod infer;
 mod op;
+pub mod paged;
 pub mod semantics;
 mod text;
 mod tile_class;

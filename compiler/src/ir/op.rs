@@ -211,6 +211,12 @@ pub enum Op {
     /// `table[i0, i1, ...]`: one i32 index tensor per table axis, broadcast together; the
     /// result has the broadcast index shape. Indices are clamped into range.
     Gather,
+    /// `paged(pages, table)`: a paged KV cache read through its block table (vLLM's
+    /// PagedAttention). `pages` is `[NP, P, R…]` (NP pages of P rows), `table` is i32 `[B, MP]`
+    /// (each sequence's pages in order); the result is `[B, MP·P, R…]` with
+    /// `out[b, t, r…] = pages[table[b, t / P], t % P, r…]`, the page id clamped into `[0, NP)`
+    /// like a gather's index. A flash op reads it in place (no copy of the cache).
+    Paged,
     /// Reduces `axes` (sorted, distinct).
     Reduce {
         /// Which reduction.
@@ -481,6 +487,7 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Concat { .. } => "concat",
             Op::Gather => "gather",
+            Op::Paged => "paged",
             Op::Reduce { op, .. } => REDUCE.iter().find(|(o, _)| o == op).map_or("?", |(_, n)| n),
             Op::Softmax { .. } => "softmax",
             Op::Scan { op, .. } => op.name(),
@@ -520,7 +527,7 @@ impl Op {
                 attrs.extend(flash_attrs(spec));
                 attrs
             }
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather => Vec::new(),
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather | Op::Paged => Vec::new(),
         }
     }
 
@@ -556,6 +563,7 @@ impl Op {
             "slice" => Op::Slice { axis: a.int("axis")?, start: a.dim("start")?, end: a.dim("end")? },
             "concat" => Op::Concat { axis: a.int("axis")? },
             "gather" => Op::Gather,
+            "paged" => Op::Paged,
             "scatter_add" => Op::ScatterAdd { axis: a.int("axis")? },
             "argsort" => Op::ArgSort { axis: a.int("axis")?, descending: a.boolean("descending")? },
             "prefix_attention" => Op::PrefixAttention { reverse: a.boolean("reverse")? },
@@ -576,7 +584,7 @@ impl Op {
             }
             Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
             Op::Scan { .. } | Op::ArgSort { .. } => Arity::Exact(1),
-            Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } => Arity::Exact(2),
+            Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } | Op::Paged => Arity::Exact(2),
             Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } | Op::PrefixAttention { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),

@@ -66,6 +66,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "take_along",
     "argsort",
     "scatter_add",
+    "paged",
     "sort",
     "topk",
     "matmul",
@@ -283,7 +284,7 @@ impl Cx<'_, '_> {
         }))
     }
 
-    /// Gathers along an axis, scatter-adds and sorts.
+    /// Gathers along an axis, scatter-adds, paged reads and sorts.
     fn order_builtin(&mut self, frame: &Frame, call: &Call<'_>) -> LResult<Option<Value>> {
         let (n, span) = (call.name, call.span);
         Ok(Some(match n {
@@ -307,6 +308,14 @@ impl Cx<'_, '_> {
                     call.pos.get(3).copied().or(call.kw("axis")).ok_or_else(|| self.bad_args(call, "`scatter_add` needs `axis`"))?;
                 let axis = self.axis(frame, axis_expr, &bt)?;
                 self.add(Op::ScatterAdd { axis }, None, &ops, span)?
+            }
+            "paged" => {
+                self.arity(call, 2, 2, &[])?;
+                let mut ops = Vec::new();
+                for e in &call.pos[..2] {
+                    ops.push((self.tensor(frame, e)?, e.span));
+                }
+                self.add(Op::Paged, None, &ops, span)?
             }
             "argsort" | "sort" => {
                 self.arity(call, 1, 2, &["axis", "descending"])?;

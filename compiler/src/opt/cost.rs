@@ -80,7 +80,8 @@ impl<'a> Cost<'a> {
         let ins: f64 = tys.iter().map(|t| self.elems(&t.shape)).sum();
         match n.op() {
             Op::Param(_) | Op::Const(_) | Op::DimValue(_) => 0.0,
-            Op::Iota { .. } | Op::Reshape => 1.0,
+            // Read in place by the flash op (a block-table view of the pages).
+            Op::Iota { .. } | Op::Reshape | Op::Paged => 1.0,
             // A strided view for the backends, but not free: folding transposes must pay.
             Op::Transpose { .. } => 1.0 + out_elems * 0.25,
             // Division is several times slower than multiplication on every target.

@@ -13,7 +13,7 @@
 
 use super::place::{Placement, is_elementwise, reduces_inline};
 use super::policy::{Policy, Target};
-use super::{Buffer, BufferKind, Check, Expr, Fused, Kernel, Schedule, ScheduleError, Step, View, row_major};
+use super::{Buffer, BufferKind, Check, Expr, Fused, Kernel, Paging, Schedule, ScheduleError, Step, View, row_major};
 use crate::ir::{DType, Dim, Graph, Op, ReduceOp, Value, value_numbers};
 
 /// Where a value lives.
@@ -23,6 +23,10 @@ pub(super) enum Place {
     View(View),
     /// Computed inside its users' kernels.
     Inline,
+    /// A paged cache seen through its block table (a `paged` node, or transposes of one),
+    /// which only flash ops read, as their K or V (`legalize` expands every other): the view of
+    /// one page ([`Paging`]), the paging, and the view's token axis.
+    Paged(View, Paging, usize),
 }
 
 /// The state of kernel formation over one graph.
@@ -58,6 +62,10 @@ pub(super) fn form(g: &Graph, policy: &Policy, placement: Placement) -> Result<S
         }
         if f.placement.computed_by_users(v) {
             f.place[v.index()] = Some(Place::Inline);
+            continue;
+        }
+        if let Some(paged) = f.paged(v)? {
+            f.place[v.index()] = Some(paged);
             continue;
         }
         let view = f.node(v)?;
@@ -121,7 +129,63 @@ impl Formation<'_> {
                 self.place[v.index()] = Some(Place::View(view.clone()));
                 Ok(view)
             }
+            Some(Place::Paged(..)) => Err(self.unsupported(v, "a paged cache read other than as a flash op's K or V")),
             None => Err(self.unsupported(v, "operand used before it is computed")),
+        }
+    }
+
+    /// The place of a `paged` node, or of a transpose of one; `None` for other nodes.
+    fn paged(&mut self, v: Value) -> Result<Option<Place>, ScheduleError> {
+        let args = self.g.operands(v);
+        match &self.g.node(v).op {
+            Op::Paged => {
+                let (pages, table) = (self.view(args[0])?, self.view(args[1])?);
+                if pages.shape.len() < 2 || table.shape.len() != 2 {
+                    return Err(self.unsupported(v, "paged needs pages [NP, P, …] and a table [B, MP]"));
+                }
+                let shape = self.g.node(v).ty.shape.clone();
+                let mut strides = vec![Dim::constant(0), pages.strides[1].clone()];
+                strides.extend(pages.strides[2..].iter().cloned());
+                let paging = Paging {
+                    table,
+                    axis: 0,
+                    page: pages.shape[1].clone(),
+                    pages: pages.shape[0].clone(),
+                    stride: pages.strides[0].clone(),
+                };
+                // Page ids are clamped into the pool, which must then hold a page.
+                let (node, span) = (format!("{} (a pool of no pages)", self.label(v)), self.g.node(v).span);
+                let (zero, one) = (Dim::constant(0), Dim::constant(1));
+                self.plan.checks.push(Check { node, span, axis: 0, start: zero, end: one, size: paging.pages.clone() });
+                Ok(Some(Place::Paged(View { shape, strides, ..pages }, paging, 1)))
+            }
+            Op::Transpose { perm } => {
+                let Some(Place::Paged(view, paging, token)) = self.place[args[0].index()].clone() else { return Ok(None) };
+                let rank = view.shape.len();
+                if perm.len() != rank || perm.iter().any(|p| *p >= rank) {
+                    return Err(self.unsupported(v, "bad permutation"));
+                }
+                let at = |old: usize| perm.iter().position(|p| *p == old).unwrap_or(old);
+                let view = View {
+                    shape: perm.iter().map(|p| view.shape[*p].clone()).collect(),
+                    strides: perm.iter().map(|p| view.strides[*p].clone()).collect(),
+                    ..view
+                };
+                Ok(Some(Place::Paged(view, Paging { axis: at(paging.axis), ..paging }, at(token))))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// `a`'s view and paging when it is a paged cache whose token axis is its second-to-last
+    /// and its table axis a batch axis (a flash op's K or V read in place); `None` otherwise.
+    pub fn paged_operand(&self, a: Value) -> Option<(View, Paging)> {
+        match &self.place[a.index()] {
+            Some(Place::Paged(view, paging, token)) => {
+                let r = view.shape.len();
+                (r >= 2 && *token == r - 2 && paging.axis < r - 2 && view.unit_stride(r - 1)).then(|| (view.clone(), paging.clone()))
+            }
+            _ => None,
         }
     }
 

@@ -6,14 +6,21 @@
 use super::analysis::{BwdLinear, FlashAnalysis};
 use super::form::{Formation, Place};
 use super::policy::{CUDA_MAX_HEAD, Target};
-use super::{BufferKind, Expr, FlashBwdKernel, FlashKernel, Fused, Kernel, ScheduleError, View};
+use super::{BufferKind, Expr, FlashBwdKernel, FlashKernel, Fused, Kernel, Paging, ScheduleError, View};
 use crate::ir::semantics::Class;
 use crate::ir::{BinaryOp, DType, Dim, FlashSpec, FlashWrt, Op, Pair, ReduceOp, ScoreExpr, Value};
 
 impl Formation<'_> {
     /// The first `n` operands of the flash-family node `v`, each dense along its last axis; the
-    /// query's scale when pass 1 folded one into the op (the query is then read unscaled).
-    fn attention_operands(&mut self, v: Value, args: &[Value], n: usize) -> Result<(Vec<View>, Option<ScoreExpr>), ScheduleError> {
+    /// query's scale when pass 1 folded one into the op (the query is then read unscaled). K and
+    /// V read in place from a paged cache add their [`Paging`] (by operand) to `pagings`.
+    fn attention_operands(
+        &mut self,
+        v: Value,
+        args: &[Value],
+        n: usize,
+        pagings: &mut Vec<(usize, Paging)>,
+    ) -> Result<(Vec<View>, Option<ScoreExpr>), ScheduleError> {
         if args.len() < n {
             return Err(self.unsupported(v, format!("{} needs {n} operands", self.g.node(v).op.name())));
         }
@@ -27,7 +34,13 @@ impl Formation<'_> {
                 }
                 _ => *a,
             };
-            views.push(self.unit_last(v, a)?);
+            views.push(match self.paged_operand(a) {
+                Some((view, paging)) if k > 0 => {
+                    pagings.push((k, paging));
+                    view
+                }
+                _ => self.unit_last(v, a)?,
+            });
         }
         Ok((views, q_scale))
     }
@@ -64,7 +77,10 @@ impl Formation<'_> {
             }
             _ => self.g.node(v).ty.clone(),
         };
-        let (qkv, q_scale) = self.attention_operands(v, args, 3)?;
+        let mut pagings = Vec::new();
+        let (qkv, q_scale) = self.attention_operands(v, args, 3, &mut pagings)?;
+        let paging = |k: usize| pagings.iter().find(|(a, _)| *a == k).map(|(_, p)| p.clone());
+        let (k_paging, v_paging) = (paging(1), paging(2));
         let mut extras = Vec::new();
         for a in &args[3..] {
             extras.push(self.view(*a)?);
@@ -90,8 +106,22 @@ impl Formation<'_> {
         let (step, tiles, partials) = self.step_tables(v);
         let variant = self.policy.flash_variant([q.dtype, k.dtype, vv.dtype], q.shape[r - 2].as_const(), spec.pair == Pair::Dot);
         let analysis = FlashAnalysis::of(spec, q_scale);
-        let kernel =
-            FlashKernel { spec: spec.clone(), q, k, v: vv, extras, out: out.clone(), lse, step, tiles, partials, variant, analysis };
+        let kernel = FlashKernel {
+            spec: spec.clone(),
+            q,
+            k,
+            v: vv,
+            extras,
+            out: out.clone(),
+            lse,
+            step,
+            tiles,
+            partials,
+            variant,
+            analysis,
+            k_paging,
+            v_paging,
+        };
         self.step(Kernel::Flash(Box::new(kernel.clone())), label.clone(), v);
         self.step(Kernel::FlashMerge(Box::new(kernel)), format!("{label} (merge)"), v);
         Ok(out)
@@ -108,7 +138,11 @@ impl Formation<'_> {
         if args.len() < fixed {
             return Err(self.unsupported(v, format!("flash_grad needs {fixed} operands before its extras")));
         }
-        let (dense, q_scale) = self.attention_operands(v, &args, 4)?;
+        let mut pagings = Vec::new();
+        let (dense, q_scale) = self.attention_operands(v, &args, 4, &mut pagings)?;
+        if !pagings.is_empty() {
+            return Err(self.unsupported(v, "a flash gradient reading a paged cache in place"));
+        }
         let [q, k, vv, d_out]: [View; 4] = dense.try_into().map_err(|_| self.unsupported(v, "flash_grad needs q, k, v, d_out"))?;
         self.cuda_head_fits(v, &q, &vv)?;
         let lse = if fixed >= 6 {

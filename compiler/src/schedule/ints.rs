@@ -95,7 +95,18 @@ pub(super) fn visit_kernel(k: &Kernel, f: &mut dyn FnMut(Named)) {
         Kernel::PrefixAttention { q, k, v, out, .. } => views(&[Some(q), Some(k), Some(v), Some(out)], f),
         Kernel::Norm { x, gamma, beta, out, .. } => views(&[Some(x), Some(gamma), beta.as_ref(), Some(out)], f),
         Kernel::Flash(fl) | Kernel::FlashMerge(fl) => {
-            [&fl.q, &fl.k, &fl.v, &fl.out].into_iter().chain(&fl.extras).chain(&fl.lse).for_each(|v| f(Named::View(v)));
+            // A paged K or V names the elements it reaches (one page's view, times the pool),
+            // its table and its sizes.
+            let reach = |x: &View, p: &Option<super::Paging>| p.as_ref().map(|p| p.reach(x));
+            let (k, v) = (reach(&fl.k, &fl.k_paging), reach(&fl.v, &fl.v_paging));
+            let (k, v) = (k.as_ref().unwrap_or(&fl.k), v.as_ref().unwrap_or(&fl.v));
+            [&fl.q, k, v, &fl.out].into_iter().chain(&fl.extras).chain(&fl.lse).for_each(|v| f(Named::View(v)));
+            for (x, p) in [(&fl.k, &fl.k_paging), (&fl.v, &fl.v_paging)] {
+                if let Some(p) = p {
+                    f(Named::View(&p.table));
+                    x.shape.iter().chain(&x.strides).chain([&p.page, &p.pages, &p.stride]).for_each(|d| f(Named::Dim(d)));
+                }
+            }
             super::score_dims(fl).iter().for_each(|d| f(Named::Dim(d)));
         }
         Kernel::FlashBwd(b) | Kernel::FlashBwdReduce(b) => {

@@ -550,6 +550,43 @@ pub struct FlashKernel {
     pub variant: Variant,
     /// What the score modification allows.
     pub analysis: FlashAnalysis,
+    /// K read from pages through a block table (`k` is then the view of page rows).
+    pub k_paging: Option<Paging>,
+    /// V read from pages through a block table.
+    pub v_paging: Option<Paging>,
+}
+
+/// A flash operand (K or V, `[..b, N, D]`) read in place from a paged cache through its block
+/// table ([`crate::ir::Op::Paged`]). The operand's view then describes one page: its token axis
+/// (N) steps rows inside a page and its table axis has stride 0. Key row `j` of batch index
+/// `b…` is that view's element `(b…, j mod P)` plus `clamp(table[b_axis, j / P], 0, NP − 1)`
+/// pages of `stride` elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Paging {
+    /// The block table, i32 `[B, MP]`.
+    pub table: View,
+    /// The operand's batch axis that indexes the table's rows.
+    pub axis: usize,
+    /// Rows per page (P).
+    pub page: Dim,
+    /// Pages in the pool (NP); page ids are clamped into `[0, NP)`.
+    pub pages: Dim,
+    /// Elements from one page to the next.
+    pub stride: Dim,
+}
+
+impl Paging {
+    /// The elements a paged operand `view` can reach: its view over one page (token axis of P
+    /// rows) with an axis of `NP` pages added. What the bounds verifier checks.
+    pub fn reach(&self, view: &View) -> View {
+        let mut r = view.clone();
+        if let Some(t) = r.shape.len().checked_sub(2) {
+            r.shape[t] = self.page.clone();
+        }
+        r.shape.push(self.pages.clone());
+        r.strides.push(self.stride.clone());
+        r
+    }
 }
 
 impl FlashKernel {
@@ -785,7 +822,8 @@ pub fn schedule(graph: &Graph, policy: &Policy) -> Result<Schedule, ScheduleErro
     let checked = |plan: &Schedule, pass: &'static str, result: Result<(), Vec<VerifyError>>| {
         result.map_err(|findings| ScheduleError::Unverified { graph: plan.name.clone(), pass, findings })
     };
-    let graph = &*legalize::expand(graph).map_err(|reason| ScheduleError::Invalid { graph: graph.name.clone(), reason })?;
+    let graph = &*legalize::expand(graph, policy.paged_in_place())
+        .map_err(|reason| ScheduleError::Invalid { graph: graph.name.clone(), reason })?;
     let mut plan = form::form(graph, policy, place::Placement::of(graph))?;
     checked(&plan, "kernel formation", verify::formed(&plan))?;
     liveness::liveness(&mut plan);

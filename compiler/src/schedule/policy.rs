@@ -207,6 +207,13 @@ impl Policy {
         matches!(self, Policy::Cuda(_))
     }
 
+    /// Whether the flash kernels read K and V from a paged cache in place, through its block
+    /// table ([`crate::ir::Op::Paged`]); where not, the pages are gathered into a dense copy
+    /// first. Both targets do; kept as a policy so that a target without it stays correct.
+    pub fn paged_in_place(&self) -> bool {
+        matches!(self, Policy::Cpu(_) | Policy::Cuda(_))
+    }
+
     /// The tuning values a step of `kernel` reads (besides `Items`, which every step has): a
     /// flash step's blocks and splits on every target, and on the CPU also its per-thread
     /// scratch layout.

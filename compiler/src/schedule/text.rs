@@ -227,6 +227,15 @@ fn flash(out: &mut String, fk: &FlashKernel) -> fmt::Result {
     }
     writeln!(out)?;
     writeln!(out, "  q = {}\n  k = {}\n  v = {}", fk.q, fk.k, fk.v)?;
+    for (name, p) in [("k", &fk.k_paging), ("v", &fk.v_paging)] {
+        if let Some(p) = p {
+            writeln!(
+                out,
+                "  {name} paged: table {} by axis {}, {} rows a page, {} pages {} apart",
+                p.table, p.axis, p.page, p.pages, p.stride
+            )?;
+        }
+    }
     for (n, x) in fk.extras.iter().enumerate() {
         writeln!(out, "  x{n} = {x}")?;
     }

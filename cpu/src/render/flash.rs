@@ -29,9 +29,9 @@ use crate::abi;
 use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
 use attn_compiler::schedule::tile_table::{CHUNK_COLS, CHUNK_ROWS};
-use attn_compiler::schedule::{FlashKernel, Level, Tuning};
+use attn_compiler::schedule::{FlashKernel, Level, Paging, Tuning};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types};
 use std::collections::HashMap;
 
 /// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
@@ -212,6 +212,98 @@ struct Prologue<'f> {
     weight: Option<(Value, Vec<Value>)>,
     scratch: Scratch,
     lane_iota: Value,
+    /// K and V read from pages through a block table.
+    k_pages: Option<Pages>,
+    v_pages: Option<Pages>,
+}
+
+/// A paged K or V ([`attn_compiler::schedule::Paging`]), loaded in the prologue.
+struct Pages {
+    /// The block table's first element and its row and column strides.
+    table: Value,
+    rs: Value,
+    cs: Value,
+    /// The score batch axis whose index picks the table row.
+    axis: usize,
+    /// Rows per page, the last page id of the pool, and the elements from page to page.
+    page: Value,
+    last: Value,
+    stride: Value,
+    /// The table's columns (pages per sequence).
+    cols: Value,
+}
+
+fn pages(fx: &mut StepBuilder, view: &attn_compiler::schedule::View, paging: Option<&Paging>, batch: &[Dim]) -> Option<Pages> {
+    let p = paging?;
+    let (table, st) = fx.view_base(&p.table);
+    let lead = batch.len().saturating_sub(view.shape.len().saturating_sub(2));
+    let (page, np, stride) = (fx.dim(&p.page), fx.dim(&p.pages), fx.dim(&p.stride));
+    let one = fx.i64(1);
+    let last = fx.sub(np, one);
+    let cols = fx.dim(&p.table.shape[1]);
+    Some(Pages { table, rs: st[0], cs: st[1], axis: lead + p.axis, page, last, stride, cols })
+}
+
+/// Calls `body(c, n, ptr)` for each run of the operand's rows `j..j + n` that lies contiguous
+/// in memory (`c` its first row counted from `j`, `ptr` that row's address): one run from the
+/// batch offset `off` unless paged, else one per page the rows touch, its page id read from the
+/// work item's table row `trow` and clamped into the pool.
+fn runs(
+    fx: &mut StepBuilder,
+    op: &Operand,
+    paged: Option<(&Pages, Value)>,
+    (off, j, n): (Value, Value, Value),
+    body: &mut dyn FnMut(&mut StepBuilder, Value, Value, Value),
+) {
+    let Some((pg, trow)) = paged else {
+        let r = fx.mul(j, op.row);
+        let o = fx.add(off, r);
+        let ptr = fx.elem_addr(op.base, o);
+        let zero = fx.i64(0);
+        return body(fx, zero, n, ptr);
+    };
+    let end = fx.add(j, n);
+    let m0 = fx.b.ins().udiv(j, pg.page);
+    let m1 = fx.ceil_div(end, pg.page);
+    // The address of row `r` of the batch index's page `m`.
+    let row_of = |fx: &mut StepBuilder, m: Value, r: Value| {
+        let t = fx.mul(m, pg.cs);
+        let ta = fx.elem_addr(trow, t);
+        let id = fx.load(types::I32, ta);
+        let id = fx.b.ins().sextend(types::I64, id);
+        let zero = fx.i64(0);
+        let id = fx.max(id, zero);
+        let id = fx.min(id, pg.last);
+        let o = fx.mul(id, pg.stride);
+        let o = fx.add(off, o);
+        let r = fx.mul(r, op.row);
+        let o = fx.add(o, r);
+        fx.elem_addr(op.base, o)
+    };
+    fx.for_range(m0, m1, |fx, m| {
+        let first = fx.mul(m, pg.page);
+        let lo = fx.max(first, j);
+        let next = fx.add(first, pg.page);
+        let hi = fx.min(next, end);
+        let len = fx.sub(hi, lo);
+        let c = fx.sub(lo, j);
+        let within = fx.sub(lo, first);
+        let ptr = row_of(fx, m, within);
+        body(fx, c, len, ptr);
+    });
+}
+
+/// Fills a `kernels::PagedRows` on the stack for the operand's rows from key `first` on (the
+/// batch index's offset `off`, its table row `trow`) and returns its address: what the paged
+/// few-rows products read.
+fn paged_rows(fx: &mut StepBuilder, op: &Operand, (pg, trow): (&Pages, Value), off: Value, first: Value) -> Value {
+    let slot = fx.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 72, 3));
+    let base = fx.elem_addr(op.base, off);
+    let pages = fx.b.ins().iadd_imm_s(pg.last, 1);
+    for (k, v) in [base, op.row, pg.stride, pg.page, pages, trow, pg.cs, pg.cols, first].into_iter().enumerate() {
+        fx.b.ins().stack_store(types::I64, v, slot, 8 * k as i32);
+    }
+    fx.b.ins().stack_addr(types::I64, slot, 0)
 }
 
 fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
@@ -243,7 +335,33 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
             (base, bs)
         }),
     };
-    Prologue { f, c, q, k, v, n, d, lda, ldk, ldv, bn, kps, nkb, tiles, entry_bytes, extras, dims, alpha, weight, scratch, lane_iota }
+    let k_pages = pages(fx, &f.k, f.k_paging.as_ref(), &batch);
+    let v_pages = pages(fx, &f.v, f.v_paging.as_ref(), &batch);
+    Prologue {
+        f,
+        c,
+        q,
+        k,
+        v,
+        n,
+        d,
+        lda,
+        ldk,
+        ldv,
+        bn,
+        kps,
+        nkb,
+        tiles,
+        entry_bytes,
+        extras,
+        dims,
+        alpha,
+        weight,
+        scratch,
+        lane_iota,
+        k_pages,
+        v_pages,
+    }
 }
 
 /// One work item: a query block's rows against one key split.
@@ -256,6 +374,9 @@ struct Item {
     /// Offsets of the batch index's k and v.
     koff: Value,
     voff: Value,
+    /// The batch index's block-table rows of a paged k and v.
+    k_trow: Option<Value>,
+    v_trow: Option<Value>,
     /// The split's keys.
     kstart: Value,
     kend: Value,
@@ -335,7 +456,14 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     };
     let factor = factor_of(fx, &f.analysis.staged);
     let rest_factor = f.analysis.separated.as_ref().and_then(|(_, rest)| factor_of(fx, rest));
-    Item { block, qp, wp, koff, voff, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
+    let trow = |fx: &mut StepBuilder, pg: &Option<Pages>| {
+        pg.as_ref().map(|pg| {
+            let r = fx.mul(block.bidx[pg.axis], pg.rs);
+            fx.elem_addr(pg.table, r)
+        })
+    };
+    let (k_trow, v_trow) = (trow(fx, &p.k_pages), trow(fx, &p.v_pages));
+    Item { block, qp, wp, koff, voff, k_trow, v_trow, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
 }
 
 /// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
@@ -475,10 +603,6 @@ fn span(
     let soff = fx.mul(r0, p.bn);
     let soff = fx.add(soff, c0);
     let srow = fx.elem_addr(p.scratch.tile, soff);
-    let koff = fx.mul(c0, p.ldk);
-    let kp = fx.elem_addr(at.kp, koff);
-    let voff = fx.mul(c0, p.ldv);
-    let vp = fx.elem_addr(at.vp, voff);
     let aoff = fx.mul(r0, p.c.dv);
     let arow = fx.elem_addr(p.scratch.acc, aoff);
     let products = |fx: &mut StepBuilder, small: abi::Import, big: abi::Import, args: &[Value]| {
@@ -495,12 +619,50 @@ fn span(
     let overwrite = fx.b.ins().iconst(types::I32, 0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     let one = fx.f32(1.0);
-    match it.wp {
-        // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
-        Some(wp) => {
-            fx.call(abi::ADDITIVE_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, wp]);
+    // The span's keys: one run of rows; a paged K or V is read by the paged few-rows products
+    // (one call through the block table) or, for more rows, in runs of one page each.
+    let j = fx.add(tile.j0, c0);
+    let key_runs = |fx: &mut StepBuilder,
+                    op: &Operand,
+                    pages: &Option<Pages>,
+                    trow: Option<Value>,
+                    base: Value,
+                    ld: Value,
+                    off: Value,
+                    body: &mut dyn FnMut(&mut StepBuilder, Value, Value, Value)| {
+        match (pages, trow) {
+            (Some(pg), Some(trow)) => runs(fx, op, Some((pg, trow)), (off, j, cc), body),
+            _ => {
+                let o = fx.mul(c0, ld);
+                let ptr = fx.elem_addr(base, o);
+                let zero = fx.i64(0);
+                body(fx, zero, cc, ptr)
+            }
         }
-        None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]),
+    };
+    let paged_k = p.k_pages.as_ref().zip(it.k_trow);
+    let scores = |fx: &mut StepBuilder| {
+        key_runs(fx, &p.k, &p.k_pages, it.k_trow, at.kp, p.ldk, it.koff, &mut |fx, c, n, kp| {
+            let srow = fx.elem_addr(srow, c);
+            match it.wp {
+                // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
+                Some(wp) => {
+                    fx.call(abi::ADDITIVE_NT, &[rc, n, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, wp]);
+                }
+                None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, n, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]),
+            }
+        })
+    };
+    match paged_k {
+        Some(pk) if it.wp.is_none() => fx.if_else(
+            few,
+            |fx| {
+                let rows = paged_rows(fx, &p.k, pk, it.koff, j);
+                fx.call(abi::GEMV_NT_PAGED, &[rc, cc, p.d, qrow, p.lda, rows, srow, p.bn, p.alpha, overwrite]);
+            },
+            scores,
+        ),
+        _ => scores(fx),
     }
     // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
     let t = Tile {
@@ -520,7 +682,23 @@ fn span(
             t.sigmoid(fx, rr, masked);
         }
     });
-    products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, cc, srow, p.bn, vp, p.ldv, arow, p.c.dv, one, accumulate]);
+    let values = |fx: &mut StepBuilder| {
+        key_runs(fx, &p.v, &p.v_pages, it.v_trow, at.vp, p.ldv, it.voff, &mut |fx, c, n, vp| {
+            let srow = fx.elem_addr(srow, c);
+            products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, n, srow, p.bn, vp, p.ldv, arow, p.c.dv, one, accumulate]);
+        })
+    };
+    match p.v_pages.as_ref().zip(it.v_trow) {
+        Some(pv) => fx.if_else(
+            few,
+            |fx| {
+                let rows = paged_rows(fx, &p.v, pv, it.voff, j);
+                fx.call(abi::GEMV_NN_PAGED, &[rc, p.c.dv, cc, srow, p.bn, rows, arow, p.c.dv, one, accumulate]);
+            },
+            values,
+        ),
+        None => values(fx),
+    }
 }
 
 /// The work item's results: its rows divided by their sums (rows with no kept key give 0), or,

@@ -24,7 +24,7 @@ use super::ops::{self, Lines};
 use super::score::{ScoreCtx, score_lines};
 use super::{CudaEmitError, KernelSource, Smem};
 use attn_compiler::ir::semantics::Class;
-use attn_compiler::ir::{Dim, Pair, Weights};
+use attn_compiler::ir::{DType, Dim, Pair, Weights};
 use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_LANE_KEYS, CUDA_MMA_ROWS, CUDA_ROW_WARPS, CUDA_SIMT_ROWS, CUDA_THREADS};
 use attn_compiler::schedule::{FlashKernel, Tuning, Variant, View};
 
@@ -91,6 +91,18 @@ impl<'a> Flash<'a> {
             out.push(format!("const i64 {name} = {};", self.ints.offset(&bview, &p)?));
         }
         out.push("(void)sp_; (void)koff_; (void)voff_;".into());
+        // A paged K or V: its batch index's row of the block table.
+        for (name, view, paging) in [("ktab_", &self.f.k, &self.f.k_paging), ("vtab_", &self.f.v, &self.f.v_paging)] {
+            let Some(pg) = paging else { continue };
+            let lead = self.batch.len().saturating_sub(view.shape.len().saturating_sub(2));
+            let mut idx = vec!["0LL".to_string(); 2];
+            idx[0] = p
+                .get(lead + pg.axis)
+                .cloned()
+                .ok_or_else(|| self.ints.fail("a paged operand's table axis is no batch axis".to_string()))?;
+            let row = self.ints.offset(&pg.table, &idx)?;
+            out.push(format!("const int* __restrict__ {name} = {} + {row};", ptr(pg.table.buf, DType::I32, false)));
+        }
         if let Some(w) = self.weight() {
             // The additive weight's axes before its last are batch axes, right-aligned.
             let own = w.shape.len().saturating_sub(1);
@@ -154,17 +166,40 @@ impl<'a> Flash<'a> {
         Ok(format!("{base} + {} + {}", term(row, rs)?, term(col, cs)?))
     }
 
+    /// The element offset of key row `j`, column `col` of K (`which` = 'k') or V: through the
+    /// block table when paged (row `j % P` of page `clamp(table[j / P], 0, NP − 1)`).
+    fn kv_at(&self, which: char, j: &str, col: &str) -> Result<(&View, &'static str, String), CudaEmitError> {
+        let (view, base, p, paging, tab) = if which == 'k' {
+            (&self.f.k, "koff_", "K_", &self.f.k_paging, "ktab_")
+        } else {
+            (&self.f.v, "voff_", "V_", &self.f.v_paging, "vtab_")
+        };
+        let Some(pg) = paging else { return Ok((view, p, self.at(view, base, j, col)?)) };
+        let i = self.ints;
+        let (page, pages, stride) = (i.dim(&pg.page)?, i.dim(&pg.pages)?, i.dim(&pg.stride)?);
+        let cs = &pg.table.strides[1];
+        let slot = if cs.as_const() == Some(1) { format!("({j}) / {page}") } else { format!("({j}) / {page} * {}", i.dim(cs)?) };
+        let id = format!("attnc_clampi((i64){tab}[{slot}], {pages})");
+        let base = format!("{base} + {id} * {stride}");
+        Ok((view, p, self.at(view, &base, &format!("(({j}) % {page})"), col)?))
+    }
+
     /// A K or V element (as float) at key row `j`, column `col`.
     fn kv(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
-        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
-        let raw = ops::CVal { text: load_ptr(p, view.dtype, &self.at(view, base, j, col)?), class: Class::of(view.dtype) };
+        let (view, p, at) = self.kv_at(which, j, col)?;
+        let raw = ops::CVal { text: load_ptr(p, view.dtype, &at), class: Class::of(view.dtype) };
         Ok(ops::convert(&raw, Class::Float))
     }
 
     /// A raw K or V element (storage type) for the tensor-core path, which copies halves.
     fn kv_raw(&self, which: char, j: &str, col: &str) -> Result<String, CudaEmitError> {
-        let (view, base, p) = if which == 'k' { (&self.f.k, "koff_", "K_") } else { (&self.f.v, "voff_", "V_") };
-        Ok(format!("{p}[{}]", self.at(view, base, j, col)?))
+        let (_, p, at) = self.kv_at(which, j, col)?;
+        Ok(format!("{p}[{at}]"))
+    }
+
+    /// Whether K or V is read through a block table.
+    fn paged(&self) -> bool {
+        self.f.k_paging.is_some() || self.f.v_paging.is_some()
     }
 
     /// `x_ = q[row, col]` as a float, 0 outside the matrix.
@@ -587,11 +622,11 @@ fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
         return Ok(vec!["const bool vec_ = false;".into()]);
     }
     let aligned = |s: &Dim| -> Result<String, CudaEmitError> { Ok(format!("{} % 8 == 0", fl.ints.dim(s)?)) };
-    Ok(vec![format!(
-        "const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {} && {};",
-        aligned(&k.strides[kr])?,
-        aligned(&v.strides[vr])?
-    )])
+    let mut conds = vec![aligned(&k.strides[kr])?, aligned(&v.strides[vr])?];
+    for pg in [&fl.f.k_paging, &fl.f.v_paging].into_iter().flatten() {
+        conds.push(aligned(&pg.stride)?);
+    }
+    Ok(vec![format!("const bool vec_ = D_ % 8 == 0 && DV_ % 8 == 0 && koff_ % 8 == 0 && voff_ % 8 == 0 && {};", conds.join(" && "))])
 }
 
 /// Starts copying the K or V tile whose first key is `k0` into shared memory: asynchronous
@@ -613,7 +648,9 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         ];
         out.push("if (vec_) {".into());
         out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
-        out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0) {{"));
+        // One pointer stepped by rows: not across pages.
+        let stepped = if fl.paged() { " && false" } else { "" };
+        out.push(format!("  if constexpr ({CUDA_FLASH_THREADS} % CPR_ == 0{stepped}) {{"));
         // One pointer per thread, stepped by RS_ rows; one 32-bit bound per tile.
         let view = if which == 'k' { &fl.f.k } else { &fl.f.v };
         let row_stride = fl.ints.dim(&view.strides[view.strides.len() - 2])?;
