@@ -705,3 +705,93 @@ def _varlen_source(dtype: str, causal: bool, scale: Optional[float]) -> str:
             "",
         ]
     )
+
+_PAGED_PROGRAMS: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]] = {}
+
+
+def paged_attention(
+    q: _torch.Tensor,
+    k_cache: _torch.Tensor,
+    v_cache: _torch.Tensor,
+    block_table: _torch.Tensor,
+    cache_seqlens: _torch.Tensor,
+    causal: bool = True,
+    softmax_scale: Optional[float] = None,
+) -> _torch.Tensor:
+    """Attention of new queries against a paged KV cache read in place through its block table,
+    with FlashAttention's ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=…,
+    block_table=…)`` conventions: ``q`` ``[B, Sq, H, D]``, ``k_cache`` ``[pages, page size, Hk,
+    D]`` and ``v_cache`` ``[pages, page size, Hk, Dv]`` (vLLM's and FlashAttention's NHD layout;
+    ``H`` a multiple of ``Hk``), ``block_table`` int ``[B, pages per sequence]`` (entries past a
+    sequence's pages are ignored; ids outside the pool read its nearest page) and
+    ``cache_seqlens`` ``[B]``, each sequence's cached tokens (the new queries' keys included).
+    ``causal`` aligns bottom-right: query ``x`` of ``Sq`` sees tokens up to ``cache_seqlens[b] −
+    Sq + x`` (decode: ``Sq = 1`` sees them all); else every cached token. Returns ``[B, Sq, H,
+    Dv]``. One compiled program (``paged(pages, table)``, docs/serving.md) serves every batch,
+    cache size and length: the pages are never copied, and key tiles past every sequence's end
+    are skipped. Not differentiable (a cache is not trained); CPU tensors."""
+    for name, t, rank in (("q", q, 4), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
+        if not isinstance(t, _torch.Tensor) or t.dim() != rank:
+            raise ShapeError(f"{name} must be a {rank}-d tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.device.type != "cpu":
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.paged_attention runs CPU tensors (pass .cpu())")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise DTypeError(f"q, k_cache and v_cache must have one dtype: got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    batch, heads, kv_heads = q.shape[0], q.shape[2], k_cache.shape[2]
+    if (
+        v_cache.shape[:3] != k_cache.shape[:3]
+        or k_cache.shape[3] != q.shape[3]
+        or kv_heads == 0
+        or heads % kv_heads
+        or k_cache.shape[0] == 0
+    ):
+        raise ShapeError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must share pages, page size and heads, "
+            f"k_cache the width of q {tuple(q.shape)}, q's heads be a multiple of theirs, and the pool hold a page"
+        )
+    table, lens = _torch.as_tensor(block_table), _torch.as_tensor(cache_seqlens)
+    if table.dim() != 2 or table.shape[0] != batch or table.dtype.is_floating_point:
+        raise ShapeError(f"block_table must be an integer [batch, pages per sequence] tensor, got {tuple(table.shape)} {table.dtype}")
+    if lens.dim() != 1 or lens.shape[0] != batch or lens.dtype.is_floating_point:
+        raise ShapeError(f"cache_seqlens must be an integer [batch] tensor, got {tuple(lens.shape)} {lens.dtype}")
+    room = table.shape[1] * k_cache.shape[1]
+    if bool((lens < (q.shape[1] if causal else 0)).any()) or bool((lens > room).any()):
+        raise ShapeError(
+            f"cache_seqlens {lens.tolist()} must lie within the table's {room} tokens"
+            + (f" and hold the {q.shape[1]} new queries' keys (causal)" if causal else "")
+        )
+    args, dtype = _attention_args([q, k_cache, v_cache], "attnc.torch.paged_attention")
+    args += [table.to(_torch.int32).cpu().contiguous(), lens.to(_torch.int32).cpu().contiguous()]
+    threads = _torch.get_num_threads()
+    scale = None if softmax_scale is None else float(softmax_scale)
+    key_ = (dtype, bool(causal), scale, threads)
+    found = _PAGED_PROGRAMS.get(key_)
+    if found is None:
+        prog = _compile_entry(_paged_source(dtype, bool(causal), scale), "paged_kv", threads)
+        found = (prog, attention(prog))
+        _PAGED_PROGRAMS[key_] = found
+    with _torch.no_grad():
+        return _run_either(found[0], found[1], args, q.dtype)
+
+
+def _paged_source(dtype: str, causal: bool, scale: Optional[float]) -> str:
+    """The ``.attn`` program of :func:`paged_attention`: query heads in groups of ``G`` per K/V
+    head, each group's rows ``g·S + x`` (so that K and V stay a transpose of the paged read,
+    which the flash kernel reads in place), query ``x = r % S``."""
+    factor = "/ sqrt(E)" if scale is None else f"* {scale!r}"
+    keep = "j <= lens[b] - S + r % S" if causal else "j < lens[b]"
+    return "\n".join(
+        [
+            f"fn paged_kv(q: {dtype}[B, S, Hk*G, E], k_pages: {dtype}[NP, P, Hk, E], v_pages: {dtype}[NP, P, Hk, Ev],",
+            f"            block_table: i32[B, MP], lens: i32[B]) -> {dtype}[B, S, Hk*G, Ev] {{",
+            "    let qh = reshape(permute(reshape(q, [B, S, Hk, G, E]), [0, 2, 3, 1, 4]), [B, Hk, G*S, E])",
+            "    let k = permute(paged(k_pages, block_table), [0, 2, 1, 3])       # [B, Hk, MP*P, E], in place",
+            "    let v = permute(paged(v_pages, block_table), [0, 2, 1, 3])",
+            f"    let scores = qh @ k.T {factor}",
+            "    let (b, h, r, j) = indices(scores)",
+            f"    let out = softmax(where({keep}, scores, -inf), axis = -1) @ v   # [B, Hk, G*S, Ev]",
+            "    return reshape(permute(reshape(out, [B, Hk, G, S, Ev]), [0, 3, 1, 2, 4]), [B, S, Hk*G, Ev])",
+            "}",
+            "",
+        ]
+    )
