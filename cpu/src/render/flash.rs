@@ -128,6 +128,33 @@ fn query_block(fx: &mut StepBuilder, c: &Common, t: Value) -> QueryBlock {
     QueryBlock { qblk, bidx, i0, rows }
 }
 
+/// Whether the work items run split-major (`w = split · T + t` over the `T` (batch index, query
+/// block) pairs) rather than split-minor: for a paged K or V, so that the threads read the same
+/// pages for consecutive heads (adjacent rows in memory for the NHD layout) at about the same
+/// time, instead of each head's whole sequence in turn.
+fn split_major(f: &FlashKernel) -> bool {
+    f.k_paging.is_some() || f.v_paging.is_some()
+}
+
+/// The (batch index, query block) pairs of a flash step: `T`.
+fn query_items(fx: &mut StepBuilder, c: &Common) -> Value {
+    let mut t = c.nqb;
+    for d in &c.bdims {
+        t = fx.mul(t, *d);
+    }
+    t
+}
+
+/// Work item `w`'s key split and (batch index, query block) pair.
+fn split_of(fx: &mut StepBuilder, c: &Common, f: &FlashKernel, w: Value) -> (Value, Value) {
+    if split_major(f) {
+        let t = query_items(fx, c);
+        (fx.b.ins().udiv(w, t), fx.b.ins().urem(w, t))
+    } else {
+        (fx.b.ins().urem(w, c.splits), fx.b.ins().udiv(w, c.splits))
+    }
+}
+
 /// Address of the `Dv + 2` floats of partial row `r` of flash work item `w`.
 fn partial_row(fx: &mut StepBuilder, c: &Common, w: Value, r: Value) -> Value {
     let t = fx.mul(w, c.bm);
@@ -421,8 +448,7 @@ pub fn emit(fx: &mut StepBuilder, f: &FlashKernel) {
 /// Decodes work item `w`, hoists its item-level score parts and checks the separable split.
 fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
     let (f, r) = (p.f, p.f.spec.rank);
-    let sp = fx.b.ins().urem(w, p.c.splits);
-    let t = fx.b.ins().udiv(w, p.c.splits);
+    let (sp, t) = split_of(fx, &p.c, p.f, w);
     let block = query_block(fx, &p.c, t);
     let zero = fx.i64(0);
     let qoff = fx.dot(zero, &block.bidx, &p.q.batch);
@@ -977,8 +1003,21 @@ pub fn emit_merge(fx: &mut StepBuilder, f: &FlashKernel) {
         let QueryBlock { bidx, i0, rows, .. } = query_block(fx, &c, w);
         let zero = fx.i64(0);
         let ooff = fx.dot(zero, &bidx, &c.out_bs);
-        let first = fx.mul(w, c.splits);
-        let end = fx.add(first, c.splits);
+        // The partial states of item `w`'s splits: `w·splits + s`, or `s·T + w` split-major.
+        let (first, end, step) = match split_major(f) {
+            false => {
+                let first = fx.mul(w, c.splits);
+                (first, fx.add(first, c.splits), None)
+            }
+            true => (zero, c.splits, Some(query_items(fx, &c))),
+        };
+        let at = move |fx: &mut StepBuilder, p: Value| match step {
+            Some(t) => {
+                let x = fx.mul(p, t);
+                fx.add(x, w)
+            }
+            None => p,
+        };
         fx.for_range(zero, rows, |fx, rr| {
             let i = fx.add(i0, rr);
             let orow = fx.mul(i, c.out_rs);
@@ -992,6 +1031,7 @@ pub fn emit_merge(fx: &mut StepBuilder, f: &FlashKernel) {
             let gmax = fx.var(types::F32, ninf);
             if softmax {
                 fx.for_range(first, end, |fx, p| {
+                    let p = at(fx, p);
                     let pr = partial_row(fx, &c, p, rr);
                     let m = fx.load(types::F32, pr);
                     let g = fx.b.use_var(gmax);
@@ -1003,6 +1043,7 @@ pub fn emit_merge(fx: &mut StepBuilder, f: &FlashKernel) {
             let fzero = fx.f32(0.0);
             let total = fx.var(types::F32, fzero);
             fx.for_range(first, end, |fx, p| {
+                let p = at(fx, p);
                 let pr = partial_row(fx, &c, p, rr);
                 let wgt = if softmax {
                     let m = fx.load(types::F32, pr);
