@@ -185,10 +185,10 @@ while [ $i -lt ${#steps[@]} ]; do
         ;;
     serving)
         echo "== serving"
-        ATTNC_GPU_TESTS=1 timeout 200 "$TESTS" gpu_tests::flash_backward gpu_tests::every_example --test-threads 2 --nocapture \
-            > "$OUT/tests-serving.log" 2>&1
+        ATTNC_GPU_TESTS=1 timeout 200 "$TESTS" gpu_tests::flash_backward gpu_tests::every_example gpu_tests::flash_kernels \
+            --test-threads 2 --nocapture > "$OUT/tests-serving.log" 2>&1
         echo "serving tests: exit $?"
-        grep -E "sinks|varlen|lse_merge|test result|panicked|FAIL" "$OUT/tests-serving.log" | head -30
+        grep -E "sinks|varlen|lse_merge|paged|test result|panicked|FAIL" "$OUT/tests-serving.log" | head -30
         python3 bench/write_ids.py "$OUT/seq.npy" 100 650 1200 1750 2300 2850 3400 4000
         ms() { timeout 60 "$ATTNC" bench "$@" --target cuda --iters 10 --warmup 2 --json | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p'; }
         for round in 1 2; do
@@ -202,7 +202,16 @@ while [ $i -lt ${#steps[@]} ]; do
             echo "round $round: packed $p ms, padded to 4000 $q ms, one by one $s ms"
         done > "$OUT/serving.txt" 2>&1
         cat "$OUT/serving.txt"
-        rm -f "$OUT/seq.npy"
+        # Paged decode (pages of 16, shuffled, read in place) against the contiguous decode.
+        python3 bench/write_pages.py "$OUT/table.npy" "$OUT/lens.npy" 1 32768 16
+        for round in 1 2; do
+            p=$(ms examples/paged_decode.attn --input "block_table=$OUT/table.npy" --input "lens=$OUT/lens.npy" \
+                --dim H=32 --dim D=128 --dim M=1 --dim P=16 --dim NP=2048)
+            c=$(ms examples/decode.attn --dim B=1 --dim H=32 --dim T=32768 --dim D=128)
+            echo "round $round: paged decode $p ms, contiguous decode $c ms"
+        done >> "$OUT/serving.txt" 2>&1
+        tail -2 "$OUT/serving.txt"
+        rm -f "$OUT/seq.npy" "$OUT/table.npy" "$OUT/lens.npy"
         ;;
     quick)
         echo "== quick"
