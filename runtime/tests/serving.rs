@@ -342,19 +342,33 @@ fn both(q: f32[B, H, M, D], k_pages: f32[NP, P, H, D], block_table: i32[B, MP]) 
 }
 
 /// A cache long enough that decode splits its keys (split-KV, run split-major for a paged
-/// cache, then merged): the same result as the interpreter, with a shuffled pool.
+/// cache, then merged): the same result as the interpreter, with a shuffled pool, and the same
+/// bits on any thread count.
 #[test]
 fn a_long_paged_cache_decodes_in_key_splits_like_the_interpreter() {
     let program = example("paged_decode.attn");
     let (b, h, m, d, p, mp) = (2usize, 3usize, 1usize, 8usize, 16usize, 300usize);
     let np = b * mp;
-    // Page k of sequence s is pool page (k·7 + s·301) mod np: a permutation (7 and np coprime).
+    // Page k of sequence s is pool page (k·7 + s·301) mod np: shuffled (sequences share some).
     let table: Vec<i32> = (0..b).flat_map(|s| (0..mp).map(move |k| ((k * 7 + s * 301) % np) as i32)).collect();
     let (q, kp, vp) = (tensor(&[b, h, m, d], 50), tensor(&[np, p, h, d], 51), tensor(&[np, p, h, d], 52));
     let bt = Tensor::i32(vec![b, mp], table).expect("table");
     let ln = Tensor::i32(vec![b], vec![4500, 3001]).expect("lens");
     let inputs = [("q", q), ("k_pages", kp), ("v_pages", vp), ("block_table", bt), ("lens", ln)];
     let got = program.run("paged_decode", inputs.clone(), &cpu(&[])).expect("cpu runs");
-    let want = program.run("paged_decode", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    let want = program
+        .run("paged_decode", inputs.clone(), &RunOptions { dims: HashMap::new(), target: Target::Interp })
+        .expect("interpreter runs");
     assert!(max_diff(&got[0].1, &want[0].1) < 1e-5, "max |diff| {}", max_diff(&got[0].1, &want[0].1));
+    // The same bits on one thread and on three (the splits merge in a fixed order).
+    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let dims: HashMap<String, i64> = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v as i64))
+        .collect();
+    let mut compiled = program.compile_cpu("paged_decode", &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
+    let one = compiled.run_tensors(&tensors, &dims).expect("runs");
+    compiled.set_threads(3).expect("a valid thread count");
+    assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
+    assert!(compiled.alloc_stats().expect("stats").partial_bytes > 0, "the keys were not split");
 }

@@ -76,7 +76,7 @@ fn carries_type(op: &Op) -> bool {
 
 /// Whether an op has no attributes: its text is its name.
 fn plain(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather)
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::MatMul | Op::Reshape | Op::Gather | Op::Paged)
 }
 
 /// An op's canonical text: its name, its attributes and its declared type.
