@@ -96,6 +96,9 @@ imports! {
     /// `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols, dst,
     /// ldd)`.
     TRANSPOSE = kernels::attnc_transpose_f32(I64, I64, I64, I64, I64, I64) -> ();
+    /// `dst[r·ldd + c] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols,
+    /// dst, ldd)`.
+    COPY_ROWS = kernels::attnc_copy_rows(I64, I64, I64, I64, I64, I64) -> ();
 
     /// One key row of a flash backward tile: `(s, dp, lse|0, delta|0, rbias|0, n, alpha, factor,
     /// cbias, flags, df|0, w|0, sums)`.

@@ -658,6 +658,19 @@ pub unsafe extern "C" fn attnc_gemv_nn_paged(
     unsafe { gemv_paged(gemm::Layout::Nn, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
 }
 
+/// C ABI: `dst[r·ldd + c] = src[r·lds + c]` for `r < rows`, `c < cols` (rows copied: a paged
+/// cache's run of rows into a dense key tile).
+///
+/// # Safety
+/// `src` addresses `(rows-1)·lds + cols` valid elements and `dst` `(rows-1)·ldd + cols`, not
+/// overlapping; neither is read or written when `rows` or `cols` is 0.
+pub unsafe extern "C" fn attnc_copy_rows(src: *const f32, lds: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    for r in 0..rows {
+        // SAFETY: row `r` of each, `cols` elements, inside the caller's ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(r * lds), dst.add(r * ldd), cols) };
+    }
+}
+
 /// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).
 ///
 /// # Safety

@@ -134,6 +134,8 @@ pub enum Tuning {
     ScratchSum,
     /// Byte offset of the key-position bias vector in a thread's scratch (CPU).
     ScratchBias,
+    /// Byte offset of a paged K and V's key tile gathered dense in a thread's scratch (CPU).
+    ScratchKv,
     /// Rows of `C` per matmul work item (CPU).
     MatMulRows,
     /// Byte offset of a flash backward's `dSᵀ` rows (`BlockN × RowStride` f32) in a thread's

@@ -221,10 +221,13 @@ impl Policy {
         use Tuning::*;
         match (self, kernel) {
             (Policy::Cpu(_), Kernel::MatMul { .. }) => vec![MatMulRows],
-            (_, Kernel::Flash(_)) => {
+            (_, Kernel::Flash(f)) => {
                 let mut t = vec![BlockM, BlockN, Splits, KeysPerSplit, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
                     t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
+                    if f.k_paging.is_some() || f.v_paging.is_some() {
+                        t.push(ScratchKv);
+                    }
                 }
                 t
             }

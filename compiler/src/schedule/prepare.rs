@@ -168,18 +168,23 @@ pub struct FlashScratch {
     pub sum: usize,
     /// The key-position part of a separable score, `BlockN` f32.
     pub bias: usize,
+    /// A key tile of a paged K and V gathered dense (`kv_floats`: `BlockN × (D + Dv)` f32 when
+    /// K or V is paged, else none).
+    pub kv: usize,
     /// Total bytes.
     pub total: usize,
 }
 
-/// The scratch layout for blocks of `bm × bn` and value width `dv` (64-byte aligned regions).
-pub fn flash_scratch(bm: usize, bn: usize, dv: usize) -> FlashScratch {
+/// The scratch layout for blocks of `bm × bn`, value width `dv` and `kv_floats` floats of
+/// gathered key tile (64-byte aligned regions).
+pub fn flash_scratch(bm: usize, bn: usize, dv: usize, kv_floats: usize) -> FlashScratch {
     let round = |x: usize| x.div_ceil(64) * 64;
     let acc = round(bm * bn * 4);
     let max = acc + round(bm * dv * 4);
     let sum = max + round(bm * 4);
     let bias = sum + round(bm * 4);
-    FlashScratch { tile: 0, acc, max, sum, bias, total: bias + round(bn * 4) }
+    let kv = bias + round(bn * 4);
+    FlashScratch { tile: 0, acc, max, sum, bias, kv, total: kv + round(kv_floats * 4) }
 }
 
 /// Byte offsets of the regions of a CPU flash backward's per-thread scratch, and its size.
@@ -550,7 +555,11 @@ impl Preparing<'_> {
         let partial_floats = if splits > 1 { batch * nqb * splits * bm * (dv + 2) } else { 0 };
         self.prepared.elems[f.partials] = count(partial_floats, "flash partial states")?;
         if cpu {
-            let layout = flash_scratch(bm as usize, bn as usize, dv as usize);
+            // A paged K or V is gathered one key tile at a time for blocks of more than a few
+            // rows (the products then run on dense tiles).
+            let paged = f.k_paging.is_some() || f.v_paging.is_some();
+            let kv_floats = if paged { (bn * (d + dv)) as usize } else { 0 };
+            let layout = flash_scratch(bm as usize, bn as usize, dv as usize, kv_floats);
             let offset = |x: usize| x as i64;
             self.set(
                 s,
@@ -559,6 +568,7 @@ impl Preparing<'_> {
                     (Tuning::ScratchMax, offset(layout.max)),
                     (Tuning::ScratchSum, offset(layout.sum)),
                     (Tuning::ScratchBias, offset(layout.bias)),
+                    (Tuning::ScratchKv, offset(layout.kv)),
                 ],
             );
             self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);

@@ -312,7 +312,7 @@ fn prepare_sizes_blocks_tables_and_scratch() {
         (*buf, classes),
         (s.buffers.iter().position(|b| b.kind == BufferKind::TileTable { step: 0 }).expect("a table"), vec![2, 0, 0, 1, 2, 0, 1, 1, 2])
     );
-    let layout = flash_scratch(128, 128, 64);
+    let layout = flash_scratch(128, 128, 64, 0);
     assert_eq!((get(Tuning::ScratchAcc), p.scratch_bytes), (layout.acc as i64, layout.total));
     // CUDA: f32 runs the SIMT kernel, 16 × 32 tiles, the head width padded as a define.
     let cuda = Policy::Cuda(CudaPolicy::default());

@@ -271,24 +271,17 @@ fn pages(fx: &mut StepBuilder, view: &attn_compiler::schedule::View, paging: Opt
     Some(Pages { table, rs: st[0], cs: st[1], axis: lead + p.axis, page, last, stride, cols })
 }
 
-/// Calls `body(c, n, ptr)` for each run of the operand's rows `j..j + n` that lies contiguous
-/// in memory (`c` its first row counted from `j`, `ptr` that row's address): one run from the
-/// batch offset `off` unless paged, else one per page the rows touch, its page id read from the
-/// work item's table row `trow` and clamped into the pool.
+/// Calls `body(c, n, ptr)` for each run of a paged operand's rows `j..j + n` inside one page
+/// (`c` its first row counted from `j`, `ptr` that row's address, from the batch offset
+/// `off`): one per page the rows touch, its page id read from the work item's table row `trow`
+/// and clamped into the pool.
 fn runs(
     fx: &mut StepBuilder,
     op: &Operand,
-    paged: Option<(&Pages, Value)>,
+    (pg, trow): (&Pages, Value),
     (off, j, n): (Value, Value, Value),
     body: &mut dyn FnMut(&mut StepBuilder, Value, Value, Value),
 ) {
-    let Some((pg, trow)) = paged else {
-        let r = fx.mul(j, op.row);
-        let o = fx.add(off, r);
-        let ptr = fx.elem_addr(op.base, o);
-        let zero = fx.i64(0);
-        return body(fx, zero, n, ptr);
-    };
     let end = fx.add(j, n);
     let m0 = fx.b.ins().udiv(j, pg.page);
     let m1 = fx.ceil_div(end, pg.page);
@@ -549,7 +542,7 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
             lane_iota: p.lane_iota,
             item: &it.hoisted,
         };
-        let at = TileAt { partial, taddr, kp, vp };
+        let at = tile_operands(fx, p, it, (j0, cols), TileAt { partial, taddr, kp, vp, ldk: p.ldk, ldv: p.ldv, gathered: partial });
         match &a.separated {
             Some((x, rest)) => fx.if_else(
                 it.sep_ok,
@@ -568,12 +561,57 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
     });
 }
 
+/// The tile's K and V rows for the products: in place unless paged; a paged K or V is gathered
+/// into a dense tile of the thread's scratch (one copy per run of rows in a page), shared by
+/// every row of the block, when the block has more than [`FEW_ROWS`] rows or the scores are
+/// additive; else the paged few-rows products read it through the table (`gathered` zero).
+fn tile_operands(fx: &mut StepBuilder, p: &Prologue, it: &Item, (j0, cols): (Value, Value), at: TileAt) -> TileAt {
+    if p.k_pages.is_none() && p.v_pages.is_none() {
+        let no = fx.b.ins().iconst(types::I8, 0);
+        return TileAt { gathered: no, ..at };
+    }
+    let gathered = match it.wp {
+        Some(_) => fx.b.ins().iconst(types::I8, 1),
+        None => fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, it.block.rows, FEW_ROWS),
+    };
+    let base = fx.scratch();
+    let off = fx.tuning(p.f.step, Tuning::ScratchKv);
+    let kbuf = fx.add(base, off);
+    let kfloats = fx.mul(p.bn, p.d);
+    let vbuf = fx.elem_addr(kbuf, kfloats);
+    let mut out = TileAt { gathered, ..at };
+    for (op, pages, trow, buf, width, which) in
+        [(&p.k, &p.k_pages, it.k_trow, kbuf, p.d, 'k'), (&p.v, &p.v_pages, it.v_trow, vbuf, p.c.dv, 'v')]
+    {
+        let (Some(pg), Some(trow)) = (pages, trow) else { continue };
+        let boff = if which == 'k' { it.koff } else { it.voff };
+        fx.if_then(gathered, |fx| {
+            runs(fx, op, (pg, trow), (boff, j0, cols), &mut |fx, c, n, src| {
+                let o = fx.mul(c, width);
+                let dst = fx.elem_addr(buf, o);
+                fx.call(abi::COPY_ROWS, &[src, op.row, n, width, dst, width]);
+            });
+        });
+        let (ptr, ld) = if which == 'k' { (&mut out.kp, &mut out.ldk) } else { (&mut out.vp, &mut out.ldv) };
+        *ptr = fx.b.ins().select(gathered, buf, *ptr);
+        *ld = fx.b.ins().select(gathered, width, *ld);
+    }
+    out
+}
+
 /// Where a running key tile is: its class, its tile-table entry and its first K and V rows.
 struct TileAt {
     partial: Value,
     taddr: Value,
     kp: Value,
     vp: Value,
+    /// Row strides at `kp` and `vp`.
+    ldk: Value,
+    ldv: Value,
+    /// Non-zero when a paged K and V were gathered into dense tiles at `kp`/`vp` (blocks of more
+    /// than [`FEW_ROWS`] rows, or additive scores); zero when the paged few-rows products read
+    /// them through the table.
+    gathered: Value,
 }
 
 /// A tile's rows. Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span
@@ -645,50 +683,26 @@ fn span(
     let overwrite = fx.b.ins().iconst(types::I32, 0);
     let accumulate = fx.b.ins().iconst(types::I32, 1);
     let one = fx.f32(1.0);
-    // The span's keys: one run of rows; a paged K or V is read by the paged few-rows products
-    // (one call through the block table) or, for more rows, in runs of one page each.
+    // The span's keys: in place or gathered (dense rows at `at.kp`, `at.ldk` apart), or, for a
+    // paged K or V not gathered, through the table by the paged few-rows products.
     let j = fx.add(tile.j0, c0);
-    let key_runs = |fx: &mut StepBuilder,
-                    op: &Operand,
-                    pages: &Option<Pages>,
-                    trow: Option<Value>,
-                    base: Value,
-                    ld: Value,
-                    off: Value,
-                    body: &mut dyn FnMut(&mut StepBuilder, Value, Value, Value)| {
-        match (pages, trow) {
-            (Some(pg), Some(trow)) => runs(fx, op, Some((pg, trow)), (off, j, cc), body),
-            _ => {
-                let o = fx.mul(c0, ld);
-                let ptr = fx.elem_addr(base, o);
-                let zero = fx.i64(0);
-                body(fx, zero, cc, ptr)
+    let scores = |fx: &mut StepBuilder| {
+        let o = fx.mul(c0, at.ldk);
+        let kp = fx.elem_addr(at.kp, o);
+        match it.wp {
+            // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
+            Some(wp) => {
+                fx.call(abi::ADDITIVE_NT, &[rc, cc, p.d, qrow, p.lda, kp, at.ldk, srow, p.bn, p.alpha, wp]);
             }
+            None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, cc, p.d, qrow, p.lda, kp, at.ldk, srow, p.bn, p.alpha, overwrite]),
         }
     };
-    let paged_k = p.k_pages.as_ref().zip(it.k_trow);
-    let scores = |fx: &mut StepBuilder| {
-        key_runs(fx, &p.k, &p.k_pages, it.k_trow, at.kp, p.ldk, it.koff, &mut |fx, c, n, kp| {
-            let srow = fx.elem_addr(srow, c);
-            match it.wp {
-                // Additive scores: one kernel for any number of rows (the `tanh`s dominate).
-                Some(wp) => {
-                    fx.call(abi::ADDITIVE_NT, &[rc, n, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, wp]);
-                }
-                None => products(fx, abi::GEMV_NT, abi::SGEMM_NT, &[rc, n, p.d, qrow, p.lda, kp, p.ldk, srow, p.bn, p.alpha, overwrite]),
-            }
-        })
-    };
-    match paged_k {
-        Some(pk) if it.wp.is_none() => fx.if_else(
-            few,
-            |fx| {
-                let rows = paged_rows(fx, &p.k, pk, it.koff, j);
-                fx.call(abi::GEMV_NT_PAGED, &[rc, cc, p.d, qrow, p.lda, rows, srow, p.bn, p.alpha, overwrite]);
-            },
-            scores,
-        ),
-        _ => scores(fx),
+    match p.k_pages.as_ref().zip(it.k_trow) {
+        Some(pk) => fx.if_else(at.gathered, scores, |fx| {
+            let rows = paged_rows(fx, &p.k, pk, it.koff, j);
+            fx.call(abi::GEMV_NT_PAGED, &[rc, cc, p.d, qrow, p.lda, rows, srow, p.bn, p.alpha, overwrite]);
+        }),
+        None => scores(fx),
     }
     // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
     let t = Tile {
@@ -709,20 +723,15 @@ fn span(
         }
     });
     let values = |fx: &mut StepBuilder| {
-        key_runs(fx, &p.v, &p.v_pages, it.v_trow, at.vp, p.ldv, it.voff, &mut |fx, c, n, vp| {
-            let srow = fx.elem_addr(srow, c);
-            products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, n, srow, p.bn, vp, p.ldv, arow, p.c.dv, one, accumulate]);
-        })
+        let o = fx.mul(c0, at.ldv);
+        let vp = fx.elem_addr(at.vp, o);
+        products(fx, abi::GEMV_NN, abi::SGEMM_NN, &[rc, p.c.dv, cc, srow, p.bn, vp, at.ldv, arow, p.c.dv, one, accumulate]);
     };
     match p.v_pages.as_ref().zip(it.v_trow) {
-        Some(pv) => fx.if_else(
-            few,
-            |fx| {
-                let rows = paged_rows(fx, &p.v, pv, it.voff, j);
-                fx.call(abi::GEMV_NN_PAGED, &[rc, p.c.dv, cc, srow, p.bn, rows, arow, p.c.dv, one, accumulate]);
-            },
-            values,
-        ),
+        Some(pv) => fx.if_else(at.gathered, values, |fx| {
+            let rows = paged_rows(fx, &p.v, pv, it.voff, j);
+            fx.call(abi::GEMV_NN_PAGED, &[rc, p.c.dv, cc, srow, p.bn, rows, arow, p.c.dv, one, accumulate]);
+        }),
         None => values(fx),
     }
 }
