@@ -372,3 +372,18 @@ fn a_long_paged_cache_decodes_in_key_splits_like_the_interpreter() {
     assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
     assert!(compiled.alloc_stats().expect("stats").partial_bytes > 0, "the keys were not split");
 }
+
+/// A pool of no pages is an error on the cpu target and in the interpreter, not a read outside
+/// the pages.
+#[test]
+fn a_pool_of_no_pages_is_an_error() {
+    let program = example("paged_decode.attn");
+    let empty = Tensor::f32(vec![0, 4, 2, 8], Vec::new()).expect("tensor");
+    let bt = Tensor::i32(vec![1, 2], vec![0, 1]).expect("table");
+    let ln = Tensor::i32(vec![1], vec![5]).expect("lens");
+    let inputs = [("q", tensor(&[1, 2, 1, 8], 60)), ("k_pages", empty.clone()), ("v_pages", empty), ("block_table", bt), ("lens", ln)];
+    for opts in [cpu(&[]), RunOptions { dims: HashMap::new(), target: Target::Interp }] {
+        let err = program.run("paged_decode", inputs.clone(), &opts).expect_err("no pages");
+        assert!(err.to_string().contains("no pages"), "{err}");
+    }
+}
