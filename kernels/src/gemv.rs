@@ -31,12 +31,10 @@ pub(super) trait Rows {
     fn prefetch(&mut self, j: usize, count: usize, bytes: usize);
 }
 
-/// Rows `ldb` elements apart from `b`; rows from `limit` on are not prefetched (a run of a
-/// paged cache's rows: what follows in memory belongs to another head or sequence).
+/// Rows `ldb` elements apart from `b`.
 pub(super) struct Dense {
     b: *const f32,
     ldb: usize,
-    limit: usize,
 }
 
 impl Rows for Dense {
@@ -46,10 +44,10 @@ impl Rows for Dense {
 
     fn prefetch(&mut self, j: usize, count: usize, bytes: usize) {
         #[cfg(target_arch = "x86_64")]
-        if j < self.limit {
-            // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
-            unsafe { prefetch(self.row(j), bytes * count.min(self.limit - j)) };
-        }
+        // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
+        unsafe {
+            prefetch(self.row(j), bytes * count)
+        };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (j, count, bytes);
     }
@@ -175,7 +173,7 @@ pub(super) unsafe fn run_paged(g: &Gemm, layout: Layout, a: *const f32, d: &Page
 /// As [`super::attnc_sgemm_nt`] / [`super::attnc_sgemm_nn`]; `g.isa` is supported.
 pub(super) unsafe fn run(g: &Gemm, layout: Layout, a: *const f32, b: *const f32, c: *mut f32) {
     // SAFETY: forwarded.
-    unsafe { run_rows(g, layout, a, || Dense { b, ldb: g.ldb, limit: usize::MAX }, c) }
+    unsafe { run_rows(g, layout, a, || Dense { b, ldb: g.ldb }, c) }
 }
 
 /// [`run`] with `B`'s rows from `rows` (one cursor per block of rows of `A`).

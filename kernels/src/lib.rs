@@ -590,7 +590,6 @@ pub unsafe extern "C" fn attnc_flash_bwd_row(
 /// `rows` points to a valid [`PagedRows`] whose table row holds `table_len` readable entries
 /// and whose every page (of the clamped ids) holds its rows' elements; `A` and `C` as
 /// [`attnc_sgemm_nt`].
-#[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
 unsafe fn gemv_paged(
     layout: gemm::Layout,
     shape: (usize, usize, usize),
@@ -614,49 +613,46 @@ unsafe fn gemv_paged(
     unsafe { gemv::run_paged(&g, layout, a.0, &d, c.0) }
 }
 
-/// C ABI: [`attnc_gemv_nt`] with the key rows of `B` read through a paged cache's block table:
-/// `(m, n, k, a, lda, rows, c, ldc, alpha, accumulate)`, `rows` a [`PagedRows`].
-///
-/// # Safety
-/// As [`gemv_paged`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn attnc_gemv_nt_paged(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    rows: *const PagedRows,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    // SAFETY: forwarded.
-    unsafe { gemv_paged(gemm::Layout::Nt, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
+/// Defines a C ABI entry point `fn(m, n, k, a, lda, rows, c, ldc, alpha, accumulate)` of the
+/// paged few-rows product of layout `$layout` ([`gemv_paged`]), `rows` a [`PagedRows`].
+macro_rules! paged_entry {
+    ($(#[$doc:meta])* $name:ident, $layout:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As [`gemv_paged`].
+        #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+        pub unsafe extern "C" fn $name(
+            m: usize,
+            n: usize,
+            k: usize,
+            a: *const f32,
+            lda: usize,
+            rows: *const PagedRows,
+            c: *mut f32,
+            ldc: usize,
+            alpha: f32,
+            accumulate: u32,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { gemv_paged($layout, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
+        }
+    };
 }
 
-/// C ABI: [`attnc_gemv_nn`] with the value rows of `B` (`k` of them) read through a paged
-/// cache's block table, as [`attnc_gemv_nt_paged`].
-///
-/// # Safety
-/// As [`gemv_paged`].
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn attnc_gemv_nn_paged(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    rows: *const PagedRows,
-    c: *mut f32,
-    ldc: usize,
-    alpha: f32,
-    accumulate: u32,
-) {
-    // SAFETY: forwarded.
-    unsafe { gemv_paged(gemm::Layout::Nn, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
-}
+paged_entry!(
+    /// C ABI: [`attnc_gemv_nt`] with the key rows of `B` (`n` of them) read through a paged
+    /// cache's block table.
+    attnc_gemv_nt_paged,
+    gemm::Layout::Nt
+);
+
+paged_entry!(
+    /// C ABI: [`attnc_gemv_nn`] with the value rows of `B` (`k` of them) read through a paged
+    /// cache's block table.
+    attnc_gemv_nn_paged,
+    gemm::Layout::Nn
+);
 
 /// C ABI: `dst[r·ldd + c] = src[r·lds + c]` for `r < rows`, `c < cols` (rows copied: a paged
 /// cache's run of rows into a dense key tile).

@@ -738,6 +738,18 @@ fn paged_products_read_rows_through_the_table() {
     for page in [1usize, 3, 16] {
         let (row_stride, page_stride) = (width + spare, page * (width + spare) + 3);
         let pool = rng.vec(np * page_stride + 1);
+        // The pool's rows through the first `table_len` entries of the table, from key `first`.
+        let paged = |table_len: usize, first: usize| PagedRows {
+            base: pool.as_ptr(),
+            row_stride,
+            page_stride,
+            page,
+            pages: np,
+            table: table.as_ptr(),
+            table_stride: 1,
+            table_len,
+            first,
+        };
         let row_of = |t: usize| {
             let id = (table[t / page].max(0) as usize).min(np - 1);
             id * page_stride + (t % page) * row_stride
@@ -746,17 +758,7 @@ fn paged_products_read_rows_through_the_table() {
             for (m, first, count) in [(1, 0, 1), (2, page / 2, page + 2), (4, 1, 3 * page), (5, 0, (table.len() * page).min(40))] {
                 let (n, k) = if layout == Layout::Nt { (count, width) } else { (width, count) };
                 let a = rng.vec(m * k);
-                let rows = PagedRows {
-                    base: pool.as_ptr(),
-                    row_stride,
-                    page_stride,
-                    page,
-                    pages: np,
-                    table: table.as_ptr(),
-                    table_stride: 1,
-                    table_len: table.len(),
-                    first,
-                };
+                let rows = paged(table.len(), first);
                 for accumulate in [0u32, 1] {
                     let old = rng.vec(m * n);
                     let mut c = old.clone();
@@ -781,17 +783,7 @@ fn paged_products_read_rows_through_the_table() {
             }
         }
         // Rows past the table's last page: C untouched.
-        let rows = PagedRows {
-            base: pool.as_ptr(),
-            row_stride,
-            page_stride,
-            page,
-            pages: np,
-            table: table.as_ptr(),
-            table_stride: 1,
-            table_len: 2,
-            first: 0,
-        };
+        let rows = paged(2, 0);
         let a = rng.vec(width);
         let mut c = vec![SENTINEL; 2 * page + 1];
         // SAFETY: as above; the call must refuse the rows past the table.

@@ -174,6 +174,19 @@ def _sdpa(
     return _run_either(prog, differentiable, args, out_dtype)
 
 
+def _cached(
+    cache: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]], key_: Tuple[Any, ...], compile_: Callable[[], Program]
+) -> Tuple[Program, Callable[..., Any]]:
+    """The program ``cache`` holds under ``key_`` with its autograd function, compiled by
+    ``compile_`` (and kept) the first time."""
+    found = cache.get(key_)
+    if found is None:
+        prog = compile_()
+        found = (prog, attention(prog))
+        cache[key_] = found
+    return found
+
+
 def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_torch.Tensor], out_dtype: _torch.dtype) -> _torch.Tensor:
     """``prog``'s first result: through autograd when an argument needs a gradient, else
     straight through the binding; in ``out_dtype``."""
@@ -254,11 +267,11 @@ def _sdpa_prepare(
     threads = _torch.get_num_threads()
     cap = None if softcap is None else float(softcap)
     key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None)
-    found = _SDPA_PROGRAMS.get(key_)
-    if found is None:
-        prog = _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None), threads)
-        found = (prog, attention(prog))
-        _SDPA_PROGRAMS[key_] = found
+    found = _cached(
+        _SDPA_PROGRAMS,
+        key_,
+        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None), threads),
+    )
     return found[0], found[1], args, out_dtype
 
 
@@ -442,12 +455,7 @@ def flex_attention(
     scale_ = None if scale is None else float(scale)
     threads = _torch.get_num_threads()
     key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads)
-    found = _FLEX_PROGRAMS.get(key_)
-    if found is None:
-        text = _flex_source(dtype, gqa, scale_, mod, mask, kinds)
-        prog = _compile_entry(text, "flex", threads)
-        found = (prog, attention(prog))
-        _FLEX_PROGRAMS[key_] = found
+    found = _cached(_FLEX_PROGRAMS, key_, lambda: _compile_entry(_flex_source(dtype, gqa, scale_, mod, mask, kinds), "flex", threads))
     prog, differentiable = found
     args = [query, key, value]
     if out_dtype == _torch.bfloat16:
@@ -676,11 +684,7 @@ def varlen_attention(
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
     key_ = (dtype, bool(causal), scale, threads)
-    found = _VARLEN_PROGRAMS.get(key_)
-    if found is None:
-        prog = _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads)
-        found = (prog, attention(prog))
-        _VARLEN_PROGRAMS[key_] = found
+    found = _cached(_VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads))
     return _run_either(found[0], found[1], args, q.dtype)
 
 
@@ -765,11 +769,7 @@ def paged_attention(
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
     key_ = (dtype, bool(causal), scale, threads)
-    found = _PAGED_PROGRAMS.get(key_)
-    if found is None:
-        prog = _compile_entry(_paged_source(dtype, bool(causal), scale), "paged_kv", threads)
-        found = (prog, attention(prog))
-        _PAGED_PROGRAMS[key_] = found
+    found = _cached(_PAGED_PROGRAMS, key_, lambda: _compile_entry(_paged_source(dtype, bool(causal), scale), "paged_kv", threads))
     with _torch.no_grad():
         return _run_either(found[0], found[1], args, q.dtype)
 

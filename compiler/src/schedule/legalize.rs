@@ -6,6 +6,7 @@
 //! (through transposes only, token axis second-to-last, table axis a batch axis), or on a target
 //! that does not read pages in place, becomes the gather [`crate::ir::paged`] writes: a copy.
 
+use crate::ir::paged::AddNode as _;
 use crate::ir::{BinaryOp, Graph, Op, ReduceOp, TensorType, UnaryOp, Value, infer};
 use std::borrow::Cow;
 
@@ -24,7 +25,7 @@ pub(super) fn expand(graph: &Graph, paged_in_place: bool) -> Result<Cow<'_, Grap
         let (ty, span) = (g.node(v).ty.clone(), g.node(v).span);
         let [pages, table] = g.operands(v)[..] else { return Err("a paged read without its two operands".into()) };
         let (pt, tt) = (g.node(pages).ty.clone(), g.node(table).ty.clone());
-        let r = crate::ir::paged::expand(&mut Adding { g: &mut g, span }, (pages, &pt), (table, &tt), &ty)?;
+        let r = crate::ir::paged::expand(&mut Adding { g: &mut g, span, what: "a paged read" }, (pages, &pt), (table, &tt), &ty)?;
         g.replace_uses(v, r);
     }
     for v in lse {
@@ -32,43 +33,39 @@ pub(super) fn expand(graph: &Graph, paged_in_place: bool) -> Result<Cow<'_, Grap
         let (ty, span) = (g.node(v).ty.clone(), g.node(v).span);
         let x = *g.operands(v).first().ok_or("a log-sum-exp without an operand")?;
         let dtype = g.node(x).ty.dtype;
-        let add = |g: &mut Graph, op: Op, args: &[Value], declared: Option<TensorType>| -> Result<Value, String> {
-            let tys: Vec<&TensorType> = args.iter().map(|a| &g.node(*a).ty).collect();
-            let t = infer(&op, &tys, declared.as_ref()).map_err(|e| format!("expanding a log-sum-exp: {e}"))?;
-            let n = g.add(op, t, args);
-            g.set_span(n, span);
-            Ok(n)
-        };
-        let m = add(&mut g, Op::Reduce { op: ReduceOp::Max, axes: axes.clone(), keepdim: true }, &[x], None)?;
-        let inf = add(&mut g, Op::Const(f64::INFINITY), &[], Some(TensorType::scalar(dtype)))?;
-        let zero = add(&mut g, Op::Const(0.0), &[], Some(TensorType::scalar(dtype)))?;
-        let size = add(&mut g, Op::Unary(UnaryOp::Abs), &[m], None)?;
-        let finite = add(&mut g, Op::Binary(BinaryOp::Lt), &[size, inf], None)?;
-        let safe = add(&mut g, Op::Select, &[finite, m, zero], None)?;
-        let shifted = add(&mut g, Op::Binary(BinaryOp::Sub), &[x, safe], None)?;
-        let e = add(&mut g, Op::Unary(UnaryOp::Exp), &[shifted], None)?;
-        let s = add(&mut g, Op::Reduce { op: ReduceOp::Sum, axes, keepdim: true }, &[e], None)?;
-        let l = add(&mut g, Op::Unary(UnaryOp::Log), &[s], None)?;
-        let mut r = add(&mut g, Op::Binary(BinaryOp::Add), &[l, safe], None)?;
+        let mut a = Adding { g: &mut g, span, what: "a log-sum-exp" };
+        let m = a.node(Op::Reduce { op: ReduceOp::Max, axes: axes.clone(), keepdim: true }, &[x], None)?;
+        let inf = a.node(Op::Const(f64::INFINITY), &[], Some(TensorType::scalar(dtype)))?;
+        let zero = a.node(Op::Const(0.0), &[], Some(TensorType::scalar(dtype)))?;
+        let size = a.node(Op::Unary(UnaryOp::Abs), &[m], None)?;
+        let finite = a.node(Op::Binary(BinaryOp::Lt), &[size, inf], None)?;
+        let safe = a.node(Op::Select, &[finite, m, zero], None)?;
+        let shifted = a.node(Op::Binary(BinaryOp::Sub), &[x, safe], None)?;
+        let e = a.node(Op::Unary(UnaryOp::Exp), &[shifted], None)?;
+        let s = a.node(Op::Reduce { op: ReduceOp::Sum, axes, keepdim: true }, &[e], None)?;
+        let l = a.node(Op::Unary(UnaryOp::Log), &[s], None)?;
+        let mut r = a.node(Op::Binary(BinaryOp::Add), &[l, safe], None)?;
         if !keepdim {
-            r = add(&mut g, Op::Reshape, &[r], Some(ty))?;
+            r = a.node(Op::Reshape, &[r], Some(ty))?;
         }
         g.replace_uses(v, r);
     }
     Ok(Cow::Owned(g))
 }
 
-/// Adds typed nodes with one source span (the expanded node's).
+/// Adds typed nodes with one source span (the expanded node's); `what` names the expanded op in
+/// errors.
 struct Adding<'g> {
     g: &'g mut Graph,
     span: Option<attn_dsl::Span>,
+    what: &'static str,
 }
 
 impl crate::ir::paged::AddNode for Adding<'_> {
     type Error = String;
     fn node(&mut self, op: Op, args: &[Value], declared: Option<TensorType>) -> Result<Value, String> {
         let tys: Vec<&TensorType> = args.iter().map(|a| &self.g.node(*a).ty).collect();
-        let t = infer(&op, &tys, declared.as_ref()).map_err(|e| format!("expanding a paged read: {e}"))?;
+        let t = infer(&op, &tys, declared.as_ref()).map_err(|e| format!("expanding {}: {e}", self.what))?;
         let n = self.g.add(op, t, args);
         self.g.set_span(n, self.span);
         Ok(n)

@@ -598,6 +598,11 @@ impl FlashKernel {
         &self.out.shape[..r.saturating_sub(2)]
     }
 
+    /// Whether K or V is read from a paged cache through its block table.
+    pub fn paged(&self) -> bool {
+        self.k_paging.is_some() || self.v_paging.is_some()
+    }
+
     /// Query rows, keys, q/k width and v width.
     pub fn sizes(&self) -> (Dim, Dim, Dim, Dim) {
         let r = self.q.shape.len();

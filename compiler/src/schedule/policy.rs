@@ -225,7 +225,7 @@ impl Policy {
                 let mut t = vec![BlockM, BlockN, Splits, KeysPerSplit, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
                     t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
-                    if f.k_paging.is_some() || f.v_paging.is_some() {
+                    if f.paged() {
                         t.push(ScratchKv);
                     }
                 }

@@ -557,8 +557,7 @@ impl Preparing<'_> {
         if cpu {
             // A paged K or V is gathered one key tile at a time for blocks of more than a few
             // rows (the products then run on dense tiles).
-            let paged = f.k_paging.is_some() || f.v_paging.is_some();
-            let kv_floats = if paged { (bn * (d + dv)) as usize } else { 0 };
+            let kv_floats = if f.paged() { (bn * (d + dv)) as usize } else { 0 };
             let layout = flash_scratch(bm as usize, bn as usize, dv as usize, kv_floats);
             let offset = |x: usize| x as i64;
             self.set(

@@ -133,7 +133,7 @@ fn query_block(fx: &mut StepBuilder, c: &Common, t: Value) -> QueryBlock {
 /// pages for consecutive heads (adjacent rows in memory for the NHD layout) at about the same
 /// time, instead of each head's whole sequence in turn.
 fn split_major(f: &FlashKernel) -> bool {
-    f.k_paging.is_some() || f.v_paging.is_some()
+    f.paged()
 }
 
 /// The (batch index, query block) pairs of a flash step: `T`.
@@ -542,7 +542,8 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
             lane_iota: p.lane_iota,
             item: &it.hoisted,
         };
-        let at = tile_operands(fx, p, it, (j0, cols), TileAt { partial, taddr, kp, vp, ldk: p.ldk, ldv: p.ldv, gathered: partial });
+        let (kp, vp, ldk, ldv, gathered) = tile_operands(fx, p, it, (j0, cols), (kp, vp));
+        let at = TileAt { partial, taddr, kp, vp, ldk, ldv, gathered };
         match &a.separated {
             Some((x, rest)) => fx.if_else(
                 it.sep_ok,
@@ -561,14 +562,22 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
     });
 }
 
-/// The tile's K and V rows for the products: in place unless paged; a paged K or V is gathered
-/// into a dense tile of the thread's scratch (one copy per run of rows in a page), shared by
-/// every row of the block, when the block has more than [`FEW_ROWS`] rows or the scores are
-/// additive; else the paged few-rows products read it through the table (`gathered` zero).
-fn tile_operands(fx: &mut StepBuilder, p: &Prologue, it: &Item, (j0, cols): (Value, Value), at: TileAt) -> TileAt {
-    if p.k_pages.is_none() && p.v_pages.is_none() {
+/// The tile's K and V rows for the products, from its rows in place `(kp, vp)`: `(kp, vp, ldk,
+/// ldv, gathered)` ([`TileAt`]'s). In place unless paged; a paged K or V is gathered into a dense
+/// tile of the thread's scratch (one copy per run of rows in a page), shared by every row of
+/// the block, when the block has more than [`FEW_ROWS`] rows or the scores are additive; else the
+/// paged few-rows products read it through the table (`gathered` zero).
+fn tile_operands(
+    fx: &mut StepBuilder,
+    p: &Prologue,
+    it: &Item,
+    (j0, cols): (Value, Value),
+    (mut kp, mut vp): (Value, Value),
+) -> (Value, Value, Value, Value, Value) {
+    let (mut ldk, mut ldv) = (p.ldk, p.ldv);
+    if !p.f.paged() {
         let no = fx.b.ins().iconst(types::I8, 0);
-        return TileAt { gathered: no, ..at };
+        return (kp, vp, ldk, ldv, no);
     }
     let gathered = match it.wp {
         Some(_) => fx.b.ins().iconst(types::I8, 1),
@@ -579,7 +588,6 @@ fn tile_operands(fx: &mut StepBuilder, p: &Prologue, it: &Item, (j0, cols): (Val
     let kbuf = fx.add(base, off);
     let kfloats = fx.mul(p.bn, p.d);
     let vbuf = fx.elem_addr(kbuf, kfloats);
-    let mut out = TileAt { gathered, ..at };
     for (op, pages, trow, buf, width, which) in
         [(&p.k, &p.k_pages, it.k_trow, kbuf, p.d, 'k'), (&p.v, &p.v_pages, it.v_trow, vbuf, p.c.dv, 'v')]
     {
@@ -592,11 +600,11 @@ fn tile_operands(fx: &mut StepBuilder, p: &Prologue, it: &Item, (j0, cols): (Val
                 fx.call(abi::COPY_ROWS, &[src, op.row, n, width, dst, width]);
             });
         });
-        let (ptr, ld) = if which == 'k' { (&mut out.kp, &mut out.ldk) } else { (&mut out.vp, &mut out.ldv) };
+        let (ptr, ld) = if which == 'k' { (&mut kp, &mut ldk) } else { (&mut vp, &mut ldv) };
         *ptr = fx.b.ins().select(gathered, buf, *ptr);
         *ld = fx.b.ins().select(gathered, width, *ld);
     }
-    out
+    (kp, vp, ldk, ldv, gathered)
 }
 
 /// Where a running key tile is: its class, its tile-table entry and its first K and V rows.

@@ -199,7 +199,7 @@ impl<'a> Flash<'a> {
 
     /// Whether K or V is read through a block table.
     fn paged(&self) -> bool {
-        self.f.k_paging.is_some() || self.f.v_paging.is_some()
+        self.f.paged()
     }
 
     /// `x_ = q[row, col]` as a float, 0 outside the matrix.
