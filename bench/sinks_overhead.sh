@@ -1,32 +1,6 @@
 #!/bin/bash
 # Attention sinks' cost over plain causal attention (issue 40, target: ≤ 5%, forward and
-# forward + backward): examples/causal.attn and examples/sinks.attn timed interleaved round by
-# round (attnc bench, median of each round's median), B=1 H=8, D=64 and 128, S=1024 and 4096.
+# forward + backward): bench/over_causal.sh with examples/sinks.attn.
 #
 #     cargo build --release -p attnc && bash bench/sinks_overhead.sh [ROUNDS] [THREADS]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-A=./target/release/attnc
-ROUNDS=${1:-5}
-THREADS=${2:-2}
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-for mode in forward grad; do
-  flag=""
-  [ "$mode" = grad ] && flag="--grad"
-  for d in 64 128; do
-    for s in 1024 4096; do
-      declare -A times=()
-      for _ in $(seq "$ROUNDS"); do
-        for k in causal sinks; do
-          ms=$($A bench "examples/$k.attn" $flag --dim B=1 --dim H=8 --dim "S=$s" --dim "D=$d" --threads "$THREADS" --iters 5 --warmup 1 --json \
-            | sed -n 's/^json: .*"median_ms": \([0-9.]*\).*/\1/p')
-          times[$k]="${times[$k]:-} $ms"
-        done
-      done
-      c=$(echo "${times[causal]}" | median); k=$(echo "${times[sinks]}" | median)
-      awk -v c="$c" -v k="$k" -v d="$d" -v s="$s" -v m="$mode" 'BEGIN {
-        printf "%s D=%d S=%d: causal %.2f ms, sinks %.2f ms (%+.1f%%)\n", m, d, s, c, k, (k / c - 1) * 100 }'
-      unset times
-    done
-  done
-done
+exec bash "$(dirname "$0")/over_causal.sh" sinks "$@"

@@ -99,6 +99,11 @@ imports! {
     /// `dst[r·ldd + c] = src[r·lds + c]` for `r < rows`, `c < cols`: `(src, lds, rows, cols,
     /// dst, ldd)`.
     COPY_ROWS = kernels::attnc_copy_rows(I64, I64, I64, I64, I64, I64) -> ();
+    /// Dropout's 24 random bits: `(seed, batch, i, j) -> bits`.
+    DROPOUT_BITS = kernels::attnc_dropout_bits(I32, I32, I32, I32) -> (I32);
+    /// Dropout applied to a tile of weights in place: `(p, ld, rows, cols, r0, c0, keys_on_rows,
+    /// seed, batch, threshold, scale)`.
+    DROPOUT_TILE = kernels::attnc_dropout_tile(I64, I64, I64, I64, I64, I64, I32, I32, I64, I32, F32) -> ();
 
     /// One key row of a flash backward tile: `(s, dp, lse|0, delta|0, rbias|0, n, alpha, factor,
     /// cbias, flags, df|0, w|0, sums)`.
@@ -157,6 +162,55 @@ mod tests {
             assert!(!i.address().is_null(), "{}", i.name);
             assert!(i.name.starts_with("attnc_"), "{}", i.name);
             assert!(IMPORTS[..n].iter().all(|j| j.name != i.name && j.address() != i.address()), "{} twice", i.name);
+        }
+    }
+
+    /// The kernels' dropout (its bits, and a tile in place, either orientation, on every ISA
+    /// this machine runs) is the semantics' definition, at edge seeds and counters.
+    #[test]
+    fn kernel_dropout_is_the_semantics_definition() {
+        use attn_compiler::ir::semantics::{dropout_bits, dropout_scale, dropout_threshold};
+        let edges = [0, 1, -1, 7, 63, 64, 65, i32::MAX, i32::MIN, 123_456_789];
+        for seed in edges {
+            for batch in edges {
+                for i in edges {
+                    for j in edges {
+                        let want = dropout_bits(seed, batch as u32, i as u32, j as u32) as i32;
+                        assert_eq!(kernels::attnc_dropout_bits(seed, batch, i, j), want, "({seed}, {batch}, {i}, {j})");
+                    }
+                }
+            }
+        }
+        let (rows, cols, ld, rate) = (7usize, 37usize, 40usize, 0.3);
+        for isa in [kernels::Isa::Avx512, kernels::Isa::Avx2, kernels::Isa::Portable].into_iter().filter(|i| i.is_supported()) {
+            for keys_on_rows in [false, true] {
+                let mut p: Vec<f32> = (0..rows * ld).map(|x| x as f32 + 0.5).collect();
+                let before = p.clone();
+                let t = kernels::DropoutTile {
+                    r0: 1000,
+                    c0: 61,
+                    keys_on_rows,
+                    seed: (-5i32) as u32,
+                    batch: 3,
+                    threshold: dropout_threshold(rate),
+                    scale: dropout_scale(rate) as f32,
+                };
+                kernels::dropout_tile(isa, &mut p, ld, (rows, cols), t).expect("tile fits");
+                for r in 0..rows {
+                    for c in 0..ld {
+                        let (x, got) = (before[r * ld + c], p[r * ld + c]);
+                        if c >= cols {
+                            assert_eq!(got, x, "a column past the tile changed");
+                            continue;
+                        }
+                        let (a, b) = (1000 + r as u32, 61 + c as u32);
+                        let (i, j) = if keys_on_rows { (b, a) } else { (a, b) };
+                        let keep = dropout_bits(-5, 3, i, j) >= dropout_threshold(rate);
+                        let want = if keep { x * dropout_scale(rate) as f32 } else { 0.0 };
+                        assert_eq!(got, want, "{isa:?} at ({r}, {c}), keys on rows {keys_on_rows}");
+                    }
+                }
+            }
         }
     }
 }

@@ -355,8 +355,30 @@ fn flash_bwd_rows(batches: usize) {
     }
 }
 
+/// Dropout on a 64 × 64 tile of weights, both orientations (the forward's query rows, the
+/// backward's key rows), on every path this machine runs: nanoseconds per weight.
+fn dropout_tiles(isas: &[Isa], batches: usize) -> Result<(), KernelError> {
+    let mut p = vec![0.5f32; 64 * 64];
+    for isa in isas {
+        for keys_on_rows in [false, true] {
+            let mut r0 = 0u32;
+            let (rate, _) = measure(batches, 4096.0, || {
+                r0 = r0.wrapping_add(64);
+                let t = attn_kernels::DropoutTile { r0, c0: 128, keys_on_rows, seed: 3, batch: 1, threshold: 1 << 22, scale: 1.25 };
+                let _ = attn_kernels::dropout_tile(*isa, black_box(&mut p), 64, (64, 64), t);
+            });
+            let what = if keys_on_rows { "key rows" } else { "query rows" };
+            println!("  dropout {isa:>8} {what:<10}: {:5.2} ns/weight", 1.0 / rate);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), KernelError> {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--dropout") {
+        return dropout_tiles(&available_isas(), if quick { 11 } else { 41 });
+    }
     if std::env::args().any(|a| a == "--flash-bwd-row") {
         flash_bwd_rows(if quick { 11 } else { 41 });
         return Ok(());

@@ -18,6 +18,7 @@
 //! into a per-thread buffer that is allocated once and reused.
 
 mod additive;
+mod dropout;
 mod exp;
 mod f4;
 mod gemm;
@@ -665,6 +666,63 @@ pub unsafe extern "C" fn attnc_copy_rows(src: *const f32, lds: usize, rows: usiz
         // SAFETY: row `r` of each, `cols` elements, inside the caller's ranges.
         unsafe { std::ptr::copy_nonoverlapping(src.add(r * lds), dst.add(r * ldd), cols) };
     }
+}
+
+pub use dropout::DropoutTile;
+
+/// C ABI: the 24 random bits of dropout element `(batch, i, j)` under `seed` (the integers read
+/// as u32), as an i32: `attn_compiler::ir::semantics::dropout_bits`.
+pub extern "C" fn attnc_dropout_bits(seed: i32, batch: i32, i: i32, j: i32) -> i32 {
+    dropout::bits(seed as u32, batch as u32, i as u32, j as u32) as i32
+}
+
+/// C ABI: dropout applied in place to the `rows × cols` tile of weights at `p` (rows `ld`
+/// apart) whose first element is score `(i0, j0) = (r0, c0)` (`(c0, r0)` when `keys_on_rows` is
+/// non-zero: a transposed tile) of batch index `batch`: each element times `scale` where
+/// [`attnc_dropout_bits`] is at least `threshold`, else 0.
+///
+/// # Safety
+/// `p` addresses `(rows-1)·ld + cols` valid elements when `rows` and `cols` are non-zero.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attnc_dropout_tile(
+    p: *mut f32,
+    ld: usize,
+    rows: usize,
+    cols: usize,
+    r0: i64,
+    c0: i64,
+    keys_on_rows: i32,
+    seed: i32,
+    batch: i64,
+    threshold: i32,
+    scale: f32,
+) {
+    let t = DropoutTile {
+        r0: r0 as u32,
+        c0: c0 as u32,
+        keys_on_rows: keys_on_rows != 0,
+        seed: seed as u32,
+        batch: batch as u32,
+        threshold: threshold as u32,
+        scale,
+    };
+    // SAFETY: forwarded from the caller's contract; `isa()` is supported by construction.
+    unsafe { dropout::apply(isa(), p, ld, rows, cols, t) }
+}
+
+/// Dropout applied in place to the `rows × cols` tile of `p` (rows `ld` apart) on `isa` (see
+/// [`attnc_dropout_tile`]).
+pub fn dropout_tile(isa: Isa, p: &mut [f32], ld: usize, (rows, cols): (usize, usize), t: DropoutTile) -> Result<(), KernelError> {
+    if !isa.is_supported() {
+        return Err(KernelError::Unsupported(isa));
+    }
+    let need = if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld.max(cols) + cols };
+    if p.len() < need || ld < cols {
+        return Err(KernelError::TooShort { operand: "p", len: p.len(), need });
+    }
+    // SAFETY: checked above.
+    unsafe { dropout::apply(isa, p.as_mut_ptr(), ld, rows, cols, t) };
+    Ok(())
 }
 
 /// C ABI: `dst[c·ldd + r] = src[r·lds + c]` for `r < rows`, `c < cols` (a transposed copy).

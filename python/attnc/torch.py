@@ -138,7 +138,14 @@ def sdpa(
     The program behind each combination of rank, dtype, mask layout, causality, GQA and scale
     is compiled once (the first call) and reused for every size: a new sequence length
     compiles nothing. float32 and float16 run as they are; bfloat16 runs in float32 (converted
-    on the way in and out). ``dropout_p > 0`` is not supported yet and raises.
+    on the way in and out).
+
+    ``dropout_p`` in ``[0, 1)`` drops each attention weight with that probability (the kept ones
+    scaled by ``1 / (1 - dropout_p)``), fused into the attention: which weights drop comes from a
+    counter-based generator (Philox4x32-10) under a seed drawn from torch's default generator
+    for every call (so ``torch.manual_seed`` makes it repeatable), and the backward pass draws
+    the same ones again instead of storing a mask. As with torch, pass ``dropout_p=0.0`` when
+    not training.
     """
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, None)
 
@@ -154,24 +161,36 @@ def _sdpa(
     enable_gqa: bool,
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
+    seed: Optional[_torch.Tensor] = None,
 ) -> _torch.Tensor:
     """:func:`sdpa`, and with ``softcap`` the scaled scores soft-capped first,
     ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping); with ``sinks``
     (one logit per query head, gpt-oss's ``s_aux``) each head's sink joins every softmax
-    denominator, through the fused log-sum-exp (``examples/sinks.attn``), differentiable."""
+    denominator, through the fused log-sum-exp (``examples/sinks.attn``), differentiable.
+    With ``dropout_p > 0``, ``seed`` (a 0-d int32 tensor) is dropout's seed: drawn from torch's
+    generator when not given."""
+    p = _dropout_rate(dropout_p)
+    if p > 0.0 and seed is None:
+        seed = _torch.randint(-(2**31), 2**31 - 1, (), dtype=_torch.int32)
     if _torch.compiler.is_compiling():
         # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
         # an autograd formula), so the graph has no break.
-        return _torch.ops.attnc.sdpa(
-            query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), softcap, sinks
-        )
-    if dropout_p != 0.0:
-        raise ArgumentError(
-            f"dropout_p={dropout_p}: attnc.torch.sdpa has no fused dropout yet; use dropout_p=0.0 "
-            "(or torch's scaled_dot_product_attention for training with attention dropout)"
-        )
-    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks)
+        return _torch.ops.attnc.sdpa(query, key, value, attn_mask, p, bool(is_causal), scale, bool(enable_gqa), softcap, sinks, seed)
+    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, p)
+    if seed is not None and p > 0.0:
+        args.append(seed.to(_torch.int32).reshape(()))
     return _run_either(prog, differentiable, args, out_dtype)
+
+
+def _dropout_rate(dropout_p: Any) -> float:
+    """``dropout_p`` checked: a number in ``[0, 1)``."""
+    try:
+        p = float(dropout_p)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"dropout_p must be a number in [0, 1), not {type(dropout_p).__name__}") from None
+    if not 0.0 <= p < 1.0:
+        raise ArgumentError(f"dropout_p must be in [0, 1) (the probability of dropping a weight), got {dropout_p}")
+    return p
 
 
 def _cached(
@@ -217,9 +236,11 @@ def _sdpa_prepare(
     enable_gqa: bool,
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
+    dropout_p: float = 0.0,
 ) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype]:
     """The checked arguments of an :func:`_sdpa` call: its program (compiled on first use), the
-    program as an autograd function, the program's inputs, and the result's dtype."""
+    program as an autograd function, the program's inputs (without dropout's seed, the last
+    parameter when ``dropout_p > 0``), and the result's dtype."""
 
     if is_causal and attn_mask is not None:
         raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
@@ -266,11 +287,12 @@ def _sdpa_prepare(
         args.append(sinks.to(args[0].dtype))
     threads = _torch.get_num_threads()
     cap = None if softcap is None else float(softcap)
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None)
+    drop = float(dropout_p)
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop)
     found = _cached(
         _SDPA_PROGRAMS,
         key_,
-        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None), threads),
+        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop), threads),
     )
     return found[0], found[1], args, out_dtype
 
@@ -297,9 +319,11 @@ def _sdpa_source(
     scale: Optional[float],
     softcap: Optional[float] = None,
     sinks: bool = False,
+    dropout_p: float = 0.0,
 ) -> str:
     """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`); with ``sinks``, a
-    parameter ``sink`` of one logit per query head joins each softmax denominator."""
+    parameter ``sink`` of one logit per query head joins each softmax denominator; with
+    ``dropout_p``, the weights are dropped under the last parameter, ``seed``."""
     lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
     heads_q, heads_kv = (["Hk*G"], ["Hk"]) if gqa else ([], [])
     q = lead + heads_q + ["L", "E"]
@@ -345,7 +369,10 @@ def _sdpa_source(
         body.append("let kept = where(j <= i, masked, -inf)")
     else:
         body.append("let kept = masked")
-    body.append(f"let attended = softmax(kept, axis = -1) @ {vn}")
+    weights = "softmax(kept, axis = -1)"
+    if dropout_p > 0.0:
+        weights = f"dropout({weights}, seed, p = {float(dropout_p)!r})"
+    body.append(f"let attended = {weights} @ {vn}")
     if sinks:
         # out · σ(lse − sink): the sink as one more logit in each row's denominator, with no
         # value (examples/sinks.attn); the log-sum-exp fuses into the attention's flash op.
@@ -359,6 +386,8 @@ def _sdpa_source(
         body.append(f"let result = attended * unsqueeze(sigmoid(lse - sg), {score_rank - 1})")
     else:
         body.append("let result = attended")
+    if dropout_p > 0.0:
+        params.append("seed: i32")
     if gqa:
         body.append(f"return reshape(result, [{', '.join(out)}])")
     else:
@@ -550,13 +579,14 @@ def _sdpa_op(
     enable_gqa: bool,
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
+    seed: Optional[_torch.Tensor] = None,
 ) -> _torch.Tensor:
     with _torch.no_grad():
-        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks).clone()
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed).clone()
 
 
 @_sdpa_op.register_fake
-def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks=None):  # type: ignore[no-untyped-def]
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks=None, seed=None):  # type: ignore[no-untyped-def]
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
@@ -572,12 +602,17 @@ def _sdpa_backward_op(
     enable_gqa: bool,
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[_torch.Tensor] = None,
 ) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor]:
     # A custom op runs below autograd: the derived program is called directly. A float mask is
-    # taken whole (no broadcast axis folded away), so that its gradient is per element.
+    # taken whole (no broadcast axis folded away), so that its gradient is per element. Dropout
+    # draws the forward's weights again from its seed.
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks)
+    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p)
+    if dropout_p > 0.0 and seed is not None:
+        args.append(seed.to(_torch.int32).reshape(()))
     wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
     cot = grad.to(args[0].dtype).contiguous()
     outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
@@ -588,7 +623,7 @@ def _sdpa_backward_op(
 
 
 @_sdpa_backward_op.register_fake
-def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks=None):  # type: ignore[no-untyped-def]
+def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks=None, dropout_p=0.0, seed=None):  # type: ignore[no-untyped-def]
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask_grad = attn_mask.new_empty(attn_mask.shape) if float_mask else query.new_empty(0)
     sink_grad = sinks.new_empty(sinks.shape) if sinks is not None else query.new_empty(0)
@@ -596,16 +631,18 @@ def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, en
 
 
 def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
-    query, key, value, attn_mask, _, is_causal, scale, enable_gqa, softcap, sinks = inputs
-    ctx.save_for_backward(query, key, value, attn_mask, sinks)
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed = inputs
+    ctx.save_for_backward(query, key, value, attn_mask, sinks, seed)
     ctx.flags = (is_causal, scale, enable_gqa, softcap)
+    ctx.dropout_p = dropout_p
 
 
 def _sdpa_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
-    query, key, value, attn_mask, sinks = ctx.saved_tensors
-    dq, dk, dv, dm, ds = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags, sinks)
+    query, key, value, attn_mask, sinks, seed = ctx.saved_tensors
+    dq, dk, dv, dm, ds = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags, sinks, ctx.dropout_p, seed)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None, (ds.to(sinks.dtype) if sinks is not None else None)
+    sink_grad = ds.to(sinks.dtype) if sinks is not None else None
+    return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None, sink_grad, None
 
 
 _sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)

@@ -86,8 +86,9 @@ def test_one_compile_serves_every_sequence_length():
 
 def test_what_it_cannot_do_is_an_error():
     q, k, v = (t.detach() for t in inputs())
-    with pytest.raises(attnc.ArgumentError, match="dropout"):
-        at.sdpa(q, k, v, dropout_p=0.1)
+    for p in (1.0, -0.1, "x"):
+        with pytest.raises(attnc.ArgumentError, match="dropout_p"):
+            at.sdpa(q, k, v, dropout_p=p)
     with pytest.raises(attnc.ArgumentError, match="is_causal"):
         at.sdpa(q, k, v, attn_mask=torch.ones(L, S, dtype=torch.bool), is_causal=True)
     with pytest.raises(attnc.DTypeError, match="float64"):

@@ -349,7 +349,7 @@ pub(crate) fn fused_table() -> (Graph, Vec<Tensor>, Vec<FusedCase>) {
         let minus_inf = ScoreExpr::Float(f64::NEG_INFINITY);
         let as_score = ScoreExpr::Select(Box::new(keep.clone()), Box::new(ScoreExpr::Float(0.0)), Box::new(minus_inf));
         for (use_, score, mask) in [("score", as_score, None), ("mask", ScoreExpr::Score, Some(keep))] {
-            let spec = FlashSpec { rank: 3, weights: Weights::Sigmoid, score, mask, pair: attn_compiler::ir::Pair::Dot };
+            let spec = FlashSpec { rank: 3, weights: Weights::Sigmoid, score, mask, pair: attn_compiler::ir::Pair::Dot, dropout: None };
             let out = g.add(Op::Flash(Box::new(spec)), TensorType::new(DType::F32, shape(&cells)), &[q, k, v, x0, x1, x2, x3, x4, x5]);
             let name = format!("{tag}_{use_}");
             g.add_output(name.clone(), out);

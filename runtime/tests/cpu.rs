@@ -344,7 +344,7 @@ fn random_score_mods_and_masks_match_the_interpreter() {
         let score = if rng.random_bool(0.8) { ScoreExpr::bin(BinaryOp::Add, s, score_expr(&mut rng, 3)) } else { s };
         let mask = if rng.random_bool(0.8) { Some(mask_expr(&mut rng, 2)) } else { None };
         let weights = if rng.random_bool(0.8) { Weights::Softmax } else { Weights::Sigmoid };
-        let spec = FlashSpec { rank: 4, weights, score, mask, pair: attn_compiler::ir::Pair::Dot };
+        let spec = FlashSpec { rank: 4, weights, score, mask, pair: attn_compiler::ir::Pair::Dot, dropout: None };
         let kv_batch = (rng.random_bool(0.5), rng.random_bool(0.5));
         let g = flash_graph(spec.clone(), kv_batch);
         let (b, h) = (rng.random_range(1..3usize), rng.random_range(1..4usize));
@@ -494,6 +494,7 @@ fn separable_score_terms_with_non_finite_parts_match_the_interpreter() {
             score: parse(score),
             mask: mask.map(parse),
             pair: attn_compiler::ir::Pair::Dot,
+            dropout: None,
         };
         let g = flash_graph(spec, (true, true));
         let mut rng = StdRng::seed_from_u64(5);

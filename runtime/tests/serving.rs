@@ -387,3 +387,138 @@ fn a_pool_of_no_pages_is_an_error() {
         assert!(err.to_string().contains("no pages"), "{err}");
     }
 }
+
+/// Attention with dropout of the weights over `[B, H, M, D]` queries and `[B, H, N, D]` keys,
+/// causal (bottom-right) or not.
+const DROPOUT: &str = "
+fn attend(q: f32[B, H, M, D], k: f32[B, H, N, D], v: f32[B, H, N, D], seed: i32) -> f32[B, H, M, D] {
+    let scores = q @ k.T / sqrt(D)
+    return dropout(softmax(scores, axis = -1), seed, p = 0.2) @ v
+}
+fn causal(q: f32[B, H, M, D], k: f32[B, H, N, D], v: f32[B, H, N, D], seed: i32) -> f32[B, H, M, D] {
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    let masked = where(j <= i + N - M, scores, -inf)
+    return dropout(softmax(masked, axis = -1), seed, p = 0.2) @ v
+}
+";
+
+/// The attention with dropout, its gradients for `d_out`, in f64 from the definition: the
+/// weights `P` of every row, each times dropout's factor `z` (`semantics::dropout_keeps` at the
+/// score's position, the batch index row-major over (b, h)).
+fn dropout_reference((q, k, v, d_out): (&Tensor, &Tensor, &Tensor, &Tensor), seed: i32, rate: f64, causal: bool) -> [Vec<f64>; 4] {
+    use attn_compiler::ir::semantics::{dropout_keeps, dropout_scale};
+    let (bh, m, n, d) = (q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3]);
+    let (q, k, v, g) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec(), d_out.to_f64_vec());
+    let [mut out, mut dq, mut dk, mut dv] = [vec![0.0; bh * m * d], vec![0.0; bh * m * d], vec![0.0; bh * n * d], vec![0.0; bh * n * d]];
+    let scale = (d as f64).sqrt();
+    for b in 0..bh {
+        let row = |x: &[f64], rows: usize, r: usize| x[(b * rows + r) * d..(b * rows + r + 1) * d].to_vec();
+        for i in 0..m {
+            let (qi, gi) = (row(&q, m, i), row(&g, m, i));
+            let live = |j: usize| !causal || j <= i + n - m;
+            let s: Vec<f64> = (0..n).map(|j| qi.iter().zip(row(&k, n, j)).map(|(a, c)| a * c).sum::<f64>() / scale).collect();
+            let mx = (0..n).filter(|j| live(*j)).map(|j| s[j]).fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = (0..n).filter(|j| live(*j)).map(|j| (s[j] - mx).exp()).sum();
+            let p: Vec<f64> = (0..n).map(|j| if live(j) { (s[j] - mx).exp() / z } else { 0.0 }).collect();
+            let keep: Vec<f64> =
+                (0..n).map(|j| if dropout_keeps(seed, b as u32, i as u32, j as u32, rate) { dropout_scale(rate) } else { 0.0 }).collect();
+            let dp: Vec<f64> = (0..n).map(|j| keep[j] * gi.iter().zip(row(&v, n, j)).map(|(a, c)| a * c).sum::<f64>()).collect();
+            let delta: f64 = (0..n).map(|j| p[j] * dp[j]).sum();
+            for j in 0..n {
+                let (vj, kj) = (row(&v, n, j), row(&k, n, j));
+                let ds = p[j] * (dp[j] - delta) / scale;
+                for c in 0..d {
+                    out[(b * m + i) * d + c] += p[j] * keep[j] * vj[c];
+                    dq[(b * m + i) * d + c] += ds * kj[c];
+                    dk[(b * n + j) * d + c] += ds * qi[c];
+                    dv[(b * n + j) * d + c] += p[j] * keep[j] * gi[c];
+                }
+            }
+        }
+    }
+    [out, dq, dk, dv]
+}
+
+/// Fused dropout (forward: few-rows products for decode and split keys; backward) gives what
+/// its definition gives, causal or not, and the same bits on one thread and on three.
+#[test]
+fn dropout_fused_into_flash_attention_matches_its_definition() {
+    let program = Program::from_source(DROPOUT, "dropout.attn").expect("compiles");
+    for (entry, causal, (b, h, m, n, d), seed) in
+        [("causal", true, (2, 3, 150, 150, 16), 7), ("attend", false, (1, 2, 1, 3000, 32), -3), ("causal", true, (1, 2, 3, 700, 8), 11)]
+    {
+        let (q, k, v, g) = (tensor(&[b, h, m, d], 60), tensor(&[b, h, n, d], 61), tensor(&[b, h, n, d], 62), tensor(&[b, h, m, d], 63));
+        let seed_t = Tensor::i32(vec![], vec![seed]).expect("seed");
+        let grad = program.grad(entry, None).expect("derivable");
+        let inputs = [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("seed", seed_t.clone()), ("d_out", g.clone())];
+        let got = grad.run(&format!("{entry}_grad"), inputs.clone(), &cpu(&[])).expect("cpu runs");
+        let want = dropout_reference((&q, &k, &v, &g), seed, 0.2, causal);
+        for ((name, t), w) in got.iter().zip(&want) {
+            let worst = t.to_f64_vec().iter().zip(w).fold(0.0f64, |mx, (a, b)| mx.max((a - b).abs()));
+            assert!(worst < 2e-5, "{entry} {b}x{h}x{m}x{n}: {name} differs by {worst}");
+        }
+        // The forward alone, fused (the few-rows path for short query blocks).
+        let fwd = program.run(entry, [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("seed", seed_t.clone())], &cpu(&[]));
+        let fwd = fwd.expect("cpu runs");
+        let worst = fwd[0].1.to_f64_vec().iter().zip(&want[0]).fold(0.0f64, |mx, (a, b)| mx.max((a - b).abs()));
+        assert!(worst < 2e-5, "{entry} forward differs by {worst}");
+        // Bit-reproducible across thread counts.
+        let dims: HashMap<String, i64> =
+            [("B", b), ("H", h), ("M", m), ("N", n), ("D", d)].iter().map(|(k, v)| (k.to_string(), *v as i64)).collect();
+        let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let mut compiled = grad.compile_cpu(&format!("{entry}_grad"), &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
+        let one = compiled.run_tensors(&tensors, &dims).expect("runs");
+        compiled.set_threads(3).expect("a valid thread count");
+        assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "{entry}: 3 threads differ from 1");
+    }
+}
+
+/// The fused kernel's keep mask, read off its output (uniform weights over `N` keys against
+/// `V = I`: `out[i, j] = z_ij / N`): the keep rate is `1 − p`, masks of different key tiles,
+/// rows, heads and seeds are independent, and a seed gives the same mask every time.
+#[test]
+fn fused_dropout_keeps_one_minus_p_independently_across_tiles() {
+    let program = Program::from_source(DROPOUT, "dropout.attn").expect("compiles");
+    let (h, m, n) = (2usize, 256usize, 256usize);
+    let q = Tensor::f32(vec![1, h, m, n], vec![0.0; h * m * n]).expect("q");
+    let k = Tensor::f32(vec![1, h, n, n], vec![0.0; h * n * n]).expect("k");
+    let eye: Vec<f32> = (0..h * n * n).map(|x| f32::from(u8::from(x % n == (x / n) % n))).collect();
+    let v = Tensor::f32(vec![1, h, n, n], eye).expect("v");
+    let mask = |seed: i32| -> Vec<bool> {
+        let inputs = [("q", q.clone()), ("k", k.clone()), ("v", v.clone()), ("seed", Tensor::i32(vec![], vec![seed]).expect("seed"))];
+        let out = program.run("attend", inputs, &cpu(&[])).expect("runs");
+        out[0].1.to_f64_vec().iter().map(|x| *x * n as f64 > 0.5).collect()
+    };
+    let (a, b) = (mask(1), mask(2));
+    assert_eq!(a, mask(1), "the same seed gives another mask");
+    let total = a.len() as f64;
+    let rate = |xs: &[bool]| xs.iter().filter(|x| **x).count() as f64 / xs.len() as f64;
+    // Within five standard deviations of a binomial proportion.
+    let near = |got: f64, want: f64, count: f64| (got - want).abs() < 5.0 * (want * (1.0 - want) / count).sqrt();
+    assert!(near(rate(&a), 0.8, total), "keep rate {}", rate(&a));
+    // Pairs 64 keys apart (another key tile), a row apart, a head apart, a seed apart: kept
+    // together at (1 − p)².
+    let at = |hh: usize, i: usize, j: usize| (hh * m + i) * n + j;
+    let pairs = |other: &dyn Fn(usize, usize, usize) -> Option<bool>| {
+        let mut both = Vec::new();
+        for hh in 0..h {
+            for i in 0..m {
+                for j in 0..n {
+                    if let Some(o) = other(hh, i, j) {
+                        both.push(a[at(hh, i, j)] && o);
+                    }
+                }
+            }
+        }
+        both
+    };
+    for (what, both) in [
+        ("the next key tile", pairs(&|hh, i, j| (j + 64 < n).then(|| a[at(hh, i, j + 64)]))),
+        ("the next row", pairs(&|hh, i, j| (i + 1 < m).then(|| a[at(hh, i + 1, j)]))),
+        ("the next head", pairs(&|hh, i, j| (hh + 1 < h).then(|| a[at(hh + 1, i, j)]))),
+        ("another seed", pairs(&|hh, i, j| Some(b[at(hh, i, j)]))),
+    ] {
+        assert!(near(rate(&both), 0.64, both.len() as f64), "kept with {what}: {}", rate(&both));
+    }
+}

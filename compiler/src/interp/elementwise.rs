@@ -50,6 +50,30 @@ pub(super) fn select(cond: &Val, a: &Val, b: &Val, dtype: DType, node: &str) -> 
     })
 }
 
+/// `dropout(x, seed)` by [`semantics::dropout_keeps`]: element `(batch, i, j)` of `x` (its last
+/// two indices and the row-major index over the rest) kept and scaled, or 0.
+pub(super) fn dropout(x: &Val, seed: &Val, rate: f64, dtype: DType, node: &str) -> Result<Val, ExecError> {
+    let seed = match seed.data.as_slice() {
+        [s] => Scalar::load(seed.dtype, *s).as_i(),
+        _ => return Err(ExecError::BadNode { node: node.to_string(), reason: "the dropout seed is not a scalar".into() }),
+    };
+    let r = x.shape.len();
+    let cols = if r >= 1 { x.shape[r - 1] } else { 1 };
+    let rows = if r >= 2 { x.shape[r - 2] } else { 1 };
+    let (threshold, scale) = (semantics::dropout_threshold(rate), semantics::dropout_scale(rate));
+    let data = x
+        .data
+        .iter()
+        .enumerate()
+        .map(|(n, v)| {
+            let (j, i, batch) = (n % cols.max(1), (n / cols.max(1)) % rows.max(1), n / (cols * rows).max(1));
+            let bits = semantics::dropout_bits(seed, batch as u32, i as u32, j as u32);
+            if bits >= threshold { v * scale } else { 0.0 }
+        })
+        .collect();
+    Ok(Val::new(dtype, x.shape.clone(), data))
+}
+
 /// Converts to `dtype` (float to i32 truncates and saturates, to bool is `!= 0`).
 pub(super) fn cast(x: &Val, dtype: DType) -> Val {
     let data = x.data.iter().map(|v| Scalar::load(x.dtype, *v).store(dtype)).collect();

@@ -112,6 +112,7 @@ fn eval_node(node: &Node, args: &[&Val], shape: Vec<usize>, env: &HashMap<String
         Op::Concat { axis } => shape_ops::concat(args, *axis, dtype, label),
         Op::Gather => shape_ops::gather(args[0], &args[1..], dtype, label),
         Op::Paged => shape_ops::paged(args[0], args[1], dtype, label),
+        Op::Dropout { rate } => ew::dropout(args[0], args[1], *rate, dtype, label),
         Op::Reduce { op, axes, keepdim } => reduce::reduce(args[0], *op, axes, *keepdim, dtype, label),
         Op::Softmax { axis } => reduce::softmax(args[0], *axis, dtype, label),
         Op::Scan { op, axis, reverse } => reduce::scan(*op, args, *axis, *reverse, dtype, label),

@@ -136,6 +136,15 @@ fn score_row(
     }
 }
 
+/// The value of a flash op's dropout seed (`None` without dropout).
+fn dropout_seed(spec: &FlashSpec, extras: &[&Val], bad: &dyn Fn(String) -> ExecError) -> Result<Option<i32>, ExecError> {
+    let Some(d) = &spec.dropout else { return Ok(None) };
+    match extras.get(d.seed).map(|x| x.data.as_slice()) {
+        Some([s]) => Ok(Some(Scalar::load(DType::I32, *s).as_i())),
+        _ => Err(bad(format!("the dropout seed x{} is not a scalar", d.seed))),
+    }
+}
+
 /// The softmax statistics of a row's kept scores: `(max, Σ exp(score - max))`, NaN-propagating
 /// (a kept NaN or +inf score makes the row NaN); `max = -inf` when no key is kept.
 fn row_stats(scores: &[f64], keep: &[bool]) -> (f64, f64) {
@@ -155,6 +164,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
     let batch_count = g.batch_count();
     let mut out = filled(element_count(&[batch_count, m, dv], label)?, 0.0, label)?;
     let load = extra_loader(extras);
+    let seed = dropout_seed(spec, extras, &bad)?;
     let mut pos = vec![0i64; r];
     let (mut raw, mut scores, mut keep) = (filled(n, 0.0, label)?, filled(n, 0.0, label)?, filled(n, true, label)?);
     for b in 0..batch_count {
@@ -164,6 +174,7 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
             let qrow = &q.data[(b * m + i) * d..(b * m + i + 1) * d];
             score_row(spec, &g, qrow, k, koff, &mut pos, env, &load, (&mut raw, &mut scores, &mut keep));
             let orow = &mut out[(b * m + i) * dv..(b * m + i + 1) * dv];
+            let drop = |j: usize| spec.dropout.zip(seed).map_or(1.0, |(dr, s)| dr.factor(s, b as u64, i as u64, j as u64));
             let weights: Vec<f64> = match spec.weights {
                 Weights::Softmax => {
                     let (max, z) = row_stats(&scores, &keep);
@@ -175,7 +186,8 @@ pub(super) fn flash(spec: &FlashSpec, args: &[&Val], dtype: DType, env: &HashMap
                 Weights::Sigmoid => (0..n).map(|j| if keep[j] { unary_f(UnaryOp::Sigmoid, scores[j]) } else { 0.0 }).collect(),
             };
             for (j, w) in weights.iter().enumerate() {
-                if *w == 0.0 {
+                let w = w * drop(j);
+                if w == 0.0 {
                     continue;
                 }
                 for (o, x) in orow.iter_mut().zip(g.vrow(v, voff, j)) {
@@ -255,6 +267,7 @@ pub(super) fn flash_grad(
         _ => None,
     };
     let target_strides = target.map(|t| row_major_strides(&t.shape)).unwrap_or_default();
+    let seed = dropout_seed(spec, extras, &bad)?;
     for b in 0..g.batch_count() {
         let (koff, voff) = g.head(b, k, v, &mut pos);
         for i in 0..m {
@@ -276,17 +289,19 @@ pub(super) fn flash_grad(
                     Some((lse, _)) => (scores[j] - lse.data[row]).exp(),
                     None => unary_f(UnaryOp::Sigmoid, scores[j]),
                 };
-                let dp: f64 = dorow.iter().zip(g.vrow(v, voff, j)).map(|(a, c)| a * c).sum();
+                // Dropout's factor on the weight: the values see `p · z`, and `dP` is `z · d_out · v`.
+                let z = spec.dropout.zip(seed).map_or(1.0, |(dr, s)| dr.factor(s, b as u64, i as u64, j as u64));
+                let dp: f64 = z * dorow.iter().zip(g.vrow(v, voff, j)).map(|(a, c)| a * c).sum::<f64>();
                 let df = match stats {
                     Some(_) => p * (dp - delta),
                     None => dp * p * (1.0 - p),
                 };
                 pos[r - 1] = j as i64;
                 match wrt {
-                    FlashWrt::V if p != 0.0 => {
+                    FlashWrt::V if p * z != 0.0 => {
                         let at = (b * n + j) * dv;
                         for (o, x) in out[at..at + dv].iter_mut().zip(dorow) {
-                            *o += p * x;
+                            *o += p * z * x;
                         }
                     }
                     FlashWrt::Q | FlashWrt::K if df != 0.0 => {

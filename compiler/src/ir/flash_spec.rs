@@ -10,7 +10,7 @@
 //! score  = F(s, b…, i, j, x0[…], x1[…], …)     the score modification
 //! keep   = P(b…, i, j, x…)                      the mask predicate (absent: keep all)
 //! w      = softmax_j(keep ? score : -inf)       or sigmoid(score)·keep without normalisation
-//! out[b…, i, :] = Σ_j w_ij · v[b…, j, :]
+//! out[b…, i, :] = Σ_j w_ij · z_ij · v[b…, j, :]   z = dropout's factor ([`Dropout`]), else 1
 //! ```
 //!
 //! A row with every key masked gives 0. The expressions print as readable infix text
@@ -122,6 +122,28 @@ pub struct FlashSpec {
     pub mask: Option<ScoreExpr>,
     /// How `s` is formed from a query row and a key row.
     pub pair: Pair,
+    /// Dropout on the weights after the softmax (or sigmoid), before the sum of values.
+    pub dropout: Option<Dropout>,
+}
+
+/// Dropout of a flash op's weights: `out[b…, i, :] = Σ_j w_ij · z_ij · v[b…, j, :]` with `z_ij`
+/// the factor [`super::semantics::dropout_keeps`] gives score element `(batch, i, j)` (`batch` the
+/// row-major index over the score's batch axes): `1 / (1 − rate)` or 0. The softmax's
+/// normalisation (and the log-sum-exp) is over the weights before dropout, exactly as
+/// `dropout(softmax(s)) @ v`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    /// The chance of dropping a weight, in `[0, 1)`.
+    pub rate: f64,
+    /// The extra operand holding the i32 scalar seed.
+    pub seed: usize,
+}
+
+impl Dropout {
+    /// The factor on weight `(batch, i, j)` under the seed's value.
+    pub fn factor(&self, seed: i32, batch: u64, i: u64, j: u64) -> f64 {
+        if semantics::dropout_keeps(seed, batch as u32, i as u32, j as u32, self.rate) { semantics::dropout_scale(self.rate) } else { 0.0 }
+    }
 }
 
 /// Position names for a score tensor of the given rank: `i`, `j` last; batch axes `b`, `h`

@@ -418,6 +418,8 @@ impl Builder {
                 let g = self.reshape(g, &super::paged::gathered_shape(&pages, &table))?;
                 vec![(0, self.gather_table(graph, &args, g)?)]
             }
+            // The same elements dropped from the cotangent, scaled alike (the seed is an integer).
+            Op::Dropout { rate } => vec![(0, self.add(Op::Dropout { rate: *rate }, &[g, x[1]], None)?)],
             Op::Reduce { op, axes, .. } => vec![(0, self.reduce_grad(graph, x[0], y, g, *op, axes)?)],
             Op::Softmax { axis } => {
                 // y (g - Σ g y)

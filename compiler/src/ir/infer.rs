@@ -68,6 +68,7 @@ pub fn infer(op: &Op, args: &[&TensorType], declared: Option<&TensorType>) -> Re
         Op::Concat { axis } => concat(args, *axis),
         Op::Gather => gather(args),
         Op::Paged => paged(args[0], args[1]),
+        Op::Dropout { rate } => dropout(args[0], args[1], *rate),
         Op::Reduce { op: r, axes, keepdim } => reduce(args[0], *r, axes, *keepdim),
         Op::Softmax { axis } => softmax(args[0], *axis),
         Op::Scan { op, axis, .. } => scan(*op, args, *axis),
@@ -262,6 +263,19 @@ fn paged(pages: &TensorType, table: &TensorType) -> Result<TensorType, String> {
     Ok(TensorType::new(pages.dtype, shape))
 }
 
+fn dropout(x: &TensorType, seed: &TensorType, rate: f64) -> Result<TensorType, String> {
+    if !x.dtype.is_float() {
+        return Err(format!("dropout needs a float operand, found {x}"));
+    }
+    if seed.dtype != DType::I32 || seed.rank() != 0 {
+        return Err(format!("the seed of dropout must be an i32 scalar, found {seed}"));
+    }
+    if !(0.0..1.0).contains(&rate) {
+        return Err(format!("the dropout rate must be in [0, 1), found {rate}"));
+    }
+    Ok(x.clone())
+}
+
 fn reduce(x: &TensorType, r: ReduceOp, axes: &[usize], keepdim: bool) -> Result<TensorType, String> {
     numeric(x, "the operand of a reduction")?;
     if r == ReduceOp::LogSumExp && !x.dtype.is_float() {
@@ -438,6 +452,15 @@ fn flash(spec: &super::flash_spec::FlashSpec, args: &[&TensorType], declared: Op
     }
     if q.shape[r - 1] != k.shape[r - 1] {
         return Err(format!("q and k head widths differ: {q} and {k}"));
+    }
+    if let Some(d) = &spec.dropout {
+        if !(0.0..1.0).contains(&d.rate) {
+            return Err(format!("the dropout rate must be in [0, 1), found {}", d.rate));
+        }
+        match extras.get(d.seed) {
+            Some(t) if t.dtype == DType::I32 && t.rank() == 0 => {}
+            other => return Err(format!("flash's dropout seed x{} must be an i32 scalar, found {other:?}", d.seed)),
+        }
     }
     if k.shape[r - 2] != v.shape[r - 2] {
         return Err(format!("k and v key counts differ: {k} and {v}"));

@@ -19,7 +19,7 @@ mod verify;
 
 pub use dim::{Dim, DimError, Monomial};
 pub use dot::to_dot;
-pub use flash_spec::{FlashSpec, Pair, ScoreExpr, ShowExpr, Weights, int_literal, parse_expr, position_names};
+pub use flash_spec::{Dropout, FlashSpec, Pair, ScoreExpr, ShowExpr, Weights, int_literal, parse_expr, position_names};
 pub use graph::{Graph, Module, Node, Value};
 pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};

@@ -1,7 +1,7 @@
 //! The closed set of IR operations, with their names and attributes in the text form.
 
 use super::dim::Dim;
-use super::flash_spec::{FlashSpec, Pair, ShowExpr, Weights, parse_expr};
+use super::flash_spec::{Dropout, FlashSpec, Pair, ShowExpr, Weights, parse_expr};
 use std::fmt;
 
 /// One-operand element-wise operations.
@@ -217,6 +217,16 @@ pub enum Op {
     /// `out[b, t, r…] = pages[table[b, t / P], t % P, r…]`, the page id clamped into `[0, NP)`
     /// like a gather's index. A flash op reads it in place (no copy of the cache).
     Paged,
+    /// `dropout(x, seed)`: each element of `x` kept and scaled by `1 / (1 − rate)`, or zeroed,
+    /// by the counter-based generator of [`super::semantics::dropout_keeps`] under the i32
+    /// scalar `seed` and the element's position (last index, the one before, and the row-major
+    /// index over the rest). A pure function of its operands and the element's position: the
+    /// same seed drops the same elements in every backend, fused into a flash op or not, and in
+    /// the backward pass, which drops the cotangent the same way.
+    Dropout {
+        /// The chance of dropping an element, in `[0, 1)`.
+        rate: f64,
+    },
     /// Reduces `axes` (sorted, distinct).
     Reduce {
         /// Which reduction.
@@ -488,6 +498,7 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::Gather => "gather",
             Op::Paged => "paged",
+            Op::Dropout { .. } => "dropout",
             Op::Reduce { op, .. } => REDUCE.iter().find(|(o, _)| o == op).map_or("?", |(_, n)| n),
             Op::Softmax { .. } => "softmax",
             Op::Scan { op, .. } => op.name(),
@@ -515,6 +526,7 @@ impl Op {
             }
             Op::Reduce { axes, keepdim, .. } => vec![("axes", Attr::List(axes.clone())), ("keepdim", Attr::Bool(*keepdim))],
             Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", Attr::Float(*eps))],
+            Op::Dropout { rate } => vec![("rate", Attr::Float(*rate))],
             Op::Scan { axis, reverse, .. } => vec![("axis", Attr::Int(*axis)), ("reverse", Attr::Bool(*reverse))],
             Op::ArgSort { axis, descending } => vec![("axis", Attr::Int(*axis)), ("descending", Attr::Bool(*descending))],
             Op::PrefixAttention { reverse } => vec![("reverse", Attr::Bool(*reverse))],
@@ -564,6 +576,7 @@ impl Op {
             "concat" => Op::Concat { axis: a.int("axis")? },
             "gather" => Op::Gather,
             "paged" => Op::Paged,
+            "dropout" => Op::Dropout { rate: a.float("rate")? },
             "scatter_add" => Op::ScatterAdd { axis: a.int("axis")? },
             "argsort" => Op::ArgSort { axis: a.int("axis")?, descending: a.boolean("descending")? },
             "prefix_attention" => Op::PrefixAttention { reverse: a.boolean("reverse")? },
@@ -584,7 +597,7 @@ impl Op {
             }
             Op::Scan { op: ScanOp::Linear, .. } => Arity::Exact(2),
             Op::Scan { .. } | Op::ArgSort { .. } => Arity::Exact(1),
-            Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } | Op::Paged => Arity::Exact(2),
+            Op::Binary(_) | Op::MatMul | Op::RmsNorm { .. } | Op::Paged | Op::Dropout { .. } => Arity::Exact(2),
             Op::Select | Op::LayerNorm { .. } | Op::ScatterAdd { .. } | Op::PrefixAttention { .. } => Arity::Exact(3),
             Op::Concat { .. } => Arity::AtLeast(1),
             Op::Gather => Arity::AtLeast(2),
@@ -681,7 +694,21 @@ fn flash_from_parts(a: &Attrs) -> Result<Op, String> {
         None => Pair::Dot,
         Some(t) => Pair::parse(&t).ok_or_else(|| format!("`pair` must be additive(x<N>), found `{t}`"))?,
     };
-    let spec = Box::new(FlashSpec { rank, weights, score, mask, pair });
+    let dropout = match a.attrs.iter().any(|(k, _)| k == "dropout") {
+        false => None,
+        true => {
+            let rate = a.float("dropout")?;
+            if !(0.0..1.0).contains(&rate) {
+                return Err(format!("`dropout` must be in [0, 1), found {rate}"));
+            }
+            let seed = match a.text("seed")? {
+                Some(t) => t.strip_prefix('x').and_then(|n| n.parse().ok()).ok_or_else(|| format!("`seed` must be x<N>, found `{t}`"))?,
+                None => return Err("`dropout` needs attribute `seed`".into()),
+            };
+            Some(Dropout { rate, seed })
+        }
+    };
+    let spec = Box::new(FlashSpec { rank, weights, score, mask, pair, dropout });
     Ok(match a.op {
         "flash_lse" if spec.weights != Weights::Softmax => return Err("`flash_lse` needs softmax weights".into()),
         "flash_lse" => Op::FlashLse(spec),
@@ -712,6 +739,10 @@ fn flash_attrs(spec: &FlashSpec) -> Vec<(&'static str, Attr)> {
     }
     if let Some(pair) = spec.pair.text() {
         attrs.push(("pair", Attr::Name(pair)));
+    }
+    if let Some(d) = &spec.dropout {
+        attrs.push(("dropout", Attr::Float(d.rate)));
+        attrs.push(("seed", Attr::Name(format!("x{}", d.seed))));
     }
     attrs
 }

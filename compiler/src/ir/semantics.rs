@@ -164,6 +164,59 @@ pub fn round_f32(x: f64) -> f64 {
     f64::from(x as f32)
 }
 
+/// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the
+/// generator FlashAttention and cuRAND use): ten rounds over the counter `ctr` under the key
+/// `key`, bumped by the Weyl constants between rounds. Counter-based: any element's random bits
+/// come from its counter alone, so a kernel can draw them in any order, and a backward pass
+/// draws the same bits again instead of storing them.
+pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    let (mut c, mut k) = (ctr, key);
+    for round in 0..10 {
+        if round > 0 {
+            k = [k[0].wrapping_add(0x9E37_79B9), k[1].wrapping_add(0xBB67_AE85)];
+        }
+        let p0 = M0 * u64::from(c[0]);
+        let p1 = M1 * u64::from(c[2]);
+        c = [(p1 >> 32) as u32 ^ c[1] ^ k[0], p1 as u32, (p0 >> 32) as u32 ^ c[3] ^ k[1], p0 as u32];
+    }
+    c
+}
+
+/// Dropout (`dropout(x, rate, seed)`, fused or not): element `(batch, i, j)` of a tensor (`j` its
+/// last index, `i` the one before, 0 for a vector, `batch` the row-major index over the axes
+/// before those, modulo 2³²) is kept when [`dropout_bits`] of it is at least
+/// [`dropout_threshold`]`(rate)`, and then scaled by [`dropout_scale`]`(rate)` (the product
+/// rounded once); else it is 0. The chance of keeping is `1 − rate` to within 2⁻²⁴.
+pub fn dropout_keeps(seed: i32, batch: u32, i: u32, j: u32, rate: f64) -> bool {
+    dropout_bits(seed, batch, i, j) >= dropout_threshold(rate)
+}
+
+/// The 24 random bits of dropout element `(batch, i, j)` under `seed`: the top 24 bits of word
+/// `w` of [`philox4x32_10`] with counter `(c, i, batch, 0)` and key `(seed, 0)`, where key `j` is
+/// `64·b + 16·w + l` (`l < 16`) and `c = 16·b + l`. One generator call serves four keys, 16
+/// apart: sixteen calls side by side (a vector of them) give 64 consecutive keys, word by word.
+pub fn dropout_bits(seed: i32, batch: u32, i: u32, j: u32) -> u32 {
+    philox4x32_10([dropout_counter(j), i, batch, 0], [seed as u32, 0])[((j >> 4) & 3) as usize] >> 8
+}
+
+/// The generator counter of key `j` ([`dropout_bits`]): `16·⌊j / 64⌋ + j mod 16`.
+pub fn dropout_counter(j: u32) -> u32 {
+    ((j >> 6) << 4) | (j & 15)
+}
+
+/// The smallest 24-bit value dropout keeps at `rate` (in `[0, 1)`): `⌈rate · 2²⁴⌉`, so that a
+/// uniform `u = bits · 2⁻²⁴` is kept exactly when `u ≥ rate`.
+pub fn dropout_threshold(rate: f64) -> u32 {
+    (rate.clamp(0.0, 1.0) * f64::from(1u32 << 24)).ceil() as u32
+}
+
+/// The factor on kept elements: `1 / (1 − rate)` rounded to f32.
+pub fn dropout_scale(rate: f64) -> f64 {
+    round_f32(1.0 / (1.0 - rate))
+}
+
 /// Float to i32: truncates toward zero, saturates, NaN is 0 (Rust's `as`, Cranelift's
 /// `fcvt_to_sint_sat`).
 pub fn to_i32(x: f64) -> i32 {
@@ -418,6 +471,32 @@ pub const INT_EDGES: &[i32] = &[0, 1, -1, 2, -3, 7, i32::MAX, i32::MIN, i32::MAX
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Random123's known-answer vectors for Philox4x32-10.
+    #[test]
+    fn philox_matches_the_known_answers() {
+        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(philox4x32_10([u32::MAX; 4], [u32::MAX; 2]), [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]);
+        assert_eq!(
+            philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+    }
+
+    /// The keep rate is `1 - rate` and the thresholds are exact at the ends.
+    #[test]
+    fn dropout_keeps_one_minus_rate() {
+        assert_eq!(dropout_threshold(0.0), 0);
+        assert_eq!(dropout_threshold(0.5), 1 << 23);
+        for rate in [0.1, 0.5, 0.9] {
+            let n = 200_000u32;
+            let kept = (0..n).filter(|&j| dropout_keeps(7, 3, j / 1000, j % 1000, rate)).count() as f64;
+            let p = 1.0 - rate;
+            // Five standard deviations of a binomial count.
+            let sd = (f64::from(n) * p * rate).sqrt();
+            assert!((kept - f64::from(n) * p).abs() < 5.0 * sd, "rate {rate}: kept {kept} of {n}");
+        }
+    }
 
     /// `sort_key` with index ties orders exactly as `sorts_before`, over edge values.
     #[test]

@@ -208,7 +208,7 @@ enum AttrKind {
 
 fn attr_kind(op: &str, key: &str) -> AttrKind {
     match (op, key) {
-        ("const", "value") | (_, "eps") => AttrKind::Float,
+        ("const", "value") | (_, "eps" | "rate") | ("flash" | "flash_lse" | "flash_grad", "dropout") => AttrKind::Float,
         ("dim", "value") | (_, "start" | "end") => AttrKind::Dim,
         (_, "name") => AttrKind::Name,
         (_, "axis") => AttrKind::Int,

@@ -67,6 +67,7 @@ pub(crate) const BUILTINS: &[&str] = &[
     "argsort",
     "scatter_add",
     "paged",
+    "dropout",
     "sort",
     "topk",
     "matmul",
@@ -316,6 +317,21 @@ impl Cx<'_, '_> {
                     ops.push((self.tensor(frame, e)?, e.span));
                 }
                 self.add(Op::Paged, None, &ops, span)?
+            }
+            // `dropout(x, seed, p = rate)`: the rate a literal in [0, 1), the seed an i32 scalar.
+            "dropout" => {
+                self.arity(call, 2, 3, &["p"])?;
+                let rate_expr =
+                    call.pos.get(2).copied().or(call.kw("p")).ok_or_else(|| self.bad_args(call, "`dropout` needs its rate `p`"))?;
+                let rate = literal(rate_expr)
+                    .map(|(v, _)| v)
+                    .filter(|v| (0.0..1.0).contains(v))
+                    .ok_or_else(|| self.bad_args(call, "the dropout rate `p` must be a number literal in [0, 1)"))?;
+                let mut ops = Vec::new();
+                for e in &call.pos[..2] {
+                    ops.push((self.tensor(frame, e)?, e.span));
+                }
+                self.add(Op::Dropout { rate }, None, &ops, span)?
             }
             "argsort" | "sort" => {
                 self.arity(call, 1, 2, &["axis", "descending"])?;

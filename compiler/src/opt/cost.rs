@@ -101,6 +101,8 @@ impl<'a> Cost<'a> {
                 4.0 * out_elems * d + moved(ins)
             }
             Op::ScatterAdd { .. } => 2.0 * ins + moved(ins),
+            // Ten Philox rounds per element.
+            Op::Dropout { .. } => 20.0 * out_elems + moved(ins),
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => 8.0 * out_elems + moved(ins),
             // Products per score: Q·Kᵀ and P·V (forward), and the backward's five (Q·Kᵀ, dO·Vᵀ,
             // dV, dK, dQ), for each gradient a share of them. A log-sum-exp comes with its flash

@@ -304,14 +304,15 @@ fn fusion_notes(
     }
     let reached = chosen.reached(classes, roots);
     let numbers = crate::ir::value_numbers(graph);
-    // Product classes by their weights' class, and transposes by their operand's class.
+    // Product classes by their weights' class, and transposes (and dropouts: they fuse with
+    // the weights) by their operand's class.
     let mut products: HashMap<Id, Vec<Id>> = HashMap::new();
     let mut transposes: HashMap<Id, Vec<Id>> = HashMap::new();
     for c in eg.classes() {
         for n in &c.nodes {
             match n.op() {
                 Op::MatMul => products.entry(eg.find(n.args()[0])).or_default().push(c.id),
-                Op::Transpose { .. } => transposes.entry(eg.find(n.args()[0])).or_default().push(c.id),
+                Op::Transpose { .. } | Op::Dropout { .. } => transposes.entry(eg.find(n.args()[0])).or_default().push(c.id),
                 _ => {}
             }
         }
@@ -383,7 +384,8 @@ fn pinned_weights(graph: &Graph, class_of: &[Id]) -> HashSet<Id> {
 }
 
 /// Whether `v`'s one use is as the left operand of a product, or as a term of a sum,
-/// difference or scalar multiple whose one use is (at most `DISTRIBUTED` terms deep).
+/// difference or scalar multiple, or the operand of a dropout, whose one use is (at most
+/// `DISTRIBUTED` deep).
 fn weights_only(graph: &Graph, v: crate::ir::Value, outputs: &HashSet<crate::ir::Value>, depth: usize) -> bool {
     const DISTRIBUTED: usize = 4;
     let users = graph.users(v);
@@ -399,6 +401,8 @@ fn weights_only(graph: &Graph, v: crate::ir::Value, outputs: &HashSet<crate::ir:
             let other = if ops[0] == v { ops[1] } else { ops[0] };
             graph.node(other).ty.rank() == 0 && weights_only(graph, *u, outputs, depth + 1)
         }
+        // Dropout of the weights fuses with them (`dropout(softmax(s), seed) @ v`).
+        Op::Dropout { .. } => ops[0] == v && weights_only(graph, *u, outputs, depth + 1),
         _ => false,
     }
 }
@@ -417,7 +421,10 @@ fn attention_sites(graph: &Graph, order: &[crate::ir::Value]) -> Vec<crate::ir::
             Op::Softmax { .. } => true,
             Op::Unary(crate::ir::UnaryOp::Sigmoid) => {
                 graph.node(w).ty.rank() >= 2
-                    && graph.users(w).iter().any(|u| matches!(graph.node(*u).op, Op::MatMul) && graph.operands(*u)[0] == w)
+                    && graph
+                        .users(w)
+                        .iter()
+                        .any(|u| matches!(graph.node(*u).op, Op::MatMul | Op::Dropout { .. }) && graph.operands(*u)[0] == w)
             }
             _ => false,
         })

@@ -302,6 +302,9 @@ pub enum Expr {
     /// `table[idx...]`; `table` is input `.0`. An index out of range is recorded as a fault of
     /// site `.3` ([`Schedule::sites`]) and read clamped.
     Gather(usize, Vec<Expr>, DType, usize),
+    /// The 24 random bits of dropout ([`crate::ir::semantics::dropout_bits`]) under the seed
+    /// `.0[0]` for the counter `(batch, i, j)` = `.0[1..]` (i32 values, read as u32), as an i32.
+    DropoutBits(Box<[Expr; 4]>),
 }
 
 impl Expr {
@@ -311,7 +314,7 @@ impl Expr {
             Expr::Load(k) => input(*k),
             Expr::Const(_, t) | Expr::Unary(_, _, t) | Expr::Binary(_, _, _, t) | Expr::Select(_, _, _, t) | Expr::Cast(_, t) => *t,
             Expr::Gather(_, _, t, _) => *t,
-            Expr::Dim(_) | Expr::Iota { .. } => DType::I32,
+            Expr::Dim(_) | Expr::Iota { .. } | Expr::DropoutBits(_) => DType::I32,
         }
     }
 
@@ -330,6 +333,7 @@ impl Expr {
                 b.visit(f);
             }
             Expr::Gather(_, idx, ..) => idx.iter().for_each(|e| e.visit(f)),
+            Expr::DropoutBits(a) => a.iter().for_each(|e| e.visit(f)),
             Expr::Load(_) | Expr::Const(..) | Expr::Dim(_) | Expr::Iota { .. } => {}
         }
     }

@@ -221,7 +221,18 @@ fn live_values(g: &Graph) -> Vec<bool> {
 
 /// Ops computed per element from their operands' elements at the same (broadcast) index.
 pub(super) fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Gather)
+    matches!(
+        op,
+        Op::Const(_)
+            | Op::DimValue(_)
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast
+            | Op::Gather
+            | Op::Dropout { .. }
+    )
 }
 
 /// The deepest expression tree an element-wise kernel computes: a chain of element-wise ops

@@ -43,6 +43,7 @@ impl fmt::Display for Expr {
                 let idx: Vec<String> = idx.iter().map(|e| e.to_string()).collect();
                 write!(f, "in{t}[{}]", idx.join(", "))
             }
+            Expr::DropoutBits(a) => write!(f, "dropout_bits({}, {}, {}, {})", a[0], a[1], a[2], a[3]),
         }
     }
 }
@@ -164,6 +165,9 @@ fn flash_bwd(out: &mut String, fk: &super::FlashBwdKernel) -> fmt::Result {
     if let Some(m) = &fk.spec.mask {
         write!(out, ", mask \"{}\"", show(m))?;
     }
+    if let Some(d) = &fk.spec.dropout {
+        write!(out, ", dropout {} (seed x{})", d.rate, d.seed)?;
+    }
     writeln!(out, ", dscore \"{}\"", show(&fk.grad.ds))?;
     writeln!(out, "  q = {}\n  k = {}\n  v = {}\n  d_out = {}", fk.q, fk.k, fk.v, fk.d_out)?;
     if let Some(c) = &fk.q_scale {
@@ -221,6 +225,9 @@ fn flash(out: &mut String, fk: &FlashKernel) -> fmt::Result {
     write!(out, "flash {}, weights {}, score \"{}\"", fk.variant.name(), fk.spec.weights.name(), show(&a.score))?;
     if let Some(m) = &fk.spec.mask {
         write!(out, ", mask \"{}\"", show(m))?;
+    }
+    if let Some(d) = &fk.spec.dropout {
+        write!(out, ", dropout {} (seed x{})", d.rate, d.seed)?;
     }
     if let Some(al) = &a.alpha {
         write!(out, ", alpha \"{}\"", show(al))?;

@@ -363,6 +363,7 @@ fn scan(e: &Expr, load: &mut [bool], table: &mut [bool], dims: &mut Vec<Dim>) {
                 scan(i, load, table, dims);
             }
         }
+        Expr::DropoutBits(a) => a.iter().for_each(|x| scan(x, load, table, dims)),
     }
 }
 
@@ -494,6 +495,16 @@ impl Kernel<'_> {
                     })
                     .collect();
                 self.gather(fx, *t, &idx, *site)
+            }
+            Expr::DropoutBits(a) => {
+                let args: Vec<Value> = a
+                    .iter()
+                    .map(|e| {
+                        let x = self.eval(fx, e, at);
+                        fx.cvt_i(x)
+                    })
+                    .collect();
+                Typed { v: fx.lanewise_i32(crate::abi::DROPOUT_BITS, &args), k: Class::Int }
             }
         }
     }

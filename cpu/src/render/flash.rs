@@ -242,6 +242,8 @@ struct Prologue<'f> {
     /// K and V read from pages through a block table.
     k_pages: Option<Pages>,
     v_pages: Option<Pages>,
+    /// Dropout of the weights: the seed (i32), the keep threshold (i32) and the factor (f32).
+    dropout: Option<[Value; 3]>,
 }
 
 /// A paged K or V ([`attn_compiler::schedule::Paging`]), loaded in the prologue.
@@ -357,6 +359,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
     };
     let k_pages = pages(fx, &f.k, f.k_paging.as_ref(), &batch);
     let v_pages = pages(fx, &f.v, f.v_paging.as_ref(), &batch);
+    let dropout = f.spec.dropout.as_ref().and_then(|d| dropout_values(fx, d, &extras));
     Prologue {
         f,
         c,
@@ -381,7 +384,29 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
         lane_iota,
         k_pages,
         v_pages,
+        dropout,
     }
+}
+
+/// A flash op's dropout as the kernels take it: the seed (loaded from its extra operand), the
+/// keep threshold and the factor on kept weights.
+pub(super) fn dropout_values(fx: &mut StepBuilder, d: &attn_compiler::ir::Dropout, extras: &[Extra]) -> Option<[Value; 3]> {
+    use attn_compiler::ir::semantics;
+    let seed = extras.get(d.seed)?;
+    let seed = fx.load(types::I32, seed.base);
+    let threshold = fx.b.ins().iconst(types::I32, i64::from(semantics::dropout_threshold(d.rate)));
+    let scale = fx.f32(semantics::dropout_scale(d.rate) as f32);
+    Some([seed, threshold, scale])
+}
+
+/// The row-major index over the score's batch axes of a batch position (dropout's counter).
+pub(super) fn flat_batch(fx: &mut StepBuilder, bidx: &[Value], bdims: &[Value]) -> Value {
+    let mut flat = fx.i64(0);
+    for (x, n) in bidx.iter().zip(bdims) {
+        let t = fx.mul(flat, *n);
+        flat = fx.add(t, *x);
+    }
+    flat
 }
 
 /// One work item: a query block's rows against one key split.
@@ -730,6 +755,12 @@ fn span(
             t.sigmoid(fx, rr, masked);
         }
     });
+    if let Some([seed, threshold, scale]) = p.dropout {
+        let i = fx.add(it.block.i0, r0);
+        let batch = flat_batch(fx, &it.block.bidx, &p.c.bdims);
+        let rows_are_queries = fx.b.ins().iconst(types::I32, 0);
+        fx.call(abi::DROPOUT_TILE, &[srow, p.bn, rc, cc, i, j, rows_are_queries, seed, batch, threshold, scale]);
+    }
     let values = |fx: &mut StepBuilder| {
         let o = fx.mul(c0, at.ldv);
         let vp = fx.elem_addr(at.vp, o);

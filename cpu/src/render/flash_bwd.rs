@@ -132,6 +132,8 @@ pub(super) struct Prologue<'f> {
     q_scale: Value,
     dq_scale: Value,
     pub(super) lane_iota: Value,
+    /// Dropout of the weights: seed, keep threshold, factor ([`super::flash::dropout_values`]).
+    dropout: Option<[Value; 3]>,
 }
 
 /// Where each extra operand's gradient sits in a work item's partial sums: the targets, and the
@@ -189,6 +191,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let q_scale = score::step_scalar(fx, f.q_scale.as_ref(), &dims, &extras);
     let dq_scale = score::step_scalar(fx, f.dq_scale.as_ref(), &dims, &extras);
     let lane_iota = fx.lane_iota();
+    let dropout = f.spec.dropout.as_ref().and_then(|d| super::flash::dropout_values(fx, d, &extras));
     Prologue {
         f,
         bdims,
@@ -229,6 +232,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
         q_scale,
         dq_scale,
         lane_iota,
+        dropout,
     }
 }
 
@@ -523,12 +527,22 @@ fn span_products(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, kp: Va
         }
     }
     let sep_ok = ok;
+    // Dropout: `dP = z ∘ (dO · Vᵀ)` before the adjoints, and the values' gradient from `z ∘ P`
+    // after them (the adjoints need `P` itself).
+    let drop = |fx: &mut StepBuilder, rows: Value| {
+        let Some([seed, threshold, scale]) = p.dropout else { return };
+        let batch = super::flash::flat_batch(fx, &it.bidx, &p.bdims);
+        let keys_on_rows = fx.b.ins().iconst(types::I32, 1);
+        fx.call(abi::DROPOUT_TILE, &[rows, p.stride, s.cols, s.len, s.j0, s.r0, keys_on_rows, seed, batch, threshold, scale]);
+    };
+    drop(fx, p.ds_rows);
     let zero = fx.i64(0);
     fx.for_range(zero, s.cols, |fx, c| {
         super::flash_bwd_rows::key_row(fx, p, it, s, c, sep_ok);
         flush_row_sums(fx, it);
     });
     if f.dv.is_some() {
+        drop(fx, p.p_rows);
         fx.call(abi::SGEMM_NN, &[s.cols, p.dv, s.len, p.p_rows, p.stride, dop, p.d_out.row, p.dv_acc, p.dv, one, overwrite]);
     }
     if f.dk.is_some() {

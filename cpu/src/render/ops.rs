@@ -243,6 +243,20 @@ impl StepBuilder<'_> {
         out
     }
 
+    /// An i32 function of i32 arguments, lane by lane.
+    pub fn lanewise_i32(&mut self, f: Import, args: &[Value]) -> Value {
+        if self.lanes == 1 {
+            return self.call(f, args)[0];
+        }
+        let mut out = self.iconst(0);
+        for lane in 0..self.lanes {
+            let xs: Vec<Value> = args.iter().map(|a| self.b.ins().extractlane(*a, lane)).collect();
+            let r = self.call(f, &xs)[0];
+            out = self.b.ins().insertlane(out, r, lane);
+        }
+        out
+    }
+
     fn lanewise_f32(&mut self, f: Import, args: &[Value]) -> Value {
         self.lanewise(f, args)
     }

@@ -56,7 +56,7 @@ fn linear(out: &View, inputs: &[View], expr: &Expr, more: &[(View, Expr)]) -> bo
     let dense = |v: &View| v.shape == out.shape && v.is_contiguous();
     let mut indexless = true;
     for e in std::iter::once(expr).chain(more.iter().map(|(_, e)| e)) {
-        e.visit(&mut |x| indexless &= !matches!(x, Expr::Iota { .. } | Expr::Gather(..)));
+        e.visit(&mut |x| indexless &= !matches!(x, Expr::Iota { .. } | Expr::Gather(..) | Expr::DropoutBits(_)));
     }
     indexless && dense(out) && inputs.iter().all(dense) && more.iter().all(|(o, _)| dense(o))
 }
@@ -140,6 +140,14 @@ impl Eval<'_> {
                     format!("(({}) ? {zero} : {})", sizes.join(" || "), load(table.buf, table.dtype, &off))
                 };
                 l.bind(value, Class::of(table.dtype))
+            }
+            Expr::DropoutBits(a) => {
+                let mut args = Vec::new();
+                for e in a.iter() {
+                    let x = self.eval(l, e)?;
+                    args.push(ops::convert(&x, Class::Int));
+                }
+                l.bind(format!("attnc_dropout_bits({})", args.join(", ")), Class::Int)
             }
         })
     }

@@ -69,7 +69,17 @@ impl<'a> Flash<'a> {
         out.push(format!("const {}* __restrict__ K_ = {};", storage(k.dtype), ptr(k.buf, k.dtype, false)));
         out.push(format!("const {}* __restrict__ V_ = {};", storage(v.dtype), ptr(v.buf, v.dtype, false)));
         out.push(format!("const u8* __restrict__ tbl_ = {};", ptr(self.f.tiles, attn_compiler::ir::DType::Bool, false)));
+        out.extend(dropout_head(self.ints, self.f.spec.dropout.as_ref(), &self.f.extras)?);
         Ok(out)
+    }
+
+    /// The statement scaling the weight `p` of score `(i, j)` of batch index `bz_` by dropout's
+    /// factor (none without dropout).
+    fn drop(&self, p: &str, i: &str, j: &str) -> Vec<String> {
+        if self.f.spec.dropout.is_none() {
+            return Vec::new();
+        }
+        vec![format!("{p} *= {};", dropout_factor("bz_", i, j))]
     }
 
     /// Work item `w_` decoded: split `sp_`, query block `qb_`, batch position `p*`, and the
@@ -371,7 +381,7 @@ fn simt_tile(fl: &Flash, p: &[String], additive: bool) -> Result<Vec<String>, Cu
     tile.extend(indent(&fl.raw_score(), 2));
     tile.extend(["  s_ *= alpha_;".into(), "  bool keep_ = j_ < N_;".into()]);
     tile.extend(indent(&fl.score(p, "i_", "j_", "s_")?, 2));
-    tile.extend(indent(&simt_weights(fl.softmax), 2));
+    tile.extend(indent(&simt_weights(fl.softmax, &fl.drop("pd_", "i_", "j_")), 2));
     tile.push("}".into());
     Ok(tile)
 }
@@ -399,8 +409,9 @@ fn simt_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
     Ok(it)
 }
 
-/// One row's weights and its update of the running state (SIMT).
-fn simt_weights(softmax: bool) -> Vec<String> {
+/// One row's weights and its update of the running state (SIMT); `drop` scales the weight
+/// `pd_` the values see (dropout).
+fn simt_weights(softmax: bool, drop: &[String]) -> Vec<String> {
     let mut out: Vec<String> = if softmax {
         [
             "const float x_ = keep_ ? sc_ : -ATTNC_INF;",
@@ -417,9 +428,11 @@ fn simt_weights(softmax: bool) -> Vec<String> {
     } else {
         vec!["const float p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into()]
     };
+    out.push("float pd_ = p_;".into());
+    out.extend(drop.iter().cloned());
     out.extend(
         [
-            "Ps_[warp_][lane_] = p_;",
+            "Ps_[warp_][lane_] = pd_;",
             "attnc_syncwarp();",
             "for (int jj_ = 0; jj_ < 32; ++jj_) {",
             "  const float pj_ = Ps_[warp_][jj_];",
@@ -551,9 +564,20 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     let position = "const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
     let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
     general.extend(fl.score(p, "i_", "j_", "s_e_")?);
+    // Dropout of the weights the values see (after the row sums took them whole).
+    let position_of = position.clone();
+    let dropout = |out: &mut Vec<String>| {
+        if fl.f.spec.dropout.is_some() {
+            let mut body = vec![position_of.clone()];
+            body.extend(fl.drop("s_[mt_][nt_][e_]", "i_", "j_"));
+            out.extend(elem(body));
+        }
+    };
     if !fl.softmax {
         general.push("s_[mt_][nt_][e_] = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
-        return Ok(elem(general));
+        let mut out = elem(general);
+        dropout(&mut out);
+        return Ok(out);
     }
     general.push("const float x_ = keep_ ? sc_ * ATTNC_LOG2E : -ATTNC_INF;".into());
     general.push("s_[mt_][nt_][e_] = x_;".into());
@@ -603,6 +627,7 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
         if plain { "const float a2_ = fast_ ? alpha2_ : 1.0f;  // the scale still to apply" } else { "const float a2_ = 1.0f;" }.into(),
     );
     out.extend(MMA_SOFTMAX.lines().map(String::from));
+    dropout(&mut out);
     Ok(out)
 }
 
@@ -886,7 +911,7 @@ fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     ];
     chunk.extend(indent(&fl.score(&p, "i_", "j_", "s_")?, 4));
     chunk.push("    if (!keep_) continue;".into());
-    chunk.extend(indent(&decode_weights(fl.softmax), 4));
+    chunk.extend(indent(&decode_weights(fl.softmax, &fl.drop("pd_", "i_", "j_")), 4));
     chunk.push("  }".into());
     chunk.push("}".into());
     it.extend(indent(&chunk, 2));
@@ -897,22 +922,52 @@ fn split_kv(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: warps, smem: Smem::None, body })
 }
 
-/// One key's weight and its update of a decode row's state.
-fn decode_weights(softmax: bool) -> Vec<String> {
-    let lines: &[&str] = if softmax {
-        &[
-            "const float mn_ = attnc_fmax(m_[r_], sc_);",
-            "if (mn_ == -ATTNC_INF) continue;",
-            "const float scale_ = expf(m_[r_] - mn_), p_ = expf(sc_ - mn_);",
-            "l_[r_] = l_[r_] * scale_ + p_;",
-            "m_[r_] = mn_;",
-            "#pragma unroll",
-            "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] = o_[r_][t_] * scale_ + p_ * v_[t_];",
-        ]
+/// One key's weight and its update of a decode row's state; `drop` scales the weight `pd_` the
+/// values see (dropout).
+fn decode_weights(softmax: bool, drop: &[String]) -> Vec<String> {
+    let (weight, update): (&[&str], &str) = if softmax {
+        (
+            &[
+                "const float mn_ = attnc_fmax(m_[r_], sc_);",
+                "if (mn_ == -ATTNC_INF) continue;",
+                "const float scale_ = expf(m_[r_] - mn_), p_ = expf(sc_ - mn_);",
+                "l_[r_] = l_[r_] * scale_ + p_;",
+                "m_[r_] = mn_;",
+            ],
+            "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] = o_[r_][t_] * scale_ + pd_ * v_[t_];",
+        )
     } else {
-        &["const float w_ = attnc_sigmoid(sc_);", "#pragma unroll", "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] += w_ * v_[t_];"]
+        (&["const float p_ = attnc_sigmoid(sc_);"], "for (int t_ = 0; t_ < T_; ++t_) o_[r_][t_] += pd_ * v_[t_];")
     };
-    lines.iter().map(|s| s.to_string()).collect()
+    let mut out: Vec<String> = weight.iter().map(|s| s.to_string()).collect();
+    out.push("float pd_ = p_;".into());
+    out.extend(drop.iter().cloned());
+    out.push("#pragma unroll".into());
+    out.push(update.into());
+    out
+}
+
+/// A flash op's dropout as its kernels read it: the seed (`dseed_`, from its extra operand),
+/// the keep threshold (`dthr_`) and the factor on kept weights (`dscale_`). Nothing without
+/// dropout.
+pub(super) fn dropout_head(ints: &Ints, d: Option<&attn_compiler::ir::Dropout>, extras: &[View]) -> Result<Vec<String>, CudaEmitError> {
+    use attn_compiler::ir::semantics;
+    let Some(d) = d else { return Ok(Vec::new()) };
+    let seed = extras.get(d.seed).ok_or_else(|| ints.fail(format!("the dropout seed x{} is not an operand", d.seed)))?;
+    let at = ints.offset(seed, &[])?;
+    Ok(vec![
+        format!("const int dseed_ = {};", super::cexpr::load(seed.buf, seed.dtype, &at)),
+        format!(
+            "const int dthr_ = {}; const float dscale_ = {:?}f;  // dropout: kept when the bits reach dthr_",
+            semantics::dropout_threshold(d.rate),
+            semantics::dropout_scale(d.rate) as f32
+        ),
+    ])
+}
+
+/// Dropout's factor on score `(i, j)` of flat batch index `batch` (C expressions).
+pub(super) fn dropout_factor(batch: &str, i: &str, j: &str) -> String {
+    format!("(attnc_dropout_bits(dseed_, (int){batch}, (int)({i}), (int)({j})) >= dthr_ ? dscale_ : 0.0f)")
 }
 
 /// A decode item's rows (one split), or its partial state (`max, sum, acc` per row) for the

@@ -86,7 +86,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
 pub(super) fn sizes_head(ints: &Ints, f: &FlashBwdKernel) -> Result<Vec<String>, CudaEmitError> {
     let (m, n, d, dv) = f.sizes();
     let tuning = |t| ints.tuning(f.step, t);
-    Ok(vec![
+    let mut out = vec![
         format!("const i64 M_ = {}, N_ = {}, D_ = {}, DV_ = {};", ints.dim(&m)?, ints.dim(&n)?, ints.dim(&d)?, ints.dim(&dv)?),
         format!(
             "const i64 nqb_ = {}, nkb_ = {}, entry_ = {};",
@@ -95,7 +95,9 @@ pub(super) fn sizes_head(ints: &Ints, f: &FlashBwdKernel) -> Result<Vec<String>,
             tuning(Tuning::TileEntryBytes)?
         ),
         format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
-    ])
+    ];
+    out.extend(super::flash::dropout_head(ints, f.spec.dropout.as_ref(), &f.extras)?);
+    Ok(out)
 }
 
 /// What both backward kernels start with: the query's folded scale `qscale_` (q stands for
@@ -159,6 +161,14 @@ pub(super) fn weight_and_ds(
     fast: bool,
 ) -> Result<Vec<String>, CudaEmitError> {
     let mut out = score_lines(cx, &f.spec.score, f.spec.mask.as_ref(), "sc")?;
+    // Dropout: `dP` is `z · d_out · v`, and the values' gradient takes `z · p` (`p_` on return).
+    let (dz, dp) = match (&f.spec.dropout, cx.pos) {
+        (Some(_), [.., i, j]) => {
+            out.push(format!("const float dz_ = {};", super::flash::dropout_factor("item_", i, j)));
+            (true, format!("(dz_ * {dp})"))
+        }
+        _ => (false, dp.to_string()),
+    };
     if f.spec.weights == Weights::Softmax {
         let exp = if fast { format!("attnc_exp2_fast((sc_ - {lse}) * ATTNC_LOG2E)") } else { format!("expf(sc_ - {lse})") };
         out.push(format!("p_ = (keep_ && {lse} != -ATTNC_INF) ? {exp} : 0.0f;"));
@@ -166,6 +176,9 @@ pub(super) fn weight_and_ds(
     } else {
         out.push("p_ = keep_ ? attnc_sigmoid(sc_) : 0.0f;".into());
         out.push(format!("df_ = {dp} * p_ * (1.0f - p_);"));
+    }
+    if dz {
+        out.push("p_ *= dz_;".into());
     }
     out.push("if (df_ != 0.0f) {  // where dF is 0 nothing flows, even through an inf or NaN derivative".into());
     let mut l = ops::Lines::new("g");

@@ -302,6 +302,7 @@ fn score_derivatives_come_from_the_shared_rules() {
         score: crate::ir::parse_expr(score, 4).unwrap(),
         mask: None,
         pair: crate::ir::Pair::Dot,
+        dropout: None,
     };
     let show = |e: &crate::ir::ScoreExpr| crate::ir::ShowExpr { expr: e, rank: 4 }.to_string();
     let float = |_: usize| Class::Float;

@@ -16,7 +16,7 @@
 //! elsewhere (an output, another user): fusing would compute the scores twice.
 
 use super::{Build, EG, Rule, konst, ty};
-use crate::ir::{BinaryOp, DType, Dim, FlashSpec, Op, Pair, ReduceOp, ScoreExpr, TensorType, UnaryOp, Weights};
+use crate::ir::{BinaryOp, DType, Dim, Dropout, FlashSpec, Op, Pair, ReduceOp, ScoreExpr, TensorType, UnaryOp, Weights};
 use egg::Id;
 use std::collections::HashSet;
 
@@ -41,23 +41,32 @@ impl FuseAttention {
         let mut out = Vec::new();
         for n in eg[class].nodes.iter().filter(|n| matches!(n.op(), Op::MatMul)) {
             let (p, v) = (n.args()[0], n.args()[1]);
-            for pn in eg[p].nodes.iter() {
-                let weights = match pn.op() {
-                    Op::Softmax { axis } if ty(eg, p).is_some_and(|t| *axis + 1 == t.rank()) => Weights::Softmax,
-                    Op::Softmax { .. } => {
-                        out.push(Err("softmax is not over the key axis (the last one)".into()));
+            // The weights, or dropout of them: `dropout(softmax(s), seed) @ v`.
+            let mut candidates = vec![(p, None)];
+            for dn in eg[p].nodes.iter() {
+                if let Op::Dropout { rate } = dn.op() {
+                    candidates.push((dn.args()[0], Some((*rate, dn.args()[1]))));
+                }
+            }
+            for (p, dropout) in candidates {
+                for pn in eg[p].nodes.iter() {
+                    let weights = match pn.op() {
+                        Op::Softmax { axis } if ty(eg, p).is_some_and(|t| *axis + 1 == t.rank()) => Weights::Softmax,
+                        Op::Softmax { .. } => {
+                            out.push(Err("softmax is not over the key axis (the last one)".into()));
+                            continue;
+                        }
+                        Op::Unary(UnaryOp::Sigmoid) => Weights::Sigmoid,
+                        _ => continue,
+                    };
+                    if self.pinned.contains(&eg.find(p)) {
+                        out.push(Err(
+                            "the attention weights are used elsewhere (an output or another op), so they must be materialised".into()
+                        ));
                         continue;
                     }
-                    Op::Unary(UnaryOp::Sigmoid) => Weights::Sigmoid,
-                    _ => continue,
-                };
-                if self.pinned.contains(&eg.find(p)) {
-                    out.push(
-                        Err("the attention weights are used elsewhere (an output or another op), so they must be materialised".into()),
-                    );
-                    continue;
+                    out.push(fuse_one(eg, weights, pn.args()[0], v, ty(eg, class).cloned(), dropout));
                 }
-                out.push(fuse_one(eg, weights, pn.args()[0], v, ty(eg, class).cloned()));
             }
         }
         out
@@ -94,7 +103,7 @@ impl Rule for FuseLogSumExp {
             }
             let rows = &target.shape[..if *keepdim { rank - 1 } else { target.rank() }];
             for v in attention_values(eg, scores, &self.pinned) {
-                let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None) else { continue };
+                let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None, None) else { continue };
                 let lse = Build::Node(Op::FlashLse(spec), None, args);
                 let lse = Build::Node(Op::Reshape, Some(TensorType::new(DType::F32, rows.to_vec())), vec![lse]);
                 let lse = if target.dtype == DType::F32 {
@@ -163,8 +172,9 @@ impl Rule for CastIntoFlash {
 }
 
 /// Builds the flash op for `weights(scores) @ v`, typed as that product (`out`): wider than q,
-/// k and v when a bias widened the scores.
-fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType>) -> Result<Build, String> {
+/// k and v when a bias widened the scores. With `dropout` (its rate and the seed's class), for
+/// `dropout(weights(scores), seed) @ v`.
+fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType>, dropout: Option<(f64, Id)>) -> Result<Build, String> {
     let st = ty(eg, scores).ok_or("untyped scores")?.clone();
     let rank = st.rank();
     if rank < 2 || !st.dtype.is_float() {
@@ -186,7 +196,8 @@ fn fuse_one(eg: &EG, weights: Weights, scores: Id, v: Id, out: Option<TensorType
     let v = lift(eg, v, rank).ok_or("v has more axes than the scores")?;
     let (score, preds) = split_mask(expr);
     let mask = preds.into_iter().reduce(|a, b| ScoreExpr::bin(BinaryOp::And, a, b));
-    let spec = FlashSpec { rank, weights, score, mask, pair };
+    let dropout = dropout.map(|(rate, seed)| Dropout { rate, seed: cx.extra(seed) });
+    let spec = FlashSpec { rank, weights, score, mask, pair, dropout };
     let mut args = vec![q, k, v];
     args.extend(cx.extras.iter().map(|e| Build::Class(*e)));
     if let (Leaf::Additive { w, .. }, Pair::Additive { weight }) = (leaf, pair)
