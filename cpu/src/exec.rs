@@ -1,11 +1,11 @@
-//! Runs a schedule's steps on a scoped thread pool: every thread walks the steps in order, claims
-//! chunks of each step's work items from a shared counter, and waits at a barrier before the
-//! next step. A work item's result never depends on which thread runs it or how items are
+//! Runs a schedule's steps on the process's thread pool: every thread walks the steps in order,
+//! claims chunks of each step's work items from a shared counter, and waits at a barrier before
+//! the next step. A work item's result never depends on which thread runs it or how items are
 //! chunked, so outputs are bit-identical for any thread count.
 
 use super::jit::StepFn;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Barrier, Condvar, Mutex};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Raw pointers handed to generated code, shareable across the pool's threads.
 #[derive(Clone, Copy)]
@@ -51,8 +51,11 @@ pub fn used_threads(items: &[i64], threads: usize) -> usize {
 }
 
 /// Runs every step (`funcs[s]` over `items[s]` work items, in order) with `threads` threads
-/// (≥ 1). When the operating system refuses a thread, nothing runs and the error is returned
-/// (the threads already started are released first, so nothing waits forever).
+/// (≥ 1): on the process's persistent pool ([`Pool`]), whose workers wait for work spinning a
+/// little before they sleep, so a short run (a decoding step) pays microseconds to go parallel,
+/// not a thread start per worker. When the pool is busy with another run (two runs at once from
+/// different threads), this run starts threads of its own for the call. When the operating
+/// system refuses a thread, nothing runs and the error is returned.
 pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::io::Result<()> {
     let threads = used_threads(items, threads);
     if threads == 1 {
@@ -63,32 +66,58 @@ pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::
         }
         return Ok(());
     }
-    let counters: Vec<AtomicI64> = items.iter().map(|_| AtomicI64::new(0)).collect();
-    let barrier = Barrier::new(threads);
-    let gate = Gate::default();
-    let worker = |t: usize| {
-        for (s, f) in funcs.iter().enumerate() {
-            let n = items[s];
+    match Pool::global().and_then(|pool| pool.try_run(items, funcs, args, threads)) {
+        Some(result) => result,
+        None => run_scoped(items, funcs, args, threads),
+    }
+}
+
+/// The work of one run: what every participating thread does, and how they meet between steps.
+struct Job<'a> {
+    items: &'a [i64],
+    funcs: &'a [StepFn],
+    args: Args,
+    threads: usize,
+    counters: Vec<AtomicI64>,
+    barrier: SpinBarrier,
+}
+
+impl Job<'_> {
+    fn new<'a>(items: &'a [i64], funcs: &'a [StepFn], args: Args, threads: usize) -> Job<'a> {
+        let counters = items.iter().map(|_| AtomicI64::new(0)).collect();
+        Job { items, funcs, args, threads, counters, barrier: SpinBarrier::new(threads) }
+    }
+
+    /// Thread `t`'s part: chunks of each step's items, then the barrier before the next step.
+    fn work(&self, t: usize) {
+        for (s, f) in self.funcs.iter().enumerate() {
+            let n = self.items[s];
             if n > 0 {
-                let size = chunk(n, threads);
+                let size = chunk(n, self.threads);
                 loop {
-                    let lo = counters[s].fetch_add(size, Ordering::Relaxed);
+                    let lo = self.counters[s].fetch_add(size, Ordering::Relaxed);
                     if lo >= n {
                         break;
                     }
                     let hi = (lo + size).min(n);
-                    args.call(*f, lo, hi, t);
+                    self.args.call(*f, lo, hi, t);
                 }
             }
-            barrier.wait();
+            self.barrier.wait();
         }
-    };
+    }
+}
+
+/// [`run`] on threads started for this call (scoped: they end with it).
+fn run_scoped(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::io::Result<()> {
+    let job = Job::new(items, funcs, args, threads);
+    let gate = Gate::default();
     std::thread::scope(|scope| {
         for t in 1..threads {
-            let (w, gate) = (&worker, &gate);
+            let (job, gate) = (&job, &gate);
             let spawned = std::thread::Builder::new().spawn_scoped(scope, move || {
                 if gate.wait() {
-                    w(t);
+                    job.work(t);
                 }
             });
             if let Err(e) = spawned {
@@ -97,11 +126,186 @@ pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::
             }
         }
         gate.open(true);
-        worker(0);
+        job.work(0);
         Ok(())
     })
 }
 
+/// Waits between the steps of a run: the last thread to arrive releases the others, who spin
+/// (then yield, then sleep briefly) meanwhile. Steps are short, so a sleeping barrier's wake-up
+/// (tens of microseconds) would cost more than the step.
+struct SpinBarrier {
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+    threads: usize,
+}
+
+impl SpinBarrier {
+    fn new(threads: usize) -> SpinBarrier {
+        SpinBarrier { arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0), threads }
+    }
+
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.threads {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut backoff = Backoff::default();
+        while self.generation.load(Ordering::Acquire) == generation {
+            backoff.pause();
+        }
+    }
+}
+
+/// Waiting that spins first, then yields the core, then sleeps in short naps (a machine with
+/// fewer free cores than threads must not stall on a spinning waiter).
+#[derive(Default)]
+struct Backoff {
+    rounds: u32,
+}
+
+impl Backoff {
+    fn pause(&mut self) {
+        self.rounds = self.rounds.saturating_add(1);
+        if self.rounds < 2_000 {
+            std::hint::spin_loop();
+        } else if self.rounds < 2_200 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+/// The process's worker threads, started the first time a run wants more than one thread and
+/// grown to the most any run asked for. Between runs a worker spins for a short while (about
+/// 50 µs: the gap between a model's consecutive attention calls), then sleeps until the next.
+/// One run uses the pool at a time. A child process made by `fork` (Python's multiprocessing,
+/// data loader workers) has none of its parent's threads: it starts a pool of its own.
+pub struct Pool {
+    shared: Arc<Shared>,
+    /// Serialises runs, and counts the workers started.
+    busy: Mutex<usize>,
+    /// The process that started the workers.
+    pid: u32,
+}
+
+/// What the caller and the workers share.
+struct Shared {
+    /// The current job: its number, its address (0: none) and its thread count; behind a lock
+    /// for sleepers.
+    slot: Mutex<(u64, usize, usize)>,
+    posted: Condvar,
+    /// The number of the latest job (read by spinning workers without the lock).
+    latest: AtomicU64,
+    /// Workers done with the latest job.
+    done: AtomicUsize,
+}
+
+static POOL: Mutex<Option<Arc<Pool>>> = Mutex::new(None);
+
+impl Pool {
+    /// The process's pool (a new one in a forked child).
+    fn global() -> Option<Arc<Pool>> {
+        let mut pool = POOL.lock().ok()?;
+        let pid = std::process::id();
+        if pool.as_ref().is_none_or(|p| p.pid != pid) {
+            let shared = Arc::new(Shared {
+                slot: Mutex::new((0, 0, 0)),
+                posted: Condvar::new(),
+                latest: AtomicU64::new(0),
+                done: AtomicUsize::new(0),
+            });
+            // The parent's pool (in a forked child) is left alone: its threads are not here.
+            std::mem::forget(pool.take());
+            *pool = Some(Arc::new(Pool { shared, busy: Mutex::new(0), pid }));
+        }
+        pool.clone()
+    }
+
+    /// Runs the job on the pool: `None` when another run holds it.
+    fn try_run(&self, items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> Option<std::io::Result<()>> {
+        let mut started = match self.busy.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        while *started + 1 < threads {
+            // A new worker waits for the jobs after the latest one (it may start after the next
+            // is posted: that one is its first).
+            let (shared, t, seen) = (Arc::clone(&self.shared), *started + 1, self.shared.latest.load(Ordering::Acquire));
+            if let Err(e) = std::thread::Builder::new().name(format!("attnc-{t}")).spawn(move || worker(&shared, t, seen)) {
+                return Some(Err(e));
+            }
+            *started += 1;
+        }
+        let job = Job::new(items, funcs, args, threads);
+        let shared = &self.shared;
+        shared.done.store(0, Ordering::Relaxed);
+        let number = {
+            let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
+            slot.0 += 1;
+            slot.1 = std::ptr::from_ref(&job) as usize;
+            slot.2 = threads;
+            shared.latest.store(slot.0, Ordering::Release);
+            slot.0
+        };
+        shared.posted.notify_all();
+        job.work(0);
+        // Every participant is past its last use of `job` when it counts itself done; the other
+        // workers never touch it. Only then may it go out of scope.
+        let mut backoff = Backoff::default();
+        while shared.done.load(Ordering::Acquire) + 1 < threads {
+            backoff.pause();
+        }
+        let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.0 == number {
+            slot.1 = 0;
+        }
+        Some(Ok(()))
+    }
+}
+
+/// How long an idle worker spins before it sleeps.
+const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Worker `t` of the pool: waits for each job after job number `seen`, and takes part when the
+/// job has more than `t` threads.
+fn worker(shared: &Shared, t: usize, mut seen: u64) {
+    loop {
+        // Spin for about 50 µs (a run's next call often comes that soon: the next layer's
+        // attention, the next decoding step), then sleep until a job comes.
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        while shared.latest.load(Ordering::Acquire) == seen {
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) && start.elapsed() > IDLE_SPIN {
+                break;
+            }
+        }
+        let (number, address, threads) = {
+            let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
+            while slot.0 == seen {
+                slot = shared.posted.wait(slot).unwrap_or_else(|e| e.into_inner());
+            }
+            *slot
+        };
+        seen = number;
+        // Only a participant (a worker numbered below the job's thread count) reads the job.
+        if address == 0 || t >= threads {
+            continue;
+        }
+        // SAFETY: the caller keeps the job alive until every participant has counted itself
+        // done, which happens after this worker's last use of it; the address was posted with
+        // this job's number under the lock.
+        let job = unsafe { &*(address as *const Job) };
+        job.work(t);
+        shared.done.fetch_add(1, Ordering::AcqRel);
+    }
+}
 /// Holds the workers until every one has started: then they all run (`true`), or, when a
 /// thread could not be started, they all return (`false`).
 #[derive(Default)]

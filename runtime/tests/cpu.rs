@@ -448,6 +448,27 @@ fn compiled_programs_can_be_shared_across_threads() {
 }
 
 #[test]
+fn runs_on_several_threads_at_once_share_the_pool_or_start_their_own() {
+    // Two programs of three threads each, run at the same time from two threads, many times:
+    // one holds the process's worker pool while the other starts threads of its own; every run
+    // gives the single-threaded bits.
+    let program = Program::from_file(examples_dir().join("causal.attn")).expect("compiles");
+    let c = case(&program, "causal_attention", 150, 16, 9);
+    let alone = program.compile_cpu("causal_attention", &CpuOptions { threads: 1 }).expect("compiles");
+    let want = alone.run_tensors(&c.inputs, &c.dims).expect("runs");
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let compiled = program.compile_cpu("causal_attention", &CpuOptions { threads: 3 }).expect("compiles");
+                for _ in 0..40 {
+                    assert_eq!(compiled.run_tensors(&c.inputs, &c.dims).expect("runs"), want, "3 threads differ from 1");
+                }
+            });
+        }
+    });
+}
+
+#[test]
 fn scores_jumping_far_above_the_running_max_are_handled() {
     // Keys past the first tiles score ~100 higher than the early ones: the online softmax
     // must move its shift (it keeps it while a tile's max stays within the slack) and rescale.
