@@ -5,7 +5,10 @@ medians compared. Cases (f32, one thread unless --threads):
 
 - overhead: B=H=1 S=16 D=16 without gradients (issue target: <= 15 us per call);
 - decode: one query against T=128 cached keys, B=1 H=32 D=128, causal, GQA 32/8;
-- prefill: B=1 H=8 S=1024 D=64 causal, forward only and forward+backward.
+- prefill: B=1 H=8 S=1024 D=64 causal, forward only and forward+backward;
+- training with attention dropout (``dropout_p=0.1``): the same prefill, forward and
+  forward+backward, at S=1024 and S=4096 (torch's CPU kernels have no fused dropout: they
+  form the S×S weights).
 
 Run from the repository root after ``pip install ./python`` into an environment with torch:
 
@@ -53,6 +56,18 @@ def cases():
         return step
 
     yield "prefill S=1024 D=64 causal, fwd+bwd", train, True
+    for s in (1024, 4096):
+        d = [r(1, 8, s, 64, grad=True) for _ in range(3)]
+        yield f"dropout 0.1 S={s} D=64 causal, fwd", lambda f, d=d: lambda: f(*d, is_causal=True, dropout_p=0.1), False
+
+        def train_dropout(f, d=d):
+            def step():
+                out = f(*d, is_causal=True, dropout_p=0.1)
+                out.backward(torch.ones_like(out))
+
+            return step
+
+        yield f"dropout 0.1 S={s} D=64 causal, fwd+bwd", train_dropout, True
 
 
 def main() -> None:
