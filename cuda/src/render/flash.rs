@@ -564,13 +564,19 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     let position = "const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
     let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
     general.extend(fl.score(p, "i_", "j_", "s_e_")?);
-    // Dropout of the weights the values see (after the row sums took them whole).
+    // Dropout of the weights the values see (after the row sums took them whole). A lane's
+    // keys of n-tiles nt, nt + 2, nt + 4, nt + 6 are 16 apart: one generator call gives all
+    // four when the tile holds whole blocks of 64 keys (k0_ a multiple of 64).
     let position_of = position.clone();
     let dropout = |out: &mut Vec<String>| {
         if fl.f.spec.dropout.is_some() {
+            out.push("if constexpr (BN_ % 64 == 0) {".into());
+            out.extend(indent(&MMA_DROPOUT.lines().map(String::from).collect::<Vec<_>>(), 2));
+            out.push("} else {".into());
             let mut body = vec![position_of.clone()];
             body.extend(fl.drop("s_[mt_][nt_][e_]", "i_", "j_"));
-            out.extend(elem(body));
+            out.extend(indent(&elem(body), 2));
+            out.push("}".into());
         }
     };
     if !fl.softmax {
@@ -792,6 +798,27 @@ for (int mt_ = 0; mt_ < MT_; ++mt_) {
   if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
     #pragma unroll
     for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
+  }
+}";
+
+/// Dropout of the tensor-core kernel's weights `s_`, one generator call per four of a lane's
+/// elements: n-tile `8 nb + par + 2 w` of key block `nb` holds word `w` of the call for lane
+/// position `8 par + 2 tg + (e & 1)` (docs/language.md's counter layout).
+const MMA_DROPOUT: &str = "#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {
+  #pragma unroll
+  for (int e_ = 0; e_ < 4; ++e_) {
+    const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8;
+    #pragma unroll
+    for (int nb_ = 0; nb_ < NT_ / 8; ++nb_) {
+      #pragma unroll
+      for (int par_ = 0; par_ < 2; ++par_) {
+        unsigned w_[4];
+        attnc_philox4(dseed_, (int)bz_, (int)i_, (unsigned)(((k0_ >> 6) + nb_) << 4) | (unsigned)(par_ * 8 + tg_ * 2 + (e_ & 1)), w_);
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) s_[mt_][nb_ * 8 + par_ + 2 * w][e_] *= (w_[w] >> 8) >= (unsigned)dthr_ ? dscale_ : 0.0f;
+      }
+    }
   }
 }";
 

@@ -140,20 +140,24 @@ ATTNC_DEV int attnc_wrap(i64 x) { return (int)(unsigned)(unsigned long long)x; }
 // Float to int: truncates toward zero, saturates, NaN is 0.
 ATTNC_DEV int attnc_f2i(float x) { return x != x ? 0 : (x >= 2147483647.0f ? 2147483647 : (x <= -2147483648.0f ? (-2147483647 - 1) : (int)x)); }
 ATTNC_DEV int attnc_d2i(double x) { return x != x ? 0 : (x >= 2147483647.0 ? 2147483647 : (x <= -2147483648.0 ? (-2147483647 - 1) : (int)x)); }
-// Dropout's 24 random bits of element (batch, i, j) under seed: Philox4x32-10 with counter
-// (16 (j / 64) + j % 16, i, batch, 0) and key (seed, 0), word (j / 16) % 4's top 24 bits
-// (ir::semantics::dropout_bits).
-ATTNC_DEV int attnc_dropout_bits(int seed, int batch, int i, int j) {
-  const unsigned ju = (unsigned)j, wd = (ju >> 4) & 3u;
-  unsigned c0 = ((ju >> 6) << 4) | (ju & 15u), c1 = (unsigned)i, c2 = (unsigned)batch, c3 = 0u, k0 = (unsigned)seed, k1 = 0u;
+// Philox4x32-10 of the counter (c0, i, batch, 0) under the key (seed, 0): four words into w.
+ATTNC_DEV void attnc_philox4(int seed, int batch, int i, unsigned c0, unsigned* w) {
+  unsigned c1 = (unsigned)i, c2 = (unsigned)batch, c3 = 0u, k0 = (unsigned)seed, k1 = 0u;
   for (int r = 0; r < 10; ++r) {
     if (r > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
     const unsigned long long p0 = 0xD2511F53ull * (unsigned long long)c0, p1 = 0xCD9E8D57ull * (unsigned long long)c2;
     const unsigned n0 = (unsigned)(p1 >> 32) ^ c1 ^ k0, n2 = (unsigned)(p0 >> 32) ^ c3 ^ k1;
     c1 = (unsigned)p1; c3 = (unsigned)p0; c0 = n0; c2 = n2;
   }
-  const unsigned w = wd == 0u ? c0 : (wd == 1u ? c1 : (wd == 2u ? c2 : c3));
-  return (int)(w >> 8);
+  w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
+}
+// Dropout's 24 random bits of element (batch, i, j) under seed: key j = 64 b + 16 w + l takes
+// word w of counter (16 b + l, i, batch, 0) (ir::semantics::dropout_bits).
+ATTNC_DEV int attnc_dropout_bits(int seed, int batch, int i, int j) {
+  const unsigned ju = (unsigned)j;
+  unsigned w[4];
+  attnc_philox4(seed, batch, i, ((ju >> 6) << 4) | (ju & 15u), w);
+  return (int)(w[(ju >> 4) & 3u] >> 8);
 }
 // An index clamped into [0, n - 1] (flash loads, whose indices are proven in range).
 ATTNC_DEV i64 attnc_clampi(i64 x, i64 n) { return x < 0 ? 0 : (x >= n ? n - 1 : x); }
