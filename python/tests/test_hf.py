@@ -97,6 +97,33 @@ def test_twenty_training_steps_match(name):
     assert losses[0][-1] < 0.9 * losses[0][0], "the steps train"
 
 
+def test_attention_dropout_in_training_mode():
+    # A Llama with attention_dropout: training mode drops weights (fused, repeatable under
+    # torch.manual_seed, another seed another mask), gradients flow; eval mode drops nothing.
+    make, _ = CONFIGS["llama (GQA 4/2)"]
+    config = make()
+    config.attention_dropout, config.initializer_range = 0.3, 0.5
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=NAME)
+    ids, mask = batch()
+    labels = ids.clone()
+    labels[1, :6] = -100
+
+    def loss(seed):
+        torch.manual_seed(seed)
+        return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    model.train()
+    a, again, other = loss(1), loss(1), loss(2)
+    assert torch.equal(a, again) and not torch.equal(a, other)
+    a.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(loss(1), loss(2)) and not torch.equal(loss(1), a.detach())
+
+
 def test_sinks_are_an_extra_logit_per_head_with_gradients():
     # gpt-oss's definition (transformers' eager gpt-oss attention): the sink joins the logits
     # of each row and is dropped after the softmax. GQA 4/2, causal, in float64 for the
