@@ -157,14 +157,15 @@ fn every_example_compiles_with_nvrtc() {
 /// arithmetic with `%` and clamps, casts between every type, gather with computed indices,
 /// f16 element-wise maths, f16/bf16 matmuls on tensor cores, integer, reversed, f16 and
 /// broadcast-coefficient scans, `take_along` and a gather by leading index, and sorts (top-k
-/// along a strided axis with ties, a descending integer argsort), and a scatter-add with
-/// repeated positions (indices out of range are errors: `index_faults_*`).
+/// along a strided axis with ties, a descending integer argsort), a scatter-add with
+/// repeated positions (indices out of range are errors: `index_faults_*`), and dropout unfused
+/// (element-wise, inside a reduction, on f16).
 pub(crate) const EVERY_OP: &str = "
-fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S, E])
+fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S, E], seed: i32)
     -> (a: f32[B, 2*S, E], r: f32[B, S, E], mx: f32[B, E], mn: i32[B, S], c: f16[B, S, E],
         k: bool[B, S], z: f32[B, S], p: bf16[B, S, F], q: f16[B, S, F], cp: i32[B, S], sc: f32[B, S, E],
         tk: f32[B, S, 1], lg: f32[B, S, F], tv: f32[B, 2, E], ti: i32[B, 2, E], ao: i32[B, S],
-        sa: f32[B, S, E]) {
+        sa: f32[B, S, E], dr: f32[B, S]) {
     let a = concat([x, relu(x) - 1.0], axis = 1)
     let r = rmsnorm(x, g) + x[:, :, 0:1]
     let mx = max(x, axis = 1) * min(x, axis = 1)
@@ -183,7 +184,8 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
     let (tv, ti) = topk(floor(x * 2.0), 2, axis = 1)
     let ao = argsort(idx % 3, axis = 1, descending = true)
     let sa = scatter_add(x, unsqueeze(idx % 5, -1) + cast(x * 0.0, i32), x * 2.0, axis = 1)
-    return a, r, mx, mn, c, k, z, p, q, cp, sc, tk, lg, tv, ti, ao, sa
+    let dr = sum(dropout(x * 2.0, seed, p = 0.5), axis = -1) + mean(cast(dropout(h, seed, p = 0.25), f32), axis = -1)
+    return a, r, mx, mn, c, k, z, p, q, cp, sc, tk, lg, tv, ti, ao, sa, dr
 }
 ";
 

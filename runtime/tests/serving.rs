@@ -522,3 +522,24 @@ fn fused_dropout_keeps_one_minus_p_independently_across_tiles() {
         assert!(near(rate(&both), 0.64, both.len() as f64), "kept with {what}: {}", rate(&both));
     }
 }
+
+/// Dropout not fused into attention (element-wise, inside a reduction, under a transpose) gives
+/// the interpreter's bits on the cpu target.
+#[test]
+fn unfused_dropout_is_the_interpreters() {
+    let source = "
+fn f(x: f32[B, S, D], seed: i32) -> (a: f32[B, S], b: f32[B, S, D], c: f32[D, S]) {
+    let a = sum(dropout(x * 2.0, seed, p = 0.5), axis = -1)
+    let b = dropout(x, seed, p = 0.25) + 1.0
+    let c = dropout(x[0], seed, p = 0.5).T
+    return a, b, c
+}
+";
+    let program = Program::from_source(source, "dropout.attn").expect("compiles");
+    let inputs = [("x", tensor(&[2, 70, 33], 70)), ("seed", Tensor::i32(vec![], vec![-9]).expect("seed"))];
+    let got = program.run("f", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let want = program.run("f", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    for ((name, a), (_, b)) in got.iter().zip(&want) {
+        assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{name}");
+    }
+}
