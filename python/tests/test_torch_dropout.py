@@ -96,3 +96,22 @@ def test_dropout_under_torch_compile_keeps_its_mask_in_the_backward():
     torch.testing.assert_close(out, want)
     for a, r in zip(grads, torch.autograd.grad(want.sum(), (q, k, v))):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=5e-6)
+
+
+def test_dropout_with_sinks_fuses_the_log_sum_exp_too():
+    # gpt-oss's sinks with attention dropout: the sink joins each denominator, the weights
+    # (over the keys) drop; the sinks' gradient included.
+    g = torch.Generator().manual_seed(4)
+    b, h, L, E, p, seed = 1, 3, 40, 8, 0.25, 99
+    q, k, v = (torch.randn(b, h, L, E, generator=g, requires_grad=True) for _ in range(3))
+    sinks = torch.randn(h, generator=g, requires_grad=True)
+    out = at._sdpa(q, k, v, None, p, True, None, False, None, sinks, torch.tensor(seed, dtype=torch.int32))
+    qd, kd, vd, sd = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    s = (qd @ kd.transpose(-1, -2) / E**0.5).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    logits = torch.cat([s, sd.reshape(1, h, 1, 1).expand(b, h, L, 1)], dim=-1)
+    w = torch.softmax(logits, dim=-1)[..., :-1]
+    want = (w * keep_factor(seed, (b, h, L, L), p)) @ vd
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-6)
+    cot = torch.randn(out.shape, generator=g)
+    for a, r in zip(torch.autograd.grad(out, (q, k, v, sinks), cot), torch.autograd.grad(want, (qd, kd, vd, sd), cot.double())):
+        torch.testing.assert_close(a.double(), r, rtol=1e-5, atol=5e-6)

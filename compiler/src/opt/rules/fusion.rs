@@ -102,8 +102,10 @@ impl Rule for FuseLogSumExp {
                 continue;
             }
             let rows = &target.shape[..if *keepdim { rank - 1 } else { target.rank() }];
-            for v in attention_values(eg, scores, &self.pinned) {
-                let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None, None) else { continue };
+            for (v, dropout) in attention_values(eg, scores, &self.pinned) {
+                // With dropout, the same spec as the attention's flash op (the log-sum-exp is
+                // over the weights before dropout either way), so that one step writes both.
+                let Ok(Build::Node(Op::Flash(spec), _, args)) = fuse_one(eg, Weights::Softmax, scores, v, None, dropout) else { continue };
                 let lse = Build::Node(Op::FlashLse(spec), None, args);
                 let lse = Build::Node(Op::Reshape, Some(TensorType::new(DType::F32, rows.to_vec())), vec![lse]);
                 let lse = if target.dtype == DType::F32 {
@@ -119,8 +121,8 @@ impl Rule for FuseLogSumExp {
 }
 
 /// The `v` of every `matmul(softmax(scores, last axis), v)` in the e-graph whose weights are
-/// not `pinned`.
-fn attention_values(eg: &EG, scores: Id, pinned: &HashSet<Id>) -> Vec<Id> {
+/// not `pinned`, or of `matmul(dropout(softmax(…), seed), v)` with the dropout's rate and seed.
+fn attention_values(eg: &EG, scores: Id, pinned: &HashSet<Id>) -> Vec<(Id, Option<(f64, Id)>)> {
     let mut out = Vec::new();
     let users = |child: Id| -> Vec<(Id, &super::super::lang::ENode)> {
         eg[child]
@@ -135,9 +137,20 @@ fn attention_values(eg: &EG, scores: Id, pinned: &HashSet<Id>) -> Vec<Id> {
         if !last || pinned.contains(&eg.find(p)) {
             continue;
         }
-        for (_, m) in users(p) {
-            if matches!(m.op(), Op::MatMul) && eg.find(m.args()[0]) == p && !out.contains(&eg.find(m.args()[1])) {
-                out.push(eg.find(m.args()[1]));
+        let mut weights = vec![(p, None)];
+        for (d, n) in users(p) {
+            if let Op::Dropout { rate } = n.op()
+                && eg.find(n.args()[0]) == p
+            {
+                weights.push((d, Some((*rate, eg.find(n.args()[1])))));
+            }
+        }
+        for (w, dropout) in weights {
+            for (_, m) in users(w) {
+                let found = (eg.find(m.args()[1]), dropout);
+                if matches!(m.op(), Op::MatMul) && eg.find(m.args()[0]) == w && !out.contains(&found) {
+                    out.push(found);
+                }
             }
         }
     }
