@@ -543,3 +543,31 @@ fn f(x: f32[B, S, D], seed: i32) -> (a: f32[B, S], b: f32[B, S, D], c: f32[D, S]
         assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{name}");
     }
 }
+
+/// Sigmoid attention with dropout of its weights, fused (no normaliser: each weight dropped
+/// alone), forward and gradients as the interpreter gives them.
+#[test]
+fn sigmoid_attention_with_dropout_matches_the_interpreter() {
+    let source = "
+fn f(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], seed: i32) -> f32[B, H, S, D] {
+    let s = q @ k.T / sqrt(D) - 2.0
+    return dropout(sigmoid(s), seed, p = 0.3) @ v
+}
+";
+    let program = Program::from_source(source, "sigmoid_dropout.attn").expect("compiles");
+    assert!(attn_runtime::emit(source, attn_runtime::Stage::Opt).expect("optimises").contains("weights=sigmoid, score="), "not fused");
+    let (b, h, s, d) = (1, 2, 90, 16);
+    let inputs = [
+        ("q", tensor(&[b, h, s, d], 80)),
+        ("k", tensor(&[b, h, s, d], 81)),
+        ("v", tensor(&[b, h, s, d], 82)),
+        ("seed", Tensor::i32(vec![], vec![5]).expect("seed")),
+        ("d_out", tensor(&[b, h, s, d], 83)),
+    ];
+    let grad = program.grad("f", None).expect("derivable");
+    let got = grad.run("f_grad", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let want = grad.run("f_grad", inputs, &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    for ((name, a), (_, w)) in got.iter().zip(&want) {
+        assert!(max_diff(a, w) < 2e-5, "{name} differs by {}", max_diff(a, w));
+    }
+}
