@@ -14,7 +14,7 @@
 use super::place::{Placement, is_elementwise, reduces_inline};
 use super::policy::{Policy, Target};
 use super::{Buffer, BufferKind, Check, Expr, Fused, Kernel, Paging, Schedule, ScheduleError, Step, View, row_major};
-use crate::ir::{BinaryOp, DType, Dim, Graph, Op, ReduceOp, Value, semantics, value_numbers};
+use crate::ir::{DType, Dim, Graph, Op, ReduceOp, Value, value_numbers};
 
 /// Where a value lives.
 #[derive(Clone, Debug)]
@@ -249,28 +249,29 @@ impl Formation<'_> {
                 Expr::Gather(t, idx, dtype, self.site(v))
             }
             Op::Dropout { rate } => {
-                // `where(bits(seed, batch, i, j) >= threshold, x · scale, 0)` at the node's own
-                // position (its last two indices, and the row-major index over the rest).
-                let (rank, shape) = (node.ty.rank(), node.ty.shape.clone());
-                let at = |axis: usize| Expr::Iota { axis, rank, one: shape[axis].as_const() == Some(1) };
-                let int = |b: BinaryOp, x: Expr, y: Expr| Expr::Binary(b, Box::new(x), Box::new(y), DType::I32);
-                let zero = || Expr::Const(0.0, DType::I32);
-                let j = if rank >= 1 { at(rank - 1) } else { zero() };
-                let i = if rank >= 2 { at(rank - 2) } else { zero() };
-                let batch = (0..rank.saturating_sub(2))
-                    .fold(zero(), |acc, a| int(BinaryOp::Add, int(BinaryOp::Mul, acc, Expr::Dim(shape[a].clone())), at(a)));
-                let bits = Expr::DropoutBits(Box::new([*sub(self, 1, inputs)?, batch, i, j]));
-                let threshold = Expr::Const(f64::from(semantics::dropout_threshold(*rate)), DType::I32);
-                let keep = Expr::Binary(BinaryOp::Ge, Box::new(bits), Box::new(threshold), DType::Bool);
-                let scale = Expr::Const(semantics::dropout_scale(*rate), DType::F32);
-                let kept = Expr::Binary(BinaryOp::Mul, sub(self, 0, inputs)?, Box::new(scale), dtype);
-                Expr::Select(Box::new(keep), Box::new(kept), Box::new(Expr::Const(0.0, dtype)), dtype)
+                let (x, seed) = (*sub(self, 0, inputs)?, *sub(self, 1, inputs)?);
+                super::dropout_expr(&node.ty.shape, *rate, dtype, x, seed)
             }
             _ => {
                 let view = self.view(v)?;
                 Expr::Load(load(view, inputs))
             }
         })
+    }
+
+    /// Dropout, stored: on the CPU an f32 tensor gets the row kernel ([`Kernel::Dropout`]: the
+    /// generator vectorised), elsewhere the element-wise expression ([`super::dropout_expr`]).
+    fn dropout(&mut self, v: Value, rate: f64, args: &[Value]) -> Result<View, ScheduleError> {
+        let ty = self.g.node(v).ty.clone();
+        if !matches!(self.policy, Policy::Cpu(_)) || ty.dtype != DType::F32 {
+            return self.elementwise_root(v);
+        }
+        let x = self.view(args[0])?;
+        let x = self.dense_if(v, x, DType::F32, View::is_contiguous);
+        let seed = self.view(args[1])?;
+        let out = self.temp(v, DType::F32, &ty.shape);
+        self.step(Kernel::Dropout { x, seed, rate, out: out.clone() }, self.label(v), v);
+        Ok(out)
     }
 
     /// Stores an element-wise value in a new dense temporary.
@@ -293,6 +294,7 @@ impl Formation<'_> {
         match &op {
             Op::Param(_) => Err(self.unsupported(v, "a parameter outside the parameter list")),
             op if is_elementwise(op) => self.elementwise_root(v),
+            Op::Dropout { rate } => self.dropout(v, *rate, &args),
             Op::Transpose { .. } | Op::Reshape | Op::Slice { .. } => self.layout(v, &op, args[0]),
             Op::Concat { axis } => self.concat(v, *axis, &args),
             Op::MatMul => self.matmul(v, args[0], args[1]),

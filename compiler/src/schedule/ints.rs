@@ -94,6 +94,7 @@ pub(super) fn visit_kernel(k: &Kernel, f: &mut dyn FnMut(Named)) {
         Kernel::ScatterAdd { base, idx, src, out, .. } => views(&[Some(base), Some(idx), Some(src), Some(out)], f),
         Kernel::PrefixAttention { q, k, v, out, .. } => views(&[Some(q), Some(k), Some(v), Some(out)], f),
         Kernel::Norm { x, gamma, beta, out, .. } => views(&[Some(x), Some(gamma), beta.as_ref(), Some(out)], f),
+        Kernel::Dropout { x, seed, out, .. } => views(&[Some(x), Some(seed), Some(out)], f),
         Kernel::Flash(fl) | Kernel::FlashMerge(fl) => {
             // A paged K or V names the elements it reaches (one page's view, times the pool),
             // its table and its sizes.

@@ -26,6 +26,7 @@ pub(super) fn touches(k: &Kernel) -> (Vec<usize>, Vec<usize>) {
         Kernel::Scan { a, x, out, .. } => (a.iter().chain([x]).map(|v| v.buf).collect(), vec![out.buf]),
         Kernel::ScatterAdd { base, idx, src, out, .. } => (bufs(&[base, idx, src]), vec![out.buf]),
         Kernel::PrefixAttention { q, k, v, out, .. } => (bufs(&[q, k, v]), vec![out.buf]),
+        Kernel::Dropout { x, seed, out, .. } => (bufs(&[x, seed]), vec![out.buf]),
         Kernel::Norm { x, gamma, beta, out, .. } => {
             let mut r = bufs(&[x, gamma]);
             r.extend(beta.iter().map(|b| b.buf));

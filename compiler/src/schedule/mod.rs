@@ -339,6 +339,28 @@ impl Expr {
     }
 }
 
+/// Dropout of `x` (an expression of a value of `shape` and `dtype`) under `seed` as an
+/// element-wise expression: `where(bits(seed, batch, i, j) >= threshold, x · scale, 0)` at the
+/// value's own position (its last two indices, and the row-major index over the rest), by
+/// [`crate::ir::semantics::dropout_bits`].
+pub fn dropout_expr(shape: &[Dim], rate: f64, dtype: DType, x: Expr, seed: Expr) -> Expr {
+    use crate::ir::{BinaryOp, semantics};
+    let rank = shape.len();
+    let at = |axis: usize| Expr::Iota { axis, rank, one: shape[axis].as_const() == Some(1) };
+    let int = |b: BinaryOp, x: Expr, y: Expr| Expr::Binary(b, Box::new(x), Box::new(y), DType::I32);
+    let zero = || Expr::Const(0.0, DType::I32);
+    let j = if rank >= 1 { at(rank - 1) } else { zero() };
+    let i = if rank >= 2 { at(rank - 2) } else { zero() };
+    let batch =
+        (0..rank.saturating_sub(2)).fold(zero(), |acc, a| int(BinaryOp::Add, int(BinaryOp::Mul, acc, Expr::Dim(shape[a].clone())), at(a)));
+    let bits = Expr::DropoutBits(Box::new([seed, batch, i, j]));
+    let threshold = Expr::Const(f64::from(semantics::dropout_threshold(rate)), DType::I32);
+    let keep = Expr::Binary(BinaryOp::Ge, Box::new(bits), Box::new(threshold), DType::Bool);
+    let scale = Expr::Const(semantics::dropout_scale(rate), DType::F32);
+    let kept = Expr::Binary(BinaryOp::Mul, Box::new(x), Box::new(scale), dtype);
+    Expr::Select(Box::new(keep), Box::new(kept), Box::new(Expr::Const(0.0, dtype)), dtype)
+}
+
 /// An element-wise expression over `shape` that a kernel evaluates where it would read a
 /// stored operand.
 #[derive(Clone, Debug, PartialEq)]
@@ -493,6 +515,20 @@ pub enum Kernel {
         /// Dense result.
         out: View,
     },
+    /// Dropout of a dense f32 tensor ([`crate::ir::Op::Dropout`]), one row (last axis) per work
+    /// item: the row copied from `x` and dropped in place by the keep bits of each element
+    /// (the CPU's vectorised generator). Other targets and types compute dropout element-wise
+    /// ([`dropout_expr`]).
+    Dropout {
+        /// The operand, dense.
+        x: View,
+        /// The i32 scalar seed.
+        seed: View,
+        /// The chance of dropping an element.
+        rate: f64,
+        /// Dense result, `x`'s shape.
+        out: View,
+    },
     /// Fused attention.
     Flash(Box<FlashKernel>),
     /// Combines the partial states of a split flash step.
@@ -516,6 +552,7 @@ impl Kernel {
             Kernel::PrefixAttention { .. } => "prefix_attention",
             Kernel::ScatterAdd { .. } => "scatter_add",
             Kernel::Norm { .. } => "norm",
+            Kernel::Dropout { .. } => "dropout",
             Kernel::Flash(_) => "flash",
             Kernel::FlashMerge(_) => "flash_merge",
             Kernel::FlashBwd(_) => "flash_bwd",

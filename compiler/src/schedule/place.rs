@@ -220,19 +220,10 @@ fn live_values(g: &Graph) -> Vec<bool> {
 }
 
 /// Ops computed per element from their operands' elements at the same (broadcast) index.
+/// (Dropout is one too, but it is always stored: its generator is worth a kernel of its own on
+/// the CPU, `form`'s choice.)
 pub(super) fn is_elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Const(_)
-            | Op::DimValue(_)
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast
-            | Op::Gather
-            | Op::Dropout { .. }
-    )
+    matches!(op, Op::Const(_) | Op::DimValue(_) | Op::Iota { .. } | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Gather)
 }
 
 /// The deepest expression tree an element-wise kernel computes: a chain of element-wise ops

@@ -422,7 +422,7 @@ impl Preparing<'_> {
                 let others: Vec<Dim> = x.shape.iter().enumerate().filter(|(k, _)| k != axis).map(|(_, d)| d.clone()).collect();
                 product(&others, env)?
             }
-            (Kernel::Norm { out, .. }, _) => rows(&out.shape)?,
+            (Kernel::Norm { out, .. } | Kernel::Dropout { out, .. }, _) => rows(&out.shape)?,
             // One batch index per item.
             (Kernel::PrefixAttention { out, .. }, _) => product(&out.shape[..out.shape.len().saturating_sub(2)], env)?,
             (Kernel::Flash(f), _) => self.flash(s, f)?,

@@ -31,6 +31,8 @@ pub trait KernelRenderer {
     fn argsort(&mut self, x: &View, axis: usize, descending: bool, out: &View, scratch: Option<&View>, limit: Option<i64>) -> Self::Output;
     /// [`Kernel::Norm`].
     fn norm(&mut self, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) -> Self::Output;
+    /// [`Kernel::Dropout`].
+    fn dropout(&mut self, x: &View, seed: &View, rate: f64, out: &View) -> Self::Output;
     /// [`Kernel::Flash`].
     fn flash(&mut self, f: &FlashKernel) -> Self::Output;
     /// [`Kernel::FlashMerge`].
@@ -54,6 +56,7 @@ pub fn render_kernel<R: KernelRenderer + ?Sized>(r: &mut R, step: usize, kernel:
         Kernel::ScatterAdd { base, idx, src, axis, out, site } => r.scatter_add(base, idx, src, *axis, out, *site),
         Kernel::ArgSort { x, axis, descending, out, scratch, limit } => r.argsort(x, *axis, *descending, out, scratch.as_ref(), *limit),
         Kernel::Norm { x, gamma, beta, eps, out } => r.norm(x, gamma, beta.as_ref(), *eps, out),
+        Kernel::Dropout { x, seed, rate, out } => r.dropout(x, seed, *rate, out),
         Kernel::Flash(f) => r.flash(f),
         Kernel::FlashMerge(f) => r.flash_merge(f),
         Kernel::FlashBwd(f) => r.flash_bwd(f),

@@ -117,6 +117,7 @@ fn kernel(out: &mut String, k: &Kernel) -> fmt::Result {
             }
         }
         Kernel::Softmax { x, axis, out: o } => writeln!(out, "softmax over axis {axis}\n  x = {x}\n  out = {o}")?,
+        Kernel::Dropout { x, seed, rate, out: o } => writeln!(out, "dropout rate {rate} by rows\n  x = {x}\n  seed = {seed}\n  out = {o}")?,
         Kernel::ScatterAdd { base, idx, src, axis, out: o, .. } => {
             writeln!(out, "scatter_add along axis {axis}\n  base = {base}\n  idx = {idx}\n  src = {src}\n  out = {o}")?
         }

@@ -29,7 +29,7 @@ use crate::abi;
 use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim, Pair, ScoreExpr, Weights};
 use attn_compiler::schedule::tile_table::{CHUNK_COLS, CHUNK_ROWS};
-use attn_compiler::schedule::{FlashKernel, Level, Paging, Tuning};
+use attn_compiler::schedule::{FlashKernel, Level, Paging, Tuning, View};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value, types};
 use std::collections::HashMap;
@@ -397,6 +397,31 @@ pub(super) fn dropout_values(fx: &mut StepBuilder, d: &attn_compiler::ir::Dropou
     let threshold = fx.b.ins().iconst(types::I32, i64::from(semantics::dropout_threshold(d.rate)));
     let scale = fx.f32(semantics::dropout_scale(d.rate) as f32);
     Some([seed, threshold, scale])
+}
+
+/// Dropout of a dense f32 tensor, one row (its last axis) per work item: the row copied from `x`
+/// into `out`, then dropped in place by the tile kernel the flash kernels use (its position:
+/// row `i` of batch index `b`, keys from 0).
+pub fn emit_dropout(fx: &mut StepBuilder, x: &View, seed: &View, rate: f64, out: &View) {
+    use attn_compiler::ir::semantics;
+    let r = out.shape.len();
+    let cols = if r >= 1 { fx.dim(&out.shape[r - 1]) } else { fx.i64(1) };
+    let per = if r >= 2 { fx.dim(&out.shape[r - 2]) } else { fx.i64(1) };
+    let ((xb, _), (ob, _), (sb, _)) = (fx.view_base(x), fx.view_base(out), fx.view_base(seed));
+    let seed = fx.load(types::I32, sb);
+    let threshold = fx.b.ins().iconst(types::I32, i64::from(semantics::dropout_threshold(rate)));
+    let scale = fx.f32(semantics::dropout_scale(rate) as f32);
+    let rows_are_queries = fx.b.ins().iconst(types::I32, 0);
+    let (one, zero) = (fx.i64(1), fx.i64(0));
+    let (lo, hi) = (fx.lo(), fx.hi());
+    fx.for_range(lo, hi, |fx, row| {
+        let off = fx.mul(row, cols);
+        let (src, dst) = (fx.elem_addr(xb, off), fx.elem_addr(ob, off));
+        fx.call(abi::COPY_ROWS, &[src, cols, one, cols, dst, cols]);
+        let batch = fx.b.ins().udiv(row, per);
+        let i = fx.b.ins().urem(row, per);
+        fx.call(abi::DROPOUT_TILE, &[dst, cols, one, cols, i, zero, rows_are_queries, seed, batch, threshold, scale]);
+    });
 }
 
 /// The row-major index over the score's batch axes of a batch position (dropout's counter).

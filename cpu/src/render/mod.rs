@@ -188,6 +188,9 @@ impl KernelRenderer for Kernels<'_, '_> {
     fn norm(&mut self, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) {
         rows::emit_norm(self.0, x, gamma, beta, eps, out)
     }
+    fn dropout(&mut self, x: &View, seed: &View, rate: f64, out: &View) {
+        flash::emit_dropout(self.0, x, seed, rate, out)
+    }
     fn flash(&mut self, f: &FlashKernel) {
         flash::emit(self.0, f)
     }

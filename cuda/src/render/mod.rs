@@ -240,6 +240,10 @@ impl KernelRenderer for Kernels<'_> {
     fn norm(&mut self, x: &View, gamma: &View, beta: Option<&View>, eps: f64, out: &View) -> Self::Output {
         rows::norm(self.ints, self.items, x, gamma, beta, eps, out)
     }
+    fn dropout(&mut self, _x: &View, _seed: &View, _rate: f64, _out: &View) -> Self::Output {
+        // The CUDA schedule computes dropout element-wise (`schedule::dropout_expr`).
+        Err(self.ints.fail("a dropout row step, which only the CPU's schedule has".into()))
+    }
     fn flash(&mut self, f: &FlashKernel) -> Self::Output {
         flash::emit(self.ints, self.items, f)
     }
