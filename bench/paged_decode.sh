@@ -23,16 +23,6 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 python3 bench/write_pages.py "$dir/table.npy" "$dir/lens.npy" 1 "$T" "$P"
 NP=$(( (T + P - 1) / P ))
-cat > "$dir/hnd.attn" <<'ATTN'
-fn hnd(q: f32[B, H, M, D], k_pages: f32[NP, H, P, D], v_pages: f32[NP, H, P, D],
-       block_table: i32[B, MP], lens: i32[B]) -> f32[B, H, M, D] {
-    let k = permute(paged(permute(k_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
-    let v = permute(paged(permute(v_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
-    let scores = q @ k.T / sqrt(D)
-    let (b, h, i, t) = indices(scores)
-    return softmax(where(t <= lens[b] - M + i, scores, -inf), axis = -1) @ v
-}
-ATTN
 ms() { "$A" bench "$@" --threads "$THREADS" --iters 10 --warmup 2 --json | sed -n 's/^json: .*"median_ms": \([0-9.]*\).*/\1/p'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 PY=bench/.venv/bin/python
@@ -57,7 +47,7 @@ paged="" hnd="" contiguous="" bw=""
 pages=(--input "block_table=$dir/table.npy" --input "lens=$dir/lens.npy" --dim H=$H --dim D=$D --dim M=1 --dim P="$P" --dim NP=$NP)
 for _ in $(seq "$ROUNDS"); do
   paged="$paged $(ms examples/paged_decode.attn "${pages[@]}")"
-  hnd="$hnd $(ms "$dir/hnd.attn" "${pages[@]}")"
+  hnd="$hnd $(ms examples/paged_decode.attn --entry paged_decode_hnd "${pages[@]}")"
   contiguous="$contiguous $(ms examples/decode.attn --dim B=1 --dim H=$H --dim T="$T" --dim D=$D)"
   bw="$bw $(dram)"
 done

@@ -9,21 +9,21 @@ use super::Isa;
 /// Generator calls side by side.
 const L: usize = 16;
 
-/// Philox4x32-10 of sixteen counters `(c0[l], c1[l], batch, 0)` under key `(seed, 0)`, written
-/// lane-wise so that each step is one vector operation.
+/// Philox4x32-10 of `N` counters `(c0[l], c1[l], batch, 0)` under key `(seed, 0)`, written
+/// lane-wise so that each step is one vector operation (`N` = [`L`]; 1 for one element).
 #[inline(always)]
-fn philox16(c0: [u32; L], c1: [u32; L], batch: u32, seed: u32) -> [[u32; L]; 4] {
+fn philox<const N: usize>(c0: [u32; N], c1: [u32; N], batch: u32, seed: u32) -> [[u32; N]; 4] {
     const M0: u64 = 0xD251_1F53;
     const M1: u64 = 0xCD9E_8D57;
-    let mut c = [c0, c1, [batch; L], [0u32; L]];
+    let mut c = [c0, c1, [batch; N], [0u32; N]];
     let (mut k0, mut k1) = (seed, 0u32);
     for round in 0..10 {
         if round > 0 {
             k0 = k0.wrapping_add(0x9E37_79B9);
             k1 = k1.wrapping_add(0xBB67_AE85);
         }
-        let mut n = [[0u32; L]; 4];
-        for l in 0..L {
+        let mut n = [[0u32; N]; 4];
+        for l in 0..N {
             let p0 = M0 * u64::from(c[0][l]);
             let p1 = M1 * u64::from(c[2][l]);
             n[0][l] = (p1 >> 32) as u32 ^ c[1][l] ^ k0;
@@ -39,7 +39,7 @@ fn philox16(c0: [u32; L], c1: [u32; L], batch: u32, seed: u32) -> [[u32; L]; 4] 
 /// The 24 random bits of dropout element `(batch, i, j)` under `seed`.
 pub(crate) fn bits(seed: u32, batch: u32, i: u32, j: u32) -> u32 {
     let counter = ((j >> 6) << 4) | (j & 15);
-    philox16([counter; L], [i; L], batch, seed)[((j >> 4) & 3) as usize][0] >> 8
+    philox([counter], [i], batch, seed)[((j >> 4) & 3) as usize][0] >> 8
 }
 
 /// Where a tile sits among the scores, and the dropout it gets.
@@ -97,7 +97,7 @@ unsafe fn apply_body(p: *mut f32, ld: usize, rows: usize, cols: usize, t: Dropou
             let i = t.r0.wrapping_add(r as u32);
             for b in (j_lo >> 6)..j_hi.div_ceil(64) {
                 let counters = lanes.map(|l| ((b as u32) << 4) | l);
-                let words = philox16(counters, [i; L], t.batch, t.seed);
+                let words = philox::<L>(counters, [i; L], t.batch, t.seed);
                 for (w, word) in words.iter().enumerate() {
                     let first = b * 64 + 16 * w as u64;
                     let (lo, hi) = (first.max(j_lo), (first + L as u64).min(j_hi));
@@ -123,7 +123,7 @@ unsafe fn apply_body(p: *mut f32, ld: usize, rows: usize, cols: usize, t: Dropou
                 while c < cols {
                     let n = L.min(cols - c);
                     let queries = lanes.map(|k| t.c0.wrapping_add(c as u32 + k));
-                    let words = philox16([counter; L], queries, t.batch, t.seed);
+                    let words = philox::<L>([counter; L], queries, t.batch, t.seed);
                     for w in (0..4).filter(|w| live[*w]) {
                         let r = (b * 64 + 16 * w as u64 + l - j_lo) as usize;
                         // SAFETY: row `r`, columns `c .. c + n` of the tile.

@@ -269,20 +269,6 @@ fn paged_case((m, d, np, p): (usize, usize, usize, usize), lens: &[usize], table
     assert!(worst < 1e-5, "max |diff| {worst}");
 }
 
-/// The paged decode program with the pages in FlashInfer's HND layout (`[NP, H, P, D]`, one
-/// head's rows of a page together), permuted into `paged`'s `[NP, P, H, D]`: still read in place
-/// (the schedule says so), and equal to the NHD example on the same cache.
-const PAGED_HND: &str = "
-fn hnd(q: f32[B, H, M, D], k_pages: f32[NP, H, P, D], v_pages: f32[NP, H, P, D],
-       block_table: i32[B, MP], lens: i32[B]) -> f32[B, H, M, D] {
-    let k = permute(paged(permute(k_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
-    let v = permute(paged(permute(v_pages, [0, 2, 1, 3]), block_table), [0, 2, 1, 3])
-    let scores = q @ k.T / sqrt(D)
-    let (b, h, i, t) = indices(scores)
-    return softmax(where(t <= lens[b] - M + i, scores, -inf), axis = -1) @ v
-}
-";
-
 /// `[NP, P, H, D]` → `[NP, H, P, D]`.
 fn swap_page_axes(t: &Tensor) -> Tensor {
     let (s, x) = (t.shape.clone(), t.to_f64_vec());
@@ -300,20 +286,24 @@ fn swap_page_axes(t: &Tensor) -> Tensor {
     Tensor::f32(vec![np, h, p, d], out).expect("tensor")
 }
 
+/// `examples/paged_decode.attn`'s `paged_decode_hnd`, the pages in FlashInfer's HND layout
+/// permuted into `paged`: still read in place (its schedule says so), and equal to the NHD entry
+/// on the same cache.
 #[test]
 fn pages_in_hnd_layout_are_read_in_place_like_nhd() {
-    let schedule = attn_runtime::emit(PAGED_HND, attn_runtime::Stage::Schedule).expect("schedules");
+    let source = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/paged_decode.attn")).expect("example");
+    let schedules = attn_runtime::emit(&source, attn_runtime::Stage::Schedule).expect("schedules");
+    let schedule = schedules.split("schedule ").find(|s| s.starts_with("paged_decode_hnd ")).expect("the HND entry's schedule");
     assert!(schedule.contains("k paged: table") && schedule.contains("v paged: table"), "{schedule}");
-    let hnd = Program::from_source(PAGED_HND, "hnd.attn").expect("compiles");
-    let nhd = example("paged_decode.attn");
+    let program = example("paged_decode.attn");
     let (b, h, m, d, np, p, mp) = (2usize, 3usize, 5usize, 16usize, 9usize, 5usize, 4usize);
     let (q, kp, vp) = (tensor(&[b, h, m, d], 30), tensor(&[np, p, h, d], 31), tensor(&[np, p, h, d], 32));
     let bt = Tensor::i32(vec![b, mp], vec![8, 1, 4, 6, 0, 7, 3, 2]).expect("table");
     let ln = Tensor::i32(vec![b], vec![19, 11]).expect("lens");
     let inputs =
         |k: Tensor, v: Tensor| [("q", q.clone()), ("k_pages", k), ("v_pages", v), ("block_table", bt.clone()), ("lens", ln.clone())];
-    let want = nhd.run("paged_decode", inputs(kp.clone(), vp.clone()), &cpu(&[])).expect("nhd runs");
-    let got = hnd.run("hnd", inputs(swap_page_axes(&kp), swap_page_axes(&vp)), &cpu(&[])).expect("hnd runs");
+    let want = program.run("paged_decode", inputs(kp.clone(), vp.clone()), &cpu(&[])).expect("nhd runs");
+    let got = program.run("paged_decode_hnd", inputs(swap_page_axes(&kp), swap_page_axes(&vp)), &cpu(&[])).expect("hnd runs");
     assert!(max_diff(&got[0].1, &want[0].1) < 1e-6);
 }
 

@@ -316,17 +316,8 @@ pub(super) fn flash_grad(
                     }
                     FlashWrt::Extra(x) if df != 0.0 => {
                         let Some(t) = target else { continue };
-                        for l in derivative.loads.iter().filter(|l| l.input == x) {
-                            let mut at = 0;
-                            for (axis, e) in l.index.iter().enumerate() {
-                                let size = t.shape.get(axis).copied().unwrap_or(1).max(1);
-                                let ix = i64::from(e.eval(raw[j], &pos, env, &load).as_i()).clamp(0, size as i64 - 1) as usize;
-                                at += ix * target_strides.get(axis).copied().unwrap_or(0);
-                            }
-                            if let Some(o) = out.get_mut(at) {
-                                *o += df * l.d.eval(raw[j], &pos, env, &load).as_f();
-                            }
-                        }
+                        let at_score = |e: &crate::ir::ScoreExpr| e.eval(raw[j], &pos, env, &load);
+                        add_extra_gradient(&mut out, (t, &target_strides), derivative.loads.iter().filter(|l| l.input == x), df, &at_score);
                     }
                     _ => {}
                 }
@@ -334,4 +325,26 @@ pub(super) fn flash_grad(
         }
     }
     Ok(Val::new(dtype, shape, out))
+}
+
+/// Adds `dF · ∂F/∂x` of each of `loads` (loads of one extra operand `t`, row-major
+/// `strides`) at the index it loads, evaluated at one score by `at_score`.
+fn add_extra_gradient<'l>(
+    out: &mut [f64],
+    (t, strides): (&Val, &[usize]),
+    loads: impl Iterator<Item = &'l crate::ir::grad::LoadGrad>,
+    df: f64,
+    at_score: &dyn Fn(&crate::ir::ScoreExpr) -> Scalar,
+) {
+    for l in loads {
+        let mut at = 0;
+        for (axis, e) in l.index.iter().enumerate() {
+            let size = t.shape.get(axis).copied().unwrap_or(1).max(1);
+            let ix = i64::from(at_score(e).as_i()).clamp(0, size as i64 - 1) as usize;
+            at += ix * strides.get(axis).copied().unwrap_or(0);
+        }
+        if let Some(o) = out.get_mut(at) {
+            *o += df * at_score(&l.d).as_f();
+        }
+    }
 }
