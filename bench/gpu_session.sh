@@ -15,6 +15,10 @@
 #           into versus.txt
 #   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
 #           throughput, occupancy, warp stalls, into ncu.txt
+#   wgmma   Hopper's warpgroup forward: the device's flash tests at head widths 64 and 128 (the
+#           widths that take wgmma on sm_90a), then attnc alone on f16/bf16 cases with the
+#           forward on wgmma (sm_90a, the default on an sm_90 device) and on mma.sync
+#           (ATTNC_CUDA_WGMMA=0: plain sm_90), interleaved over two rounds, into wgmma.txt
 #   bwd     the tensor-core flash backward against the SIMT one (ATTNC_CUDA_BWD=simt), attnc bench
 #           --grad alone, f16, interleaved, into bwd.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
@@ -112,6 +116,29 @@ while [ $i -lt ${#steps[@]} ]; do
             --iters 1 --warmup 0 > "$OUT/ncu.txt" 2>&1
         echo "ncu: exit $?"
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Issued Ipc|No Eligible|Warp Cycles" "$OUT/ncu.txt" | head -40
+        ;;
+    wgmma)
+        echo "== wgmma"
+        ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 200 "$TESTS" gpu_tests::flash_kernels --nocapture > "$OUT/tests-wgmma.log" 2>&1
+        echo "wgmma tests: exit $?"
+        grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20
+        for kind in none causal alibi softcap; do
+            program "$kind" "/tmp/attnc-wg-$kind.attn"
+        done
+        for round in 1 2; do
+            for spec in "none 128 4096" "causal 128 4096" "none 64 4096" "causal 64 4096" "alibi 128 4096" "softcap 128 4096" "none 128 16384" "causal 128 1024"; do
+                set -- $spec
+                for mode in wgmma mma; do
+                    knob=1
+                    [ "$mode" = mma ] && knob=0
+                    ms=$(ATTNC_CUDA_WGMMA=$knob timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --json --iters 20 --warmup 3 \
+                        --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
+                    tf=$(awk -v ms="$ms" -v s=$3 -v d=$2 -v c=$1 'BEGIN { if (ms > 0) { f = 4 * 4 * 16 * s * s * d; if (c != "none") f /= 2; printf "%.0f", f / (ms * 1e9) } }')
+                    echo "round $round $1 D=$2 S=$3 $mode: $ms ms ($tf TFLOP/s)"
+                done
+            done
+        done > "$OUT/wgmma.txt" 2>&1
+        cat "$OUT/wgmma.txt"
         ;;
     rows | versus)
         # rows: the tensor-core kernel's query rows per block (ATTNC_CUDA_MMA_ROWS: 64 = one

@@ -286,6 +286,60 @@ ATTNC_DEV void attnc_cp_wait_1() {}
 ATTNC_DEV float attnc_exp2_fast(float x) { return std::exp2(x); }
 ATTNC_DEV float attnc_exp_fast(float x) { return std::exp2(x * ATTNC_LOG2E); }
 ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, true); }
+// Hopper's warpgroup products (prelude: attnc_wg_*), emulated from the PTX ISA's matrix
+// descriptor and canonical layouts (the 128-byte swizzle only: address bits 4-6 XOR bits 7-9)
+// when a test defines ATTNC_WGMMA 1. Each thread forms its own accumulators: A from shared
+// memory (K-major) or from its warp's registers (the mma.sync A layout, exchanged), B from
+// shared memory, K-major or (trans) MN-major. The products run at once: fence, commit and
+// wait have nothing to order.
+#ifndef ATTNC_WGMMA
+#define ATTNC_WGMMA 0
+#endif
+static inline unsigned long long attnc_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)((lbo >> 4) & 0x3fff) << 16)
+       | ((unsigned long long)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+ATTNC_DEV void attnc_wg_fence() {}
+ATTNC_DEV void attnc_wg_commit() {}
+ATTNC_DEV void attnc_wg_wait0() {}
+ATTNC_DEV void attnc_fence_proxy() {}
+// The shared byte address of element (mn, k) of an operand: K-major, 8-row groups `sbo` apart,
+// rows of 128 bytes; MN-major, 64-element groups `lbo` apart, 8-row (k) groups `sbo` apart.
+static inline unsigned attnc_emu_wg_addr(unsigned long long desc, int mn, int k, bool mn_major) {
+  if ((desc >> 62) != 1 || ((desc >> 49) & 7) != 0) { std::fprintf(stderr, "emulated wgmma: only 128-byte swizzled canonical layouts\n"); std::abort(); }
+  const unsigned start = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)((desc >> 16) & 0x3fff) << 4, sbo = (unsigned)((desc >> 32) & 0x3fff) << 4;
+  const unsigned a = mn_major ? start + (mn / 64) * lbo + (mn % 64) * 2 + (k % 8) * 128 + (k / 8) * sbo
+                              : start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+  return a ^ (((a >> 7) & 7) << 4);
+}
+static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, bool trans_b, int scale, bool bf) {
+  auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
+  auto h = [bf](u16 x) { return bf ? attnc_b2f(x) : attnc_h2f(x); };
+  auto ld = [&](unsigned addr) { u16 x; std::memcpy(&x, attnc_emu::dyn_smem + addr, 2); return h(x); };
+  if (a) {
+    for (int r = 0; r < 4; ++r) { w.fa[l][2 * r] = h((u16)(a[r] & 0xffffu)); w.fa[l][2 * r + 1] = h((u16)(a[r] >> 16)); }
+    attnc_emu::wait(w.bar);
+  }
+  const int wg = (int)(threadIdx.x >> 5) & 3, g = l >> 2, t = l & 3;
+  float out[128];
+  for (int i = 0; i < n / 2; ++i) {
+    const int row = g + 8 * ((i & 3) >> 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
+    float acc = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      const float av = a ? w.fa[(row & 7) * 4 + (k & 7) / 2][2 * ((row >= 8) + 2 * (k >= 8)) + (k & 1)] : ld(attnc_emu_wg_addr(da, 16 * wg + row, k, false));
+      acc += av * ld(attnc_emu_wg_addr(db, col, k, trans_b));
+    }
+    out[i] = scale ? d[i] + acc : acc;
+  }
+  if (a) attnc_emu::wait(w.bar);
+  for (int i = 0; i < n / 2; ++i) d[i] = out[i];
+}
+ATTNC_DEV void attnc_wg_ss_h64(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 64, nullptr, da, db, false, scale, false); }
+ATTNC_DEV void attnc_wg_ss_b64(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 64, nullptr, da, db, false, scale, true); }
+ATTNC_DEV void attnc_wg_rs_h64_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 64, a, 0, db, true, scale, false); }
+ATTNC_DEV void attnc_wg_rs_b64_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 64, a, 0, db, true, scale, true); }
+ATTNC_DEV void attnc_wg_rs_h128_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 128, a, 0, db, true, scale, false); }
+ATTNC_DEV void attnc_wg_rs_b128_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 128, a, 0, db, true, scale, true); }
 // One launch: `bx` fibers, each running the kernel for every block in turn.
 template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, size_t smem, F kernel) {
   attnc_emu::grid = {gx, gy, gz};
@@ -568,12 +622,25 @@ pub fn emulate_schedule(
     env: &HashMap<String, i64>,
     dir: &Path,
 ) -> Result<Vec<Tensor>, String> {
+    emulate_schedule_with(s, inputs, env, dir, &[])
+}
+
+/// [`emulate_schedule`] with more `-D` defines for the host program (e.g. `ATTNC_WGMMA` 1:
+/// the kernels' Hopper paths, on the emulated warpgroup products).
+pub fn emulate_schedule_with(
+    s: &Result<Schedule, String>,
+    inputs: &[Tensor],
+    env: &HashMap<String, i64>,
+    dir: &Path,
+    defines: &[(String, i64)],
+) -> Result<Vec<Tensor>, String> {
     let s = s.as_ref().map_err(Clone::clone)?;
     let program = render(s).map_err(|e| e.to_string())?;
     let mut run_env = env.clone();
     attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
     let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);
-    let prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy(), &data).map_err(|e| e.to_string())?;
+    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy(), &data).map_err(|e| e.to_string())?;
+    prep.defines.extend(defines.iter().cloned());
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;
     let mut uploads: Vec<(usize, Vec<u8>)> = s.params.iter().zip(inputs).map(|(b, t)| (*b, host::to_bytes(t))).collect();

@@ -3,7 +3,7 @@
 //! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
 //! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
 
-use super::emulate::{Device, compiler_or_skip, deterministic_device_graph, device_graph, emulate_schedule};
+use super::emulate::{Device, compiler_or_skip, deterministic_device_graph, device_graph, emulate_schedule, emulate_schedule_with};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples, flash_graphs};
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
@@ -68,11 +68,12 @@ fn check(
     env: &HashMap<String, i64>,
     seed: u64,
     dir: &Path,
+    defines: &[(String, i64)],
 ) -> Result<f64, String> {
     let (inputs, expected) = reference_run(reference, env, seed)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
-    let got = emulate_schedule(&device, &inputs, &env, dir).map_err(|e| format!("{label}: {e}"))?;
+    let got = emulate_schedule_with(&device, &inputs, &env, dir, defines).map_err(|e| format!("{label}: {e}"))?;
     let mut worst = 0.0f64;
     for (got, exp) in got.iter().zip(&expected) {
         // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
@@ -123,6 +124,8 @@ struct Case {
     dir: String,
     /// The tensor-core flash backward's deterministic mode instead of the atomic `dQ`.
     deterministic: bool,
+    /// The kernels' Hopper paths (`ATTNC_WGMMA` 1: the emulated warpgroup products).
+    wgmma: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -135,7 +138,8 @@ fn run_cases(cases: Vec<Case>) {
                 let env = sizes(&c.graph, &c.sizes);
                 let device = if c.optimise { Device::Compiled(&c.graph) } else { Device::AsWritten(&c.graph) };
                 let schedule = if c.deterministic { deterministic_device_graph(device) } else { device_graph(device) };
-                let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd)?;
+                let defines = if c.wgmma { vec![("ATTNC_WGMMA".to_string(), 1)] } else { Vec::new() };
+                let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd, &defines)?;
                 let _ = std::fs::remove_dir_all(&wd);
                 if err > c.tol {
                     return Err(format!("{}: max relative error {err:e} > {:e}", c.label, c.tol));
@@ -172,6 +176,7 @@ fn width_cases(
                 tol,
                 dir,
                 deterministic: false,
+                wgmma: false,
             });
         }
     }
@@ -192,7 +197,17 @@ fn every_example_runs_emulated_like_the_interpreter() {
                 let kind = if optimise { "opt" } else { "ir" };
                 // f32 throughout; sums in a different order than the f64 reference.
                 let (label, dir) = (format!("{stem}/{} ({kind})", g.name), format!("{stem}-{}-{kind}", g.name));
-                cases.push(Case { label, graph: g.clone(), optimise, sizes: Vec::new(), seed: 11, tol: 1e-4, dir, deterministic: false });
+                cases.push(Case {
+                    label,
+                    graph: g.clone(),
+                    optimise,
+                    sizes: Vec::new(),
+                    seed: 11,
+                    tol: 1e-4,
+                    dir,
+                    deterministic: false,
+                    wgmma: false,
+                });
             }
         }
     }
@@ -210,6 +225,27 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
     let widths = |n: usize, _: &Graph| attn_tests::matrix([24i64, 64, 100, 160].into_iter().enumerate(), |k| k % 2 == n % 2);
     let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 70), ("T", 150), ("M", 67), ("N", 45)];
     run_cases(width_cases(graphs, "flash", 5, widths, sizes));
+}
+
+/// The tensor-core forward's Hopper path (`wgmma`, where widths are 64 or 128) on the emulated
+/// warpgroup products: the f16/bf16 flash graphs, each at one of the two widths in turn.
+#[test]
+fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
+    if !compiler_or_skip("flash_kernels_run_emulated_on_hoppers_warpgroup_products").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let graphs = flash_graphs()
+        .into_iter()
+        .filter(|(_, g, _)| matches!(g.node(g.params()[0]).ty.dtype, attn_compiler::ir::DType::F16 | attn_compiler::ir::DType::BF16))
+        .map(|(label, g, tol)| (format!("{label} (wgmma)"), g, tol))
+        .collect();
+    let widths = |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == n % 2);
+    let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 150), ("T", 150), ("M", 67), ("N", 45)];
+    let mut cases = width_cases(graphs, "flash-wgmma", 5, widths, sizes);
+    for c in &mut cases {
+        c.wgmma = true;
+    }
+    run_cases(cases);
 }
 
 #[test]
@@ -405,7 +441,8 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
     for n in [1, 2, 257, 700] {
         let env = sizes(&g, &[("B", 3), ("N", n)]);
         let wd = work_dir(&format!("argsort-{n}"));
-        let err = check(&format!("argsort N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 5, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let err =
+            check(&format!("argsort N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 5, &wd, &[]).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&wd);
         assert_eq!(err, 0.0, "N={n}: the permutations differ");
     }
@@ -422,7 +459,8 @@ fn long_argsorts_run_emulated_like_the_interpreter() {
     for n in [20, 257, 700] {
         let env = sizes(&g, &[("B", 4), ("N", n)]);
         let wd = work_dir(&format!("topk-{n}"));
-        let err = check(&format!("topk N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 6, &wd).unwrap_or_else(|e| panic!("{e}"));
+        let err =
+            check(&format!("topk N={n}"), &g, device_graph(Device::AsWritten(&g)), &env, 6, &wd, &[]).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&wd);
         assert_eq!(err, 0.0, "N={n}: the top-k differ");
     }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub struct DeviceInfo {
     /// The device's name.
     pub name: String,
-    /// The architecture kernels are compiled for (`sm_90`).
+    /// The architecture kernels are compiled for (`sm_80`, `sm_90a`, ...).
     pub arch: String,
     /// Streaming multiprocessors.
     pub sm_count: u32,
@@ -93,7 +93,7 @@ fn open() -> Result<Gpu, CudaError> {
     let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
     let info = DeviceInfo {
         name,
-        arch: format!("sm_{major}{minor}"),
+        arch: crate::nvrtc_arch(major, minor, crate::wgmma_knob()),
         sm_count: u32::try_from(sm_count).unwrap_or(1),
         max_smem_per_block: u32::try_from(smem).unwrap_or(48 * 1024),
         nvrtc: (nvrtc_path, nvrtc::version()),

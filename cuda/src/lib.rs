@@ -52,6 +52,19 @@ pub(crate) fn simt_backward_knob() -> bool {
     std::env::var("ATTNC_CUDA_BWD").is_ok_and(|s| s.trim() == "simt")
 }
 
+/// `ATTNC_CUDA_WGMMA=0`: an sm_90 device compiles for plain `sm_90` (the `mma.sync` kernels)
+/// instead of `sm_90a` (Hopper's warpgroup products where a kernel has them), for comparing
+/// the two.
+pub(crate) fn wgmma_knob() -> bool {
+    std::env::var("ATTNC_CUDA_WGMMA").map_or(true, |s| s.trim() != "0")
+}
+
+/// The NVRTC architecture for a device of compute capability `major.minor`: `sm_90a` on
+/// Hopper (its architecture-specific instructions: `wgmma`), unless the knob says no.
+pub(crate) fn nvrtc_arch(major: i32, minor: i32, wgmma: bool) -> String {
+    if major == 9 && minor == 0 && wgmma { "sm_90a".to_string() } else { format!("sm_{major}{minor}") }
+}
+
 /// `ATTNC_CUDA_BWD=deterministic`: the tensor-core flash backward in its deterministic mode
 /// (`dQ` from query items of its own, no atomic adds: the same bits on every run).
 pub(crate) fn deterministic_backward_knob() -> bool {

@@ -87,6 +87,12 @@ fn compile_all(jobs: Vec<Job>) -> (Vec<String>, Vec<String>) {
             ARCHS.into_iter().enumerate().filter(move |(a, _)| full || n % ARCHS.len() == *a).map(move |(_, a)| (j.clone(), a))
         })
         .collect();
+    compile_on(jobs)
+}
+
+/// Compiles each job for its architecture on two threads: NVRTC failures, then the kernels
+/// that spill.
+fn compile_on(jobs: Vec<(Job, &str)>) -> (Vec<String>, Vec<String>) {
     let results: Vec<(Vec<String>, Vec<String>)> = std::thread::scope(|scope| {
         let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(2).max(1)).collect();
         let handles: Vec<_> = chunks
@@ -274,6 +280,39 @@ fn flash_kernels_compile_for_every_head_width() {
         }
     }
     assert_compiles(jobs);
+}
+
+/// The tensor-core forward's Hopper path: NVRTC for `sm_90a` defines `ATTNC_WGMMA` (and plain
+/// `sm_90` does not), and every flash graph compiles there at the widths that take `wgmma`
+/// (64 and 128, two m-tiles per warp, and 128 with one), spills reported.
+#[test]
+fn flash_kernels_compile_for_hoppers_warpgroup_products() {
+    if nvrtc_or_skip("flash_kernels_compile_for_hoppers_warpgroup_products").is_none() {
+        return;
+    }
+    let probe = |arch: &str| {
+        let src = format!(
+            "{}extern \"C\" __global__ void k(int* x) {{ x[0] = ATTNC_WGMMA; }}\n#if ATTNC_WGMMA != {}\n#error wrong\n#endif\n",
+            crate::render::preamble_for_tests(),
+            i32::from(arch == "sm_90a")
+        );
+        nvrtc::compile(&src, arch, &[], &[])
+    };
+    probe("sm_90a").unwrap_or_else(|log| panic!("sm_90a has no ATTNC_WGMMA:\n{log}"));
+    probe("sm_90").unwrap_or_else(|log| panic!("sm_90 claims ATTNC_WGMMA:\n{log}"));
+    let mut jobs = Vec::new();
+    for (label, text) in FLASH_GRAPHS {
+        let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
+        let (s, p) = render_as_written(&g);
+        for (hd, tiles) in [(64, 2), (128, 2), (128, 1)] {
+            jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), head_defines(&s, hd, tiles)));
+        }
+    }
+    let (failures, spills) = compile_on(jobs.into_iter().map(|j| (j, "sm_90a")).collect());
+    if !spills.is_empty() {
+        eprintln!("kernels that spill registers:\n  {}", spills.join("\n  "));
+    }
+    assert!(failures.is_empty(), "{} NVRTC failure(s):\n{}", failures.len(), failures.join("\n\n"));
 }
 
 #[test]

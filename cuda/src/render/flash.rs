@@ -456,11 +456,29 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         format!(
             "constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step}, MT_ = ATTNC_MT_{step};  // head width; keys per tile; m-tiles per warp"
         ),
-        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: warp w has rows [16 MT_ w, 16 MT_ (w + 1))"),
+        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: m-tile mt of warp w has rows 64 mt + 16 w + [0, 16)"),
         "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
+        // Hopper (sm_90a) takes the warpgroup products where the tiles are whole swizzled
+        // sub-tiles (widths 64 and 128, keys 64): the 4 warps are one warpgroup, and m-tile mt
+        // of the block is one `wgmma` of 64 rows.
+        format!("#define ATTNC_WG_{step} (ATTNC_WGMMA && ATTNC_HD_{step} % 64 == 0 && ATTNC_HD_{step} <= 128 && ATTNC_BN_{step} == 64)"),
+        format!("#if ATTNC_WG_{step}"),
+        "// Q, K and V tiles 128-byte swizzled (prelude: attnc_wg_desc), from a 1024-byte aligned".into(),
+        "// shared address (the launch's shared memory has the skew's bytes to spare). Element".into(),
+        format!("// (r, c) of a tile of `rows` rows is ATTNC_OFF_{step}(rows, r, c) halves in."),
+        "const unsigned sb_ = attnc_saddr(attnc_smem), sa_ = (sb_ + 1023u) & ~1023u;".into(),
+        "u16* Qs_ = (u16*)(attnc_smem + (sa_ - sb_));  // [BM_][HD_]".into(),
+        "u16* Ks_ = Qs_ + BM_ * HD_;  // [BN_][HD_]".into(),
+        "u16* Vs_ = Ks_ + BN_ * HD_;  // [BN_][HD_]".into(),
+        format!(
+            "#define ATTNC_OFF_{step}(rows, r, c) (((((c) >> 6) * (rows) + (r)) << 6) + (((((c) >> 3) & 7) ^ ((r) & 7)) << 3) + ((c) & 7))"
+        ),
+        "#else".into(),
         "u16* Qs_ = (u16*)attnc_smem;  // [BM_][LD_]".into(),
         "u16* Ks_ = Qs_ + BM_ * LD_;   // [BN_][LD_]".into(),
         "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
+        format!("#define ATTNC_OFF_{step}(rows, r, c) ((r) * LD_ + (c))"),
+        "#endif".into(),
         "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
         "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
         "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
@@ -469,7 +487,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         "// K's B fragments of two".into(),
         "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
         "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
-        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 * MT_ + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
         "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
         "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
     ];
@@ -478,27 +496,28 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     // Causal-like masks give later query blocks more live tiles: start those first.
     let p = fl.item(&mut it, true)?;
     it.push("const i64 q0_ = qb_ * BM_;".into());
-    it.push("const i64 rw_ = q0_ + warp_ * 16 * MT_ + g_;  // this lane's rows: rw_ + 16 mt + 8 h (m-tile mt, half h)".into());
+    it.push("const i64 rw_ = q0_ + warp_ * 16 + g_;  // this lane's rows: rw_ + 64 mt + 8 h (m-tile mt, half h)".into());
     it.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
     it.extend(mma_stage_setup(fl)?);
     it.push("attnc_sync();  // the previous item's last reads of Qs_, Ks_ and Vs_".into());
     it.push(format!("for (int e_ = tid_; e_ < BM_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
     it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
     it.extend(indent(&fl.q("qi_", "qc_")?, 2));
-    it.push(format!("  Qs_[(e_ / HD_) * LD_ + e_ % HD_] = {conv}(x_);"));
+    it.push(format!("  Qs_[ATTNC_OFF_{step}(BM_, e_ / HD_, e_ % HD_)] = {conv}(x_);"));
     it.push("}".into());
     // Up to 128 columns of Q per warp (MT_ · HD_) its Q fragments stay in registers (32 at
     // most); more are read from shared memory for every key tile, to keep the kernel clear of
     // spills.
+    it.extend(proxy_fence(step));
     it.push("attnc_sync();".into());
-    it.push("constexpr bool QR_ = MT_ * HD_ <= 128;".into());
+    it.push(format!("constexpr bool QR_ = !ATTNC_WG_{step} && MT_ * HD_ <= 128;"));
     it.push("unsigned qf_[QR_ ? MT_ : 1][QR_ ? HD_ / 16 : 1][4];".into());
     it.push("if constexpr (QR_) {".into());
     it.push("  #pragma unroll".into());
     it.push("  for (int mt_ = 0; mt_ < MT_; ++mt_)".into());
     it.push("    #pragma unroll".into());
     it.push("    for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
-    it.push("      attnc_ldsm_x4(qf_[mt_][ks_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);".into());
+    it.push("      attnc_ldsm_x4(qf_[mt_][ks_], qa_s_ + 128u * LD_ * mt_ + 32u * ks_);".into());
     it.push("}".into());
     it.push("float o_[MT_][DT_][4], m_[MT_][2], l_[MT_][2];  // row maxima in base 2".into());
     it.push("#pragma unroll".into());
@@ -522,17 +541,19 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
         format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
         "const i64 k0_ = kt_ * BN_;".into(),
         "attnc_cp_wait_all();".into(),
-        "attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into(),
     ];
+    tile.extend(proxy_fence(step));
+    tile.push("attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into());
     tile.extend(mma_stage(fl, 'v', "k0_")?);
-    tile.extend(mma_scores(mma));
+    tile.extend(mma_scores(mma, step, bf16));
     tile.extend(mma_weights(fl, &p)?);
     tile.push("attnc_cp_wait_all();".into());
+    tile.extend(proxy_fence(step));
     tile.push("attnc_sync();  // V(kt) is in; every warp is done with K(kt)".into());
     tile.push("if (nx_ < nkt_) {".into());
     tile.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
     tile.push("}".into());
-    tile.extend(mma_pv(mma, pack));
+    tile.extend(mma_pv(mma, pack, step, bf16));
     tile.push("kt_ = nx_;".into());
     it.extend(indent(&tile, 2));
     it.push("}".into());
@@ -561,7 +582,7 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
         out.push("}".into());
         out
     };
-    let position = "const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
+    let position = "const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
     let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
     general.extend(fl.score(p, "i_", "j_", "s_e_")?);
     // Dropout of the weights the values see (after the row sums took them whole). A lane's
@@ -664,6 +685,7 @@ fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
 /// 16-byte copies (zero-filled beyond the matrix) when `vec_`, element by element otherwise.
 /// Both end in a commit, so `attnc_cp_wait_all` then a barrier make the tile visible.
 fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
     let contiguous = kv_unit_columns(fl);
     let (buf, base, width) = if which == 'k' { ("Ks_", "K_", "D_") } else { ("Vs_", "V_", "DV_") };
     let mut out = Vec::new();
@@ -675,7 +697,9 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         // The copy of chunk (r_, cc_), the same in both loops.
         let copy = [
             format!("      const bool in_ = jr_ < N_ && c64_ < {width};"),
-            format!("      attnc_cp16({buf}s_ + 2u * (r_ * LD_ + cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"),
+            format!(
+                "      attnc_cp16({buf}s_ + 2u * ATTNC_OFF_{step}(BN_, r_, cc_), in_ ? (const void*)&{src} : (const void*){base}, in_);"
+            ),
         ];
         out.push("if (vec_) {".into());
         out.push(format!("  constexpr int CPR_ = HD_ / 8, RS_ = {CUDA_FLASH_THREADS} / CPR_;"));
@@ -695,7 +719,7 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         out.push("    for (int c_ = 0; c_ < BN_ / RS_; ++c_) {".into());
         out.push("      const bool in_ = c_ * RS_ < left_;".into());
         out.push(format!(
-            "      attnc_cp16({buf}s_ + 2u * ((r0_ + c_ * RS_) * LD_ + cc_), in_ ? (const void*)src_ : (const void*){base}, in_);"
+            "      attnc_cp16({buf}s_ + 2u * ATTNC_OFF_{step}(BN_, r0_ + c_ * RS_, cc_), in_ ? (const void*)src_ : (const void*){base}, in_);"
         ));
         out.push("      src_ += step_;".into());
         out.push("    }".into());
@@ -712,7 +736,7 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
         format!("for (int e_ = tid_; e_ < BN_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
         "  const int r_ = e_ / HD_, cc_ = e_ % HD_;".into(),
         format!("  const i64 jr_ = {k0} + r_, c64_ = cc_;"),
-        format!("  {buf}[r_ * LD_ + cc_] = (jr_ < N_ && c64_ < {width}) ? {} : (u16)0;", fl.kv_raw(which, "jr_", "c64_")?),
+        format!("  {buf}[ATTNC_OFF_{step}(BN_, r_, cc_)] = (jr_ < N_ && c64_ < {width}) ? {} : (u16)0;", fl.kv_raw(which, "jr_", "c64_")?),
         "}".into(),
     ];
     if contiguous {
@@ -725,12 +749,35 @@ fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitE
     Ok(out)
 }
 
-/// S = Q Kᵀ for the warp's 16 rows on tensor cores; Q and K fragments come from shared memory
-/// through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B fragments of two
-/// key n-tiles).
-fn mma_scores(mma: &str) -> Vec<String> {
+/// On Hopper's warpgroup path, the threads' copies into the swizzled tiles made visible to
+/// `wgmma` (which reads shared memory through the async proxy): each thread fences after its
+/// copies are complete and before the barrier.
+fn proxy_fence(step: usize) -> Vec<String> {
+    vec![format!("#if ATTNC_WG_{step}"), "attnc_fence_proxy();".into(), "#endif".into()]
+}
+
+/// S = Q Kᵀ for the warp's rows on tensor cores. `mma.sync`: Q and K fragments come from
+/// shared memory through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B
+/// fragments of two key n-tiles). Hopper: one `wgmma` per m-tile and 16 columns of the head
+/// width, both operands read from the swizzled tiles; the accumulators land in the same layout.
+fn mma_scores(mma: &str, step: usize, bf16: bool) -> Vec<String> {
+    let t = if bf16 { 'b' } else { 'h' };
     format!(
         "float s_[MT_][NT_][4];
+#if ATTNC_WG_{step}
+// Q's sub-tile (ks >> 2) of 64 columns, rows 64 mt: K-major, 16 columns (32 bytes) per step.
+attnc_wg_fence();
+#pragma unroll
+for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+  #pragma unroll
+  for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)
+    attnc_wg_ss_{t}64(&s_[mt_][0][0],
+      attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + mt_ * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),
+      attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);
+}}
+attnc_wg_commit();
+attnc_wg_wait0();
+#else
 #pragma unroll
 for (int mt_ = 0; mt_ < MT_; ++mt_)
   #pragma unroll
@@ -744,7 +791,7 @@ for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
     if constexpr (QR_) {{
       a_[mt_][0] = qf_[mt_][ks_][0]; a_[mt_][1] = qf_[mt_][ks_][1]; a_[mt_][2] = qf_[mt_][ks_][2]; a_[mt_][3] = qf_[mt_][ks_][3];
     }} else {{
-      attnc_ldsm_x4(a_[mt_], qa_s_ + 32u * LD_ * mt_ + 32u * ks_);
+      attnc_ldsm_x4(a_[mt_], qa_s_ + 128u * LD_ * mt_ + 32u * ks_);
     }}
   }}
   #pragma unroll
@@ -759,6 +806,7 @@ for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
     }}
   }}
 }}
+#endif
 // Accumulator element e of m-tile mt, n-tile nt: row rw_ + 16 mt + 8 (e >> 1), key
 // k0_ + 8 nt + 2 tg_ + (e & 1).
 float mx_[MT_][2];
@@ -808,7 +856,7 @@ const MMA_DROPOUT: &str = "#pragma unroll
 for (int mt_ = 0; mt_ < MT_; ++mt_) {
   #pragma unroll
   for (int e_ = 0; e_ < 4; ++e_) {
-    const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8;
+    const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8;
     #pragma unroll
     for (int nb_ = 0; nb_ < NT_ / 8; ++nb_) {
       #pragma unroll
@@ -823,10 +871,39 @@ for (int mt_ = 0; mt_ < MT_; ++mt_) {
 }";
 
 /// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
-/// n-tiles; V's B fragments come transposed through `ldmatrix.trans` (two d-tiles per load).
-fn mma_pv(mma: &str, pack: &str) -> Vec<String> {
+/// n-tiles. `mma.sync`: V's B fragments come transposed through `ldmatrix.trans` (two d-tiles
+/// per load). Hopper: one `wgmma` per m-tile and 16 keys, P from registers (all of the tile's
+/// packed first: a product in flight still reads them) and V MN-major from its swizzled tile.
+fn mma_pv(mma: &str, pack: &str, step: usize, bf16: bool) -> Vec<String> {
+    let t = if bf16 { 'b' } else { 'h' };
     format!(
-        "#pragma unroll
+        "#if ATTNC_WG_{step}
+unsigned pw_[MT_][BN_ / 16][4];
+#pragma unroll
+for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    pw_[mt_][kk_][0] = {pack}(s_[mt_][2 * kk_][0], s_[mt_][2 * kk_][1]);
+    pw_[mt_][kk_][1] = {pack}(s_[mt_][2 * kk_][2], s_[mt_][2 * kk_][3]);
+    pw_[mt_][kk_][2] = {pack}(s_[mt_][2 * kk_ + 1][0], s_[mt_][2 * kk_ + 1][1]);
+    pw_[mt_][kk_][3] = {pack}(s_[mt_][2 * kk_ + 1][2], s_[mt_][2 * kk_ + 1][3]);
+  }}
+}}
+attnc_wg_fence();
+// V's 16 keys of step kk: rows 16 kk of each 64-column sub-tile (BN_ rows apart).
+#pragma unroll
+for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
+  const unsigned long long vd_ = attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);
+  #pragma unroll
+  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
+    if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[mt_][0][0], pw_[mt_][kk_], vd_, 1);
+    else attnc_wg_rs_{t}128_t(&o_[mt_][0][0], pw_[mt_][kk_], vd_, 1);
+  }}
+}}
+attnc_wg_commit();
+attnc_wg_wait0();
+#else
+#pragma unroll
 for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
   unsigned pa_[MT_][4];
   #pragma unroll
@@ -847,7 +924,8 @@ for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
       {mma}(o_[mt_][t_ + 1], pa_[mt_], vb_ + 2);
     }}
   }}
-}}"
+}}
+#endif"
     )
     .lines()
     .map(String::from)
@@ -869,7 +947,7 @@ fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
         out.push("    inv_[h_] = l == 0.0f ? 0.0f : 1.0f / l;".into());
         // The row maxima are in base 2: ln Σ e^x = m · ln 2 + ln Σ 2^(x log2 e - m).
         if let Some(st) = fl.store_lse("ri_", "m_[mt_][h_] * 0.6931471805599453f + logf(l)")? {
-            out.push("    const i64 ri_ = rw_ + mt_ * 16 + h_ * 8;".into());
+            out.push("    const i64 ri_ = rw_ + mt_ * 64 + h_ * 8;".into());
             out.push(format!("    if (tg_ == 0 && ri_ < M_) {st}"));
         }
     } else {
@@ -880,7 +958,7 @@ fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
     out.push("  for (int t_ = 0; t_ < DT_; ++t_) {".into());
     out.push("    #pragma unroll".into());
     out.push("    for (int e_ = 0; e_ < 4; ++e_) {".into());
-    out.push("      const i64 i_ = rw_ + mt_ * 16 + (e_ >> 1) * 8, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
+    out.push("      const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8, col_ = t_ * 8 + tg_ * 2 + (e_ & 1);".into());
     out.push(format!("      if (i_ < M_ && col_ < DV_) {}", fl.store_out("i_", "col_", "(o_[mt_][t_][e_] * inv_[e_ >> 1])")?));
     out.push("    }".into());
     out.push("  }".into());

@@ -28,6 +28,13 @@ mod launch;
 mod matmul;
 mod ops;
 mod prelude;
+
+/// The preamble of every emitted program (types and helpers), for tests that compile their own
+/// kernels on top of it.
+#[cfg(test)]
+pub(crate) fn preamble_for_tests() -> String {
+    prelude::preamble()
+}
 mod rows;
 mod score;
 

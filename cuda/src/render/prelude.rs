@@ -189,5 +189,70 @@ ATTNC_DEV double attnc_warp_min_d(double v) { for (int m = 16; m > 0; m >>= 1) v
 
 /// The whole preamble of an emitted program.
 pub(super) fn preamble() -> String {
-    format!("{TYPES}{PRELUDE_BEGIN}\n{PRELUDE}{PRELUDE_END}\n{MATH}")
+    format!("{TYPES}{PRELUDE_BEGIN}\n{PRELUDE}{}{PRELUDE_END}\n{MATH}", warpgroup())
+}
+
+/// Hopper's warpgroup products (`wgmma.mma_async`, sm_90a only: NVRTC defines
+/// `__CUDA_ARCH_FEAT_SM90_ALL` there, and `ATTNC_WGMMA` says whether they exist). Each helper
+/// is one product of a warpgroup (4 warps, 128 threads): `D[64 × N] (+)= A[64 × 16] · B[16 × N]`,
+/// f32 accumulators in the `mma.sync` C-fragment layout per warp (warp `w` of the group holds
+/// rows `16 w ..`, element `4 t + e` of a thread is row `g + 8 (e >> 1)`, column
+/// `8 t + 2 (lane % 4) + (e & 1)`). `ss`: A and B from shared memory, both K-major (B = Kᵀ
+/// of a `[keys][width]` tile). `rs_t`: A from registers (the `mma.sync` A-fragment layout of
+/// the warp's 16 rows), B from shared memory MN-major (`imm-trans-b` = 1: V of a
+/// `[keys][width]` tile). Operand tiles are 128-byte swizzled (a row of 64 halves is 8
+/// chunks of 16 bytes, chunk `c` of row `r` stored at `c ^ (r % 8)`, in 1024-byte aligned
+/// sub-tiles of 64 columns); a descriptor ([`attnc_wg_desc`]) gives its start, the byte
+/// offset between sub-tiles along MN (`lbo`, MN-major only) and between groups of 8 rows
+/// (`sbo`). Layouts checked on an H100 (docs/gpu/2026-11-28-h100-wgmma/probe.txt).
+fn warpgroup() -> String {
+    use std::fmt::Write as _;
+    let mut s = String::from(
+        "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTNC_WGMMA 1
+ATTNC_DEV unsigned long long attnc_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)((lbo >> 4) & 0x3fff) << 16)
+       | ((unsigned long long)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+ATTNC_DEV void attnc_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\"); }
+ATTNC_DEV void attnc_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\"); }
+ATTNC_DEV void attnc_wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\"); }
+// Generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads.
+ATTNC_DEV void attnc_fence_proxy() { asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); }
+",
+    );
+    for (ty, t) in [("f16", 'h'), ("bf16", 'b')] {
+        for (n, ss) in [(64, true), (64, false), (128, false)] {
+            let regs = n / 2;
+            let outs: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+            let cons: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+            let shape = format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}");
+            if ss {
+                let _ = write!(
+                    s,
+                    "ATTNC_DEV void attnc_wg_ss_{t}{n}(float* d, unsigned long long da, unsigned long long db, int scale) {{\n  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{}, 0;\\n{shape} {{{}}}, %{}, %{}, p, 1, 1, 0, 0;\\n}}\\n\"\n    : {} : \"l\"(da), \"l\"(db), \"r\"(scale));\n}}\n",
+                    regs + 2,
+                    outs.join(","),
+                    regs,
+                    regs + 1,
+                    cons.join(", ")
+                );
+            } else {
+                let _ = write!(
+                    s,
+                    "ATTNC_DEV void attnc_wg_rs_{t}{n}_t(float* d, const unsigned* a, unsigned long long db, int scale) {{\n  asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{}, 0;\\n{shape} {{{}}}, {{%{},%{},%{},%{}}}, %{}, p, 1, 1, 1;\\n}}\\n\"\n    : {} : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(scale));\n}}\n",
+                    regs + 5,
+                    outs.join(","),
+                    regs,
+                    regs + 1,
+                    regs + 2,
+                    regs + 3,
+                    regs + 4,
+                    cons.join(", ")
+                );
+            }
+        }
+    }
+    s.push_str("#else\n#define ATTNC_WGMMA 0\n#endif\n");
+    s
 }
