@@ -15,10 +15,13 @@
 #           into versus.txt
 #   ncu     Nsight Compute on the f16 flash kernel (B=4, H=16, S=4096, D=128, no mask):
 #           throughput, occupancy, warp stalls, into ncu.txt
-#   wgmma   Hopper's warpgroup forward: the device's flash tests at head widths 64 and 128 (the
-#           widths that take wgmma on sm_90a), then attnc alone on f16/bf16 cases with the
-#           forward on wgmma (sm_90a, the default on an sm_90 device) and on mma.sync
-#           (ATTNC_CUDA_WGMMA=0: plain sm_90), interleaved over two rounds, into wgmma.txt
+#   wgmma   Hopper's warpgroup products: the device's flash tests, forward and backward, at head
+#           widths 64 and 128 (the widths that take wgmma on sm_90a), then attnc alone on f16
+#           cases with the forward on wgmma (sm_90a, the default on an sm_90 device) and on
+#           mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
+#           backward on wgmma and on mma.sync (-DATTNC_NO_WGMMA_BWD through
+#           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), interleaved over two rounds,
+#           into wgmma.txt
 #   bwd     the tensor-core flash backward against the SIMT one (ATTNC_CUDA_BWD=simt), attnc bench
 #           --grad alone, f16, interleaved, into bwd.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
@@ -119,7 +122,8 @@ while [ $i -lt ${#steps[@]} ]; do
         ;;
     wgmma)
         echo "== wgmma"
-        ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 200 "$TESTS" gpu_tests::flash_kernels --nocapture > "$OUT/tests-wgmma.log" 2>&1
+        ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 240 "$TESTS" gpu_tests::flash_kernels gpu_tests::flash_backward \
+            --test-threads 2 --nocapture > "$OUT/tests-wgmma.log" 2>&1
         echo "wgmma tests: exit $?"
         grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20
         for kind in none causal alibi softcap; do
@@ -135,6 +139,16 @@ while [ $i -lt ${#steps[@]} ]; do
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
                     tf=$(awk -v ms="$ms" -v s=$3 -v d=$2 -v c=$1 'BEGIN { if (ms > 0) { f = 4 * 4 * 16 * s * s * d; if (c != "none") f /= 2; printf "%.0f", f / (ms * 1e9) } }')
                     echo "round $round $1 D=$2 S=$3 $mode: $ms ms ($tf TFLOP/s)"
+                done
+            done
+            for spec in "causal 128 4096" "none 128 4096" "causal 64 4096" "causal 128 1024"; do
+                set -- $spec
+                for mode in wgmma mma; do
+                    opts=""
+                    [ "$mode" = mma ] && opts=-DATTNC_NO_WGMMA_BWD
+                    ms=$(ATTNC_NVRTC_OPTIONS=$opts timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --grad --json --iters 10 --warmup 2 \
+                        --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
+                    echo "round $round training $1 D=$2 S=$3 backward on $mode: $ms ms"
                 done
             done
         done > "$OUT/wgmma.txt" 2>&1

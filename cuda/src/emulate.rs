@@ -334,6 +334,8 @@ static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned lon
   if (a) attnc_emu::wait(w.bar);
   for (int i = 0; i < n / 2; ++i) d[i] = out[i];
 }
+ATTNC_DEV void attnc_wg_ss_h32(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 32, nullptr, da, db, false, scale, false); }
+ATTNC_DEV void attnc_wg_ss_b32(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 32, nullptr, da, db, false, scale, true); }
 ATTNC_DEV void attnc_wg_ss_h64(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 64, nullptr, da, db, false, scale, false); }
 ATTNC_DEV void attnc_wg_ss_b64(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 64, nullptr, da, db, false, scale, true); }
 ATTNC_DEV void attnc_wg_rs_h64_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 64, a, 0, db, true, scale, false); }

@@ -227,6 +227,37 @@ fn flash_kernels_run_emulated_like_the_interpreter() {
     run_cases(width_cases(graphs, "flash", 5, widths, sizes));
 }
 
+/// The tensor-core backward's Hopper path (`wgmma` at widths 64 and 128) on the emulated
+/// warpgroup products, in both modes: the f16/bf16 backward cases, each at one of the widths
+/// in turn (the forward's own Hopper path included), half of them deterministic.
+#[test]
+fn flash_backward_kernels_run_emulated_on_hoppers_warpgroup_products() {
+    if !compiler_or_skip("flash_backward_kernels_run_emulated_on_hoppers_warpgroup_products").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let graphs: Vec<(String, Graph, f64)> = backward_cases()
+        .into_iter()
+        .filter(|(_, g, _)| g.node(g.params()[0]).ty.dtype != DType::F32)
+        .map(|(label, g, tol)| (format!("{label} (wgmma)"), g, tol))
+        .collect();
+    let widths = |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == n % 2);
+    // 150 keys are three key blocks, one ragged; 67 query rows three half tiles and a ragged one.
+    let sizes = |_| vec![("E", 16), ("S", 70), ("T", 150), ("M", 67), ("N", 150), ("R", 9)];
+    let mut cases = width_cases(graphs, "flash-bwd-wgmma", 23, widths, |d| {
+        let mut v = sizes(d);
+        v.push(("D", d));
+        v
+    });
+    for (n, c) in cases.iter_mut().enumerate() {
+        c.wgmma = true;
+        c.deterministic = (n / 2) % 2 == 1;
+        if c.deterministic {
+            c.label.push_str(" deterministic");
+        }
+    }
+    run_cases(cases);
+}
+
 /// The tensor-core forward's Hopper path (`wgmma`, where widths are 64 or 128) on the emulated
 /// warpgroup products: the f16/bf16 flash graphs, each at one of the two widths in turn.
 #[test]

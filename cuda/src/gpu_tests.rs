@@ -119,6 +119,17 @@ fn compare_at_widths(
     failures
 }
 
+/// `ATTNC_GPU_WIDTHS=64,128`: the flash tests at these head widths only (a short device
+/// session's subset, e.g. the widths that take `wgmma`), else `default`. Prints the device.
+fn widths_or(default: &[i64]) -> Vec<i64> {
+    eprintln!("device: {}", super::device_info().map(|i| format!("{} {}", i.name, i.arch)).unwrap_or_default());
+    std::env::var("ATTNC_GPU_WIDTHS")
+        .ok()
+        .map(|w| w.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|w: &Vec<i64>| !w.is_empty())
+        .unwrap_or_else(|| default.to_vec())
+}
+
 #[track_caller]
 fn assert_no_failures(failures: &[String]) {
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
@@ -154,14 +165,7 @@ fn flash_kernels_on_the_gpu_match_the_interpreter() {
     };
     let cases = flash_graphs().into_iter().map(|(label, g, tol)| (label.to_string(), g, tol));
     let more = [("S", 333), ("T", 4099), ("M", 190), ("N", 257)];
-    // `ATTNC_GPU_WIDTHS=64,128`: these head widths only (a short device session's subset).
-    let widths: Vec<i64> = std::env::var("ATTNC_GPU_WIDTHS")
-        .ok()
-        .map(|w| w.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .filter(|w: &Vec<i64>| !w.is_empty())
-        .unwrap_or_else(|| vec![32, 64, 80, 128, 256]);
-    eprintln!("device: {}", super::device_info().map(|i| format!("{} {}", i.name, i.arch)).unwrap_or_default());
-    assert_no_failures(&compare_at_widths(cases, &widths, &more, 17, Metric::Elementwise));
+    assert_no_failures(&compare_at_widths(cases, &widths_or(&[32, 64, 80, 128, 256]), &more, 17, Metric::Elementwise));
 }
 
 /// The flash backward on the device: the emulation's cases
@@ -173,7 +177,7 @@ fn flash_backward_kernels_on_the_gpu_match_the_interpreter() {
         return;
     };
     let more = [("S", 333), ("T", 517), ("M", 190), ("N", 257), ("R", 9)];
-    assert_no_failures(&compare_at_widths(super::emulate_tests::backward_cases(), &[32, 128], &more, 29, Metric::Backward));
+    assert_no_failures(&compare_at_widths(super::emulate_tests::backward_cases(), &widths_or(&[32, 128]), &more, 29, Metric::Backward));
 }
 
 #[test]

@@ -282,9 +282,10 @@ fn flash_kernels_compile_for_every_head_width() {
     assert_compiles(jobs);
 }
 
-/// The tensor-core forward's Hopper path: NVRTC for `sm_90a` defines `ATTNC_WGMMA` (and plain
+/// The tensor-core kernels' Hopper path: NVRTC for `sm_90a` defines `ATTNC_WGMMA` (and plain
 /// `sm_90` does not), and every flash graph compiles there at the widths that take `wgmma`
-/// (64 and 128, two m-tiles per warp, and 128 with one), spills reported.
+/// (forward: 64 and 128, two m-tiles per warp, and 128 with one; backward: 64 and 128),
+/// spills reported.
 #[test]
 fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     if nvrtc_or_skip("flash_kernels_compile_for_hoppers_warpgroup_products").is_none() {
@@ -306,6 +307,14 @@ fn flash_kernels_compile_for_hoppers_warpgroup_products() {
         let (s, p) = render_as_written(&g);
         for (hd, tiles) in [(64, 2), (128, 2), (128, 1)] {
             jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), head_defines(&s, hd, tiles)));
+        }
+        // The backward too (additive scores have none fused).
+        if !text.contains("additive(") {
+            let derived = attn_compiler::ir::grad::differentiate(&g, None).unwrap_or_else(|e| panic!("{label}: {e}"));
+            let (s, p) = render_as_written(&derived);
+            for hd in [64, 128] {
+                jobs.push((format!("{label} backward HD={hd}"), p.source.clone(), head_defines(&s, hd, 2)));
+            }
         }
     }
     let (failures, spills) = compile_on(jobs.into_iter().map(|j| (j, "sm_90a")).collect());

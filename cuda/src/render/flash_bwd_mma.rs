@@ -48,11 +48,30 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
             "constexpr int HD_ = ATTNC_HD_{step}, LD_ = HD_ + 8, DT_ = HD_ / 8, KS_ = HD_ / 16;  // head width (padded); shared row stride (halves)"
         ),
         format!("constexpr int BL_ = {blk}, HB_ = {half};  // rows of a block, of half a tile"),
-        "u16* A_ = (u16*)attnc_smem;  // [BL_][LD_]: K (key items) or Q (query items)".into(),
-        "u16* B_ = A_ + BL_ * LD_;     // [BL_][LD_]: V or d_out".into(),
-        "u16* C_ = B_ + BL_ * LD_;     // [2][HB_][LD_]: Q or K, half a tile, two buffers".into(),
-        "u16* E_ = C_ + 2 * HB_ * LD_; // [2][HB_][LD_]: d_out or V".into(),
-        "float* L_ = (float*)(E_ + 2 * HB_ * LD_);  // [BL_]: the rows' log-sum-exp".into(),
+        // Hopper (sm_90a) takes the warpgroup products at widths 64 and 128 (the compile
+        // option -DATTNC_NO_WGMMA_BWD keeps mma.sync, for comparing).
+        format!("#if ATTNC_WGMMA && !defined(ATTNC_NO_WGMMA_BWD) && ATTNC_HD_{step} % 64 == 0 && ATTNC_HD_{step} <= 128"),
+        format!("#define ATTNC_WGB_{step} 1"),
+        "// The tiles 128-byte swizzled (prelude: attnc_wg_desc) from a 1024-byte aligned shared".into(),
+        "// address (the launch's shared memory has the skew's bytes to spare); element (r, c) of a".into(),
+        format!("// tile of `rows` rows is ATTNC_BOFF_{step}(rows, r, c) halves in."),
+        "constexpr int LT_ = HD_;  // a tile's row stride (halves)".into(),
+        "const unsigned sb_ = attnc_saddr(attnc_smem), sa_ = (sb_ + 1023u) & ~1023u;".into(),
+        "u16* A_ = (u16*)(attnc_smem + (sa_ - sb_));".into(),
+        format!(
+            "#define ATTNC_BOFF_{step}(rows, r, c) (((((c) >> 6) * (rows) + (r)) << 6) + (((((c) >> 3) & 7) ^ ((r) & 7)) << 3) + ((c) & 7))"
+        ),
+        "#else".into(),
+        format!("#define ATTNC_WGB_{step} 0"),
+        "constexpr int LT_ = LD_;".into(),
+        "u16* A_ = (u16*)attnc_smem;".into(),
+        format!("#define ATTNC_BOFF_{step}(rows, r, c) ((r) * LD_ + (c))"),
+        "#endif".into(),
+        "// A_ [BL_][LT_]: K (key items) or Q (query items)".into(),
+        "u16* B_ = A_ + BL_ * LT_;     // [BL_][LT_]: V or d_out".into(),
+        "u16* C_ = B_ + BL_ * LT_;     // [2][HB_][LT_]: Q or K, half a tile, two buffers".into(),
+        "u16* E_ = C_ + 2 * HB_ * LT_; // [2][HB_][LT_]: d_out or V".into(),
+        "float* L_ = (float*)(E_ + 2 * HB_ * LT_);  // [BL_]: the rows' log-sum-exp".into(),
         "float* G_ = L_ + BL_;                  // [BL_]: the rows' delta = Σ d_out ∘ out".into(),
         "constexpr int LS_ = BL_ + 8;  // the row stride of S_ (halves)".into(),
         "u16* S_ = (u16*)(G_ + BL_);   // [HB_][LS_]: a half tile's dS (queries × the block's keys), when dQ is added atomically".into(),
@@ -75,7 +94,7 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
     it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
     it.push("attnc_sync();  // the previous item is done with shared memory".into());
-    let cx = Cx { ints, f, p: &p, mma, pack, conv };
+    let cx = Cx { ints, f, p: &p, mma, pack, conv, wg: if bf16 { 'b' } else { 'h' } };
     it.push(cx.vec_line()?);
     it.push("if (keys_) {".into());
     it.extend(indent(&cx.key_block()?, 2));
@@ -128,6 +147,8 @@ struct Cx<'a> {
     pack: &'a str,
     /// f32 to the operand type (an f32 `d_out` is rounded to it on staging).
     conv: &'a str,
+    /// The warpgroup helpers' type letter (`h`, `b`).
+    wg: char,
 }
 
 impl Cx<'_> {
@@ -143,6 +164,7 @@ impl Cx<'_> {
         first: &str,
         (limit, width): (&str, &str),
     ) -> Result<Vec<String>, CudaEmitError> {
+        let step = self.f.step;
         let at = row_col(self.ints, view, base, "x_", "(i64)c_")?;
         let src = ptr(view.buf, view.dtype, false);
         if view.dtype == DType::F32 {
@@ -150,7 +172,10 @@ impl Cx<'_> {
                 format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
                 "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
                 format!("  const i64 x_ = {first} + r_;"),
-                format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {}({src}[{at}]) : (u16)0;", self.conv),
+                format!(
+                    "  {buf}[ATTNC_BOFF_{step}({rows}, r_, c_)] = (x_ < {limit} && c_ < {width}) ? {}({src}[{at}]) : (u16)0;",
+                    self.conv
+                ),
             ]
             .into_iter()
             .chain(std::iter::once("}".to_string()))
@@ -160,7 +185,7 @@ impl Cx<'_> {
             format!("for (int e_ = tid_; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
             "  const int r_ = e_ / HD_, c_ = e_ % HD_;".into(),
             format!("  const i64 x_ = {first} + r_;"),
-            format!("  {buf}[r_ * LD_ + c_] = (x_ < {limit} && c_ < {width}) ? {src}[{at}] : (u16)0;"),
+            format!("  {buf}[ATTNC_BOFF_{step}({rows}, r_, c_)] = (x_ < {limit} && c_ < {width}) ? {src}[{at}] : (u16)0;"),
             "}".into(),
         ];
         if !self.unit_columns() {
@@ -173,7 +198,7 @@ impl Cx<'_> {
             format!("    const i64 x_ = {first} + r_;"),
             format!("    const bool in_ = x_ < {limit} && c_ < {width};"),
             format!(
-                "    attnc_cp16(attnc_saddr({buf}) + 2u * (r_ * LD_ + c_), in_ ? (const void*)&{src}[{at}] : (const void*){src}, in_);"
+                "    attnc_cp16(attnc_saddr({buf}) + 2u * ATTNC_BOFF_{step}({rows}, r_, c_), in_ ? (const void*)&{src}[{at}] : (const void*){src}, in_);"
             ),
             "  }".into(),
             "} else {".into(),
@@ -237,7 +262,7 @@ impl Cx<'_> {
 
     /// [`Self::stage_pair`] of a half tile into buffer `b` (0 or 1) of `C_` and `E_`.
     fn stage_half(&self, b: &str, ops: [(&View, &str); 2], at: (&str, &str)) -> Result<Vec<String>, CudaEmitError> {
-        let bufs = [format!("(C_ + ({b}) * (HB_ * LD_))"), format!("(E_ + ({b}) * (HB_ * LD_))")];
+        let bufs = [format!("(C_ + ({b}) * (HB_ * LT_))"), format!("(E_ + ({b}) * (HB_ * LT_))")];
         self.stage_pair([&bufs[0], &bufs[1]], "HB_", ops, at)
     }
 
@@ -263,8 +288,25 @@ impl Cx<'_> {
     /// `ys`. The two products share one loop over the width, so that eight independent
     /// accumulators (not four) hide the tensor cores' latency.
     fn products(&self, pair: [(&str, &str, &str); 2], xrow: &str) -> Vec<String> {
-        let mma = self.mma;
-        let mut out = Vec::new();
+        let (mma, step, t) = (self.mma, self.f.step, self.wg);
+        // Hopper: one 64-row `wgmma` per product and 16 columns of the width, X (the block's
+        // 64 rows: warp w gets rows 16 w, its `xrow`) and Y (32 rows) K-major from their tiles.
+        let mut out = vec![format!("#if ATTNC_WGB_{step}")];
+        for (acc, _, _) in pair {
+            out.push(format!("float {acc}[4][4];"));
+        }
+        out.push("attnc_wg_fence();".into());
+        out.push("#pragma unroll".into());
+        out.push("for (int ks_ = 0; ks_ < KS_; ++ks_) {".into());
+        for (acc, xs, ys) in pair {
+            out.push(format!(
+                "  attnc_wg_ss_{t}32(&{acc}[0][0], attnc_wg_desc({xs} + (ks_ >> 2) * (BL_ * 128u) + 32u * (ks_ & 3), 16u, 1024u), attnc_wg_desc({ys} + (ks_ >> 2) * (HB_ * 128u) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);"
+            ));
+        }
+        out.push("}".into());
+        out.push("attnc_wg_commit();".into());
+        out.push("attnc_wg_wait0();".into());
+        out.push("#else".into());
         for (acc, _, _) in pair {
             out.push(format!("float {acc}[4][4];"));
             out.push("#pragma unroll".into());
@@ -290,14 +332,46 @@ impl Cx<'_> {
             ]);
         }
         out.push("}".into());
+        out.push("#endif".into());
+        out
+    }
+
+    /// `lines` on Hopper's warpgroup path only.
+    fn wg_lines(&self, lines: &[&str]) -> Vec<String> {
+        let mut out = vec![format!("#if ATTNC_WGB_{}", self.f.step)];
+        out.extend(lines.iter().map(|l| l.to_string()));
+        out.push("#endif".into());
         out
     }
 
     /// `acc[16][HD_] += X Z` for X = the 16 × 32 accumulator `x` (rounded to the operand type)
     /// and Z's 32 rows in shared memory at `zs` (transposed `ldmatrix`).
+    /// Hopper: two 64-row `wgmma`s (16 of Z's rows each), X from registers, Z MN-major from
+    /// its tile; issued and committed, not waited for ([`Self::wg_lines`] `attnc_wg_wait0`
+    /// after the item's last one).
     fn accumulate(&self, acc: &str, x: &str, zs: &str) -> Vec<String> {
-        let (mma, pack) = (self.mma, self.pack);
+        let (mma, pack, step, t) = (self.mma, self.pack, self.f.step, self.wg);
         vec![
+            format!("#if ATTNC_WGB_{step}"),
+            "{".into(),
+            "  unsigned a_[2][4];".into(),
+            "  #pragma unroll".into(),
+            "  for (int kk_ = 0; kk_ < 2; ++kk_) {".into(),
+            format!("    a_[kk_][0] = {pack}({x}[2 * kk_][0], {x}[2 * kk_][1]);"),
+            format!("    a_[kk_][1] = {pack}({x}[2 * kk_][2], {x}[2 * kk_][3]);"),
+            format!("    a_[kk_][2] = {pack}({x}[2 * kk_ + 1][0], {x}[2 * kk_ + 1][1]);"),
+            format!("    a_[kk_][3] = {pack}({x}[2 * kk_ + 1][2], {x}[2 * kk_ + 1][3]);"),
+            "  }".into(),
+            "  attnc_wg_fence();".into(),
+            "  #pragma unroll".into(),
+            "  for (int kk_ = 0; kk_ < 2; ++kk_) {".into(),
+            format!("    const unsigned long long zd_ = attnc_wg_desc({zs} + kk_ * 2048u, HB_ * 128u, 1024u);"),
+            format!("    if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&{acc}[0][0], a_[kk_], zd_, 1);"),
+            format!("    else attnc_wg_rs_{t}128_t(&{acc}[0][0], a_[kk_], zd_, 1);"),
+            "  }".into(),
+            "  attnc_wg_commit();".into(),
+            "}".into(),
+            "#else".into(),
             "#pragma unroll".into(),
             "for (int kk_ = 0; kk_ < 2; ++kk_) {".into(),
             "  unsigned a_[4];".into(),
@@ -313,6 +387,7 @@ impl Cx<'_> {
             format!("    {mma}({acc}[t_ + 1], a_, b_ + 2);"),
             "  }".into(),
             "}".into(),
+            "#endif".into(),
         ]
     }
 
@@ -404,8 +479,9 @@ impl Cx<'_> {
         it.extend(prefetch("hn_", "cb_ ^ 1")?);
         it.extend(stats);
         it.push(format!("if (hn_ < {count}) attnc_cp_wait_1(); else attnc_cp_wait_all();  // this half tile is in"));
+        it.extend(self.wg_lines(&["attnc_fence_proxy();  // the copies, visible to the warpgroup products"]));
         it.push("attnc_sync();".into());
-        it.push("const unsigned Cb_ = Cs_ + cb_ * (2u * HB_ * LD_), Eb_ = Es_ + cb_ * (2u * HB_ * LD_);".into());
+        it.push("const unsigned Cb_ = Cs_ + cb_ * (2u * HB_ * LT_), Eb_ = Es_ + cb_ * (2u * HB_ * LT_);".into());
         it.extend(body);
         it.push("cb_ ^= 1;".into());
         it.push("h_ = hn_;".into());
@@ -430,6 +506,7 @@ impl Cx<'_> {
         body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
         body.extend(self.accumulate("dv_", "s_", "Eb_"));
         body.extend(self.accumulate("dk_", "dp_", "Cb_"));
+        body.extend(self.wg_lines(&["attnc_wg_wait0();  // before the buffers are reused"]));
         if let Some(acc) = &f.dq_accum {
             body.extend(self.dq_added(acc)?);
         }
@@ -450,7 +527,7 @@ impl Cx<'_> {
     /// into `Q_`; then the block adds `Q_` to global memory four neighbouring columns at a time
     /// (one vector `red` on sm_90) where the row is 16-byte aligned.
     fn dq_added(&self, acc: &View) -> Result<Vec<String>, CudaEmitError> {
-        let (mma, conv) = (self.mma, self.conv);
+        let (mma, conv, step) = (self.mma, self.conv, self.f.step);
         let dst = ptr(acc.buf, DType::F32, true);
         let at = row_col(self.ints, acc, "dqaoff_", "r_", "c_")?;
         Ok(vec![
@@ -477,7 +554,7 @@ impl Cx<'_> {
             "      #pragma unroll".into(),
             "      for (int u_ = 0; u_ < TW_; u_ += 16) {".into(),
             "        unsigned b_[4];".into(),
-            "        attnc_ldsm_x4_t(b_, As_ + 2u * (fa_ + kk_ * 16 * LD_ + c0_ + t_ + u_));".into(),
+            format!("        attnc_ldsm_x4_t(b_, As_ + 2u * ATTNC_BOFF_{step}(BL_, (lm_ & 1) * 8 + lr_ + kk_ * 16, (lm_ >> 1) * 8 + c0_ + t_ + u_));"),
             format!("        {mma}(q_[u_ / 8], a_[kk_], b_);"),
             format!("        {mma}(q_[u_ / 8 + 1], a_[kk_], b_ + 2);"),
             "      }".into(),
@@ -516,6 +593,7 @@ impl Cx<'_> {
         )?;
         body.push("// dQ += dS K".into());
         body.extend(self.accumulate("dq_", "dp_", "Cb_"));
+        body.extend(self.wg_lines(&["attnc_wg_wait0();  // before the buffers are reused"]));
         out.extend(self.half_tiles(&KEY_HALVES, &stage, Vec::new(), body)?);
         out.extend(self.store_rows("dq_", dq, "dqoff_", "dqscale_", "M_", "D_")?);
         Ok(out)

@@ -222,7 +222,7 @@ ATTNC_DEV void attnc_fence_proxy() { asm volatile(\"fence.proxy.async.shared::ct
 ",
     );
     for (ty, t) in [("f16", 'h'), ("bf16", 'b')] {
-        for (n, ss) in [(64, true), (64, false), (128, false)] {
+        for (n, ss) in [(32, true), (64, true), (64, false), (128, false)] {
             let regs = n / 2;
             let outs: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
             let cons: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
