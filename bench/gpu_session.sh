@@ -122,7 +122,7 @@ while [ $i -lt ${#steps[@]} ]; do
         ;;
     wgmma)
         echo "== wgmma"
-        ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 240 "$TESTS" gpu_tests::flash_kernels gpu_tests::flash_backward \
+        ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 240 "$TESTS" gpu_tests::flash_kernels gpu_tests::flash_backward gpu_tests::device_tensors \
             --test-threads 2 --nocapture > "$OUT/tests-wgmma.log" 2>&1
         echo "wgmma tests: exit $?"
         grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20

@@ -5,7 +5,7 @@ use super::{CudaError, host, nvrtc};
 use crate::render::{CudaProgram, DeviceLimits, ReadyLaunch, Smem, buffer_bytes, launches};
 use attn_compiler::Compiler;
 use attn_compiler::exec::{ExecError, bind_dims};
-use attn_compiler::ir::Graph;
+use attn_compiler::ir::{DType, Graph};
 use attn_compiler::schedule::{CudaPolicy, Policy, PrepareError, Prepared, Schedule};
 use attn_compiler::tensor::Tensor;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
@@ -186,6 +186,44 @@ impl Exec {
         Ok(())
     }
 
+    /// The tile tables of `prep` on the device (unless they are there from the last run), and
+    /// the fault record of checked indices zeroed (every run starts without a fault).
+    fn upload_tables(&mut self, gpu: &Gpu, prep: &Prepared) -> Result<(), CudaError> {
+        let table_key = (prep.defines.clone(), prep.ints.clone());
+        if self.tables_for.as_ref() != Some(&table_key) {
+            for (buf, bytes) in &prep.tables {
+                if bytes.is_empty() {
+                    continue;
+                }
+                let slot = self.buffers.get_mut(*buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
+                gpu.stream.memcpy_htod(bytes, slot).map_err(driver("copying a tile table to the device"))?;
+            }
+            self.tables_for = Some(table_key);
+        }
+        if let Some(f) = self.schedule.fault {
+            let slot = self.buffers.get_mut(f).and_then(Option::as_mut).ok_or_else(poisoned)?;
+            gpu.stream.memcpy_htod(&[0u8; 16], slot).map_err(driver("clearing the fault record"))?;
+        }
+        Ok(())
+    }
+
+    /// After the launches: the first index fault the kernels recorded, as an input error
+    /// (waits for the kernels; nothing to do when the program checks no index).
+    fn check_fault(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        let Some(f) = self.schedule.fault else { return Ok(()) };
+        let mut record = [0u8; 16];
+        let src = self
+            .buffer(f)?
+            .try_slice(0..16)
+            .ok_or_else(|| CudaError::Driver { what: "reading the fault record".into(), error: "it holds fewer than 16 bytes".into() })?;
+        gpu.stream.memcpy_dtoh(&src, &mut record).map_err(driver("copying the fault record to the host"))?;
+        gpu.stream.synchronize().map_err(driver("running the kernels"))?;
+        match self.schedule.fault_error(super::host::fault_words(&record)) {
+            Some(e) => Err(CudaError::Input(e)),
+            None => Ok(()),
+        }
+    }
+
     fn buffer(&self, index: usize) -> Result<&CudaSlice<u8>, CudaError> {
         self.buffers
             .get(index)
@@ -195,8 +233,24 @@ impl Exec {
 
     /// Launches every kernel of the prepared run, in order, on the stream.
     fn launch_all(&self, gpu: &Gpu, loaded: &Loaded, prep: &Prepared, ready: &[ReadyLaunch]) -> Result<(), CudaError> {
+        self.launch_with(gpu, loaded, prep, ready, &HashMap::new())
+    }
+
+    /// [`Self::launch_all`] with some buffers at other device addresses (a caller's tensors).
+    fn launch_with(
+        &self,
+        gpu: &Gpu,
+        loaded: &Loaded,
+        prep: &Prepared,
+        ready: &[ReadyLaunch],
+        at: &HashMap<usize, u64>,
+    ) -> Result<(), CudaError> {
         let mut ptrs = Vec::with_capacity(self.buffers.len());
         for i in 0..self.buffers.len() {
+            if let Some(p) = at.get(&i) {
+                ptrs.push(*p);
+                continue;
+            }
             let (p, _guard) = self.buffer(i)?.device_ptr(&gpu.stream);
             ptrs.push(p);
         }
@@ -257,36 +311,10 @@ pub(super) fn run(
         let slot = ex.buffers.get_mut(buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
         gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying an input to the device"))?;
     }
-    let table_key = (prep.defines.clone(), prep.ints.clone());
-    if ex.tables_for.as_ref() != Some(&table_key) {
-        for (buf, bytes) in &prep.tables {
-            if bytes.is_empty() {
-                continue;
-            }
-            let slot = ex.buffers.get_mut(*buf).and_then(Option::as_mut).ok_or_else(poisoned)?;
-            gpu.stream.memcpy_htod(bytes, slot).map_err(driver("copying a tile table to the device"))?;
-        }
-        ex.tables_for = Some(table_key);
-    }
-    // The fault record of checked indices starts at zero on every run.
-    if let Some(f) = ex.schedule.fault {
-        let slot = ex.buffers.get_mut(f).and_then(Option::as_mut).ok_or_else(poisoned)?;
-        gpu.stream.memcpy_htod(&[0u8; 16], slot).map_err(driver("clearing the fault record"))?;
-    }
+    ex.upload_tables(gpu, &prep)?;
     let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
     ex.launch_all(gpu, loaded, &prep, &ready)?;
-    if let Some(f) = ex.schedule.fault {
-        let mut record = [0u8; 16];
-        let src = ex
-            .buffer(f)?
-            .try_slice(0..16)
-            .ok_or_else(|| CudaError::Driver { what: "reading the fault record".into(), error: "it holds fewer than 16 bytes".into() })?;
-        gpu.stream.memcpy_dtoh(&src, &mut record).map_err(driver("copying the fault record to the host"))?;
-        gpu.stream.synchronize().map_err(driver("running the kernels"))?;
-        if let Some(e) = ex.schedule.fault_error(super::host::fault_words(&record)) {
-            return Err(CudaError::Input(e));
-        }
-    }
+    ex.check_fault(gpu)?;
 
     // Outputs out.
     let mut outputs = Vec::new();
@@ -327,6 +355,154 @@ pub(super) fn run(
         }
     }
     Ok((outputs, times))
+}
+
+/// A tensor in device memory of the CUDA target's context (device 0's primary context, the one
+/// PyTorch and the runtime API use): its address, dtype and shape, its elements dense in
+/// row-major order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTensor {
+    /// The device address of the first element.
+    pub ptr: u64,
+    /// The element type (f16/bf16 two bytes, f32/i32 four, bool one).
+    pub dtype: DType,
+    /// The shape.
+    pub shape: Vec<usize>,
+}
+
+/// Runs a graph on tensors already on the device, writing its results into `outputs` (their
+/// shapes as [`output_shapes`] gives them), ordered after the work queued on `stream` (a
+/// caller's `CUstream`, 0 for the legacy default stream) and before what is queued there
+/// next: no host copies, and no wait on the host unless the graph reads an input's values
+/// on the host (0-d sizes, ids that classify tiles) that `known` (0-d i32 inputs' values by
+/// parameter index, as the caller holds them) does not give, or checks indices.
+///
+/// # Safety
+/// Every `ptr` must address a live allocation of this context holding its tensor's elements
+/// densely (row-major), the outputs must not overlap the inputs or each other, and `stream`
+/// must be a live stream of this context (or 0).
+pub unsafe fn run_device(
+    graph: &Graph,
+    inputs: &[DeviceTensor],
+    outputs: &[DeviceTensor],
+    given: &HashMap<String, i64>,
+    stream: u64,
+    known: &HashMap<usize, i32>,
+) -> Result<(), CudaError> {
+    let gpu = gpu()?;
+    let params = graph.params();
+    if inputs.len() != params.len() {
+        return Err(CudaError::Input(ExecError::input_count(graph, inputs.len())));
+    }
+    for (p, t) in params.iter().zip(inputs) {
+        let node = graph.node(*p);
+        if t.dtype != node.ty.dtype {
+            let param = match &node.op {
+                attn_compiler::ir::Op::Param(name) => name.clone(),
+                _ => String::new(),
+            };
+            return Err(CudaError::Input(ExecError::InputDType { param, expected: node.ty.dtype, actual: t.dtype }));
+        }
+    }
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let mut env = bind_dims(graph, &shapes, given)?;
+    let expected = output_shapes_in(graph, &env)?;
+    if outputs.len() != expected.len() {
+        return Err(CudaError::Device(format!("{} output tensors given for {} results", outputs.len(), expected.len())));
+    }
+    for (n, (t, (dtype, shape))) in outputs.iter().zip(&expected).enumerate() {
+        if t.dtype != *dtype || &t.shape != shape {
+            return Err(CudaError::Device(format!("output {n} is {} {:?}; the result is {dtype} {shape:?}", t.dtype, t.shape)));
+        }
+    }
+    let ext = stream as cudarc::driver::sys::CUstream;
+    let exec = gpu.exec_for(graph)?;
+    let mut ex = exec.lock().map_err(|_| poisoned())?;
+    // Inputs whose values the plan reads on the host (0-d i32 sizes, ids that classify tiles)
+    // are copied here, after the caller's stream has produced them; the rest stay where they are.
+    let on_host = attn_compiler::schedule::mask_data_params(&ex.schedule);
+    let mut host_inputs: Vec<Tensor> = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let scalar = t.shape.is_empty() && t.dtype == DType::I32;
+        if let (true, Some(v)) = (scalar, known.get(&i)) {
+            host_inputs.push(Tensor { dtype: DType::I32, shape: Vec::new(), data: attn_compiler::tensor::TensorData::I32(vec![*v]) });
+        } else if (scalar || on_host.contains(&i)) && t.dtype == DType::I32 {
+            let n: usize = t.shape.iter().product();
+            let mut v = vec![0i32; n];
+            if n > 0 {
+                // SAFETY: the caller's stream and tensor are valid in this context (the caller's
+                // contract), `v` holds exactly `n` i32s.
+                unsafe {
+                    cudarc::driver::result::stream::synchronize(ext).map_err(driver("waiting for the caller's stream"))?;
+                    cudarc::driver::result::memcpy_dtoh_sync(&mut v, t.ptr).map_err(driver("reading an input's values"))?;
+                }
+            }
+            host_inputs.push(Tensor { dtype: DType::I32, shape: t.shape.clone(), data: attn_compiler::tensor::TensorData::I32(v) });
+        } else {
+            host_inputs.push(Tensor { dtype: t.dtype, shape: vec![0], data: attn_compiler::tensor::TensorData::F32(Vec::new()) });
+        }
+    }
+    attn_compiler::exec::add_scalar_inputs(&host_inputs, &mut env);
+    let data = attn_compiler::exec::mask_data_inputs(&on_host, &host_inputs, &mut env);
+    let prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &gpu.policy(), &data).map_err(slice_fault)?;
+    let mut bytes = buffer_bytes(&ex.schedule, &prep)?;
+    // The caller's tensors stand for the parameters' and results' buffers.
+    let mut at = HashMap::new();
+    for (buf, t) in ex.schedule.params.iter().zip(inputs) {
+        at.insert(*buf, t.ptr);
+    }
+    for (buf, t) in ex.schedule.outputs.iter().zip(outputs) {
+        if at.insert(*buf, t.ptr).is_some() {
+            return Err(CudaError::Device("a result that is an input unchanged needs no device run; pass it through".into()));
+        }
+    }
+    for buf in at.keys() {
+        if let Some(b) = bytes.get_mut(*buf) {
+            *b = 1;
+        }
+    }
+    let ready = launches(&ex.program, &ex.schedule, &prep, &gpu.limits())?;
+    ex.ensure_buffers(gpu, &bytes)?;
+    ex.module(gpu, &prep.defines)?;
+    ex.upload_tables(gpu, &prep)?;
+    // The caller's queued work first: our stream waits on an event recorded on theirs.
+    let before = gpu.ctx.new_event(None).map_err(driver("creating an event"))?;
+    // SAFETY: `ext` is the caller's live stream of this context (the caller's contract); the
+    // event lives until the wait is queued.
+    unsafe { cudarc::driver::result::event::record(before.cu_event(), ext) }
+        .map_err(driver("recording an event on the caller's stream"))?;
+    gpu.stream.wait(&before).map_err(driver("ordering after the caller's stream"))?;
+    let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
+    ex.launch_with(gpu, loaded, &prep, &ready, &at)?;
+    // Then the caller's later work after ours.
+    let done = gpu.stream.record_event(None).map_err(driver("recording an event"))?;
+    // SAFETY: as above.
+    unsafe {
+        cudarc::driver::result::stream::wait_event(ext, done.cu_event(), cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+    }
+    .map_err(driver("ordering the caller's stream after the kernels"))?;
+    ex.check_fault(gpu)?;
+    Ok(())
+}
+
+/// The results' dtypes and shapes for inputs of these shapes (dims not determined by them in
+/// `given`): what [`run_device`] writes. Needs no device.
+pub fn output_shapes(graph: &Graph, shapes: &[Vec<usize>], given: &HashMap<String, i64>) -> Result<Vec<(DType, Vec<usize>)>, CudaError> {
+    let env = bind_dims(graph, shapes, given)?;
+    output_shapes_in(graph, &env)
+}
+
+fn output_shapes_in(graph: &Graph, env: &HashMap<String, i64>) -> Result<Vec<(DType, Vec<usize>)>, CudaError> {
+    graph
+        .outputs()
+        .iter()
+        .map(|(_, v)| {
+            let ty = &graph.node(*v).ty;
+            let shape =
+                ty.shape.iter().map(|d| d.eval(env).map(|x| x.max(0) as usize)).collect::<Result<Vec<_>, _>>().map_err(ExecError::from)?;
+            Ok((ty.dtype, shape))
+        })
+        .collect()
 }
 
 /// A slice outside its axis is a fault of the program at these dims, reported like the CPU and

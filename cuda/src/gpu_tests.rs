@@ -222,3 +222,47 @@ fn every_op_on_the_gpu_matches_the_interpreter() {
         assert!(err <= tol, "output {name} ({dtype}): max relative error {err:e} > {tol:e}");
     }
 }
+
+/// Tensors already on the device (`run_device`: caller's addresses, caller's stream) give the
+/// same bits as the host-tensor path, for a causal f16 flash graph (the wgmma path on Hopper).
+#[test]
+fn device_tensors_run_in_place_like_host_tensors() {
+    let Some(_turn) = enabled("device_tensors_run_in_place_like_host_tensors") else {
+        return;
+    };
+    let g: Graph = super::tests::CAUSAL_F16.parse().unwrap();
+    let env = sizes(&g, &[("B", 2), ("H", 3), ("S", 190), ("T", 190), ("D", 128), ("E", 128)]);
+    let (inputs, _) = super::emulate_tests::reference_run(&g, &env, 5).unwrap();
+    let host = super::run(&g, &inputs, &env).unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let mut held = Vec::new();
+    let mut ins = Vec::new();
+    for t in &inputs {
+        let bytes = super::host::to_bytes(t);
+        let buf = stream.clone_htod(&bytes).unwrap();
+        let ptr = {
+            let (ptr, _guard) = cudarc::driver::DevicePtr::device_ptr(&buf, &stream);
+            ptr
+        };
+        ins.push(super::DeviceTensor { ptr, dtype: t.dtype, shape: t.shape.clone() });
+        held.push(buf);
+    }
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let specs = super::output_shapes(&g, &shapes, &env).unwrap();
+    let (dtype, shape) = specs[0].clone();
+    let n: usize = shape.iter().product::<usize>() * crate::render::storage_bytes(dtype);
+    let out = stream.alloc_zeros::<u8>(n).unwrap();
+    let optr = {
+        let (ptr, _guard) = cudarc::driver::DevicePtr::device_ptr(&out, &stream);
+        ptr
+    };
+    let outs = [super::DeviceTensor { ptr: optr, dtype, shape: shape.clone() }];
+    // SAFETY: the buffers above are live, dense and distinct, on the primary context's stream.
+    unsafe { super::run_device(&g, &ins, &outs, &env, stream.cu_stream() as u64, &Default::default()) }.unwrap();
+    let mut bytes = vec![0u8; n];
+    stream.memcpy_dtoh(&out, &mut bytes).unwrap();
+    stream.synchronize().unwrap();
+    let got = super::host::from_bytes(dtype, shape, &bytes).unwrap();
+    assert_eq!(got, host[0], "device tensors and host tensors give other bits");
+}

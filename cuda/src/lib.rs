@@ -37,7 +37,7 @@ use render::{CudaEmitError, LaunchError};
 use std::collections::HashMap;
 use thiserror::Error;
 
-pub use exec::DeviceInfo;
+pub use exec::{DeviceInfo, DeviceTensor, output_shapes, run_device};
 pub use render::{CudaProgram, CudaText};
 
 /// The tuning knob `ATTNC_CUDA_MMA_ROWS` (query rows per block of the tensor-core flash
@@ -101,6 +101,10 @@ pub enum CudaError {
         /// The compiler's log.
         log: String,
     },
+    /// Device tensors given to [`run_device`] that do not fit the graph's results (their count,
+    /// dtypes or shapes), or a graph that cannot run on them.
+    #[error("device tensors: {0}")]
+    Device(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver error while {what}: {error}")]
     Driver {

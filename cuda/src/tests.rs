@@ -370,6 +370,25 @@ fn the_compile_cache_compiles_once() {
     assert!(compiled_c, "another architecture is another entry");
 }
 
+/// A causal f16 flash graph (keys and values of their own lengths and widths): the device
+/// tensor tests' program.
+pub(crate) const CAUSAL_F16: &str = "graph attn {
+  %0 = param[name=q] : f16[B, H, S, D]
+  %1 = param[name=k] : f16[B, H, T, D]
+  %2 = param[name=v] : f16[B, H, T, E]
+  %3 = flash[rank=4, weights=softmax, score=\"s\", mask=\"j <= i\"] %0, %1, %2 : f16[B, H, S, E]
+  output out = %3
+}";
+
+#[test]
+fn device_results_have_their_shapes_before_any_run() {
+    let g: Graph = CAUSAL_F16.parse().unwrap();
+    let out = super::output_shapes(&g, &[vec![2, 3, 5, 8], vec![2, 3, 7, 8], vec![2, 3, 7, 16]], &Default::default()).unwrap();
+    assert_eq!(out, vec![(DType::F16, vec![2, 3, 5, 16])]);
+    let err = super::output_shapes(&g, &[vec![2, 3, 5, 8], vec![2, 3, 7, 9], vec![2, 3, 7, 16]], &Default::default()).unwrap_err();
+    assert!(matches!(err, CudaError::Input(_)), "{err:?}");
+}
+
 #[test]
 fn without_a_gpu_the_target_is_unavailable_not_a_panic() {
     match super::device_info() {
@@ -382,6 +401,22 @@ fn without_a_gpu_the_target_is_unavailable_not_a_panic() {
             let msg = err.to_string();
             assert!(msg.starts_with("the CUDA target is not available: "), "{msg}");
             assert!(!msg.contains('\n'), "one sentence: {msg}");
+            // Device tensors too: no address is touched before the device is found.
+            let t = |shape: &[usize]| super::DeviceTensor { ptr: 0, dtype: g.node(g.params()[0]).ty.dtype, shape: shape.to_vec() };
+            let shapes = super::output_shapes(&g, &[vec![2, 3, 4, 8], vec![2, 3, 4, 8], vec![2, 3, 4, 8]], &Default::default());
+            let outs: Vec<super::DeviceTensor> = shapes.unwrap_or_default().iter().map(|(_, s)| t(s)).collect();
+            // SAFETY: without a device nothing is read or written.
+            let err = unsafe {
+                super::run_device(
+                    &g,
+                    &[t(&[2, 3, 4, 8]), t(&[2, 3, 4, 8]), t(&[2, 3, 4, 8])],
+                    &outs,
+                    &Default::default(),
+                    0,
+                    &Default::default(),
+                )
+            };
+            assert!(matches!(err, Err(CudaError::Unavailable(_))), "{err:?}");
         }
     }
 }

@@ -126,6 +126,52 @@ class Program:
         """Runs the program: positional inputs in parameter order, or by parameter name."""
         return self._run(args, named, None)
 
+    def _run_cuda(self, torch: Any, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]]) -> Any:
+        """The run on CUDA tensors: a program compiled for ``cuda`` reads and writes them in
+        device memory (device 0, PyTorch's context), ordered on the current stream; results
+        are new tensors on that device. CPU tensors and Python numbers among the inputs are
+        moved there first."""
+        device = next(a.device for a in (*args, *named.values()) if isinstance(a, torch.Tensor) and a.is_cuda)
+        if self.target != "cuda":
+            raise LayoutError(
+                f"a torch tensor on {device} was given; this program runs on {self.target}: compile it with target='cuda' (or pass x.cpu())"
+            )
+        if device.index not in (None, 0):
+            raise LayoutError(f"a torch tensor on {device} was given; the cuda target runs on device 0 (cuda:0)")
+        names = [name for name, _, _ in self.params]
+        if len(args) > len(names):
+            raise ArgumentError(f"`{self.entry}` takes {len(names)} inputs ({', '.join(names)}) but {len(args)} were given")
+        slots: List[Any] = list(args) + [None] * (len(names) - len(args))
+        for key, value in named.items():
+            if key not in names:
+                raise ArgumentError(f"`{self.entry}` has no parameter named `{key}` (its parameters: {', '.join(names)})")
+            slots[names.index(key)] = value
+        missing = [n for n, x in zip(names, slots) if x is None]
+        if missing:
+            raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{self.entry}`: {', '.join(missing)}")
+        inputs = []
+        known: Dict[int, int] = {}
+        for i, ((name, dtype, _), x) in enumerate(zip(self.params, slots)):
+            want = _TORCH_OF[dtype](torch)
+            t = x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=want)
+            if t.dtype != want:
+                raise DTypeError(f"input `{name}` is {t.dtype}; the parameter is {dtype} ({want})")
+            if t.dim() == 0 and dtype == "i32" and not t.is_cuda:
+                known[i] = int(t)  # a host value (a size, dropout's seed): no copy back
+            inputs.append(t.to(device).contiguous())
+        shapes = [list(t.shape) for t in inputs]
+        specs = self._compiled._output_shapes(shapes, dims)
+        outs = [torch.empty(shape, dtype=_TORCH_OF[d](torch), device=device) for d, shape in specs]
+        stream = torch.cuda.current_stream(device).cuda_stream
+        self._compiled._run_cuda(
+            [(t.data_ptr(), d, list(t.shape)) for t, (_, d, _) in zip(inputs, self.params)],
+            [(o.data_ptr(), d, list(o.shape)) for o, (d, _) in zip(outs, specs)],
+            stream,
+            dims,
+            known or None,
+        )
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
     def run(self, *args: Any, dims: Optional[Mapping[str, int]] = None, **named: Any) -> Any:
         """Like calling the program, with ``dims={"NAME": size}`` for dimensions the inputs do
         not determine (a result's size, say); given dims that the inputs do determine are
@@ -144,6 +190,8 @@ class Program:
 
                     self._differentiable = attention(self)
                 return self._differentiable(*args, **named)
+        if torch is not None and any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values())):
+            return self._run_cuda(torch, args, named, dims)
         as_torch = False
         if not all(type(a) is np.ndarray for a in args):
             converted = []
@@ -250,6 +298,16 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<attnc.Program {self.signature} on {self.target}>"
+
+
+# attnc's dtype names as torch dtypes (looked up when torch is loaded).
+_TORCH_OF = {
+    "f32": lambda t: t.float32,
+    "f16": lambda t: t.float16,
+    "bf16": lambda t: t.bfloat16,
+    "i32": lambda t: t.int32,
+    "bool": lambda t: t.bool,
+}
 
 
 def _as_array(x: Any) -> Tuple[np.ndarray, bool]:

@@ -216,9 +216,12 @@ def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_t
     return out.to(out_dtype) if out.dtype != out_dtype else out
 
 
-def _attention_args(tensors: List[_torch.Tensor], what: str) -> Tuple[List[_torch.Tensor], str]:
-    """q, k and v as a program takes them (bfloat16 as float32: NumPy has no bfloat16), and the
-    program's dtype name; a clear error for another dtype."""
+def _attention_args(tensors: List[_torch.Tensor], what: str, cuda: bool = False) -> Tuple[List[_torch.Tensor], str]:
+    """q, k and v as a program takes them (bfloat16 as float32 on the CPU: NumPy has no
+    bfloat16; as it is on CUDA), and the program's dtype name; a clear error for another
+    dtype."""
+    if cuda and tensors[0].dtype == _torch.bfloat16:
+        return list(tensors), "bf16"
     args = [a.float() for a in tensors] if tensors[0].dtype == _torch.bfloat16 else list(tensors)
     dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
     if dtype is None:
@@ -247,8 +250,9 @@ def _sdpa_prepare(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise LayoutError(f"{name} is on {t.device}; attnc.torch.sdpa runs CPU tensors (pass .cpu())")
+        if t.device != query.device or t.device.type not in ("cpu", "cuda"):
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.sdpa runs CPU tensors, or CUDA tensors on one device, not {query.device} and {t.device}")
+    cuda = query.device.type == "cuda"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ShapeError(
             f"query, key and value must have the same rank, at least 2: got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
@@ -256,7 +260,7 @@ def _sdpa_prepare(
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
     out_dtype = query.dtype
-    args, dtype = _attention_args([query, key, value], "attnc.torch.sdpa")
+    args, dtype = _attention_args([query, key, value], "attnc.torch.sdpa", cuda)
     gqa = bool(enable_gqa) and query.dim() >= 3 and query.shape[-3] != key.shape[-3]
     mask_key: Optional[Tuple[Any, ...]] = None
     if attn_mask is not None:
@@ -275,7 +279,7 @@ def _sdpa_prepare(
         ones = tuple(n == 1 or s == 0 for n, s in zip(attn_mask.shape, attn_mask.stride()))
         index = tuple(0 if one else slice(None) for one in ones)
         mask = attn_mask[index].reshape([1 if one else n for one, n in zip(ones, attn_mask.shape)])
-        if mask.dtype == _torch.bfloat16:
+        if mask.dtype == _torch.bfloat16 and not cuda:
             mask = mask.float()
         args.append(mask)
         mask_key = (kind, ones)
@@ -288,26 +292,31 @@ def _sdpa_prepare(
     threads = _torch.get_num_threads()
     cap = None if softcap is None else float(softcap)
     drop = float(dropout_p)
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop)
+    target = "cuda" if cuda else "cpu"
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target)
     found = _cached(
         _SDPA_PROGRAMS,
         key_,
-        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop), threads),
+        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop), threads, target),
     )
     return found[0], found[1], args, out_dtype
 
 
 def _run_plain(prog: Program, args: List[_torch.Tensor]) -> _torch.Tensor:
     """``prog``'s first result on CPU tensors, without autograd, straight through the binding:
-    the arrays share the tensors' memory (a non-contiguous tensor is copied once)."""
+    the arrays share the tensors' memory (a non-contiguous tensor is copied once). On CUDA
+    tensors, the program reads and writes device memory (``Program``'s CUDA path)."""
+    if args[0].is_cuda:
+        out = prog(*args)
+        return out[0] if isinstance(out, tuple) else out
     arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
     return _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
 
 
-def _compile(text: str, threads: int) -> Program:
+def _compile(text: str, threads: int, target: str = "cpu") -> Program:
     from . import compile as _compile_program
 
-    return _compile_program(text, entry="sdpa", threads=threads)
+    return _compile_program(text, entry="sdpa", threads=threads, target=target)
 
 
 def _sdpa_source(

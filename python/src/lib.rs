@@ -393,6 +393,70 @@ impl Compiled {
         timed.map_err(|e: RunError| run_error(py, &inner.program, &inner.entry.name, &e, &[]))
     }
 
+    /// The results' `(dtype name, shape)` for inputs of these shapes (and `dims`): what to
+    /// allocate for [`Compiled::_run_cuda`].
+    #[pyo3(signature = (shapes, dims=None))]
+    fn _output_shapes(
+        &self,
+        py: Python<'_>,
+        shapes: Vec<Vec<usize>>,
+        dims: Option<HashMap<String, i64>>,
+    ) -> PyResult<Vec<(String, Vec<usize>)>> {
+        let inner = &*self.inner;
+        let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
+        let out = inner.program.output_shapes(&inner.entry.name, &shapes, &opts);
+        out.map(|v| v.into_iter().map(|(d, s)| (d.to_string(), s)).collect())
+            .map_err(|e| run_error(py, &inner.program, &inner.entry.name, &e, &[]))
+    }
+
+    /// Runs a program compiled for `cuda` on device tensors, each `(address, dtype name,
+    /// shape)` dense in row-major order on device 0, writing the results into `outputs`,
+    /// ordered on the caller's CUDA `stream` (a `CUstream` as an integer; 0 the legacy default
+    /// stream). The caller (`attnc.torch`) keeps every tensor alive and allocated for the call.
+    /// `known`: 0-d int32 inputs' values by position, where the caller has them on the host
+    /// (no copy back from the device then).
+    #[pyo3(signature = (inputs, outputs, stream, dims=None, known=None))]
+    fn _run_cuda(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(u64, String, Vec<usize>)>,
+        outputs: Vec<(u64, String, Vec<usize>)>,
+        stream: u64,
+        dims: Option<HashMap<String, i64>>,
+        known: Option<HashMap<usize, i32>>,
+    ) -> PyResult<()> {
+        let inner = &*self.inner;
+        if inner.target != Target::Cuda {
+            return Err(error(
+                py,
+                "ArgumentError",
+                format!("device tensors need a program compiled for `cuda`, not `{}`", inner.target.name()),
+                vec![],
+            ));
+        }
+        let tensors = |list: Vec<(u64, String, Vec<usize>)>| -> PyResult<Vec<attn_runtime::cuda::DeviceTensor>> {
+            list.into_iter()
+                .map(|(ptr, dtype, shape)| {
+                    let dtype = DType::from_name(&dtype).ok_or_else(|| {
+                        error(py, "DTypeError", format!("`{dtype}` is not an attnc dtype (f32, f16, bf16, i32, bool)"), vec![])
+                    })?;
+                    Ok(attn_runtime::cuda::DeviceTensor { ptr, dtype, shape })
+                })
+                .collect()
+        };
+        let (ins, outs) = (tensors(inputs)?, tensors(outputs)?);
+        let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
+        // SAFETY: attnc.torch passes the addresses of live, dense CUDA tensors of device 0 that it
+        // holds for the call (outputs freshly allocated), and the current stream's handle.
+        let known = known.unwrap_or_default();
+        let done = py.detach(|| unsafe { inner.program.run_cuda_device(&inner.entry.name, &ins, &outs, &opts, stream, &known) });
+        done.map_err(|e| {
+            let given: Vec<(String, DType, Vec<usize>)> =
+                inner.entry.params.iter().zip(&ins).map(|((n, _), i)| (n.clone(), i.dtype, i.shape.clone())).collect();
+            run_error(py, &inner.program, &inner.entry.name, &e, &given)
+        })
+    }
+
     /// The text of one pipeline stage for this entry: `ast`, `ir`, `opt`, `schedule`, `clif`
     /// or `cuda`.
     fn emit(&self, py: Python<'_>, stage: &str) -> PyResult<String> {

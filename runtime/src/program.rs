@@ -597,6 +597,39 @@ impl Program {
         Ok(info.outputs.iter().map(|(n, _)| n.clone()).zip(results).collect())
     }
 
+    /// The dtypes and shapes of `entry`'s results for inputs of these shapes (and `opts`'s
+    /// dims): what a caller allocates for [`Program::run_cuda_device`].
+    pub fn output_shapes(&self, entry: &str, shapes: &[Vec<usize>], opts: &RunOptions) -> Result<Vec<(DType, Vec<usize>)>, RunError> {
+        let (graph, _, dims) = self.begin_run(entry, opts)?;
+        Ok(crate::cuda::output_shapes(graph, shapes, &dims)?)
+    }
+
+    /// Runs `entry` on the CUDA target on tensors already in device memory, writing its results
+    /// into `outputs`, ordered on the caller's `stream`; `known` gives 0-d i32 inputs' values
+    /// held on the host (see [`crate::cuda::run_device`]).
+    ///
+    /// # Safety
+    /// As [`crate::cuda::run_device`]: live, dense, non-overlapping device allocations of
+    /// device 0's primary context, and a live stream of it (or 0).
+    pub unsafe fn run_cuda_device(
+        &self,
+        entry: &str,
+        inputs: &[crate::cuda::DeviceTensor],
+        outputs: &[crate::cuda::DeviceTensor],
+        opts: &RunOptions,
+        stream: u64,
+        known: &HashMap<usize, i32>,
+    ) -> Result<(), RunError> {
+        let (graph, meta, dims) = self.begin_run(entry, opts)?;
+        let info = &meta.1;
+        if inputs.len() < info.params.len() {
+            let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
+            return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
+        }
+        // SAFETY: the caller's contract, passed on.
+        Ok(unsafe { crate::cuda::run_device(graph, inputs, outputs, &dims, stream, known) }?)
+    }
+
     /// `entry` with its gradients, as a program of one entry point, `<entry>_grad`: it takes
     /// `entry`'s inputs plus a cotangent `d_<result>` for each float result, and returns the
     /// results plus `d_<param>` for each float parameter (or each one named in `wrt`). Run it

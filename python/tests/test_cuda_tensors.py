@@ -1,0 +1,85 @@
+"""CUDA tensors handed to the cuda target by device pointer (attnc.Program on CUDA tensors,
+attnc.torch.sdpa on CUDA tensors). The device cases run where PyTorch sees a GPU; the rest
+(result shapes, clear errors without a GPU) run everywhere."""
+
+import numpy as np
+import pytest
+
+import attnc
+
+torch = pytest.importorskip("torch")
+
+GPU = torch.cuda.is_available()
+CAUSAL = """
+fn attn(q: f16[B, H, S, D], k: f16[B, H, S, D], v: f16[B, H, S, D]) -> f16[B, H, S, D] {
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    return softmax(where(j <= i, scores, -inf), axis = -1) @ v
+}
+"""
+
+
+def test_result_shapes_are_known_before_the_run():
+    prog = attnc.compile(CAUSAL, target="cuda")
+    assert prog._compiled._output_shapes([[2, 3, 5, 8]] * 3, None) == [("f16", [2, 3, 5, 8])]
+    with pytest.raises(attnc.ShapeError):
+        prog._compiled._output_shapes([[2, 3, 5, 8], [2, 3, 5, 8], [2, 3, 5, 9]], None)
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is present: the error path without one is not exercised")
+def test_without_a_gpu_a_device_run_is_a_clear_error():
+    prog = attnc.compile(CAUSAL, target="cuda")
+    spec = [(0, "f16", [1, 1, 4, 8])] * 3
+    with pytest.raises(attnc.RunError, match="CUDA target is not available"):
+        prog._compiled._run_cuda(spec, [(0, "f16", [1, 1, 4, 8])], 0, None, None)
+    with pytest.raises(attnc.ArgumentError, match="compiled for `cuda`"):
+        attnc.compile(CAUSAL)._compiled._run_cuda(spec, spec[:1], 0, None, None)
+
+
+gpu = pytest.mark.skipif(not GPU, reason="PyTorch sees no CUDA device")
+
+
+@gpu
+def test_a_program_runs_on_cuda_tensors_in_place():
+    prog = attnc.compile(CAUSAL, target="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 130, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    out = prog(q, k, v)
+    assert out.is_cuda and out.dtype == torch.float16 and out.shape == q.shape
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert (out.float() - ref).abs().max().item() < 2e-3
+    with pytest.raises(attnc.LayoutError, match="target='cuda'"):
+        attnc.compile(CAUSAL)(q, k, v)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sdpa_on_cuda_tensors_matches_torch_forward_and_gradients(dtype):
+    import attnc.torch as at
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 200, 128, device="cuda", dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+    out = at.sdpa(q, k, v, is_causal=True)
+    assert out.is_cuda and out.dtype == dtype
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=True)
+    refs = torch.autograd.grad(ref, (qf, kf, vf), dout.float())
+    tol = 2e-2 if dtype == torch.float16 else 1e-1
+    assert (out.float() - ref).abs().max().item() < tol
+    for got, want in zip(grads, refs):
+        assert got.is_cuda and (got.float() - want).abs().max().item() < tol * max(1.0, want.abs().max().item())
+
+
+@gpu
+def test_sdpa_dropout_on_cuda_tensors_is_repeatable():
+    import attnc.torch as at
+
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    torch.manual_seed(3)
+    a = at.sdpa(q, q, q, dropout_p=0.3)
+    torch.manual_seed(3)
+    b = at.sdpa(q, q, q, dropout_p=0.3)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, at.sdpa(q, q, q))
