@@ -22,6 +22,11 @@
 #           backward on wgmma and on mma.sync (-DATTNC_NO_WGMMA_BWD through
 #           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), interleaved over two rounds,
 #           into wgmma.txt
+#   python  attnc's Python package on the device: the wheel in $ATTNC_BIN_DIR (built on any x86-64
+#           machine: maturin build --release -m python/Cargo.toml -o DIR; abi3, so any Python
+#           3.9+) installed into a scratch directory, then python/tests/test_cuda_tensors.py
+#           (CUDA tensors from torch by device pointer, sdpa forward and gradients), into
+#           python.log
 #   bwd     the tensor-core flash backward against the SIMT one (ATTNC_CUDA_BWD=simt), attnc bench
 #           --grad alone, f16, interleaved, into bwd.txt
 #   train   bench/compare_gpu.py --train: attnc --grad (the flash backward) against an SDPA
@@ -153,6 +158,18 @@ while [ $i -lt ${#steps[@]} ]; do
             done
         done > "$OUT/wgmma.txt" 2>&1
         cat "$OUT/wgmma.txt"
+        ;;
+    python)
+        echo "== python"
+        whl=$(ls "$BIN"/attnc-*.whl 2>/dev/null | head -1)
+        if [ -z "$whl" ]; then
+            echo "python: no attnc wheel in $BIN"
+        else
+            python3 -m pip install -q --no-deps --no-index --target /tmp/attnc-site "$whl" > "$OUT/python.log" 2>&1
+            PYTHONPATH=/tmp/attnc-site timeout 240 python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda_tensors.py >> "$OUT/python.log" 2>&1
+            echo "python: exit $?"
+            tail -15 "$OUT/python.log"
+        fi
         ;;
     rows | versus)
         # rows: the tensor-core kernel's query rows per block (ATTNC_CUDA_MMA_ROWS: 64 = one
