@@ -465,12 +465,16 @@ def flex_attention(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor) or t.dim() != 4:
             raise ShapeError(f"{name} must be a 4-d torch.Tensor [B, H, S, D]")
-        if t.device.type != "cpu":
-            raise LayoutError(f"{name} is on {t.device}; attnc.torch.flex_attention runs CPU tensors (pass .cpu())")
+        if t.device != query.device or t.device.type not in ("cpu", "cuda"):
+            raise LayoutError(
+                f"{name} is on {t.device}; attnc.torch.flex_attention runs CPU tensors, or CUDA tensors on one device, not {query.device} and {t.device}"
+            )
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
     out_dtype = query.dtype
-    dtype = {"float32": "f32", "float16": "f16", "bfloat16": "f32"}.get(str(out_dtype).replace("torch.", ""))
+    cuda = query.device.type == "cuda"
+    # bfloat16 runs as it is on CUDA; on the CPU in float32 (NumPy has no bfloat16).
+    dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16" if cuda else "f32"}.get(str(out_dtype).replace("torch.", ""))
     if dtype is None:
         raise DTypeError(f"attnc.torch.flex_attention runs float32, float16 and bfloat16 tensors, not {out_dtype}")
     gqa = query.shape[1] != key.shape[1]
@@ -492,11 +496,14 @@ def flex_attention(
     kinds = tuple((c.dtype, c.dim()) for c in captured)
     scale_ = None if scale is None else float(scale)
     threads = _torch.get_num_threads()
-    key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads)
-    found = _cached(_FLEX_PROGRAMS, key_, lambda: _compile_entry(_flex_source(dtype, gqa, scale_, mod, mask, kinds), "flex", threads))
+    target = "cuda" if cuda else "cpu"
+    key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads, target)
+    found = _cached(
+        _FLEX_PROGRAMS, key_, lambda: _compile_entry(_flex_source(dtype, gqa, scale_, mod, mask, kinds), "flex", threads, target)
+    )
     prog, differentiable = found
     args = [query, key, value]
-    if out_dtype == _torch.bfloat16:
+    if out_dtype == _torch.bfloat16 and not cuda:
         args = [a.float() for a in args]
     args += captured
     grad = _torch.is_grad_enabled() and any(a.requires_grad for a in args)
@@ -534,10 +541,10 @@ def _captured(t: _torch.Tensor) -> _torch.Tensor:
     return t.to(_torch.int32)
 
 
-def _compile_entry(text: str, entry: str, threads: int) -> Program:
+def _compile_entry(text: str, entry: str, threads: int, target: str = "cpu") -> Program:
     from . import compile as _compile_program
 
-    return _compile_program(text, entry=entry, threads=threads)
+    return _compile_program(text, entry=entry, threads=threads, target=target)
 
 
 def _flex_source(dtype: str, gqa: bool, scale: Optional[float], mod: Any, mask: Any, kinds: Tuple[Tuple[Any, int], ...]) -> str:

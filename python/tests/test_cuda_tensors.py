@@ -83,3 +83,27 @@ def test_sdpa_dropout_on_cuda_tensors_is_repeatable():
     b = at.sdpa(q, q, q, dropout_p=0.3)
     assert torch.equal(a, b)
     assert not torch.equal(a, at.sdpa(q, q, q))
+
+
+@gpu
+def test_flex_attention_on_cuda_tensors_with_alibi_and_a_causal_block_mask():
+    import attnc.torch as at
+
+    B, H, S, D = 2, 4, 256, 64
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device="cuda")
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    out = at.flex_attention(q, k, v, score_mod=alibi, block_mask=at.create_block_mask(causal, B, H, S, S))
+    assert out.is_cuda and out.dtype == torch.float16
+    i = torch.arange(S, device="cuda")
+    bias = slopes[:, None, None] * (i[None, None, :] - i[None, :, None]).float()
+    bias = bias.masked_fill(i[None, None, :] > i[None, :, None], float("-inf"))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias[None])
+    assert (out.float() - ref).abs().max().item() < 2e-2
