@@ -95,12 +95,13 @@ fn page_of(d: &PagedRows, t: usize) -> Option<(usize, *const f32)> {
 
 /// A cursor over a [`PagedRows`]' rows (all inside its table): the page of the last row asked
 /// for is kept, so that a row of the same page costs a compare and a multiply-add. What follows
-/// a page in memory is not the next page, so prefetching follows the table: on entering a page,
-/// the first rows of the page about [`PAGED_AHEAD`] rows on (on Zen 4 with pages of 16 rows,
-/// `bench/paged_decode.sh` measured two pages ahead at 82% of the contiguous decode's
-/// bandwidth, four at 81–91%, eight at 71%; without it 53%), into L2 (`T1`: with `T0` the
-/// prefetches wait for L1's fill buffers and gained nothing). The kernels' own prefetches (rows
-/// ahead in memory) are dropped.
+/// a page in memory is not the next page, so prefetching follows the table, at two distances:
+/// on entering a page, the first rows of the page about [`PAGED_AHEAD`] rows on, into L2 (`T1`;
+/// on Zen 4 with pages of 16 rows, `bench/paged_decode.sh` measured two pages ahead at 82% of
+/// the contiguous decode's bandwidth, four at 81–91%, eight at 71%; without it 53%), and the
+/// kernels' own prefetches (rows [`AHEAD`] on, into L1, `T0`) found through the table by a
+/// second cursor: with both, the HND decode went from 42.1–48.8 to 36.6–46.2 ms in one
+/// interleaved run (both alone: 57–60 ms without the `T1` ones).
 pub(super) struct Paged<'d> {
     d: &'d PagedRows,
     /// The cached page's first key (`usize::MAX`: none yet) and first row.
@@ -108,6 +109,10 @@ pub(super) struct Paged<'d> {
     start: *const f32,
     /// Bytes of a row.
     row_bytes: usize,
+    /// The same for the kernels' own prefetches (rows [`AHEAD`] on, into L1, through the
+    /// table).
+    pf_lo: usize,
+    pf_start: *const f32,
 }
 
 /// Rows ahead (in sequence order, across pages) that a paged product prefetches.
@@ -115,7 +120,7 @@ const PAGED_AHEAD: usize = 64;
 
 impl<'d> Paged<'d> {
     pub(super) fn new(d: &'d PagedRows, row_bytes: usize) -> Paged<'d> {
-        Paged { d, lo: usize::MAX, start: std::ptr::null(), row_bytes }
+        Paged { d, lo: usize::MAX, start: std::ptr::null(), row_bytes, pf_lo: usize::MAX, pf_start: std::ptr::null() }
     }
 
     /// Prefetches `row_bytes` at `p` into L2.
@@ -151,7 +156,24 @@ impl Rows for Paged<'_> {
     }
 
     #[inline(always)]
-    fn prefetch(&mut self, _j: usize, _count: usize, _bytes: usize) {}
+    fn prefetch(&mut self, j: usize, count: usize, bytes: usize) {
+        for r in 0..count {
+            let t = self.d.first + j + r;
+            if self.pf_lo == usize::MAX || t.wrapping_sub(self.pf_lo) >= self.d.page {
+                match page_of(self.d, t) {
+                    Some((lo, start)) => (self.pf_lo, self.pf_start) = (lo, start),
+                    None => return,
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
+            unsafe {
+                prefetch(self.pf_start.wrapping_add(t.wrapping_sub(self.pf_lo) * self.d.row_stride), bytes)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = bytes;
+        }
+    }
 }
 
 /// [`run`] with `B`'s rows read through a paged cache ([`PagedRows`], every row inside its
