@@ -190,9 +190,10 @@ class Program:
 
                     self._differentiable = attention(self)
                 return self._differentiable(*args, **named)
-        if torch is not None and any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values())):
-            return self._run_cuda(torch, args, named, dims)
         as_torch = False
+        if torch is not None and not all(type(a) is np.ndarray for a in (*args, *named.values())):
+            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values())):
+                return self._run_cuda(torch, args, named, dims)
         if not all(type(a) is np.ndarray for a in args):
             converted = []
             for a in args:
