@@ -247,12 +247,12 @@ def _sdpa_prepare(
 
     if is_causal and attn_mask is not None:
         raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
+    cuda = isinstance(query, _torch.Tensor) and query.is_cuda
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-        if t.device != query.device or t.device.type not in ("cpu", "cuda"):
+        if (t.device != query.device) if cuda else (t.device.type != "cpu"):
             raise LayoutError(f"{name} is on {t.device}; attnc.torch.sdpa runs CPU tensors, or CUDA tensors on one device, not {query.device} and {t.device}")
-    cuda = query.device.type == "cuda"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ShapeError(
             f"query, key and value must have the same rank, at least 2: got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
