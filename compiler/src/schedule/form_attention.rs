@@ -171,9 +171,11 @@ impl Formation<'_> {
             Some((l, out)) if self.policy.flash_bwd_delta() => (Some(self.delta_rows(v, &d_out, out, l, d_lse)?), None),
             _ => (None, d_lse),
         };
-        let variant =
-            self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, !results.dx.is_empty());
         let wanted: Vec<usize> = results.dx.iter().map(|(n, _)| *n).collect();
+        // Extra gradients scattered over their operand (a bias table by relative position)
+        // keep the SIMT kernel; one sum per item (ALiBi's slopes) the tensor-core one can add.
+        let scattered = grad.loads.iter().any(|l| wanted.contains(&l.input) && !super::item_level(l, spec.rank));
+        let variant = self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, scattered);
         let linear = BwdLinear::of(&spec, &grad, &wanted);
         let Results { dq, dq_scale, dk, dv, dx } = results;
         let (dq, dq_accum) = match dq {

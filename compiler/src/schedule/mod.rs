@@ -742,11 +742,23 @@ impl FlashBwdKernel {
     /// registers and adds it once per item.
     pub fn item_sums(&self) -> Vec<bool> {
         let rank = self.spec.rank;
-        self.grad
-            .loads
-            .iter()
-            .map(|l| self.dx.iter().any(|(x, _)| *x == l.input) && l.index.iter().all(|e| level(e, rank) == Level::Item))
-            .collect()
+        self.grad.loads.iter().map(|l| self.dx.iter().any(|(x, _)| *x == l.input) && item_level(l, rank)).collect()
+    }
+}
+
+/// Whether a load of the score's derivative has an index that depends on batch positions only
+/// (its gradient is one sum per work item, as ALiBi's slopes).
+pub(crate) fn item_level(l: &crate::ir::grad::LoadGrad, rank: usize) -> bool {
+    l.index.iter().all(|e| level(e, rank) == Level::Item)
+}
+
+impl FlashBwdKernel {
+    /// Whether every extra operand's gradient asked for is item sums ([`Self::item_sums`]):
+    /// what the CUDA tensor-core backward computes (scattered ones, as bias tables, take the
+    /// SIMT kernel).
+    pub fn extra_grads_are_item_sums(&self) -> bool {
+        let rank = self.spec.rank;
+        self.grad.loads.iter().all(|l| !self.dx.iter().any(|(x, _)| *x == l.input) || item_level(l, rank))
     }
 }
 

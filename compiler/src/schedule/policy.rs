@@ -172,15 +172,16 @@ impl Policy {
 
     /// The variant of a flash backward: the CPU's tiles; on CUDA tensor cores for dot-product
     /// scores whose `q`, `k` and `v` share f16 or bf16, whose `d_out` (`dtypes[3]`) has their
-    /// type or f32 (an f32 bias widens the op's result), and whose extra operands need no
-    /// gradient; else the SIMT kernel.
-    pub fn flash_bwd_variant(&self, dtypes: [DType; 4], dot: bool, extra_grads: bool) -> Variant {
+    /// type or f32 (an f32 bias widens the op's result), and whose extra operands' gradients,
+    /// if any, are one sum per work item (ALiBi's slopes; `scattered_grads`: some are scattered
+    /// over their operand, as a bias table's); else the SIMT kernel.
+    pub fn flash_bwd_variant(&self, dtypes: [DType; 4], dot: bool, scattered_grads: bool) -> Variant {
         match self {
             Policy::Cpu(_) => Variant::Tiled,
             Policy::Cuda(c)
                 if !c.simt_backward
                     && dot
-                    && !extra_grads
+                    && !scattered_grads
                     && dtypes[..3].iter().all(|d| *d == dtypes[0])
                     && matches!(dtypes[0], DType::F16 | DType::BF16)
                     && (dtypes[3] == dtypes[0] || dtypes[3] == DType::F32) =>

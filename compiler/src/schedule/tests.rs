@@ -147,7 +147,7 @@ fn variants_follow_the_target_and_dtypes() {
 }
 
 #[test]
-fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradients() {
+fn the_cuda_backward_takes_tensor_cores_for_half_operands_and_gradients_summed_per_item() {
     // `dtype` of q, k, v; `result` of the op (an f32 bias may widen it to f32).
     let text = |dtype: &str, result: &str| {
         format!(
@@ -178,8 +178,14 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_without_extra_gradient
     assert_eq!(variant("bf16", Some(&qkv), &cuda), Variant::TensorCore);
     // An f32 result (so an f32 d_out) is rounded to the operands' type on staging.
     assert_eq!(variant("f16>f32", Some(&qkv), &cuda), Variant::TensorCore);
-    // The slopes' gradient (an extra operand's) and f32 operands take the SIMT kernel.
-    assert_eq!(variant("f16", None, &cuda), Variant::Simt);
+    // The slopes' gradient is one sum per item (its index is the head's): tensor cores too.
+    assert_eq!(variant("f16", None, &cuda), Variant::TensorCore);
+    // A gradient scattered over its operand (a bias per key) and f32 operands take SIMT.
+    let scattered: Graph =
+        text("f16", "f16").replace("f32[H]", "f32[H, R]").replace("x0[h]", "x0[h, (j - i) % dim(R)]").parse().expect("parses");
+    let derived = crate::ir::grad::differentiate(&scattered, None).expect("differentiates");
+    let s = schedule(&derived, &cuda).expect("schedules");
+    assert!(s.steps.iter().any(|st| matches!(&st.kernel, Kernel::FlashBwd(f) if f.variant == Variant::Simt)));
     assert_eq!(variant("f32", Some(&qkv), &cuda), Variant::Simt);
     assert_eq!(variant("f16", Some(&qkv), &Policy::default()), Variant::Tiled);
     // The comparison knob.

@@ -43,27 +43,11 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "const int tid_ = threadIdx.x;".into(),
     ];
     body.extend(sizes_head(ints, f)?);
-    body.extend([
-        format!("float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, true)),
-        "(void)nkb_; (void)red_; (void)at_; (void)part_; (void)st_; (void)wsum_;".into(),
-    ]);
-    // Per-item partial sums: the gradients of the extra operands in turn.
-    let mut per_item = Vec::new();
-    let mut offsets = Vec::new();
-    for (_, x) in &f.dx {
-        offsets.push(if per_item.is_empty() { "0LL".to_string() } else { format!("({})", per_item.join(" + ")) });
-        per_item.push(ints.dim(&Dim::product(&x.shape))?);
-    }
-    body.push(format!("const i64 per_item_ = {};", if per_item.is_empty() { "0LL".to_string() } else { per_item.join(" + ") }));
+    body.push("(void)nkb_; (void)red_; (void)at_; (void)st_; (void)wsum_;".into());
+    let offsets = partials_head(ints, f, &mut body)?;
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
-    // Each partial sum is a double kept in two floats (attnc_acc2).
-    it.push("float* __restrict__ mine_ = part_ + (keys_ ? w_ : 0) * 2 * per_item_;  // this item's partial sums".into());
-    it.push("if (keys_) for (i64 e_ = tid_; e_ < 2 * per_item_; e_ += KT_) mine_[e_] = 0.0f;".into());
-    // Item-level sums (one per load whose index depends on batch positions only).
+    it.extend(item_start(f, "KT_"));
     let item_sums = f.item_sums();
-    // In double: a bias's gradient sums every score of the item, with much cancellation.
-    it.push(format!("double sum_[{}];", item_sums.len().max(1)));
-    it.push(format!("for (int l_ = 0; l_ < {}; ++l_) sum_[l_] = 0.0;", item_sums.len().max(1)));
     let cx = Cx { ints, f, p: &p, offsets: &offsets, item_sums: &item_sums };
     it.push("if (keys_) {".into());
     let mut key_lines = cx.keys_phase()?;
@@ -79,6 +63,91 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
     body.push("}".into());
     let _ = CUDA_THREADS;
     Ok(KernelSource { threads: keys as u32, items_per_block: 1, smem: Smem::None, body })
+}
+
+/// The extra operands' per-item partial sums (`part_`, `per_item_` floats' worth per item, the
+/// gradients in turn): their lines into `body`; returns where each gradient starts.
+pub(super) fn partials_head(ints: &Ints, f: &FlashBwdKernel, body: &mut Vec<String>) -> Result<Vec<String>, CudaEmitError> {
+    body.push(format!("float* __restrict__ part_ = {};", ptr(f.partials, DType::F32, true)));
+    body.push("(void)part_;".into());
+    let mut per_item = Vec::new();
+    let mut offsets = Vec::new();
+    for (_, x) in &f.dx {
+        offsets.push(if per_item.is_empty() { "0LL".to_string() } else { format!("({})", per_item.join(" + ")) });
+        per_item.push(ints.dim(&Dim::product(&x.shape))?);
+    }
+    body.push(format!("const i64 per_item_ = {};", if per_item.is_empty() { "0LL".to_string() } else { per_item.join(" + ") }));
+    Ok(offsets)
+}
+
+/// At a work item's start (`threads` the block's threads): a key item's partial sums zeroed
+/// (`mine_`; each a double kept in two floats, `attnc_acc2`) and the item-level register sums
+/// (`sum_`, one per load whose index depends on batch positions only; in double: a bias's
+/// gradient sums every score of the item, with much cancellation).
+pub(super) fn item_start(f: &FlashBwdKernel, threads: &str) -> Vec<String> {
+    let n = f.item_sums().len().max(1);
+    vec![
+        "float* __restrict__ mine_ = part_ + (keys_ ? w_ : 0) * 2 * per_item_;  // this item's partial sums".into(),
+        format!("if (keys_) for (i64 e_ = tid_; e_ < 2 * per_item_; e_ += {threads}) mine_[e_] = 0.0f;"),
+        format!("double sum_[{n}];"),
+        format!("for (int l_ = 0; l_ < {n}; ++l_) sum_[l_] = 0.0;"),
+        "(void)mine_; (void)sum_;".into(),
+    ]
+}
+
+/// Adds a key item's register sums (`sum_`) into its partial sums, in a fixed order: each warp's
+/// by a shuffle tree, then the `warps` warps' (`wsum_`, shared) by thread 0.
+pub(super) fn flush_item_sums(
+    ints: &Ints,
+    f: &FlashBwdKernel,
+    p: &[String],
+    offsets: &[String],
+    warps: &str,
+) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = Vec::new();
+    let mut pos = p.to_vec();
+    pos.extend(["0LL".to_string(), "0LL".to_string()]);
+    let cx = ScoreCtx { ints, s: None, pos: &pos, extras: &f.extras };
+    for (k, (l, item)) in f.grad.loads.iter().zip(f.item_sums()).enumerate() {
+        if !item {
+            continue;
+        }
+        let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
+        let mut il = ops::Lines::new(&format!("z{k}"));
+        let flat = flat_index(ints, f, &cx, &mut il, l)?;
+        out.push("attnc_sync();".into());
+        out.push(format!("{{ const double w_sum_ = attnc_warp_sum_d(sum_[{k}]); if (tid_ % 32 == 0) wsum_[tid_ / 32] = w_sum_; }}"));
+        out.push("attnc_sync();".into());
+        out.push("if (tid_ == 0) {".into());
+        out.extend(indent(&il.lines, 2));
+        out.push("  double t_ = 0.0;".into());
+        out.push(format!("  for (int u_ = 0; u_ < {warps}; ++u_) t_ += wsum_[u_];"));
+        out.push(format!("  attnc_acc2(mine_ + 2 * ({} + {}), t_);", offsets[slot], flat.join(" + ")));
+        out.push("}".into());
+    }
+    out.push("attnc_sync();  // the next item reuses the shared arrays".into());
+    Ok(out)
+}
+
+/// The row-major offset of a load's clamped indices within its operand (its gradient's
+/// element), as terms to add; statements into `il`.
+fn flat_index(
+    ints: &Ints,
+    f: &FlashBwdKernel,
+    cx: &ScoreCtx,
+    il: &mut ops::Lines,
+    l: &attn_compiler::ir::grad::LoadGrad,
+) -> Result<Vec<String>, CudaEmitError> {
+    let x = &f.extras[l.input];
+    let mut flat = Vec::new();
+    let mut stride = "1LL".to_string();
+    for (axis, e) in l.index.iter().enumerate().rev() {
+        let v = cx.eval(il, e)?;
+        let size = ints.dim(&x.shape[axis])?;
+        flat.push(format!("attnc_clampi((i64){}, {size}) * {stride}", ops::convert(&v, Class::Int)));
+        stride = format!("{stride} * {size}");
+    }
+    Ok(flat)
 }
 
 /// The sizes `M_`, `N_`, `D_`, `DV_`, the tile table `tbl_` and its shape (`nqb_` query blocks,
@@ -428,49 +497,14 @@ impl Cx<'_> {
         Ok(out)
     }
 
-    /// The row-major offset of a load's clamped indices within its operand (its gradient's
-    /// element), as terms to add; statements into `il`.
+    /// [`flat_index`] of this kernel's step.
     fn flat_index(&self, cx: &ScoreCtx, il: &mut ops::Lines, l: &attn_compiler::ir::grad::LoadGrad) -> Result<Vec<String>, CudaEmitError> {
-        let x = &self.f.extras[l.input];
-        let mut flat = Vec::new();
-        let mut stride = "1LL".to_string();
-        for (axis, e) in l.index.iter().enumerate().rev() {
-            let v = cx.eval(il, e)?;
-            let size = self.ints.dim(&x.shape[axis])?;
-            flat.push(format!("attnc_clampi((i64){}, {size}) * {stride}", ops::convert(&v, Class::Int)));
-            stride = format!("{stride} * {size}");
-        }
-        Ok(flat)
+        flat_index(self.ints, self.f, cx, il, l)
     }
 
-    /// Adds the item-level register sums into the item's partial sums: over the block's threads
-    /// in order, by thread 0.
+    /// [`flush_item_sums`] over the block's warps.
     fn flush_sums(&self) -> Result<Vec<String>, CudaEmitError> {
-        let f = self.f;
-        let mut out = Vec::new();
-        let pos = self.positions("0LL", "0LL");
-        let cx = ScoreCtx { ints: self.ints, s: None, pos: &pos, extras: &f.extras };
-        for (k, l) in f.grad.loads.iter().enumerate() {
-            if !self.item_sums[k] {
-                continue;
-            }
-            let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
-            let mut il = ops::Lines::new(&format!("z{k}"));
-            let flat = self.flat_index(&cx, &mut il, l)?;
-            // The block's sum in double: each warp's by a fixed shuffle tree, then the warps'
-            // in order by thread 0.
-            out.push("attnc_sync();".into());
-            out.push(format!("{{ const double w_sum_ = attnc_warp_sum_d(sum_[{k}]); if (tid_ % 32 == 0) wsum_[tid_ / 32] = w_sum_; }}"));
-            out.push("attnc_sync();".into());
-            out.push("if (tid_ == 0) {".into());
-            out.extend(indent(&il.lines, 2));
-            out.push("  double t_ = 0.0;".into());
-            out.push("  for (int u_ = 0; u_ < KT_ / 32; ++u_) t_ += wsum_[u_];".into());
-            out.push(format!("  attnc_acc2(mine_ + 2 * ({} + {}), t_);", self.offsets[slot], flat.join(" + ")));
-            out.push("}".into());
-        }
-        out.push("attnc_sync();  // the next item reuses the shared arrays".into());
-        Ok(out)
+        flush_item_sums(self.ints, self.f, self.p, self.offsets, "KT_ / 32")
     }
 }
 

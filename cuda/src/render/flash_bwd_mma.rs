@@ -1,7 +1,8 @@
 //! The flash backward on tensor cores (FlashAttention-2's backward with `mma.sync.m16n8k16`,
 //! f32 accumulation), for f16/bf16 `q`, `k`, `v` (and `d_out` of their type or f32, rounded to
-//! it on staging: an f32 bias makes the op's result f32) when no extra operand's gradient is
-//! asked for ([`Variant::TensorCore`](attn_compiler::schedule::Variant) of a [`FlashBwdKernel`]).
+//! it on staging: an f32 bias makes the op's result f32) when every extra operand's gradient
+//! asked for is one sum per work item, as ALiBi's slopes'
+//! ([`Variant::TensorCore`](attn_compiler::schedule::Variant) of a [`FlashBwdKernel`]).
 //! A block has four warps. In the fast mode (the default) every work item is a key block
 //! (1. below) that also adds its share of `dQ` into an f32 buffer by atomic adds
 //! ([`FlashBwdKernel::dq_accum`]: zeroed by the step before, rounded into `dQ` by the step
@@ -25,17 +26,19 @@
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
-use super::flash_bwd::{items_head, row_col, sizes_head, weight_and_ds};
+use super::flash_bwd::{flush_item_sums, item_start, items_head, partials_head, row_col, sizes_head, weight_and_ds};
+use super::ops;
 use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
+use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim};
 use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
 use attn_compiler::schedule::{FlashBwdKernel, View};
 
 /// The tensor-core backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
-    if !f.dx.is_empty() {
-        return Err(ints.fail("the tensor-core flash backward writes no extra operand's gradient".into()));
+    if !f.extra_grads_are_item_sums() {
+        return Err(ints.fail("the tensor-core flash backward adds only extra gradients that are one sum per item".into()));
     }
     let step = f.step;
     let bf16 = f.k.dtype == DType::BF16;
@@ -91,10 +94,16 @@ pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<Kerne
         "(void)fs_; (void)Ss_;".into(),
     ];
     body.extend(sizes_head(ints, f)?);
+    // The extra operands' gradients (ALiBi's slopes): per key item, register sums of
+    // `dF · ∂F/∂x` flushed into its partial sums, which the reduce step adds in item order.
+    let offsets = partials_head(ints, f, &mut body)?;
+    body.push("ATTNC_SHARED double wsum_[4];  // one sum per warp".into());
+    body.push("(void)wsum_;".into());
     let (mut it, p) = items_head(ints, f, items, &mut body)?;
+    it.extend(item_start(f, &CUDA_FLASH_THREADS.to_string()));
     it.push("attnc_cp_wait_all();  // the previous item's copies (all of its tiles may have been skipped)".into());
     it.push("attnc_sync();  // the previous item is done with shared memory".into());
-    let cx = Cx { ints, f, p: &p, mma, pack, conv, wg: if bf16 { 'b' } else { 'h' } };
+    let cx = Cx { ints, f, p: &p, mma, pack, conv, wg: if bf16 { 'b' } else { 'h' }, offsets: &offsets };
     it.push(cx.vec_line()?);
     it.push("if (keys_) {".into());
     it.extend(indent(&cx.key_block()?, 2));
@@ -149,6 +158,8 @@ struct Cx<'a> {
     conv: &'a str,
     /// The warpgroup helpers' type letter (`h`, `b`).
     wg: char,
+    /// Where each extra gradient starts in an item's partial sums.
+    offsets: &'a [String],
 }
 
 impl Cx<'_> {
@@ -403,6 +414,18 @@ impl Cx<'_> {
         el.push("float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".into());
         el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
         el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"), true)?);
+        // A key item's extra gradients that are one sum per item: dF · ∂F/∂x into `sum_`.
+        for (k, (l, item)) in f.grad.loads.iter().zip(f.item_sums()).enumerate() {
+            if !item {
+                continue;
+            }
+            let mut lines = ops::Lines::new(&format!("x{k}"));
+            let d = cx.eval(&mut lines, &l.d)?;
+            el.push("if (keys_ && df_ != 0.0f && i_ < M_ && j_ < N_) {".into());
+            el.extend(indent(&lines.lines, 2));
+            el.push(format!("  sum_[{k}] += (double)(df_ * {});", ops::convert(&d, Class::Float)));
+            el.push("}".into());
+        }
         el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
         let mut out = vec![
             "#pragma unroll".to_string(),
@@ -516,6 +539,9 @@ impl Cx<'_> {
         }
         if let Some(dv) = &f.dv {
             out.extend(self.store_rows("dv_", dv, "dvoff_", "1.0f", "N_", "DV_")?);
+        }
+        if !f.dx.is_empty() {
+            out.extend(flush_item_sums(self.ints, f, self.p, self.offsets, "4")?);
         }
         Ok(out)
     }
