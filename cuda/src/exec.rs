@@ -374,8 +374,9 @@ pub struct DeviceTensor {
 /// shapes as [`output_shapes`] gives them), ordered after the work queued on `stream` (a
 /// caller's `CUstream`, 0 for the legacy default stream) and before what is queued there
 /// next: no host copies, and no wait on the host unless the graph reads an input's values
-/// on the host (0-d sizes, ids that classify tiles) that `known` (0-d i32 inputs' values by
-/// parameter index, as the caller holds them) does not give, or checks indices.
+/// on the host (0-d sizes, ids that classify tiles) that `known` (host copies of inputs by
+/// parameter index, equal to the device tensors, as the caller holds them) does not give, or
+/// checks indices.
 ///
 /// # Safety
 /// Every `ptr` must address a live allocation of this context holding its tensor's elements
@@ -387,7 +388,7 @@ pub unsafe fn run_device(
     outputs: &[DeviceTensor],
     given: &HashMap<String, i64>,
     stream: u64,
-    known: &HashMap<usize, i32>,
+    known: &HashMap<usize, Tensor>,
 ) -> Result<(), CudaError> {
     let gpu = gpu()?;
     let params = graph.params();
@@ -424,8 +425,14 @@ pub unsafe fn run_device(
     let mut host_inputs: Vec<Tensor> = Vec::with_capacity(inputs.len());
     for (i, t) in inputs.iter().enumerate() {
         let scalar = t.shape.is_empty() && t.dtype == DType::I32;
-        if let (true, Some(v)) = (scalar, known.get(&i)) {
-            host_inputs.push(Tensor { dtype: DType::I32, shape: Vec::new(), data: attn_compiler::tensor::TensorData::I32(vec![*v]) });
+        if let Some(h) = known.get(&i) {
+            if h.dtype != t.dtype || h.shape != t.shape {
+                return Err(CudaError::Device(format!(
+                    "input {i}'s host copy is {} {:?}, the device tensor {} {:?}",
+                    h.dtype, h.shape, t.dtype, t.shape
+                )));
+            }
+            host_inputs.push(h.clone());
         } else if (scalar || on_host.contains(&i)) && t.dtype == DType::I32 {
             let n: usize = t.shape.iter().product();
             let mut v = vec![0i32; n];

@@ -150,14 +150,14 @@ class Program:
         if missing:
             raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{self.entry}`: {', '.join(missing)}")
         inputs = []
-        known: Dict[int, int] = {}
+        known: Dict[int, np.ndarray] = {}
         for i, ((name, dtype, _), x) in enumerate(zip(self.params, slots)):
             want = _TORCH_OF[dtype](torch)
             t = x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=want)
             if t.dtype != want:
                 raise DTypeError(f"input `{name}` is {t.dtype}; the parameter is {dtype} ({want})")
-            if t.dim() == 0 and dtype == "i32" and not t.is_cuda:
-                known[i] = int(t)  # a host value (a size, dropout's seed): no copy back
+            if dtype == "i32" and t.dim() <= 2 and not t.is_cuda:
+                known[i] = t.contiguous().numpy()  # a host copy (a size, a seed, ids): no copy back
             inputs.append(t.to(device).contiguous())
         shapes = [list(t.shape) for t in inputs]
         specs = self._compiled._output_shapes(shapes, dims)

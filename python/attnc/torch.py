@@ -700,11 +700,12 @@ def varlen_attention(
     tiles from them, so tiles across two sequences are skipped. ``max_seqlen_*`` are accepted
     for compatibility and not needed."""
     del max_seqlen_q, max_seqlen_k
+    cuda = isinstance(q, _torch.Tensor) and q.is_cuda
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, _torch.Tensor) or t.dim() != 3:
             raise ShapeError(f"{name} must be a [tokens, heads, head width] tensor, got {getattr(t, 'shape', type(t).__name__)}")
-        if t.device.type != "cpu":
-            raise LayoutError(f"{name} is on {t.device}; attnc.torch.varlen_attention runs CPU tensors (pass .cpu())")
+        if (t.device != q.device) if cuda else (t.device.type != "cpu"):
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.varlen_attention runs CPU tensors, or CUDA tensors on one device")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise DTypeError(f"q, k and v must have one dtype: got {q.dtype}, {k.dtype}, {v.dtype}")
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -732,12 +733,16 @@ def varlen_attention(
     # Positions in each sequence; the queries' shifted so that the last sits at the last key.
     pos_k = _torch.arange(k.shape[0]) - cu[1][seq_k]
     pos_q = _torch.arange(q.shape[0]) - cu[0][seq_q] + (lens_k - lens_q)[seq_q]
-    args, dtype = _attention_args([q, k, v], "attnc.torch.varlen_attention")
+    args, dtype = _attention_args([q, k, v], "attnc.torch.varlen_attention", cuda)
+    # The sequence tables stay on the host (a CUDA call passes them as host copies too).
     args += [t.to(_torch.int32) for t in (seq_q, seq_k, pos_q, pos_k)]
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
-    key_ = (dtype, bool(causal), scale, threads)
-    found = _cached(_VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads))
+    target = "cuda" if cuda else "cpu"
+    key_ = (dtype, bool(causal), scale, threads, target)
+    found = _cached(
+        _VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads, target)
+    )
     return _run_either(found[0], found[1], args, q.dtype)
 
 
@@ -786,12 +791,14 @@ def paged_attention(
     Sq + x`` (decode: ``Sq = 1`` sees them all); else every cached token. Returns ``[B, Sq, H,
     Dv]``. One compiled program (``paged(pages, table)``, docs/serving.md) serves every batch,
     cache size and length: the pages are never copied, and key tiles past every sequence's end
-    are skipped. Not differentiable (a cache is not trained); CPU tensors."""
+    are skipped. Not differentiable (a cache is not trained). CPU tensors, or CUDA tensors
+    (the table and lengths are read on the host)."""
+    cuda = isinstance(q, _torch.Tensor) and q.is_cuda
     for name, t, rank in (("q", q, 4), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
         if not isinstance(t, _torch.Tensor) or t.dim() != rank:
             raise ShapeError(f"{name} must be a {rank}-d tensor, got {getattr(t, 'shape', type(t).__name__)}")
-        if t.device.type != "cpu":
-            raise LayoutError(f"{name} is on {t.device}; attnc.torch.paged_attention runs CPU tensors (pass .cpu())")
+        if (t.device != q.device) if cuda else (t.device.type != "cpu"):
+            raise LayoutError(f"{name} is on {t.device}; attnc.torch.paged_attention runs CPU tensors, or CUDA tensors on one device")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise DTypeError(f"q, k_cache and v_cache must have one dtype: got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     batch, heads, kv_heads = q.shape[0], q.shape[2], k_cache.shape[2]
@@ -817,12 +824,17 @@ def paged_attention(
             f"cache_seqlens {lens.tolist()} must lie within the table's {room} tokens"
             + (f" and hold the {q.shape[1]} new queries' keys (causal)" if causal else "")
         )
-    args, dtype = _attention_args([q, k_cache, v_cache], "attnc.torch.paged_attention")
+    args, dtype = _attention_args([q, k_cache, v_cache], "attnc.torch.paged_attention", cuda)
+    # The table and lengths on the host: the tiles are classified from them there (a CUDA call
+    # passes them as host copies too; a table already on the GPU is read back once per call).
     args += [table.to(_torch.int32).cpu().contiguous(), lens.to(_torch.int32).cpu().contiguous()]
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
-    key_ = (dtype, bool(causal), scale, threads)
-    found = _cached(_PAGED_PROGRAMS, key_, lambda: _compile_entry(_paged_source(dtype, bool(causal), scale), "paged_kv", threads))
+    target = "cuda" if cuda else "cpu"
+    key_ = (dtype, bool(causal), scale, threads, target)
+    found = _cached(
+        _PAGED_PROGRAMS, key_, lambda: _compile_entry(_paged_source(dtype, bool(causal), scale), "paged_kv", threads, target)
+    )
     with _torch.no_grad():
         return _run_either(found[0], found[1], args, q.dtype)
 

@@ -413,8 +413,8 @@ impl Compiled {
     /// shape)` dense in row-major order on device 0, writing the results into `outputs`,
     /// ordered on the caller's CUDA `stream` (a `CUstream` as an integer; 0 the legacy default
     /// stream). The caller (`attnc.torch`) keeps every tensor alive and allocated for the call.
-    /// `known`: 0-d int32 inputs' values by position, where the caller has them on the host
-    /// (no copy back from the device then).
+    /// `known`: host copies (int32 arrays) of inputs by position, equal to the device tensors,
+    /// where the caller has them (sizes, ids that classify tiles: no copy back then).
     #[pyo3(signature = (inputs, outputs, stream, dims=None, known=None))]
     fn _run_cuda(
         &self,
@@ -423,7 +423,7 @@ impl Compiled {
         outputs: Vec<(u64, String, Vec<usize>)>,
         stream: u64,
         dims: Option<HashMap<String, i64>>,
-        known: Option<HashMap<usize, i32>>,
+        known: Option<HashMap<usize, numpy::PyReadonlyArrayDyn<'_, i32>>>,
     ) -> PyResult<()> {
         let inner = &*self.inner;
         if inner.target != Target::Cuda {
@@ -448,7 +448,15 @@ impl Compiled {
         let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
         // SAFETY: attnc.torch passes the addresses of live, dense CUDA tensors of device 0 that it
         // holds for the call (outputs freshly allocated), and the current stream's handle.
-        let known = known.unwrap_or_default();
+        let known: HashMap<usize, Tensor> = known
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(i, a)| {
+                let shape = a.shape().to_vec();
+                let data = a.as_array().iter().copied().collect();
+                (i, Tensor { dtype: DType::I32, shape, data: TensorData::I32(data) })
+            })
+            .collect();
         let done = py.detach(|| unsafe { inner.program.run_cuda_device(&inner.entry.name, &ins, &outs, &opts, stream, &known) });
         done.map_err(|e| {
             let given: Vec<(String, DType, Vec<usize>)> =

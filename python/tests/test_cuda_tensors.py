@@ -107,3 +107,23 @@ def test_flex_attention_on_cuda_tensors_with_alibi_and_a_causal_block_mask():
     bias = bias.masked_fill(i[None, None, :] > i[None, :, None], float("-inf"))
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias[None])
     assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+@gpu
+def test_varlen_and_paged_attention_on_cuda_tensors_match_the_cpu():
+    import attnc.torch as at
+
+    g = torch.Generator().manual_seed(4)
+    cu = torch.tensor([0, 37, 100, 230], dtype=torch.int32)
+    q, k, v = (torch.randn(230, 4, 64, generator=g).half() for _ in range(3))
+    want = at.varlen_attention(q.float(), k.float(), v.float(), cu, cu, 130, 130, causal=True)
+    got = at.varlen_attention(q.cuda(), k.cuda(), v.cuda(), cu, cu, 130, 130, causal=True)
+    assert got.is_cuda and (got.float().cpu() - want).abs().max().item() < 1e-2
+
+    pages = torch.randn(40, 16, 2, 64, generator=g).half()
+    table = torch.randperm(40, generator=g)[:30].reshape(3, 10).int()
+    lens = torch.tensor([5, 100, 160], dtype=torch.int32)
+    qd = torch.randn(3, 1, 4, 64, generator=g).half()
+    want = at.paged_attention(qd.float(), pages.float(), pages.float(), table, lens)
+    got = at.paged_attention(qd.cuda(), pages.cuda(), pages.cuda(), table.cuda(), lens.cuda())
+    assert got.is_cuda and (got.float().cpu() - want).abs().max().item() < 1e-2

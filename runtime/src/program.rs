@@ -605,8 +605,8 @@ impl Program {
     }
 
     /// Runs `entry` on the CUDA target on tensors already in device memory, writing its results
-    /// into `outputs`, ordered on the caller's `stream`; `known` gives 0-d i32 inputs' values
-    /// held on the host (see [`crate::cuda::run_device`]).
+    /// into `outputs`, ordered on the caller's `stream`; `known` gives host copies of inputs
+    /// (sizes, ids) the caller holds (see [`crate::cuda::run_device`]).
     ///
     /// # Safety
     /// As [`crate::cuda::run_device`]: live, dense, non-overlapping device allocations of
@@ -618,7 +618,7 @@ impl Program {
         outputs: &[crate::cuda::DeviceTensor],
         opts: &RunOptions,
         stream: u64,
-        known: &HashMap<usize, i32>,
+        known: &HashMap<usize, Tensor>,
     ) -> Result<(), RunError> {
         let (graph, meta, dims) = self.begin_run(entry, opts)?;
         let info = &meta.1;
