@@ -20,8 +20,9 @@
 #           cases with the forward on wgmma (sm_90a, the default on an sm_90 device) and on
 #           mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
 #           backward on wgmma and on mma.sync (-DATTNC_NO_WGMMA_BWD through
-#           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), interleaved over two rounds,
-#           into wgmma.txt
+#           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), and ALiBi training with its
+#           slopes' gradient on the tensor-core backward against SIMT (ATTNC_CUDA_BWD=simt),
+#           interleaved over two rounds, into wgmma.txt
 #   python  attnc's Python package on the device: the wheel in $ATTNC_BIN_DIR (built on any x86-64
 #           machine: maturin build --release -m python/Cargo.toml -o DIR; abi3, so any Python
 #           3.9+) installed into a scratch directory, then python/tests/test_cuda_tensors.py
@@ -155,6 +156,14 @@ while [ $i -lt ${#steps[@]} ]; do
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
                     echo "round $round training $1 D=$2 S=$3 backward on $mode: $ms ms"
                 done
+            done
+            # ALiBi with its slopes' gradient: the tensor-core backward against the SIMT one.
+            for mode in tc simt; do
+                knob=""
+                [ "$mode" = simt ] && knob=simt
+                ms=$(ATTNC_CUDA_BWD=$knob timeout 120 "$ATTNC" bench /tmp/attnc-wg-alibi.attn --target cuda --grad --json --iters 5 --warmup 1 \
+                    --dim B=4 --dim H=16 --dim S=1024 --dim D=128 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
+                echo "round $round training alibi (slopes too) D=128 S=1024 backward on $mode: $ms ms"
             done
         done > "$OUT/wgmma.txt" 2>&1
         cat "$OUT/wgmma.txt"
