@@ -70,17 +70,25 @@ fn check(
     dir: &Path,
     defines: &[(String, i64)],
 ) -> Result<f64, String> {
+    // The flash backward cases (labelled so): their extra operands' gradients bounded below.
+    let backward = label.contains("(backward");
     let (inputs, expected) = reference_run(reference, env, seed)?;
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(reference, &shapes, env).map_err(|e| e.to_string())?;
     let got = emulate_schedule_with(&device, &inputs, &env, dir, defines).map_err(|e| format!("{label}: {e}"))?;
     let mut worst = 0.0f64;
-    for (got, exp) in got.iter().zip(&expected) {
+    for ((got, exp), (name, _)) in got.iter().zip(&expected).zip(reference.outputs()) {
         // Relative per element, with a floor of a tenth of the tensor's largest magnitude (and
         // at least 1): an element that cancels to near zero carries the absolute rounding
         // error of its large terms (chained products at width 48 reach magnitudes of 100).
+        // A flash backward's extra operands' gradients (ALiBi's slopes) are bounded by
+        // max|diff| / max|ref|, as on the device: each element sums a term of every score, of
+        // both signs, and with f16 operands the SIMT, mma.sync and wgmma kernels all land
+        // 7.8e-2 from the f64 interpreter element-wise at width 64 (0.1 floor).
         let scale = exp.to_f64_vec().iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-        worst = worst.max(max_rel(got, exp, (0.1 * scale).max(1.0)));
+        let extra = backward && name.starts_with("d_") && !["d_q", "d_k", "d_v"].contains(&name.as_str());
+        let floor = if extra { scale.max(1.0) } else { (0.1 * scale).max(1.0) };
+        worst = worst.max(max_rel(got, exp, floor));
     }
     Ok(worst)
 }
@@ -360,8 +368,8 @@ pub(super) fn backward_cases() -> Vec<(String, Graph, f64)> {
         .chain(
             // ALiBi's slopes' gradient on the tensor-core backward (one sum per item). Each
             // slope's gradient sums dF · (j − i) over every score of its heads, terms of both
-            // signs from f16 operands: 1.4e-2 at D=20 against the f64 interpreter (7.3e-3 at
-            // D=24), so twice the f16 bound.
+            // signs from f16 operands: 1.2e-2 max|diff|/max|ref| at D=20 against the f64
+            // interpreter (7.3e-3 at D=24, 7.9e-3 at 64), so twice the f16 bound.
             FLASH_GRAPHS.iter().filter(|(label, _)| *label == "f16 causal alibi gqa").map(|(label, text)| {
                 let g: Graph = text.parse().unwrap();
                 let derived = attn_compiler::ir::grad::differentiate(&g, None).unwrap_or_else(|e| panic!("{label}: {e}"));
