@@ -391,69 +391,19 @@ pub unsafe fn run_device(
     known: &HashMap<usize, Tensor>,
 ) -> Result<(), CudaError> {
     let gpu = gpu()?;
-    let params = graph.params();
-    if inputs.len() != params.len() {
-        return Err(CudaError::Input(ExecError::input_count(graph, inputs.len())));
-    }
-    for (p, t) in params.iter().zip(inputs) {
-        let node = graph.node(*p);
-        if t.dtype != node.ty.dtype {
-            let param = match &node.op {
-                attn_compiler::ir::Op::Param(name) => name.clone(),
-                _ => String::new(),
-            };
-            return Err(CudaError::Input(ExecError::InputDType { param, expected: node.ty.dtype, actual: t.dtype }));
-        }
-    }
-    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
-    let mut env = bind_dims(graph, &shapes, given)?;
-    let expected = output_shapes_in(graph, &env)?;
-    if outputs.len() != expected.len() {
-        return Err(CudaError::Device(format!("{} output tensors given for {} results", outputs.len(), expected.len())));
-    }
-    for (n, (t, (dtype, shape))) in outputs.iter().zip(&expected).enumerate() {
-        if t.dtype != *dtype || &t.shape != shape {
-            return Err(CudaError::Device(format!("output {n} is {} {:?}; the result is {dtype} {shape:?}", t.dtype, t.shape)));
-        }
-    }
+    let mut env = checked_dims(graph, inputs, outputs, given)?;
     let ext = stream as cudarc::driver::sys::CUstream;
     let exec = gpu.exec_for(graph)?;
     let mut ex = exec.lock().map_err(|_| poisoned())?;
-    // Inputs whose values the plan reads on the host (0-d i32 sizes, ids that classify tiles)
-    // are copied here, after the caller's stream has produced them; the rest stay where they are.
     let on_host = attn_compiler::schedule::mask_data_params(&ex.schedule);
-    let mut host_inputs: Vec<Tensor> = Vec::with_capacity(inputs.len());
-    for (i, t) in inputs.iter().enumerate() {
-        let scalar = t.shape.is_empty() && t.dtype == DType::I32;
-        if let Some(h) = known.get(&i) {
-            if h.dtype != t.dtype || h.shape != t.shape {
-                return Err(CudaError::Device(format!(
-                    "input {i}'s host copy is {} {:?}, the device tensor {} {:?}",
-                    h.dtype, h.shape, t.dtype, t.shape
-                )));
-            }
-            host_inputs.push(h.clone());
-        } else if (scalar || on_host.contains(&i)) && t.dtype == DType::I32 {
-            let n: usize = t.shape.iter().product();
-            let mut v = vec![0i32; n];
-            if n > 0 {
-                // SAFETY: the caller's stream and tensor are valid in this context (the caller's
-                // contract), `v` holds exactly `n` i32s.
-                unsafe {
-                    cudarc::driver::result::stream::synchronize(ext).map_err(driver("waiting for the caller's stream"))?;
-                    cudarc::driver::result::memcpy_dtoh_sync(&mut v, t.ptr).map_err(driver("reading an input's values"))?;
-                }
-            }
-            host_inputs.push(Tensor { dtype: DType::I32, shape: t.shape.clone(), data: attn_compiler::tensor::TensorData::I32(v) });
-        } else {
-            host_inputs.push(Tensor { dtype: t.dtype, shape: vec![0], data: attn_compiler::tensor::TensorData::F32(Vec::new()) });
-        }
-    }
+    // SAFETY: forwarded from the caller's contract.
+    let host_inputs = unsafe { host_values(inputs, &on_host, known, ext) }?;
     attn_compiler::exec::add_scalar_inputs(&host_inputs, &mut env);
     let data = attn_compiler::exec::mask_data_inputs(&on_host, &host_inputs, &mut env);
     let prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &gpu.policy(), &data).map_err(slice_fault)?;
     let mut bytes = buffer_bytes(&ex.schedule, &prep)?;
-    // The caller's tensors stand for the parameters' and results' buffers.
+    // The caller's tensors stand for the parameters' and results' buffers (ours shrink to one
+    // byte there).
     let mut at = HashMap::new();
     for (buf, t) in ex.schedule.params.iter().zip(inputs) {
         at.insert(*buf, t.ptr);
@@ -472,24 +422,109 @@ pub unsafe fn run_device(
     ex.ensure_buffers(gpu, &bytes)?;
     ex.module(gpu, &prep.defines)?;
     ex.upload_tables(gpu, &prep)?;
-    // The caller's queued work first: our stream waits on an event recorded on theirs.
+    let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { on_callers_stream(gpu, ext, || ex.launch_with(gpu, loaded, &prep, &ready, &at)) }?;
+    ex.check_fault(gpu)?;
+    Ok(())
+}
+
+/// The dims of a device run, after its tensors' dtypes (the parameters') and its outputs'
+/// dtypes and shapes (the results', at these dims) are checked.
+fn checked_dims(
+    graph: &Graph,
+    inputs: &[DeviceTensor],
+    outputs: &[DeviceTensor],
+    given: &HashMap<String, i64>,
+) -> Result<HashMap<String, i64>, CudaError> {
+    let params = graph.param_types();
+    if inputs.len() != params.len() {
+        return Err(CudaError::Input(ExecError::input_count(graph, inputs.len())));
+    }
+    for ((param, ty), t) in params.into_iter().zip(inputs) {
+        if t.dtype != ty.dtype {
+            return Err(CudaError::Input(ExecError::InputDType { param, expected: ty.dtype, actual: t.dtype }));
+        }
+    }
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(graph, &shapes, given)?;
+    let expected = output_shapes_in(graph, &env)?;
+    if outputs.len() != expected.len() {
+        return Err(CudaError::Device(format!("{} output tensors given for {} results", outputs.len(), expected.len())));
+    }
+    for (n, (t, (dtype, shape))) in outputs.iter().zip(&expected).enumerate() {
+        if t.dtype != *dtype || &t.shape != shape {
+            return Err(CudaError::Device(format!("output {n} is {} {:?}; the result is {dtype} {shape:?}", t.dtype, t.shape)));
+        }
+    }
+    Ok(env)
+}
+
+/// Host tensors standing for a device run's inputs where the plan reads values on the host (0-d
+/// i32 sizes, and the ids of `on_host` that classify tiles): the caller's `known` copies, else
+/// copied from the device after the caller's stream `ext` has produced them; every other input
+/// an empty placeholder.
+///
+/// # Safety
+/// As [`run_device`]'s, for `inputs` and `ext`.
+unsafe fn host_values(
+    inputs: &[DeviceTensor],
+    on_host: &[usize],
+    known: &HashMap<usize, Tensor>,
+    ext: cudarc::driver::sys::CUstream,
+) -> Result<Vec<Tensor>, CudaError> {
+    use attn_compiler::tensor::TensorData;
+    let mut out = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let read = t.dtype == DType::I32 && (t.shape.is_empty() || on_host.contains(&i));
+        if let Some(h) = known.get(&i) {
+            if h.dtype != t.dtype || h.shape != t.shape {
+                return Err(CudaError::Device(format!(
+                    "input {i}'s host copy is {} {:?}, the device tensor {} {:?}",
+                    h.dtype, h.shape, t.dtype, t.shape
+                )));
+            }
+            out.push(h.clone());
+        } else if read {
+            let mut v = vec![0i32; t.shape.iter().product()];
+            if !v.is_empty() {
+                // SAFETY: the caller's stream and tensor are valid in this context (the caller's
+                // contract), `v` holds the tensor's elements.
+                unsafe {
+                    cudarc::driver::result::stream::synchronize(ext).map_err(driver("waiting for the caller's stream"))?;
+                    cudarc::driver::result::memcpy_dtoh_sync(&mut v, t.ptr).map_err(driver("reading an input's values"))?;
+                }
+            }
+            out.push(Tensor { dtype: DType::I32, shape: t.shape.clone(), data: TensorData::I32(v) });
+        } else {
+            out.push(Tensor { dtype: DType::I32, shape: vec![0], data: TensorData::I32(Vec::new()) });
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `launch` (which queues work on our stream) ordered after the work queued on the
+/// caller's stream `ext` and before what is queued there next: an event each way.
+///
+/// # Safety
+/// `ext` is a live stream of this context (or 0).
+unsafe fn on_callers_stream(
+    gpu: &Gpu,
+    ext: cudarc::driver::sys::CUstream,
+    launch: impl FnOnce() -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
     let before = gpu.ctx.new_event(None).map_err(driver("creating an event"))?;
-    // SAFETY: `ext` is the caller's live stream of this context (the caller's contract); the
-    // event lives until the wait is queued.
+    // SAFETY: `ext` is live (the caller's contract); the event lives until the wait is queued.
     unsafe { cudarc::driver::result::event::record(before.cu_event(), ext) }
         .map_err(driver("recording an event on the caller's stream"))?;
     gpu.stream.wait(&before).map_err(driver("ordering after the caller's stream"))?;
-    let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
-    ex.launch_with(gpu, loaded, &prep, &ready, &at)?;
-    // Then the caller's later work after ours.
+    launch()?;
     let done = gpu.stream.record_event(None).map_err(driver("recording an event"))?;
     // SAFETY: as above.
     unsafe {
         cudarc::driver::result::stream::wait_event(ext, done.cu_event(), cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
     }
-    .map_err(driver("ordering the caller's stream after the kernels"))?;
-    ex.check_fault(gpu)?;
-    Ok(())
+    .map_err(driver("ordering the caller's stream after the kernels"))
 }
 
 /// The results' dtypes and shapes for inputs of these shapes (dims not determined by them in

@@ -104,15 +104,41 @@ fn page_of(d: &PagedRows, t: usize) -> Option<(usize, *const f32)> {
 /// interleaved run (both alone: 57–60 ms without the `T1` ones).
 pub(super) struct Paged<'d> {
     d: &'d PagedRows,
-    /// The cached page's first key (`usize::MAX`: none yet) and first row.
-    lo: usize,
-    start: *const f32,
+    /// The page of the rows asked for.
+    at: PageAt,
     /// Bytes of a row.
     row_bytes: usize,
-    /// The same for the kernels' own prefetches (rows [`AHEAD`] on, into L1, through the
-    /// table).
-    pf_lo: usize,
-    pf_start: *const f32,
+    /// The page of the kernels' own prefetches (rows [`AHEAD`] on, into L1, through the table).
+    pf: PageAt,
+}
+
+/// A cursor's cached page: its first key (`usize::MAX`: none yet) and first row.
+#[derive(Clone, Copy)]
+struct PageAt {
+    lo: usize,
+    start: *const f32,
+}
+
+impl PageAt {
+    const NONE: PageAt = PageAt { lo: usize::MAX, start: std::ptr::null() };
+
+    /// Moves to the page of key `t` unless it is the cached one: `Some(moved)`, or `None` when
+    /// the table has no entry for it (the cached page is kept).
+    #[inline(always)]
+    fn seek(&mut self, d: &PagedRows, t: usize) -> Option<bool> {
+        if self.lo != usize::MAX && t.wrapping_sub(self.lo) < d.page {
+            return Some(false);
+        }
+        let (lo, start) = page_of(d, t)?;
+        *self = PageAt { lo, start };
+        Some(true)
+    }
+
+    /// Key `t`'s row in the cached page (addresses formed with wrapping arithmetic).
+    #[inline(always)]
+    fn row(&self, d: &PagedRows, t: usize) -> *const f32 {
+        self.start.wrapping_add(t.wrapping_sub(self.lo) * d.row_stride)
+    }
 }
 
 /// Rows ahead (in sequence order, across pages) that a paged product prefetches.
@@ -120,7 +146,7 @@ const PAGED_AHEAD: usize = 64;
 
 impl<'d> Paged<'d> {
     pub(super) fn new(d: &'d PagedRows, row_bytes: usize) -> Paged<'d> {
-        Paged { d, lo: usize::MAX, start: std::ptr::null(), row_bytes, pf_lo: usize::MAX, pf_start: std::ptr::null() }
+        Paged { d, at: PageAt::NONE, row_bytes, pf: PageAt::NONE }
     }
 
     /// Prefetches `row_bytes` at `p` into L2.
@@ -140,35 +166,29 @@ impl Rows for Paged<'_> {
     #[inline(always)]
     fn row(&mut self, j: usize) -> *const f32 {
         let t = self.d.first + j;
-        if self.lo == usize::MAX || t.wrapping_sub(self.lo) >= self.d.page {
-            if let Some((lo, start)) = page_of(self.d, t) {
-                (self.lo, self.start) = (lo, start);
-            }
+        if self.at.seek(self.d, t) != Some(false) {
             let page = self.d.page.max(1);
             let ahead = PAGED_AHEAD.div_ceil(page).max(1) * page;
-            if let Some((_, next)) = page_of(self.d, self.lo.wrapping_add(ahead)) {
+            if let Some((_, next)) = page_of(self.d, self.at.lo.wrapping_add(ahead)) {
                 for r in 0..page.min(AHEAD) {
                     self.fetch(next.wrapping_add(r * self.d.row_stride));
                 }
             }
         }
-        self.start.wrapping_add(t.wrapping_sub(self.lo) * self.d.row_stride)
+        self.at.row(self.d, t)
     }
 
     #[inline(always)]
     fn prefetch(&mut self, j: usize, count: usize, bytes: usize) {
         for r in 0..count {
             let t = self.d.first + j + r;
-            if self.pf_lo == usize::MAX || t.wrapping_sub(self.pf_lo) >= self.d.page {
-                match page_of(self.d, t) {
-                    Some((lo, start)) => (self.pf_lo, self.pf_start) = (lo, start),
-                    None => return,
-                }
+            if self.pf.seek(self.d, t).is_none() {
+                return;
             }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
             unsafe {
-                prefetch(self.pf_start.wrapping_add(t.wrapping_sub(self.pf_lo) * self.d.row_stride), bytes)
+                prefetch(self.pf.row(self.d, t), bytes)
             };
             #[cfg(not(target_arch = "x86_64"))]
             let _ = bytes;

@@ -138,17 +138,7 @@ class Program:
             )
         if device.index not in (None, 0):
             raise LayoutError(f"a torch tensor on {device} was given; the cuda target runs on device 0 (cuda:0)")
-        names = [name for name, _, _ in self.params]
-        if len(args) > len(names):
-            raise ArgumentError(f"`{self.entry}` takes {len(names)} inputs ({', '.join(names)}) but {len(args)} were given")
-        slots: List[Any] = list(args) + [None] * (len(names) - len(args))
-        for key, value in named.items():
-            if key not in names:
-                raise ArgumentError(f"`{self.entry}` has no parameter named `{key}` (its parameters: {', '.join(names)})")
-            slots[names.index(key)] = value
-        missing = [n for n, x in zip(names, slots) if x is None]
-        if missing:
-            raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{self.entry}`: {', '.join(missing)}")
+        slots = _bind([name for name, _, _ in self.params], args, named, self.entry)
         inputs = []
         known: Dict[int, np.ndarray] = {}
         for i, ((name, dtype, _), x) in enumerate(zip(self.params, slots)):
@@ -299,6 +289,25 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<attnc.Program {self.signature} on {self.target}>"
+
+
+def _bind(names: List[str], args: Tuple[Any, ...], named: Dict[str, Any], entry: str) -> Tuple[Any, ...]:
+    """Positional and named inputs as one tuple in parameter order, with clear errors for
+    too many, unknown, repeated or missing ones."""
+    if len(args) > len(names):
+        raise ArgumentError(f"`{entry}` takes {len(names)} inputs ({', '.join(names)}) but {len(args)} were given")
+    slots: List[Optional[Any]] = list(args) + [None] * (len(names) - len(args))
+    for key, value in named.items():
+        if key not in names:
+            raise ArgumentError(f"`{entry}` has no parameter named `{key}` (its parameters: {', '.join(names)})")
+        i = names.index(key)
+        if slots[i] is not None:
+            raise ArgumentError(f"input `{key}` is given more than once")
+        slots[i] = value
+    missing = [n for n, s in zip(names, slots) if s is None]
+    if missing:
+        raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{entry}`: {', '.join(missing)}")
+    return tuple(slots)
 
 
 # attnc's dtype names as torch dtypes (looked up when torch is loaded).

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from . import Program
+from . import Program, _bind
 from ._errors import ArgumentError, DTypeError, LayoutError, ShapeError
 
 _FLOAT = ("f32", "f16", "bf16")
@@ -89,23 +89,6 @@ def attention(prog: Program) -> Callable[..., Any]:
     call.__name__ = prog.entry
     call.__doc__ = f"attnc program {prog.signature}, differentiable"
     return call
-
-
-def _bind(names: List[str], args: tuple, named: dict, entry: str) -> tuple:
-    if len(args) > len(names):
-        raise ArgumentError(f"`{entry}` takes {len(names)} inputs ({', '.join(names)}) but {len(args)} were given")
-    slots: List[Optional[Any]] = list(args) + [None] * (len(names) - len(args))
-    for key, value in named.items():
-        if key not in names:
-            raise ArgumentError(f"`{entry}` has no parameter named `{key}` (its parameters: {', '.join(names)})")
-        i = names.index(key)
-        if slots[i] is not None:
-            raise ArgumentError(f"input `{key}` is given more than once")
-        slots[i] = value
-    missing = [n for n, s in zip(names, slots) if s is None]
-    if missing:
-        raise ArgumentError(f"missing input{'s' if len(missing) > 1 else ''} for `{entry}`: {', '.join(missing)}")
-    return tuple(slots)
 
 
 # ---- attnc.torch.sdpa: torch.nn.functional.scaled_dot_product_attention -----------------------

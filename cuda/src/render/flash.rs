@@ -451,46 +451,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     let step = fl.f.step;
     let bf16 = fl.f.k.dtype == attn_compiler::ir::DType::BF16;
     let (mma, conv, pack) = if bf16 { ("attnc_mma_b", "attnc_f2b", "attnc_pack_b") } else { ("attnc_mma_h", "attnc_f2h", "attnc_pack_h") };
-    let mut pre = vec![
-        "ATTNC_DYN_SMEM;".to_string(),
-        format!(
-            "constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step}, MT_ = ATTNC_MT_{step};  // head width; keys per tile; m-tiles per warp"
-        ),
-        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: m-tile mt of warp w has rows 64 mt + 16 w + [0, 16)"),
-        "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
-        // Hopper (sm_90a) takes the warpgroup products where the tiles are whole swizzled
-        // sub-tiles (widths 64 and 128, keys 64): the 4 warps are one warpgroup, and m-tile mt
-        // of the block is one `wgmma` of 64 rows.
-        format!("#define ATTNC_WG_{step} (ATTNC_WGMMA && ATTNC_HD_{step} % 64 == 0 && ATTNC_HD_{step} <= 128 && ATTNC_BN_{step} == 64)"),
-        format!("#if ATTNC_WG_{step}"),
-        "// Q, K and V tiles 128-byte swizzled (prelude: attnc_wg_desc), from a 1024-byte aligned".into(),
-        "// shared address (the launch's shared memory has the skew's bytes to spare). Element".into(),
-        format!("// (r, c) of a tile of `rows` rows is ATTNC_OFF_{step}(rows, r, c) halves in."),
-        "const unsigned sb_ = attnc_saddr(attnc_smem), sa_ = (sb_ + 1023u) & ~1023u;".into(),
-        "u16* Qs_ = (u16*)(attnc_smem + (sa_ - sb_));  // [BM_][HD_]".into(),
-        "u16* Ks_ = Qs_ + BM_ * HD_;  // [BN_][HD_]".into(),
-        "u16* Vs_ = Ks_ + BN_ * HD_;  // [BN_][HD_]".into(),
-        format!(
-            "#define ATTNC_OFF_{step}(rows, r, c) (((((c) >> 6) * (rows) + (r)) << 6) + (((((c) >> 3) & 7) ^ ((r) & 7)) << 3) + ((c) & 7))"
-        ),
-        "#else".into(),
-        "u16* Qs_ = (u16*)attnc_smem;  // [BM_][LD_]".into(),
-        "u16* Ks_ = Qs_ + BM_ * LD_;   // [BN_][LD_]".into(),
-        "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
-        format!("#define ATTNC_OFF_{step}(rows, r, c) ((r) * LD_ + (c))"),
-        "#endif".into(),
-        "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
-        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
-        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
-        "// Shared addresses (bytes) of the row this lane gives ldmatrix, at the first 16 x 16 step:".into(),
-        "// Q's A fragment of the warp's first m-tile (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8),".into(),
-        "// K's B fragments of two".into(),
-        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
-        "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
-        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
-        "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
-        "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
-    ];
+    let mut pre = mma_pre(step);
     pre.extend(fl.head()?);
     let mut it = Vec::new();
     // Causal-like masks give later query blocks more live tiles: start those first.
@@ -560,6 +521,52 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.extend(mma_finish(fl)?);
     let body = fl.blocks(items, pre, it);
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
+}
+
+/// The tensor-core kernel's constants and shared tiles: skewed rows for `mma.sync`, 128-byte
+/// swizzled sub-tiles for Hopper's warpgroup products (`ATTNC_WG_{step}`), and the rows each
+/// lane gives `ldmatrix`.
+fn mma_pre(step: usize) -> Vec<String> {
+    vec![
+        "ATTNC_DYN_SMEM;".to_string(),
+        format!(
+            "constexpr int HD_ = ATTNC_HD_{step}, BN_ = ATTNC_BN_{step}, MT_ = ATTNC_MT_{step};  // head width; keys per tile; m-tiles per warp"
+        ),
+        format!("constexpr int BM_ = {CUDA_MMA_ROWS} * MT_;  // query rows per block: m-tile mt of warp w has rows 64 mt + 16 w + [0, 16)"),
+        "constexpr int LD_ = HD_ + 8, NT_ = BN_ / 8, DT_ = HD_ / 8;  // shared row stride (halves), skews banks".into(),
+        // Hopper (sm_90a) takes the warpgroup products where the tiles are whole swizzled
+        // sub-tiles (widths 64 and 128, keys 64): the 4 warps are one warpgroup, and m-tile mt
+        // of the block is one `wgmma` of 64 rows.
+        format!("#define ATTNC_WG_{step} (ATTNC_WGMMA && ATTNC_HD_{step} % 64 == 0 && ATTNC_HD_{step} <= 128 && ATTNC_BN_{step} == 64)"),
+        format!("#if ATTNC_WG_{step}"),
+        "// Q, K and V tiles 128-byte swizzled (prelude: attnc_wg_desc), from a 1024-byte aligned".into(),
+        "// shared address (the launch's shared memory has the skew's bytes to spare). Element".into(),
+        format!("// (r, c) of a tile of `rows` rows is ATTNC_OFF_{step}(rows, r, c) halves in."),
+        "const unsigned sb_ = attnc_saddr(attnc_smem), sa_ = (sb_ + 1023u) & ~1023u;".into(),
+        "u16* Qs_ = (u16*)(attnc_smem + (sa_ - sb_));  // [BM_][HD_]".into(),
+        "u16* Ks_ = Qs_ + BM_ * HD_;  // [BN_][HD_]".into(),
+        "u16* Vs_ = Ks_ + BN_ * HD_;  // [BN_][HD_]".into(),
+        format!(
+            "#define ATTNC_OFF_{step}(rows, r, c) (((((c) >> 6) * (rows) + (r)) << 6) + (((((c) >> 3) & 7) ^ ((r) & 7)) << 3) + ((c) & 7))"
+        ),
+        "#else".into(),
+        "u16* Qs_ = (u16*)attnc_smem;  // [BM_][LD_]".into(),
+        "u16* Ks_ = Qs_ + BM_ * LD_;   // [BN_][LD_]".into(),
+        "u16* Vs_ = Ks_ + BN_ * LD_;   // [BN_][LD_]".into(),
+        format!("#define ATTNC_OFF_{step}(rows, r, c) ((r) * LD_ + (c))"),
+        "#endif".into(),
+        "const unsigned Ks_s_ = attnc_saddr(Ks_), Vs_s_ = attnc_saddr(Vs_);  // their shared addresses".into(),
+        "const int tid_ = threadIdx.x, lane_ = tid_ & 31, warp_ = tid_ >> 5, g_ = lane_ >> 2, tg_ = lane_ & 3;".into(),
+        "const int lr_ = lane_ & 7, lm_ = lane_ >> 3;  // ldmatrix: this lane addresses row lr_ of matrix lm_".into(),
+        "// Shared addresses (bytes) of the row this lane gives ldmatrix, at the first 16 x 16 step:".into(),
+        "// Q's A fragment of the warp's first m-tile (rows (lm_ & 1) * 8, columns (lm_ >> 1) * 8),".into(),
+        "// K's B fragments of two".into(),
+        "// n-tiles (rows (lm_ >> 1) * 8, columns (lm_ & 1) * 8), V's transposed (rows (lm_ & 1) * 8,".into(),
+        "// columns (lm_ >> 1) * 8). Every other step adds a compile-time constant.".into(),
+        "const unsigned qa_s_ = attnc_saddr(Qs_) + 2u * ((warp_ * 16 + (lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+        "const unsigned kb_s_ = attnc_saddr(Ks_) + 2u * (((lm_ >> 1) * 8 + lr_) * LD_ + (lm_ & 1) * 8);".into(),
+        "const unsigned vb_s_ = attnc_saddr(Vs_) + 2u * (((lm_ & 1) * 8 + lr_) * LD_ + (lm_ >> 1) * 8);".into(),
+    ]
 }
 
 /// The score modification, mask and weights of the tile's accumulators `s_`. Softmax keeps

@@ -129,6 +129,14 @@ pub(super) fn flush_item_sums(
     Ok(out)
 }
 
+/// Load `k`'s contribution to its operand's gradient at one score, `dF · ∂F/∂x` (`df_` in
+/// scope): the statements, then the expression.
+pub(super) fn df_term(cx: &ScoreCtx, k: usize, l: &attn_compiler::ir::grad::LoadGrad) -> Result<(Vec<String>, String), CudaEmitError> {
+    let mut lines = ops::Lines::new(&format!("x{k}"));
+    let d = cx.eval(&mut lines, &l.d)?;
+    Ok((lines.lines, format!("df_ * {}", ops::convert(&d, Class::Float))))
+}
+
 /// The row-major offset of a load's clamped indices within its operand (its gradient's
 /// element), as terms to add; statements into `il`.
 fn flat_index(
@@ -409,14 +417,12 @@ impl Cx<'_> {
         let cx = ScoreCtx { ints: self.ints, s: Some("s_"), pos: &pos, extras: &f.extras };
         for (k, l) in f.grad.loads.iter().enumerate() {
             let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
-            let mut lines = ops::Lines::new(&format!("x{k}"));
-            let d = cx.eval(&mut lines, &l.d)?;
+            let (lines, contrib) = df_term(&cx, k, l)?;
             // Recompute the score for the expressions (`s_` lives inside the score block).
             let mut body = vec![format!(
                 "const float s_ = [&] {{ float t_ = 0.0f; for (int c_ = 0; c_ < HD_; ++c_) t_ += Qs_[c_] * kj_[c_]; return t_; }}();"
             )];
-            body.extend(lines.lines);
-            let contrib = format!("df_ * {}", ops::convert(&d, Class::Float));
+            body.extend(lines);
             if self.item_sums[k] {
                 out.push("if (kin_ && df_ != 0.0f) {".into());
                 out.extend(indent(&body, 2));

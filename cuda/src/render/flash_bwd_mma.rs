@@ -26,11 +26,9 @@
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
-use super::flash_bwd::{flush_item_sums, item_start, items_head, partials_head, row_col, sizes_head, weight_and_ds};
-use super::ops;
+use super::flash_bwd::{df_term, flush_item_sums, item_start, items_head, partials_head, row_col, sizes_head, weight_and_ds};
 use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
-use attn_compiler::ir::semantics::Class;
 use attn_compiler::ir::{DType, Dim};
 use attn_compiler::schedule::policy::{CUDA_FLASH_THREADS, CUDA_MMA_BWD_BLOCK};
 use attn_compiler::schedule::{FlashBwdKernel, View};
@@ -419,11 +417,10 @@ impl Cx<'_> {
             if !item {
                 continue;
             }
-            let mut lines = ops::Lines::new(&format!("x{k}"));
-            let d = cx.eval(&mut lines, &l.d)?;
+            let (lines, contrib) = df_term(&cx, k, l)?;
             el.push("if (keys_ && df_ != 0.0f && i_ < M_ && j_ < N_) {".into());
-            el.extend(indent(&lines.lines, 2));
-            el.push(format!("  sum_[{k}] += (double)(df_ * {});", ops::convert(&d, Class::Float)));
+            el.extend(indent(&lines, 2));
+            el.push(format!("  sum_[{k}] += (double)({contrib});"));
             el.push("}".into());
         }
         el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
