@@ -8,7 +8,9 @@
 # same cache stored contiguously ([B, H, T, D]), and the DRAM read bandwidth measured as bench/compare.py
 # does (the faster of torch.sum and a matrix-vector product over 1 GiB of f32, bench/.venv's
 # torch; skipped without it). attnc bench, interleaved round by round, median of the rounds'
-# medians; rates are GB/s of K and V read.
+# medians; rates are GB/s of K and V read. The paged runs walk every head of a page together
+# (the `HeadGroup` of the schedule); the same with one head per work item (ATTNC_HEAD_GROUP=1,
+# what ran before) is measured in the same rounds.
 #
 #     cargo build --release -p attnc && bash bench/paged_decode.sh [ROUNDS] [THREADS] [T] [P]
 set -euo pipefail
@@ -43,22 +45,24 @@ for fn in compare.dram_reads().values():
 print(f"{compare.DRAM_BYTES / best / 1e9:.2f}")
 PYEOF
 }
-paged="" hnd="" contiguous="" bw=""
+paged="" hnd="" paged1="" hnd1="" contiguous="" bw=""
 pages=(--input "block_table=$dir/table.npy" --input "lens=$dir/lens.npy" --dim H=$H --dim D=$D --dim M=1 --dim P="$P" --dim NP=$NP)
 for _ in $(seq "$ROUNDS"); do
   paged="$paged $(ms examples/paged_decode.attn "${pages[@]}")"
   hnd="$hnd $(ms examples/paged_decode.attn --entry paged_decode_hnd "${pages[@]}")"
+  paged1="$paged1 $(ATTNC_HEAD_GROUP=1 ms examples/paged_decode.attn "${pages[@]}")"
+  hnd1="$hnd1 $(ATTNC_HEAD_GROUP=1 ms examples/paged_decode.attn --entry paged_decode_hnd "${pages[@]}")"
   contiguous="$contiguous $(ms examples/decode.attn --dim B=1 --dim H=$H --dim T="$T" --dim D=$D)"
   bw="$bw $(dram)"
 done
-p=$(echo "$paged" | median); n=$(echo "$hnd" | median); c=$(echo "$contiguous" | median); d=$(echo "$bw" | median)
-awk -v p="$p" -v n="$n" -v c="$c" -v d="${d:-0}" -v t="$T" -v h=$H -v dd=$D -v pg="$P" 'BEGIN {
+p=$(echo "$paged" | median); n=$(echo "$hnd" | median); p1=$(echo "$paged1" | median); n1=$(echo "$hnd1" | median); c=$(echo "$contiguous" | median); d=$(echo "$bw" | median)
+awk -v p="$p" -v n="$n" -v p1="$p1" -v n1="$n1" -v c="$c" -v d="${d:-0}" -v t="$T" -v h=$H -v dd=$D -v pg="$P" 'BEGIN {
   gb = 2 * t * h * dd * 4 / 1e9
   printf "T=%d page %d: contiguous %.2f ms (%.1f GB/s)", t, pg, c, gb / c * 1e3
   if (d > 0) printf ", DRAM read %.1f GB/s (contiguous at %.0f%%)", d, gb / c * 1e3 / d * 100
   printf "\n"
-  split("NHD HND", name); split(p " " n, time)
-  for (k = 1; k <= 2; k++) {
+  split("NHD HND NHD,one-head-items HND,one-head-items", name); split(p " " n " " p1 " " n1, time)
+  for (k = 1; k <= 4; k++) {
     printf "  paged %s: %.2f ms (%.1f GB/s), %.0f%% of contiguous", name[k], time[k], gb / time[k] * 1e3, c / time[k] * 100
     if (d > 0) printf ", %.0f%% of DRAM read", gb / time[k] * 1e3 / d * 100
     printf "\n"

@@ -80,6 +80,12 @@ imports! {
     GEMV_NT_PAGED = kernels::attnc_gemv_nt_paged(I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
     /// [`GEMV_NN`] with `B`'s value rows read in place from a paged cache, as [`GEMV_NT_PAGED`].
     GEMV_NN_PAGED = kernels::attnc_gemv_nn_paged(I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
+    /// [`GEMV_NT_PAGED`] for a group of heads, every head's rows of a page read together:
+    /// `(m, n, k, a, lda, rows, group, c, ldc, alpha, accumulate)`, `group` the address of a
+    /// `kernels::HeadGroup`.
+    GEMV_NT_PAGED_HEADS = kernels::attnc_gemv_nt_paged_heads(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
+    /// [`GEMV_NN_PAGED`] for a group of heads, as [`GEMV_NT_PAGED_HEADS`].
+    GEMV_NN_PAGED_HEADS = kernels::attnc_gemv_nn_paged_heads(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I32) -> ();
     /// Additive scores `C[r, c] = alpha · Σ_a w[a]·tanh(A[r, a] + B[c, a])` for `r < m`, `c < n`,
     /// `a < k`: `(m, n, k, a, lda, b, ldb, c, ldc, alpha, w)`.
     ADDITIVE_NT = kernels::attnc_additive_nt(I64, I64, I64, I64, I64, I64, I64, I64, I64, F32, I64) -> ();

@@ -124,8 +124,9 @@ impl From<PipelineError> for CpuError {
 }
 
 /// The CPU's block policy on this machine: the kernels' ISA, and the tuning knobs
-/// `ATTNC_FLASH_BLOCKS=BM,BN`, `ATTNC_FLASH_BWD_BLOCKS=BM,BN` (the flash backward's) and
-/// `ATTNC_MATMUL_ROWS=N` when set (every choice computes the same result).
+/// `ATTNC_FLASH_BLOCKS=BM,BN`, `ATTNC_FLASH_BWD_BLOCKS=BM,BN` (the flash backward's),
+/// `ATTNC_MATMUL_ROWS=N` and `ATTNC_HEAD_GROUP=N` (heads a paged decode's work item walks
+/// together; 1: one) when set (every choice computes the same result up to rounding).
 pub fn cpu_policy() -> CpuPolicy {
     let isa = match kernels::isa() {
         kernels::Isa::Avx512 => CpuIsa::Avx512,
@@ -138,8 +139,14 @@ pub fn cpu_policy() -> CpuPolicy {
             Some((a.trim().parse::<i64>().ok()?, b.trim().parse::<i64>().ok()?))
         })
     };
-    let matmul_rows = std::env::var("ATTNC_MATMUL_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok());
-    CpuPolicy { isa, flash_blocks: pair("ATTNC_FLASH_BLOCKS"), matmul_rows, flash_bwd_blocks: pair("ATTNC_FLASH_BWD_BLOCKS") }
+    let int = |var: &str| std::env::var(var).ok().and_then(|s| s.trim().parse::<i64>().ok());
+    CpuPolicy {
+        isa,
+        flash_blocks: pair("ATTNC_FLASH_BLOCKS"),
+        matmul_rows: int("ATTNC_MATMUL_ROWS"),
+        flash_bwd_blocks: pair("ATTNC_FLASH_BWD_BLOCKS"),
+        head_group: int("ATTNC_HEAD_GROUP"),
+    }
 }
 
 /// The pipeline for this machine's CPU.

@@ -81,7 +81,7 @@ pub struct PagedRows {
 
 /// The page holding key `t` of a [`PagedRows`]: its first key and its first row, when the table
 /// has an entry for it.
-fn page_of(d: &PagedRows, t: usize) -> Option<(usize, *const f32)> {
+pub(super) fn page_of(d: &PagedRows, t: usize) -> Option<(usize, *const f32)> {
     let m = t / d.page.max(1);
     if m >= d.table_len {
         return None;
@@ -377,19 +377,31 @@ unsafe fn nt_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c
     }
 }
 
-/// AVX-512 `Nn`: `C` columns in chunks of 64 (four vectors, masked at the end), each chunk
-/// accumulating `rows × 4` vectors over every row of `B`.
+/// AVX-512 `Nn`: `C` columns in chunks of `16 · V` (`V` vectors, masked at the end), each chunk
+/// accumulating `rows × V` vectors over every row of `B`. One or two rows take chunks of 128
+/// columns (a head of width 128 in one pass over `B`), more rows chunks of 64 (the registers).
 ///
 /// # Safety
 /// As [`run`], for `R ≤ 4` rows at `a` and `c`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c: *mut f32) {
+unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, b: impl Rows, c: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { if R <= 2 { nn_avx512_chunks::<R, 8>(g, a, b, c) } else { nn_avx512_chunks::<R, 4>(g, a, b, c) } }
+}
+
+/// [`nn_avx512`] with chunks of `V` vectors.
+///
+/// # Safety
+/// As [`nn_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn nn_avx512_chunks<const R: usize, const V: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c: *mut f32) {
     let alpha = _mm512_set1_ps(g.alpha);
-    for j0 in (0..g.n).step_by(64) {
-        let width = (g.n - j0).min(64);
-        let masks = [lanes(width), lanes(width.saturating_sub(16)), lanes(width.saturating_sub(32)), lanes(width.saturating_sub(48))];
-        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    for j0 in (0..g.n).step_by(16 * V) {
+        let width = (g.n - j0).min(16 * V);
+        let masks: [__mmask16; V] = std::array::from_fn(|q| lanes(width.saturating_sub(16 * q)));
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
         for p in 0..g.k {
             let brow = b.row(p).wrapping_add(j0);
             if j0 == 0 {
@@ -397,7 +409,7 @@ unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c
             }
             // SAFETY: row `p < k` of `B`, the chunk's valid lanes; `(r, p)` inside `A`.
             unsafe {
-                let mut v = [_mm512_setzero_ps(); 4];
+                let mut v = [_mm512_setzero_ps(); V];
                 for (q, v) in v.iter_mut().enumerate() {
                     if masks[q] != 0 {
                         *v = _mm512_maskz_loadu_ps(masks[q], brow.add(16 * q));
@@ -405,7 +417,7 @@ unsafe fn nn_avx512<const R: usize>(g: &Gemm, a: *const f32, mut b: impl Rows, c
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let w = _mm512_set1_ps(*a.add(r * g.lda + p));
-                    for q in 0..4 {
+                    for q in 0..V {
                         acc[q] = _mm512_fmadd_ps(w, v[q], acc[q]);
                     }
                 }

@@ -23,6 +23,7 @@ mod exp;
 mod f4;
 mod gemm;
 mod gemv;
+mod heads;
 mod lanes;
 mod peak;
 mod portable;
@@ -44,6 +45,7 @@ use thiserror::Error;
 
 pub use gemm::Layout;
 pub use gemv::PagedRows;
+pub use heads::HeadGroup;
 pub use peak::{PEAK_RUNS, one_run as peak_run, peak_gflops};
 pub use prefix::prefix_attention;
 
@@ -583,6 +585,13 @@ pub unsafe extern "C" fn attnc_flash_bwd_row(
     unsafe { exp::flash_bwd_row(isa(), s, dp, lse, delta, rbias, n, (alpha, factor, cbias), flags, (df, w, sums)) }
 }
 
+/// Whether a paged product's rows of `B` (`n` keys for `Nt`, `k` for `Nn`, from `d.first`) lie
+/// inside the table's row, and the pool holds a page.
+fn rows_fit(d: &PagedRows, layout: gemm::Layout, n: usize, k: usize) -> bool {
+    let count = if layout == gemm::Layout::Nt { n } else { k };
+    d.page > 0 && d.pages > 0 && d.first.checked_add(count).is_some_and(|e| e <= d.table_len.saturating_mul(d.page))
+}
+
 /// The product of a few rows of `A` with `B` read in place from a paged KV cache
 /// ([`PagedRows`]): the rows of `B` (`n` of them for `Nt`, `k` for `Nn`) must lie inside the
 /// table's row and the pool hold a page, else nothing is done.
@@ -603,9 +612,7 @@ unsafe fn gemv_paged(
     let (m, n, k) = shape;
     // SAFETY: the caller's contract.
     let d = unsafe { *rows };
-    let count = if layout == gemm::Layout::Nt { n } else { k };
-    let fits = d.page > 0 && d.pages > 0 && d.first.checked_add(count).is_some_and(|e| e <= d.table_len.saturating_mul(d.page));
-    if !fits {
+    if !rows_fit(&d, layout, n, k) {
         return;
     }
     let ldb = if layout == gemm::Layout::Nt { k } else { n };
@@ -652,6 +659,77 @@ paged_entry!(
     /// C ABI: [`attnc_gemv_nn`] with the value rows of `B` (`k` of them) read through a paged
     /// cache's block table.
     attnc_gemv_nn_paged,
+    gemm::Layout::Nn
+);
+
+/// The few-rows products of a group of heads against a paged KV cache ([`HeadGroup`]): for
+/// every head `h`, [`gemv_paged`]'s product with `A`, `C` and each page's rows offset by the
+/// head's strides, the pages walked in memory order (`heads.rs`). Nothing is done unless the
+/// rows lie inside the table and the pool holds a page.
+///
+/// # Safety
+/// As [`gemv_paged`] for every head: `group` points to a valid [`HeadGroup`]; head `h`'s rows
+/// lie at `h·b_stride` from each page's; `A_h` and `C_h` (at `h·a_stride`, `h·c_stride`)
+/// address what [`attnc_sgemm_nt`] says and no `C_h` overlaps another head's `C` or any `A`.
+unsafe fn gemv_paged_heads(
+    layout: gemm::Layout,
+    shape: (usize, usize, usize),
+    a: (*const f32, usize),
+    (rows, group): (*const PagedRows, *const HeadGroup),
+    c: (*mut f32, usize),
+    alpha: f32,
+    accumulate: u32,
+) {
+    let (m, n, k) = shape;
+    // SAFETY: the caller's contract.
+    let (d, g) = unsafe { (*rows, *group) };
+    if !rows_fit(&d, layout, n, k) {
+        return;
+    }
+    let s = heads::Shape { m, n, k, lda: a.1, ldc: c.1, alpha, accumulate: accumulate != 0 };
+    // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
+    unsafe { heads::run(isa(), layout, &s, a.0, &d, &g, c.0) }
+}
+
+/// Defines a C ABI entry point `fn(m, n, k, a, lda, rows, group, c, ldc, alpha, accumulate)`
+/// of the grouped paged product of layout `$layout` ([`gemv_paged_heads`]).
+macro_rules! paged_heads_entry {
+    ($(#[$doc:meta])* $name:ident, $layout:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As [`gemv_paged_heads`].
+        #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
+        pub unsafe extern "C" fn $name(
+            m: usize,
+            n: usize,
+            k: usize,
+            a: *const f32,
+            lda: usize,
+            rows: *const PagedRows,
+            group: *const HeadGroup,
+            c: *mut f32,
+            ldc: usize,
+            alpha: f32,
+            accumulate: u32,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { gemv_paged_heads($layout, (m, n, k), (a, lda), (rows, group), (c, ldc), alpha, accumulate) }
+        }
+    };
+}
+
+paged_heads_entry!(
+    /// C ABI: [`attnc_gemv_nt_paged`] for a group of heads ([`HeadGroup`]), every head's key rows
+    /// of a page read together.
+    attnc_gemv_nt_paged_heads,
+    gemm::Layout::Nt
+);
+
+paged_heads_entry!(
+    /// C ABI: [`attnc_gemv_nn_paged`] for a group of heads ([`HeadGroup`]), every head's value
+    /// rows of a page read together.
+    attnc_gemv_nn_paged_heads,
     gemm::Layout::Nn
 );
 

@@ -791,3 +791,95 @@ fn paged_products_read_rows_through_the_table() {
         assert!(c.iter().all(|x| *x == SENTINEL));
     }
 }
+
+/// The grouped paged products against an f64 product per head over its rows gathered densely:
+/// heads at a stride inside each page wider than a row (HND-like) and narrower (NHD-like) and 0
+/// (heads sharing their rows), pages of 1, 3 and 16 rows through a table with ids outside the
+/// pool, a walk starting inside a page, one head or three, 1–4 rows of `A` per head, overwriting and accumulating,
+/// on every ISA here; the C ABI entry refuses rows past the table.
+#[test]
+fn grouped_paged_products_walk_every_head_of_a_page() {
+    let mut rng = Rng(12);
+    let table: Vec<i32> = vec![5, 2, -3, 7, 0, 99, 4, 1, 6, 3, 2, 5];
+    let (np, width) = (8usize, 37usize);
+    for (heads, page) in [(3usize, 1usize), (3, 3), (3, 16), (1, 3)] {
+        // (head stride, row stride): HND-like, NHD-like, shared rows.
+        for (hs, rs) in [(page * (width + 2) + 1, width + 2), (width + 1, heads * (width + 1) + 2), (0, width + 3)] {
+            let page_stride = hs.max(1) * heads + page * rs + 5;
+            let pool = rng.vec(np * page_stride + 1);
+            let rows = |first: usize, table_len: usize| PagedRows {
+                base: pool.as_ptr(),
+                row_stride: rs,
+                page_stride,
+                page,
+                pages: np,
+                table: table.as_ptr(),
+                table_stride: 1,
+                table_len,
+                first,
+            };
+            let row_of = |h: usize, t: usize| (table[t / page].max(0) as usize).min(np - 1) * page_stride + (t % page) * rs + h * hs;
+            for layout in [Layout::Nt, Layout::Nn] {
+                for (m, first, count) in [(1, 0, 1), (2, page / 2, page + 2), (4, 1, 3 * page), (3, 0, (table.len() * page).min(40))] {
+                    let (n, k) = if layout == Layout::Nt { (count, width) } else { (width, count) };
+                    // Per head: A's rows `m·k + 2` apart, C's `m·n + 1`.
+                    let (a_stride, c_stride) = (m * k + 2, m * n + 1);
+                    let a = rng.vec(heads * a_stride);
+                    let group = HeadGroup { heads, a_stride, b_stride: hs, c_stride };
+                    for accumulate in [false, true] {
+                        let old = rng.vec(heads * c_stride);
+                        for isa in available_isas() {
+                            let mut c = old.clone();
+                            let shape = heads::Shape { m, n, k, lda: k, ldc: n, alpha: 0.5, accumulate };
+                            // SAFETY: every head's A and C lie inside `a` and `c`; every row
+                            // through the table inside `pool`.
+                            unsafe { heads::run(isa, layout, &shape, a.as_ptr(), &rows(first, table.len()), &group, c.as_mut_ptr()) };
+                            for h in 0..heads {
+                                for i in 0..m {
+                                    for j in 0..n {
+                                        let dot: f64 = (0..k)
+                                            .map(|p| {
+                                                let (key, col) = if layout == Layout::Nt { (first + j, p) } else { (first + p, j) };
+                                                a[h * a_stride + i * k + p] as f64 * pool[row_of(h, key) + col] as f64
+                                            })
+                                            .sum();
+                                        let at = h * c_stride + i * n + j;
+                                        let want = 0.5 * dot + if accumulate { old[at] as f64 } else { 0.0 };
+                                        let got = c[at] as f64;
+                                        let case = format!("{isa} {layout:?} page {page} strides {hs}/{rs} m {m} first {first}");
+                                        assert!((got - want).abs() < 1e-4, "{case}: head {h} ({i}, {j}) {got} vs {want}");
+                                    }
+                                }
+                            }
+                            // Between the heads' rows of C: untouched.
+                            for h in 0..heads {
+                                assert_eq!(c[h * c_stride + m * n], old[h * c_stride + m * n]);
+                            }
+                        }
+                    }
+                }
+            }
+            // Rows past the table's last page: C untouched.
+            let a = rng.vec(heads * width);
+            let group = HeadGroup { heads, a_stride: width, b_stride: hs, c_stride: 2 * page + 1 };
+            let mut c = vec![SENTINEL; heads * (2 * page + 1)];
+            // SAFETY: as above; the call must refuse the rows past the table.
+            unsafe {
+                attnc_gemv_nt_paged_heads(
+                    1,
+                    2 * page + 1,
+                    width,
+                    a.as_ptr(),
+                    width,
+                    &rows(0, 2),
+                    &group,
+                    c.as_mut_ptr(),
+                    2 * page + 1,
+                    1.0,
+                    0,
+                )
+            };
+            assert!(c.iter().all(|x| *x == SENTINEL));
+        }
+    }
+}

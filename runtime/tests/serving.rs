@@ -561,3 +561,54 @@ fn f(q: f32[B, H, S, D], k: f32[B, H, S, D], v: f32[B, H, S, D], seed: i32) -> f
         assert!(max_diff(a, w) < 2e-5, "{name} differs by {}", max_diff(a, w));
     }
 }
+
+/// Decode against a paged cache with every per-head part a work item walking several heads
+/// together must keep apart: ALiBi slopes per head (a separable score), the lengths' mask,
+/// dropout of the weights (keyed by the head's batch index) and the log-sum-exp; 8 heads and
+/// split keys, so that the heads are walked in groups (4 of the 8). Against the interpreter,
+/// the same bits on 1 and 3 threads.
+#[test]
+fn paged_decode_walking_heads_together_keeps_each_heads_parts() {
+    let src = "
+fn f(q: f32[B, H, M, D], k_pages: f32[NP, P, H, D], v_pages: f32[NP, P, H, D], block_table: i32[B, MP], lens: i32[B],
+     slopes: f32[H], seed: i32) -> (o: f32[B, H, M, D], lse: f32[B, H, M]) {
+    let k = permute(paged(k_pages, block_table), [0, 2, 1, 3])
+    let v = permute(paged(v_pages, block_table), [0, 2, 1, 3])
+    let scores = q @ k.T / sqrt(D)
+    let (b, h, i, t) = indices(scores)
+    let pos = lens[b] - M + i
+    let biased = where(t <= pos, scores - slopes[h] * (pos - t), -inf)
+    return dropout(softmax(biased, axis = -1), seed, p = 0.1) @ v, logsumexp(biased, axis = -1)
+}
+";
+    let schedule = attn_runtime::emit(src, attn_runtime::Stage::Schedule).expect("schedules");
+    assert!(schedule.contains("k paged: table") && schedule.contains("dropout"), "{schedule}");
+    let program = Program::from_source(src, "grouped.attn").expect("compiles");
+    let (b, h, m, d, p, mp) = (2usize, 8usize, 2usize, 16usize, 16usize, 300usize);
+    let np = b * mp;
+    let table: Vec<i32> = (0..b).flat_map(|s| (0..mp).map(move |k| ((k * 11 + s * 300) % np) as i32)).collect();
+    let slopes = Tensor::f32(vec![h], (0..h).map(|x| 0.5f32.powi(x as i32 + 1)).collect()).expect("slopes");
+    let inputs = [
+        ("q", tensor(&[b, h, m, d], 60)),
+        ("k_pages", tensor(&[np, p, h, d], 61)),
+        ("v_pages", tensor(&[np, p, h, d], 62)),
+        ("block_table", Tensor::i32(vec![b, mp], table).expect("table")),
+        ("lens", Tensor::i32(vec![b], vec![4700, 2100]).expect("lens")),
+        ("slopes", slopes),
+        ("seed", Tensor::i32(vec![], vec![17]).expect("seed")),
+    ];
+    let got = program.run("f", inputs.clone(), &cpu(&[])).expect("cpu runs");
+    let want = program.run("f", inputs.clone(), &RunOptions { dims: HashMap::new(), target: Target::Interp }).expect("interpreter runs");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(max_diff(&g.1, &w.1) < 1e-5, "{}: max |diff| {}", g.0, max_diff(&g.1, &w.1));
+    }
+    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let dims: HashMap<String, i64> = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v as i64))
+        .collect();
+    let mut compiled = program.compile_cpu("f", &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
+    let one = compiled.run_tensors(&tensors, &dims).expect("runs");
+    compiled.set_threads(3).expect("a valid thread count");
+    assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
+}

@@ -136,6 +136,10 @@ pub enum Tuning {
     ScratchBias,
     /// Byte offset of a paged K and V's key tile gathered dense in a thread's scratch (CPU).
     ScratchKv,
+    /// Heads of the last batch axis that one work item of a flash step over a paged K and V
+    /// walks together, page by page ([`policy::CpuPolicy::flash_head_group`]; CPU; 1: one head
+    /// per item). Its rows take `HeadGroup · BlockM` rows of the thread's scratch.
+    HeadGroup,
     /// Rows of `C` per matmul work item (CPU).
     MatMulRows,
     /// Byte offset of a flash backward's `dSᵀ` rows (`BlockN × RowStride` f32) in a thread's

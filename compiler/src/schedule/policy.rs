@@ -85,11 +85,14 @@ pub struct CpuPolicy {
     pub matmul_rows: Option<i64>,
     /// Query rows per tile and keys per block of the flash backward, instead of the defaults.
     pub flash_bwd_blocks: Option<(i64, i64)>,
+    /// Heads a paged decode's work item walks together, where it may group them, instead of
+    /// [`CpuPolicy::flash_head_group`]'s choice (1: one head per item).
+    pub head_group: Option<i64>,
 }
 
 impl Default for CpuPolicy {
     fn default() -> CpuPolicy {
-        CpuPolicy { isa: CpuIsa::Avx512, flash_blocks: None, matmul_rows: None, flash_bwd_blocks: None }
+        CpuPolicy { isa: CpuIsa::Avx512, flash_blocks: None, matmul_rows: None, flash_bwd_blocks: None, head_group: None }
     }
 }
 
@@ -227,7 +230,7 @@ impl Policy {
                 if let Policy::Cpu(_) = self {
                     t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
                     if f.paged() {
-                        t.push(ScratchKv);
+                        t.extend([ScratchKv, HeadGroup]);
                     }
                 }
                 t
@@ -250,6 +253,14 @@ impl Policy {
 /// Fewest work items (batch × query blocks) the large unmasked flash blocks must leave, so that
 /// up to this many threads stay busy.
 pub const MIN_ITEMS: i64 = 8;
+
+/// Query rows per flash work item up to which the CPU's flash kernel runs the few-rows products
+/// (decode), which stream K and V in place instead of packing them.
+pub const CPU_FEW_ROWS: i64 = 4;
+
+/// Scratch rows (heads × query rows) a grouped paged work item keeps at most
+/// ([`CpuPolicy::flash_head_group`]): 64 rows of a 256-key tile are 64 KiB of scores.
+pub const CPU_GROUP_ROWS: i64 = 64;
 
 /// Keys per split for decode-like shapes (few query rows): splitting lets every thread work on
 /// one head's long key range, and the merge is cheap.
@@ -284,6 +295,27 @@ impl CpuPolicy {
         } else {
             (64, 256)
         })
+    }
+
+    /// Heads a work item of a flash step over a paged K and V walks together, page by page
+    /// (`attnc_gemv_*_paged_heads`): every head's rows of a page are read together, in the
+    /// order they lie in memory, where one head per item reads a scattered slice of each page.
+    /// `bm` query rows per item in `nqb` blocks, `items` work items with one head each, the
+    /// last batch axis of `last` heads. Grouped only for decode (one block of at most
+    /// [`CPU_FEW_ROWS`] rows) and while at least [`MIN_ITEMS`] items are left: the group halves
+    /// until they are. 1: one head per item. `ATTNC_HEAD_GROUP` forces a size (clamped).
+    pub fn flash_head_group(&self, bm: i64, nqb: i64, items: i64, last: i64) -> i64 {
+        if nqb != 1 || bm > CPU_FEW_ROWS || last < 2 {
+            return 1;
+        }
+        if let Some(g) = self.head_group {
+            return g.clamp(1, last.min(CPU_GROUP_ROWS / bm.max(1)).max(1));
+        }
+        let mut g = last.min(CPU_GROUP_ROWS / bm.max(1));
+        while g > 1 && items / last * ((last + g - 1) / g) < MIN_ITEMS {
+            g = (g + 1) / 2;
+        }
+        g.max(1)
     }
 
     /// Query rows per tile and keys per block of a flash backward. Key blocks are the outer

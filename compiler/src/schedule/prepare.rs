@@ -7,7 +7,7 @@ use super::policy::{
     CUDA_BWD_KEYS, CUDA_BWD_ROWS, CUDA_ELEMENTS, CUDA_LANE_KEYS, CUDA_MATMUL_TILE, CUDA_MMA_BWD_BLOCK, CUDA_MMA_ROWS, CUDA_SIMT_ROWS,
     CpuPolicy, CudaPolicy, Policy, cuda_mma_keys, cuda_pad_head,
 };
-use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Schedule, Tuning, Variant, tile_table};
+use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Paging, Schedule, Tuning, Variant, View, tile_table};
 use crate::exec::MAX_ELEMENTS;
 use crate::ir::{Dim, DimError, Known, RangeTable};
 use std::collections::HashMap;
@@ -427,9 +427,10 @@ impl Preparing<'_> {
             (Kernel::PrefixAttention { out, .. }, _) => product(&out.shape[..out.shape.len().saturating_sub(2)], env)?,
             (Kernel::Flash(f), _) => self.flash(s, f)?,
             (Kernel::FlashMerge(f), _) => {
+                // One item per (batch index, query block) of the flash step.
                 let get = |t| self.tuning.get(&(f.step, t)).copied().unwrap_or(0);
-                let (splits, items) = (get(Tuning::Splits), get(Tuning::Items));
-                if splits > 1 { items / splits } else { 0 }
+                let (splits, blocks) = (get(Tuning::Splits), get(Tuning::QueryBlocks));
+                if splits > 1 { product(f.batch(), env)?.saturating_mul(blocks) } else { 0 }
             }
             (Kernel::FlashBwd(f), _) => self.flash_bwd(s, f)?,
             // One item per element of the extra operands' gradients.
@@ -554,11 +555,22 @@ impl Preparing<'_> {
         self.prepared.tables.push((f.tiles, table));
         let partial_floats = if splits > 1 { batch * nqb * splits * bm * (dv + 2) } else { 0 };
         self.prepared.elems[f.partials] = count(partial_floats, "flash partial states")?;
-        if cpu {
+        let mut items = batch.saturating_mul(nqb).saturating_mul(splits);
+        if let Policy::Cpu(cpu) = self.policy {
             // A paged K or V is gathered one key tile at a time for blocks of more than a few
             // rows (the products then run on dense tiles).
             let kv_floats = if f.paged() { (bn * (d + dv)) as usize } else { 0 };
-            let layout = flash_scratch(bm as usize, bn as usize, dv as usize, kv_floats);
+            let group = match (f.paged(), batch_sizes.last()) {
+                (true, Some(&last)) if groupable(f) => cpu.flash_head_group(bm, nqb, items, last),
+                _ => 1,
+            };
+            if f.paged() {
+                self.set(s, &[(Tuning::HeadGroup, group)]);
+            }
+            if let (true, Some(&last)) = (group > 1, batch_sizes.last()) {
+                items = splits.saturating_mul(batch / last.max(1)).saturating_mul(ceil_div(last, group));
+            }
+            let layout = flash_scratch((bm * group) as usize, bn as usize, dv as usize, kv_floats);
             let offset = |x: usize| x as i64;
             self.set(
                 s,
@@ -572,7 +584,7 @@ impl Preparing<'_> {
             );
             self.prepared.scratch_bytes = self.prepared.scratch_bytes.max(layout.total);
         }
-        Ok(batch.saturating_mul(nqb).saturating_mul(splits))
+        Ok(items)
     }
 
     /// The CUDA kernels' blocks, and their compile-time values (`ATTNC_HD_{step}`, the padded
@@ -602,6 +614,17 @@ impl Preparing<'_> {
         };
         Ok(blocks(bm, bn, splits, m, n, batch))
     }
+}
+
+/// Whether a paged flash step's work items can walk the heads of its last batch axis together:
+/// dot-product scores (additive ones gather their tiles), and K and V paged by another axis (the
+/// heads of one table row, at a fixed stride from each other inside every page).
+fn groupable(f: &FlashKernel) -> bool {
+    let rank = f.batch().len();
+    let by_last = |view: &View, paging: &Option<Paging>| {
+        paging.as_ref().is_some_and(|p| rank.saturating_sub(view.shape.len().saturating_sub(2)) + p.axis + 1 == rank)
+    };
+    f.spec.pair == crate::ir::Pair::Dot && rank > 0 && !by_last(&f.k, &f.k_paging) && !by_last(&f.v, &f.v_paging)
 }
 
 /// The CPU's blocks for `m` query rows over `n` keys.

@@ -537,3 +537,36 @@ fn lengths_given_at_run_time_skip_the_tiles_past_every_sequence() {
     let live = classes.iter().filter(|c| **c != 0).count();
     assert_eq!(live, 300usize.div_ceil(bn), "{classes:?} (tiles of {bn} keys)");
 }
+
+/// Decode against a paged cache walks the heads of a sequence together (`HeadGroup`), as many as
+/// leave `MIN_ITEMS` work items (the merge still takes one item per head); prefill, or a group
+/// forced to 1, takes one head per item.
+#[test]
+fn paged_decode_groups_heads_while_enough_items_are_left() {
+    let src = include_str!("../../../examples/paged_decode.attn");
+    let compiled = crate::check(src).expect("compiles");
+    let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
+    let run = |policy: &Policy, (b, h, m, n): (i64, i64, i64, i64)| {
+        let s = schedule(&g, policy).expect("schedules");
+        let env: std::collections::HashMap<String, i64> =
+            [("B", b), ("H", h), ("M", m), ("D", 64), ("NP", b * n / 16), ("P", 16), ("MP", n / 16)]
+                .map(|(k, v)| (k.to_string(), v))
+                .into();
+        let p = prepare(&s, &env, policy).expect("prepares");
+        let get = |step, t| p.ints[s.tuning(step, t).expect("in the table")];
+        (get(0, Tuning::HeadGroup), get(0, Tuning::Items), get(1, Tuning::Items), p.scratch_bytes)
+    };
+    let cpu = Policy::default();
+    // 32 heads, 32768 keys: 16 splits of the whole group.
+    let (group, items, merge, bytes) = run(&cpu, (1, 32, 1, 32768));
+    assert_eq!((group, items, merge), (32, 16, 32));
+    assert_eq!(bytes, flash_scratch(32, 256, 64, 256 * 128).total);
+    // 8 heads, no splits, 4 sequences: groups of 4 leave 8 items.
+    let (group, items, ..) = run(&cpu, (4, 8, 1, 1024));
+    assert_eq!((group, items), (4, 8));
+    // More query rows than the few-rows products take: one head per item.
+    assert_eq!(run(&cpu, (1, 32, 8, 32768)).0, 1);
+    let one = Policy::Cpu(CpuPolicy { head_group: Some(1), ..CpuPolicy::default() });
+    let (group, items, ..) = run(&one, (1, 32, 1, 32768));
+    assert_eq!((group, items), (1, 512));
+}

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 
 /// Query blocks of at most this many rows (decode) use the few-rows products, which stream K
 /// and V in place instead of packing them.
-const FEW_ROWS: i64 = 4;
+const FEW_ROWS: i64 = attn_compiler::schedule::policy::CPU_FEW_ROWS;
 
 /// Values of the prologue both kernels share.
 struct Common {
@@ -204,7 +204,9 @@ fn operand(fx: &mut StepBuilder, view: &attn_compiler::schedule::View, batch: &[
     Operand { base, row: strides[r - 2], batch }
 }
 
-/// The scratch regions of a thread (the layout [`attn_compiler::schedule::prepare()`] computes).
+/// The scratch regions of a thread (the layout [`attn_compiler::schedule::prepare()`] computes),
+/// or of one head of a grouped work item.
+#[derive(Clone, Copy)]
 struct Scratch {
     tile: Value,
     acc: Value,
@@ -459,6 +461,8 @@ struct Item {
     /// The per-item factors of the staged score and of the separated rest.
     factor: Option<Value>,
     rest_factor: Option<Value>,
+    /// The item's scores, accumulator and running state (its head's, in a grouped item).
+    scratch: Scratch,
 }
 
 /// Emits the flash kernel: work item = (batch index, query block of `BlockM` rows, key
@@ -467,31 +471,184 @@ struct Item {
 pub fn emit(fx: &mut StepBuilder, f: &FlashKernel) {
     let p = prologue(fx, f);
     let (lo, hi) = (fx.lo(), fx.hi());
-    fx.for_range(lo, hi, |fx, w| {
-        let item = item(fx, &p, w);
-        let ninf = fx.f32(f32::NEG_INFINITY);
-        let fzero = fx.f32(0.0);
-        let zero = fx.i64(0);
-        fx.for_range(zero, item.block.rows, |fx, rr| {
-            st(fx, ninf, p.scratch.max, rr);
-            st(fx, fzero, p.scratch.sum, rr);
-        });
-        let acc_n = fx.mul(item.block.rows, p.c.dv);
-        fx.rows(acc_n, &[p.scratch.acc], &|fx, _, ptr| {
-            let z = fx.fconst(0.0);
-            stp(fx, z, ptr[0]);
-        });
-        let kb0 = fx.b.ins().udiv(item.kstart, p.bn);
-        let kb1 = fx.ceil_div(item.kend, p.bn);
-        fx.for_range(kb0, kb1, |fx, kbi| key_tile(fx, &p, &item, kbi));
-        finish(fx, &p, &item, w);
+    let group = p.k_pages.is_some().then(|| fx.tuning(f.step, Tuning::HeadGroup));
+    fx.for_range(lo, hi, |fx, w| match group {
+        Some(g) => {
+            let grouped = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, g, 1);
+            fx.if_else(grouped, |fx| grouped_item(fx, &p, g, w), |fx| one_item(fx, &p, w));
+        }
+        None => one_item(fx, &p, w),
     });
 }
 
-/// Decodes work item `w`, hoists its item-level score parts and checks the separable split.
-fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
-    let (f, r) = (p.f, p.f.spec.rank);
+/// Work item `w` of one (batch index, query block, key split).
+fn one_item(fx: &mut StepBuilder, p: &Prologue, w: Value) {
     let (sp, t) = split_of(fx, &p.c, p.f, w);
+    let item = item(fx, p, (sp, t), p.scratch);
+    start_rows(fx, p, &item.scratch, item.block.rows);
+    let kb0 = fx.b.ins().udiv(item.kstart, p.bn);
+    let kb1 = fx.ceil_div(item.kend, p.bn);
+    fx.for_range(kb0, kb1, |fx, kbi| key_tile(fx, p, &item, kbi));
+    finish(fx, p, &item, w);
+}
+
+/// The running state of `rows` rows of scratch: maxima `-inf`, sums and accumulators 0.
+fn start_rows(fx: &mut StepBuilder, p: &Prologue, scratch: &Scratch, rows: Value) {
+    let ninf = fx.f32(f32::NEG_INFINITY);
+    let fzero = fx.f32(0.0);
+    let zero = fx.i64(0);
+    fx.for_range(zero, rows, |fx, rr| {
+        st(fx, ninf, scratch.max, rr);
+        st(fx, fzero, scratch.sum, rr);
+    });
+    let acc_n = fx.mul(rows, p.c.dv);
+    fx.rows(acc_n, &[scratch.acc], &|fx, _, ptr| {
+        let z = fx.fconst(0.0);
+        stp(fx, z, ptr[0]);
+    });
+}
+
+/// A grouped work item ([`Tuning::HeadGroup`] `g > 1`, a paged K and V, one query block of at
+/// most [`FEW_ROWS`] rows): up to `g` consecutive heads of the last batch axis, one key split.
+/// Each key tile's products run once for the whole group (`attnc_gemv_*_paged_heads`, which
+/// read every head's rows of a page together), the weights head by head, each head in its own
+/// scratch rows; each head then finishes as its own item would.
+fn grouped_item(fx: &mut StepBuilder, p: &Prologue, g: Value, w: Value) {
+    let c = &p.c;
+    let Some(&last) = c.bdims.last() else { return };
+    let t_all = query_items(fx, c);
+    let per_outer = fx.ceil_div(last, g);
+    let outer_n = fx.b.ins().udiv(t_all, last);
+    let per_split = fx.mul(outer_n, per_outer);
+    let sp = fx.b.ins().udiv(w, per_split);
+    let rest = fx.b.ins().urem(w, per_split);
+    let outer = fx.b.ins().udiv(rest, per_outer);
+    let gi = fx.b.ins().urem(rest, per_outer);
+    let h0 = fx.mul(gi, g);
+    let left = fx.sub(last, h0);
+    let heads = fx.min(g, left);
+    let t0 = fx.mul(outer, last);
+    let t0 = fx.add(t0, h0);
+    let grp = Group { sp, t0, heads };
+    let first = grp.item(fx, p, None);
+    let rows = fx.mul(heads, first.block.rows);
+    start_rows(fx, p, &first.scratch, rows);
+    let kb0 = fx.b.ins().udiv(first.kstart, p.bn);
+    let kb1 = fx.ceil_div(first.kend, p.bn);
+    fx.for_range(kb0, kb1, |fx, kbi| {
+        let (j0, cols, taddr, class) = tile_class(fx, p, &first, kbi);
+        let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
+        fx.if_then(run, |fx| {
+            let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
+            spans(fx, p, first.block.rows, cols, (partial, taddr), &|fx, r, k, masked| {
+                grouped_span(fx, p, &grp, &first, (j0, cols), (r, k), masked);
+            });
+        });
+    });
+    let zero = fx.i64(0);
+    fx.for_range(zero, heads, |fx, x| {
+        let it = grp.item(fx, p, Some(x));
+        let wx = fx.mul(sp, t_all);
+        let t = fx.add(t0, x);
+        let wx = fx.add(wx, t);
+        finish(fx, p, &it, wx);
+    });
+}
+
+/// A grouped work item's split `sp`, first (batch index, query block) pair `t0` (its first
+/// head) and heads.
+struct Group {
+    sp: Value,
+    t0: Value,
+    heads: Value,
+}
+
+impl Group {
+    /// The item of head `x` of the group (`None`: the first, with the whole group's scratch).
+    fn item(&self, fx: &mut StepBuilder, p: &Prologue, x: Option<Value>) -> Item {
+        let zero = fx.i64(0);
+        let x = x.unwrap_or(zero);
+        let t = fx.add(self.t0, x);
+        let rows = fx.mul(x, p.c.bm);
+        let s = &p.scratch;
+        let tile_rows = fx.mul(rows, p.bn);
+        let acc_rows = fx.mul(rows, p.c.dv);
+        let scratch = Scratch {
+            tile: fx.elem_addr(s.tile, tile_rows),
+            acc: fx.elem_addr(s.acc, acc_rows),
+            max: fx.elem_addr(s.max, rows),
+            sum: fx.elem_addr(s.sum, rows),
+            bias: s.bias,
+        };
+        item(fx, p, (self.sp, t), scratch)
+    }
+}
+
+/// Rows `r0..r0 + rc` against keys `c0..c0 + cc` of key tile `(j0, cols)` for every head of a
+/// grouped item: `S` of every head by one grouped product, each head's weights in its scratch
+/// rows, then `P·V` of every head by one grouped product.
+fn grouped_span(
+    fx: &mut StepBuilder,
+    p: &Prologue,
+    grp: &Group,
+    first: &Item,
+    (j0, cols): (Value, Value),
+    ((r0, rc), (c0, cc)): ((Value, Value), (Value, Value)),
+    masked: bool,
+) {
+    let (Some(pk), Some(pv), Some(kt), Some(vt)) = (p.k_pages.as_ref(), p.v_pages.as_ref(), first.k_trow, first.v_trow) else {
+        return;
+    };
+    let head_stride = |op: &Operand| op.batch.last().copied();
+    let (Some(qs), Some(ks), Some(vs)) = (head_stride(&p.q), head_stride(&p.k), head_stride(&p.v)) else { return };
+    let [qrow, srow, arow] = span_rows(fx, p, first, r0, c0);
+    let tile_floats = fx.mul(p.c.bm, p.bn);
+    let acc_floats = fx.mul(p.c.bm, p.c.dv);
+    let j = fx.add(j0, c0);
+    let rows = paged_rows(fx, &p.k, (pk, kt), first.koff, j);
+    let heads = head_group(fx, grp.heads, [qs, ks, tile_floats]);
+    let overwrite = fx.b.ins().iconst(types::I32, 0);
+    fx.call(abi::GEMV_NT_PAGED_HEADS, &[rc, cc, p.d, qrow, p.lda, rows, heads, srow, p.bn, p.alpha, overwrite]);
+    let zero = fx.i64(0);
+    fx.for_range(zero, grp.heads, |fx, x| {
+        let it = grp.item(fx, p, Some(x));
+        let tile = tile_of(p, &it, j0, cols);
+        variants(fx, p, &it, &tile, &|fx, tile| weights(fx, p, &it, tile, (r0, rc), (c0, cc), masked));
+    });
+    let rows = paged_rows(fx, &p.v, (pv, vt), first.voff, j);
+    let heads = head_group(fx, grp.heads, [tile_floats, vs, acc_floats]);
+    let one = fx.f32(1.0);
+    let accumulate = fx.b.ins().iconst(types::I32, 1);
+    fx.call(abi::GEMV_NN_PAGED_HEADS, &[rc, p.c.dv, cc, srow, p.bn, rows, heads, arow, p.c.dv, one, accumulate]);
+}
+
+/// A span's first query row, its scores (row `r0`, column `c0` of the item's tile) and its
+/// accumulator row.
+fn span_rows(fx: &mut StepBuilder, p: &Prologue, it: &Item, r0: Value, c0: Value) -> [Value; 3] {
+    let qoff = fx.mul(r0, p.lda);
+    let qrow = fx.elem_addr(it.qp, qoff);
+    let soff = fx.mul(r0, p.bn);
+    let soff = fx.add(soff, c0);
+    let srow = fx.elem_addr(it.scratch.tile, soff);
+    let aoff = fx.mul(r0, p.c.dv);
+    let arow = fx.elem_addr(it.scratch.acc, aoff);
+    [qrow, srow, arow]
+}
+
+/// Fills a `kernels::HeadGroup` on the stack (`heads`, and the element strides from head to
+/// head of `A`, of `B` inside a page, and of `C`) and returns its address.
+fn head_group(fx: &mut StepBuilder, heads: Value, strides: [Value; 3]) -> Value {
+    let slot = fx.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 3));
+    for (k, v) in std::iter::once(heads).chain(strides).enumerate() {
+        fx.b.ins().stack_store(types::I64, v, slot, 8 * k as i32);
+    }
+    fx.b.ins().stack_addr(types::I64, slot, 0)
+}
+
+/// Decodes the item of split `sp` and (batch index, query block) pair `t`, hoists its
+/// item-level score parts and checks the separable split.
+fn item(fx: &mut StepBuilder, p: &Prologue, (sp, t): (Value, Value), scratch: Scratch) -> Item {
+    let (f, r) = (p.f, p.f.spec.rank);
     let block = query_block(fx, &p.c, t);
     let zero = fx.i64(0);
     let qoff = fx.dot(zero, &block.bidx, &p.q.batch);
@@ -532,7 +689,7 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
         })
     };
     let (k_trow, v_trow) = (trow(fx, &p.k_pages), trow(fx, &p.v_pages));
-    Item { block, qp, wp, koff, voff, k_trow, v_trow, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor }
+    Item { block, qp, wp, koff, voff, k_trow, v_trow, kstart, kend, b_pos, hoisted, sep_ok, factor, rest_factor, scratch }
 }
 
 /// Whether the separable split holds for every row of the block: `sep(i, i0)` finite for each
@@ -555,8 +712,9 @@ fn separable_ok(fx: &mut StepBuilder, p: &Prologue, block: &QueryBlock, b_pos: &
     fx.b.use_var(ok)
 }
 
-/// The key tile `kbi` of a work item, unless the tile table skips it.
-fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
+/// Key tile `kbi` of a work item: its first key, its keys, its tile-table entry's address and
+/// its class (0 skip, 1 full, 2 partial).
+fn tile_class(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) -> (Value, Value, Value, Value) {
     let j0 = fx.mul(kbi, p.bn);
     let kleft = fx.sub(it.kend, j0);
     let cols = fx.min(p.bn, kleft);
@@ -565,6 +723,12 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
     let tix = fx.mul(tix, p.entry_bytes);
     let taddr = fx.add(p.tiles, tix);
     let class = fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0);
+    (j0, cols, taddr, class)
+}
+
+/// The key tile `kbi` of a work item, unless the tile table skips it.
+fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
+    let (j0, cols, taddr, class) = tile_class(fx, p, it, kbi);
     let run = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
     fx.if_then(run, |fx| {
         let krow = fx.mul(j0, p.k.row);
@@ -574,42 +738,56 @@ fn key_tile(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) {
         let vv = fx.add(it.voff, vrow);
         let vp = fx.elem_addr(p.v.base, vv);
         let partial = fx.b.ins().icmp_imm_s(IntCC::Equal, class, 2);
-        let a = &p.f.analysis;
-        let tile = Tile {
-            f: p.f,
-            score: &a.staged.expr,
-            tanh: a.staged.tanh,
-            factor: it.factor,
-            bias: None,
-            s_tile: p.scratch.tile,
-            bn: p.bn,
-            cols,
-            j0,
-            i0: it.block.i0,
-            b_pos: &it.b_pos,
-            dims: &p.dims,
-            extras: &p.extras,
-            lane_iota: p.lane_iota,
-            item: &it.hoisted,
-        };
+        let tile = tile_of(p, it, j0, cols);
         let (kp, vp, ldk, ldv, gathered) = tile_operands(fx, p, it, (j0, cols), (kp, vp));
-        let at = TileAt { partial, taddr, kp, vp, ldk, ldv, gathered };
-        match &a.separated {
-            Some((x, rest)) => fx.if_else(
-                it.sep_ok,
-                |fx| {
-                    let bias = a.key_bias.then(|| {
-                        tile.key_bias(fx, &x.sep, p.scratch.bias);
-                        p.scratch.bias
-                    });
-                    let rest_tile = Tile { score: &rest.expr, tanh: rest.tanh, factor: it.rest_factor, bias, ..tile };
-                    tile_body(fx, p, it, &rest_tile, &at);
-                },
-                |fx| tile_body(fx, p, it, &tile, &at),
-            ),
-            None => tile_body(fx, p, it, &tile, &at),
-        }
+        let at = TileAt { kp, vp, ldk, ldv, gathered };
+        variants(fx, p, it, &tile, &|fx, tile| {
+            spans(fx, p, it.block.rows, tile.cols, (partial, taddr), &|fx, r, k, masked| span(fx, p, it, tile, &at, r, k, masked));
+        });
     });
+}
+
+/// The tile of keys `j0..j0 + cols` of a work item, with the op's (staged) score.
+fn tile_of<'t>(p: &'t Prologue, it: &'t Item, j0: Value, cols: Value) -> Tile<'t> {
+    let a = &p.f.analysis;
+    Tile {
+        f: p.f,
+        score: &a.staged.expr,
+        tanh: a.staged.tanh,
+        factor: it.factor,
+        bias: None,
+        s_tile: it.scratch.tile,
+        bn: p.bn,
+        cols,
+        j0,
+        i0: it.block.i0,
+        b_pos: &it.b_pos,
+        dims: &p.dims,
+        extras: &p.extras,
+        lane_iota: p.lane_iota,
+        item: &it.hoisted,
+    }
+}
+
+/// Runs `body` on the tile as the item evaluates it: with a separated score, the rest and the
+/// key-position vector (computed into scratch) where the item's split holds, else the whole.
+fn variants(fx: &mut StepBuilder, p: &Prologue, it: &Item, tile: &Tile, body: &dyn Fn(&mut StepBuilder, &Tile)) {
+    let a = &p.f.analysis;
+    match &a.separated {
+        Some((x, rest)) => fx.if_else(
+            it.sep_ok,
+            |fx| {
+                let bias = a.key_bias.then(|| {
+                    tile.key_bias(fx, &x.sep, it.scratch.bias);
+                    it.scratch.bias
+                });
+                let rest_tile = Tile { score: &rest.expr, tanh: rest.tanh, factor: it.rest_factor, bias, ..*tile };
+                body(fx, &rest_tile);
+            },
+            |fx| body(fx, tile),
+        ),
+        None => body(fx, tile),
+    }
 }
 
 /// The tile's K and V rows for the products, from its rows in place `(kp, vp)`: `(kp, vp, ldk,
@@ -659,8 +837,6 @@ fn tile_operands(
 
 /// Where a running key tile is: its class, its tile-table entry and its first K and V rows.
 struct TileAt {
-    partial: Value,
-    taddr: Value,
     kp: Value,
     vp: Value,
     /// Row strides at `kp` and `vp`.
@@ -672,17 +848,20 @@ struct TileAt {
     gathered: Value,
 }
 
-/// A tile's rows. Partial tiles run in chunks of `CHUNK_ROWS` rows, each against only the span
-/// of keys its rows can keep (from the tile table): a diagonal tile does about half the work of
-/// a full one, a window's edge tiles only their band.
-fn tile_body(fx: &mut StepBuilder, p: &Prologue, it: &Item, tile: &Tile, at: &TileAt) {
+/// A tile's spans of rows and keys: `body((r0, rc), (c0, cc), masked)` for rows `r0..r0 + rc`
+/// of the `rows` against keys `c0..c0 + cc` of the `cols`. Partial tiles (`at`: whether it is,
+/// and its tile-table entry) run in chunks of `CHUNK_ROWS` rows, each against only the span of
+/// keys its rows can keep: a diagonal tile does about half the work of a full one, a window's
+/// edge tiles only their band.
+type SpanBody<'b> = dyn Fn(&mut StepBuilder, (Value, Value), (Value, Value), bool) + 'b;
+
+fn spans(fx: &mut StepBuilder, p: &Prologue, rows: Value, cols: Value, (partial, taddr): (Value, Value), body: &SpanBody) {
     let zero = fx.i64(0);
-    let rows = it.block.rows;
     if p.f.spec.mask.is_none() {
-        return span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false);
+        return body(fx, (zero, rows), (zero, cols), false);
     }
     fx.if_else(
-        at.partial,
+        partial,
         |fx| {
             let chunk_rows = fx.i64(CHUNK_ROWS as i64);
             let chunks = fx.ceil_div(rows, chunk_rows);
@@ -691,18 +870,18 @@ fn tile_body(fx: &mut StepBuilder, p: &Prologue, it: &Item, tile: &Tile, at: &Ti
                 let left = fx.sub(rows, r0);
                 let rc = fx.min(chunk_rows, left);
                 let two = fx.b.ins().ishl_imm_s(ch, 1);
-                let e = fx.add(at.taddr, two);
+                let e = fx.add(taddr, two);
                 let lo = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 1);
                 let hi = fx.b.ins().uload8(types::I64, MemFlagsData::trusted(), e, 2);
                 let c0 = fx.b.ins().imul_imm_s(lo, CHUNK_COLS);
                 let c1 = fx.b.ins().imul_imm_s(hi, CHUNK_COLS);
-                let c1 = fx.min(c1, tile.cols);
+                let c1 = fx.min(c1, cols);
                 let cc = fx.sub(c1, c0);
                 let any = fx.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, cc, 0);
-                fx.if_then(any, |fx| span(fx, p, it, tile, at, (r0, rc), (c0, cc), true));
+                fx.if_then(any, |fx| body(fx, (r0, rc), (c0, cc), true));
             });
         },
-        |fx| span(fx, p, it, tile, at, (zero, rows), (zero, tile.cols), false),
+        |fx| body(fx, (zero, rows), (zero, cols), false),
     );
 }
 
@@ -720,13 +899,7 @@ fn span(
     masked: bool,
 ) {
     let few = fx.b.ins().icmp_imm_s(IntCC::SignedLessThanOrEqual, rc, FEW_ROWS);
-    let qoff = fx.mul(r0, p.lda);
-    let qrow = fx.elem_addr(it.qp, qoff);
-    let soff = fx.mul(r0, p.bn);
-    let soff = fx.add(soff, c0);
-    let srow = fx.elem_addr(p.scratch.tile, soff);
-    let aoff = fx.mul(r0, p.c.dv);
-    let arow = fx.elem_addr(p.scratch.acc, aoff);
+    let [qrow, srow, arow] = span_rows(fx, p, it, r0, c0);
     let products = |fx: &mut StepBuilder, small: abi::Import, big: abi::Import, args: &[Value]| {
         fx.if_else(
             few,
@@ -762,30 +935,7 @@ fn span(
         }),
         None => scores(fx),
     }
-    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
-    let t = Tile {
-        cols: cc,
-        j0: fx.add(tile.j0, c0),
-        s_tile: fx.elem_addr(tile.s_tile, c0),
-        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
-        ..*tile
-    };
-    let state = Running { max: p.scratch.max, sum: p.scratch.sum, acc: p.scratch.acc, dv: p.c.dv };
-    let softmax = p.f.spec.weights == Weights::Softmax;
-    let r1 = fx.add(r0, rc);
-    fx.for_range(r0, r1, |fx, rr| {
-        if softmax {
-            t.softmax_row(fx, rr, masked, &state);
-        } else {
-            t.sigmoid(fx, rr, masked);
-        }
-    });
-    if let Some([seed, threshold, scale]) = p.dropout {
-        let i = fx.add(it.block.i0, r0);
-        let batch = flat_batch(fx, &it.block.bidx, &p.c.bdims);
-        let rows_are_queries = fx.b.ins().iconst(types::I32, 0);
-        fx.call(abi::DROPOUT_TILE, &[srow, p.bn, rc, cc, i, j, rows_are_queries, seed, batch, threshold, scale]);
-    }
+    weights(fx, p, it, tile, (r0, rc), (c0, cc), masked);
     let values = |fx: &mut StepBuilder| {
         let o = fx.mul(c0, at.ldv);
         let vp = fx.elem_addr(at.vp, o);
@@ -797,6 +947,39 @@ fn span(
             fx.call(abi::GEMV_NN_PAGED, &[rc, p.c.dv, cc, srow, p.bn, rows, arow, p.c.dv, one, accumulate]);
         }),
         None => values(fx),
+    }
+}
+
+/// The weights of rows `r0..r0 + rc` against the tile's keys `c0..c0 + cc` in place of their
+/// scores (the mask tested when `masked`), the running state updated, dropout applied.
+fn weights(fx: &mut StepBuilder, p: &Prologue, it: &Item, tile: &Tile, (r0, rc): (Value, Value), (c0, cc): (Value, Value), masked: bool) {
+    // The span as a tile of its own: keys from `j0 + c0`, scores from column `c0`.
+    let t = Tile {
+        cols: cc,
+        j0: fx.add(tile.j0, c0),
+        s_tile: fx.elem_addr(tile.s_tile, c0),
+        bias: tile.bias.map(|b| fx.elem_addr(b, c0)),
+        ..*tile
+    };
+    let state = Running { max: it.scratch.max, sum: it.scratch.sum, acc: it.scratch.acc, dv: p.c.dv };
+    let softmax = p.f.spec.weights == Weights::Softmax;
+    let r1 = fx.add(r0, rc);
+    fx.for_range(r0, r1, |fx, rr| {
+        if softmax {
+            t.softmax_row(fx, rr, masked, &state);
+        } else {
+            t.sigmoid(fx, rr, masked);
+        }
+    });
+    if let Some([seed, threshold, scale]) = p.dropout {
+        let i = fx.add(it.block.i0, r0);
+        let j = fx.add(tile.j0, c0);
+        let batch = flat_batch(fx, &it.block.bidx, &p.c.bdims);
+        let rows_are_queries = fx.b.ins().iconst(types::I32, 0);
+        let row = fx.mul(r0, p.bn);
+        let row = fx.add(row, c0);
+        let srow = fx.elem_addr(tile.s_tile, row);
+        fx.call(abi::DROPOUT_TILE, &[srow, p.bn, rc, cc, i, j, rows_are_queries, seed, batch, threshold, scale]);
     }
 }
 
@@ -816,11 +999,11 @@ fn finish(fx: &mut StepBuilder, p: &Prologue, it: &Item, w: Value) {
                 let orow = fx.add(ooff, orow);
                 let op = fx.elem_addr(c.out, orow);
                 let arow = fx.mul(rr, c.dv);
-                let ap = fx.elem_addr(p.scratch.acc, arow);
-                let lsum = ld(fx, p.scratch.sum, rr);
+                let ap = fx.elem_addr(it.scratch.acc, arow);
+                let lsum = ld(fx, it.scratch.sum, rr);
                 write_row(fx, ap, op, c.dv, if softmax { Some(lsum) } else { None }, p.f.out.dtype);
                 if softmax && c.lse.is_some() {
-                    let lmax = ld(fx, p.scratch.max, rr);
+                    let lmax = ld(fx, it.scratch.max, rr);
                     let shift = row_shift(fx, p, it, i);
                     let lmax = fx.b.ins().fadd(lmax, shift);
                     store_lse(fx, c, &it.block.bidx, i, lmax, lsum);
@@ -830,7 +1013,7 @@ fn finish(fx: &mut StepBuilder, p: &Prologue, it: &Item, w: Value) {
         |fx| {
             fx.for_range(zero, rows, |fx, rr| {
                 let pr = partial_row(fx, c, w, rr);
-                let mx = ld(fx, p.scratch.max, rr);
+                let mx = ld(fx, it.scratch.max, rr);
                 // The log-sum-exp needs the row's true shift; the merge's weights do not mind
                 // a shift shared by every split of the row.
                 let mx = if softmax && c.lse.is_some() {
@@ -840,14 +1023,14 @@ fn finish(fx: &mut StepBuilder, p: &Prologue, it: &Item, w: Value) {
                 } else {
                     mx
                 };
-                let sm = ld(fx, p.scratch.sum, rr);
+                let sm = ld(fx, it.scratch.sum, rr);
                 fx.store(mx, pr);
                 let one_e = fx.i64(1);
                 st(fx, sm, pr, one_e);
                 let two = fx.i64(2);
                 let dst = fx.elem_addr(pr, two);
                 let arow = fx.mul(rr, c.dv);
-                let ap = fx.elem_addr(p.scratch.acc, arow);
+                let ap = fx.elem_addr(it.scratch.acc, arow);
                 fx.rows(c.dv, &[ap, dst], &|fx, _, ptr| {
                     let x = ldp(fx, ptr[0]);
                     stp(fx, x, ptr[1]);
