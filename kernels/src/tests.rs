@@ -795,14 +795,16 @@ fn paged_products_read_rows_through_the_table() {
 /// The grouped paged products against an f64 product per head over its rows gathered densely:
 /// heads at a stride inside each page wider than a row (HND-like) and narrower (NHD-like) and 0
 /// (heads sharing their rows), pages of 1, 3 and 16 rows through a table with ids outside the
-/// pool, a walk starting inside a page, one head or three, 1–4 rows of `A` per head, overwriting and accumulating,
+/// pool, a walk starting inside a page, one head or three (in blocks of two when rows are wide),
+/// 1–4 rows of `A` per head, overwriting and accumulating,
 /// on every ISA here; the C ABI entry refuses rows past the table.
 #[test]
 fn grouped_paged_products_walk_every_head_of_a_page() {
     let mut rng = Rng(12);
     let table: Vec<i32> = vec![5, 2, -3, 7, 0, 99, 4, 1, 6, 3, 2, 5];
-    let (np, width) = (8usize, 37usize);
-    for (heads, page) in [(3usize, 1usize), (3, 3), (3, 16), (1, 3)] {
+    let np = 8usize;
+    // Width 512 (2 KiB rows): NHD-like heads in blocks of two, the last block one head.
+    for (heads, page, width) in [(3usize, 1usize, 37usize), (3, 3, 37), (3, 16, 37), (1, 3, 37), (3, 3, 512)] {
         // (head stride, row stride): HND-like, NHD-like, shared rows.
         for (hs, rs) in [(page * (width + 2) + 1, width + 2), (width + 1, heads * (width + 1) + 2), (0, width + 3)] {
             let page_stride = hs.max(1) * heads + page * rs + 5;
