@@ -43,13 +43,7 @@ impl Rows for Dense {
     }
 
     fn prefetch(&mut self, j: usize, count: usize, bytes: usize) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
-        unsafe {
-            prefetch(self.row(j), bytes * count)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (j, count, bytes);
+        prefetch_lines::<INTO_L1>(self.row(j), bytes * count);
     }
 }
 
@@ -114,18 +108,18 @@ pub(super) struct Paged<'d> {
 
 /// A cursor's cached page: its first key (`usize::MAX`: none yet) and first row.
 #[derive(Clone, Copy)]
-struct PageAt {
+pub(super) struct PageAt {
     lo: usize,
     start: *const f32,
 }
 
 impl PageAt {
-    const NONE: PageAt = PageAt { lo: usize::MAX, start: std::ptr::null() };
+    pub(super) const NONE: PageAt = PageAt { lo: usize::MAX, start: std::ptr::null() };
 
     /// Moves to the page of key `t` unless it is the cached one: `Some(moved)`, or `None` when
     /// the table has no entry for it (the cached page is kept).
     #[inline(always)]
-    fn seek(&mut self, d: &PagedRows, t: usize) -> Option<bool> {
+    pub(super) fn seek(&mut self, d: &PagedRows, t: usize) -> Option<bool> {
         if self.lo != usize::MAX && t.wrapping_sub(self.lo) < d.page {
             return Some(false);
         }
@@ -136,7 +130,7 @@ impl PageAt {
 
     /// Key `t`'s row in the cached page (addresses formed with wrapping arithmetic).
     #[inline(always)]
-    fn row(&self, d: &PagedRows, t: usize) -> *const f32 {
+    pub(super) fn row(&self, d: &PagedRows, t: usize) -> *const f32 {
         self.start.wrapping_add(t.wrapping_sub(self.lo) * d.row_stride)
     }
 }
@@ -152,13 +146,7 @@ impl<'d> Paged<'d> {
     /// Prefetches `row_bytes` at `p` into L2.
     #[inline(always)]
     fn fetch(&self, p: *const f32) {
-        #[cfg(target_arch = "x86_64")]
-        for off in (0..self.row_bytes).step_by(64) {
-            // SAFETY: a prefetch reads nothing and cannot fault; the address wraps.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>().wrapping_add(off)) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
+        prefetch_lines::<INTO_L2>(p, self.row_bytes);
     }
 }
 
@@ -185,13 +173,7 @@ impl Rows for Paged<'_> {
             if self.pf.seek(self.d, t).is_none() {
                 return;
             }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch reads nothing; the address is formed with wrapping arithmetic.
-            unsafe {
-                prefetch(self.pf.row(self.d, t), bytes)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = bytes;
+            prefetch_lines::<INTO_L1>(self.pf.row(self.d, t), bytes);
         }
     }
 }
@@ -287,16 +269,8 @@ unsafe fn nt_portable(g: &Gemm, rows: usize, a: *const f32, mut b: impl Rows, c:
         for r in 0..rows {
             // SAFETY: row `r < m` of `A` holds `k` elements.
             let q = unsafe { std::slice::from_raw_parts(a.add(r * g.lda), g.k) };
-            let mut part = [0.0f32; 8];
-            let (qc, kc) = (q.chunks_exact(8), key.chunks_exact(8));
-            let tail: f32 = qc.remainder().iter().zip(kc.remainder()).map(|(x, y)| x * y).sum();
-            for (x, y) in qc.zip(kc) {
-                for t in 0..8 {
-                    part[t] += x[t] * y[t];
-                }
-            }
             // SAFETY: `(r, j)` is inside `C`.
-            unsafe { put(g, c.add(r * g.ldc + j), part.iter().sum::<f32>() + tail) };
+            unsafe { put(g, c.add(r * g.ldc + j), dot8(q, key)) };
         }
     }
 }
@@ -327,15 +301,38 @@ unsafe fn nn_portable(g: &Gemm, rows: usize, a: *const f32, mut b: impl Rows, c:
     }
 }
 
-/// Prefetches the `bytes` bytes at `p` (which may lie past the end of `B`: prefetches never
-/// fault, and the address is formed with wrapping arithmetic).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn prefetch(p: *const f32, bytes: usize) {
-    let p = p.cast::<i8>();
+/// The hint of a prefetch into L1 ([`prefetch_lines`]; `_MM_HINT_T0`).
+pub(super) const INTO_L1: i32 = 3;
+/// The hint of a prefetch into L2 (`_MM_HINT_T1`).
+pub(super) const INTO_L2: i32 = 2;
+
+/// Prefetches the `bytes` bytes at `p` into the cache level `HINT` says ([`INTO_L1`],
+/// [`INTO_L2`]); nothing off x86-64. `p` may lie past the end of `B` or of any allocation:
+/// prefetches read nothing and never fault, and the addresses are formed with wrapping
+/// arithmetic.
+#[inline(always)]
+pub(super) fn prefetch_lines<const HINT: i32>(p: *const f32, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
     for off in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        // SAFETY: a prefetch reads nothing and cannot fault; SSE is in the x86-64 baseline.
+        unsafe { _mm_prefetch::<HINT>(p.cast::<i8>().wrapping_add(off)) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
+/// `Σ x[i]·y[i]` in eight interleaved partial sums (which the compiler vectorises).
+#[inline(always)]
+pub(super) fn dot8(x: &[f32], y: &[f32]) -> f32 {
+    let mut part = [0.0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xc.remainder().iter().zip(yc.remainder()).map(|(a, b)| a * b).sum();
+    for (a, b) in xc.zip(yc) {
+        for t in 0..8 {
+            part[t] += a[t] * b[t];
+        }
+    }
+    part.iter().sum::<f32>() + tail
 }
 
 /// AVX-512 `Nt`: two keys at a time, `rows × 2` independent dot-product chains over `k` in

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use super::Isa;
 use super::gemm::Layout;
-use super::gemv::{PagedRows, page_of};
+use super::gemv::{INTO_L1, INTO_L2, PageAt, PagedRows, dot8, page_of, prefetch_lines};
 
 /// The heads of a grouped product: head `h` takes `A`'s rows from `a + h·a_stride`, `B`'s rows
 /// from the pages at `h·b_stride` on (elements), and writes `C`'s rows from `c + h·c_stride`.
@@ -86,7 +86,7 @@ trait Ops {
     unsafe fn axpy(w: f32, x: *const f32, c: *mut f32, n: usize);
 }
 
-/// Plain Rust in eight interleaved partial sums (vectorised by the compiler for the target, or
+/// Plain Rust: the dot product in eight interleaved partial sums ([`dot8`]; vectorised by the compiler for the target, or
 /// for AVX2 inside [`walk_avx2`]).
 struct Plain;
 
@@ -94,16 +94,7 @@ impl Ops for Plain {
     #[inline(always)]
     unsafe fn dot(x: *const f32, y: *const f32, k: usize) -> f32 {
         // SAFETY: the caller's `k` elements each.
-        let (x, y) = unsafe { (std::slice::from_raw_parts(x, k), std::slice::from_raw_parts(y, k)) };
-        let mut part = [0.0f32; 8];
-        let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
-        let tail: f32 = xc.remainder().iter().zip(yc.remainder()).map(|(a, b)| a * b).sum();
-        for (a, b) in xc.zip(yc) {
-            for t in 0..8 {
-                part[t] += a[t] * b[t];
-            }
-        }
-        part.iter().sum::<f32>() + tail
+        unsafe { dot8(std::slice::from_raw_parts(x, k), std::slice::from_raw_parts(y, k)) }
     }
 
     #[inline(always)]
@@ -213,6 +204,7 @@ unsafe fn walk<O: Ops>(layout: Layout, s: &Shape, a: *const f32, d: &PagedRows, 
     let page = d.page.max(1);
     let width = if nt { s.k } else { s.n };
     let w = Walk {
+        d,
         s,
         a,
         c,
@@ -224,7 +216,7 @@ unsafe fn walk<O: Ops>(layout: Layout, s: &Shape, a: *const f32, d: &PagedRows, 
         far_keys: (2 * page).max(FAR_KEYS),
         nt,
     };
-    let mut far = Far { d, lo: usize::MAX, start: std::ptr::null() };
+    let mut far = PageAt::NONE;
     // Heads whose rows of a page lie closer together than its rows (NHD): blocks of them
     // covering about 4 KiB of each row.
     let block = if g.b_stride < d.row_stride { (BLOCK_BYTES / (width * 4).max(1)).max(1) } else { 1 };
@@ -236,16 +228,16 @@ unsafe fn walk<O: Ops>(layout: Layout, s: &Shape, a: *const f32, d: &PagedRows, 
         let at = (start, lo);
         // SAFETY: forwarded: keys `t0..t1` are inside the table and this page.
         unsafe {
-            let rows = t1 - t0;
             let mut h0 = 0;
             while h0 < g.heads {
                 let hb = block.min(g.heads - h0);
-                let len = rows * hb;
+                // The step `near` on in this block's order (rows outer, its heads inner): `dt`
+                // rows and `dh` heads on, carrying a head past the block into the next row.
+                let (dt, dh) = (w.near / hb, w.near % hb);
                 for t in t0..t1 {
                     for h in h0..h0 + hb {
-                        let i2 = (t - t0) * hb + (h - h0) + w.near;
-                        let near = (i2 < len).then(|| (h0 + i2 % hb, t0 + i2 / hb));
-                        w.step::<O>(at, (h, t), near, &mut far);
+                        let (h2, t2) = if h - h0 + dh >= hb { (h + dh - hb, t + dt + 1) } else { (h + dh, t + dt) };
+                        w.step::<O>(at, (h, t), (t2 < t1).then_some((h2, t2)), &mut far);
                     }
                 }
                 h0 += hb;
@@ -257,6 +249,7 @@ unsafe fn walk<O: Ops>(layout: Layout, s: &Shape, a: *const f32, d: &PagedRows, 
 
 /// What every step of a walk reads.
 struct Walk<'s> {
+    d: &'s PagedRows,
     s: &'s Shape,
     a: *const f32,
     c: *mut f32,
@@ -282,16 +275,23 @@ impl Walk<'_> {
     /// # Safety
     /// As [`run`], key `t` inside the table and the page.
     #[inline(always)]
-    unsafe fn step<O: Ops>(&self, (start, lo): (*const f32, usize), (h, t): (usize, usize), near: Option<(usize, usize)>, far: &mut Far) {
+    unsafe fn step<O: Ops>(
+        &self,
+        (start, lo): (*const f32, usize),
+        (h, t): (usize, usize),
+        near: Option<(usize, usize)>,
+        far: &mut PageAt,
+    ) {
         let (s, g) = (self.s, self.g);
         let at = |h: usize, t: usize| start.wrapping_add((t - lo) * self.b_row + h * g.b_stride);
         let row = at(h, t);
         let row_bytes = self.width * 4;
         if let Some((h2, t2)) = near {
-            prefetch_t0(at(h2, t2), row_bytes);
+            prefetch_lines::<INTO_L1>(at(h2, t2), row_bytes);
         }
-        if let Some(p) = far.row(t + self.far_keys) {
-            prefetch_t1(p.wrapping_add(h * g.b_stride), row_bytes);
+        let tf = t + self.far_keys;
+        if far.seek(self.d, tf).is_some() {
+            prefetch_lines::<INTO_L2>(far.row(self.d, tf).wrapping_add(h * g.b_stride), row_bytes);
         }
         let j = t - self.first;
         let (ah, ch) = (self.a.wrapping_add(h * g.a_stride), self.c.wrapping_add(h * g.c_stride));
@@ -310,48 +310,4 @@ impl Walk<'_> {
             }
         }
     }
-}
-
-/// The cursor of the far (`T1`) prefetches: the page of the last key asked for.
-struct Far<'d> {
-    d: &'d PagedRows,
-    lo: usize,
-    start: *const f32,
-}
-
-impl Far<'_> {
-    /// Head 0's row of key `t`, unless the table has no entry for it.
-    #[inline(always)]
-    fn row(&mut self, t: usize) -> Option<*const f32> {
-        let page = self.d.page.max(1);
-        if self.lo == usize::MAX || t.wrapping_sub(self.lo) >= page {
-            let (lo, start) = page_of(self.d, t)?;
-            (self.lo, self.start) = (lo, start);
-        }
-        Some(self.start.wrapping_add((t - self.lo) * self.d.row_stride))
-    }
-}
-
-/// Prefetches `bytes` at `p` into L1 (nothing off x86-64).
-#[inline(always)]
-fn prefetch_t0(p: *const f32, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: a prefetch reads nothing and cannot fault; the address wraps.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(off)) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
-}
-
-/// Prefetches `bytes` at `p` into L2.
-#[inline(always)]
-fn prefetch_t1(p: *const f32, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: as `prefetch_t0`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast::<i8>().wrapping_add(off)) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
 }
