@@ -530,7 +530,8 @@ fn grouped_item(fx: &mut StepBuilder, p: &Prologue, g: Value, w: Value) {
     let t0 = fx.mul(outer, last);
     let t0 = fx.add(t0, h0);
     let grp = Group { sp, t0, heads };
-    let first = grp.item(fx, p, None);
+    let zero = fx.i64(0);
+    let first = grp.item(fx, p, zero);
     let rows = fx.mul(heads, first.block.rows);
     start_rows(fx, p, &first.scratch, rows);
     let kb0 = fx.b.ins().udiv(first.kstart, p.bn);
@@ -545,9 +546,8 @@ fn grouped_item(fx: &mut StepBuilder, p: &Prologue, g: Value, w: Value) {
             });
         });
     });
-    let zero = fx.i64(0);
     fx.for_range(zero, heads, |fx, x| {
-        let it = grp.item(fx, p, Some(x));
+        let it = grp.item(fx, p, x);
         let wx = fx.mul(sp, t_all);
         let t = fx.add(t0, x);
         let wx = fx.add(wx, t);
@@ -564,10 +564,9 @@ struct Group {
 }
 
 impl Group {
-    /// The item of head `x` of the group (`None`: the first, with the whole group's scratch).
-    fn item(&self, fx: &mut StepBuilder, p: &Prologue, x: Option<Value>) -> Item {
-        let zero = fx.i64(0);
-        let x = x.unwrap_or(zero);
+    /// The item of head `x` of the group, its scratch rows from the group's `x`-th block on (the
+    /// first head's: the whole group's).
+    fn item(&self, fx: &mut StepBuilder, p: &Prologue, x: Value) -> Item {
         let t = fx.add(self.t0, x);
         let rows = fx.mul(x, p.c.bm);
         let s = &p.scratch;
@@ -611,7 +610,7 @@ fn grouped_span(
     fx.call(abi::GEMV_NT_PAGED_HEADS, &[rc, cc, p.d, qrow, p.lda, rows, heads, srow, p.bn, p.alpha, overwrite]);
     let zero = fx.i64(0);
     fx.for_range(zero, grp.heads, |fx, x| {
-        let it = grp.item(fx, p, Some(x));
+        let it = grp.item(fx, p, x);
         let tile = tile_of(p, &it, j0, cols);
         variants(fx, p, &it, &tile, &|fx, tile| weights(fx, p, &it, tile, (r0, rc), (c0, cc), masked));
     });
