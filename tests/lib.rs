@@ -43,14 +43,23 @@ pub fn checks(source: &str, default: &[&str]) -> Vec<String> {
 }
 
 /// The largest relative error `|a - b| / max(|b|, floor)` over two equally long slices, with
-/// matching infinities and NaNs counted as equal.
+/// matching infinities and NaNs counted as equal, and a NaN against a number (or a number
+/// against a NaN) as an infinite error.
 pub fn max_rel_error(actual: &[f64], expected: &[f64], floor: f64) -> f64 {
     assert_eq!(actual.len(), expected.len(), "length mismatch");
-    actual
-        .iter()
-        .zip(expected)
-        .map(|(a, b)| if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() / b.abs().max(floor) })
-        .fold(0.0, f64::max)
+    actual.iter().zip(expected).map(|(a, b)| element_error(*a, *b, b.abs().max(floor))).fold(0.0, f64::max)
+}
+
+/// `|a - b| / scale`: 0 where `a` and `b` are equal or both NaN, infinite where exactly one is
+/// NaN (`f64::max` would otherwise drop such an element from a maximum).
+fn element_error(a: f64, b: f64, scale: f64) -> f64 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        0.0
+    } else if a.is_nan() || b.is_nan() {
+        f64::INFINITY
+    } else {
+        (a - b).abs() / scale
+    }
 }
 
 /// Tolerance for comparing two f32 computations of the same program in different orders (fused
@@ -64,10 +73,6 @@ pub const F32_TOLERANCE: f64 = 1e-4;
 pub fn normwise_error(actual: &[f64], expected: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len(), "length mismatch");
     let scale = expected.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
-    let diff = actual
-        .iter()
-        .zip(expected)
-        .map(|(a, b)| if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() })
-        .fold(0.0f64, f64::max);
+    let diff = actual.iter().zip(expected).map(|(a, b)| element_error(*a, *b, 1.0)).fold(0.0f64, f64::max);
     if diff == 0.0 { 0.0 } else { diff / scale.max(f64::MIN_POSITIVE) }
 }
