@@ -17,8 +17,9 @@
 #           throughput, occupancy, warp stalls, into ncu.txt
 #   wgmma   Hopper's warpgroup products: the device's flash tests, forward and backward, at head
 #           widths 64 and 128 (the widths that take wgmma on sm_90a), then attnc alone on f16
-#           cases with the forward on wgmma (sm_90a, the default on an sm_90 device) and on
-#           mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
+#           cases with the forward on wgmma (sm_90a, the default on an sm_90 device: its two
+#           m-tiles pipelined), on wgmma without the pipelining (wgsync: -DATTNC_WG_SYNC through
+#           ATTNC_NVRTC_OPTIONS) and on mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
 #           backward on wgmma and on mma.sync (-DATTNC_NO_WGMMA_BWD through
 #           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), and ALiBi training with its
 #           slopes' gradient on the tensor-core backward against SIMT (ATTNC_CUDA_BWD=simt),
@@ -138,10 +139,11 @@ while [ $i -lt ${#steps[@]} ]; do
         for round in 1 2; do
             for spec in "none 128 4096" "causal 128 4096" "none 64 4096" "causal 64 4096" "alibi 128 4096" "softcap 128 4096" "none 128 16384" "causal 128 1024"; do
                 set -- $spec
-                for mode in wgmma mma; do
-                    knob=1
+                for mode in wgmma wgsync mma; do
+                    knob=1 opts=""
                     [ "$mode" = mma ] && knob=0
-                    ms=$(ATTNC_CUDA_WGMMA=$knob timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --json --iters 20 --warmup 3 \
+                    [ "$mode" = wgsync ] && opts=-DATTNC_WG_SYNC
+                    ms=$(ATTNC_NVRTC_OPTIONS=$opts ATTNC_CUDA_WGMMA=$knob timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --json --iters 20 --warmup 3 \
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
                     tf=$(awk -v ms="$ms" -v s=$3 -v d=$2 -v c=$1 'BEGIN { if (ms > 0) { f = 4 * 4 * 16 * s * s * d; if (c != "none") f /= 2; printf "%.0f", f / (ms * 1e9) } }')
                     echo "round $round $1 D=$2 S=$3 $mode: $ms ms ($tf TFLOP/s)"

@@ -290,8 +290,14 @@ ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { att
 // descriptor and canonical layouts (the 128-byte swizzle only: address bits 4-6 XOR bits 7-9)
 // when a test defines ATTNC_WGMMA 1. Each thread forms its own accumulators: A from shared
 // memory (K-major) or from its warp's registers (the mma.sync A layout, exchanged), B from
-// shared memory, K-major or (trans) MN-major. The products run at once: fence, commit and
-// wait have nothing to order.
+// shared memory, K-major or (trans) MN-major.
+// The products are asynchronous, as on the device: an issued product is formed at the
+// `wgmma.wait_group` that retires its commit group (attnc_wg_wait0/1), not before. Until then
+// its accumulators read NaN (reading them early is undefined on the device) and a write to
+// them is lost; its A registers are taken by value at the issue (PTX registers the code no
+// longer names); its shared-memory operands are read both at the issue and at the wait, and
+// must not have changed in between (the device reads them at some point between the two).
+// A product still in flight when its thread's block ends is an error.
 #ifndef ATTNC_WGMMA
 #define ATTNC_WGMMA 0
 #endif
@@ -300,9 +306,8 @@ static inline unsigned long long attnc_wg_desc(unsigned addr, unsigned lbo, unsi
        | ((unsigned long long)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
 }
 ATTNC_DEV void attnc_wg_fence() {}
-ATTNC_DEV void attnc_wg_commit() {}
-ATTNC_DEV void attnc_wg_wait0() {}
 ATTNC_DEV void attnc_fence_proxy() {}
+template <int N> static inline void attnc_wg_hold(float*) {}
 // The shared byte address of element (mn, k) of an operand: K-major, 8-row groups `sbo` apart,
 // rows of 128 bytes; MN-major, 64-element groups `lbo` apart, 8-row (k) groups `sbo` apart.
 static inline unsigned attnc_emu_wg_addr(unsigned long long desc, int mn, int k, bool mn_major) {
@@ -312,7 +317,9 @@ static inline unsigned attnc_emu_wg_addr(unsigned long long desc, int mn, int k,
                               : start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
   return a ^ (((a >> 7) & 7) << 4);
 }
-static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, bool trans_b, int scale, bool bf) {
+// This thread's part of the product A · B (no accumulator): `out[n / 2]`. `a`: the warp's A
+// registers (every lane of the warp calls this together), or null for A in shared memory.
+static inline void attnc_emu_wg_product(float* out, int n, const unsigned* a, unsigned long long da, unsigned long long db, bool trans_b, bool bf) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   auto h = [bf](u16 x) { return bf ? attnc_b2f(x) : attnc_h2f(x); };
   auto ld = [&](unsigned addr) { u16 x; std::memcpy(&x, attnc_emu::dyn_smem + addr, 2); return h(x); };
@@ -321,7 +328,6 @@ static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned lon
     attnc_emu::wait(w.bar);
   }
   const int wg = (int)(threadIdx.x >> 5) & 3, g = l >> 2, t = l & 3;
-  float out[128];
   for (int i = 0; i < n / 2; ++i) {
     const int row = g + 8 * ((i & 3) >> 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
     float acc = 0.0f;
@@ -329,10 +335,65 @@ static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned lon
       const float av = a ? w.fa[(row & 7) * 4 + (k & 7) / 2][2 * ((row >= 8) + 2 * (k >= 8)) + (k & 1)] : ld(attnc_emu_wg_addr(da, 16 * wg + row, k, false));
       acc += av * ld(attnc_emu_wg_addr(db, col, k, trans_b));
     }
-    out[i] = scale ? d[i] + acc : acc;
+    out[i] = acc;
   }
   if (a) attnc_emu::wait(w.bar);
-  for (int i = 0; i < n / 2; ++i) d[i] = out[i];
+}
+namespace attnc_emu {
+// A product in flight: its operands, the accumulators it was issued on (`first`: no earlier
+// product in flight had them; `shadow` then keeps their values), its commit group (0: not yet
+// committed) and its product as formed at the issue.
+struct WgOp { float* d; int n; bool has_a; unsigned a[4]; unsigned long long da, db; bool trans, bf; int scale; bool first; unsigned group; float shadow[64]; float early[64]; };
+struct WgQueue { WgOp ops[64]; unsigned len = 0, groups = 0, next = 1; };
+inline WgQueue* wg = nullptr;  // one per thread of the block
+}
+static inline void attnc_emu_wg(float* d, int n, const unsigned* a, unsigned long long da, unsigned long long db, bool trans_b, int scale, bool bf) {
+  attnc_emu::WgQueue& q = attnc_emu::wg[attnc_emu::cur];
+  if (q.len == 64) { std::fprintf(stderr, "emulated wgmma: more than 64 products in flight\n"); std::abort(); }
+  attnc_emu::WgOp& op = q.ops[q.len++];
+  op.d = d; op.n = n; op.has_a = a != nullptr; op.da = da; op.db = db; op.trans = trans_b; op.bf = bf; op.scale = scale; op.group = 0;
+  if (a) std::memcpy(op.a, a, sizeof op.a);
+  op.first = true;
+  for (unsigned o = 0; o + 1 < q.len; ++o) if (q.ops[o].d == d) op.first = false;
+  if (op.first) for (int i = 0; i < n / 2; ++i) { op.shadow[i] = d[i]; d[i] = ATTNC_NAN; }
+  attnc_emu_wg_product(op.early, n, a ? op.a : nullptr, da, db, trans_b, bf);
+}
+ATTNC_DEV void attnc_wg_commit() {
+  attnc_emu::WgQueue& q = attnc_emu::wg[attnc_emu::cur];
+  bool any = false;
+  for (unsigned o = 0; o < q.len; ++o) if (q.ops[o].group == 0) { q.ops[o].group = q.next; any = true; }
+  if (any) { ++q.next; ++q.groups; }
+}
+// Retires the oldest commit groups until at most `left` are in flight.
+static inline void attnc_emu_wg_wait(unsigned left) {
+  attnc_emu::WgQueue& q = attnc_emu::wg[attnc_emu::cur];
+  while (q.groups > left) {
+    const unsigned group = q.ops[0].group;
+    unsigned kept = 0;
+    for (unsigned o = 0; o < q.len; ++o) {
+      attnc_emu::WgOp& op = q.ops[o];
+      if (op.group != group) { if (kept != o) q.ops[kept] = op; ++kept; continue; }
+      float late[64];
+      attnc_emu_wg_product(late, op.n, op.has_a ? op.a : nullptr, op.da, op.db, op.trans, op.bf);
+      if (std::memcmp(late, op.early, sizeof(float) * (op.n / 2)) != 0) {
+        std::fprintf(stderr, "emulated wgmma: a shared-memory operand changed while its product was in flight (thread %u)\n", attnc_emu::cur);
+        std::abort();
+      }
+      if (op.first) for (int i = 0; i < op.n / 2; ++i) op.d[i] = op.shadow[i];
+      for (int i = 0; i < op.n / 2; ++i) op.d[i] = op.scale ? op.d[i] + late[i] : late[i];
+    }
+    q.len = kept;
+    --q.groups;
+  }
+}
+ATTNC_DEV void attnc_wg_wait0() { attnc_emu_wg_wait(0); }
+ATTNC_DEV void attnc_wg_wait1() { attnc_emu_wg_wait(1); }
+// At the end of a block: nothing may be left in flight.
+static inline void attnc_emu_wg_done() {
+  if (attnc_emu::wg && attnc_emu::wg[attnc_emu::cur].len != 0) {
+    std::fprintf(stderr, "emulated wgmma: thread %u ended its block with %u products in flight\n", attnc_emu::cur, attnc_emu::wg[attnc_emu::cur].len);
+    std::abort();
+  }
 }
 ATTNC_DEV void attnc_wg_ss_h32(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 32, nullptr, da, db, false, scale, false); }
 ATTNC_DEV void attnc_wg_ss_b32(float* d, unsigned long long da, unsigned long long db, int scale) { attnc_emu_wg(d, 32, nullptr, da, db, false, scale, true); }
@@ -352,6 +413,7 @@ template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsign
   attnc_emu::Warp* warps = new attnc_emu::Warp[(bx + 31) / 32];
   for (unsigned w = 0; w < (bx + 31) / 32; ++w) warps[w].bar = attnc_emu::Barrier{32};
   attnc_emu::warps = warps;
+  attnc_emu::wg = ATTNC_WGMMA ? new attnc_emu::WgQueue[bx] : nullptr;
   struct Body { F* kernel; unsigned gx, gy, gz; };
   Body b{&kernel, gx, gy, gz};
   attnc_emu::run(bx, [](void* arg) {
@@ -361,10 +423,13 @@ template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsign
         for (unsigned x = 0; x < b.gx; ++x) {
           blockIdx = {x, y, z};
           (*b.kernel)();
+          attnc_emu_wg_done();
           attnc_emu::wait(attnc_emu::block_bar);
         }
   }, &b);
   delete[] warps;
+  delete[] attnc_emu::wg;
+  attnc_emu::wg = nullptr;
   std::free(dyn);
 }
 "#;
@@ -636,8 +701,22 @@ pub fn emulate_schedule_with(
     dir: &Path,
     defines: &[(String, i64)],
 ) -> Result<Vec<Tensor>, String> {
+    emulate_edited(s, inputs, env, dir, defines, &|source| source)
+}
+
+/// [`emulate_schedule_with`] on the rendered source as `edit` changes it (the tests of the
+/// emulation's own checks run deliberately broken kernels).
+pub(crate) fn emulate_edited(
+    s: &Result<Schedule, String>,
+    inputs: &[Tensor],
+    env: &HashMap<String, i64>,
+    dir: &Path,
+    defines: &[(String, i64)],
+    edit: &dyn Fn(String) -> String,
+) -> Result<Vec<Tensor>, String> {
     let s = s.as_ref().map_err(Clone::clone)?;
-    let program = render(s).map_err(|e| e.to_string())?;
+    let mut program = render(s).map_err(|e| e.to_string())?;
+    program.source = edit(std::mem::take(&mut program.source));
     let mut run_env = env.clone();
     attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
     let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);

@@ -3,7 +3,9 @@
 //! and split-KV decode flash kernels of [`super::tests::FLASH_GRAPHS`] at several head widths.
 //! Skips (printing why) without a host C++20 compiler, except under `CI=true`.
 
-use super::emulate::{Device, compiler_or_skip, deterministic_device_graph, device_graph, emulate_schedule, emulate_schedule_with};
+use super::emulate::{
+    Device, compiler_or_skip, deterministic_device_graph, device_graph, emulate_edited, emulate_schedule, emulate_schedule_with,
+};
 use super::tests::{EVERY_OP, FLASH_GRAPHS, examples, flash_graphs};
 use crate::render::render;
 use attn_compiler::exec::bind_dims;
@@ -41,14 +43,10 @@ pub(super) fn dims_with(graph: &Graph, base: &[(&str, i64)], over: &[(&str, i64)
         .collect()
 }
 
-/// Largest `|a - e| / max(|e|, floor)`, NaNs and infinities equal to themselves.
+/// Largest `|a - e| / max(|e|, floor)`, NaNs and infinities equal to themselves, a NaN against
+/// a number an infinite error ([`attn_tests::max_rel_error`]).
 pub(super) fn max_rel(actual: &Tensor, expected: &Tensor, floor: f64) -> f64 {
-    actual
-        .to_f64_vec()
-        .iter()
-        .zip(expected.to_f64_vec())
-        .map(|(a, e)| if *a == e || (a.is_nan() && e.is_nan()) { 0.0 } else { (a - e).abs() / e.abs().max(floor) })
-        .fold(0.0, f64::max)
+    attn_tests::max_rel_error(&actual.to_f64_vec(), &expected.to_f64_vec(), floor)
 }
 
 /// Seeded random inputs for `graph`'s parameters, and the interpreter's outputs on them.
@@ -285,6 +283,63 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
         c.wgmma = true;
     }
     run_cases(cases);
+}
+
+/// The emulation holds Hopper's kernels to the rules of asynchronous warpgroup products: the
+/// forward's pipelined tile with a wait taken out (m-tile 0's scores read while in flight; the
+/// products of `O += P V` left running past the tile, over the next tile's copies) fails, where
+/// the kernel as emitted passes ([`flash_kernels_run_emulated_on_hoppers_warpgroup_products`]).
+#[test]
+fn wgmma_products_read_before_their_wait_fail_emulated() {
+    if !compiler_or_skip("wgmma_products_read_before_their_wait_fail_emulated").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let Some((label, graph, tol)) = flash_graphs().into_iter().find(|(l, _, _)| *l == "f16 plain scaled scores") else {
+        panic!("no f16 plain flash graph")
+    };
+    let env = sizes(&graph, &[("D", 64), ("S", 150), ("T", 150)]);
+    let (inputs, expected) = reference_run(&graph, &env, 3).unwrap_or_else(|e| panic!("{e}"));
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
+    let env = bind_dims(&graph, &shapes, &env).unwrap_or_else(|e| panic!("{e}"));
+    let schedule = device_graph(Device::AsWritten(&graph));
+    let source = render(schedule.as_ref().unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}")).source;
+    let defines = [("ATTNC_WGMMA".to_string(), 1)];
+    let broken = ["attnc_wg_wait1();  // m-tile 0's scores", "attnc_wg_wait0();  // before V(kt)"];
+    let jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = broken
+        .into_iter()
+        .enumerate()
+        .map(|(n, wait)| {
+            assert!(source.contains(wait), "the pipelined tile has no `{wait}`");
+            let (graph, schedule, inputs, expected, env, defines) =
+                (graph.clone(), schedule.clone(), inputs.clone(), expected.clone(), env.clone(), defines.clone());
+            Box::new(move || {
+                let wd = work_dir(&format!("wg-broken-{n}"));
+                // The call commented out, its comment kept.
+                let without = wait.replacen("attnc_wg_", "// attnc_wg_", 1);
+                let got = emulate_edited(&schedule, &inputs, &env, &wd, &defines, &|s| s.replace(wait, &without));
+                let _ = std::fs::remove_dir_all(&wd);
+                let _ = graph;
+                match got {
+                    Err(e) if e.contains("g++ failed") => Err(format!("{label} without `{wait}` does not compile: {e}")),
+                    Err(e) => {
+                        eprintln!("{label} without `{wait}`: fails as it should ({e})");
+                        Ok(())
+                    }
+                    Ok(got) => {
+                        let err = got.iter().zip(&expected).map(|(g, e)| max_rel(g, e, 1.0)).fold(0.0, f64::max);
+                        if err > tol {
+                            eprintln!("{label} without `{wait}`: fails as it should (error {err:e})");
+                            Ok(())
+                        } else {
+                            Err(format!("{label} without `{wait}` passed (error {err:e})"))
+                        }
+                    }
+                }
+            }) as Box<dyn FnOnce() -> Result<(), String> + Send>
+        })
+        .collect();
+    let failures = run_jobs(jobs);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -506,15 +506,21 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     tile.extend(proxy_fence(step));
     tile.push("attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into());
     tile.extend(mma_stage(fl, 'v', "k0_")?);
+    // V(kt) in, K(kt) free: then K(next) is copied while the products with V(kt) run.
+    let mut swap = vec!["attnc_cp_wait_all();".to_string()];
+    swap.extend(proxy_fence(step));
+    swap.push("attnc_sync();  // V(kt) is in; every warp is done with K(kt)".into());
+    swap.push("if (nx_ < nkt_) {".into());
+    swap.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
+    swap.push("}".into());
+    tile.push(format!("#if ATTNC_WGP_{step}"));
+    tile.extend(wg_pipelined(fl, &p, &swap, pack, bf16)?);
+    tile.push("#else".into());
     tile.extend(mma_scores(mma, step, bf16));
-    tile.extend(mma_weights(fl, &p)?);
-    tile.push("attnc_cp_wait_all();".into());
-    tile.extend(proxy_fence(step));
-    tile.push("attnc_sync();  // V(kt) is in; every warp is done with K(kt)".into());
-    tile.push("if (nx_ < nkt_) {".into());
-    tile.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
-    tile.push("}".into());
+    tile.extend(mma_weights(fl, &p, ALL_MTS)?);
+    tile.extend(swap);
     tile.extend(mma_pv(mma, pack, step, bf16));
+    tile.push("#endif".into());
     tile.push("kt_ = nx_;".into());
     it.extend(indent(&tile, 2));
     it.push("}".into());
@@ -538,6 +544,13 @@ fn mma_pre(step: usize) -> Vec<String> {
         // sub-tiles (widths 64 and 128, keys 64): the 4 warps are one warpgroup, and m-tile mt
         // of the block is one `wgmma` of 64 rows.
         format!("#define ATTNC_WG_{step} (ATTNC_WGMMA && ATTNC_HD_{step} % 64 == 0 && ATTNC_HD_{step} <= 128 && ATTNC_BN_{step} == 64)"),
+        // With two m-tiles the warpgroup pipelines them (wg_pipelined) unless ATTNC_WG_SYNC is
+        // defined (through ATTNC_NVRTC_OPTIONS, to compare).
+        format!("#if ATTNC_WG_{step} && ATTNC_MT_{step} == 2 && !defined(ATTNC_WG_SYNC)"),
+        format!("#define ATTNC_WGP_{step} 1"),
+        "#else".into(),
+        format!("#define ATTNC_WGP_{step} 0"),
+        "#endif".into(),
         format!("#if ATTNC_WG_{step}"),
         "// Q, K and V tiles 128-byte swizzled (prelude: attnc_wg_desc), from a 1024-byte aligned".into(),
         "// shared address (the launch's shared memory has the skew's bytes to spare). Element".into(),
@@ -569,25 +582,46 @@ fn mma_pre(step: usize) -> Vec<String> {
     ]
 }
 
-/// The score modification, mask and weights of the tile's accumulators `s_`. Softmax keeps
-/// scores in base 2 (`x log2 e`, so that each weight is one `ex2`), and takes a short path for
-/// tiles that need neither the mask nor the key bound (class 1 and wholly inside `N_`): there a
-/// bare `q · k` costs one multiply per score.
-fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
-    let elem = |body: Vec<String>| -> Vec<String> {
-        let mut out = vec![
-            "#pragma unroll".into(),
-            "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
-            "  #pragma unroll".into(),
-            "  for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
-            "    #pragma unroll".into(),
-            "    for (int e_ = 0; e_ < 4; ++e_) {".into(),
-        ];
-        out.extend(indent(&body, 6));
-        out.push("    }".into());
-        out.push("  }".into());
+/// The m-tiles `[lo, hi)` of a block's accumulators that a part of the tile's work covers.
+#[derive(Clone, Copy)]
+struct Mts(&'static str, &'static str);
+
+/// Every m-tile of the block.
+const ALL_MTS: Mts = Mts("0", "MT_");
+
+impl Mts {
+    /// `body` (lines using `mt_`) for each of these m-tiles, unrolled.
+    fn each(self, body: &[String]) -> Vec<String> {
+        let mut out = vec!["#pragma unroll".to_string(), format!("for (int mt_ = {}; mt_ < {}; ++mt_) {{", self.0, self.1)];
+        out.extend(indent(body, 2));
         out.push("}".into());
         out
+    }
+}
+
+/// The score modification, mask and weights of the accumulators `s_` of m-tiles `mts`, in a
+/// scope of their own. Softmax keeps scores in base 2 (`x log2 e`, so that each weight is one
+/// `ex2`), and takes a short path for tiles that need neither the mask nor the key bound
+/// (class 1 and wholly inside `N_`): there a bare `q · k` costs one multiply per score.
+fn mma_weights(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = vec!["{".to_string()];
+    out.extend(indent(&mma_weights_lines(fl, p, mts)?, 2));
+    out.push("}".into());
+    Ok(out)
+}
+
+fn mma_weights_lines(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, CudaEmitError> {
+    let elem = |body: Vec<String>| -> Vec<String> {
+        let mut inner = vec![
+            "#pragma unroll".into(),
+            "for (int nt_ = 0; nt_ < NT_; ++nt_) {".into(),
+            "  #pragma unroll".into(),
+            "  for (int e_ = 0; e_ < 4; ++e_) {".into(),
+        ];
+        inner.extend(indent(&body, 4));
+        inner.push("  }".into());
+        inner.push("}".into());
+        mts.each(&inner)
     };
     let position = "const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8, j_ = k0_ + nt_ * 8 + tg_ * 2 + (e_ & 1);".to_string();
     let mut general = vec![position.clone(), "const float s_e_ = s_[mt_][nt_][e_] * alpha_;".into(), "bool keep_ = j_ < N_;".into()];
@@ -599,7 +633,7 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     let dropout = |out: &mut Vec<String>| {
         if fl.f.spec.dropout.is_some() {
             out.push("if constexpr (BN_ % 64 == 0) {".into());
-            out.extend(indent(&MMA_DROPOUT.lines().map(String::from).collect::<Vec<_>>(), 2));
+            out.extend(indent(&mts.each(&MMA_DROPOUT.lines().map(String::from).collect::<Vec<_>>()), 2));
             out.push("} else {".into());
             let mut body = vec![position_of.clone()];
             body.extend(fl.drop("s_[mt_][nt_][e_]", "i_", "j_"));
@@ -651,8 +685,7 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     out.push("if (fast_) {".into());
     out.extend(indent(&elem(fast), 2));
     if plain {
-        out.push("  #pragma unroll".into());
-        out.push("  for (int mt_ = 0; mt_ < MT_; ++mt_) { mx_[mt_][0] *= alpha2_; mx_[mt_][1] *= alpha2_; }".into());
+        out.extend(indent(&mts.each(&["mx_[mt_][0] *= alpha2_; mx_[mt_][1] *= alpha2_;".to_string()]), 2));
     }
     out.push("} else {".into());
     out.extend(indent(&elem(general), 2));
@@ -660,7 +693,7 @@ fn mma_weights(fl: &Flash, p: &[String]) -> Result<Vec<String>, CudaEmitError> {
     out.push(
         if plain { "const float a2_ = fast_ ? alpha2_ : 1.0f;  // the scale still to apply" } else { "const float a2_ = 1.0f;" }.into(),
     );
-    out.extend(MMA_SOFTMAX.lines().map(String::from));
+    out.extend(mts.each(&MMA_SOFTMAX.lines().map(String::from).collect::<Vec<_>>()));
     dropout(&mut out);
     Ok(out)
 }
@@ -763,6 +796,71 @@ fn proxy_fence(step: usize) -> Vec<String> {
     vec![format!("#if ATTNC_WG_{step}"), "attnc_fence_proxy();".into(), "#endif".into()]
 }
 
+/// One key tile on Hopper with two m-tiles, pipelined within the warpgroup (FlashAttention-3's
+/// overlap of softmax and products, between the block's two m-tiles): both score products are
+/// issued, m-tile 0's weights are formed while m-tile 1's scores are still on the tensor
+/// cores, then m-tile 0's `O += P V` is issued and m-tile 1's weights are formed while it runs.
+/// Each wait is followed by `attnc_wg_hold` on the accumulators it made ready. `swap` (the
+/// barrier after which K(kt) is free and K(next)'s copy starts) comes once both score
+/// products are done.
+fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+    let t = if bf16 { 'b' } else { 'h' };
+    let scores = |mt: usize| -> Vec<String> {
+        vec![
+            "#pragma unroll".into(),
+            "for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into(),
+            format!("  attnc_wg_ss_{t}64(&s_[{mt}][0][0],"),
+            format!("    attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + {mt} * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),"),
+            "    attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);".into(),
+            "attnc_wg_commit();".into(),
+        ]
+    };
+    let pv = |mt: usize| -> Vec<String> {
+        vec![
+            "#pragma unroll".into(),
+            "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
+            format!("  pw_[{mt}][kk_][0] = {pack}(s_[{mt}][2 * kk_][0], s_[{mt}][2 * kk_][1]);"),
+            format!("  pw_[{mt}][kk_][1] = {pack}(s_[{mt}][2 * kk_][2], s_[{mt}][2 * kk_][3]);"),
+            format!("  pw_[{mt}][kk_][2] = {pack}(s_[{mt}][2 * kk_ + 1][0], s_[{mt}][2 * kk_ + 1][1]);"),
+            format!("  pw_[{mt}][kk_][3] = {pack}(s_[{mt}][2 * kk_ + 1][2], s_[{mt}][2 * kk_ + 1][3]);"),
+            "}".into(),
+            "attnc_wg_fence();".into(),
+            "#pragma unroll".into(),
+            "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
+            "  const unsigned long long vd_ = attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);".into(),
+            format!("  if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
+            format!("  else attnc_wg_rs_{t}128_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
+            "}".into(),
+            "attnc_wg_commit();".into(),
+        ]
+    };
+    let mut out = vec![
+        "float s_[MT_][NT_][4], mx_[MT_][2];".to_string(),
+        "#pragma unroll".into(),
+        "for (int mt_ = 0; mt_ < MT_; ++mt_) { mx_[mt_][0] = -ATTNC_INF; mx_[mt_][1] = -ATTNC_INF; }".into(),
+        "// S = Q Kᵀ for both m-tiles, two commit groups (as in mma_scores).".into(),
+        "attnc_wg_fence();".into(),
+    ];
+    out.extend(scores(0));
+    out.extend(scores(1));
+    out.push("attnc_wg_wait1();  // m-tile 0's scores; m-tile 1's may still run".into());
+    out.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
+    out.extend(mma_weights(fl, p, Mts("0", "1"))?);
+    out.push("attnc_wg_wait0();  // m-tile 1's scores: K(kt) is no longer read".into());
+    out.push("attnc_wg_hold<NT_ * 4>(&s_[1][0][0]);".into());
+    out.extend(swap.iter().cloned());
+    out.push("// O += P V for m-tile 0 (P packed first: the product in flight reads its registers),".into());
+    out.push("// then m-tile 1's weights while it runs.".into());
+    out.push("unsigned pw_[MT_][BN_ / 16][4];".into());
+    out.extend(pv(0));
+    out.extend(mma_weights(fl, p, Mts("1", "2"))?);
+    out.extend(pv(1));
+    out.push("attnc_wg_wait0();  // before V(kt) and the accumulators are touched again".into());
+    out.push("attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into());
+    out.push("attnc_wg_hold<DT_ * 4>(&o_[1][0][0]);".into());
+    Ok(out)
+}
+
 /// S = Q Kᵀ for the warp's rows on tensor cores. `mma.sync`: Q and K fragments come from
 /// shared memory through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B
 /// fragments of two key n-tiles). Hopper: one `wgmma` per m-tile and 16 columns of the head
@@ -825,54 +923,49 @@ for (int mt_ = 0; mt_ < MT_; ++mt_) {{ mx_[mt_][0] = -ATTNC_INF; mx_[mt_][1] = -
     .collect()
 }
 
-/// The online-softmax update of the tensor-core kernel (row maxima over the 4 lanes of a row).
-const MMA_SOFTMAX: &str = "#pragma unroll
-for (int mt_ = 0; mt_ < MT_; ++mt_) {
-  float sc_[2], ml_[2];
+/// The online-softmax update of the tensor-core kernel for m-tile `mt_` (row maxima over the
+/// 4 lanes of a row).
+const MMA_SOFTMAX: &str = "float sc_[2], ml_[2];
+#pragma unroll
+for (int h_ = 0; h_ < 2; ++h_) {
+  // Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
+  float mx = mx_[mt_][h_];
+  mx = fmaxf(mx, attnc_shfl_xor(mx, 1)); mx = fmaxf(mx, attnc_shfl_xor(mx, 2));
+  const float mn_ = fmaxf(m_[mt_][h_], mx);
+  sc_[h_] = mn_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m_[mt_][h_] - mn_);
+  m_[mt_][h_] = mn_; l_[mt_][h_] *= sc_[h_];
+  ml_[h_] = mn_ == -ATTNC_INF ? 0.0f : mn_;
+}
+#pragma unroll
+for (int nt_ = 0; nt_ < NT_; ++nt_) {
   #pragma unroll
-  for (int h_ = 0; h_ < 2; ++h_) {
-    // Row maxima (base 2) over the 4 lanes sharing a row (lanes differ in tg_, the low two bits).
-    float mx = mx_[mt_][h_];
-    mx = fmaxf(mx, attnc_shfl_xor(mx, 1)); mx = fmaxf(mx, attnc_shfl_xor(mx, 2));
-    const float mn_ = fmaxf(m_[mt_][h_], mx);
-    sc_[h_] = mn_ == -ATTNC_INF ? 1.0f : attnc_exp2_fast(m_[mt_][h_] - mn_);
-    m_[mt_][h_] = mn_; l_[mt_][h_] *= sc_[h_];
-    ml_[h_] = mn_ == -ATTNC_INF ? 0.0f : mn_;
+  for (int e_ = 0; e_ < 4; ++e_) {
+    const float p_ = attnc_exp2_fast(fmaf(s_[mt_][nt_][e_], a2_, -ml_[e_ >> 1]));
+    s_[mt_][nt_][e_] = p_;
+    l_[mt_][e_ >> 1] += p_;
   }
+}
+// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
+// the multiplies (a warp-uniform branch).
+if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
   #pragma unroll
-  for (int nt_ = 0; nt_ < NT_; ++nt_) {
-    #pragma unroll
-    for (int e_ = 0; e_ < 4; ++e_) {
-      const float p_ = attnc_exp2_fast(fmaf(s_[mt_][nt_][e_], a2_, -ml_[e_ >> 1]));
-      s_[mt_][nt_][e_] = p_;
-      l_[mt_][e_ >> 1] += p_;
-    }
-  }
-  // Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
-  // the multiplies (a warp-uniform branch).
-  if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
-    #pragma unroll
-    for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
-  }
+  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
 }";
 
-/// Dropout of the tensor-core kernel's weights `s_`, one generator call per four of a lane's
+/// Dropout of the tensor-core kernel's weights `s_` of m-tile `mt_`, one generator call per four of a lane's
 /// elements: n-tile `8 nb + par + 2 w` of key block `nb` holds word `w` of the call for lane
 /// position `8 par + 2 tg + (e & 1)` (docs/language.md's counter layout).
 const MMA_DROPOUT: &str = "#pragma unroll
-for (int mt_ = 0; mt_ < MT_; ++mt_) {
+for (int e_ = 0; e_ < 4; ++e_) {
+  const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8;
   #pragma unroll
-  for (int e_ = 0; e_ < 4; ++e_) {
-    const i64 i_ = rw_ + mt_ * 64 + (e_ >> 1) * 8;
+  for (int nb_ = 0; nb_ < NT_ / 8; ++nb_) {
     #pragma unroll
-    for (int nb_ = 0; nb_ < NT_ / 8; ++nb_) {
+    for (int par_ = 0; par_ < 2; ++par_) {
+      unsigned w_[4];
+      attnc_philox4(dseed_, (int)bz_, (int)i_, (unsigned)(((k0_ >> 6) + nb_) << 4) | (unsigned)(par_ * 8 + tg_ * 2 + (e_ & 1)), w_);
       #pragma unroll
-      for (int par_ = 0; par_ < 2; ++par_) {
-        unsigned w_[4];
-        attnc_philox4(dseed_, (int)bz_, (int)i_, (unsigned)(((k0_ >> 6) + nb_) << 4) | (unsigned)(par_ * 8 + tg_ * 2 + (e_ & 1)), w_);
-        #pragma unroll
-        for (int w = 0; w < 4; ++w) s_[mt_][nb_ * 8 + par_ + 2 * w][e_] *= (w_[w] >> 8) >= (unsigned)dthr_ ? dscale_ : 0.0f;
-      }
+      for (int w = 0; w < 4; ++w) s_[mt_][nb_ * 8 + par_ + 2 * w][e_] *= (w_[w] >> 8) >= (unsigned)dthr_ ? dscale_ : 0.0f;
     }
   }
 }";

@@ -217,6 +217,13 @@ ATTNC_DEV unsigned long long attnc_wg_desc(unsigned addr, unsigned lbo, unsigned
 ATTNC_DEV void attnc_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\"); }
 ATTNC_DEV void attnc_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\"); }
 ATTNC_DEV void attnc_wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\"); }
+ATTNC_DEV void attnc_wg_wait1() { asm volatile(\"wgmma.wait_group.sync.aligned 1;\" ::: \"memory\"); }
+// After a wait: the accumulators' uses stay below it (the compiler sees them written by the
+// product's asm, not by the wait's, and could otherwise move a read above the wait).
+template <int N> ATTNC_DEV void attnc_wg_hold(float* d) {
+  #pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile(\"\" : \"+f\"(d[i]) :: \"memory\");
+}
 // Generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads.
 ATTNC_DEV void attnc_fence_proxy() { asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); }
 ",
