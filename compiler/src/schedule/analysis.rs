@@ -179,16 +179,55 @@ pub fn score_factor(e: &ScoreExpr, rank: usize) -> Option<Option<ScoreExpr>> {
     }
 }
 
-/// Splits a score `s * c` (or `s / c`, `c * s`) with a position-free `c` into the plain score
-/// and `c`, so that the scale rides on the Q·Kᵀ product.
+/// Splits a score whose every use of `s` is `s * c`, `c * s` or `s / c`, with one and the same
+/// position-free `c`, into the score with those uses read as plain `s` and the scale `c` (`1 / c`
+/// for a division), so that the scale rides on the Q·Kᵀ product: `s * 0.125` gives `s` and
+/// 0.125, soft-capping's `50 * tanh(s / 50)` gives `50 * tanh(s)` and `1 / 50` (one multiply of
+/// the product instead of a division per score, and `tanh(s)` as a row kernel can stage it).
+/// Anything else (`s` read bare anywhere, two different scales, a position-dependent one)
+/// splits nothing.
 pub fn split_scale(score: &ScoreExpr) -> (ScoreExpr, Option<ScoreExpr>) {
     let constant = |e: &ScoreExpr| !e.any(&|x| matches!(x, ScoreExpr::Score | ScoreExpr::Pos(_) | ScoreExpr::Load { .. }));
-    match score {
-        ScoreExpr::Binary(BinaryOp::Mul, a, b) if **a == ScoreExpr::Score && constant(b) => (ScoreExpr::Score, Some((**b).clone())),
-        ScoreExpr::Binary(BinaryOp::Mul, a, b) if **b == ScoreExpr::Score && constant(a) => (ScoreExpr::Score, Some((**a).clone())),
-        ScoreExpr::Binary(BinaryOp::Div, a, b) if **a == ScoreExpr::Score && constant(b) => {
-            (ScoreExpr::Score, Some(ScoreExpr::bin(BinaryOp::Div, ScoreExpr::Float(1.0), (**b).clone())))
+    // The scale of `e` when it is the score times a constant.
+    let scaled = |e: &ScoreExpr| -> Option<ScoreExpr> {
+        match e {
+            ScoreExpr::Binary(BinaryOp::Mul, a, b) if **a == ScoreExpr::Score && constant(b) => Some((**b).clone()),
+            ScoreExpr::Binary(BinaryOp::Mul, a, b) if **b == ScoreExpr::Score && constant(a) => Some((**a).clone()),
+            ScoreExpr::Binary(BinaryOp::Div, a, b) if **a == ScoreExpr::Score && constant(b) => {
+                Some(ScoreExpr::bin(BinaryOp::Div, ScoreExpr::Float(1.0), (**b).clone()))
+            }
+            _ => None,
         }
+    };
+    // `e` with its scaled uses of the score read as `s`, recording their one scale; `None` when
+    // the score is read otherwise or at two scales. Bounded by the expression's depth, which the
+    // parser and the optimizer bound.
+    fn strip(e: &ScoreExpr, scaled: &dyn Fn(&ScoreExpr) -> Option<ScoreExpr>, scale: &mut Option<ScoreExpr>) -> Option<ScoreExpr> {
+        if let Some(c) = scaled(e) {
+            if scale.as_ref().is_some_and(|old| *old != c) {
+                return None;
+            }
+            *scale = Some(c);
+            return Some(ScoreExpr::Score);
+        }
+        Some(match e {
+            ScoreExpr::Score => return None,
+            ScoreExpr::Pos(_) | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_) => e.clone(),
+            ScoreExpr::Load { input, index } => {
+                ScoreExpr::Load { input: *input, index: index.iter().map(|x| strip(x, scaled, scale)).collect::<Option<_>>()? }
+            }
+            ScoreExpr::Unary(op, a) => ScoreExpr::Unary(*op, Box::new(strip(a, scaled, scale)?)),
+            ScoreExpr::Binary(op, a, b) => ScoreExpr::Binary(*op, Box::new(strip(a, scaled, scale)?), Box::new(strip(b, scaled, scale)?)),
+            ScoreExpr::Select(c, a, b) => ScoreExpr::Select(
+                Box::new(strip(c, scaled, scale)?),
+                Box::new(strip(a, scaled, scale)?),
+                Box::new(strip(b, scaled, scale)?),
+            ),
+        })
+    }
+    let mut scale = None;
+    match strip(score, &scaled, &mut scale) {
+        Some(rest) if scale.is_some() => (rest, scale),
         _ => (score.clone(), None),
     }
 }
@@ -236,7 +275,8 @@ impl FlashAnalysis {
     /// Analyses `spec` whose query is scaled by `q_scale` (folded from the graph).
     pub fn of(spec: &FlashSpec, q_scale: Option<ScoreExpr>) -> FlashAnalysis {
         let rank = spec.rank;
-        let (score, own) = split_scale(&spec.score);
+        // A mask that reads the score sees `s` as written: the scale stays in the score then.
+        let (score, own) = if spec.mask.as_ref().is_some_and(reads_score) { (spec.score.clone(), None) } else { split_scale(&spec.score) };
         let alpha = match (own, q_scale) {
             (Some(a), Some(c)) => Some(ScoreExpr::bin(BinaryOp::Mul, a, c)),
             (a, c) => a.or(c),

@@ -269,6 +269,17 @@ fn score_scales_split_from_positions() {
     assert!(a.is_some());
     // A position-dependent factor stays in the per-element code.
     assert_eq!(split_scale(&e("s * (j - i)")), (e("s * (j - i)"), None));
+    // Soft-capping: the division inside tanh rides on the product, and tanh(s) can be staged.
+    let (s, a) = split_scale(&e("50.0 * tanh(s / 50.0)"));
+    assert_eq!(s, e("50.0 * tanh(s)"));
+    assert_eq!(a, Some(e("1.0 / 50.0")));
+    assert_eq!(tanh_staged(&s), Some(e("50.0 * s")));
+    // Every use at the one scale, in a select and a bias too.
+    assert_eq!(split_scale(&e("where(s * 2.0 > 0.0, s * 2.0, 0.0) + x0[h]")), (e("where(s > 0.0, s, 0.0) + x0[h]"), Some(e("2.0"))));
+    // The score also read bare, at two scales, or scaled by a position: nothing splits.
+    for t in ["tanh(s / 50.0) + s", "tanh(s / 50.0) + s * 2.0", "tanh(s / 50.0) * (s * j)", "tanh(s / j)"] {
+        assert_eq!(split_scale(&e(t)), (e(t), None), "{t}");
+    }
 }
 
 #[test]
