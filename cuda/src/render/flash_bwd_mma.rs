@@ -526,10 +526,10 @@ impl Cx<'_> {
         body.push("// dV += Pᵀ d_out, dK += dSᵀ Q".into());
         body.extend(self.accumulate("dv_", "s_", "Eb_"));
         body.extend(self.accumulate("dk_", "dp_", "Cb_"));
-        body.extend(self.wg_lines(&["attnc_wg_wait0();  // before the buffers are reused"]));
         if let Some(acc) = &f.dq_accum {
             body.extend(self.dq_added(acc)?);
         }
+        body.extend(self.wg_lines(&["attnc_wg_wait0();  // before the buffers are reused"]));
         out.extend(self.half_tiles(&QUERY_HALVES, &stage, self.stage_stats("HB_", "x0_")?, body)?);
         if let Some(dk) = &f.dk {
             out.extend(self.store_rows("dk_", dk, "dkoff_", "qscale_", "N_", "D_")?);
