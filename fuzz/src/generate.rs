@@ -63,6 +63,10 @@ const CAPS: &[&str] = &["1.0", "5.0", "20.0", "50.0", "0.5"];
 struct Needs {
     slopes: bool,
     bias: bool,
+    /// The largest clamp radius `K` of the relative-bias gathers: the table needs `2 K + 1`
+    /// entries per head (a gather out of range is an error, in the interpreter as on every
+    /// target).
+    bias_radius: i64,
     seg: bool,
     len: bool,
     consts: Vec<(String, String)>,
@@ -71,15 +75,23 @@ struct Needs {
 impl Needs {
     /// An integer constant: a `const` item or the literal itself.
     fn int(&mut self, u: &mut Unstructured, name: &str, range: std::ops::RangeInclusive<i64>) -> Result<String> {
+        Ok(self.int_valued(u, name, range)?.0)
+    }
+
+    /// [`Self::int`] and the value it stands for.
+    fn int_valued(&mut self, u: &mut Unstructured, name: &str, range: std::ops::RangeInclusive<i64>) -> Result<(String, i64)> {
         let value = u.int_in_range(range)?;
         if u.ratio(1, 2)? {
             // A second use of the name keeps the first value.
-            if !self.consts.iter().any(|(n, _)| n == name) {
-                self.consts.push((name.to_string(), value.to_string()));
+            match self.consts.iter().find(|(n, _)| n == name) {
+                Some((_, first)) => Ok((name.to_string(), first.parse().unwrap_or(value))),
+                None => {
+                    self.consts.push((name.to_string(), value.to_string()));
+                    Ok((name.to_string(), value))
+                }
             }
-            Ok(name.to_string())
         } else {
-            Ok(value.to_string())
+            Ok((value.to_string(), value))
         }
     }
 }
@@ -213,7 +225,8 @@ pub fn generate(u: &mut Unstructured) -> Result<Case> {
     }
     if needs.bias {
         params.push("bias: f32[H, R]".to_string());
-        dims.push(("R".to_string(), u.int_in_range(1..=7)?));
+        // Room for every offset the gathers read, and sometimes entries no offset reaches.
+        dims.push(("R".to_string(), 2 * needs.bias_radius + 1 + u.int_in_range(0..=2)?));
     }
     if needs.seg {
         params.push("seg: i32[B, S]".to_string());
@@ -295,7 +308,8 @@ fn modification(u: &mut Unstructured, shape: &Shape, needs: &mut Needs, p: &str)
         }
         4 if shape.rank4 => {
             needs.bias = true;
-            let k = needs.int(u, "K", 0..=3)?;
+            let (k, radius) = needs.int_valued(u, "K", 0..=3)?;
+            needs.bias_radius = needs.bias_radius.max(radius);
             format!("{p} + bias[h, clamp(j - i, -{k}, {k}) + {k}]")
         }
         4 => format!("{p} - {c} * abs(i - j)"),
