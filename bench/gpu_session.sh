@@ -131,8 +131,21 @@ while [ $i -lt ${#steps[@]} ]; do
         echo "== wgmma"
         ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 240 "$TESTS" gpu_tests::flash_kernels gpu_tests::flash_backward gpu_tests::device_tensors \
             --test-threads 2 --nocapture > "$OUT/tests-wgmma.log" 2>&1
-        echo "wgmma tests: exit $?"
+        rc=$?
+        echo "wgmma tests: exit $rc"
         grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20
+        if [ "$rc" != 0 ]; then
+            # Whether the forward's pipelined tile is what fails: the forward tests again on the
+            # unpipelined one; if they pass there, the later steps of this session use it.
+            ATTNC_NVRTC_OPTIONS=-DATTNC_WG_SYNC ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 120 "$TESTS" gpu_tests::flash_kernels \
+                --test-threads 2 --nocapture > "$OUT/tests-wgsync.log" 2>&1
+            rc_sync=$?
+            echo "wgmma forward tests without the pipelined tile (-DATTNC_WG_SYNC): exit $rc_sync"
+            if [ "$rc_sync" = 0 ]; then
+                export ATTNC_NVRTC_OPTIONS=-DATTNC_WG_SYNC
+                echo "the rest of this session compiles with ATTNC_NVRTC_OPTIONS=$ATTNC_NVRTC_OPTIONS"
+            fi
+        fi
         for kind in none causal alibi softcap; do
             program "$kind" "/tmp/attnc-wg-$kind.attn"
         done
@@ -152,8 +165,8 @@ while [ $i -lt ${#steps[@]} ]; do
             for spec in "causal 128 4096" "none 128 4096" "causal 64 4096" "causal 128 1024"; do
                 set -- $spec
                 for mode in wgmma mma; do
-                    opts=""
-                    [ "$mode" = mma ] && opts=-DATTNC_NO_WGMMA_BWD
+                    opts="${ATTNC_NVRTC_OPTIONS:-}"
+                    [ "$mode" = mma ] && opts="$opts -DATTNC_NO_WGMMA_BWD"
                     ms=$(ATTNC_NVRTC_OPTIONS=$opts timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --grad --json --iters 10 --warmup 2 \
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
                     echo "round $round training $1 D=$2 S=$3 backward on $mode: $ms ms"
