@@ -643,14 +643,21 @@ pub fn compiler_or_skip(test: &str) -> Result<bool, String> {
 }
 
 /// The device policy of the emulation (a small device: few SMs, so decodes split little;
-/// `ATTNC_CUDA_MMA_ROWS` as on the device).
+/// `ATTNC_CUDA_MMA_ROWS` and the other knobs as on the device).
 fn policy() -> Policy {
+    policy_for(false)
+}
+
+/// [`policy`] for kernels compiled with Hopper's warpgroup products (`ATTNC_WGMMA` 1) or not.
+fn policy_for(wgmma: bool) -> Policy {
     Policy::Cuda(CudaPolicy {
         sm_count: 2,
         max_smem_per_block: 232_448,
         mma_rows: super::mma_rows_knob(),
         simt_backward: super::simt_backward_knob(),
         deterministic_backward: super::deterministic_backward_knob(),
+        wgmma,
+        kv_stages: super::kv_stages_knob(),
     })
 }
 
@@ -720,7 +727,8 @@ pub(crate) fn emulate_edited(
     let mut run_env = env.clone();
     attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
     let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);
-    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy(), &data).map_err(|e| e.to_string())?;
+    let wgmma = defines.iter().any(|(n, v)| n == "ATTNC_WGMMA" && *v != 0);
+    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy_for(wgmma), &data).map_err(|e| e.to_string())?;
     prep.defines.extend(defines.iter().cloned());
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;

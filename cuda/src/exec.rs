@@ -116,6 +116,8 @@ impl Gpu {
             mma_rows: super::mma_rows_knob(),
             simt_backward: super::simt_backward_knob(),
             deterministic_backward: super::deterministic_backward_knob(),
+            wgmma: self.info.arch == "sm_90a",
+            kv_stages: super::kv_stages_knob(),
         })
     }
 

@@ -46,6 +46,12 @@ pub(crate) fn mma_rows_knob() -> Option<i64> {
     std::env::var("ATTNC_CUDA_MMA_ROWS").ok().and_then(|s| s.trim().parse::<i64>().ok())
 }
 
+/// `ATTNC_CUDA_KV_STAGES=1|2`: the tensor-core flash forward's K/V stages on Hopper, instead of
+/// the policy's choice (for comparing; see `CudaPolicy::mma_kv_stages`).
+pub(crate) fn kv_stages_knob() -> Option<i64> {
+    std::env::var("ATTNC_CUDA_KV_STAGES").ok().and_then(|s| s.trim().parse::<i64>().ok())
+}
+
 /// `ATTNC_CUDA_BWD=simt`: every flash backward on the SIMT kernel (for comparing it with the
 /// tensor-core one).
 pub(crate) fn simt_backward_knob() -> bool {

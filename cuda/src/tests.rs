@@ -241,8 +241,13 @@ pub(crate) fn flash_graphs() -> Vec<(&'static str, Graph, f64)> {
 }
 
 /// The compile-time values of every flash step (forward and backward) of `s` at head width
-/// `hd`, with `tiles` query m-tiles per warp for the tensor-core forward.
+/// `hd`, with `tiles` query m-tiles per warp for the tensor-core forward (one K/V stage).
 fn head_defines(s: &Schedule, hd: i64, tiles: i64) -> Vec<(String, i64)> {
+    staged_head_defines(s, hd, tiles, 1)
+}
+
+/// [`head_defines`] with `stages` K/V stages for the tensor-core forward.
+fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64) -> Vec<(String, i64)> {
     let mut defines = Vec::new();
     for (n, step) in s.steps.iter().enumerate() {
         match &step.kernel {
@@ -252,6 +257,7 @@ fn head_defines(s: &Schedule, hd: i64, tiles: i64) -> Vec<(String, i64)> {
                 if f.variant == Variant::TensorCore {
                     defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
                     defines.push((format!("ATTNC_MT_{n}"), tiles));
+                    defines.push((format!("ATTNC_KS_{n}"), stages));
                 }
             }
             _ => {}
@@ -284,8 +290,8 @@ fn flash_kernels_compile_for_every_head_width() {
 
 /// The tensor-core kernels' Hopper path: NVRTC for `sm_90a` defines `ATTNC_WGMMA` (and plain
 /// `sm_90` does not), and every flash graph compiles there at the widths that take `wgmma`
-/// (forward: 64 and 128, two m-tiles per warp, and 128 with one; backward: 64 and 128),
-/// spills reported.
+/// (forward: 64 and 128, two m-tiles per warp with two K/V stages, 128 with one stage and with
+/// one m-tile; backward: 64 and 128), spills reported.
 #[test]
 fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     if nvrtc_or_skip("flash_kernels_compile_for_hoppers_warpgroup_products").is_none() {
@@ -305,8 +311,8 @@ fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&g);
-        for (hd, tiles) in [(64, 2), (128, 2), (128, 1)] {
-            jobs.push((format!("{label} HD={hd} MT={tiles}"), p.source.clone(), head_defines(&s, hd, tiles)));
+        for (hd, tiles, stages) in [(64, 2, 2), (128, 2, 2), (128, 2, 1), (128, 1, 1)] {
+            jobs.push((format!("{label} HD={hd} MT={tiles} KS={stages}"), p.source.clone(), staged_head_defines(&s, hd, tiles, stages)));
         }
         // The backward too (additive scores have none fused).
         if !text.contains("additive(") {

@@ -116,12 +116,27 @@ pub struct CudaPolicy {
     /// runs give the same bits. Off: the key items add `dQ` atomically ([`Policy::flash_bwd_atomic_dq`]).
     /// `ATTNC_CUDA_BWD=deterministic`, read by the runtime.
     pub deterministic_backward: bool,
+    /// The kernels are compiled with Hopper's warpgroup products (`sm_90a`), so the tensor-core
+    /// flash forward can take K/V stages of its own ([`CudaPolicy::mma_kv_stages`]).
+    pub wgmma: bool,
+    /// K/V stages of the tensor-core flash forward on Hopper (1 or 2), instead of
+    /// [`CudaPolicy::mma_kv_stages`]'s choice: a knob for comparing (`ATTNC_CUDA_KV_STAGES`,
+    /// read by the runtime); every choice computes the same result.
+    pub kv_stages: Option<i64>,
 }
 
 impl Default for CudaPolicy {
     /// An A100-like device (108 SMs, 163 KiB of shared memory per block).
     fn default() -> CudaPolicy {
-        CudaPolicy { sm_count: 108, max_smem_per_block: 166_912, mma_rows: None, simt_backward: false, deterministic_backward: false }
+        CudaPolicy {
+            sm_count: 108,
+            max_smem_per_block: 166_912,
+            mma_rows: None,
+            simt_backward: false,
+            deterministic_backward: false,
+            wgmma: false,
+            kv_stages: None,
+        }
     }
 }
 
@@ -409,6 +424,26 @@ impl CudaPolicy {
         }
     }
 
+    /// The tensor-core flash forward's K/V stages in shared memory for a padded head width,
+    /// `tiles` m-tiles per warp and key tiles of `keys`: 2 where Hopper's pipelined tile runs
+    /// (warpgroup products at widths 64 and 128, keys 64, two m-tiles) and both stages fit in
+    /// [`CudaPolicy::max_smem_per_block`] (the next tile's K and V are copied during a whole
+    /// tile, one barrier per tile), else 1 (K and V copied in turn, two barriers per tile).
+    /// `kv_stages` overrides it where 2 is possible.
+    pub fn mma_kv_stages(&self, head: i64, keys: i64, tiles: i64) -> i64 {
+        let possible = self.wgmma
+            && head % 64 == 0
+            && head <= 128
+            && keys == 64
+            && tiles == 2
+            && mma_smem_bytes(head, keys, tiles, 2) <= i64::from(self.max_smem_per_block);
+        match self.kv_stages {
+            _ if !possible => 1,
+            Some(k) => k.clamp(1, 2),
+            None => 2,
+        }
+    }
+
     /// Key splits of a split-KV decode: enough warps to cover the device about 8 times over,
     /// at most one per chunk of [`CUDA_LANE_KEYS`] keys.
     pub fn decode_splits(&self, batch: i64, n: i64) -> i64 {
@@ -416,4 +451,13 @@ impl CudaPolicy {
         let target = i64::from(self.sm_count.max(1)) * 32;
         ((target + batch.max(1) - 1) / batch.max(1)).clamp(1, chunks.max(1))
     }
+}
+
+/// The dynamic shared memory of the tensor-core flash forward: Q's block of `64 · tiles` rows
+/// and `stages` K and V tiles of `keys` rows, at the padded head width. One stage: rows skewed
+/// by 8 halves (`mma.sync`; Hopper's swizzled tiles take the skew's bytes for their 1024-byte
+/// alignment). Two (Hopper only): unskewed swizzled tiles and the alignment's 1024 bytes.
+pub fn mma_smem_bytes(head: i64, keys: i64, tiles: i64, stages: i64) -> i64 {
+    let rows = CUDA_MMA_ROWS * tiles;
+    if stages >= 2 { (rows + 2 * stages * keys) * head * 2 + 1024 } else { (rows + 2 * keys) * (head + 8) * 2 }
 }

@@ -488,22 +488,17 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.push("  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] = 0.0f; o_[mt_][t_][1] = 0.0f; o_[mt_][t_][2] = 0.0f; o_[mt_][t_][3] = 0.0f; }".into());
     it.push("}".into());
     it.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
+    it.push(format!("#if ATTNC_WGS_{step}"));
+    it.extend(wg_staged_loop(fl, &p, pack, bf16)?);
+    it.push("#else".into());
     // Pipelined as FlashAttention-2 does, one K and one V buffer: V(t) is copied while S(t) =
     // Q K(t)ᵀ and the softmax run, and K(next) while O += P V(t).
-    it.push("i64 kt_ = 0;".into());
-    it.push(format!("while (kt_ < nkt_ && {}) ++kt_;  // first live tile", Flash::skipped("kt_")));
+    it.extend(first_live_tile());
     it.push("if (kt_ < nkt_) {".into());
     it.extend(indent(&mma_stage(fl, 'k', "kt_ * BN_")?, 2));
     it.push("}".into());
     it.push("while (kt_ < nkt_) {".into());
-    let mut tile = vec![
-        Flash::class_line("kt_"),
-        "i64 nx_ = kt_ + 1;".into(),
-        format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
-        "const i64 k0_ = kt_ * BN_;".into(),
-        "attnc_cp_wait_all();".into(),
-    ];
-    tile.extend(proxy_fence(step));
+    let mut tile = tile_top(step);
     tile.push("attnc_sync();  // K(kt) is in; every warp is done with V(previous)".into());
     tile.extend(mma_stage(fl, 'v', "k0_")?);
     // V(kt) in, K(kt) free: then K(next) is copied while the products with V(kt) run.
@@ -514,7 +509,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     swap.extend(indent(&mma_stage(fl, 'k', "nx_ * BN_")?, 2));
     swap.push("}".into());
     tile.push(format!("#if ATTNC_WGP_{step}"));
-    tile.extend(wg_pipelined(fl, &p, &swap, pack, bf16)?);
+    tile.extend(wg_pipelined(fl, &p, &swap, "0u", pack, bf16)?);
     tile.push("#else".into());
     tile.extend(mma_scores(mma, step, bf16));
     tile.extend(mma_weights(fl, &p, ALL_MTS)?);
@@ -524,6 +519,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     tile.push("kt_ = nx_;".into());
     it.extend(indent(&tile, 2));
     it.push("}".into());
+    it.push("#endif".into());
     it.extend(mma_finish(fl)?);
     let body = fl.blocks(items, pre, it);
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
@@ -550,6 +546,13 @@ fn mma_pre(step: usize) -> Vec<String> {
         format!("#define ATTNC_WGP_{step} 1"),
         "#else".into(),
         format!("#define ATTNC_WGP_{step} 0"),
+        "#endif".into(),
+        // Pipelined, with two K/V stages when the launch gave it room (ATTNC_KS_n, from the
+        // policy): wg_staged_loop.
+        format!("#if ATTNC_WGP_{step} && ATTNC_KS_{step} == 2"),
+        format!("#define ATTNC_WGS_{step} 1"),
+        "#else".into(),
+        format!("#define ATTNC_WGS_{step} 0"),
         "#endif".into(),
         format!("#if ATTNC_WG_{step}"),
         "// Q, K and V tiles 128-byte swizzled (prelude: attnc_wg_desc), from a 1024-byte aligned".into(),
@@ -725,9 +728,14 @@ fn mma_stage_setup(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
 /// 16-byte copies (zero-filled beyond the matrix) when `vec_`, element by element otherwise.
 /// Both end in a commit, so `attnc_cp_wait_all` then a barrier make the tile visible.
 fn mma_stage(fl: &Flash, which: char, k0: &str) -> Result<Vec<String>, CudaEmitError> {
+    mma_stage_to(fl, which, k0, if which == 'k' { "Ks_" } else { "Vs_" })
+}
+
+/// [`mma_stage`] into the tile at `buf` (a `u16*`; `{buf}s_` its shared address).
+fn mma_stage_to(fl: &Flash, which: char, k0: &str, buf: &str) -> Result<Vec<String>, CudaEmitError> {
     let step = fl.f.step;
     let contiguous = kv_unit_columns(fl);
-    let (buf, base, width) = if which == 'k' { ("Ks_", "K_", "D_") } else { ("Vs_", "V_", "DV_") };
+    let (base, width) = if which == 'k' { ("K_", "D_") } else { ("V_", "DV_") };
     let mut out = Vec::new();
     if contiguous {
         // 16-byte chunks, HD_ / 8 per row. When they divide the block's threads, each thread
@@ -796,14 +804,74 @@ fn proxy_fence(step: usize) -> Vec<String> {
     vec![format!("#if ATTNC_WG_{step}"), "attnc_fence_proxy();".into(), "#endif".into()]
 }
 
+/// `kt_`, the query block's first live key tile (`nkt_` when none is).
+fn first_live_tile() -> Vec<String> {
+    vec!["i64 kt_ = 0;".to_string(), format!("while (kt_ < nkt_ && {}) ++kt_;  // first live tile", Flash::skipped("kt_"))]
+}
+
+/// The top of key tile `kt_` in the tensor-core kernel: its class, the next live tile `nx_`,
+/// its first key `k0_`, and the wait for the copies in flight (fenced for the warpgroup
+/// products); a barrier follows.
+fn tile_top(step: usize) -> Vec<String> {
+    let mut out = vec![
+        Flash::class_line("kt_"),
+        "i64 nx_ = kt_ + 1;".into(),
+        format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
+        "const i64 k0_ = kt_ * BN_;".into(),
+        "attnc_cp_wait_all();".into(),
+    ];
+    out.extend(proxy_fence(step));
+    out
+}
+
+/// The key tiles on Hopper with two K/V stages (`ATTNC_WGS_n`): stage `st_` holds the tile being
+/// worked on while the next live tile's K and V are copied into the other, during the whole
+/// tile. At the top of each tile, one wait for the copies and one barrier (the copies are in,
+/// and every warp is done with the other stage, whose products were waited for in the tile
+/// before), then the next tile's copies, then the pipelined tile ([`wg_pipelined`]). Stage `s`
+/// is K then V at `2 s · BN_ · HD_` halves past stage 0 (`Ks_`, `Vs_`).
+fn wg_staged_loop(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
+    // Copies of tile `t`'s K and V into stage `st`, in a scope of their own.
+    let copies = |t: &str, st: &str| -> Result<Vec<String>, CudaEmitError> {
+        let k0 = format!("{t} * BN_");
+        let mut v = vec![
+            format!("u16* const Kn_ = Ks_ + ({st}) * (2 * BN_ * HD_);"),
+            format!("u16* const Vn_ = Vs_ + ({st}) * (2 * BN_ * HD_);"),
+            format!("const unsigned Kn_s_ = Ks_s_ + ({st}) * (4u * BN_ * HD_), Vn_s_ = Vs_s_ + ({st}) * (4u * BN_ * HD_);"),
+        ];
+        v.extend(mma_stage_to(fl, 'k', &k0, "Kn_")?);
+        v.extend(mma_stage_to(fl, 'v', &k0, "Vn_")?);
+        Ok(indent(&v, 2))
+    };
+    let mut out = first_live_tile();
+    out.push("int st_ = 0;  // the stage of tile kt_".into());
+    out.push("if (kt_ < nkt_) {".into());
+    out.extend(copies("kt_", "0")?);
+    out.push("}".into());
+    out.push("while (kt_ < nkt_) {".into());
+    let mut tile = tile_top(step);
+    tile.push("attnc_sync();  // K(kt) and V(kt) are in; every warp is done with the other stage".into());
+    tile.push("if (nx_ < nkt_) {".into());
+    tile.extend(copies("nx_", "st_ ^ 1")?);
+    tile.push("}".into());
+    tile.push("const unsigned kvo_ = (unsigned)st_ * (4u * BN_ * HD_);  // stage st_'s bytes past stage 0".into());
+    tile.extend(wg_pipelined(fl, p, &[], "kvo_", pack, bf16)?);
+    tile.push("st_ ^= 1;".into());
+    tile.push("kt_ = nx_;".into());
+    out.extend(indent(&tile, 2));
+    out.push("}".into());
+    Ok(out)
+}
+
 /// One key tile on Hopper with two m-tiles, pipelined within the warpgroup (FlashAttention-3's
 /// overlap of softmax and products, between the block's two m-tiles): both score products are
 /// issued, m-tile 0's weights are formed while m-tile 1's scores are still on the tensor
 /// cores, then m-tile 0's `O += P V` is issued and m-tile 1's weights are formed while it runs.
 /// Each wait is followed by `attnc_wg_hold` on the accumulators it made ready. `swap` (the
-/// barrier after which K(kt) is free and K(next)'s copy starts) comes once both score
-/// products are done.
-fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+/// barrier after which K(kt) is free and K(next)'s copy starts; none with two stages) comes once
+/// both score products are done. `kv`: the byte offset of the tile's K/V stage.
+fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], kv: &str, pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
     let t = if bf16 { 'b' } else { 'h' };
     let scores = |mt: usize| -> Vec<String> {
         vec![
@@ -811,7 +879,7 @@ fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], pack: &str, bf16: boo
             "for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into(),
             format!("  attnc_wg_ss_{t}64(&s_[{mt}][0][0],"),
             format!("    attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + {mt} * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),"),
-            "    attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);".into(),
+            format!("    attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);"),
             "attnc_wg_commit();".into(),
         ]
     };
@@ -827,7 +895,9 @@ fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], pack: &str, bf16: boo
             "attnc_wg_fence();".into(),
             "#pragma unroll".into(),
             "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
-            "  const unsigned long long vd_ = attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);".into(),
+            format!(
+                "  const unsigned long long vd_ = attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);"
+            ),
             format!("  if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
             format!("  else attnc_wg_rs_{t}128_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
             "}".into(),

@@ -3,7 +3,7 @@
 //! by the CUDA runtime and the host emulation.
 
 use super::{CudaProgram, Smem, storage_bytes};
-use attn_compiler::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_BWD_BLOCK, CUDA_MMA_ROWS, CUDA_SIMT_ROWS};
+use attn_compiler::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_BWD_BLOCK, CUDA_SIMT_ROWS};
 use attn_compiler::schedule::{Prepared, Schedule};
 use thiserror::Error;
 
@@ -92,7 +92,7 @@ pub fn launches(
             }
             Smem::FlashMma(s) => {
                 let (hd, bn, mt) = (define("HD", s, "head width")?, define("BN", s, "key tile")?, define("MT", s, "m-tiles")?);
-                (CUDA_MMA_ROWS * mt + 2 * bn) * (hd + 8) * 2
+                attn_compiler::schedule::policy::mma_smem_bytes(hd, bn, mt, define("KS", s, "K/V stages")?)
             }
         };
         if smem > i64::from(limits.max_smem_per_block) {

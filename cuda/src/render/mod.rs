@@ -308,6 +308,10 @@ fn preamble(schedule: &Schedule) -> String {
                     src,
                     "#ifndef ATTNC_MT_{s}\n#define ATTNC_MT_{s} 2 // query m-tiles per warp of step {s}; set from the dims\n#endif"
                 );
+                let _ = writeln!(
+                    src,
+                    "#ifndef ATTNC_KS_{s}\n#define ATTNC_KS_{s} 1 // K/V stages of step {s} (2: Hopper's, when the launch has room)\n#endif"
+                );
             }
         }
     }

@@ -101,7 +101,7 @@ fn launches_follow_the_prepared_work() {
     for (rows, tiles) in [(None, 2), (Some(64), 1)] {
         let policy = Policy::Cuda(CudaPolicy { mma_rows: rows, ..CudaPolicy::default() });
         let prep = prepare(&s, &env, &policy).expect("prepares");
-        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles)].map(|(k, v)| (k.to_string(), v));
+        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles), ("ATTNC_KS_0", 1)].map(|(k, v)| (k.to_string(), v));
         assert_eq!(prep.defines, defines.to_vec());
         let ready = launches(&p, &s, &prep, &limits).expect("launches");
         // 6 batch indices × the query blocks; the merge has no work (no split).
@@ -130,6 +130,33 @@ fn mma_row_tiles_follow_the_head_width_and_the_knob() {
     // More rows than the width allows, or an odd request, is clamped, never an error.
     assert_eq!([64, 256].map(|hd| with(Some(128)).mma_row_tiles(hd)), [2, 1]);
     assert_eq!([with(Some(1)).mma_row_tiles(64), with(Some(4096)).mma_row_tiles(64)], [1, 2]);
+}
+
+#[test]
+fn kv_stages_follow_hoppers_pipelined_tile_and_the_room() {
+    let hopper = CudaPolicy { wgmma: true, max_smem_per_block: 232_448, ..CudaPolicy::default() };
+    // Two stages where the pipelined tile runs (widths 64 and 128, keys 64, two m-tiles).
+    assert_eq!([(64, 64, 2), (128, 64, 2)].map(|(h, k, t)| hopper.mma_kv_stages(h, k, t)), [2, 2]);
+    // One elsewhere: other widths, one m-tile, no warpgroup products, too little room, the knob.
+    assert_eq!([(96, 64, 2), (256, 32, 1), (128, 64, 1)].map(|(h, k, t)| hopper.mma_kv_stages(h, k, t)), [1, 1, 1]);
+    assert_eq!(CudaPolicy { wgmma: false, ..hopper }.mma_kv_stages(128, 64, 2), 1);
+    assert_eq!(CudaPolicy { max_smem_per_block: 99_000, ..hopper }.mma_kv_stages(128, 64, 2), 1);
+    assert_eq!(CudaPolicy { kv_stages: Some(1), ..hopper }.mma_kv_stages(128, 64, 2), 1);
+    assert_eq!(CudaPolicy { kv_stages: Some(7), ..hopper }.mma_kv_stages(64, 64, 2), 2);
+    // The launch gives the kernel the stages' bytes: Q's 128 rows and two K and V tiles at
+    // width 128, plus 1024 for the swizzle's alignment; one stage keeps the skewed rows.
+    let g = flash_graph("f16", "B, H, S, D", "B, H, S, D", "s", None, "softmax");
+    for (policy, bytes) in
+        [(hopper, (128 + 4 * 64) * 128 * 2 + 1024), (CudaPolicy { kv_stages: Some(1), ..hopper }, (128 + 2 * 64) * 136 * 2)]
+    {
+        let policy = Policy::Cuda(policy);
+        let s = schedule(&g, &policy).expect("schedules");
+        let env: HashMap<String, i64> = [("B", 1), ("H", 2), ("S", 300), ("D", 128)].map(|(k, v)| (k.to_string(), v)).into();
+        let prep = prepare(&s, &env, &policy).expect("prepares");
+        let program = render(&s).expect("renders");
+        let ready = launches(&program, &s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).expect("launches");
+        assert_eq!(ready[0].smem_bytes, bytes as u32);
+    }
 }
 
 #[test]
