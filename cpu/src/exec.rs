@@ -66,6 +66,10 @@ pub fn run(items: &[i64], funcs: &[StepFn], args: Args, threads: usize) -> std::
         }
         return Ok(());
     }
+    if let Some(omp) = openmp::shared() {
+        omp.run(&Job::new(items, funcs, args, threads));
+        return Ok(());
+    }
     match Pool::global().and_then(|pool| pool.try_run(items, funcs, args, threads)) {
         Some(result) => result,
         None => run_scoped(items, funcs, args, threads),
@@ -86,6 +90,16 @@ impl Job<'_> {
     fn new<'a>(items: &'a [i64], funcs: &'a [StepFn], args: Args, threads: usize) -> Job<'a> {
         let counters = items.iter().map(|_| AtomicI64::new(0)).collect();
         Job { items, funcs, args, threads, counters, barrier: SpinBarrier::new(threads) }
+    }
+
+    /// Every step on the calling thread alone (thread 0's scratch): what a team of the wrong
+    /// size does instead of [`Job::work`].
+    fn work_alone(&self) {
+        for (f, n) in self.funcs.iter().zip(self.items) {
+            if *n > 0 {
+                self.args.call(*f, 0, *n, 0);
+            }
+        }
     }
 
     /// Thread `t`'s part: chunks of each step's items, then the barrier before the next step.
@@ -327,6 +341,133 @@ impl Gate {
                 return run;
             }
             state = self.opened.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Runs on the team of an OpenMP runtime the process has already loaded (PyTorch's `libgomp`)
+/// instead of attnc's own pool, when asked to ([`share`]). Called from PyTorch, attnc's workers
+/// would otherwise share the cores with OpenMP's, which spin a while after every parallel
+/// operation of PyTorch's (libgomp's default wait policy) and so take much of a core from an
+/// attnc run made just then; on OpenMP's team those same threads run attnc's work items. The
+/// runtime is reached through GNU libgomp's ABI (`GOMP_parallel`, `omp_get_thread_num`,
+/// `omp_get_num_threads`), which LLVM's and Intel's OpenMP runtimes export too.
+pub mod openmp {
+    use super::Job;
+    use std::ffi::{c_int, c_uint, c_void};
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, RwLock};
+
+    type Parallel = unsafe extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint);
+    type Query = unsafe extern "C" fn() -> c_int;
+
+    /// The OpenMP runtime in use.
+    pub(super) struct Team {
+        parallel: Parallel,
+        thread_num: Query,
+        num_threads: Query,
+        path: PathBuf,
+        /// The process that loaded it: a forked child (whose OpenMP threads did not survive
+        /// the fork) runs on attnc's own pool.
+        pid: u32,
+        _lib: libloading::Library,
+    }
+
+    static SHARED: RwLock<Option<Arc<Team>>> = RwLock::new(None);
+
+    /// Why an OpenMP runtime cannot be used.
+    #[derive(Debug, thiserror::Error)]
+    pub enum OpenMpError {
+        /// It is not loaded in this process (it is only ever used, never loaded).
+        #[error("{path}: not an OpenMP runtime loaded in this process ({reason})")]
+        NotLoaded {
+            /// The library asked for.
+            path: PathBuf,
+            /// The loader's or the symbol lookup's message.
+            reason: String,
+        },
+        /// Not on this operating system.
+        #[error("sharing an OpenMP runtime's threads is supported on Linux only")]
+        Unsupported,
+    }
+
+    /// Runs multi-threaded steps on the team of the OpenMP runtime at `path`, already loaded in
+    /// this process (the library is looked up, never loaded; asking for one that is not loaded
+    /// is an error and changes nothing). `None` goes back to attnc's own pool.
+    pub fn share(path: Option<&Path>) -> Result<(), OpenMpError> {
+        let team = match path {
+            None => None,
+            Some(path) => Some(Arc::new(open(path)?)),
+        };
+        if let Ok(mut shared) = SHARED.write() {
+            *shared = team;
+        }
+        Ok(())
+    }
+
+    /// The OpenMP runtime whose team runs multi-threaded steps, if any ([`share`]).
+    pub fn shared_path() -> Option<PathBuf> {
+        shared().map(|t| t.path.clone())
+    }
+
+    pub(super) fn shared() -> Option<Arc<Team>> {
+        let team = SHARED.read().ok()?.clone()?;
+        (team.pid == std::process::id()).then_some(team)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn open(path: &Path) -> Result<Team, OpenMpError> {
+        use libloading::os::unix::{Library, RTLD_NOW};
+        /// glibc's and musl's `RTLD_NOLOAD`: only a library already loaded.
+        const RTLD_NOLOAD: c_int = 4;
+        let fail = |reason: String| OpenMpError::NotLoaded { path: path.to_path_buf(), reason };
+        // SAFETY: RTLD_NOLOAD loads nothing: no initialiser runs; the handle keeps the library
+        // loaded while the team is in use.
+        let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_NOLOAD) }.map_err(|e| fail(e.to_string()))?;
+        // SAFETY: the symbols have these C signatures in libgomp's ABI.
+        let (parallel, thread_num, num_threads) = unsafe {
+            let parallel = *lib.get::<Parallel>(b"GOMP_parallel\0").map_err(|e| fail(e.to_string()))?;
+            let thread_num = *lib.get::<Query>(b"omp_get_thread_num\0").map_err(|e| fail(e.to_string()))?;
+            let num_threads = *lib.get::<Query>(b"omp_get_num_threads\0").map_err(|e| fail(e.to_string()))?;
+            (parallel, thread_num, num_threads)
+        };
+        Ok(Team { parallel, thread_num, num_threads, path: path.to_path_buf(), pid: std::process::id(), _lib: lib.into() })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open(_: &Path) -> Result<Team, OpenMpError> {
+        Err(OpenMpError::Unsupported)
+    }
+
+    /// A run and the runtime it runs on, handed to every thread of the team.
+    struct Region<'a, 'j> {
+        job: &'a Job<'j>,
+        team: &'a Team,
+    }
+
+    /// One team thread's part: [`Job::work`] when the team has the run's thread count (every
+    /// thread sees the same count), else the whole run on thread 0 (a nested region of one).
+    extern "C" fn body(data: *mut c_void) {
+        // SAFETY: `data` is the `Region` that `Team::run` keeps alive until `GOMP_parallel`
+        // returns, which is after every thread of the team has left this function.
+        let region = unsafe { &*(data as *const Region) };
+        // SAFETY: OpenMP queries, valid inside a parallel region.
+        let (t, n) = unsafe { ((region.team.thread_num)(), (region.team.num_threads)()) };
+        let (t, n) = (usize::try_from(t).unwrap_or(0), usize::try_from(n).unwrap_or(0));
+        if n == region.job.threads {
+            region.job.work(t);
+        } else if t == 0 {
+            region.job.work_alone();
+        }
+    }
+
+    impl Team {
+        /// Runs `job` on a team of `job.threads` threads.
+        pub(super) fn run(&self, job: &Job) {
+            let region = Region { job, team: self };
+            let threads = c_uint::try_from(job.threads).unwrap_or(c_uint::MAX);
+            // SAFETY: `body` reads `region` only during the call, which waits for the team.
+            unsafe { (self.parallel)(body, &region as *const Region as *mut c_void, threads, 0) };
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod render;
 mod shape;
 
 pub use attn_kernels as kernels;
+pub use exec::openmp;
 pub use render::{ClifText, CodegenError, CpuModule, Features, TEXT_FEATURES};
 pub use shape::AllocStats;
 

@@ -184,6 +184,9 @@ class Program:
         if torch is not None and not all(type(a) is np.ndarray for a in (*args, *named.values())):
             if any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values())):
                 return self._run_cuda(torch, args, named, dims)
+            if "attnc.torch" not in sys.modules:
+                # Torch tensors: attnc.torch hands multi-threaded runs to PyTorch's OpenMP team.
+                from . import torch as _attnc_torch  # noqa: F401
         if not all(type(a) is np.ndarray for a in args):
             converted = []
             for a in args:

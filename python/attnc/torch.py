@@ -12,10 +12,44 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from . import Program, _bind
+from . import Program, _attnc, _bind
 from ._errors import ArgumentError, DTypeError, LayoutError, ShapeError
 
 _FLOAT = ("f32", "f16", "bf16")
+
+
+def _torch_openmp() -> Optional[str]:
+    """The OpenMP runtime PyTorch loaded (its ``libgomp``, or Intel's or LLVM's), from the
+    process's memory map; ``None`` when there is none, off Linux, or with ``ATTNC_OPENMP=0``."""
+    import os
+
+    if os.environ.get("ATTNC_OPENMP", "").strip() == "0" or "OpenMP" not in _torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split(None, 5)[-1].strip() for line in maps if line.count(" ") >= 5]
+    except OSError:
+        return None
+    for stem in ("libgomp", "libiomp5", "libomp"):
+        for path in paths:
+            if os.path.basename(path).startswith(stem + ".") or os.path.basename(path).startswith(stem + "-"):
+                return path
+    return None
+
+
+def _share_torch_threads() -> None:
+    """Multi-threaded attnc runs from here on go to PyTorch's OpenMP team (see python/README.md,
+    "Threads"): PyTorch's OpenMP threads spin for a while after each of its parallel operations,
+    and attnc's own threads would share the cores with them."""
+    path = _torch_openmp()
+    if path is not None:
+        try:
+            _attnc.share_openmp(path)
+        except OSError:
+            pass
+
+
+_share_torch_threads()
 
 
 def attention(prog: Program) -> Callable[..., Any]:

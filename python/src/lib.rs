@@ -126,6 +126,21 @@ fn clear_cache() {
     }
 }
 
+/// `share_openmp(path)`: multi-threaded CPU runs go to the team of the OpenMP runtime at `path`,
+/// already loaded in this process (PyTorch's `libgomp`), instead of attnc's own threads; `None`
+/// goes back to them. A library that is not loaded raises `OSError` and changes nothing.
+#[pyfunction]
+#[pyo3(signature = (path=None))]
+fn share_openmp(path: Option<std::path::PathBuf>) -> PyResult<()> {
+    attn_runtime::cpu::openmp::share(path.as_deref()).map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
+/// `shared_openmp()`: the OpenMP runtime whose team runs multi-threaded CPU runs, or `None`.
+#[pyfunction]
+fn shared_openmp() -> Option<std::path::PathBuf> {
+    attn_runtime::cpu::openmp::shared_path()
+}
+
 /// A failure found without the GIL, raised once it is held again.
 enum Failure {
     Compile(CompileError),
@@ -767,6 +782,8 @@ fn python_dims(message: &str) -> String {
 fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(clear_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(share_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_openmp, m)?)?;
     m.add_class::<Compiled>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

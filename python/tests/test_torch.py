@@ -138,3 +138,39 @@ def test_training_example_runs():
         assert e.code in (0, None)
     finally:
         sys.argv = argv
+
+
+def test_multi_threaded_runs_share_torchs_openmp_team():
+    # attnc.torch hands multi-threaded CPU runs to PyTorch's OpenMP team (its threads spin
+    # after PyTorch's parallel operations and would take the cores from attnc's own threads);
+    # the team gives the bits attnc's own threads give, forward and backward.
+    import os
+    import subprocess
+    import sys
+
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this PyTorch does not use OpenMP")
+    path = attnc._attnc.shared_openmp()
+    assert path is not None and os.path.basename(path).startswith(("libgomp", "libiomp5", "libomp"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        results = {}
+        for mode in ("team", "own"):
+            attnc._attnc.share_openmp(path if mode == "team" else None)
+            q, k, v = qkv(2, 4, 150, 32, seed=7, requires_grad=True)
+            out = attnc.torch.sdpa(q, k, v, is_causal=True)
+            out.backward(torch.ones_like(out))
+            results[mode] = [out.detach(), q.grad, k.grad, v.grad]
+        for a, b in zip(results["team"], results["own"]):
+            assert torch.equal(a, b)
+    finally:
+        attnc._attnc.share_openmp(path)
+        torch.set_num_threads(threads)
+    # A library that is not loaded is refused and changes nothing; ATTNC_OPENMP=0 opts out.
+    with pytest.raises(OSError, match="not an OpenMP runtime loaded"):
+        attnc._attnc.share_openmp("/nonexistent/libgomp.so.1")
+    assert attnc._attnc.shared_openmp() == path
+    code = "import attnc, attnc.torch; print(attnc._attnc.shared_openmp())"
+    env = dict(os.environ, ATTNC_OPENMP="0")
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip() == "None"
