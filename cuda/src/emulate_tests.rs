@@ -132,6 +132,8 @@ struct Case {
     deterministic: bool,
     /// The kernels' Hopper paths (`ATTNC_WGMMA` 1: the emulated warpgroup products).
     wgmma: bool,
+    /// With `wgmma`: the forward's unpipelined tile (`ATTNC_WG_SYNC`).
+    wg_sync: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -144,7 +146,10 @@ fn run_cases(cases: Vec<Case>) {
                 let env = sizes(&c.graph, &c.sizes);
                 let device = if c.optimise { Device::Compiled(&c.graph) } else { Device::AsWritten(&c.graph) };
                 let schedule = if c.deterministic { deterministic_device_graph(device) } else { device_graph(device) };
-                let defines = if c.wgmma { vec![("ATTNC_WGMMA".to_string(), 1)] } else { Vec::new() };
+                let mut defines = if c.wgmma { vec![("ATTNC_WGMMA".to_string(), 1)] } else { Vec::new() };
+                if c.wg_sync {
+                    defines.push(("ATTNC_WG_SYNC".to_string(), 1));
+                }
                 let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd, &defines)?;
                 let _ = std::fs::remove_dir_all(&wd);
                 if err > c.tol {
@@ -183,6 +188,7 @@ fn width_cases(
                 dir,
                 deterministic: false,
                 wgmma: false,
+                wg_sync: false,
             });
         }
     }
@@ -213,6 +219,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
                     dir,
                     deterministic: false,
                     wgmma: false,
+                    wg_sync: false,
                 });
             }
         }
@@ -279,8 +286,14 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
     let widths = |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == n % 2);
     let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 150), ("T", 150), ("M", 67), ("N", 45)];
     let mut cases = width_cases(graphs, "flash-wgmma", 5, widths, sizes);
-    for c in &mut cases {
+    // Every third case on the unpipelined tile (one K/V stage's loop, products waited at once).
+    for (n, c) in cases.iter_mut().enumerate() {
         c.wgmma = true;
+        c.wg_sync = n % 3 == 2;
+        if c.wg_sync {
+            c.label.push_str(" unpipelined");
+            c.dir.push_str("-sync");
+        }
     }
     run_cases(cases);
 }

@@ -594,17 +594,22 @@ fn rows_fit(d: &PagedRows, layout: gemm::Layout, n: usize, k: usize) -> bool {
 
 /// The product of a few rows of `A` with `B` read in place from a paged KV cache
 /// ([`PagedRows`]): the rows of `B` (`n` of them for `Nt`, `k` for `Nn`) must lie inside the
-/// table's row and the pool hold a page, else nothing is done.
+/// table's row and the pool hold a page, else nothing is done. With a `group` ([`HeadGroup`]),
+/// the product of every head of the group: for head `h`, `A`, `C` and each page's rows offset by
+/// the head's strides, the pages walked in memory order (`heads.rs`).
 ///
 /// # Safety
 /// `rows` points to a valid [`PagedRows`] whose table row holds `table_len` readable entries
 /// and whose every page (of the clamped ids) holds its rows' elements; `A` and `C` as
-/// [`attnc_sgemm_nt`].
+/// [`attnc_sgemm_nt`]. With a group: `group` points to a valid [`HeadGroup`], and the above
+/// holds for every head: head `h`'s rows lie at `h·b_stride` from each page's; `A_h` and `C_h`
+/// (at `h·a_stride`, `h·c_stride`) as [`attnc_sgemm_nt`] says, no `C_h` overlapping another
+/// head's `C` or any `A`.
 unsafe fn gemv_paged(
     layout: gemm::Layout,
     shape: (usize, usize, usize),
     a: (*const f32, usize),
-    rows: *const PagedRows,
+    (rows, group): (*const PagedRows, Option<*const HeadGroup>),
     c: (*mut f32, usize),
     alpha: f32,
     accumulate: u32,
@@ -615,16 +620,28 @@ unsafe fn gemv_paged(
     if !rows_fit(&d, layout, n, k) {
         return;
     }
-    let ldb = if layout == gemm::Layout::Nt { k } else { n };
-    let g = Gemm { m, n, k, lda: a.1, ldb, ldc: c.1, alpha, accumulate: accumulate != 0, isa: isa() };
-    // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
-    unsafe { gemv::run_paged(&g, layout, a.0, &d, c.0) }
+    match group {
+        None => {
+            let ldb = if layout == gemm::Layout::Nt { k } else { n };
+            let g = Gemm { m, n, k, lda: a.1, ldb, ldc: c.1, alpha, accumulate: accumulate != 0, isa: isa() };
+            // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
+            unsafe { gemv::run_paged(&g, layout, a.0, &d, c.0) }
+        }
+        Some(group) => {
+            // SAFETY: the caller's contract.
+            let g = unsafe { *group };
+            let s = heads::Shape { m, n, k, lda: a.1, ldc: c.1, alpha, accumulate: accumulate != 0 };
+            // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
+            unsafe { heads::run(isa(), layout, &s, a.0, &d, &g, c.0) }
+        }
+    }
 }
 
-/// Defines a C ABI entry point `fn(m, n, k, a, lda, rows, c, ldc, alpha, accumulate)` of the
-/// paged few-rows product of layout `$layout` ([`gemv_paged`]), `rows` a [`PagedRows`].
+/// Defines a C ABI entry point `fn(m, n, k, a, lda, rows, [group,] c, ldc, alpha, accumulate)`
+/// of the paged few-rows product of layout `$layout` ([`gemv_paged`]), `rows` a [`PagedRows`];
+/// with `group` (a [`HeadGroup`]), the grouped product.
 macro_rules! paged_entry {
-    ($(#[$doc:meta])* $name:ident, $layout:expr) => {
+    ($(#[$doc:meta])* $name:ident, $layout:expr $(, $group:ident)?) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -637,13 +654,15 @@ macro_rules! paged_entry {
             a: *const f32,
             lda: usize,
             rows: *const PagedRows,
+            $($group: *const HeadGroup,)?
             c: *mut f32,
             ldc: usize,
             alpha: f32,
             accumulate: u32,
         ) {
+            let groups: &[*const HeadGroup] = &[$($group)?];
             // SAFETY: forwarded.
-            unsafe { gemv_paged($layout, (m, n, k), (a, lda), rows, (c, ldc), alpha, accumulate) }
+            unsafe { gemv_paged($layout, (m, n, k), (a, lda), (rows, groups.first().copied()), (c, ldc), alpha, accumulate) }
         }
     };
 }
@@ -662,75 +681,20 @@ paged_entry!(
     gemm::Layout::Nn
 );
 
-/// The few-rows products of a group of heads against a paged KV cache ([`HeadGroup`]): for
-/// every head `h`, [`gemv_paged`]'s product with `A`, `C` and each page's rows offset by the
-/// head's strides, the pages walked in memory order (`heads.rs`). Nothing is done unless the
-/// rows lie inside the table and the pool holds a page.
-///
-/// # Safety
-/// As [`gemv_paged`] for every head: `group` points to a valid [`HeadGroup`]; head `h`'s rows
-/// lie at `h·b_stride` from each page's; `A_h` and `C_h` (at `h·a_stride`, `h·c_stride`)
-/// address what [`attnc_sgemm_nt`] says and no `C_h` overlaps another head's `C` or any `A`.
-unsafe fn gemv_paged_heads(
-    layout: gemm::Layout,
-    shape: (usize, usize, usize),
-    a: (*const f32, usize),
-    (rows, group): (*const PagedRows, *const HeadGroup),
-    c: (*mut f32, usize),
-    alpha: f32,
-    accumulate: u32,
-) {
-    let (m, n, k) = shape;
-    // SAFETY: the caller's contract.
-    let (d, g) = unsafe { (*rows, *group) };
-    if !rows_fit(&d, layout, n, k) {
-        return;
-    }
-    let s = heads::Shape { m, n, k, lda: a.1, ldc: c.1, alpha, accumulate: accumulate != 0 };
-    // SAFETY: forwarded from the caller's contract; rows inside the table, as checked.
-    unsafe { heads::run(isa(), layout, &s, a.0, &d, &g, c.0) }
-}
-
-/// Defines a C ABI entry point `fn(m, n, k, a, lda, rows, group, c, ldc, alpha, accumulate)`
-/// of the grouped paged product of layout `$layout` ([`gemv_paged_heads`]).
-macro_rules! paged_heads_entry {
-    ($(#[$doc:meta])* $name:ident, $layout:expr) => {
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// As [`gemv_paged_heads`].
-        #[allow(clippy::too_many_arguments)] // The C ABI is the point: one register or stack slot each.
-        pub unsafe extern "C" fn $name(
-            m: usize,
-            n: usize,
-            k: usize,
-            a: *const f32,
-            lda: usize,
-            rows: *const PagedRows,
-            group: *const HeadGroup,
-            c: *mut f32,
-            ldc: usize,
-            alpha: f32,
-            accumulate: u32,
-        ) {
-            // SAFETY: forwarded.
-            unsafe { gemv_paged_heads($layout, (m, n, k), (a, lda), (rows, group), (c, ldc), alpha, accumulate) }
-        }
-    };
-}
-
-paged_heads_entry!(
+paged_entry!(
     /// C ABI: [`attnc_gemv_nt_paged`] for a group of heads ([`HeadGroup`]), every head's key rows
     /// of a page read together.
     attnc_gemv_nt_paged_heads,
-    gemm::Layout::Nt
+    gemm::Layout::Nt,
+    group
 );
 
-paged_heads_entry!(
+paged_entry!(
     /// C ABI: [`attnc_gemv_nn_paged`] for a group of heads ([`HeadGroup`]), every head's value
     /// rows of a page read together.
     attnc_gemv_nn_paged_heads,
-    gemm::Layout::Nn
+    gemm::Layout::Nn,
+    group
 );
 
 /// C ABI: `dst[r·ldd + c] = src[r·lds + c]` for `r < rows`, `c < cols` (rows copied: a paged

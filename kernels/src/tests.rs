@@ -725,6 +725,18 @@ fn additive_scores_match_f64_on_every_path() {
     }
 }
 
+/// The rows of `pool` (pages of `page` rows, `row_stride` and `page_stride` elements apart,
+/// `pages` of them) through the first `table_len` entries of `table`, from key `first`.
+fn pool_rows(
+    pool: &[f32],
+    table: &[i32],
+    (row_stride, page_stride, page, pages): (usize, usize, usize, usize),
+    table_len: usize,
+    first: usize,
+) -> PagedRows {
+    PagedRows { base: pool.as_ptr(), row_stride, page_stride, page, pages, table: table.as_ptr(), table_stride: 1, table_len, first }
+}
+
 /// The paged few-rows products against an f64 product over the rows gathered densely: rows of
 /// `B` from key `first` on, through a shuffled table with ids outside the pool (clamped), pages
 /// of 1, 3 and 16 rows (row and page strides wider than a row, as a head of a `[NP, P, H, D]`
@@ -739,17 +751,7 @@ fn paged_products_read_rows_through_the_table() {
         let (row_stride, page_stride) = (width + spare, page * (width + spare) + 3);
         let pool = rng.vec(np * page_stride + 1);
         // The pool's rows through the first `table_len` entries of the table, from key `first`.
-        let paged = |table_len: usize, first: usize| PagedRows {
-            base: pool.as_ptr(),
-            row_stride,
-            page_stride,
-            page,
-            pages: np,
-            table: table.as_ptr(),
-            table_stride: 1,
-            table_len,
-            first,
-        };
+        let paged = |table_len: usize, first: usize| pool_rows(&pool, &table, (row_stride, page_stride, page, np), table_len, first);
         let row_of = |t: usize| {
             let id = (table[t / page].max(0) as usize).min(np - 1);
             id * page_stride + (t % page) * row_stride
@@ -809,17 +811,7 @@ fn grouped_paged_products_walk_every_head_of_a_page() {
         for (hs, rs) in [(page * (width + 2) + 1, width + 2), (width + 1, heads * (width + 1) + 2), (0, width + 3)] {
             let page_stride = hs.max(1) * heads + page * rs + 5;
             let pool = rng.vec(np * page_stride + 1);
-            let rows = |first: usize, table_len: usize| PagedRows {
-                base: pool.as_ptr(),
-                row_stride: rs,
-                page_stride,
-                page,
-                pages: np,
-                table: table.as_ptr(),
-                table_stride: 1,
-                table_len,
-                first,
-            };
+            let rows = |first: usize, table_len: usize| pool_rows(&pool, &table, (rs, page_stride, page, np), table_len, first);
             let row_of = |h: usize, t: usize| (table[t / page].max(0) as usize).min(np - 1) * page_stride + (t % page) * rs + h * hs;
             for layout in [Layout::Nt, Layout::Nn] {
                 for (m, first, count) in [(1, 0, 1), (2, page / 2, page + 2), (4, 1, 3 * page), (3, 0, (table.len() * page).min(40))] {

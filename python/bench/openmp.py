@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from torch_sdpa import per_call  # this directory's (run as a script: python/bench is on the path)
 
 import attnc
 import attnc.torch as at
-
-
-def per_call(fn, seconds: float = 0.3) -> float:
-    fn()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fn()
-        n += 1
-    return (time.perf_counter() - start) / n
 
 
 def main() -> None:
@@ -61,7 +52,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in times:
                 attnc._attnc.share_openmp(team if mode == "team" else None)
-                times[mode].append(per_call(fn))
+                times[mode].append(per_call(fn, 0.3))
         attnc._attnc.share_openmp(team)
         a, b = statistics.median(times["team"]), statistics.median(times["own"])
         print(f"| {name} | {a * unit:.1f} {label} | {b * unit:.1f} {label} | {b / a:.2f} |")

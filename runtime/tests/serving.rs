@@ -42,6 +42,23 @@ fn keys(t: &Tensor, lo: usize, hi: usize) -> Tensor {
     Tensor::f32(vec![s[0], s[1], hi - lo, d], out).expect("tensor")
 }
 
+/// Runs `entry` on the CPU target with one thread and with three; asserts the same bits.
+/// Returns the program compiled (for its allocation statistics).
+fn same_bits_on_one_and_three_threads(
+    program: &Program,
+    entry: &str,
+    inputs: &[(&str, Tensor)],
+    dims: &[(&str, usize)],
+) -> attn_runtime::cpu::CpuProgram {
+    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let dims: HashMap<String, i64> = dims.iter().map(|(k, v)| (k.to_string(), *v as i64)).collect();
+    let mut compiled = program.compile_cpu(entry, &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
+    let one = compiled.run_tensors(&tensors, &dims).expect("runs");
+    compiled.set_threads(3).expect("a valid thread count");
+    assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
+    compiled
+}
+
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     a.to_f64_vec().iter().zip(b.to_f64_vec()).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
 }
@@ -351,15 +368,8 @@ fn a_long_paged_cache_decodes_in_key_splits_like_the_interpreter() {
         .expect("interpreter runs");
     assert!(max_diff(&got[0].1, &want[0].1) < 1e-5, "max |diff| {}", max_diff(&got[0].1, &want[0].1));
     // The same bits on one thread and on three (the splits merge in a fixed order).
-    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let dims: HashMap<String, i64> = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)]
-        .iter()
-        .map(|(k, v)| (k.to_string(), *v as i64))
-        .collect();
-    let mut compiled = program.compile_cpu("paged_decode", &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
-    let one = compiled.run_tensors(&tensors, &dims).expect("runs");
-    compiled.set_threads(3).expect("a valid thread count");
-    assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
+    let dims = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)];
+    let compiled = same_bits_on_one_and_three_threads(&program, "paged_decode", &inputs, &dims);
     assert!(compiled.alloc_stats().expect("stats").partial_bytes > 0, "the keys were not split");
 }
 
@@ -602,13 +612,6 @@ fn f(q: f32[B, H, M, D], k_pages: f32[NP, P, H, D], v_pages: f32[NP, P, H, D], b
     for (g, w) in got.iter().zip(&want) {
         assert!(max_diff(&g.1, &w.1) < 1e-5, "{}: max |diff| {}", g.0, max_diff(&g.1, &w.1));
     }
-    let tensors: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let dims: HashMap<String, i64> = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)]
-        .iter()
-        .map(|(k, v)| (k.to_string(), *v as i64))
-        .collect();
-    let mut compiled = program.compile_cpu("f", &attn_runtime::cpu::CpuOptions { threads: 1 }).expect("compiles");
-    let one = compiled.run_tensors(&tensors, &dims).expect("runs");
-    compiled.set_threads(3).expect("a valid thread count");
-    assert_eq!(one, compiled.run_tensors(&tensors, &dims).expect("runs"), "3 threads differ from 1");
+    let dims = [("B", b), ("H", h), ("M", m), ("D", d), ("NP", np), ("P", p), ("MP", mp)];
+    same_bits_on_one_and_three_threads(&program, "f", &inputs, &dims);
 }

@@ -873,36 +873,15 @@ fn wg_staged_loop(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result<Ve
 /// both score products are done. `kv`: the byte offset of the tile's K/V stage.
 fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], kv: &str, pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
     let t = if bf16 { 'b' } else { 'h' };
-    let scores = |mt: usize| -> Vec<String> {
-        vec![
-            "#pragma unroll".into(),
-            "for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into(),
-            format!("  attnc_wg_ss_{t}64(&s_[{mt}][0][0],"),
-            format!("    attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + {mt} * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),"),
-            format!("    attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);"),
-            "attnc_wg_commit();".into(),
-        ]
+    let scores = |mt: usize| {
+        let mut v = wg_score_products(t, &mt.to_string(), kv);
+        v.push("attnc_wg_commit();".into());
+        v
     };
-    let pv = |mt: usize| -> Vec<String> {
-        vec![
-            "#pragma unroll".into(),
-            "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
-            format!("  pw_[{mt}][kk_][0] = {pack}(s_[{mt}][2 * kk_][0], s_[{mt}][2 * kk_][1]);"),
-            format!("  pw_[{mt}][kk_][1] = {pack}(s_[{mt}][2 * kk_][2], s_[{mt}][2 * kk_][3]);"),
-            format!("  pw_[{mt}][kk_][2] = {pack}(s_[{mt}][2 * kk_ + 1][0], s_[{mt}][2 * kk_ + 1][1]);"),
-            format!("  pw_[{mt}][kk_][3] = {pack}(s_[{mt}][2 * kk_ + 1][2], s_[{mt}][2 * kk_ + 1][3]);"),
-            "}".into(),
-            "attnc_wg_fence();".into(),
-            "#pragma unroll".into(),
-            "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
-            format!(
-                "  const unsigned long long vd_ = attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);"
-            ),
-            format!("  if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
-            format!("  else attnc_wg_rs_{t}128_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
-            "}".into(),
-            "attnc_wg_commit();".into(),
-        ]
+    let pv = |mt: usize| {
+        let mut v = wg_pv_products(t, pack, &mt.to_string(), kv);
+        v.push("attnc_wg_commit();".into());
+        v
     };
     let mut out = vec![
         "float s_[MT_][NT_][4], mx_[MT_][2];".to_string(),
@@ -931,28 +910,56 @@ fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], kv: &str, pack: &str,
     Ok(out)
 }
 
+/// The warpgroup products `S = Q Kᵀ` of m-tile `mt` (16 columns of the head width each; Q's
+/// sub-tile `ks >> 2` of 64 columns at rows `64 mt`, K-major, 32 bytes per step), K from the
+/// stage `kv` bytes past stage 0; issued, not committed.
+fn wg_score_products(t: char, mt: &str, kv: &str) -> Vec<String> {
+    vec![
+        "#pragma unroll".into(),
+        "for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into(),
+        format!("  attnc_wg_ss_{t}64(&s_[{mt}][0][0],"),
+        format!("    attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + ({mt}) * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),"),
+        format!("    attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);"),
+    ]
+}
+
+/// `O += P V` of m-tile `mt` as warpgroup products: its weights `s_` packed into `pw_` (a
+/// product in flight reads those registers: they stay until its wait), then one product per 16
+/// keys, V's rows `16 kk` of each 64-column sub-tile (BN_ rows apart), MN-major, from the stage
+/// `kv` bytes past stage 0; issued, not committed.
+fn wg_pv_products(t: char, pack: &str, mt: &str, kv: &str) -> Vec<String> {
+    vec![
+        "#pragma unroll".into(),
+        "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
+        format!("  pw_[{mt}][kk_][0] = {pack}(s_[{mt}][2 * kk_][0], s_[{mt}][2 * kk_][1]);"),
+        format!("  pw_[{mt}][kk_][1] = {pack}(s_[{mt}][2 * kk_][2], s_[{mt}][2 * kk_][3]);"),
+        format!("  pw_[{mt}][kk_][2] = {pack}(s_[{mt}][2 * kk_ + 1][0], s_[{mt}][2 * kk_ + 1][1]);"),
+        format!("  pw_[{mt}][kk_][3] = {pack}(s_[{mt}][2 * kk_ + 1][2], s_[{mt}][2 * kk_ + 1][3]);"),
+        "}".into(),
+        "attnc_wg_fence();".into(),
+        "#pragma unroll".into(),
+        "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
+        format!(
+            "  const unsigned long long vd_ = attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);"
+        ),
+        format!("  if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
+        format!("  else attnc_wg_rs_{t}128_t(&o_[{mt}][0][0], pw_[{mt}][kk_], vd_, 1);"),
+        "}".into(),
+    ]
+}
+
 /// S = Q Kᵀ for the warp's rows on tensor cores. `mma.sync`: Q and K fragments come from
 /// shared memory through `ldmatrix` (four 8×8 matrices per load: Q's A fragment, or the B
 /// fragments of two key n-tiles). Hopper: one `wgmma` per m-tile and 16 columns of the head
 /// width, both operands read from the swizzled tiles; the accumulators land in the same layout.
 fn mma_scores(mma: &str, step: usize, bf16: bool) -> Vec<String> {
     let t = if bf16 { 'b' } else { 'h' };
-    format!(
-        "float s_[MT_][NT_][4];
-#if ATTNC_WG_{step}
-// Q's sub-tile (ks >> 2) of 64 columns, rows 64 mt: K-major, 16 columns (32 bytes) per step.
-attnc_wg_fence();
-#pragma unroll
-for (int mt_ = 0; mt_ < MT_; ++mt_) {{
-  #pragma unroll
-  for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)
-    attnc_wg_ss_{t}64(&s_[mt_][0][0],
-      attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + mt_ * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),
-      attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);
-}}
-attnc_wg_commit();
-attnc_wg_wait0();
-#else
+    let mut out = vec!["float s_[MT_][NT_][4];".to_string(), format!("#if ATTNC_WG_{step}"), "attnc_wg_fence();".into()];
+    out.extend(ALL_MTS.each(&wg_score_products(t, "mt_", "0u")));
+    out.extend(["attnc_wg_commit();".to_string(), "attnc_wg_wait0();".into()]);
+    out.extend(
+        format!(
+            "#else
 #pragma unroll
 for (int mt_ = 0; mt_ < MT_; ++mt_)
   #pragma unroll
@@ -987,10 +994,11 @@ for (int ks_ = 0; ks_ < HD_ / 16; ++ks_) {{
 float mx_[MT_][2];
 #pragma unroll
 for (int mt_ = 0; mt_ < MT_; ++mt_) {{ mx_[mt_][0] = -ATTNC_INF; mx_[mt_][1] = -ATTNC_INF; }}"
-    )
-    .lines()
-    .map(String::from)
-    .collect()
+        )
+        .lines()
+        .map(String::from),
+    );
+    out
 }
 
 /// The online-softmax update of the tensor-core kernel for m-tile `mt_` (row maxima over the
@@ -1042,37 +1050,15 @@ for (int e_ = 0; e_ < 4; ++e_) {
 
 /// O += P V on tensor cores: P's accumulator layout is the A-fragment layout of two adjacent
 /// n-tiles. `mma.sync`: V's B fragments come transposed through `ldmatrix.trans` (two d-tiles
-/// per load). Hopper: one `wgmma` per m-tile and 16 keys, P from registers (all of the tile's
-/// packed first: a product in flight still reads them) and V MN-major from its swizzled tile.
+/// per load). Hopper: [`wg_pv_products`] for each m-tile, then one wait.
 fn mma_pv(mma: &str, pack: &str, step: usize, bf16: bool) -> Vec<String> {
     let t = if bf16 { 'b' } else { 'h' };
-    format!(
-        "#if ATTNC_WG_{step}
-unsigned pw_[MT_][BN_ / 16][4];
-#pragma unroll
-for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
-  #pragma unroll
-  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
-    pw_[mt_][kk_][0] = {pack}(s_[mt_][2 * kk_][0], s_[mt_][2 * kk_][1]);
-    pw_[mt_][kk_][1] = {pack}(s_[mt_][2 * kk_][2], s_[mt_][2 * kk_][3]);
-    pw_[mt_][kk_][2] = {pack}(s_[mt_][2 * kk_ + 1][0], s_[mt_][2 * kk_ + 1][1]);
-    pw_[mt_][kk_][3] = {pack}(s_[mt_][2 * kk_ + 1][2], s_[mt_][2 * kk_ + 1][3]);
-  }}
-}}
-attnc_wg_fence();
-// V's 16 keys of step kk: rows 16 kk of each 64-column sub-tile (BN_ rows apart).
-#pragma unroll
-for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
-  const unsigned long long vd_ = attnc_wg_desc(sa_ + 2u * (BM_ * HD_ + BN_ * HD_) + 2048u * kk_, 128u * BN_, 1024u);
-  #pragma unroll
-  for (int mt_ = 0; mt_ < MT_; ++mt_) {{
-    if constexpr (HD_ == 64) attnc_wg_rs_{t}64_t(&o_[mt_][0][0], pw_[mt_][kk_], vd_, 1);
-    else attnc_wg_rs_{t}128_t(&o_[mt_][0][0], pw_[mt_][kk_], vd_, 1);
-  }}
-}}
-attnc_wg_commit();
-attnc_wg_wait0();
-#else
+    let mut out = vec![format!("#if ATTNC_WG_{step}"), "unsigned pw_[MT_][BN_ / 16][4];".into()];
+    out.extend(ALL_MTS.each(&wg_pv_products(t, pack, "mt_", "0u")));
+    out.extend(["attnc_wg_commit();".to_string(), "attnc_wg_wait0();".into()]);
+    out.extend(
+        format!(
+            "#else
 #pragma unroll
 for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
   unsigned pa_[MT_][4];
@@ -1096,10 +1082,11 @@ for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
   }}
 }}
 #endif"
-    )
-    .lines()
-    .map(String::from)
-    .collect()
+        )
+        .lines()
+        .map(String::from),
+    );
+    out
 }
 
 /// The tensor-core kernel's rows: sums over the 4 lanes of a row, then the output.
