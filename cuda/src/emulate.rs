@@ -54,7 +54,7 @@ struct attnc_dim3 { unsigned x = 0, y = 0, z = 0; };
 // barrier (__syncthreads, and each warp exchange); blocks run one after another.
 namespace attnc_emu {
 struct Barrier { unsigned n = 0, count = 0; unsigned long gen = 0; };
-struct Fiber { void* sp = nullptr; unsigned char* stack = nullptr; attnc_dim3 tid, bid; const Barrier* wait = nullptr; unsigned long gen = 0; bool done = false; };
+struct Fiber { void* sp = nullptr; unsigned char* stack = nullptr; attnc_dim3 tid, bid; const Barrier* wait = nullptr; unsigned long gen = 0; bool done = false, yielded = false; };
 struct Warp { Barrier bar; const unsigned short* p[32]; float f[32]; double d[32]; long long ll[32]; float fa[32][8]; float fb[32][4]; };
 inline attnc_dim3 grid, block;
 inline unsigned char* dyn_smem = nullptr;
@@ -133,8 +133,12 @@ static inline void wait(Barrier& b) {
   me.wait = &b; me.gen = b.gen;
   leave();
 }
+// Lets every other fiber run on until it waits; this one goes on then.
+static inline void yield() { fibers[cur].yielded = true; leave(); }
 // Runs `n` fibers of `fn(arg)` to the end, switching at barriers; a round in which no fiber can
-// go on is a deadlock.
+// go on is a deadlock. Each round runs the fibers from the last thread down, so that warpgroup 0
+// (the warp-specialised block's producer) runs after its consumers: one that read a stage
+// without waiting for its copies would read it before them.
 static void run(unsigned n, void (*fn)(void*), void* arg) {
   body = fn; body_arg = arg; nfibers = n;
   fibers = new Fiber[n];
@@ -154,10 +158,19 @@ static void run(unsigned n, void (*fn)(void*), void* arg) {
   unsigned live = n;
   while (live > 0) {
     bool moved = false;
-    for (unsigned t = 0; t < n; ++t) {
+    for (unsigned t = n; t-- > 0;) {
       Fiber& f = fibers[t];
-      if (f.done || (f.wait && f.wait->gen == f.gen)) continue;
+      if (f.done || f.yielded || (f.wait && f.wait->gen == f.gen)) continue;
       f.wait = nullptr;
+      enter(t);
+      moved = true;
+      if (f.done) --live;
+    }
+    // Fibers that yielded go on once no other can.
+    for (unsigned t = n; !moved && t-- > 0;) {
+      Fiber& f = fibers[t];
+      if (!f.yielded) continue;
+      f.yielded = false;
       enter(t);
       moved = true;
       if (f.done) --live;
@@ -276,13 +289,44 @@ static inline void attnc_emu_ldsm(unsigned* r, unsigned a, bool trans) {
 }
 ATTNC_DEV void attnc_ldsm_x4(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, false); }
 ATTNC_DEV void attnc_ldsm_x4_t(unsigned* r, unsigned a) { attnc_emu_ldsm(r, a, true); }
-// cp.async emulated as a synchronous copy (the kernels wait and sync before reading anyway).
-ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
-  if (ok) std::memcpy(attnc_emu::dyn_smem + dst, src, 16); else std::memset(attnc_emu::dyn_smem + dst, 0, 16);
+// cp.async, as late as the rules allow: a copy's 16 bytes are read at its issue and land in
+// shared memory only at the cp.async.wait_group that retires its commit group, after the waiting
+// thread has let every other thread run on until it waits too (attnc_emu::yield). So a thread
+// that reads a tile without the wait and the barrier reads it before the copies.
+namespace attnc_emu {
+struct Cp { unsigned dst; unsigned group; unsigned char bytes[16]; };
+struct CpQueue { Cp cps[512]; unsigned len = 0, next = 1; };
+inline CpQueue* cpq = nullptr;  // one per thread of the block
 }
-ATTNC_DEV void attnc_cp_commit() {}
-ATTNC_DEV void attnc_cp_wait_all() {}
-ATTNC_DEV void attnc_cp_wait_1() {}
+ATTNC_DEV void attnc_cp16(unsigned dst, const void* src, bool ok) {
+  attnc_emu::CpQueue& q = attnc_emu::cpq[attnc_emu::cur];
+  if (q.len == 512) { std::fprintf(stderr, "emulation: more than 512 cp.async copies in flight\n"); std::abort(); }
+  attnc_emu::Cp& c = q.cps[q.len++];
+  c.dst = dst; c.group = 0;
+  if (ok) std::memcpy(c.bytes, src, 16); else std::memset(c.bytes, 0, 16);
+}
+ATTNC_DEV void attnc_cp_commit() {
+  attnc_emu::CpQueue& q = attnc_emu::cpq[attnc_emu::cur];
+  for (unsigned i = 0; i < q.len; ++i) if (q.cps[i].group == 0) q.cps[i].group = q.next;
+  ++q.next;
+}
+// Lands every copy of the commit groups before the newest `left` (uncommitted ones too: they
+// end in a commit before any wait in the kernels).
+static inline void attnc_emu_cp_wait(unsigned left) {
+  attnc_emu::CpQueue& q = attnc_emu::cpq[attnc_emu::cur];
+  if (q.len == 0) return;
+  attnc_emu::yield();
+  const unsigned keep_from = q.next > left ? q.next - left : 0;
+  unsigned kept = 0;
+  for (unsigned i = 0; i < q.len; ++i) {
+    attnc_emu::Cp& c = q.cps[i];
+    if (c.group != 0 && c.group >= keep_from) { if (kept != i) q.cps[kept] = c; ++kept; continue; }
+    std::memcpy(attnc_emu::dyn_smem + c.dst, c.bytes, 16);
+  }
+  q.len = kept;
+}
+ATTNC_DEV void attnc_cp_wait_all() { attnc_emu_cp_wait(0); }
+ATTNC_DEV void attnc_cp_wait_1() { attnc_emu_cp_wait(1); }
 ATTNC_DEV float attnc_exp2_fast(float x) { return std::exp2(x); }
 ATTNC_DEV float attnc_exp_fast(float x) { return std::exp2(x * ATTNC_LOG2E); }
 ATTNC_DEV void attnc_mma_b(float* c, const unsigned* a, const unsigned* b) { attnc_emu_mma(c, a, b, true); }
@@ -403,6 +447,56 @@ ATTNC_DEV void attnc_wg_rs_h64_t(float* d, const unsigned* a, unsigned long long
 ATTNC_DEV void attnc_wg_rs_b64_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 64, a, 0, db, true, scale, true); }
 ATTNC_DEV void attnc_wg_rs_h128_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 128, a, 0, db, true, scale, false); }
 ATTNC_DEV void attnc_wg_rs_b128_t(float* d, const unsigned* a, unsigned long long db, int scale) { attnc_emu_wg(d, 128, a, 0, db, true, scale, true); }
+// The warp-specialised block's barriers. An mbarrier (kept beside shared memory, by its
+// address) is a barrier of `n` arrivals whose phase parity is its generation's: a wait for
+// parity `p` holds the fiber while the phase of that parity is the current one. Named barriers
+// (ids 1-15) count `n` arrivals, of which `bar.sync` waits for the phase to end and `bar.arrive`
+// does not. Both start over with each block, as on the device.
+namespace attnc_emu {
+struct MBar { unsigned addr; Barrier b; };
+inline MBar mbars[32];
+inline unsigned nmbars = 0;
+inline Barrier named[16];
+inline long long barrier_block = -1;  // the block whose barriers these are
+static inline Barrier& mbar(unsigned a) {
+  for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) return mbars[i].b;
+  std::fprintf(stderr, "emulation: mbarrier at shared address %u used before its init\n", a); std::abort();
+}
+static inline void arrive(Barrier& b) { if (++b.count == b.n) { b.count = 0; ++b.gen; } }
+static inline Barrier& named_bar(int id, int n) {
+  if (id <= 0 || id >= 16 || n <= 0 || n % 32 != 0) { std::fprintf(stderr, "emulation: named barrier %d of %d threads\n", id, n); std::abort(); }
+  Barrier& b = named[id];
+  if (b.count != 0 && b.n != (unsigned)n) { std::fprintf(stderr, "emulation: named barrier %d used with %u and %d threads\n", id, b.n, n); std::abort(); }
+  b.n = (unsigned)n;
+  return b;
+}
+}
+ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) {
+  using namespace attnc_emu;
+  for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) { mbars[i].b = Barrier{n}; return; }
+  if (nmbars == 32) { std::fprintf(stderr, "emulation: more than 32 mbarriers\n"); std::abort(); }
+  mbars[nmbars++] = MBar{a, Barrier{n}};
+}
+ATTNC_DEV void attnc_mbar_arrive(unsigned a) { attnc_emu::arrive(attnc_emu::mbar(a)); }
+ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
+  attnc_emu::Barrier& b = attnc_emu::mbar(a);
+  while ((b.gen & 1) == (parity & 1)) {
+    attnc_emu::Fiber& me = attnc_emu::fibers[attnc_emu::cur];
+    me.wait = &b; me.gen = b.gen;
+    attnc_emu::leave();
+  }
+}
+ATTNC_DEV void attnc_bar_sync(int id, int n) { attnc_emu::wait(attnc_emu::named_bar(id, n)); }
+ATTNC_DEV void attnc_bar_arrive(int id, int n) { attnc_emu::arrive(attnc_emu::named_bar(id, n)); }
+template <int N> static inline void attnc_regs_inc() {}
+template <int N> static inline void attnc_regs_dec() {}
+// At the start of each block (the first of its fibers to get there): fresh barriers.
+static inline void attnc_emu_block_barriers(long long block) {
+  if (attnc_emu::barrier_block == block) return;
+  attnc_emu::barrier_block = block;
+  attnc_emu::nmbars = 0;
+  for (auto& b : attnc_emu::named) b = attnc_emu::Barrier{};
+}
 // One launch: `bx` fibers, each running the kernel for every block in turn.
 template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, size_t smem, F kernel) {
   attnc_emu::grid = {gx, gy, gz};
@@ -414,6 +508,8 @@ template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsign
   for (unsigned w = 0; w < (bx + 31) / 32; ++w) warps[w].bar = attnc_emu::Barrier{32};
   attnc_emu::warps = warps;
   attnc_emu::wg = ATTNC_WGMMA ? new attnc_emu::WgQueue[bx] : nullptr;
+  attnc_emu::cpq = new attnc_emu::CpQueue[bx];
+  attnc_emu::barrier_block = -1;
   struct Body { F* kernel; unsigned gx, gy, gz; };
   Body b{&kernel, gx, gy, gz};
   attnc_emu::run(bx, [](void* arg) {
@@ -422,14 +518,18 @@ template <class F> static void attnc_emu_launch(unsigned gx, unsigned gy, unsign
       for (unsigned y = 0; y < b.gy; ++y)
         for (unsigned x = 0; x < b.gx; ++x) {
           blockIdx = {x, y, z};
+          attnc_emu_block_barriers(((long long)z * b.gy + y) * b.gx + x);
           (*b.kernel)();
           attnc_emu_wg_done();
+          attnc_emu::cpq[attnc_emu::cur].len = 0;  // copies never waited for land nowhere
           attnc_emu::wait(attnc_emu::block_bar);
         }
   }, &b);
   delete[] warps;
   delete[] attnc_emu::wg;
   attnc_emu::wg = nullptr;
+  delete[] attnc_emu::cpq;
+  attnc_emu::cpq = nullptr;
   std::free(dyn);
 }
 "#;
@@ -645,11 +745,12 @@ pub fn compiler_or_skip(test: &str) -> Result<bool, String> {
 /// The device policy of the emulation (a small device: few SMs, so decodes split little;
 /// `ATTNC_CUDA_MMA_ROWS` and the other knobs as on the device).
 fn policy() -> Policy {
-    policy_for(false)
+    policy_for(false, true)
 }
 
-/// [`policy`] for kernels compiled with Hopper's warpgroup products (`ATTNC_WGMMA` 1) or not.
-fn policy_for(wgmma: bool) -> Policy {
+/// [`policy`] for kernels compiled with Hopper's warpgroup products (`ATTNC_WGMMA` 1) or not,
+/// with the warp-specialised flash forward where it runs, or (`ws` false) not.
+fn policy_for(wgmma: bool, ws: bool) -> Policy {
     Policy::Cuda(CudaPolicy {
         sm_count: 2,
         max_smem_per_block: 232_448,
@@ -658,6 +759,7 @@ fn policy_for(wgmma: bool) -> Policy {
         deterministic_backward: super::deterministic_backward_knob(),
         wgmma,
         kv_stages: super::kv_stages_knob(),
+        warp_specialize: ws && super::warp_specialize_knob(),
     })
 }
 
@@ -700,7 +802,8 @@ pub fn emulate_schedule(
 }
 
 /// [`emulate_schedule`] with more `-D` defines for the host program (e.g. `ATTNC_WGMMA` 1:
-/// the kernels' Hopper paths, on the emulated warpgroup products).
+/// the kernels' Hopper paths, on the emulated warpgroup products; `ATTNC_CUDA_WS` 0: the flash
+/// forward's one-warpgroup block instead of the warp-specialised one, as the runtime's knob).
 pub fn emulate_schedule_with(
     s: &Result<Schedule, String>,
     inputs: &[Tensor],
@@ -728,7 +831,9 @@ pub(crate) fn emulate_edited(
     attn_compiler::exec::add_scalar_inputs(inputs, &mut run_env);
     let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);
     let wgmma = defines.iter().any(|(n, v)| n == "ATTNC_WGMMA" && *v != 0);
-    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy_for(wgmma), &data).map_err(|e| e.to_string())?;
+    // `ATTNC_CUDA_WS` 0 among the defines: the runtime's knob of that name, for this run.
+    let ws = !defines.iter().any(|(n, v)| n == "ATTNC_CUDA_WS" && *v == 0);
+    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy_for(wgmma, ws), &data).map_err(|e| e.to_string())?;
     prep.defines.extend(defines.iter().cloned());
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;

@@ -134,6 +134,8 @@ struct Case {
     wgmma: bool,
     /// With `wgmma`: the forward's unpipelined tile (`ATTNC_WG_SYNC`).
     wg_sync: bool,
+    /// With `wgmma`: the forward's warp-specialised block where it runs (else one warpgroup).
+    ws: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -149,6 +151,9 @@ fn run_cases(cases: Vec<Case>) {
                 let mut defines = if c.wgmma { vec![("ATTNC_WGMMA".to_string(), 1)] } else { Vec::new() };
                 if c.wg_sync {
                     defines.push(("ATTNC_WG_SYNC".to_string(), 1));
+                }
+                if c.wgmma && !c.ws {
+                    defines.push(("ATTNC_CUDA_WS".to_string(), 0));
                 }
                 let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd, &defines)?;
                 let _ = std::fs::remove_dir_all(&wd);
@@ -189,6 +194,7 @@ fn width_cases(
                 deterministic: false,
                 wgmma: false,
                 wg_sync: false,
+                ws: true,
             });
         }
     }
@@ -220,6 +226,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
                     deterministic: false,
                     wgmma: false,
                     wg_sync: false,
+                    ws: true,
                 });
             }
         }
@@ -286,22 +293,26 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
     let widths = |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == n % 2);
     let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 150), ("T", 150), ("M", 67), ("N", 45)];
     let mut cases = width_cases(graphs, "flash-wgmma", 5, widths, sizes);
-    // Every third case on the unpipelined tile (one K/V stage's loop, products waited at once).
+    // In turn: the warp-specialised block, the one-warpgroup block (two K/V stages, pipelined
+    // m-tiles), and its unpipelined tile (one K/V stage's loop, products waited at once).
     for (n, c) in cases.iter_mut().enumerate() {
         c.wgmma = true;
+        c.ws = n % 3 == 0;
         c.wg_sync = n % 3 == 2;
-        if c.wg_sync {
-            c.label.push_str(" unpipelined");
-            c.dir.push_str("-sync");
-        }
+        let tag = ["warp-specialised", "one warpgroup", "unpipelined"][n % 3];
+        c.label.push_str(&format!(" {tag}"));
+        c.dir.push_str(["-ws", "-wg", "-sync"][n % 3]);
     }
     run_cases(cases);
 }
 
-/// The emulation holds Hopper's kernels to the rules of asynchronous warpgroup products: the
-/// forward's pipelined tile with a wait taken out (m-tile 0's scores read while in flight; the
-/// products of `O += P V` left running past the tile, over the next tile's copies) fails, where
-/// the kernel as emitted passes ([`flash_kernels_run_emulated_on_hoppers_warpgroup_products`]).
+/// The emulation holds Hopper's kernels to the rules of asynchronous warpgroup products and of
+/// their barriers: the forward's pipelined tile with a wait taken out (m-tile 0's scores read
+/// while in flight; the products of `O += P V` left running past the tile, over the next tile's
+/// copies) fails, and so does the warp-specialised block without one of its waits (a consumer
+/// that does not wait for its stage's copies, a producer that does not wait for the stage to be
+/// free) or without the hand-over of the consumers' turn (a deadlock), where the kernels as
+/// emitted pass ([`flash_kernels_run_emulated_on_hoppers_warpgroup_products`]).
 #[test]
 fn wgmma_products_read_before_their_wait_fail_emulated() {
     if !compiler_or_skip("wgmma_products_read_before_their_wait_fail_emulated").unwrap_or_else(|e| panic!("{e}")) {
@@ -316,19 +327,26 @@ fn wgmma_products_read_before_their_wait_fail_emulated() {
     let env = bind_dims(&graph, &shapes, &env).unwrap_or_else(|e| panic!("{e}"));
     let schedule = device_graph(Device::AsWritten(&graph));
     let source = render(schedule.as_ref().unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}")).source;
-    let defines = [("ATTNC_WGMMA".to_string(), 1)];
-    let broken = ["attnc_wg_wait1();  // m-tile 0's scores", "attnc_wg_wait0();  // before V(kt)"];
+    let one_warpgroup = vec![("ATTNC_WGMMA".to_string(), 1), ("ATTNC_CUDA_WS".to_string(), 0)];
+    let specialised = vec![("ATTNC_WGMMA".to_string(), 1)];
+    let broken = [
+        ("attnc_wg_wait1();  // m-tile 0's scores", &one_warpgroup),
+        ("attnc_wg_wait0();  // before V(kt)", &one_warpgroup),
+        ("attnc_mbar_wait(full_ + 8u * st_, ph_);", &specialised),
+        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", &specialised),
+        ("attnc_bar_arrive(2 - cw_, 256);", &specialised),
+    ];
     let jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = broken
         .into_iter()
         .enumerate()
-        .map(|(n, wait)| {
-            assert!(source.contains(wait), "the pipelined tile has no `{wait}`");
+        .map(|(n, (wait, defines))| {
+            assert!(source.contains(wait), "the Hopper kernels have no `{wait}`");
             let (graph, schedule, inputs, expected, env, defines) =
                 (graph.clone(), schedule.clone(), inputs.clone(), expected.clone(), env.clone(), defines.clone());
             Box::new(move || {
                 let wd = work_dir(&format!("wg-broken-{n}"));
                 // The call commented out, its comment kept.
-                let without = wait.replacen("attnc_wg_", "// attnc_wg_", 1);
+                let without = wait.replacen("attnc_", "// attnc_", 1);
                 let got = emulate_edited(&schedule, &inputs, &env, &wd, &defines, &|s| s.replace(wait, &without));
                 let _ = std::fs::remove_dir_all(&wd);
                 let _ = graph;

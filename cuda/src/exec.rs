@@ -118,6 +118,7 @@ impl Gpu {
             deterministic_backward: super::deterministic_backward_knob(),
             wgmma: self.info.arch == "sm_90a",
             kv_stages: super::kv_stages_knob(),
+            warp_specialize: super::warp_specialize_knob(),
         })
     }
 

@@ -52,6 +52,13 @@ pub(crate) fn kv_stages_knob() -> Option<i64> {
     std::env::var("ATTNC_CUDA_KV_STAGES").ok().and_then(|s| s.trim().parse::<i64>().ok())
 }
 
+/// `ATTNC_CUDA_WS=0`: the tensor-core flash forward on Hopper in one warpgroup with two K/V
+/// stages instead of the warp-specialised block (for comparing; see
+/// `CudaPolicy::mma_warp_specialized`).
+pub(crate) fn warp_specialize_knob() -> bool {
+    std::env::var("ATTNC_CUDA_WS").map_or(true, |s| s.trim() != "0")
+}
+
 /// `ATTNC_CUDA_BWD=simt`: every flash backward on the SIMT kernel (for comparing it with the
 /// tensor-core one).
 pub(crate) fn simt_backward_knob() -> bool {

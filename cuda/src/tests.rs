@@ -243,11 +243,11 @@ pub(crate) fn flash_graphs() -> Vec<(&'static str, Graph, f64)> {
 /// The compile-time values of every flash step (forward and backward) of `s` at head width
 /// `hd`, with `tiles` query m-tiles per warp for the tensor-core forward (one K/V stage).
 fn head_defines(s: &Schedule, hd: i64, tiles: i64) -> Vec<(String, i64)> {
-    staged_head_defines(s, hd, tiles, 1)
+    staged_head_defines(s, hd, tiles, 1, false)
 }
 
 /// [`head_defines`] with `stages` K/V stages for the tensor-core forward.
-fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64) -> Vec<(String, i64)> {
+fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64, ws: bool) -> Vec<(String, i64)> {
     let mut defines = Vec::new();
     for (n, step) in s.steps.iter().enumerate() {
         match &step.kernel {
@@ -258,6 +258,7 @@ fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64) -> Vec<(S
                     defines.push((format!("ATTNC_BN_{n}"), attn_compiler::schedule::policy::cuda_mma_keys(hd)));
                     defines.push((format!("ATTNC_MT_{n}"), tiles));
                     defines.push((format!("ATTNC_KS_{n}"), stages));
+                    defines.push((format!("ATTNC_WS_{n}"), i64::from(ws)));
                 }
             }
             _ => {}
@@ -290,8 +291,9 @@ fn flash_kernels_compile_for_every_head_width() {
 
 /// The tensor-core kernels' Hopper path: NVRTC for `sm_90a` defines `ATTNC_WGMMA` (and plain
 /// `sm_90` does not), and every flash graph compiles there at the widths that take `wgmma`
-/// (forward: 64 and 128, two m-tiles per warp with two K/V stages, 128 with one stage and with
-/// one m-tile; backward: 64 and 128), spills reported.
+/// (forward: 64 and 128, two m-tiles per warp with two K/V stages in the warp-specialised
+/// block, 128 in one warpgroup with two stages, with one stage and with one m-tile; backward: 64
+/// and 128), spills reported.
 #[test]
 fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     if nvrtc_or_skip("flash_kernels_compile_for_hoppers_warpgroup_products").is_none() {
@@ -311,8 +313,9 @@ fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&g);
-        for (hd, tiles, stages) in [(64, 2, 2), (128, 2, 2), (128, 2, 1), (128, 1, 1)] {
-            jobs.push((format!("{label} HD={hd} MT={tiles} KS={stages}"), p.source.clone(), staged_head_defines(&s, hd, tiles, stages)));
+        for (hd, tiles, stages, ws) in [(64, 2, 2, true), (128, 2, 2, true), (128, 2, 2, false), (128, 2, 1, false), (128, 1, 1, false)] {
+            let defines = staged_head_defines(&s, hd, tiles, stages, ws);
+            jobs.push((format!("{label} HD={hd} MT={tiles} KS={stages} WS={}", u8::from(ws)), p.source.clone(), defines));
         }
         // The backward too (additive scores have none fused).
         if !text.contains("additive(") {

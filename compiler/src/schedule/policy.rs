@@ -123,6 +123,11 @@ pub struct CudaPolicy {
     /// [`CudaPolicy::mma_kv_stages`]'s choice: a knob for comparing (`ATTNC_CUDA_KV_STAGES`,
     /// read by the runtime); every choice computes the same result.
     pub kv_stages: Option<i64>,
+    /// Where Hopper's two K/V stages run ([`CudaPolicy::mma_kv_stages`] is 2), the flash
+    /// forward's block is warp-specialised ([`CudaPolicy::mma_warp_specialized`]): off, the
+    /// one-warpgroup staged kernel instead. A knob for comparing (`ATTNC_CUDA_WS=0`, read by
+    /// the runtime); both compute the same result.
+    pub warp_specialize: bool,
 }
 
 impl Default for CudaPolicy {
@@ -136,6 +141,7 @@ impl Default for CudaPolicy {
             deterministic_backward: false,
             wgmma: false,
             kv_stages: None,
+            warp_specialize: true,
         }
     }
 }
@@ -375,6 +381,9 @@ pub const CUDA_MATMUL_TILE: i64 = 64;
 pub const CUDA_ROW_WARPS: i64 = 8;
 /// Threads per block of the flash kernels (4 warps).
 pub const CUDA_FLASH_THREADS: u32 = 128;
+/// Threads per block of the warp-specialised tensor-core flash forward
+/// ([`CudaPolicy::mma_warp_specialized`]): a producer warpgroup and two consumers.
+pub const CUDA_WS_THREADS: u32 = 384;
 /// Query rows per block of the SIMT flash kernel (4 warps × 4 rows).
 pub const CUDA_SIMT_ROWS: i64 = 16;
 /// Keys per tile of the SIMT flash kernel and per chunk of the split-KV decode (one per lane).
@@ -444,6 +453,16 @@ impl CudaPolicy {
         }
     }
 
+    /// Whether the tensor-core flash forward runs warp-specialised (FlashAttention-3's block on
+    /// Hopper: a producer warpgroup copies K/V tiles into a ring of [`CudaPolicy::mma_kv_stages`]
+    /// stages, signalled through `mbarrier`s, while two consumer warpgroups of 64 query rows
+    /// each run the products and the softmax, taking turns at the tensor cores; `setmaxnreg`
+    /// moves registers from the producer to them): where the two stages run and
+    /// [`CudaPolicy::warp_specialize`] allows.
+    pub fn mma_warp_specialized(&self, head: i64, keys: i64, tiles: i64) -> bool {
+        self.warp_specialize && self.mma_kv_stages(head, keys, tiles) == 2
+    }
+
     /// Key splits of a split-KV decode: enough warps to cover the device about 8 times over,
     /// at most one per chunk of [`CUDA_LANE_KEYS`] keys.
     pub fn decode_splits(&self, batch: i64, n: i64) -> i64 {
@@ -456,8 +475,9 @@ impl CudaPolicy {
 /// The dynamic shared memory of the tensor-core flash forward: Q's block of `64 · tiles` rows
 /// and `stages` K and V tiles of `keys` rows, at the padded head width. One stage: rows skewed
 /// by 8 halves (`mma.sync`; Hopper's swizzled tiles take the skew's bytes for their 1024-byte
-/// alignment). Two (Hopper only): unskewed swizzled tiles and the alignment's 1024 bytes.
+/// alignment). Two (Hopper only): unskewed swizzled tiles, the alignment's 1024 bytes, and 64
+/// bytes of `mbarrier`s for the warp-specialised block.
 pub fn mma_smem_bytes(head: i64, keys: i64, tiles: i64, stages: i64) -> i64 {
     let rows = CUDA_MMA_ROWS * tiles;
-    if stages >= 2 { (rows + 2 * stages * keys) * head * 2 + 1024 } else { (rows + 2 * keys) * (head + 8) * 2 }
+    if stages >= 2 { (rows + 2 * stages * keys) * head * 2 + 1024 + 64 } else { (rows + 2 * keys) * (head + 8) * 2 }
 }

@@ -589,7 +589,8 @@ impl Preparing<'_> {
 
     /// The CUDA kernels' blocks, and their compile-time values (`ATTNC_HD_{step}`, the padded
     /// head width; `ATTNC_BN_{step}`, the tensor-core key tile; `ATTNC_MT_{step}`, its m-tiles
-    /// per warp; `ATTNC_KS_{step}`, its K/V stages).
+    /// per warp; `ATTNC_KS_{step}`, its K/V stages; `ATTNC_WS_{step}`, 1 when its block is
+    /// warp-specialised).
     fn cuda_blocks(
         &mut self,
         cuda: &CudaPolicy,
@@ -608,6 +609,7 @@ impl Preparing<'_> {
                 self.prepared.defines.push((format!("ATTNC_BN_{s}"), bn));
                 self.prepared.defines.push((format!("ATTNC_MT_{s}"), tiles));
                 self.prepared.defines.push((format!("ATTNC_KS_{s}"), cuda.mma_kv_stages(head, bn, tiles)));
+                self.prepared.defines.push((format!("ATTNC_WS_{s}"), i64::from(cuda.mma_warp_specialized(head, bn, tiles))));
                 (CUDA_MMA_ROWS * tiles, bn, 1)
             }
             Variant::SplitKv => (m.max(1), CUDA_LANE_KEYS, cuda.decode_splits(batch, n)),

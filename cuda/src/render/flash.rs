@@ -520,9 +520,135 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.extend(indent(&tile, 2));
     it.push("}".into());
     it.push("#endif".into());
-    it.extend(mma_finish(fl)?);
-    let body = fl.blocks(items, pre, it);
+    it.extend(mma_finish(fl, ALL_MTS)?);
+    let mut body = pre;
+    body.push(format!("#if ATTNC_WS_{step}"));
+    body.push("#if !ATTNC_WGMMA".into());
+    body.push("#error \"the warp-specialised flash forward needs Hopper's warpgroup products (sm_90a)\"".into());
+    body.push("#endif".into());
+    body.extend(warp_specialized(fl, items, pack, bf16)?);
+    body.push("#else".into());
+    body.extend(fl.blocks(items, Vec::new(), it));
+    body.push("#endif".into());
     Ok(KernelSource { threads: CUDA_FLASH_THREADS, items_per_block: 1, smem: Smem::FlashMma(step), body })
+}
+
+/// The warp-specialised block on Hopper (`ATTNC_WS_n`, launched with 384 threads; FlashAttention-3's
+/// structure). Warpgroup 0 is the producer: for every live key tile of every work item it waits
+/// until the consumers have freed the next stage of a ring of `ATTNC_KS_n` K/V stages (its
+/// `empty` mbarrier), copies the tile's K and V into it ([`mma_stage_to`]: 16-byte `cp.async`
+/// where the rows allow, zero-filled past the matrix) and, once its copies are in and fenced for
+/// the async proxy, arrives on the stage's `full` mbarrier. Warpgroups 1 and 2 are consumers of
+/// 64 query rows each (the block's m-tiles 0 and 1): each copies its Q rows, then for every
+/// live tile waits for its stage, issues `S = Q Kᵀ`, forms the weights, issues `O += P V`, and
+/// frees the stage. The two take turns at the tensor cores through named barriers 1 and 2
+/// (each issues its scores' products in its turn, then hands the turn over, so that one's
+/// softmax runs while the other's products do); barriers 3 and 4 are each consumer's own.
+/// `setmaxnreg` leaves the producer 40 registers and gives each consumer 232 (40 + 2 · 232 =
+/// 3 · 168, the kernel's budget at one block of 384 threads per SM). Both sides walk the same
+/// live tiles in the same order, so the ring's stage and phase advance alike on both.
+fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
+    let t = if bf16 { 'b' } else { 'h' };
+    let conv = if bf16 { "attnc_f2b" } else { "attnc_f2h" };
+    let next_live = format!("while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_"));
+    let mut out = vec![
+        format!("constexpr int KS_ = ATTNC_KS_{step};  // stages of the K/V ring"),
+        "// The ring's mbarriers past the tiles: KS_ `full` ones (the producer's 128 threads arrive), then".into(),
+        "// KS_ `empty` ones (the consumers' 256 threads arrive).".into(),
+        "const unsigned full_ = sa_ + 2u * (BM_ + 2 * KS_ * BN_) * HD_, empty_ = full_ + 8u * KS_;".into(),
+        "if (tid_ == 0) {".into(),
+        "  for (int st_ = 0; st_ < KS_; ++st_) { attnc_mbar_init(full_ + 8u * st_, 128u); attnc_mbar_init(empty_ + 8u * st_, 256u); }"
+            .into(),
+        "}".into(),
+        "attnc_sync();  // the mbarriers are initialised: the block's last barrier of all its threads".into(),
+        "int st_ = 0;  // the ring's next stage".into(),
+        "unsigned ph_ = 0u;  // and the parity of its phase".into(),
+        "if (tid_ < 128) {".into(),
+        "  attnc_regs_dec<40>();".into(),
+    ];
+    // The producer.
+    let mut item = Vec::new();
+    fl.item(&mut item, true)?;
+    item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
+    item.extend(mma_stage_setup(fl)?);
+    item.extend(first_live_tile());
+    item.push("while (kt_ < nkt_) {".into());
+    item.push("  attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);  // the consumers are done with stage st_".into());
+    item.push("  {".into());
+    item.extend(indent(&stage_copies(fl, "kt_", "st_")?, 2));
+    item.push("  }".into());
+    item.push("  attnc_cp_wait_all();".into());
+    item.push("  attnc_fence_proxy();".into());
+    item.push("  attnc_mbar_arrive(full_ + 8u * st_);".into());
+    item.push("  if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
+    item.push("  ++kt_;".into());
+    item.push(format!("  {next_live}"));
+    item.push("}".into());
+    out.extend(indent(&fl.blocks(items, Vec::new(), item), 2));
+    out.push("} else {".into());
+    // The consumers.
+    let mut c = vec![
+        "attnc_regs_inc<232>();".to_string(),
+        "const int cw_ = (tid_ >> 7) - 1, ct_ = tid_ & 127;  // this consumer (m-tile cw_ of the block), its thread".into(),
+        "if (cw_ == 1) attnc_bar_arrive(1, 256);  // consumer 0 takes the first turn".into(),
+    ];
+    let mut item = Vec::new();
+    let p = fl.item(&mut item, true)?;
+    item.push("const i64 q0_ = qb_ * BM_;".into());
+    item.push("const i64 rw_ = q0_ + 64 * cw_ + (warp_ & 3) * 16 + g_;  // this lane's rows: rw_ + 8 h (half h)".into());
+    item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
+    item.push("attnc_bar_sync(3 + cw_, 128);  // this consumer's products of the previous item are done with its Q rows".into());
+    item.push("for (int e_ = ct_; e_ < 64 * HD_; e_ += 128) {".into());
+    item.push("  const int r_ = 64 * cw_ + e_ / HD_;".into());
+    item.push("  const i64 qi_ = q0_ + r_, qc_ = e_ % HD_;".into());
+    item.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    item.push(format!("  Qs_[ATTNC_OFF_{step}(BM_, r_, e_ % HD_)] = {conv}(x_);"));
+    item.push("}".into());
+    item.push("attnc_fence_proxy();".into());
+    item.push("attnc_bar_sync(3 + cw_, 128);".into());
+    item.push("float o_[1][DT_][4], m_[1][2], l_[1][2];  // row maxima in base 2".into());
+    item.push("m_[0][0] = -ATTNC_INF; m_[0][1] = -ATTNC_INF; l_[0][0] = 0.0f; l_[0][1] = 0.0f;".into());
+    item.push("#pragma unroll".into());
+    item.push(
+        "for (int t_ = 0; t_ < DT_; ++t_) { o_[0][t_][0] = 0.0f; o_[0][t_][1] = 0.0f; o_[0][t_][2] = 0.0f; o_[0][t_][3] = 0.0f; }".into(),
+    );
+    item.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
+    item.extend(first_live_tile());
+    item.push("while (kt_ < nkt_) {".into());
+    let mut tile = vec![
+        Flash::class_line("kt_"),
+        "i64 nx_ = kt_ + 1;".into(),
+        format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
+        "const i64 k0_ = kt_ * BN_;".into(),
+        "attnc_mbar_wait(full_ + 8u * st_, ph_);  // K(kt) and V(kt) are in stage st_".into(),
+        "const unsigned kvo_ = (unsigned)st_ * (4u * BN_ * HD_);  // stage st_'s bytes past stage 0".into(),
+        "float s_[1][NT_][4], mx_[1][2];".into(),
+        "mx_[0][0] = -ATTNC_INF; mx_[0][1] = -ATTNC_INF;".into(),
+        "attnc_bar_sync(1 + cw_, 256);  // this consumer's turn at the tensor cores".into(),
+        "attnc_wg_fence();".into(),
+    ];
+    tile.extend(wg_score_products_of(t, "0", "cw_", "kvo_"));
+    tile.push("attnc_wg_commit();".into());
+    tile.push("attnc_bar_arrive(2 - cw_, 256);  // the other consumer's turn".into());
+    tile.push("attnc_wg_wait0();".into());
+    tile.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
+    tile.extend(mma_weights(fl, &p, Mts("0", "1"))?);
+    tile.push("unsigned pw_[1][BN_ / 16][4];".into());
+    tile.extend(wg_pv_products(t, pack, "0", "kvo_"));
+    tile.push("attnc_wg_commit();".into());
+    tile.push("attnc_wg_wait0();".into());
+    tile.push("attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into());
+    tile.push("attnc_mbar_arrive(empty_ + 8u * st_);  // stage st_ is free".into());
+    tile.push("if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
+    tile.push("kt_ = nx_;".into());
+    item.extend(indent(&tile, 2));
+    item.push("}".into());
+    item.extend(mma_finish(fl, Mts("0", "1"))?);
+    c.extend(fl.blocks(items, Vec::new(), item));
+    out.extend(indent(&c, 2));
+    out.push("}".into());
+    Ok(out)
 }
 
 /// The tensor-core kernel's constants and shared tiles: skewed rows for `mma.sync`, 128-byte
@@ -832,18 +958,7 @@ fn tile_top(step: usize) -> Vec<String> {
 /// is K then V at `2 s · BN_ · HD_` halves past stage 0 (`Ks_`, `Vs_`).
 fn wg_staged_loop(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
     let step = fl.f.step;
-    // Copies of tile `t`'s K and V into stage `st`, in a scope of their own.
-    let copies = |t: &str, st: &str| -> Result<Vec<String>, CudaEmitError> {
-        let k0 = format!("{t} * BN_");
-        let mut v = vec![
-            format!("u16* const Kn_ = Ks_ + ({st}) * (2 * BN_ * HD_);"),
-            format!("u16* const Vn_ = Vs_ + ({st}) * (2 * BN_ * HD_);"),
-            format!("const unsigned Kn_s_ = Ks_s_ + ({st}) * (4u * BN_ * HD_), Vn_s_ = Vs_s_ + ({st}) * (4u * BN_ * HD_);"),
-        ];
-        v.extend(mma_stage_to(fl, 'k', &k0, "Kn_")?);
-        v.extend(mma_stage_to(fl, 'v', &k0, "Vn_")?);
-        Ok(indent(&v, 2))
-    };
+    let copies = |t: &str, st: &str| stage_copies(fl, t, st);
     let mut out = first_live_tile();
     out.push("int st_ = 0;  // the stage of tile kt_".into());
     out.push("if (kt_ < nkt_) {".into());
@@ -862,6 +977,20 @@ fn wg_staged_loop(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result<Ve
     out.extend(indent(&tile, 2));
     out.push("}".into());
     Ok(out)
+}
+
+/// The copies of key tile `t`'s K and V into stage `st` (K then V at `2 st · BN_ · HD_` halves
+/// past stage 0), in a scope of their own, indented.
+fn stage_copies(fl: &Flash, t: &str, st: &str) -> Result<Vec<String>, CudaEmitError> {
+    let k0 = format!("{t} * BN_");
+    let mut v = vec![
+        format!("u16* const Kn_ = Ks_ + ({st}) * (2 * BN_ * HD_);"),
+        format!("u16* const Vn_ = Vs_ + ({st}) * (2 * BN_ * HD_);"),
+        format!("const unsigned Kn_s_ = Ks_s_ + ({st}) * (4u * BN_ * HD_), Vn_s_ = Vs_s_ + ({st}) * (4u * BN_ * HD_);"),
+    ];
+    v.extend(mma_stage_to(fl, 'k', &k0, "Kn_")?);
+    v.extend(mma_stage_to(fl, 'v', &k0, "Vn_")?);
+    Ok(indent(&v, 2))
 }
 
 /// One key tile on Hopper with two m-tiles, pipelined within the warpgroup (FlashAttention-3's
@@ -914,10 +1043,15 @@ fn wg_pipelined(fl: &Flash, p: &[String], swap: &[String], kv: &str, pack: &str,
 /// sub-tile `ks >> 2` of 64 columns at rows `64 mt`, K-major, 32 bytes per step), K from the
 /// stage `kv` bytes past stage 0; issued, not committed.
 fn wg_score_products(t: char, mt: &str, kv: &str) -> Vec<String> {
+    wg_score_products_of(t, mt, mt, kv)
+}
+
+/// [`wg_score_products`] into the accumulators of m-tile `acc` from the block's m-tile `mt` of Q.
+fn wg_score_products_of(t: char, acc: &str, mt: &str, kv: &str) -> Vec<String> {
     vec![
         "#pragma unroll".into(),
         "for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into(),
-        format!("  attnc_wg_ss_{t}64(&s_[{mt}][0][0],"),
+        format!("  attnc_wg_ss_{t}64(&s_[{acc}][0][0],"),
         format!("    attnc_wg_desc(sa_ + 2u * ((ks_ >> 2) * BM_ * 64 + ({mt}) * 64 * 64) + 32u * (ks_ & 3), 16u, 1024u),"),
         format!("    attnc_wg_desc(sa_ + {kv} + 2u * (BM_ * HD_ + (ks_ >> 2) * BN_ * 64) + 32u * (ks_ & 3), 16u, 1024u), ks_ > 0);"),
     ]
@@ -1090,10 +1224,10 @@ for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {{
 }
 
 /// The tensor-core kernel's rows: sums over the 4 lanes of a row, then the output.
-fn mma_finish(fl: &Flash) -> Result<Vec<String>, CudaEmitError> {
+fn mma_finish(fl: &Flash, mts: Mts) -> Result<Vec<String>, CudaEmitError> {
     let mut out = vec![
         "#pragma unroll".to_string(),
-        "for (int mt_ = 0; mt_ < MT_; ++mt_) {".into(),
+        format!("for (int mt_ = {}; mt_ < {}; ++mt_) {{", mts.0, mts.1),
         "  float inv_[2];".into(),
         "  #pragma unroll".into(),
         "  for (int h_ = 0; h_ < 2; ++h_) {".into(),

@@ -3,7 +3,7 @@
 //! by the CUDA runtime and the host emulation.
 
 use super::{CudaProgram, Smem, storage_bytes};
-use attn_compiler::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_BWD_BLOCK, CUDA_SIMT_ROWS};
+use attn_compiler::schedule::policy::{CUDA_LANE_KEYS, CUDA_MMA_BWD_BLOCK, CUDA_SIMT_ROWS, CUDA_WS_THREADS};
 use attn_compiler::schedule::{Prepared, Schedule};
 use thiserror::Error;
 
@@ -98,8 +98,13 @@ pub fn launches(
         if smem > i64::from(limits.max_smem_per_block) {
             return Err(LaunchError::SharedMemory { kernel: k.name.clone(), needed: smem as u64, available: limits.max_smem_per_block });
         }
+        // The warp-specialised flash forward: a producer warpgroup and two consumers.
+        let threads = match k.smem {
+            Smem::FlashMma(s) if define("WS", s, "warp specialisation")? != 0 => CUDA_WS_THREADS,
+            _ => k.threads,
+        };
         let blocks = ((items + k.items_per_block - 1) / k.items_per_block).clamp(1, MAX_GRID);
-        out.push(ReadyLaunch { kernel: k.name.clone(), grid: [blocks as u32, 1, 1], block: [k.threads, 1, 1], smem_bytes: smem as u32 });
+        out.push(ReadyLaunch { kernel: k.name.clone(), grid: [blocks as u32, 1, 1], block: [threads, 1, 1], smem_bytes: smem as u32 });
     }
     Ok(out)
 }

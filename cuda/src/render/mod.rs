@@ -42,6 +42,7 @@ mod score;
 mod tests;
 
 use attn_compiler::ir::{ReduceOp, ScanOp};
+use attn_compiler::schedule::policy::CUDA_WS_THREADS;
 use attn_compiler::schedule::{
     BufferKind, Expr, FlashBwdKernel, FlashKernel, Fused, Kernel, KernelRenderer, Schedule, Target, Variant, View, render_kernel,
 };
@@ -132,7 +133,8 @@ pub enum Smem {
 pub struct CudaKernel {
     /// The `extern "C"` kernel name.
     pub name: String,
-    /// Threads per block.
+    /// Threads per block (the warp-specialised flash forward launches
+    /// [`CUDA_WS_THREADS`] where its run sets `ATTNC_WS_{step}`).
     pub threads: u32,
     /// Work items one block takes (per pass of its loop).
     pub items_per_block: i64,
@@ -188,7 +190,21 @@ pub fn render(schedule: &Schedule) -> Result<CudaProgram, CudaEmitError> {
             _ => String::new(),
         };
         let _ = writeln!(text, "\n// step {s}: {}{variant}", step.label);
-        let _ = writeln!(text, "ATTNC_KERNEL void __launch_bounds__({}) {name}(ATTNC_ARGS) {{", src.threads);
+        // The tensor-core flash forward's block size is chosen per run (`ATTNC_WS_{s}`: the
+        // warp-specialised block); one block per SM there, so that `setmaxnreg` knows the
+        // registers at entry.
+        let bounds = match src.smem {
+            Smem::FlashMma(s) => {
+                let _ = writeln!(
+                    text,
+                    "#if ATTNC_WS_{s}\n#define ATTNC_BOUNDS_{s} {CUDA_WS_THREADS}, 1\n#else\n#define ATTNC_BOUNDS_{s} {}\n#endif",
+                    src.threads
+                );
+                format!("ATTNC_BOUNDS_{s}")
+            }
+            _ => src.threads.to_string(),
+        };
+        let _ = writeln!(text, "ATTNC_KERNEL void __launch_bounds__({bounds}) {name}(ATTNC_ARGS) {{");
         for line in &src.body {
             let _ = writeln!(text, "  {line}");
         }

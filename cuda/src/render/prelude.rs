@@ -226,6 +226,21 @@ template <int N> ATTNC_DEV void attnc_wg_hold(float* d) {
 }
 // Generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads.
 ATTNC_DEV void attnc_fence_proxy() { asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); }
+// The warp-specialised block: mbarriers in shared memory (`a`: a shared address), arrived on
+// with release and waited for with acquire semantics (the CTA's scope), named barriers of `n`
+// threads (id 0 is __syncthreads'), and the warpgroup's register budget (setmaxnreg).
+ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) { asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: \"r\"(a), \"r\"(n) : \"memory\"); }
+ATTNC_DEV void attnc_mbar_arrive(unsigned a) {
+  asm volatile(\"{\\n.reg .b64 st;\\nmbarrier.arrive.shared::cta.b64 st, [%0];\\n}\\n\" :: \"r\"(a) : \"memory\");
+}
+// Until the phase of parity `parity` has completed.
+ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
+  asm volatile(\"{\\n.reg .pred p;\\nWAIT:\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\\n@!p bra WAIT;\\n}\\n\" :: \"r\"(a), \"r\"(parity) : \"memory\");
+}
+ATTNC_DEV void attnc_bar_sync(int id, int n) { asm volatile(\"bar.sync %0, %1;\" :: \"r\"(id), \"r\"(n) : \"memory\"); }
+ATTNC_DEV void attnc_bar_arrive(int id, int n) { asm volatile(\"bar.arrive %0, %1;\" :: \"r\"(id), \"r\"(n) : \"memory\"); }
+template <int N> ATTNC_DEV void attnc_regs_inc() { asm volatile(\"setmaxnreg.inc.sync.aligned.u32 %0;\" :: \"n\"(N)); }
+template <int N> ATTNC_DEV void attnc_regs_dec() { asm volatile(\"setmaxnreg.dec.sync.aligned.u32 %0;\" :: \"n\"(N)); }
 ",
     );
     for (ty, t) in [("f16", 'h'), ("bf16", 'b')] {

@@ -101,7 +101,8 @@ fn launches_follow_the_prepared_work() {
     for (rows, tiles) in [(None, 2), (Some(64), 1)] {
         let policy = Policy::Cuda(CudaPolicy { mma_rows: rows, ..CudaPolicy::default() });
         let prep = prepare(&s, &env, &policy).expect("prepares");
-        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles), ("ATTNC_KS_0", 1)].map(|(k, v)| (k.to_string(), v));
+        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles), ("ATTNC_KS_0", 1), ("ATTNC_WS_0", 0)]
+            .map(|(k, v)| (k.to_string(), v));
         assert_eq!(prep.defines, defines.to_vec());
         let ready = launches(&p, &s, &prep, &limits).expect("launches");
         // 6 batch indices × the query blocks; the merge has no work (no split).
@@ -143,12 +144,20 @@ fn kv_stages_follow_hoppers_pipelined_tile_and_the_room() {
     assert_eq!(CudaPolicy { max_smem_per_block: 99_000, ..hopper }.mma_kv_stages(128, 64, 2), 1);
     assert_eq!(CudaPolicy { kv_stages: Some(1), ..hopper }.mma_kv_stages(128, 64, 2), 1);
     assert_eq!(CudaPolicy { kv_stages: Some(7), ..hopper }.mma_kv_stages(64, 64, 2), 2);
+    // The warp-specialised block wherever the two stages run, unless the knob says no.
+    assert!(hopper.mma_warp_specialized(128, 64, 2) && hopper.mma_warp_specialized(64, 64, 2));
+    assert!(!hopper.mma_warp_specialized(96, 64, 2) && !CudaPolicy { kv_stages: Some(1), ..hopper }.mma_warp_specialized(128, 64, 2));
+    assert!(!CudaPolicy { warp_specialize: false, ..hopper }.mma_warp_specialized(128, 64, 2));
     // The launch gives the kernel the stages' bytes: Q's 128 rows and two K and V tiles at
-    // width 128, plus 1024 for the swizzle's alignment; one stage keeps the skewed rows.
+    // width 128, plus 1024 for the swizzle's alignment and 64 for the ring's mbarriers; one
+    // stage keeps the skewed rows. The warp-specialised block has 384 threads, the others 128.
     let g = flash_graph("f16", "B, H, S, D", "B, H, S, D", "s", None, "softmax");
-    for (policy, bytes) in
-        [(hopper, (128 + 4 * 64) * 128 * 2 + 1024), (CudaPolicy { kv_stages: Some(1), ..hopper }, (128 + 2 * 64) * 136 * 2)]
-    {
+    let two = (128 + 4 * 64) * 128 * 2 + 1024 + 64;
+    for (policy, bytes, threads) in [
+        (hopper, two, 384),
+        (CudaPolicy { warp_specialize: false, ..hopper }, two, 128),
+        (CudaPolicy { kv_stages: Some(1), ..hopper }, (128 + 2 * 64) * 136 * 2, 128),
+    ] {
         let policy = Policy::Cuda(policy);
         let s = schedule(&g, &policy).expect("schedules");
         let env: HashMap<String, i64> = [("B", 1), ("H", 2), ("S", 300), ("D", 128)].map(|(k, v)| (k.to_string(), v)).into();
@@ -156,6 +165,7 @@ fn kv_stages_follow_hoppers_pipelined_tile_and_the_room() {
         let program = render(&s).expect("renders");
         let ready = launches(&program, &s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).expect("launches");
         assert_eq!(ready[0].smem_bytes, bytes as u32);
+        assert_eq!(ready[0].block, [threads, 1, 1]);
     }
 }
 
