@@ -219,6 +219,10 @@ ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   w.ll[l] = v; attnc_emu::wait(w.bar); long long r = w.ll[l ^ m]; attnc_emu::wait(w.bar); return r;
 }
+ATTNC_DEV int attnc_warp_uniform(int v) {
+  auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
+  w.ll[l] = v; attnc_emu::wait(w.bar); const int r = (int)w.ll[0]; attnc_emu::wait(w.bar); return r;
+}
 ATTNC_DEV bool attnc_any(bool p) {
   auto& w = attnc_emu_warp(); int l = attnc_emu_lane();
   w.ll[l] = p ? 1 : 0; attnc_emu::wait(w.bar); bool r = false;
@@ -352,6 +356,7 @@ static inline unsigned long long attnc_wg_desc(unsigned addr, unsigned lbo, unsi
 ATTNC_DEV void attnc_wg_fence() {}
 ATTNC_DEV void attnc_fence_proxy() {}
 template <int N> static inline void attnc_wg_hold(float*) {}
+template <int N> static inline void attnc_wg_keep(unsigned*) {}
 // The shared byte address of element (mn, k) of an operand: K-major, 8-row groups `sbo` apart,
 // rows of 128 bytes; MN-major, 64-element groups `lbo` apart, 8-row (k) groups `sbo` apart.
 static inline unsigned attnc_emu_wg_addr(unsigned long long desc, int mn, int k, bool mn_major) {

@@ -285,24 +285,33 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
     if !compiler_or_skip("flash_kernels_run_emulated_on_hoppers_warpgroup_products").unwrap_or_else(|e| panic!("{e}")) {
         return;
     }
-    let graphs = flash_graphs()
+    let graphs: Vec<(String, Graph, f64)> = flash_graphs()
         .into_iter()
         .filter(|(_, g, _)| matches!(g.node(g.params()[0]).ty.dtype, attn_compiler::ir::DType::F16 | attn_compiler::ir::DType::BF16))
         .map(|(label, g, tol)| (format!("{label} (wgmma)"), g, tol))
         .collect();
-    let widths = |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == n % 2);
     let sizes = |d| vec![("D", d), ("E", d - 8), ("S", 150), ("T", 150), ("M", 67), ("N", 45)];
-    let mut cases = width_cases(graphs, "flash-wgmma", 5, widths, sizes);
-    // In turn: the warp-specialised block, the one-warpgroup block (two K/V stages, pipelined
-    // m-tiles), and its unpipelined tile (one K/V stage's loop, products waited at once).
-    for (n, c) in cases.iter_mut().enumerate() {
+    // The warp-specialised block at 5 key tiles: its ring of 3 stages wraps.
+    let ws_sizes = |d| vec![("D", d), ("E", d - 8), ("S", 260), ("T", 260), ("M", 67), ("N", 260)];
+    // Every graph on the warp-specialised block at one width, and at the other in one
+    // warpgroup: in turn its pipelined tile (two K/V stages, pipelined m-tiles) and its
+    // unpipelined one (one K/V stage's loop, products waited at once).
+    let width =
+        |flip: usize| move |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == (n + flip) % 2);
+    let mut cases = width_cases(graphs.clone(), "flash-wgmma-ws", 5, width(0), ws_sizes);
+    for c in &mut cases {
         c.wgmma = true;
-        c.ws = n % 3 == 0;
-        c.wg_sync = n % 3 == 2;
-        let tag = ["warp-specialised", "one warpgroup", "unpipelined"][n % 3];
-        c.label.push_str(&format!(" {tag}"));
-        c.dir.push_str(["-ws", "-wg", "-sync"][n % 3]);
+        c.label.push_str(" warp-specialised");
     }
+    let mut others = width_cases(graphs, "flash-wgmma", 5, width(1), sizes);
+    for (n, c) in others.iter_mut().enumerate() {
+        c.wgmma = true;
+        c.ws = false;
+        c.wg_sync = n % 2 == 1;
+        c.label.push_str([" one warpgroup", " unpipelined"][n % 2]);
+        c.dir.push_str(["-wg", "-sync"][n % 2]);
+    }
+    cases.extend(others);
     run_cases(cases);
 }
 
@@ -321,7 +330,8 @@ fn wgmma_products_read_before_their_wait_fail_emulated() {
     let Some((label, graph, tol)) = flash_graphs().into_iter().find(|(l, _, _)| *l == "f16 plain scaled scores") else {
         panic!("no f16 plain flash graph")
     };
-    let env = sizes(&graph, &[("D", 64), ("S", 150), ("T", 150)]);
+    // 5 key tiles: the warp-specialised block's ring of 3 stages wraps.
+    let env = sizes(&graph, &[("D", 64), ("S", 260), ("T", 260)]);
     let (inputs, expected) = reference_run(&graph, &env, 3).unwrap_or_else(|e| panic!("{e}"));
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape.clone()).collect();
     let env = bind_dims(&graph, &shapes, &env).unwrap_or_else(|e| panic!("{e}"));

@@ -313,7 +313,7 @@ fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&g);
-        for (hd, tiles, stages, ws) in [(64, 2, 2, true), (128, 2, 2, true), (128, 2, 2, false), (128, 2, 1, false), (128, 1, 1, false)] {
+        for (hd, tiles, stages, ws) in [(64, 2, 3, true), (128, 2, 3, true), (128, 2, 2, false), (128, 2, 1, false), (128, 1, 1, false)] {
             let defines = staged_head_defines(&s, hd, tiles, stages, ws);
             jobs.push((format!("{label} HD={hd} MT={tiles} KS={stages} WS={}", u8::from(ws)), p.source.clone(), defines));
         }

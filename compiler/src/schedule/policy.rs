@@ -463,6 +463,19 @@ impl CudaPolicy {
         self.warp_specialize && self.mma_kv_stages(head, keys, tiles) == 2
     }
 
+    /// The stages of the warp-specialised block's K/V ring: 3 where they fit in
+    /// [`CudaPolicy::max_smem_per_block`] (a consumer holds two tiles, the one whose scores it
+    /// forms and the one whose `O += P V` runs meanwhile, so the third is the one the producer
+    /// fills), else 2. `kv_stages` of 2 or more asks for that many (up to 4) where they fit.
+    pub fn mma_ring_stages(&self, head: i64, keys: i64, tiles: i64) -> i64 {
+        let fits = |k: i64| mma_smem_bytes(head, keys, tiles, k) <= i64::from(self.max_smem_per_block);
+        let want = match self.kv_stages {
+            Some(k) if k >= 2 => k.min(4),
+            _ => 3,
+        };
+        (2..=want).rev().find(|&k| fits(k)).unwrap_or(2)
+    }
+
     /// Key splits of a split-KV decode: enough warps to cover the device about 8 times over,
     /// at most one per chunk of [`CUDA_LANE_KEYS`] keys.
     pub fn decode_splits(&self, batch: i64, n: i64) -> i64 {

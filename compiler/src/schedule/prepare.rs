@@ -608,8 +608,10 @@ impl Preparing<'_> {
                 let tiles = cuda.mma_row_tiles(head);
                 self.prepared.defines.push((format!("ATTNC_BN_{s}"), bn));
                 self.prepared.defines.push((format!("ATTNC_MT_{s}"), tiles));
-                self.prepared.defines.push((format!("ATTNC_KS_{s}"), cuda.mma_kv_stages(head, bn, tiles)));
-                self.prepared.defines.push((format!("ATTNC_WS_{s}"), i64::from(cuda.mma_warp_specialized(head, bn, tiles))));
+                let ws = cuda.mma_warp_specialized(head, bn, tiles);
+                let stages = if ws { cuda.mma_ring_stages(head, bn, tiles) } else { cuda.mma_kv_stages(head, bn, tiles) };
+                self.prepared.defines.push((format!("ATTNC_KS_{s}"), stages));
+                self.prepared.defines.push((format!("ATTNC_WS_{s}"), i64::from(ws)));
                 (CUDA_MMA_ROWS * tiles, bn, 1)
             }
             Variant::SplitKv => (m.max(1), CUDA_LANE_KEYS, cuda.decode_splits(batch, n)),

@@ -564,7 +564,10 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
         "attnc_sync();  // the mbarriers are initialised: the block's last barrier of all its threads".into(),
         "int st_ = 0;  // the ring's next stage".into(),
         "unsigned ph_ = 0u;  // and the parity of its phase".into(),
-        "if (tid_ < 128) {".into(),
+        "// The warpgroup, warp-uniform to the compiler: without it ptxas sees the branch below as".into(),
+        "// divergent, and waits for the products in flight at every shuffle of the softmax.".into(),
+        "const int wgi_ = attnc_warp_uniform(tid_ >> 7);".into(),
+        "if (wgi_ == 0) {".into(),
         "  attnc_regs_dec<40>();".into(),
     ];
     // The producer.
@@ -590,7 +593,7 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     // The consumers.
     let mut c = vec![
         "attnc_regs_inc<232>();".to_string(),
-        "const int cw_ = (tid_ >> 7) - 1, ct_ = tid_ & 127;  // this consumer (m-tile cw_ of the block), its thread".into(),
+        "const int cw_ = wgi_ - 1, ct_ = tid_ & 127;  // this consumer (m-tile cw_ of the block), its thread".into(),
         "if (cw_ == 1) attnc_bar_arrive(1, 256);  // consumer 0 takes the first turn".into(),
     ];
     let mut item = Vec::new();
@@ -615,34 +618,73 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     );
     item.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
     item.extend(first_live_tile());
-    item.push("while (kt_ < nkt_) {".into());
-    let mut tile = vec![
+    // Tile kt_'s top: its class, the next live tile, its first key, the wait for its stage.
+    let top = vec![
         Flash::class_line("kt_"),
         "i64 nx_ = kt_ + 1;".into(),
         format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
         "const i64 k0_ = kt_ * BN_;".into(),
         "attnc_mbar_wait(full_ + 8u * st_, ph_);  // K(kt) and V(kt) are in stage st_".into(),
-        "const unsigned kvo_ = (unsigned)st_ * (4u * BN_ * HD_);  // stage st_'s bytes past stage 0".into(),
         "float s_[1][NT_][4], mx_[1][2];".into(),
         "mx_[0][0] = -ATTNC_INF; mx_[0][1] = -ATTNC_INF;".into(),
         "attnc_bar_sync(1 + cw_, 256);  // this consumer's turn at the tensor cores".into(),
         "attnc_wg_fence();".into(),
     ];
-    tile.extend(wg_score_products_of(t, "0", "cw_", "kvo_"));
-    tile.push("attnc_wg_commit();".into());
+    let scores = {
+        let mut v = wg_score_products_of(t, "0", "cw_", "(unsigned)st_ * (4u * BN_ * HD_)");
+        v.push("attnc_wg_commit();".into());
+        v
+    };
+    let pv = {
+        let mut v = wg_pv_products_packed(t, "0", "(unsigned)pst_ * (4u * BN_ * HD_)");
+        v.push("attnc_wg_commit();".into());
+        v
+    };
+    // Tile kt_'s weights packed for its `O += P V`, which the next tile issues (its stage pst_).
+    let advance = ["pst_ = st_;".to_string(), "if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into(), "kt_ = nx_;".into()];
+    item.push("unsigned pw_[1][BN_ / 16][4];  // the weights of the tile whose O += P V is pending".into());
+    item.push("float rs_[1][2];  // the factors of O's rows once that product is done".into());
+    item.push("int pst_ = 0;  // that tile's stage".into());
+    item.push("if (kt_ < nkt_) {".into());
+    // The first live tile: its scores and weights (O is 0: nothing to rescale).
+    let mut first = top.clone();
+    first.extend(scores.iter().cloned());
+    first.push("attnc_bar_arrive(2 - cw_, 256);  // the other consumer's turn".into());
+    first.push("attnc_wg_wait0();".into());
+    first.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
+    first.extend(mma_weights_deferred(fl, &p, Mts("0", "1"))?);
+    first.extend(wg_pack(pack, "0"));
+    first.extend(advance.iter().cloned());
+    // Every later live tile: its scores issued with the previous tile's O += P V, its weights
+    // formed while that product runs, then O rescaled and the previous stage freed.
+    first.push("while (kt_ < nkt_) {".into());
+    let mut tile = top;
+    tile.extend(scores);
+    tile.extend(pv.iter().cloned());
     tile.push("attnc_bar_arrive(2 - cw_, 256);  // the other consumer's turn".into());
-    tile.push("attnc_wg_wait0();".into());
+    tile.push("attnc_wg_wait1();  // S(kt); the previous tile's O += P V may still run".into());
     tile.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
-    tile.extend(mma_weights(fl, &p, Mts("0", "1"))?);
-    tile.push("unsigned pw_[1][BN_ / 16][4];".into());
-    tile.extend(wg_pv_products(t, pack, "0", "kvo_"));
-    tile.push("attnc_wg_commit();".into());
-    tile.push("attnc_wg_wait0();".into());
-    tile.push("attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into());
-    tile.push("attnc_mbar_arrive(empty_ + 8u * st_);  // stage st_ is free".into());
-    tile.push("if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
-    tile.push("kt_ = nx_;".into());
-    item.extend(indent(&tile, 2));
+    tile.extend(mma_weights_deferred(fl, &p, Mts("0", "1"))?);
+    // O += P V of the previous tile: its wait, then O rescaled for this tile's row maxima. Its
+    // A registers (pw_) stay live until the wait, so that ptxas gives them to no other value.
+    let wait = [
+        "attnc_wg_wait0();  // O += P V of the previous tile".to_string(),
+        "attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into(),
+        "attnc_wg_keep<BN_ / 16 * 4>(&pw_[0][0][0]);".into(),
+    ];
+    tile.extend(mma_wait_rescale(fl, &wait));
+    tile.extend(wg_pack(pack, "0"));
+    tile.push("attnc_mbar_arrive(empty_ + 8u * pst_);  // the previous tile's stage is free".into());
+    tile.extend(advance);
+    first.extend(indent(&tile, 2));
+    first.push("}".into());
+    // The last live tile's O += P V.
+    first.push("attnc_wg_fence();".into());
+    first.extend(pv);
+    first.push("attnc_wg_wait0();".into());
+    first.push("attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into());
+    first.push("attnc_mbar_arrive(empty_ + 8u * pst_);".into());
+    item.extend(indent(&first, 2));
     item.push("}".into());
     item.extend(mma_finish(fl, Mts("0", "1"))?);
     c.extend(fl.blocks(items, Vec::new(), item));
@@ -734,12 +776,46 @@ impl Mts {
 /// (class 1 and wholly inside `N_`): there a bare `q · k` costs one multiply per score.
 fn mma_weights(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, CudaEmitError> {
     let mut out = vec!["{".to_string()];
-    out.extend(indent(&mma_weights_lines(fl, p, mts)?, 2));
+    out.extend(indent(&mma_weights_lines(fl, p, mts, false)?, 2));
     out.push("}".into());
     Ok(out)
 }
 
-fn mma_weights_lines(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, CudaEmitError> {
+/// [`mma_weights`] with the rescale of `O` deferred (its accumulators are in flight): each row's
+/// factor is left in `rs_[mt][h]` (declared by the caller) for [`mma_rescale`].
+fn mma_weights_deferred(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, CudaEmitError> {
+    let mut out = vec!["{".to_string()];
+    out.extend(indent(&mma_weights_lines(fl, p, mts, true)?, 2));
+    out.push("}".into());
+    Ok(out)
+}
+
+/// `wait` (the wait for `O`'s product in flight and what follows it), then `O` of m-tile 0
+/// rescaled by the factors [`mma_weights_deferred`] left in `rs_`. The wait goes into both arms
+/// of the rescale's branch: ptxas moves a `wgmma.wait_group` to the top of its basic block, so
+/// in the block of the softmax it would wait before the softmax instead of after it.
+fn mma_wait_rescale(fl: &Flash, wait: &[String]) -> Vec<String> {
+    if !fl.softmax {
+        return wait.to_vec();
+    }
+    let mut out = vec![
+        "// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip".to_string(),
+        "// the multiplies (a warp-uniform branch).".into(),
+        "if (attnc_any(rs_[0][0] != 1.0f || rs_[0][1] != 1.0f)) {".into(),
+    ];
+    out.extend(indent(wait, 2));
+    out.push("  #pragma unroll".into());
+    out.push(
+        "  for (int t_ = 0; t_ < DT_; ++t_) { o_[0][t_][0] *= rs_[0][0]; o_[0][t_][1] *= rs_[0][0]; o_[0][t_][2] *= rs_[0][1]; o_[0][t_][3] *= rs_[0][1]; }"
+            .into(),
+    );
+    out.push("} else {".into());
+    out.extend(indent(wait, 2));
+    out.push("}".into());
+    out
+}
+
+fn mma_weights_lines(fl: &Flash, p: &[String], mts: Mts, defer: bool) -> Result<Vec<String>, CudaEmitError> {
     let elem = |body: Vec<String>| -> Vec<String> {
         let mut inner = vec![
             "#pragma unroll".into(),
@@ -822,7 +898,13 @@ fn mma_weights_lines(fl: &Flash, p: &[String], mts: Mts) -> Result<Vec<String>, 
     out.push(
         if plain { "const float a2_ = fast_ ? alpha2_ : 1.0f;  // the scale still to apply" } else { "const float a2_ = 1.0f;" }.into(),
     );
-    out.extend(mts.each(&MMA_SOFTMAX.lines().map(String::from).collect::<Vec<_>>()));
+    let mut softmax: Vec<String> = MMA_SOFTMAX.lines().map(String::from).collect();
+    if defer {
+        softmax.push("rs_[mt_][0] = sc_[0]; rs_[mt_][1] = sc_[1];".into());
+    } else {
+        softmax.extend(MMA_RESCALE.lines().map(String::from));
+    }
+    out.extend(mts.each(&softmax));
     dropout(&mut out);
     Ok(out)
 }
@@ -1062,6 +1144,15 @@ fn wg_score_products_of(t: char, acc: &str, mt: &str, kv: &str) -> Vec<String> {
 /// keys, V's rows `16 kk` of each 64-column sub-tile (BN_ rows apart), MN-major, from the stage
 /// `kv` bytes past stage 0; issued, not committed.
 fn wg_pv_products(t: char, pack: &str, mt: &str, kv: &str) -> Vec<String> {
+    let mut out = wg_pack(pack, mt);
+    out.push("attnc_wg_fence();".into());
+    out.extend(wg_pv_products_packed(t, mt, kv));
+    out
+}
+
+/// The weights `s_` of m-tile `mt` packed into `pw_`, the A operand of `O += P V` (the
+/// accumulator layout of two adjacent n-tiles is the A-fragment layout).
+fn wg_pack(pack: &str, mt: &str) -> Vec<String> {
     vec![
         "#pragma unroll".into(),
         "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
@@ -1070,7 +1161,14 @@ fn wg_pv_products(t: char, pack: &str, mt: &str, kv: &str) -> Vec<String> {
         format!("  pw_[{mt}][kk_][2] = {pack}(s_[{mt}][2 * kk_ + 1][0], s_[{mt}][2 * kk_ + 1][1]);"),
         format!("  pw_[{mt}][kk_][3] = {pack}(s_[{mt}][2 * kk_ + 1][2], s_[{mt}][2 * kk_ + 1][3]);"),
         "}".into(),
-        "attnc_wg_fence();".into(),
+    ]
+}
+
+/// The warpgroup products `O += P V` of m-tile `mt` from weights already packed in `pw_`, V from
+/// the stage `kv` bytes past stage 0 (one product per 16 keys, as [`wg_pv_products`]); issued,
+/// not committed, after a `wgmma.fence` of the caller's.
+fn wg_pv_products_packed(t: char, mt: &str, kv: &str) -> Vec<String> {
+    vec![
         "#pragma unroll".into(),
         "for (int kk_ = 0; kk_ < BN_ / 16; ++kk_) {".into(),
         format!(
@@ -1156,8 +1254,10 @@ for (int nt_ = 0; nt_ < NT_; ++nt_) {
     s_[mt_][nt_][e_] = p_;
     l_[mt_][e_ >> 1] += p_;
   }
-}
-// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
+}";
+
+/// The rescale of `O` of m-tile `mt_` by its rows' factors `sc_` after a row maximum grew.
+const MMA_RESCALE: &str = "// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
 // the multiplies (a warp-uniform branch).
 if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
   #pragma unroll

@@ -73,6 +73,9 @@ ATTNC_DEV float attnc_exp_fast(float x) { return attnc_exp2_fast(x * ATTNC_LOG2E
 ATTNC_DEV float attnc_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV double attnc_shfl_xor_d(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 ATTNC_DEV long long attnc_shfl_xor_ll(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// Lane 0's value in every lane: a value the compiler then knows to be the same across the warp
+// (a branch on it is warp-uniform).
+ATTNC_DEV int attnc_warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 // a * b + c in double, rounded after each step (never contracted into an FMA): scans.
 ATTNC_DEV bool attnc_any(bool p) { return __any_sync(0xffffffffu, p); }
 ATTNC_DEV int attnc_sync_or(int p) { return __syncthreads_or(p); }
@@ -223,6 +226,12 @@ ATTNC_DEV void attnc_wg_wait1() { asm volatile(\"wgmma.wait_group.sync.aligned 1
 template <int N> ATTNC_DEV void attnc_wg_hold(float* d) {
   #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile(\"\" : \"+f\"(d[i]) :: \"memory\");
+}
+// After a wait: a product's A registers stay live until here (else ptxas may give their
+// registers to other values while the product still reads them, and wait for it there).
+template <int N> ATTNC_DEV void attnc_wg_keep(unsigned* a) {
+  #pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile(\"\" : \"+r\"(a[i]) :: \"memory\");
 }
 // Generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads.
 ATTNC_DEV void attnc_fence_proxy() { asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); }

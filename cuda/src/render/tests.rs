@@ -134,7 +134,7 @@ fn mma_row_tiles_follow_the_head_width_and_the_knob() {
 }
 
 #[test]
-fn kv_stages_follow_hoppers_pipelined_tile_and_the_room() {
+fn kv_stages_and_warp_specialisation_follow_hoppers_tiles_and_the_room() {
     let hopper = CudaPolicy { wgmma: true, max_smem_per_block: 232_448, ..CudaPolicy::default() };
     // Two stages where the pipelined tile runs (widths 64 and 128, keys 64, two m-tiles).
     assert_eq!([(64, 64, 2), (128, 64, 2)].map(|(h, k, t)| hopper.mma_kv_stages(h, k, t)), [2, 2]);
@@ -152,9 +152,12 @@ fn kv_stages_follow_hoppers_pipelined_tile_and_the_room() {
     // width 128, plus 1024 for the swizzle's alignment and 64 for the ring's mbarriers; one
     // stage keeps the skewed rows. The warp-specialised block has 384 threads, the others 128.
     let g = flash_graph("f16", "B, H, S, D", "B, H, S, D", "s", None, "softmax");
+    assert_eq!([hopper.mma_ring_stages(128, 64, 2), CudaPolicy { kv_stages: Some(2), ..hopper }.mma_ring_stages(128, 64, 2)], [3, 2]);
+    assert_eq!(CudaPolicy { max_smem_per_block: 120_000, ..hopper }.mma_ring_stages(128, 64, 2), 2);
     let two = (128 + 4 * 64) * 128 * 2 + 1024 + 64;
     for (policy, bytes, threads) in [
-        (hopper, two, 384),
+        (hopper, (128 + 6 * 64) * 128 * 2 + 1024 + 64, 384),
+        (CudaPolicy { kv_stages: Some(2), ..hopper }, two, 384),
         (CudaPolicy { warp_specialize: false, ..hopper }, two, 128),
         (CudaPolicy { kv_stages: Some(1), ..hopper }, (128 + 2 * 64) * 136 * 2, 128),
     ] {
