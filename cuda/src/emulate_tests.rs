@@ -472,6 +472,19 @@ pub(super) fn backward_cases() -> Vec<(String, Graph, f64)> {
                 (format!("{label} (backward, slopes)"), derived, 2e-2)
             }),
         )
+        .chain(
+            // A bias table's gradient, scattered over the table by relative position: added
+            // atomically by the tensor-core backward's key items (the SIMT kernel's in its
+            // deterministic mode). Each entry sums dF over one diagonal, terms of both signs from
+            // f16 operands: bounded as the slopes are.
+            [("f16 relative bias table", include_str!("../../tests/cases/flash_backward/f16_relative_bias_table.ir"))].into_iter().map(
+                |(label, text)| {
+                    let g: Graph = text.parse().unwrap();
+                    let derived = attn_compiler::ir::grad::differentiate(&g, None).unwrap_or_else(|e| panic!("{label}: {e}"));
+                    (format!("{label} (backward, table)"), derived, 2e-2)
+                },
+            ),
+        )
         .collect()
 }
 

@@ -172,8 +172,9 @@ impl Formation<'_> {
             _ => (None, d_lse),
         };
         let wanted: Vec<usize> = results.dx.iter().map(|(n, _)| *n).collect();
-        // Extra gradients scattered over their operand (a bias table by relative position)
-        // keep the SIMT kernel; one sum per item (ALiBi's slopes) the tensor-core one can add.
+        // Extra gradients scattered over their operand (a bias table by relative position):
+        // the tensor-core kernel adds them atomically, so its deterministic mode leaves them to
+        // the SIMT kernel; one sum per item (ALiBi's slopes) it adds in both modes.
         let scattered = grad.loads.iter().any(|l| wanted.contains(&l.input) && !super::item_level(l, spec.rank));
         let variant = self.policy.flash_bwd_variant([q.dtype, k.dtype, vv.dtype, d_out.dtype], spec.pair == Pair::Dot, scattered);
         let linear = BwdLinear::of(&spec, &grad, &wanted);

@@ -758,8 +758,8 @@ pub(crate) fn item_level(l: &crate::ir::grad::LoadGrad, rank: usize) -> bool {
 
 impl FlashBwdKernel {
     /// Whether every extra operand's gradient asked for is item sums ([`Self::item_sums`]):
-    /// what the CUDA tensor-core backward computes (scattered ones, as bias tables, take the
-    /// SIMT kernel).
+    /// what the CUDA tensor-core backward computes in its deterministic mode (scattered ones,
+    /// as bias tables', it adds atomically, so only where `dQ` is added atomically too).
     pub fn extra_grads_are_item_sums(&self) -> bool {
         let rank = self.spec.rank;
         self.grad.loads.iter().all(|l| !self.dx.iter().any(|(x, _)| *x == l.input) || item_level(l, rank))

@@ -196,16 +196,18 @@ impl Policy {
 
     /// The variant of a flash backward: the CPU's tiles; on CUDA tensor cores for dot-product
     /// scores whose `q`, `k` and `v` share f16 or bf16, whose `d_out` (`dtypes[3]`) has their
-    /// type or f32 (an f32 bias widens the op's result), and whose extra operands' gradients,
-    /// if any, are one sum per work item (ALiBi's slopes; `scattered_grads`: some are scattered
-    /// over their operand, as a bias table's); else the SIMT kernel.
+    /// type or f32 (an f32 bias widens the op's result); else the SIMT kernel. Extra operands'
+    /// gradients that are one sum per work item (ALiBi's slopes) run on tensor cores in both
+    /// modes; ones scattered over their operand (`scattered_grads`: a bias table's, by relative
+    /// position) only in the default mode, where each key item adds them atomically into its
+    /// partial sums (the deterministic mode keeps the SIMT kernel's ordered additions).
     pub fn flash_bwd_variant(&self, dtypes: [DType; 4], dot: bool, scattered_grads: bool) -> Variant {
         match self {
             Policy::Cpu(_) => Variant::Tiled,
             Policy::Cuda(c)
                 if !c.simt_backward
                     && dot
-                    && !scattered_grads
+                    && !(scattered_grads && c.deterministic_backward)
                     && dtypes[..3].iter().all(|d| *d == dtypes[0])
                     && matches!(dtypes[0], DType::F16 | DType::BF16)
                     && (dtypes[3] == dtypes[0] || dtypes[3] == DType::F32) =>

@@ -260,6 +260,30 @@ fn the_cuda_tensor_core_backward_sums_dq_atomically_unless_deterministic() {
     }
 }
 
+/// A bias table's gradient (scattered by relative position) runs on the tensor-core backward,
+/// which adds it atomically, and on the SIMT kernel in the deterministic mode.
+#[test]
+fn a_bias_tables_gradient_takes_the_tensor_core_backward_unless_deterministic() {
+    let text = include_str!("../../../tests/cases/flash_backward/f16_relative_bias_table.ir");
+    let g: crate::ir::Graph = text.parse().expect("parses");
+    let derived = crate::ir::grad::differentiate(&g, None).expect("differentiates");
+    let variant = |policy: CudaPolicy| {
+        let s = schedule(&derived, &Policy::Cuda(policy)).expect("schedules");
+        let f = s
+            .steps
+            .iter()
+            .find_map(|st| match &st.kernel {
+                Kernel::FlashBwd(f) => Some(f.clone()),
+                _ => None,
+            })
+            .expect("a flash backward step");
+        assert!(!f.extra_grads_are_item_sums(), "the table's gradient is scattered");
+        f.variant
+    };
+    assert_eq!(variant(CudaPolicy::default()), Variant::TensorCore);
+    assert_eq!(variant(CudaPolicy { deterministic_backward: true, ..CudaPolicy::default() }), Variant::Simt);
+}
+
 #[test]
 fn score_scales_split_from_positions() {
     let e = |t: &str| parse_expr(t, 4).expect("parses");

@@ -139,7 +139,7 @@ pub(super) fn df_term(cx: &ScoreCtx, k: usize, l: &attn_compiler::ir::grad::Load
 
 /// The row-major offset of a load's clamped indices within its operand (its gradient's
 /// element), as terms to add; statements into `il`.
-fn flat_index(
+pub(super) fn flat_index(
     ints: &Ints,
     f: &FlashBwdKernel,
     cx: &ScoreCtx,

@@ -1,7 +1,8 @@
 //! The flash backward on tensor cores (FlashAttention-2's backward with `mma.sync.m16n8k16`,
 //! f32 accumulation), for f16/bf16 `q`, `k`, `v` (and `d_out` of their type or f32, rounded to
-//! it on staging: an f32 bias makes the op's result f32) when every extra operand's gradient
-//! asked for is one sum per work item, as ALiBi's slopes'
+//! it on staging: an f32 bias makes the op's result f32), with the extra operands' gradients:
+//! one sum per work item (ALiBi's slopes') in registers, scattered ones (a bias table's, by
+//! relative position) added atomically into the key item's partial sums, in the fast mode only
 //! ([`Variant::TensorCore`](attn_compiler::schedule::Variant) of a [`FlashBwdKernel`]).
 //! A block has four warps. In the fast mode (the default) every work item is a key block
 //! (1. below) that also adds its share of `dQ` into an f32 buffer by atomic adds
@@ -26,7 +27,7 @@
 //! Fragment layouts and `ldmatrix` addressing are the forward kernel's (`flash.rs`).
 
 use super::cexpr::{Ints, indent, load, ptr, round_to, store};
-use super::flash_bwd::{df_term, flush_item_sums, item_start, items_head, partials_head, row_col, sizes_head, weight_and_ds};
+use super::flash_bwd::{df_term, flat_index, flush_item_sums, item_start, items_head, partials_head, row_col, sizes_head, weight_and_ds};
 use super::score::ScoreCtx;
 use super::{CudaEmitError, KernelSource, Smem};
 use attn_compiler::ir::{DType, Dim};
@@ -35,8 +36,10 @@ use attn_compiler::schedule::{FlashBwdKernel, View};
 
 /// The tensor-core backward kernel of a flash backward step.
 pub(super) fn emit(ints: &Ints, items: &str, f: &FlashBwdKernel) -> Result<KernelSource, CudaEmitError> {
-    if !f.extra_grads_are_item_sums() {
-        return Err(ints.fail("the tensor-core flash backward adds only extra gradients that are one sum per item".into()));
+    if !f.extra_grads_are_item_sums() && f.dq_accum.is_none() {
+        return Err(
+            ints.fail("the tensor-core flash backward's deterministic mode adds only extra gradients that are one sum per item".into())
+        );
     }
     let step = f.step;
     let bf16 = f.k.dtype == DType::BF16;
@@ -412,15 +415,23 @@ impl Cx<'_> {
         el.push("float p_ = 0.0f, df_ = 0.0f, ds_ = 0.0f;".into());
         el.push("bool keep_ = i_ < M_ && j_ < N_;".into());
         el.extend(weight_and_ds(&cx, f, "dpv_", ("L_[sr_]", "G_[sr_]"), true)?);
-        // A key item's extra gradients that are one sum per item: dF · ∂F/∂x into `sum_`.
+        // A key item's extra gradients, dF · ∂F/∂x: one sum per item into `sum_`; scattered
+        // over the operand (a bias table by relative position), added atomically into the
+        // high word of the item's partial sum of the element (its low word stays 0; only in
+        // the default mode, where dQ is added atomically too: the emission refuses otherwise).
         for (k, (l, item)) in f.grad.loads.iter().zip(f.item_sums()).enumerate() {
-            if !item {
-                continue;
-            }
+            let Some(slot) = f.dx.iter().position(|(x, _)| *x == l.input) else { continue };
             let (lines, contrib) = df_term(&cx, k, l)?;
             el.push("if (keys_ && df_ != 0.0f && i_ < M_ && j_ < N_) {".into());
             el.extend(indent(&lines, 2));
-            el.push(format!("  sum_[{k}] += (double)({contrib});"));
+            if item {
+                el.push(format!("  sum_[{k}] += (double)({contrib});"));
+            } else {
+                let mut il = super::ops::Lines::new(&format!("y{k}"));
+                let flat = flat_index(self.ints, f, &cx, &mut il, l)?;
+                el.extend(indent(&il.lines, 2));
+                el.push(format!("  attnc_red_add(mine_ + 2 * ({} + {}), {contrib});", self.offsets[slot], flat.join(" + ")));
+            }
             el.push("}".into());
         }
         el.push("s_[nt_][e_] = p_; dp_[nt_][e_] = ds_;".into());
