@@ -147,7 +147,7 @@ fn variants_follow_the_target_and_dtypes() {
 }
 
 #[test]
-fn the_cuda_backward_takes_tensor_cores_for_half_operands_and_gradients_summed_per_item() {
+fn the_cuda_backward_takes_tensor_cores_for_half_operands_and_their_extra_gradients() {
     // `dtype` of q, k, v; `result` of the op (an f32 bias may widen it to f32).
     let text = |dtype: &str, result: &str| {
         format!(
@@ -180,12 +180,24 @@ fn the_cuda_backward_takes_tensor_cores_for_half_operands_and_gradients_summed_p
     assert_eq!(variant("f16>f32", Some(&qkv), &cuda), Variant::TensorCore);
     // The slopes' gradient is one sum per item (its index is the head's): tensor cores too.
     assert_eq!(variant("f16", None, &cuda), Variant::TensorCore);
-    // A gradient scattered over its operand (a bias per key) and f32 operands take SIMT.
+    // A gradient scattered over its operand (a bias by relative position): tensor cores, which
+    // add it atomically, except in the deterministic mode (SIMT). f32 operands take SIMT.
     let scattered: Graph =
         text("f16", "f16").replace("f32[H]", "f32[H, R]").replace("x0[h]", "x0[h, (j - i) % dim(R)]").parse().expect("parses");
     let derived = crate::ir::grad::differentiate(&scattered, None).expect("differentiates");
-    let s = schedule(&derived, &cuda).expect("schedules");
-    assert!(s.steps.iter().any(|st| matches!(&st.kernel, Kernel::FlashBwd(f) if f.variant == Variant::Simt)));
+    for (policy, want) in [
+        (CudaPolicy::default(), Variant::TensorCore),
+        (CudaPolicy { deterministic_backward: true, ..CudaPolicy::default() }, Variant::Simt),
+    ] {
+        let s = schedule(&derived, &Policy::Cuda(policy)).expect("schedules");
+        let f = s.steps.iter().find_map(|st| match &st.kernel {
+            Kernel::FlashBwd(f) => Some(f),
+            _ => None,
+        });
+        let f = f.expect("a flash backward step");
+        assert!(!f.extra_grads_are_item_sums(), "the bias's gradient is scattered");
+        assert_eq!(f.variant, want, "{policy:?}");
+    }
     assert_eq!(variant("f32", Some(&qkv), &cuda), Variant::Simt);
     assert_eq!(variant("f16", Some(&qkv), &Policy::default()), Variant::Tiled);
     // The comparison knob.
@@ -258,30 +270,6 @@ fn the_cuda_tensor_core_backward_sums_dq_atomically_unless_deterministic() {
         let (_, _, f) = backward(policy);
         assert!(f.dq.is_some() && f.dq_accum.is_none(), "{policy:?}");
     }
-}
-
-/// A bias table's gradient (scattered by relative position) runs on the tensor-core backward,
-/// which adds it atomically, and on the SIMT kernel in the deterministic mode.
-#[test]
-fn a_bias_tables_gradient_takes_the_tensor_core_backward_unless_deterministic() {
-    let text = include_str!("../../../tests/cases/flash_backward/f16_relative_bias_table.ir");
-    let g: crate::ir::Graph = text.parse().expect("parses");
-    let derived = crate::ir::grad::differentiate(&g, None).expect("differentiates");
-    let variant = |policy: CudaPolicy| {
-        let s = schedule(&derived, &Policy::Cuda(policy)).expect("schedules");
-        let f = s
-            .steps
-            .iter()
-            .find_map(|st| match &st.kernel {
-                Kernel::FlashBwd(f) => Some(f.clone()),
-                _ => None,
-            })
-            .expect("a flash backward step");
-        assert!(!f.extra_grads_are_item_sums(), "the table's gradient is scattered");
-        f.variant
-    };
-    assert_eq!(variant(CudaPolicy::default()), Variant::TensorCore);
-    assert_eq!(variant(CudaPolicy { deterministic_backward: true, ..CudaPolicy::default() }), Variant::Simt);
 }
 
 #[test]
