@@ -126,12 +126,19 @@ static void entry() {
   leave();
   __builtin_trap();
 }
-// Waits until all `b.n` fibers have arrived.
-static inline void wait(Barrier& b) {
-  if (++b.count == b.n) { b.count = 0; ++b.gen; return; }
+// Holds this fiber until `b` completes its current phase.
+static inline void until_next_phase(Barrier& b) {
   Fiber& me = fibers[cur];
   me.wait = &b; me.gen = b.gen;
   leave();
+}
+// Arrives at `b` without waiting.
+static inline void arrive(Barrier& b) { if (++b.count == b.n) { b.count = 0; ++b.gen; } }
+// Arrives at `b` and waits until all `b.n` fibers have.
+static inline void wait(Barrier& b) {
+  const unsigned long gen = b.gen;
+  arrive(b);
+  if (b.gen == gen) until_next_phase(b);
 }
 // Lets every other fiber run on until it waits; this one goes on then.
 static inline void yield() { fibers[cur].yielded = true; leave(); }
@@ -463,11 +470,14 @@ inline MBar mbars[32];
 inline unsigned nmbars = 0;
 inline Barrier named[16];
 inline long long barrier_block = -1;  // the block whose barriers these are
+static inline MBar* find_mbar(unsigned a) {
+  for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) return &mbars[i];
+  return nullptr;
+}
 static inline Barrier& mbar(unsigned a) {
-  for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) return mbars[i].b;
+  if (MBar* m = find_mbar(a)) return m->b;
   std::fprintf(stderr, "emulation: mbarrier at shared address %u used before its init\n", a); std::abort();
 }
-static inline void arrive(Barrier& b) { if (++b.count == b.n) { b.count = 0; ++b.gen; } }
 static inline Barrier& named_bar(int id, int n) {
   if (id <= 0 || id >= 16 || n <= 0 || n % 32 != 0) { std::fprintf(stderr, "emulation: named barrier %d of %d threads\n", id, n); std::abort(); }
   Barrier& b = named[id];
@@ -478,18 +488,14 @@ static inline Barrier& named_bar(int id, int n) {
 }
 ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) {
   using namespace attnc_emu;
-  for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) { mbars[i].b = Barrier{n}; return; }
+  if (MBar* m = find_mbar(a)) { m->b = Barrier{n}; return; }
   if (nmbars == 32) { std::fprintf(stderr, "emulation: more than 32 mbarriers\n"); std::abort(); }
   mbars[nmbars++] = MBar{a, Barrier{n}};
 }
 ATTNC_DEV void attnc_mbar_arrive(unsigned a) { attnc_emu::arrive(attnc_emu::mbar(a)); }
 ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
   attnc_emu::Barrier& b = attnc_emu::mbar(a);
-  while ((b.gen & 1) == (parity & 1)) {
-    attnc_emu::Fiber& me = attnc_emu::fibers[attnc_emu::cur];
-    me.wait = &b; me.gen = b.gen;
-    attnc_emu::leave();
-  }
+  while ((b.gen & 1) == (parity & 1)) attnc_emu::until_next_phase(b);
 }
 ATTNC_DEV void attnc_bar_sync(int id, int n) { attnc_emu::wait(attnc_emu::named_bar(id, n)); }
 ATTNC_DEV void attnc_bar_arrive(int id, int n) { attnc_emu::arrive(attnc_emu::named_bar(id, n)); }

@@ -461,11 +461,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
     it.extend(mma_stage_setup(fl)?);
     it.push("attnc_sync();  // the previous item's last reads of Qs_, Ks_ and Vs_".into());
-    it.push(format!("for (int e_ = tid_; e_ < BM_ * HD_; e_ += {CUDA_FLASH_THREADS}) {{"));
-    it.push("  const i64 qi_ = q0_ + e_ / HD_, qc_ = e_ % HD_;".into());
-    it.extend(indent(&fl.q("qi_", "qc_")?, 2));
-    it.push(format!("  Qs_[ATTNC_OFF_{step}(BM_, e_ / HD_, e_ % HD_)] = {conv}(x_);"));
-    it.push("}".into());
+    it.extend(stage_q(fl, conv, "BM_", "0", "tid_")?);
     // Up to 128 columns of Q per warp (MT_ · HD_) its Q fragments stay in registers (32 at
     // most); more are read from shared memory for every key tile, to keep the kernel clear of
     // spills.
@@ -480,14 +476,7 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
     it.push("    for (int ks_ = 0; ks_ < HD_ / 16; ++ks_)".into());
     it.push("      attnc_ldsm_x4(qf_[mt_][ks_], qa_s_ + 128u * LD_ * mt_ + 32u * ks_);".into());
     it.push("}".into());
-    it.push("float o_[MT_][DT_][4], m_[MT_][2], l_[MT_][2];  // row maxima in base 2".into());
-    it.push("#pragma unroll".into());
-    it.push("for (int mt_ = 0; mt_ < MT_; ++mt_) {".into());
-    it.push("  m_[mt_][0] = -ATTNC_INF; m_[mt_][1] = -ATTNC_INF; l_[mt_][0] = 0.0f; l_[mt_][1] = 0.0f;".into());
-    it.push("  #pragma unroll".into());
-    it.push("  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] = 0.0f; o_[mt_][t_][1] = 0.0f; o_[mt_][t_][2] = 0.0f; o_[mt_][t_][3] = 0.0f; }".into());
-    it.push("}".into());
-    it.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
+    it.extend(mma_accumulators("MT_"));
     it.push(format!("#if ATTNC_WGS_{step}"));
     it.extend(wg_staged_loop(fl, &p, pack, bf16)?);
     it.push("#else".into());
@@ -534,28 +523,19 @@ fn tensor_core(fl: &Flash, items: &str) -> Result<KernelSource, CudaEmitError> {
 }
 
 /// The warp-specialised block on Hopper (`ATTNC_WS_n`, launched with 384 threads; FlashAttention-3's
-/// structure). Warpgroup 0 is the producer: for every live key tile of every work item it waits
-/// until the consumers have freed the next stage of a ring of `ATTNC_KS_n` K/V stages (its
-/// `empty` mbarrier), copies the tile's K and V into it ([`mma_stage_to`]: 16-byte `cp.async`
-/// where the rows allow, zero-filled past the matrix) and, once its copies are in and fenced for
-/// the async proxy, arrives on the stage's `full` mbarrier. Warpgroups 1 and 2 are consumers of
-/// 64 query rows each (the block's m-tiles 0 and 1): each copies its Q rows, then for every
-/// live tile waits for its stage, issues `S = Q Kᵀ`, forms the weights, issues `O += P V`, and
-/// frees the stage. The two take turns at the tensor cores through named barriers 1 and 2
-/// (each issues its scores' products in its turn, then hands the turn over, so that one's
-/// softmax runs while the other's products do); barriers 3 and 4 are each consumer's own.
-/// `setmaxnreg` leaves the producer 40 registers and gives each consumer 232 (40 + 2 · 232 =
-/// 3 · 168, the kernel's budget at one block of 384 threads per SM). Both sides walk the same
-/// live tiles in the same order, so the ring's stage and phase advance alike on both.
+/// structure): warpgroup 0 is the producer ([`ws_producer`]), warpgroups 1 and 2 the consumers
+/// of 64 query rows each ([`ws_consumer`]), synchronised through a ring of `ATTNC_KS_n` K/V
+/// stages in shared memory, each with a `full` mbarrier (the producer's 128 threads arrive once
+/// the stage's copies are in) and an `empty` one (the consumers' 256 threads arrive once they
+/// are done with it). `setmaxnreg` leaves the producer 40 registers and gives each consumer 232
+/// (40 + 2 · 232 = 3 · 168, the kernel's budget at one block of 384 threads per SM). Both sides
+/// walk the same live tiles in the same order, so the ring's stage `st_` and the parity `ph_`
+/// of its phase advance alike on both.
 fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
     let step = fl.f.step;
-    let t = if bf16 { 'b' } else { 'h' };
-    let conv = if bf16 { "attnc_f2b" } else { "attnc_f2h" };
-    let next_live = format!("while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_"));
     let mut out = vec![
         format!("constexpr int KS_ = ATTNC_KS_{step};  // stages of the K/V ring"),
-        "// The ring's mbarriers past the tiles: KS_ `full` ones (the producer's 128 threads arrive), then".into(),
-        "// KS_ `empty` ones (the consumers' 256 threads arrive).".into(),
+        "// The ring's mbarriers past the tiles: KS_ `full` ones, then KS_ `empty` ones.".into(),
         "const unsigned full_ = sa_ + 2u * (BM_ + 2 * KS_ * BN_) * HD_, empty_ = full_ + 8u * KS_;".into(),
         "if (tid_ == 0) {".into(),
         "  for (int st_ = 0; st_ < KS_; ++st_) { attnc_mbar_init(full_ + 8u * st_, 128u); attnc_mbar_init(empty_ + 8u * st_, 256u); }"
@@ -568,9 +548,19 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
         "// divergent, and waits for the products in flight at every shuffle of the softmax.".into(),
         "const int wgi_ = attnc_warp_uniform(tid_ >> 7);".into(),
         "if (wgi_ == 0) {".into(),
-        "  attnc_regs_dec<40>();".into(),
     ];
-    // The producer.
+    out.extend(indent(&ws_producer(fl, items)?, 2));
+    out.push("} else {".into());
+    out.extend(indent(&ws_consumer(fl, items, pack, bf16)?, 2));
+    out.push("}".into());
+    Ok(out)
+}
+
+/// The warp-specialised block's producer: for every live key tile of every work item it waits
+/// until the consumers have freed the ring's next stage, copies the tile's K and V into it
+/// ([`stage_copies`]: 16-byte `cp.async` where the rows allow, zero-filled past the matrix),
+/// waits for its copies, fences them for the async proxy and arrives on the stage's `full`.
+fn ws_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
     let mut item = Vec::new();
     fl.item(&mut item, true)?;
     item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
@@ -586,14 +576,23 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     item.push("  attnc_mbar_arrive(full_ + 8u * st_);".into());
     item.push("  if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
     item.push("  ++kt_;".into());
-    item.push(format!("  {next_live}"));
+    item.push(format!("  while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_")));
     item.push("}".into());
-    out.extend(indent(&fl.blocks(items, Vec::new(), item), 2));
-    out.push("} else {".into());
-    // The consumers.
-    let mut c = vec![
+    let mut out = vec!["attnc_regs_dec<40>();".to_string()];
+    out.extend(fl.blocks(items, Vec::new(), item));
+    Ok(out)
+}
+
+/// A warp-specialised block's consumer `cw_` (m-tile `cw_` of the block): it copies its Q rows,
+/// then runs the live key tiles ([`ws_consumer_tiles`]) and writes its rows. The two consumers
+/// take turns at the tensor cores through named barriers 1 and 2 (each issues its products in
+/// its turn, then hands the turn over, so that one's softmax runs while the other's products
+/// do); barriers 3 and 4 are each consumer's own.
+fn ws_consumer(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+    let conv = if bf16 { "attnc_f2b" } else { "attnc_f2h" };
+    let mut out = vec![
         "attnc_regs_inc<232>();".to_string(),
-        "const int cw_ = wgi_ - 1, ct_ = tid_ & 127;  // this consumer (m-tile cw_ of the block), its thread".into(),
+        "const int cw_ = wgi_ - 1;  // this consumer: m-tile cw_ of the block".into(),
         "if (cw_ == 1) attnc_bar_arrive(1, 256);  // consumer 0 takes the first turn".into(),
     ];
     let mut item = Vec::new();
@@ -602,23 +601,25 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     item.push("const i64 rw_ = q0_ + 64 * cw_ + (warp_ & 3) * 16 + g_;  // this lane's rows: rw_ + 8 h (half h)".into());
     item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
     item.push("attnc_bar_sync(3 + cw_, 128);  // this consumer's products of the previous item are done with its Q rows".into());
-    item.push("for (int e_ = ct_; e_ < 64 * HD_; e_ += 128) {".into());
-    item.push("  const int r_ = 64 * cw_ + e_ / HD_;".into());
-    item.push("  const i64 qi_ = q0_ + r_, qc_ = e_ % HD_;".into());
-    item.extend(indent(&fl.q("qi_", "qc_")?, 2));
-    item.push(format!("  Qs_[ATTNC_OFF_{step}(BM_, r_, e_ % HD_)] = {conv}(x_);"));
-    item.push("}".into());
+    item.extend(stage_q(fl, conv, "64", "64 * cw_", "(tid_ & 127)")?);
     item.push("attnc_fence_proxy();".into());
     item.push("attnc_bar_sync(3 + cw_, 128);".into());
-    item.push("float o_[1][DT_][4], m_[1][2], l_[1][2];  // row maxima in base 2".into());
-    item.push("m_[0][0] = -ATTNC_INF; m_[0][1] = -ATTNC_INF; l_[0][0] = 0.0f; l_[0][1] = 0.0f;".into());
-    item.push("#pragma unroll".into());
-    item.push(
-        "for (int t_ = 0; t_ < DT_; ++t_) { o_[0][t_][0] = 0.0f; o_[0][t_][1] = 0.0f; o_[0][t_][2] = 0.0f; o_[0][t_][3] = 0.0f; }".into(),
-    );
-    item.push("const float alpha2_ = alpha_ * ATTNC_LOG2E;".into());
-    item.extend(first_live_tile());
-    // Tile kt_'s top: its class, the next live tile, its first key, the wait for its stage.
+    item.extend(mma_accumulators("1"));
+    item.extend(ws_consumer_tiles(fl, &p, pack, bf16)?);
+    item.extend(mma_finish(fl, Mts("0", "1"))?);
+    out.extend(fl.blocks(items, Vec::new(), item));
+    Ok(out)
+}
+
+/// A consumer's live key tiles, FlashAttention-3's intra-warpgroup overlap: each tile's
+/// `S = Q Kᵀ` is issued together with the previous tile's `O += P V` (two commit groups), the
+/// tile's weights are formed while the latter runs (`wgmma.wait_group 1`), then O is rescaled for
+/// the new row maxima after its wait ([`mma_wait_rescale`]), the weights are packed for the next
+/// tile's product, and the previous tile's stage is freed. The last tile's `P V` follows the loop.
+fn ws_consumer_tiles(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result<Vec<String>, CudaEmitError> {
+    let t = if bf16 { 'b' } else { 'h' };
+    // Tile kt_'s top: its class, the next live tile, its first key, the wait for its stage,
+    // and this consumer's turn.
     let top = vec![
         Flash::class_line("kt_"),
         "i64 nx_ = kt_ + 1;".into(),
@@ -630,33 +631,28 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
         "attnc_bar_sync(1 + cw_, 256);  // this consumer's turn at the tensor cores".into(),
         "attnc_wg_fence();".into(),
     ];
-    let scores = {
-        let mut v = wg_score_products_of(t, "0", "cw_", "(unsigned)st_ * (4u * BN_ * HD_)");
-        v.push("attnc_wg_commit();".into());
-        v
-    };
-    let pv = {
-        let mut v = wg_pv_products_packed(t, "0", "(unsigned)pst_ * (4u * BN_ * HD_)");
-        v.push("attnc_wg_commit();".into());
-        v
-    };
-    // Tile kt_'s weights packed for its `O += P V`, which the next tile issues (its stage pst_).
+    let mut scores = wg_score_products_of(t, "0", "cw_", "(unsigned)st_ * (4u * BN_ * HD_)");
+    scores.push("attnc_wg_commit();".into());
+    let mut pv = wg_pv_products_packed(t, "0", "(unsigned)pst_ * (4u * BN_ * HD_)");
+    pv.push("attnc_wg_commit();".into());
+    // After a tile's weights are packed: its stage becomes the pending product's, and the ring
+    // and the tile move on.
     let advance = ["pst_ = st_;".to_string(), "if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into(), "kt_ = nx_;".into()];
-    item.push("unsigned pw_[1][BN_ / 16][4];  // the weights of the tile whose O += P V is pending".into());
-    item.push("float rs_[1][2];  // the factors of O's rows once that product is done".into());
-    item.push("int pst_ = 0;  // that tile's stage".into());
-    item.push("if (kt_ < nkt_) {".into());
+    let mut out = first_live_tile();
+    out.push("unsigned pw_[1][BN_ / 16][4];  // the weights of the tile whose O += P V is pending".into());
+    out.push("float rs_[1][2];  // the factors of O's rows once that product is done".into());
+    out.push("int pst_ = 0;  // that tile's stage".into());
+    out.push("if (kt_ < nkt_) {".into());
     // The first live tile: its scores and weights (O is 0: nothing to rescale).
     let mut first = top.clone();
     first.extend(scores.iter().cloned());
     first.push("attnc_bar_arrive(2 - cw_, 256);  // the other consumer's turn".into());
     first.push("attnc_wg_wait0();".into());
     first.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
-    first.extend(mma_weights_deferred(fl, &p, Mts("0", "1"))?);
+    first.extend(mma_weights_deferred(fl, p, Mts("0", "1"))?);
     first.extend(wg_pack(pack, "0"));
     first.extend(advance.iter().cloned());
-    // Every later live tile: its scores issued with the previous tile's O += P V, its weights
-    // formed while that product runs, then O rescaled and the previous stage freed.
+    // Every later live tile.
     first.push("while (kt_ < nkt_) {".into());
     let mut tile = top;
     tile.extend(scores);
@@ -664,9 +660,8 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     tile.push("attnc_bar_arrive(2 - cw_, 256);  // the other consumer's turn".into());
     tile.push("attnc_wg_wait1();  // S(kt); the previous tile's O += P V may still run".into());
     tile.push("attnc_wg_hold<NT_ * 4>(&s_[0][0][0]);".into());
-    tile.extend(mma_weights_deferred(fl, &p, Mts("0", "1"))?);
-    // O += P V of the previous tile: its wait, then O rescaled for this tile's row maxima. Its
-    // A registers (pw_) stay live until the wait, so that ptxas gives them to no other value.
+    tile.extend(mma_weights_deferred(fl, p, Mts("0", "1"))?);
+    // Its A registers (pw_) stay live until the wait, so that ptxas gives them to no other value.
     let wait = [
         "attnc_wg_wait0();  // O += P V of the previous tile".to_string(),
         "attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into(),
@@ -684,13 +679,40 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
     first.push("attnc_wg_wait0();".into());
     first.push("attnc_wg_hold<DT_ * 4>(&o_[0][0][0]);".into());
     first.push("attnc_mbar_arrive(empty_ + 8u * pst_);".into());
-    item.extend(indent(&first, 2));
-    item.push("}".into());
-    item.extend(mma_finish(fl, Mts("0", "1"))?);
-    c.extend(fl.blocks(items, Vec::new(), item));
-    out.extend(indent(&c, 2));
+    out.extend(indent(&first, 2));
     out.push("}".into());
     Ok(out)
+}
+
+/// Q's rows `[row0, row0 + rows)` of the block staged into `Qs_` (rounded to the operands'
+/// type by `conv`, zero past the matrix) by the 128 threads numbered `thread`.
+fn stage_q(fl: &Flash, conv: &str, rows: &str, row0: &str, thread: &str) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
+    let mut out = vec![
+        format!("for (int e_ = {thread}; e_ < {rows} * HD_; e_ += {CUDA_FLASH_THREADS}) {{"),
+        format!("  const int r_ = {row0} + e_ / HD_;"),
+        "  const i64 qi_ = q0_ + r_, qc_ = e_ % HD_;".into(),
+    ];
+    out.extend(indent(&fl.q("qi_", "qc_")?, 2));
+    out.push(format!("  Qs_[ATTNC_OFF_{step}(BM_, r_, e_ % HD_)] = {conv}(x_);"));
+    out.push("}".into());
+    Ok(out)
+}
+
+/// The tensor-core kernel's accumulators for `n` m-tiles, zeroed: `O`, the row maxima (in base
+/// 2) and the row sums; and the scale in base 2.
+fn mma_accumulators(n: &str) -> Vec<String> {
+    vec![
+        format!("float o_[{n}][DT_][4], m_[{n}][2], l_[{n}][2];  // row maxima in base 2"),
+        "#pragma unroll".into(),
+        format!("for (int mt_ = 0; mt_ < {n}; ++mt_) {{"),
+        "  m_[mt_][0] = -ATTNC_INF; m_[mt_][1] = -ATTNC_INF; l_[mt_][0] = 0.0f; l_[mt_][1] = 0.0f;".into(),
+        "  #pragma unroll".into(),
+        "  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] = 0.0f; o_[mt_][t_][1] = 0.0f; o_[mt_][t_][2] = 0.0f; o_[mt_][t_][3] = 0.0f; }"
+            .into(),
+        "}".into(),
+        "const float alpha2_ = alpha_ * ATTNC_LOG2E;".into(),
+    ]
 }
 
 /// The tensor-core kernel's constants and shared tiles: skewed rows for `mma.sync`, 128-byte
@@ -798,19 +820,27 @@ fn mma_wait_rescale(fl: &Flash, wait: &[String]) -> Vec<String> {
     if !fl.softmax {
         return wait.to_vec();
     }
+    mma_rescale("0", ["rs_[0][0]", "rs_[0][1]"], wait)
+}
+
+/// `O` of m-tile `mt` rescaled by its two row halves' factors `sc` after a row maximum grew,
+/// with `wait` (if any) first in both arms of the branch.
+fn mma_rescale(mt: &str, sc: [&str; 2], wait: &[String]) -> Vec<String> {
     let mut out = vec![
         "// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip".to_string(),
         "// the multiplies (a warp-uniform branch).".into(),
-        "if (attnc_any(rs_[0][0] != 1.0f || rs_[0][1] != 1.0f)) {".into(),
+        format!("if (attnc_any({0} != 1.0f || {1} != 1.0f)) {{", sc[0], sc[1]),
     ];
     out.extend(indent(wait, 2));
     out.push("  #pragma unroll".into());
-    out.push(
-        "  for (int t_ = 0; t_ < DT_; ++t_) { o_[0][t_][0] *= rs_[0][0]; o_[0][t_][1] *= rs_[0][0]; o_[0][t_][2] *= rs_[0][1]; o_[0][t_][3] *= rs_[0][1]; }"
-            .into(),
-    );
-    out.push("} else {".into());
-    out.extend(indent(wait, 2));
+    out.push(format!(
+        "  for (int t_ = 0; t_ < DT_; ++t_) {{ o_[{mt}][t_][0] *= {0}; o_[{mt}][t_][1] *= {0}; o_[{mt}][t_][2] *= {1}; o_[{mt}][t_][3] *= {1}; }}",
+        sc[0], sc[1]
+    ));
+    if !wait.is_empty() {
+        out.push("} else {".into());
+        out.extend(indent(wait, 2));
+    }
     out.push("}".into());
     out
 }
@@ -902,7 +932,7 @@ fn mma_weights_lines(fl: &Flash, p: &[String], mts: Mts, defer: bool) -> Result<
     if defer {
         softmax.push("rs_[mt_][0] = sc_[0]; rs_[mt_][1] = sc_[1];".into());
     } else {
-        softmax.extend(MMA_RESCALE.lines().map(String::from));
+        softmax.extend(mma_rescale("mt_", ["sc_[0]", "sc_[1]"], &[]));
     }
     out.extend(mts.each(&softmax));
     dropout(&mut out);
@@ -1254,14 +1284,6 @@ for (int nt_ = 0; nt_ < NT_; ++nt_) {
     s_[mt_][nt_][e_] = p_;
     l_[mt_][e_ >> 1] += p_;
   }
-}";
-
-/// The rescale of `O` of m-tile `mt_` by its rows' factors `sc_` after a row maximum grew.
-const MMA_RESCALE: &str = "// Once the row maxima settle (most tiles of a long row) no row of the warp rescales: skip
-// the multiplies (a warp-uniform branch).
-if (attnc_any(sc_[0] != 1.0f || sc_[1] != 1.0f)) {
-  #pragma unroll
-  for (int t_ = 0; t_ < DT_; ++t_) { o_[mt_][t_][0] *= sc_[0]; o_[mt_][t_][1] *= sc_[0]; o_[mt_][t_][2] *= sc_[1]; o_[mt_][t_][3] *= sc_[1]; }
 }";
 
 /// Dropout of the tensor-core kernel's weights `s_` of m-tile `mt_`, one generator call per four of a lane's
