@@ -493,6 +493,13 @@ ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) {
   mbars[nmbars++] = MBar{a, Barrier{n}};
 }
 ATTNC_DEV void attnc_mbar_arrive(unsigned a) { attnc_emu::arrive(attnc_emu::mbar(a)); }
+// The arrival once this thread's copies have landed: they land as late as at a wait (after every
+// other thread has run on until it waits), then the thread arrives. A consumer that read the
+// stage before the barrier's phase completed would read it before the copies.
+ATTNC_DEV void attnc_cp_mbar_arrive(unsigned a) {
+  attnc_emu_cp_wait(0);
+  attnc_emu::arrive(attnc_emu::mbar(a));
+}
 ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
   attnc_emu::Barrier& b = attnc_emu::mbar(a);
   while ((b.gen & 1) == (parity & 1)) attnc_emu::until_next_phase(b);

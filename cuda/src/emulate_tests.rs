@@ -320,7 +320,7 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
 /// while in flight; the products of `O += P V` left running past the tile, over the next tile's
 /// copies) fails, and so does the warp-specialised block without one of its waits (a consumer
 /// that does not wait for its stage's copies, a producer that does not wait for the stage to be
-/// free) or without the hand-over of the consumers' turn (a deadlock), where the kernels as
+/// free, a producer that arrives on a stage before its copies have landed) or without the hand-over of the consumers' turn (a deadlock), where the kernels as
 /// emitted pass ([`flash_kernels_run_emulated_on_hoppers_warpgroup_products`]).
 #[test]
 fn wgmma_products_read_before_their_wait_fail_emulated() {
@@ -339,24 +339,26 @@ fn wgmma_products_read_before_their_wait_fail_emulated() {
     let source = render(schedule.as_ref().unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}")).source;
     let one_warpgroup = vec![("ATTNC_WGMMA".to_string(), 1), ("ATTNC_CUDA_WS".to_string(), 0)];
     let specialised = vec![("ATTNC_WGMMA".to_string(), 1)];
+    // Each call commented out (its comment kept), or replaced: the producer's arrival on a
+    // stage made at once instead of once its copies have landed.
+    let out = |wait: &str| wait.replacen("attnc_", "// attnc_", 1);
     let broken = [
-        ("attnc_wg_wait1();  // m-tile 0's scores", &one_warpgroup),
-        ("attnc_wg_wait0();  // before V(kt)", &one_warpgroup),
-        ("attnc_mbar_wait(full_ + 8u * st_, ph_);", &specialised),
-        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", &specialised),
-        ("attnc_bar_arrive(2 - cw_, 256);", &specialised),
+        ("attnc_wg_wait1();  // m-tile 0's scores", out("attnc_wg_wait1();  // m-tile 0's scores"), &one_warpgroup),
+        ("attnc_wg_wait0();  // before V(kt)", out("attnc_wg_wait0();  // before V(kt)"), &one_warpgroup),
+        ("attnc_mbar_wait(full_ + 8u * st_, ph_);", out("attnc_mbar_wait(full_ + 8u * st_, ph_);"), &specialised),
+        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", out("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);"), &specialised),
+        ("attnc_bar_arrive(2 - cw_, 256);", out("attnc_bar_arrive(2 - cw_, 256);"), &specialised),
+        ("if (vec_) attnc_cp_mbar_arrive(", "if (vec_) attnc_mbar_arrive(".to_string(), &specialised),
     ];
     let jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = broken
         .into_iter()
         .enumerate()
-        .map(|(n, (wait, defines))| {
+        .map(|(n, (wait, without, defines))| {
             assert!(source.contains(wait), "the Hopper kernels have no `{wait}`");
             let (graph, schedule, inputs, expected, env, defines) =
                 (graph.clone(), schedule.clone(), inputs.clone(), expected.clone(), env.clone(), defines.clone());
             Box::new(move || {
                 let wd = work_dir(&format!("wg-broken-{n}"));
-                // The call commented out, its comment kept.
-                let without = wait.replacen("attnc_", "// attnc_", 1);
                 let got = emulate_edited(&schedule, &inputs, &env, &wd, &defines, &|s| s.replace(wait, &without));
                 let _ = std::fs::remove_dir_all(&wd);
                 let _ = graph;

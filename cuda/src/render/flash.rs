@@ -558,8 +558,11 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
 
 /// The warp-specialised block's producer: for every live key tile of every work item it waits
 /// until the consumers have freed the ring's next stage, copies the tile's K and V into it
-/// ([`stage_copies`]: 16-byte `cp.async` where the rows allow, zero-filled past the matrix),
-/// waits for its copies, fences them for the async proxy and arrives on the stage's `full`.
+/// ([`stage_copies`]: 16-byte `cp.async` where the rows allow, zero-filled past the matrix)
+/// and moves on: `cp.async.mbarrier.arrive.noinc` arrives on the stage's `full` for each thread
+/// once its copies have landed, so the copies of several stages are in flight together (each
+/// consumer fences for the async proxy after its wait). Where rows are copied element by
+/// element (plain stores), each thread waits, fences and arrives itself.
 fn ws_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
     let mut item = Vec::new();
     fl.item(&mut item, true)?;
@@ -571,9 +574,11 @@ fn ws_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
     item.push("  {".into());
     item.extend(indent(&stage_copies(fl, "kt_", "st_")?, 2));
     item.push("  }".into());
-    item.push("  attnc_cp_wait_all();".into());
-    item.push("  attnc_fence_proxy();".into());
-    item.push("  attnc_mbar_arrive(full_ + 8u * st_);".into());
+    // 16-byte copies: the stage's `full` counts this thread's arrival once they have landed, and
+    // the producer goes on to the next stage at once (as many stages in flight as the ring has).
+    // Element-by-element stores: made visible by this thread's own fence and arrival.
+    item.push("  if (vec_) attnc_cp_mbar_arrive(full_ + 8u * st_);".into());
+    item.push("  else { attnc_cp_wait_all(); attnc_fence_proxy(); attnc_mbar_arrive(full_ + 8u * st_); }".into());
     item.push("  if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
     item.push("  ++kt_;".into());
     item.push(format!("  while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_")));
@@ -626,6 +631,7 @@ fn ws_consumer_tiles(fl: &Flash, p: &[String], pack: &str, bf16: bool) -> Result
         format!("while (nx_ < nkt_ && {}) ++nx_;  // next live tile", Flash::skipped("nx_")),
         "const i64 k0_ = kt_ * BN_;".into(),
         "attnc_mbar_wait(full_ + 8u * st_, ph_);  // K(kt) and V(kt) are in stage st_".into(),
+        "attnc_fence_proxy();  // the stage's copies, landed, made visible to this thread's wgmma".into(),
         "float s_[1][NT_][4], mx_[1][2];".into(),
         "mx_[0][0] = -ATTNC_INF; mx_[0][1] = -ATTNC_INF;".into(),
         "attnc_bar_sync(1 + cw_, 256);  // this consumer's turn at the tensor cores".into(),

@@ -242,6 +242,9 @@ ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) { asm volatile(\"mbarrier
 ATTNC_DEV void attnc_mbar_arrive(unsigned a) {
   asm volatile(\"{\\n.reg .b64 st;\\nmbarrier.arrive.shared::cta.b64 st, [%0];\\n}\\n\" :: \"r\"(a) : \"memory\");
 }
+// Arrives on mbarrier `a` once every cp.async this thread has issued has landed, and returns at
+// once (`.noinc`: the arrival is one of the barrier's init count, as a plain arrive's is).
+ATTNC_DEV void attnc_cp_mbar_arrive(unsigned a) { asm volatile(\"cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\" :: \"r\"(a) : \"memory\"); }
 // Until the phase of parity `parity` has completed.
 ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
   asm volatile(\"{\\n.reg .pred p;\\nWAIT:\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\\n@!p bra WAIT;\\n}\\n\" :: \"r\"(a), \"r\"(parity) : \"memory\");
