@@ -38,8 +38,9 @@ def main() -> None:
         from transformers import AttentionInterface
 
         def no_attention(module, query, key, value, attention_mask, **kwargs):
-            # [B, H, S, D] -> [B, S, H, D], the layout transformers expects; differentiable.
-            return query.transpose(1, 2).contiguous(), None
+            # [B, H, S, D] -> [B, S, H, D], the layout transformers expects; key and value stay
+            # in the graph (a zero term), so that their projections' gradients are computed.
+            return (query.transpose(1, 2) + 0.0 * (key.mean() + value.mean())).contiguous(), None
 
         AttentionInterface.register("no_attention", no_attention)
         impls.append("no_attention")
