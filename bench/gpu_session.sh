@@ -17,11 +17,11 @@
 #           throughput, occupancy, warp stalls, into ncu.txt
 #   wgmma   Hopper's warpgroup products: the device's flash tests, forward and backward, at head
 #           widths 64 and 128 (the widths that take wgmma on sm_90a), then attnc alone on f16
-#           cases with the forward on wgmma (sm_90a, the default on an sm_90 device: ws, the
-#           warp-specialised block: a producer warpgroup and two consumers over two K/V stages),
-#           in one warpgroup (wg: ATTNC_CUDA_WS=0, its two m-tiles pipelined, two K/V stages),
-#           without the pipelining (wgsync: -DATTNC_WG_SYNC through ATTNC_NVRTC_OPTIONS, one
-#           stage) and on mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
+#           cases with the forward on wgmma (sm_90a, the default on an sm_90 device: tma, the
+#           warp-specialised block: a producer warpgroup loading a ring of K/V stages by TMA and
+#           two consumers), its producer copying with cp.async instead (ws: ATTNC_CUDA_TMA=0),
+#           in one warpgroup (wg: ATTNC_CUDA_WS=0, its two m-tiles pipelined, two K/V stages)
+#           and on mma.sync (ATTNC_CUDA_WGMMA=0: plain sm_90), and training steps (--grad) with the
 #           backward on wgmma and on mma.sync (-DATTNC_NO_WGMMA_BWD through
 #           ATTNC_NVRTC_OPTIONS; the forward on wgmma in both), and ALiBi training with its
 #           slopes' gradient on the tensor-core backward against SIMT (ATTNC_CUDA_BWD=simt),
@@ -137,10 +137,10 @@ while [ $i -lt ${#steps[@]} ]; do
         echo "wgmma tests: exit $rc"
         grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20
         if [ "$rc" != 0 ]; then
-            # Which newer part of the Hopper forward fails: the forward tests again in one
-            # warpgroup, then with one K/V stage, then also without the pipelined tile; the rest
-            # of the session uses the first that passes.
-            for fallback in "ATTNC_CUDA_WS=0" "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1" \
+            # Which newer part of the Hopper forward fails: the forward tests again without TMA,
+            # then in one warpgroup, then with one K/V stage, then also without the pipelined
+            # tile; the rest of the session uses the first that passes.
+            for fallback in "ATTNC_CUDA_TMA=0" "ATTNC_CUDA_WS=0" "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1" \
                 "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1 ATTNC_NVRTC_OPTIONS=-DATTNC_WG_SYNC"; do
                 env $fallback ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 120 "$TESTS" gpu_tests::flash_kernels \
                     --test-threads 2 --nocapture > "$OUT/tests-fallback.log" 2>&1
@@ -159,12 +159,12 @@ while [ $i -lt ${#steps[@]} ]; do
         for round in 1 2; do
             for spec in "none 128 4096" "causal 128 4096" "none 64 4096" "causal 64 4096" "alibi 128 4096" "softcap 128 4096" "none 128 16384" "causal 128 1024"; do
                 set -- $spec
-                for mode in ws wg wgsync mma; do
-                    knob=1 opts="" stages="${ATTNC_CUDA_KV_STAGES:-}" ws="${ATTNC_CUDA_WS:-}"
+                for mode in tma ws wg mma; do
+                    knob=1 opts="${ATTNC_NVRTC_OPTIONS:-}" stages="${ATTNC_CUDA_KV_STAGES:-}" ws="${ATTNC_CUDA_WS:-}" tma="${ATTNC_CUDA_TMA:-}"
                     [ "$mode" = mma ] && knob=0
+                    [ "$mode" = ws ] && tma=0
                     [ "$mode" = wg ] && ws=0
-                    [ "$mode" = wgsync ] && opts=-DATTNC_WG_SYNC stages=1 ws=0
-                    ms=$(ATTNC_CUDA_WS=$ws ATTNC_CUDA_KV_STAGES=$stages ATTNC_NVRTC_OPTIONS=$opts ATTNC_CUDA_WGMMA=$knob timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --json --iters 20 --warmup 3 \
+                    ms=$(ATTNC_CUDA_TMA=$tma ATTNC_CUDA_WS=$ws ATTNC_CUDA_KV_STAGES=$stages ATTNC_NVRTC_OPTIONS=$opts ATTNC_CUDA_WGMMA=$knob timeout 60 "$ATTNC" bench "/tmp/attnc-wg-$1.attn" --target cuda --json --iters 20 --warmup 3 \
                         --dim B=4 --dim H=16 --dim S=$3 --dim D=$2 | sed -n 's/^json: .*"median_ms": *\([0-9.e+-]*\).*/\1/p')
                     tf=$(awk -v ms="$ms" -v s=$3 -v d=$2 -v c=$1 'BEGIN { if (ms > 0) { f = 4 * 4 * 16 * s * s * d; if (c != "none") f /= 2; printf "%.0f", f / (ms * 1e9) } }')
                     echo "round $round $1 D=$2 S=$3 $mode: $ms ms ($tf TFLOP/s)"

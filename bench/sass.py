@@ -5,7 +5,8 @@ compile-time defines a run would set, then disassembled by nvdisasm. Prints ptxa
 and spill report per kernel and, for each kernel (or the one `--kernel` names), the sequence of
 its synchronisation and tensor-core instructions with the special-function work between them
 (`HGMMA` warpgroup products, `WARPGROUP.DEPBAR` waits, `BAR.SYNC` barriers, `DEPBAR` copy waits,
-mbarrier arrivals and waits (`SYNCS.*`, `ARRIVES.LDGSTSBAR`: an arrival once copies land),
+mbarrier arrivals and waits (`SYNCS.*`, `ARRIVES.LDGSTSBAR`: an arrival once copies land), TMA
+copies (`UTMALDG`),
 counts of `MUFU.EX2`): enough to see whether a softmax overlaps the products in flight.
 
     python3 bench/sass.py FILE.attn [--entry NAME] [--grad] [--arch sm_90a]
@@ -68,7 +69,7 @@ def compile_cubin(lib: ctypes.CDLL, source: str, options: list[str]) -> tuple[by
 
 
 # The instructions the summary keeps (operands shortened), and those it counts between them.
-KEEP = re.compile(r"\b(HGMMA\.\S+|WARPGROUP\.\S+(?: gsb\d, 0x\d+)?|BAR\.SYNC\S*|DEPBAR\S*(?: SB\d, 0x\d+)?|LDGDEPBAR|BAR\.ARV\S*|ARRIVES\.\S+|SYNCS\.ARRIVE\S*|SYNCS\.PHASECHK\S*)")
+KEEP = re.compile(r"\b(HGMMA\.\S+|WARPGROUP\.\S+(?: gsb\d, 0x\d+)?|BAR\.SYNC\S*|DEPBAR\S*(?: SB\d, 0x\d+)?|LDGDEPBAR|BAR\.ARV\S*|ARRIVES\.\S+|SYNCS\.ARRIVE\S*|SYNCS\.PHASECHK\S*|UTMALDG\S*)")
 COUNT = re.compile(r"\b(MUFU\.EX2|MUFU\.TANH|HMMA\.\S+)")
 
 

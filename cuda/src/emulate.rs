@@ -465,7 +465,7 @@ ATTNC_DEV void attnc_wg_rs_b128_t(float* d, const unsigned* a, unsigned long lon
 // (ids 1-15) count `n` arrivals, of which `bar.sync` waits for the phase to end and `bar.arrive`
 // does not. Both start over with each block, as on the device.
 namespace attnc_emu {
-struct MBar { unsigned addr; Barrier b; };
+struct MBar { unsigned addr; Barrier b; long long tx; };
 inline MBar mbars[32];
 inline unsigned nmbars = 0;
 inline Barrier named[16];
@@ -474,10 +474,16 @@ static inline MBar* find_mbar(unsigned a) {
   for (unsigned i = 0; i < nmbars; ++i) if (mbars[i].addr == a) return &mbars[i];
   return nullptr;
 }
-static inline Barrier& mbar(unsigned a) {
-  if (MBar* m = find_mbar(a)) return m->b;
+static inline MBar& mbar_at(unsigned a) {
+  if (MBar* m = find_mbar(a)) return *m;
   std::fprintf(stderr, "emulation: mbarrier at shared address %u used before its init\n", a); std::abort();
 }
+static inline Barrier& mbar(unsigned a) { return mbar_at(a).b; }
+// A phase completes once all its arrivals are in and no transaction bytes are pending.
+static inline void mbar_complete(MBar& m) {
+  if (m.b.count == m.b.n && m.tx == 0) { m.b.count = 0; ++m.b.gen; }
+}
+static inline void mbar_arrive(unsigned a) { MBar& m = mbar_at(a); ++m.b.count; mbar_complete(m); }
 static inline Barrier& named_bar(int id, int n) {
   if (id <= 0 || id >= 16 || n <= 0 || n % 32 != 0) { std::fprintf(stderr, "emulation: named barrier %d of %d threads\n", id, n); std::abort(); }
   Barrier& b = named[id];
@@ -488,18 +494,66 @@ static inline Barrier& named_bar(int id, int n) {
 }
 ATTNC_DEV void attnc_mbar_init(unsigned a, unsigned n) {
   using namespace attnc_emu;
-  if (MBar* m = find_mbar(a)) { m->b = Barrier{n}; return; }
+  if (MBar* m = find_mbar(a)) { m->b = Barrier{n}; m->tx = 0; return; }
   if (nmbars == 32) { std::fprintf(stderr, "emulation: more than 32 mbarriers\n"); std::abort(); }
-  mbars[nmbars++] = MBar{a, Barrier{n}};
+  mbars[nmbars++] = MBar{a, Barrier{n}, 0};
 }
-ATTNC_DEV void attnc_mbar_arrive(unsigned a) { attnc_emu::arrive(attnc_emu::mbar(a)); }
+ATTNC_DEV void attnc_mbar_arrive(unsigned a) { attnc_emu::mbar_arrive(a); }
 // The arrival once this thread's copies have landed: they land as late as at a wait (after every
 // other thread has run on until it waits), then the thread arrives. A consumer that read the
 // stage before the barrier's phase completed would read it before the copies.
 ATTNC_DEV void attnc_cp_mbar_arrive(unsigned a) {
   attnc_emu_cp_wait(0);
-  attnc_emu::arrive(attnc_emu::mbar(a));
+  attnc_emu::mbar_arrive(a);
 }
+// TMA. A tensor map as the emulation's launch writes it (`Prepared::tma`, 128 bytes apart): the
+// first element's address, the rank, elements per dim (innermost first), byte strides of dims
+// 1.., the box. The arrival that expects bytes adds them to the phase's pending count; a tiled
+// copy lands as late as a wait would (after every other thread has run on until it waits),
+// 128-byte swizzled by its shared address (bits 4-6 XOR bits 7-9, as the products read it),
+// zeros where a coordinate is outside the tensor, then completes its bytes. With
+// ATTNC_EMU_TMA_EARLY it lands and completes at its issue instead, so a producer that does not
+// wait for a free stage runs ahead and overwrites stages still being read.
+struct AttncEmuTmap { const unsigned char* base; unsigned rank; unsigned long long dims[5]; unsigned long long strides[5]; unsigned box[5]; };
+static_assert(sizeof(AttncEmuTmap) <= 128, "a tensor map takes 128 bytes");
+ATTNC_DEV void attnc_tmap_acquire(const void*) {}
+ATTNC_DEV void attnc_mbar_expect_tx(unsigned a, unsigned bytes) {
+  attnc_emu::MBar& m = attnc_emu::mbar_at(a);
+  m.tx += bytes;
+  attnc_emu::mbar_arrive(a);
+}
+static inline void attnc_emu_tma(unsigned dst, const void* map, const int* c, unsigned rank, unsigned mbar) {
+  const AttncEmuTmap& m = *(const AttncEmuTmap*)map;
+  if (m.rank != rank) { std::fprintf(stderr, "emulation: a %u-d copy from a %u-d tensor map\n", rank, m.rank); std::abort(); }
+  if (dst % 1024 != 0) { std::fprintf(stderr, "emulation: a swizzled TMA copy to shared address %u (not 1024-byte aligned)\n", dst); std::abort(); }
+#ifndef ATTNC_EMU_TMA_EARLY
+  attnc_emu::yield();
+#endif
+  unsigned long long total = 1;
+  for (unsigned r = 0; r < rank; ++r) total *= m.box[r];
+  for (unsigned long long e = 0; e < total; ++e) {
+    unsigned long long rest = e, at = 0;
+    bool in = true;
+    for (unsigned r = 0; r < rank; ++r) {
+      const long long g = (long long)c[r] + (long long)(rest % m.box[r]);
+      rest /= m.box[r];
+      if (g < 0 || (unsigned long long)g >= m.dims[r]) in = false;
+      else at += r == 0 ? (unsigned long long)g * 2 : (unsigned long long)g * m.strides[r - 1];
+    }
+    u16 v = 0;
+    if (in) std::memcpy(&v, m.base + at, 2);
+    unsigned o = dst + (unsigned)(2 * e);
+    o ^= ((o >> 7) & 7) << 4;
+    std::memcpy(attnc_emu::dyn_smem + o, &v, 2);
+  }
+  attnc_emu::MBar& b = attnc_emu::mbar_at(mbar);
+  b.tx -= (long long)(2 * total);
+  attnc_emu::mbar_complete(b);
+}
+ATTNC_DEV void attnc_tma_load_2d(unsigned dst, const void* m, int c0, int c1, unsigned mbar) { const int c[] = {c0, c1}; attnc_emu_tma(dst, m, c, 2, mbar); }
+ATTNC_DEV void attnc_tma_load_3d(unsigned dst, const void* m, int c0, int c1, int c2, unsigned mbar) { const int c[] = {c0, c1, c2}; attnc_emu_tma(dst, m, c, 3, mbar); }
+ATTNC_DEV void attnc_tma_load_4d(unsigned dst, const void* m, int c0, int c1, int c2, int c3, unsigned mbar) { const int c[] = {c0, c1, c2, c3}; attnc_emu_tma(dst, m, c, 4, mbar); }
+ATTNC_DEV void attnc_tma_load_5d(unsigned dst, const void* m, int c0, int c1, int c2, int c3, int c4, unsigned mbar) { const int c[] = {c0, c1, c2, c3, c4}; attnc_emu_tma(dst, m, c, 5, mbar); }
 ATTNC_DEV void attnc_mbar_wait(unsigned a, unsigned parity) {
   attnc_emu::Barrier& b = attnc_emu::mbar(a);
   while ((b.gen & 1) == (parity & 1)) attnc_emu::until_next_phase(b);
@@ -584,7 +638,8 @@ fn host_program(program: &CudaProgram, defines: &[(String, i64)]) -> Result<Stri
     let (nb, nt) = (program.buffers, program.ints);
     let mut args: Vec<String> = (0..nb).map(|b| format!("b[{b}]")).collect();
     args.extend((0..nt).map(|t| format!("t[{t}]")));
-    let _ = writeln!(src, "\nstatic void attnc_emu_call(int k, void* const* b, const i64* t) {{\n  switch (k) {{");
+    args.push("maps".into());
+    let _ = writeln!(src, "\nstatic void attnc_emu_call(int k, void* const* b, const i64* t, const void* maps) {{\n  switch (k) {{");
     for (k, kernel) in program.kernels.iter().enumerate() {
         let _ = writeln!(src, "    case {k}: {}({}); break;", kernel.name, args.join(", "));
     }
@@ -613,6 +668,18 @@ int main(int argc, char** argv) {
   const i64 nt = attnc_emu_next(plan);
   i64* t = (i64*)std::calloc(nt > 0 ? nt : 1, sizeof(i64));
   for (i64 i = 0; i < nt; ++i) t[i] = attnc_emu_next(plan);
+  // The tensor maps: buffer, byte offset, rank, then per dim its size, stride (dims 1..) and box.
+  const i64 nm = attnc_emu_next(plan);
+  unsigned char* maps = (unsigned char*)std::calloc(nm > 0 ? nm : 1, 128);
+  for (i64 i = 0; i < nm; ++i) {
+    AttncEmuTmap* m = (AttncEmuTmap*)(maps + 128 * i);
+    const i64 buf = attnc_emu_next(plan), off = attnc_emu_next(plan);
+    m->base = (const unsigned char*)b[buf] + off;
+    m->rank = (unsigned)attnc_emu_next(plan);
+    for (unsigned r = 0; r < m->rank; ++r) m->dims[r] = attnc_emu_next(plan);
+    for (unsigned r = 1; r < m->rank; ++r) m->strides[r - 1] = attnc_emu_next(plan);
+    for (unsigned r = 0; r < m->rank; ++r) m->box[r] = (unsigned)attnc_emu_next(plan);
+  }
   for (i64 n = attnc_emu_next(plan); n > 0; --n) {
     const i64 buf = attnc_emu_next(plan), len = attnc_emu_next(plan);
     FILE* f = attnc_emu_open(dir, "in", buf, "rb");
@@ -623,7 +690,7 @@ int main(int argc, char** argv) {
     const int k = (int)attnc_emu_next(plan);
     const unsigned gx = attnc_emu_next(plan), gy = attnc_emu_next(plan), gz = attnc_emu_next(plan), bx = attnc_emu_next(plan);
     const size_t smem = attnc_emu_next(plan);
-    attnc_emu_launch(gx, gy, gz, bx, smem, [&] { attnc_emu_call(k, b, t); });
+    attnc_emu_launch(gx, gy, gz, bx, smem, [&] { attnc_emu_call(k, b, t, nm > 0 ? maps : nullptr); });
   }
   for (i64 n = attnc_emu_next(plan); n > 0; --n) {
     const i64 buf = attnc_emu_next(plan);
@@ -636,7 +703,8 @@ int main(int argc, char** argv) {
 "#;
 
 /// The launch plan a host program reads: numbers separated by white space, in order: the buffer
-/// count and each buffer's bytes; the integer table's length and values; the uploads' count and
+/// count and each buffer's bytes; the integer table's length and values; the tensor maps' count
+/// and each map (buffer, byte offset, rank, dims, strides of dims 1.., box); the uploads' count and
 /// (buffer, bytes) of each; the launches' count and (kernel, grid x, y, z, threads, dynamic shared
 /// bytes) of each; the outputs' count and their buffers.
 fn plan(program: &CudaProgram, run: &Run) -> Result<String, String> {
@@ -645,6 +713,12 @@ fn plan(program: &CudaProgram, run: &Run) -> Result<String, String> {
     let _ = writeln!(p, "{}", run.buffer_bytes.iter().map(usize::to_string).collect::<Vec<_>>().join(" "));
     let _ = writeln!(p, "{}", run.prep.ints.len());
     let _ = writeln!(p, "{}", run.prep.ints.iter().map(i64::to_string).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(p, "{}", run.prep.tma.len());
+    for m in &run.prep.tma {
+        let nums = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+        let boxes: Vec<String> = m.boxes.iter().map(u32::to_string).collect();
+        let _ = writeln!(p, "{} {} {} {} {} {}", m.buf, m.offset_bytes, m.dims.len(), nums(&m.dims), nums(&m.strides), boxes.join(" "));
+    }
     let _ = writeln!(p, "{}", run.uploads.len());
     for (buf, bytes) in &run.uploads {
         let _ = writeln!(p, "{buf} {}", bytes.len());
@@ -763,12 +837,13 @@ pub fn compiler_or_skip(test: &str) -> Result<bool, String> {
 /// The device policy of the emulation (a small device: few SMs, so decodes split little;
 /// `ATTNC_CUDA_MMA_ROWS` and the other knobs as on the device).
 fn policy() -> Policy {
-    policy_for(false, true)
+    policy_for(false, true, true)
 }
 
 /// [`policy`] for kernels compiled with Hopper's warpgroup products (`ATTNC_WGMMA` 1) or not,
-/// with the warp-specialised flash forward where it runs, or (`ws` false) not.
-fn policy_for(wgmma: bool, ws: bool) -> Policy {
+/// with the warp-specialised flash forward where it runs, or (`ws` false) not, and its TMA
+/// loads where they run, or (`tma` false) not.
+fn policy_for(wgmma: bool, ws: bool, tma: bool) -> Policy {
     Policy::Cuda(CudaPolicy {
         sm_count: 2,
         max_smem_per_block: 232_448,
@@ -778,6 +853,7 @@ fn policy_for(wgmma: bool, ws: bool) -> Policy {
         wgmma,
         kv_stages: super::kv_stages_knob(),
         warp_specialize: ws && super::warp_specialize_knob(),
+        tma: tma && super::tma_knob(),
     })
 }
 
@@ -821,7 +897,8 @@ pub fn emulate_schedule(
 
 /// [`emulate_schedule`] with more `-D` defines for the host program (e.g. `ATTNC_WGMMA` 1:
 /// the kernels' Hopper paths, on the emulated warpgroup products; `ATTNC_CUDA_WS` 0: the flash
-/// forward's one-warpgroup block instead of the warp-specialised one, as the runtime's knob).
+/// forward's one-warpgroup block instead of the warp-specialised one, as the runtime's knob;
+/// `ATTNC_CUDA_TMA` 0: the warp-specialised block's `cp.async` copies instead of TMA loads).
 pub fn emulate_schedule_with(
     s: &Result<Schedule, String>,
     inputs: &[Tensor],
@@ -850,8 +927,9 @@ pub(crate) fn emulate_edited(
     let data = attn_compiler::exec::mask_data_inputs(&attn_compiler::schedule::mask_data_params(s), inputs, &mut run_env);
     let wgmma = defines.iter().any(|(n, v)| n == "ATTNC_WGMMA" && *v != 0);
     // `ATTNC_CUDA_WS` 0 among the defines: the runtime's knob of that name, for this run.
-    let ws = !defines.iter().any(|(n, v)| n == "ATTNC_CUDA_WS" && *v == 0);
-    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy_for(wgmma, ws), &data).map_err(|e| e.to_string())?;
+    let off = |knob: &str| defines.iter().any(|(n, v)| n == knob && *v == 0);
+    let (ws, tma) = (!off("ATTNC_CUDA_WS"), !off("ATTNC_CUDA_TMA"));
+    let mut prep = attn_compiler::schedule::prepare_with(s, &run_env, &policy_for(wgmma, ws, tma), &data).map_err(|e| e.to_string())?;
     prep.defines.extend(defines.iter().cloned());
     let bytes = buffer_bytes(s, &prep).map_err(|e| e.to_string())?;
     let ready = launches(&program, s, &prep, &DeviceLimits { max_smem_per_block: 232_448 }).map_err(|e| e.to_string())?;

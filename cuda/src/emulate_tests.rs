@@ -136,6 +136,8 @@ struct Case {
     wg_sync: bool,
     /// With `wgmma`: the forward's warp-specialised block where it runs (else one warpgroup).
     ws: bool,
+    /// With `ws`: its TMA loads where the views allow (else its threads' `cp.async`).
+    tma: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -154,6 +156,9 @@ fn run_cases(cases: Vec<Case>) {
                 }
                 if c.wgmma && !c.ws {
                     defines.push(("ATTNC_CUDA_WS".to_string(), 0));
+                }
+                if !c.tma {
+                    defines.push(("ATTNC_CUDA_TMA".to_string(), 0));
                 }
                 let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd, &defines)?;
                 let _ = std::fs::remove_dir_all(&wd);
@@ -194,6 +199,7 @@ fn width_cases(
                 deterministic: false,
                 wgmma: false,
                 wg_sync: false,
+                tma: true,
                 ws: true,
             });
         }
@@ -226,6 +232,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
                     deterministic: false,
                     wgmma: false,
                     wg_sync: false,
+                    tma: true,
                     ws: true,
                 });
             }
@@ -299,9 +306,12 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
     let width =
         |flip: usize| move |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == (n + flip) % 2);
     let mut cases = width_cases(graphs.clone(), "flash-wgmma-ws", 5, width(0), ws_sizes);
-    for c in &mut cases {
+    // In turn with TMA loads and with the producer's `cp.async` copies.
+    for (n, c) in cases.iter_mut().enumerate() {
         c.wgmma = true;
-        c.label.push_str(" warp-specialised");
+        c.tma = n % 2 == 0;
+        c.label.push_str([" warp-specialised, TMA", " warp-specialised, cp.async"][n % 2]);
+        c.dir.push_str(["-tma", "-cp"][n % 2]);
     }
     let mut others = width_cases(graphs, "flash-wgmma", 5, width(1), sizes);
     for (n, c) in others.iter_mut().enumerate() {
@@ -320,7 +330,8 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
 /// while in flight; the products of `O += P V` left running past the tile, over the next tile's
 /// copies) fails, and so does the warp-specialised block without one of its waits (a consumer
 /// that does not wait for its stage's copies, a producer that does not wait for the stage to be
-/// free, a producer that arrives on a stage before its copies have landed) or without the hand-over of the consumers' turn (a deadlock), where the kernels as
+/// free, a producer that arrives on a stage before its copies have landed, by TMA or by its
+/// threads' copies) or without the hand-over of the consumers' turn (a deadlock), where the kernels as
 /// emitted pass ([`flash_kernels_run_emulated_on_hoppers_warpgroup_products`]).
 #[test]
 fn wgmma_products_read_before_their_wait_fail_emulated() {
@@ -339,6 +350,9 @@ fn wgmma_products_read_before_their_wait_fail_emulated() {
     let source = render(schedule.as_ref().unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}")).source;
     let one_warpgroup = vec![("ATTNC_WGMMA".to_string(), 1), ("ATTNC_CUDA_WS".to_string(), 0)];
     let specialised = vec![("ATTNC_WGMMA".to_string(), 1)];
+    let copies = vec![("ATTNC_WGMMA".to_string(), 1), ("ATTNC_CUDA_TMA".to_string(), 0)];
+    // TMA copies landing at their issue: a producer that does not wait for a free stage shows.
+    let early = vec![("ATTNC_WGMMA".to_string(), 1), ("ATTNC_EMU_TMA_EARLY".to_string(), 1)];
     // Each call commented out (its comment kept), or replaced: the producer's arrival on a
     // stage made at once instead of once its copies have landed.
     let out = |wait: &str| wait.replacen("attnc_", "// attnc_", 1);
@@ -346,9 +360,17 @@ fn wgmma_products_read_before_their_wait_fail_emulated() {
         ("attnc_wg_wait1();  // m-tile 0's scores", out("attnc_wg_wait1();  // m-tile 0's scores"), &one_warpgroup),
         ("attnc_wg_wait0();  // before V(kt)", out("attnc_wg_wait0();  // before V(kt)"), &one_warpgroup),
         ("attnc_mbar_wait(full_ + 8u * st_, ph_);", out("attnc_mbar_wait(full_ + 8u * st_, ph_);"), &specialised),
-        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", out("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);"), &specialised),
+        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", out("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);"), &early),
+        ("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);", out("attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);"), &copies),
         ("attnc_bar_arrive(2 - cw_, 256);", out("attnc_bar_arrive(2 - cw_, 256);"), &specialised),
-        ("if (vec_) attnc_cp_mbar_arrive(", "if (vec_) attnc_mbar_arrive(".to_string(), &specialised),
+        ("attnc_mbar_wait(full_ + 8u * st_, ph_);", out("attnc_mbar_wait(full_ + 8u * st_, ph_);"), &copies),
+        ("if (vec_) attnc_cp_mbar_arrive(", "if (vec_) attnc_mbar_arrive(".to_string(), &copies),
+        // TMA: the arrival on a stage made without expecting the copies' bytes.
+        (
+            "attnc_mbar_expect_tx(full_ + 8u * st_, 2u * (HD_ / 64) * BN_ * 128u);",
+            "attnc_mbar_arrive(full_ + 8u * st_);".to_string(),
+            &specialised,
+        ),
     ];
     let jobs: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = broken
         .into_iter()

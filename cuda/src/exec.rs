@@ -50,6 +50,8 @@ struct Exec {
     buffers: Vec<Option<CudaSlice<u8>>>,
     /// The (defines, integer table) the tile tables on the device were computed for.
     tables_for: Option<(Defines, Vec<i64>)>,
+    /// The last run's TMA tensor maps on the device (`attnc_tmaps`), 128 bytes each.
+    tmaps: Option<CudaSlice<u8>>,
 }
 
 struct Loaded {
@@ -119,6 +121,7 @@ impl Gpu {
             wgmma: self.info.arch == "sm_90a",
             kv_stages: super::kv_stages_knob(),
             warp_specialize: super::warp_specialize_knob(),
+            tma: super::tma_knob(),
         })
     }
 
@@ -139,7 +142,14 @@ impl Gpu {
         let planned = compiler.plan(graph).map_err(CudaError::from)?;
         let program = crate::render::render(&planned.schedule)?;
         let buffers = planned.schedule.buffers.iter().map(|_| None).collect();
-        let exec = Arc::new(Mutex::new(Exec { schedule: planned.schedule, program, modules: HashMap::new(), buffers, tables_for: None }));
+        let exec = Arc::new(Mutex::new(Exec {
+            schedule: planned.schedule,
+            program,
+            modules: HashMap::new(),
+            buffers,
+            tables_for: None,
+            tmaps: None,
+        }));
         programs.insert(key, exec.clone());
         Ok(exec)
     }
@@ -210,6 +220,41 @@ impl Exec {
         Ok(())
     }
 
+    /// The run's TMA tensor maps ([`Prepared::tma`]) encoded by the driver for the buffers'
+    /// addresses (`at`: the caller's tensors) and copied to the device (nothing when it has none).
+    fn upload_tmaps(&mut self, gpu: &Gpu, prep: &Prepared, at: &HashMap<usize, u64>) -> Result<(), CudaError> {
+        if prep.tma.is_empty() {
+            return Ok(());
+        }
+        let ptrs = self.pointers(gpu, at)?;
+        let mut bytes = Vec::with_capacity(128 * prep.tma.len());
+        for m in &prep.tma {
+            let base = ptrs.get(m.buf).copied().ok_or_else(poisoned)?;
+            bytes.extend_from_slice(&encode_tmap(m, base)?);
+        }
+        if self.tmaps.as_ref().is_none_or(|b| b.len() < bytes.len()) {
+            self.tmaps = None;
+            self.tmaps = Some(gpu.stream.alloc_zeros::<u8>(bytes.len()).map_err(driver("allocating the tensor maps"))?);
+        }
+        let slot = self.tmaps.as_mut().ok_or_else(poisoned)?;
+        gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying the tensor maps to the device"))?;
+        Ok(())
+    }
+
+    /// Every buffer's device address, or the caller's (`at`) where given.
+    fn pointers(&self, gpu: &Gpu, at: &HashMap<usize, u64>) -> Result<Vec<u64>, CudaError> {
+        let mut ptrs = Vec::with_capacity(self.buffers.len());
+        for i in 0..self.buffers.len() {
+            if let Some(p) = at.get(&i) {
+                ptrs.push(*p);
+                continue;
+            }
+            let (p, _guard) = self.buffer(i)?.device_ptr(&gpu.stream);
+            ptrs.push(p);
+        }
+        Ok(ptrs)
+    }
+
     /// After the launches: the first index fault the kernels recorded, as an input error
     /// (waits for the kernels; nothing to do when the program checks no index).
     fn check_fault(&self, gpu: &Gpu) -> Result<(), CudaError> {
@@ -248,15 +293,12 @@ impl Exec {
         ready: &[ReadyLaunch],
         at: &HashMap<usize, u64>,
     ) -> Result<(), CudaError> {
-        let mut ptrs = Vec::with_capacity(self.buffers.len());
-        for i in 0..self.buffers.len() {
-            if let Some(p) = at.get(&i) {
-                ptrs.push(*p);
-                continue;
-            }
-            let (p, _guard) = self.buffer(i)?.device_ptr(&gpu.stream);
-            ptrs.push(p);
-        }
+        let ptrs = self.pointers(gpu, at)?;
+        // The tensor maps, where the run has any (else a null pointer the kernels never read).
+        let tmaps = match (&self.tmaps, prep.tma.is_empty()) {
+            (Some(b), false) => b.device_ptr(&gpu.stream).0,
+            _ => 0u64,
+        };
         for l in ready {
             let f = loaded
                 .functions
@@ -269,13 +311,15 @@ impl Exec {
             for t in &prep.ints {
                 args.arg(t);
             }
+            args.arg(&tmaps);
             let cfg = LaunchConfig {
                 grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
                 block_dim: (l.block[0], l.block[1], l.block[2]),
                 shared_mem_bytes: l.smem_bytes,
             };
             // SAFETY: the arguments are exactly the kernels' `ATTNC_ARGS` (one device pointer per
-            // buffer, then the integer table as 64-bit integers), and every buffer is at least
+            // buffer, the integer table as 64-bit integers, then the tensor maps' address, which
+            // `upload_tmaps` filled for this run's addresses), and every buffer is at least
             // as large as `prepare` computed for these dims, which bounds every index the
             // kernels form.
             unsafe { args.launch(cfg) }.map_err(driver("launching a kernel"))?;
@@ -315,6 +359,7 @@ pub(super) fn run(
         gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying an input to the device"))?;
     }
     ex.upload_tables(gpu, &prep)?;
+    ex.upload_tmaps(gpu, &prep, &HashMap::new())?;
     let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
     ex.launch_all(gpu, loaded, &prep, &ready)?;
     ex.check_fault(gpu)?;
@@ -403,8 +448,7 @@ pub unsafe fn run_device(
     let host_inputs = unsafe { host_values(inputs, &on_host, known, ext) }?;
     attn_compiler::exec::add_scalar_inputs(&host_inputs, &mut env);
     let data = attn_compiler::exec::mask_data_inputs(&on_host, &host_inputs, &mut env);
-    let prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &gpu.policy(), &data).map_err(slice_fault)?;
-    let mut bytes = buffer_bytes(&ex.schedule, &prep)?;
+    let mut prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &gpu.policy(), &data).map_err(slice_fault)?;
     // The caller's tensors stand for the parameters' and results' buffers (ours shrink to one
     // byte there).
     let mut at = HashMap::new();
@@ -416,6 +460,14 @@ pub unsafe fn run_device(
             return Err(CudaError::Device("a result that is an input unchanged needs no device run; pass it through".into()));
         }
     }
+    // TMA reads from 16-byte aligned addresses only: a caller's tensor elsewhere (a view at an
+    // odd element offset) takes the threads' copies.
+    if prep.tma.iter().any(|m| at.get(&m.buf).is_some_and(|p| p.wrapping_add(m.offset_bytes) % 16 != 0)) {
+        let Policy::Cuda(c) = gpu.policy() else { return Err(poisoned()) };
+        prep = attn_compiler::schedule::prepare_with(&ex.schedule, &env, &Policy::Cuda(CudaPolicy { tma: false, ..c }), &data)
+            .map_err(slice_fault)?;
+    }
+    let mut bytes = buffer_bytes(&ex.schedule, &prep)?;
     for buf in at.keys() {
         if let Some(b) = bytes.get_mut(*buf) {
             *b = 1;
@@ -425,6 +477,7 @@ pub unsafe fn run_device(
     ex.ensure_buffers(gpu, &bytes)?;
     ex.module(gpu, &prep.defines)?;
     ex.upload_tables(gpu, &prep)?;
+    ex.upload_tmaps(gpu, &prep, &at)?;
     let loaded = ex.modules.get(&prep.defines).ok_or_else(poisoned)?;
     // SAFETY: forwarded from the caller's contract.
     unsafe { on_callers_stream(gpu, ext, || ex.launch_with(gpu, loaded, &prep, &ready, &at)) }?;
@@ -560,4 +613,50 @@ fn slice_fault(e: PrepareError) -> CudaError {
         }
         e => CudaError::Prepare(e),
     }
+}
+
+/// `map` of a buffer at device address `base` as the driver's 128-byte tensor map
+/// (`cuTensorMapEncodeTiled`: 16-bit elements, 128-byte swizzle, zeros outside the tensor).
+fn encode_tmap(map: &attn_compiler::schedule::TmaMap, base: u64) -> Result<[u8; 128], CudaError> {
+    use cudarc::driver::sys as cu;
+    let what = "encoding a TMA tensor map";
+    let address = base.checked_add(map.offset_bytes).filter(|a| a % 16 == 0).ok_or_else(|| CudaError::Driver {
+        what: what.into(),
+        error: format!("the tensor at {base:#x} + {} bytes is not 16-byte aligned", map.offset_bytes),
+    })?;
+    let rank = map.dims.len();
+    if !(2..=5).contains(&rank) || map.strides.len() + 1 != rank || map.boxes.len() != rank {
+        return Err(CudaError::Driver { what: what.into(), error: format!("a map of rank {rank} (2 to 5)") });
+    }
+    let element_strides = [1u32; 5];
+    let mut out = cu::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: `out` is a writable tensor map; the arrays hold `rank` (strides: `rank - 1`) values;
+    // `address` is a device address (the driver only records it).
+    let r = unsafe {
+        cu::cuTensorMapEncodeTiled(
+            &mut out,
+            cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            rank as u32,
+            address as *mut std::ffi::c_void,
+            map.dims.as_ptr(),
+            map.strides.as_ptr(),
+            map.boxes.as_ptr(),
+            element_strides.as_ptr(),
+            cu::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            cu::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::Driver {
+            what: what.into(),
+            error: format!("{r:?} (dims {:?}, strides {:?}, box {:?})", map.dims, map.strides, map.boxes),
+        });
+    }
+    let mut bytes = [0u8; 128];
+    for (chunk, word) in bytes.chunks_exact_mut(8).zip(out.opaque) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    Ok(bytes)
 }

@@ -59,6 +59,12 @@ pub(crate) fn warp_specialize_knob() -> bool {
     std::env::var("ATTNC_CUDA_WS").map_or(true, |s| s.trim() != "0")
 }
 
+/// `ATTNC_CUDA_TMA=0`: the warp-specialised flash forward's producer copies K/V tiles with its
+/// threads' `cp.async` instead of TMA loads (for comparing the two; `CudaPolicy::tma`).
+pub(crate) fn tma_knob() -> bool {
+    std::env::var("ATTNC_CUDA_TMA").map_or(true, |s| s.trim() != "0")
+}
+
 /// `ATTNC_CUDA_BWD=simt`: every flash backward on the SIMT kernel (for comparing it with the
 /// tensor-core one).
 pub(crate) fn simt_backward_knob() -> bool {

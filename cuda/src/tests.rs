@@ -243,11 +243,11 @@ pub(crate) fn flash_graphs() -> Vec<(&'static str, Graph, f64)> {
 /// The compile-time values of every flash step (forward and backward) of `s` at head width
 /// `hd`, with `tiles` query m-tiles per warp for the tensor-core forward (one K/V stage).
 fn head_defines(s: &Schedule, hd: i64, tiles: i64) -> Vec<(String, i64)> {
-    staged_head_defines(s, hd, tiles, 1, false)
+    staged_head_defines(s, hd, tiles, 1, false, false)
 }
 
 /// [`head_defines`] with `stages` K/V stages for the tensor-core forward.
-fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64, ws: bool) -> Vec<(String, i64)> {
+fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64, ws: bool, tma: bool) -> Vec<(String, i64)> {
     let mut defines = Vec::new();
     for (n, step) in s.steps.iter().enumerate() {
         match &step.kernel {
@@ -259,6 +259,7 @@ fn staged_head_defines(s: &Schedule, hd: i64, tiles: i64, stages: i64, ws: bool)
                     defines.push((format!("ATTNC_MT_{n}"), tiles));
                     defines.push((format!("ATTNC_KS_{n}"), stages));
                     defines.push((format!("ATTNC_WS_{n}"), i64::from(ws)));
+                    defines.push((format!("ATTNC_TMA_{n}"), i64::from(tma)));
                 }
             }
             _ => {}
@@ -313,9 +314,22 @@ fn flash_kernels_compile_for_hoppers_warpgroup_products() {
     for (label, text) in FLASH_GRAPHS {
         let g: Graph = text.parse().unwrap_or_else(|e| panic!("{label}: {e}"));
         let (s, p) = render_as_written(&g);
-        for (hd, tiles, stages, ws) in [(64, 2, 3, true), (128, 2, 3, true), (128, 2, 2, false), (128, 2, 1, false), (128, 1, 1, false)] {
-            let defines = staged_head_defines(&s, hd, tiles, stages, ws);
-            jobs.push((format!("{label} HD={hd} MT={tiles} KS={stages} WS={}", u8::from(ws)), p.source.clone(), defines));
+        // The warp-specialised block with TMA loads and with the threads' copies.
+        let configs = [
+            (64, 2, 3, true, true),
+            (128, 2, 3, true, true),
+            (128, 2, 3, true, false),
+            (128, 2, 2, false, false),
+            (128, 2, 1, false, false),
+            (128, 1, 1, false, false),
+        ];
+        for (hd, tiles, stages, ws, tma) in configs {
+            let defines = staged_head_defines(&s, hd, tiles, stages, ws, tma);
+            jobs.push((
+                format!("{label} HD={hd} MT={tiles} KS={stages} WS={} TMA={}", u8::from(ws), u8::from(tma)),
+                p.source.clone(),
+                defines,
+            ));
         }
         // The backward too (additive scores have none fused).
         if !text.contains("additive(") {

@@ -128,6 +128,12 @@ pub struct CudaPolicy {
     /// one-warpgroup staged kernel instead. A knob for comparing (`ATTNC_CUDA_WS=0`, read by
     /// the runtime); both compute the same result.
     pub warp_specialize: bool,
+    /// The warp-specialised block's producer loads K/V tiles by TMA (`cp.async.bulk.tensor`
+    /// from a tensor map the launch encodes, [`super::TmaMap`]) where the views allow
+    /// ([`super::tma_map`]): one thread issues a tile's copies, the swizzle is done in
+    /// hardware. Off: its threads' `cp.async` copies. A knob for comparing (`ATTNC_CUDA_TMA=0`,
+    /// read by the runtime); both compute the same result.
+    pub tma: bool,
 }
 
 impl Default for CudaPolicy {
@@ -142,6 +148,7 @@ impl Default for CudaPolicy {
             wgmma: false,
             kv_stages: None,
             warp_specialize: true,
+            tma: true,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::policy::{
 };
 use super::{BufSlot, BufferKind, FlashBwdKernel, FlashKernel, IntValue, Kernel, Paging, Schedule, Tuning, Variant, View, tile_table};
 use crate::exec::MAX_ELEMENTS;
-use crate::ir::{Dim, DimError, Known, RangeTable};
+use crate::ir::{DType, Dim, DimError, Known, RangeTable};
 use std::collections::HashMap;
 use std::sync::Arc;
 use thiserror::Error;
@@ -113,6 +113,84 @@ pub struct Prepared {
     pub scratch_bytes: usize,
     /// CUDA: the kernels' compile-time values (`-D` macros): padded head widths and key tiles.
     pub defines: Vec<(String, i64)>,
+    /// CUDA: the tensor maps the launch encodes and hands to every kernel (`attnc_tmaps`, 128
+    /// bytes each, in this order): a TMA-loading flash step `s` reads K's at
+    /// `ATTNC_TMA_{s} - 1` and V's after it.
+    pub tma: Vec<TmaMap>,
+}
+
+/// A TMA tensor map of a K or V view, as `cuTensorMapEncodeTiled` takes it (16-bit elements,
+/// 128-byte swizzle, zeros outside the tensor): dims innermost first (the row's columns, the
+/// rows, then the batch axes the view moves along, last first: [`tma_axes`]), the box one key
+/// tile of [`TMA_BOX_COLS`] columns. A copy at coordinates (column, row, batch indices...)
+/// lands as the 128-byte swizzled sub-tile the warpgroup products read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaMap {
+    /// The buffer.
+    pub buf: BufSlot,
+    /// Bytes from the buffer's start to the view's first element (a multiple of 16).
+    pub offset_bytes: u64,
+    /// Elements per dim, innermost first.
+    pub dims: Vec<u64>,
+    /// Bytes from one index to the next of dims 1.. (multiples of 16).
+    pub strides: Vec<u64>,
+    /// The box: elements per dim.
+    pub boxes: Vec<u32>,
+}
+
+/// Columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's span.
+pub const TMA_BOX_COLS: i64 = 64;
+
+/// The batch axes (indices into `batch`) along which `view` moves: a tensor map's dims past
+/// the row, in the coordinates' order (the last batch axis first). Broadcast axes stay out.
+pub fn tma_axes(view: &View, batch: &[Dim]) -> Vec<usize> {
+    let strides = view.batch_strides(batch);
+    (0..batch.len()).rev().filter(|a| strides[*a].as_const() != Some(0)).collect()
+}
+
+/// The tensor map of a K or V `view` (`[batch..., rows, width]`) for key tiles of `rows` rows,
+/// or `None` where TMA cannot load it: elements other than 16-bit, columns not unit-strided, a
+/// first element or a stride not a multiple of 16 bytes, more than 3 batch axes, sizes past
+/// 32-bit coordinates.
+pub fn tma_map(view: &View, batch: &[Dim], rows: i64, env: &HashMap<String, i64>) -> Option<TmaMap> {
+    if !matches!(view.dtype, DType::F16 | DType::BF16) || view.shape.len() < 2 {
+        return None;
+    }
+    let r = view.shape.len();
+    let axes = tma_axes(view, batch);
+    if axes.len() > 3 {
+        return None;
+    }
+    let get = |d: &Dim| eval(d, env).ok();
+    let (width, n, col, row) = (get(&view.shape[r - 1])?, get(&view.shape[r - 2])?, get(&view.strides[r - 1])?, get(&view.strides[r - 2])?);
+    let offset = get(&view.offset)?;
+    let strides = view.batch_strides(batch);
+    let mut dims = vec![width, n];
+    let mut steps = vec![row];
+    for a in &axes {
+        dims.push(get(&batch[*a])?);
+        steps.push(get(&strides[*a])?);
+    }
+    let coordinate = |x: i64| (1..=i64::from(i32::MAX)).contains(&x);
+    let aligned = |x: i64| x > 0 && x % 8 == 0 && x < 1 << 39;
+    let ok = col == 1
+        && offset >= 0
+        && offset % 8 == 0
+        && row >= width
+        && dims.iter().all(|d| coordinate(*d))
+        && steps.iter().all(|s| aligned(*s))
+        && (1..=256).contains(&rows);
+    ok.then(|| {
+        let mut boxes = vec![TMA_BOX_COLS as u32, rows as u32];
+        boxes.resize(dims.len(), 1);
+        TmaMap {
+            buf: view.buf,
+            offset_bytes: offset as u64 * 2,
+            dims: dims.iter().map(|d| *d as u64).collect(),
+            strides: steps.iter().map(|s| *s as u64 * 2).collect(),
+            boxes,
+        }
+    })
 }
 
 impl Prepared {
@@ -332,6 +410,7 @@ impl Prepared {
             arena_bytes: 0,
             scratch_bytes: 0,
             defines: Vec::new(),
+            tma: Vec::new(),
         }
     }
 }
@@ -612,6 +691,16 @@ impl Preparing<'_> {
                 let stages = if ws { cuda.mma_ring_stages(head, bn, tiles) } else { cuda.mma_kv_stages(head, bn, tiles) };
                 self.prepared.defines.push((format!("ATTNC_KS_{s}"), stages));
                 self.prepared.defines.push((format!("ATTNC_WS_{s}"), i64::from(ws)));
+                // TMA loads for the warp-specialised block, where both K and V allow them.
+                let maps = (ws && cuda.tma && !f.paged())
+                    .then(|| Some([tma_map(&f.k, f.batch(), bn, self.env)?, tma_map(&f.v, f.batch(), bn, self.env)?]))
+                    .flatten();
+                let first = maps.map_or(0, |pair| {
+                    let at = self.prepared.tma.len() as i64 + 1;
+                    self.prepared.tma.extend(pair);
+                    at
+                });
+                self.prepared.defines.push((format!("ATTNC_TMA_{s}"), first));
                 (CUDA_MMA_ROWS * tiles, bn, 1)
             }
             Variant::SplitKv => (m.max(1), CUDA_LANE_KEYS, cuda.decode_splits(batch, n)),

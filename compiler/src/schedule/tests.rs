@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::ir::{ScoreExpr, ShowExpr, parse_expr};
+use std::collections::HashMap;
 
 fn examples() -> Vec<(String, String)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
@@ -592,4 +593,66 @@ fn paged_decode_groups_heads_while_enough_items_are_left() {
     let one = Policy::Cpu(CpuPolicy { head_group: Some(1), ..CpuPolicy::default() });
     let (group, items, ..) = run(&one, (1, 32, 1, 32768));
     assert_eq!((group, items), (1, 512));
+}
+
+/// The warp-specialised Hopper forward loads K and V by TMA where their views allow: dense
+/// `[B, H, S, D]` f16 operands get two maps (columns, rows, heads, batch; box 64 × the key tile)
+/// and the step's `ATTNC_TMA` names the first; rows whose stride is not a multiple of 16 bytes,
+/// f32 operands or the knob off take the threads' copies (no maps, `ATTNC_TMA` 0).
+#[test]
+fn hoppers_flash_forward_gets_tma_maps_where_the_views_allow() {
+    let hopper = CudaPolicy { wgmma: true, max_smem_per_block: 232_448, ..CudaPolicy::default() };
+    let env: HashMap<String, i64> = [("B", 2), ("H", 3), ("S", 200)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let run = |dtype: &str, width: i64, policy: CudaPolicy| {
+        let g = causal_flash(dtype, &width.to_string(), "s");
+        let s = schedule(&g, &Policy::Cuda(policy)).expect("schedules");
+        let p = prepare(&s, &env, &Policy::Cuda(policy)).expect("prepares");
+        let define = p.defines.iter().find(|(n, _)| n == "ATTNC_TMA_0").map(|(_, v)| *v);
+        (p.tma, define)
+    };
+    let (maps, define) = run("f16", 64, hopper);
+    assert_eq!(define, Some(1));
+    assert_eq!(maps.len(), 2, "K's and V's");
+    for m in &maps {
+        assert_eq!(m.dims, [64, 200, 3, 2]);
+        assert_eq!(m.strides, [128, 200 * 128, 3 * 200 * 128]);
+        assert_eq!(m.boxes, [64, 64, 1, 1]);
+        assert_eq!(m.offset_bytes, 0);
+    }
+    // Rows of 60 halves (120 bytes): no TMA; nor for f32, nor with the knob off.
+    assert_eq!(run("f16", 60, hopper), (Vec::new(), Some(0)));
+    assert_eq!(run("f16", 64, CudaPolicy { tma: false, ..hopper }), (Vec::new(), Some(0)));
+    assert!(run("f32", 64, hopper).0.is_empty());
+}
+
+/// A tensor map spans the batch axes its view moves along (a broadcast one, as K's head group
+/// in grouped-query attention, stays out), innermost first, and refuses what TMA cannot read.
+#[test]
+fn tma_maps_follow_the_views_strides() {
+    let d = |n: &str| Dim::sym(n);
+    let c = Dim::constant;
+    let env: HashMap<String, i64> =
+        [("B", 2), ("Hk", 2), ("G", 4), ("S", 100), ("D", 128)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    // K as [B, S, Hk, D] in memory, seen as [B, Hk, 1, S, D] against a [B, Hk, G] batch.
+    let k = View {
+        buf: 1,
+        dtype: DType::F16,
+        offset: c(0),
+        shape: vec![d("B"), d("Hk"), c(1), d("S"), d("D")],
+        strides: vec![d("S").mul(&d("Hk")).mul(&d("D")), d("D"), c(0), d("Hk").mul(&d("D")), c(1)],
+    };
+    let batch = [d("B"), d("Hk"), d("G")];
+    assert_eq!(tma_axes(&k, &batch), [1, 0]);
+    let m = tma_map(&k, &batch, 64, &env).expect("a map");
+    assert_eq!(
+        (m.buf, m.dims.clone(), m.strides.clone(), m.boxes.clone()),
+        (1, vec![128, 100, 2, 2], vec![512, 256, 100 * 512], vec![64, 64, 1, 1])
+    );
+    // An odd first element, non-unit columns, a 16-bit type only.
+    assert!(tma_map(&View { offset: c(4), ..k.clone() }, &batch, 64, &env).is_none());
+    let mut strided = k.clone();
+    strided.strides[4] = c(2);
+    assert!(tma_map(&strided, &batch, 64, &env).is_none());
+    assert!(tma_map(&View { dtype: DType::F32, ..k.clone() }, &batch, 64, &env).is_none());
+    assert!(tma_map(&View { offset: c(8), ..k }, &batch, 64, &env).is_some_and(|m| m.offset_bytes == 16));
 }

@@ -538,8 +538,10 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
         "// The ring's mbarriers past the tiles: KS_ `full` ones, then KS_ `empty` ones.".into(),
         "const unsigned full_ = sa_ + 2u * (BM_ + 2 * KS_ * BN_) * HD_, empty_ = full_ + 8u * KS_;".into(),
         "if (tid_ == 0) {".into(),
-        "  for (int st_ = 0; st_ < KS_; ++st_) { attnc_mbar_init(full_ + 8u * st_, 128u); attnc_mbar_init(empty_ + 8u * st_, 256u); }"
-            .into(),
+        "  // `full`: the producer's 128 threads arrive, or with TMA its first thread (and the bytes).".into(),
+        format!(
+            "  for (int st_ = 0; st_ < KS_; ++st_) {{ attnc_mbar_init(full_ + 8u * st_, ATTNC_TMA_{step} ? 1u : 128u); attnc_mbar_init(empty_ + 8u * st_, 256u); }}"
+        ),
         "}".into(),
         "attnc_sync();  // the mbarriers are initialised: the block's last barrier of all its threads".into(),
         "int st_ = 0;  // the ring's next stage".into(),
@@ -564,6 +566,64 @@ fn warp_specialized(fl: &Flash, items: &str, pack: &str, bf16: bool) -> Result<V
 /// consumer fences for the async proxy after its wait). Where rows are copied element by
 /// element (plain stores), each thread waits, fences and arrives itself.
 fn ws_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
+    let mut out = vec!["attnc_regs_dec<40>();".to_string(), format!("#if ATTNC_TMA_{step}")];
+    out.extend(ws_tma_producer(fl, items)?);
+    out.push("#else".into());
+    out.extend(ws_copy_producer(fl, items)?);
+    out.push("#endif".into());
+    Ok(out)
+}
+
+/// The producer by TMA (`ATTNC_TMA_n`: 1 + the index of K's tensor map among the run's,
+/// V's next; [`attn_compiler::schedule::tma_map`]): its first thread alone, per live key tile,
+/// waits for the stage to be free, arrives on its `full` expecting the tile's bytes, and issues
+/// one tiled copy per 64 columns of K and of V (the box: 64 columns × `BN_` rows, 128-byte
+/// swizzled in hardware into the layout the products read, zeros past the tensor); the copies
+/// complete those bytes on `full`. Coordinates: column, key row, then the batch indices the
+/// view moves along ([`attn_compiler::schedule::tma_axes`]).
+fn ws_tma_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
+    let step = fl.f.step;
+    let mut item = Vec::new();
+    let p = fl.item(&mut item, true)?;
+    // One copy of the tile's columns `64 c_..` of K or V into its sub-tile `c_` of the stage.
+    let load = |which: &str, view: &View, map: &str| -> Result<String, CudaEmitError> {
+        let mut c = vec!["c_ * 64".to_string(), "(int)(kt_ * BN_)".into()];
+        for a in attn_compiler::schedule::tma_axes(view, fl.f.batch()) {
+            let index = p.get(a).ok_or_else(|| fl.ints.fail(format!("batch axis {a} has no index")))?;
+            c.push(format!("(int){index}"));
+        }
+        Ok(format!("    attnc_tma_load_{}d({which}n_s_ + c_ * (128u * BN_), {map}, {}, full_ + 8u * st_);", c.len(), c.join(", ")))
+    };
+    item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
+    item.extend(first_live_tile());
+    item.push("while (kt_ < nkt_) {".into());
+    item.push("  attnc_mbar_wait(empty_ + 8u * st_, ph_ ^ 1u);  // the consumers are done with stage st_".into());
+    item.push("  attnc_mbar_expect_tx(full_ + 8u * st_, 2u * (HD_ / 64) * BN_ * 128u);  // K's and V's tiles".into());
+    item.push("  const unsigned Kn_s_ = Ks_s_ + st_ * (4u * BN_ * HD_), Vn_s_ = Vs_s_ + st_ * (4u * BN_ * HD_);".into());
+    item.push("  #pragma unroll".into());
+    item.push("  for (int c_ = 0; c_ < HD_ / 64; ++c_) {".into());
+    item.push(load("K", &fl.f.k, "km_")?);
+    item.push(load("V", &fl.f.v, "vm_")?);
+    item.push("  }".into());
+    item.push("  if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
+    item.push("  ++kt_;".into());
+    item.push(format!("  while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_")));
+    item.push("}".into());
+    let mut out = vec![
+        "if (tid_ == 0) {".to_string(),
+        format!("  const void* const km_ = (const unsigned char*)attnc_tmaps + 128 * (ATTNC_TMA_{step} - 1);"),
+        "  const void* const vm_ = (const unsigned char*)km_ + 128;".into(),
+        "  attnc_tmap_acquire(km_);".into(),
+        "  attnc_tmap_acquire(vm_);".into(),
+    ];
+    out.extend(indent(&fl.blocks(items, Vec::new(), item), 2));
+    out.push("}".into());
+    Ok(out)
+}
+
+/// The producer by its threads' copies.
+fn ws_copy_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
     let mut item = Vec::new();
     fl.item(&mut item, true)?;
     item.push("const i64 nkt_ = (N_ + BN_ - 1) / BN_;".into());
@@ -583,9 +643,7 @@ fn ws_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitError> {
     item.push("  ++kt_;".into());
     item.push(format!("  while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_")));
     item.push("}".into());
-    let mut out = vec!["attnc_regs_dec<40>();".to_string()];
-    out.extend(fl.blocks(items, Vec::new(), item));
-    Ok(out)
+    Ok(fl.blocks(items, Vec::new(), item))
 }
 
 /// A warp-specialised block's consumer `cw_` (m-tile `cw_` of the block): it copies its Q rows,

@@ -291,6 +291,8 @@ fn preamble(schedule: &Schedule) -> String {
     src.push_str(&prelude::preamble());
     let mut args: Vec<String> = (0..schedule.buffers.len()).map(|b| format!("void* const b{b}")).collect();
     args.extend((0..schedule.ints.len()).map(|t| format!("const i64 t{t}")));
+    // The run's TMA tensor maps (128 bytes each; null when it has none): `Prepared::tma`.
+    args.push("const void* const attnc_tmaps".into());
     let buffers: Vec<String> = schedule
         .buffers
         .iter()
@@ -327,6 +329,10 @@ fn preamble(schedule: &Schedule) -> String {
                 let _ = writeln!(
                     src,
                     "#ifndef ATTNC_KS_{s}\n#define ATTNC_KS_{s} 1 // K/V stages of step {s} (2: Hopper's, when the launch has room)\n#endif"
+                );
+                let _ = writeln!(
+                    src,
+                    "#ifndef ATTNC_TMA_{s}\n#define ATTNC_TMA_{s} 0 // 1 + the first of step {s}'s TMA maps (K's, then V's); 0: no TMA\n#endif"
                 );
             }
         }

@@ -287,6 +287,29 @@ template <int N> ATTNC_DEV void attnc_regs_dec() { asm volatile(\"setmaxnreg.dec
             }
         }
     }
+    // TMA: a tensor map the host wrote into global memory, acquired for the tensormap proxy;
+    // the arrival on a stage's mbarrier that also expects the copies' bytes; the tiled copies
+    // (`rank` 2 to 5 coordinates, innermost first) that complete those bytes on it.
+    s.push_str(
+        "ATTNC_DEV void attnc_tmap_acquire(const void* m) { asm volatile(\"fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\" :: \"l\"(m) : \"memory\"); }
+ATTNC_DEV void attnc_mbar_expect_tx(unsigned a, unsigned bytes) {
+  asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" :: \"r\"(a), \"r\"(bytes) : \"memory\");
+}
+",
+    );
+    for rank in 2..=5usize {
+        let params: Vec<String> = (0..rank).map(|i| format!("int c{i}")).collect();
+        let slots: Vec<String> = (0..rank).map(|i| format!("%{}", i + 2)).collect();
+        let args: Vec<String> = (0..rank).map(|i| format!("\"r\"(c{i})")).collect();
+        let _ = write!(
+            s,
+            "ATTNC_DEV void attnc_tma_load_{rank}d(unsigned dst, const void* m, {}, unsigned mbar) {{\n  asm volatile(\"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {{{}}}], [%{}];\"\n    :: \"r\"(dst), \"l\"(m), {}, \"r\"(mbar) : \"memory\");\n}}\n",
+            params.join(", "),
+            slots.join(", "),
+            rank + 2,
+            args.join(", ")
+        );
+    }
     s.push_str("#else\n#define ATTNC_WGMMA 0\n#endif\n");
     s
 }

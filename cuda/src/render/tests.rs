@@ -101,8 +101,9 @@ fn launches_follow_the_prepared_work() {
     for (rows, tiles) in [(None, 2), (Some(64), 1)] {
         let policy = Policy::Cuda(CudaPolicy { mma_rows: rows, ..CudaPolicy::default() });
         let prep = prepare(&s, &env, &policy).expect("prepares");
-        let defines = [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles), ("ATTNC_KS_0", 1), ("ATTNC_WS_0", 0)]
-            .map(|(k, v)| (k.to_string(), v));
+        let defines =
+            [("ATTNC_HD_0", 96), ("ATTNC_BN_0", 64), ("ATTNC_MT_0", tiles), ("ATTNC_KS_0", 1), ("ATTNC_WS_0", 0), ("ATTNC_TMA_0", 0)]
+                .map(|(k, v)| (k.to_string(), v));
         assert_eq!(prep.defines, defines.to_vec());
         let ready = launches(&p, &s, &prep, &limits).expect("launches");
         // 6 batch indices × the query blocks; the merge has no work (no split).
