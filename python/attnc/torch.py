@@ -127,7 +127,7 @@ def attention(prog: Program) -> Callable[..., Any]:
 
 # ---- attnc.torch.sdpa: torch.nn.functional.scaled_dot_product_attention -----------------------
 
-_TORCH_DTYPES = {"float32": "f32", "float16": "f16"}
+_DTYPE_NAMES = {_torch.float32: "f32", _torch.float16: "f16"}
 # Per variant: the program, and it wrapped for autograd.
 _SDPA_PROGRAMS: Dict[Tuple[Any, ...], Tuple[Program, Callable[..., Any]]] = {}
 
@@ -186,7 +186,7 @@ def _sdpa(
     denominator, through the fused log-sum-exp (``examples/sinks.attn``), differentiable.
     With ``dropout_p > 0``, ``seed`` (a 0-d int32 tensor) is dropout's seed: drawn from torch's
     generator when not given."""
-    p = _dropout_rate(dropout_p)
+    p = 0.0 if type(dropout_p) is float and dropout_p == 0.0 else _dropout_rate(dropout_p)
     if p > 0.0 and seed is None:
         seed = _torch.randint(-(2**31), 2**31 - 1, (), dtype=_torch.int32)
     if _torch.compiler.is_compiling():
@@ -226,7 +226,7 @@ def _cached(
 def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_torch.Tensor], out_dtype: _torch.dtype) -> _torch.Tensor:
     """``prog``'s first result: through autograd when an argument needs a gradient, else
     straight through the binding; in ``out_dtype``."""
-    if _torch.is_grad_enabled() and any(a.requires_grad for a in args):
+    if _torch.is_grad_enabled() and any([a.requires_grad for a in args]):
         out = differentiable(*args)
     else:
         out = _run_plain(prog, args)
@@ -237,10 +237,12 @@ def _attention_args(tensors: List[_torch.Tensor], what: str, cuda: bool = False)
     """q, k and v as a program takes them (bfloat16 as float32 on the CPU: NumPy has no
     bfloat16; as it is on CUDA), and the program's dtype name; a clear error for another
     dtype."""
-    if cuda and tensors[0].dtype == _torch.bfloat16:
-        return list(tensors), "bf16"
-    args = [a.float() for a in tensors] if tensors[0].dtype == _torch.bfloat16 else list(tensors)
-    dtype = _TORCH_DTYPES.get(str(args[0].dtype).replace("torch.", ""))
+    if tensors[0].dtype == _torch.bfloat16:
+        if cuda:
+            return list(tensors), "bf16"
+        tensors = [a.float() for a in tensors]
+    args = list(tensors)
+    dtype = _DTYPE_NAMES.get(args[0].dtype)
     if dtype is None:
         raise DTypeError(f"{what} runs float32, float16 and bfloat16 tensors, not {tensors[0].dtype}")
     return args, dtype
@@ -268,7 +270,7 @@ def _sdpa_prepare(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, _torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-        if (t.device != query.device) if cuda else (t.device.type != "cpu"):
+        if (t.device != query.device) if cuda else not t.is_cpu:
             raise LayoutError(f"{name} is on {t.device}; attnc.torch.sdpa runs CPU tensors, or CUDA tensors on one device, not {query.device} and {t.device}")
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         raise ShapeError(
@@ -310,11 +312,16 @@ def _sdpa_prepare(
     cap = None if softcap is None else float(softcap)
     drop = float(dropout_p)
     target = "cuda" if cuda else "cpu"
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target)
+    # Folded groups: one work item of the CPU backward per K/V head, so with gradients only
+    # where there are at least as many K/V heads (times the batch) as threads.
+    fold = gqa and _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (
+        cuda or not (_torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))) or key[..., 0, 0].numel() >= threads
+    )
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold)
     found = _cached(
         _SDPA_PROGRAMS,
         key_,
-        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop), threads, target),
+        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop, fold), threads, target),
     )
     return found[0], found[1], args, out_dtype
 
@@ -326,7 +333,9 @@ def _run_plain(prog: Program, args: List[_torch.Tensor]) -> _torch.Tensor:
     if args[0].is_cuda:
         out = prog(*args)
         return out[0] if isinstance(out, tuple) else out
-    arrays = tuple((a if a.is_contiguous() else a.contiguous()).detach().numpy() for a in args)
+    # (`detach` only where a tensor needs a gradient: `numpy()` refuses those, and it costs
+    # about half a microsecond a tensor.)
+    arrays = tuple([(a.detach() if a.requires_grad else a).numpy() if a.is_contiguous() else a.detach().contiguous().numpy() for a in args])
     return _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
 
 
@@ -346,10 +355,18 @@ def _sdpa_source(
     softcap: Optional[float] = None,
     sinks: bool = False,
     dropout_p: float = 0.0,
+    fold: bool = False,
 ) -> str:
     """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`); with ``sinks``, a
     parameter ``sink`` of one logit per query head joins each softmax denominator; with
-    ``dropout_p``, the weights are dropped under the last parameter, ``seed``."""
+    ``dropout_p``, the weights are dropped under the last parameter, ``seed``. With ``fold``
+    (grouped-query attention whose scores do not depend on the query's position or head: no
+    causal mask, a mask broadcast over heads and queries, no sinks, no dropout), each K/V
+    head's ``G`` query heads are rows of one attention: ``q`` as ``[..., Hk, G*L, E]`` against
+    ``k`` ``[..., Hk, S, E]``, so K and V are read once per group (a decode step's ``G`` rows
+    take one pass over the cache instead of ``G``)."""
+    if fold:
+        return _sdpa_folded_source(rank, dtype, mask, scale, softcap)
     lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
     heads_q, heads_kv = (["Hk*G"], ["Hk"]) if gqa else ([], [])
     q = lead + heads_q + ["L", "E"]
@@ -420,6 +437,45 @@ def _sdpa_source(
         body.append("return result")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
+
+
+def _sdpa_folded_source(rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[bool, ...]]], scale: Optional[float], softcap: Optional[float]) -> str:
+    """:func:`_sdpa_source`'s grouped-query program with each group's query heads folded into
+    rows (``fold``): the mask, when given, is broadcast over heads and queries, so it lines up
+    with the folded scores ``[..., Hk, G*L, S]`` as it is."""
+    lead = [f"N{n}" for n in range(rank - 3)]
+    q, k, v = lead + ["Hk*G", "L", "E"], lead + ["Hk", "S", "E"], lead + ["Hk", "S", "Ev"]
+    seen = lead + ["Hk*G", "L", "S"]
+    params = [f"q: {dtype}[{', '.join(q)}]", f"k: {dtype}[{', '.join(k)}]", f"v: {dtype}[{', '.join(v)}]"]
+    factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
+    body = [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])"]
+    if softcap is None:
+        body.append(f"let scores = rows @ k.T {factor}")
+    else:
+        body.append(f"let scores = {float(softcap)!r} * tanh(rows @ k.T {factor} / {float(softcap)!r})")
+    if mask is not None:
+        kind, ones = mask
+        dims = [("1" if one else seen[len(seen) - len(ones) + a]) for a, one in enumerate(ones)]
+        params.append(f"mask: {kind}[{', '.join(dims)}]")
+        body.append("let kept = where(mask, scores, -inf)" if kind == "bool" else "let kept = scores + mask")
+    else:
+        body.append("let kept = scores")
+    body.append("let attended = softmax(kept, axis = -1) @ v")
+    body.append(f"return reshape(attended, [{', '.join(lead + ['Hk*G', 'L', 'Ev'])}])")
+    head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(lead + ['Hk*G', 'L', 'Ev'])}] {{"
+    return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
+
+
+def _foldable(gqa: bool, causal: bool, mask: Optional[Tuple[str, Tuple[bool, ...]]], sinks: bool, dropout_p: float) -> bool:
+    """Whether a grouped-query ``sdpa`` variant can fold each group's query heads into rows
+    (:func:`_sdpa_source`'s ``fold``): its scores depend on neither the query's head nor its
+    position (no causal mask, no sinks, no dropout, a mask broadcast over both)."""
+    if not gqa or causal or sinks or dropout_p > 0.0:
+        return False
+    if mask is None:
+        return True
+    ones = mask[1]
+    return all(ones[a] for a in range(-min(3, len(ones)), -1))
 
 
 # ---- attnc.torch.flex_attention: torch.nn.attention.flex_attention -----------------------------

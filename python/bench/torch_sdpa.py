@@ -12,7 +12,7 @@ medians compared. Cases (f32, one thread unless --threads):
 
 Run from the repository root after ``pip install ./python`` into an environment with torch:
 
-    python python/bench/torch_sdpa.py [--rounds 5] [--threads 1]
+    python python/bench/torch_sdpa.py [--rounds 5] [--threads 1] [--cases overhead,decode] [--best]
 """
 
 from __future__ import annotations
@@ -74,18 +74,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cases", default="", help="only the cases whose name starts with one of these (comma-separated)")
+    ap.add_argument("--best", action="store_true", help="the best round of each instead of the median (on a shared machine, less of its neighbours' load)")
     args = ap.parse_args()
+    wanted = [c for c in args.cases.split(",") if c]
+    pick = min if args.best else statistics.median
     torch.set_num_threads(args.threads)
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds interleaved")
+    stat = "best" if args.best else "median"
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), {stat} of {args.rounds} rounds interleaved")
     print("| case | attnc | sdpa | sdpa/attnc |\n|---|---|---|---|")
     for name, make, grad in cases():
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
         ours, theirs = make(at.sdpa), make(F.scaled_dot_product_attention)
         a, b = [], []
         with torch.set_grad_enabled(grad):
             for _ in range(args.rounds):
                 a.append(per_call(ours))
                 b.append(per_call(theirs))
-        ma, mb = statistics.median(a), statistics.median(b)
+        ma, mb = pick(a), pick(b)
         unit, k = ("us", 1e6) if mb < 1e-3 else ("ms", 1e3)
         print(f"| {name} | {ma * k:.1f} {unit} | {mb * k:.1f} {unit} | {mb / ma:.2f} |", flush=True)
 

@@ -57,6 +57,30 @@ def test_sdpa_matches_torch_with_gradients(mask_name, kw):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
 
 
+def test_grouped_query_heads_fold_into_rows_where_the_scores_ignore_them():
+    """Grouped-query attention whose scores depend on neither the query's head nor its
+    position (a decode step against a cache with a padding mask broadcast over heads and
+    queries; no mask) runs each K/V head's query heads as rows of one attention: outputs and
+    gradients as torch's. A causal call keeps the heads apart."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, 8, 1, E, generator=g).requires_grad_()
+    k = torch.randn(B, 2, S, E, generator=g).requires_grad_()
+    v = torch.randn(B, 2, S, E, generator=g).requires_grad_()
+    pad = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    pad[0, ..., :3] = False
+    at._SDPA_PROGRAMS.clear()
+    for kw in ({"attn_mask": pad}, {}, {"attn_mask": torch.randn(1, S, generator=g)}):
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+        got = at.sdpa(q, k, v, enable_gqa=True, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+        cot = torch.randn_like(want)
+        for a, b in zip(torch.autograd.grad(got, (q, k, v), cot), torch.autograd.grad(want, (q, k, v), cot)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+    assert at._SDPA_PROGRAMS and all(key[-1] for key in at._SDPA_PROGRAMS), "every variant folded"
+    at.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    assert any(not key[-1] for key in at._SDPA_PROGRAMS), "a causal call is not folded"
+
+
 def test_a_float_mask_gets_its_gradient():
     q, k, v = inputs()
     mask = torch.randn(1, H, L, S, requires_grad=True)
