@@ -137,10 +137,12 @@ while [ $i -lt ${#steps[@]} ]; do
         echo "wgmma tests: exit $rc"
         grep -E "^device|test result|panicked|FAIL|failure" "$OUT/tests-wgmma.log" | head -20
         if [ "$rc" != 0 ]; then
-            # Which newer part of the Hopper forward fails: the forward tests again without TMA,
-            # then in one warpgroup, then with one K/V stage, then also without the pipelined
-            # tile; the rest of the session uses the first that passes.
-            for fallback in "ATTNC_CUDA_TMA=0" "ATTNC_CUDA_WS=0" "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1" \
+            # Which newer part of the Hopper forward fails: the forward tests again with the
+            # cp.async producer waiting for its copies, then also without TMA, then in one
+            # warpgroup, then with one K/V stage, then also without the pipelined tile; the rest
+            # of the session uses the first that passes.
+            for fallback in "ATTNC_NVRTC_OPTIONS=-DATTNC_WS_CP_WAIT" "ATTNC_CUDA_TMA=0 ATTNC_NVRTC_OPTIONS=-DATTNC_WS_CP_WAIT" \
+                "ATTNC_CUDA_WS=0" "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1" \
                 "ATTNC_CUDA_WS=0 ATTNC_CUDA_KV_STAGES=1 ATTNC_NVRTC_OPTIONS=-DATTNC_WG_SYNC"; do
                 env $fallback ATTNC_GPU_TESTS=1 ATTNC_GPU_WIDTHS=64,128 timeout 120 "$TESTS" gpu_tests::flash_kernels \
                     --test-threads 2 --nocapture > "$OUT/tests-fallback.log" 2>&1

@@ -138,6 +138,9 @@ struct Case {
     ws: bool,
     /// With `ws`: its TMA loads where the views allow (else its threads' `cp.async`).
     tma: bool,
+    /// Without `tma`: the producer waits for each stage's copies before arriving
+    /// (`ATTNC_WS_CP_WAIT`) instead of arriving as they land.
+    cp_wait: bool,
 }
 
 /// Runs the cases on two threads; fails with every failure.
@@ -159,6 +162,9 @@ fn run_cases(cases: Vec<Case>) {
                 }
                 if !c.tma {
                     defines.push(("ATTNC_CUDA_TMA".to_string(), 0));
+                }
+                if c.cp_wait {
+                    defines.push(("ATTNC_WS_CP_WAIT".to_string(), 1));
                 }
                 let err = check(&c.label, &c.graph, schedule, &env, c.seed, &wd, &defines)?;
                 let _ = std::fs::remove_dir_all(&wd);
@@ -200,6 +206,7 @@ fn width_cases(
                 wgmma: false,
                 wg_sync: false,
                 tma: true,
+                cp_wait: false,
                 ws: true,
             });
         }
@@ -233,6 +240,7 @@ fn every_example_runs_emulated_like_the_interpreter() {
                     wgmma: false,
                     wg_sync: false,
                     tma: true,
+                    cp_wait: false,
                     ws: true,
                 });
             }
@@ -306,12 +314,14 @@ fn flash_kernels_run_emulated_on_hoppers_warpgroup_products() {
     let width =
         |flip: usize| move |n: usize, _: &Graph| attn_tests::matrix([64i64, 128].into_iter().enumerate(), |k| k % 2 == (n + flip) % 2);
     let mut cases = width_cases(graphs.clone(), "flash-wgmma-ws", 5, width(0), ws_sizes);
-    // In turn with TMA loads and with the producer's `cp.async` copies.
+    // In turn with TMA loads, with the producer's `cp.async` copies arriving as they land, and
+    // with its waiting for them (`ATTNC_WS_CP_WAIT`).
     for (n, c) in cases.iter_mut().enumerate() {
         c.wgmma = true;
-        c.tma = n % 2 == 0;
-        c.label.push_str([" warp-specialised, TMA", " warp-specialised, cp.async"][n % 2]);
-        c.dir.push_str(["-tma", "-cp"][n % 2]);
+        c.tma = n % 3 == 0;
+        c.cp_wait = n % 3 == 2;
+        c.label.push_str([" warp-specialised, TMA", " warp-specialised, cp.async", " warp-specialised, cp.async waited"][n % 3]);
+        c.dir.push_str(["-tma", "-cp", "-cpw"][n % 3]);
     }
     let mut others = width_cases(graphs, "flash-wgmma", 5, width(1), sizes);
     for (n, c) in others.iter_mut().enumerate() {

@@ -637,8 +637,13 @@ fn ws_copy_producer(fl: &Flash, items: &str) -> Result<Vec<String>, CudaEmitErro
     // 16-byte copies: the stage's `full` counts this thread's arrival once they have landed, and
     // the producer goes on to the next stage at once (as many stages in flight as the ring has).
     // Element-by-element stores: made visible by this thread's own fence and arrival.
+    // (`-DATTNC_WS_CP_WAIT`, a knob for comparing: every thread waits, fences and arrives.)
+    item.push("#ifdef ATTNC_WS_CP_WAIT".into());
+    item.push("  attnc_cp_wait_all(); attnc_fence_proxy(); attnc_mbar_arrive(full_ + 8u * st_);".into());
+    item.push("#else".into());
     item.push("  if (vec_) attnc_cp_mbar_arrive(full_ + 8u * st_);".into());
     item.push("  else { attnc_cp_wait_all(); attnc_fence_proxy(); attnc_mbar_arrive(full_ + 8u * st_); }".into());
+    item.push("#endif".into());
     item.push("  if (++st_ == KS_) { st_ = 0; ph_ ^= 1u; }".into());
     item.push("  ++kt_;".into());
     item.push(format!("  while (kt_ < nkt_ && {}) ++kt_;", Flash::skipped("kt_")));
