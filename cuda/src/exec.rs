@@ -50,8 +50,9 @@ struct Exec {
     buffers: Vec<Option<CudaSlice<u8>>>,
     /// The (defines, integer table) the tile tables on the device were computed for.
     tables_for: Option<(Defines, Vec<i64>)>,
-    /// The last run's TMA tensor maps on the device (`attnc_tmaps`), 128 bytes each.
-    tmaps: Option<CudaSlice<u8>>,
+    /// The last run's TMA tensor maps on the device (`attnc_tmaps`), 128 bytes each, and their
+    /// bytes (a run whose maps encode alike uploads nothing).
+    tmaps: Option<(CudaSlice<u8>, Vec<u8>)>,
 }
 
 struct Loaded {
@@ -232,12 +233,19 @@ impl Exec {
             let base = ptrs.get(m.buf).copied().ok_or_else(poisoned)?;
             bytes.extend_from_slice(&encode_tmap(m, base)?);
         }
-        if self.tmaps.as_ref().is_none_or(|b| b.len() < bytes.len()) {
-            self.tmaps = None;
-            self.tmaps = Some(gpu.stream.alloc_zeros::<u8>(bytes.len()).map_err(driver("allocating the tensor maps"))?);
+        match &mut self.tmaps {
+            Some((_, last)) if *last == bytes => {}
+            Some((slot, last)) if slot.len() >= bytes.len() => {
+                gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying the tensor maps to the device"))?;
+                *last = bytes;
+            }
+            _ => {
+                self.tmaps = None;
+                let mut slot = gpu.stream.alloc_zeros::<u8>(bytes.len()).map_err(driver("allocating the tensor maps"))?;
+                gpu.stream.memcpy_htod(&bytes, &mut slot).map_err(driver("copying the tensor maps to the device"))?;
+                self.tmaps = Some((slot, bytes));
+            }
         }
-        let slot = self.tmaps.as_mut().ok_or_else(poisoned)?;
-        gpu.stream.memcpy_htod(&bytes, slot).map_err(driver("copying the tensor maps to the device"))?;
         Ok(())
     }
 
@@ -296,7 +304,7 @@ impl Exec {
         let ptrs = self.pointers(gpu, at)?;
         // The tensor maps, where the run has any (else a null pointer the kernels never read).
         let tmaps = match (&self.tmaps, prep.tma.is_empty()) {
-            (Some(b), false) => b.device_ptr(&gpu.stream).0,
+            (Some((b, _)), false) => b.device_ptr(&gpu.stream).0,
             _ => 0u64,
         };
         for l in ready {

@@ -314,7 +314,7 @@ def _sdpa_prepare(
     target = "cuda" if cuda else "cpu"
     # Folded groups: one work item of the CPU backward per K/V head, so with gradients only
     # where there are at least as many K/V heads (times the batch) as threads.
-    fold = gqa and _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (
+    fold = _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (
         cuda or not (_torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))) or key[..., 0, 0].numel() >= threads
     )
     key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold)
@@ -387,11 +387,7 @@ def _sdpa_source(
         qn, kn, vn = "qg", "kg", "vg"
     else:
         qn, kn, vn = "q", "k", "v"
-    factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
-    if softcap is None:
-        body.append(f"let scores = {qn} @ {kn}.T {factor}")
-    else:
-        body.append(f"let scores = {float(softcap)!r} * tanh({qn} @ {kn}.T {factor} / {float(softcap)!r})")
+    body.append(_scores_line(qn, kn, scale, softcap))
     score_rank = len(seen) + (1 if gqa else 0)
     if mask is not None:
         kind, ones = mask
@@ -439,6 +435,15 @@ def _sdpa_source(
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
 
 
+def _scores_line(q: str, k: str, scale: Optional[float], softcap: Optional[float]) -> str:
+    """``let scores = ...``: ``q @ k.T`` scaled (``1/sqrt(E)`` by default), soft-capped as
+    ``softcap * tanh(s / softcap)`` when ``softcap`` is given."""
+    factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
+    if softcap is None:
+        return f"let scores = {q} @ {k}.T {factor}"
+    return f"let scores = {float(softcap)!r} * tanh({q} @ {k}.T {factor} / {float(softcap)!r})"
+
+
 def _sdpa_folded_source(rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[bool, ...]]], scale: Optional[float], softcap: Optional[float]) -> str:
     """:func:`_sdpa_source`'s grouped-query program with each group's query heads folded into
     rows (``fold``): the mask, when given, is broadcast over heads and queries, so it lines up
@@ -447,12 +452,7 @@ def _sdpa_folded_source(rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[b
     q, k, v = lead + ["Hk*G", "L", "E"], lead + ["Hk", "S", "E"], lead + ["Hk", "S", "Ev"]
     seen = lead + ["Hk*G", "L", "S"]
     params = [f"q: {dtype}[{', '.join(q)}]", f"k: {dtype}[{', '.join(k)}]", f"v: {dtype}[{', '.join(v)}]"]
-    factor = "/ sqrt(E)" if scale is None else f"* {float(scale)!r}"
-    body = [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])"]
-    if softcap is None:
-        body.append(f"let scores = rows @ k.T {factor}")
-    else:
-        body.append(f"let scores = {float(softcap)!r} * tanh(rows @ k.T {factor} / {float(softcap)!r})")
+    body = [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])", _scores_line("rows", "k", scale, softcap)]
     if mask is not None:
         kind, ones = mask
         dims = [("1" if one else seen[len(seen) - len(ones) + a]) for a, one in enumerate(ones)]

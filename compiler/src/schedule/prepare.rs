@@ -144,8 +144,12 @@ pub const TMA_BOX_COLS: i64 = 64;
 /// The batch axes (indices into `batch`) along which `view` moves: a tensor map's dims past
 /// the row, in the coordinates' order (the last batch axis first). Broadcast axes stay out.
 pub fn tma_axes(view: &View, batch: &[Dim]) -> Vec<usize> {
-    let strides = view.batch_strides(batch);
-    (0..batch.len()).rev().filter(|a| strides[*a].as_const() != Some(0)).collect()
+    moving_axes(&view.batch_strides(batch))
+}
+
+/// [`tma_axes`] from the view's batch strides.
+fn moving_axes(strides: &[Dim]) -> Vec<usize> {
+    (0..strides.len()).rev().filter(|a| strides[*a].as_const() != Some(0)).collect()
 }
 
 /// The tensor map of a K or V `view` (`[batch..., rows, width]`) for key tiles of `rows` rows,
@@ -157,14 +161,14 @@ pub fn tma_map(view: &View, batch: &[Dim], rows: i64, env: &HashMap<String, i64>
         return None;
     }
     let r = view.shape.len();
-    let axes = tma_axes(view, batch);
+    let strides = view.batch_strides(batch);
+    let axes = moving_axes(&strides);
     if axes.len() > 3 {
         return None;
     }
     let get = |d: &Dim| eval(d, env).ok();
     let (width, n, col, row) = (get(&view.shape[r - 1])?, get(&view.shape[r - 2])?, get(&view.strides[r - 1])?, get(&view.strides[r - 2])?);
     let offset = get(&view.offset)?;
-    let strides = view.batch_strides(batch);
     let mut dims = vec![width, n];
     let mut steps = vec![row];
     for a in &axes {

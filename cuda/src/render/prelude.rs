@@ -287,10 +287,18 @@ template <int N> ATTNC_DEV void attnc_regs_dec() { asm volatile(\"setmaxnreg.dec
             }
         }
     }
-    // TMA: a tensor map the host wrote into global memory, acquired for the tensormap proxy;
-    // the arrival on a stage's mbarrier that also expects the copies' bytes; the tiled copies
-    // (`rank` 2 to 5 coordinates, innermost first) that complete those bytes on it.
-    s.push_str(
+    s.push_str(&tma());
+    s.push_str("#else\n#define ATTNC_WGMMA 0\n#endif\n");
+    s
+}
+
+/// Hopper's TMA (inside [`warpgroup`]'s sm_90a section): a tensor map the host wrote into
+/// global memory, acquired for the tensormap proxy; the arrival on a stage's mbarrier that also
+/// expects the copies' bytes; the tiled copies (`rank` 2 to 5 coordinates, innermost first)
+/// that complete those bytes on it.
+fn tma() -> String {
+    use std::fmt::Write as _;
+    let mut s = String::from(
         "ATTNC_DEV void attnc_tmap_acquire(const void* m) { asm volatile(\"fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\" :: \"l\"(m) : \"memory\"); }
 ATTNC_DEV void attnc_mbar_expect_tx(unsigned a, unsigned bytes) {
   asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" :: \"r\"(a), \"r\"(bytes) : \"memory\");
@@ -310,6 +318,5 @@ ATTNC_DEV void attnc_mbar_expect_tx(unsigned a, unsigned bytes) {
             args.join(", ")
         );
     }
-    s.push_str("#else\n#define ATTNC_WGMMA 0\n#endif\n");
     s
 }
