@@ -372,6 +372,14 @@ impl Formation<'_> {
             }
             _ => {
                 let ty = self.g.node(v).ty.clone();
+                // A dense view keeps its row-major strides; another is re-split in place where
+                // its strides allow.
+                if x.dtype == ty.dtype
+                    && !x.is_contiguous()
+                    && let Some(view) = x.reshaped(&ty.shape)
+                {
+                    return Ok(view);
+                }
                 let x = self.dense_if(v, x, ty.dtype, View::is_contiguous);
                 Ok(View { strides: row_major(&ty.shape), shape: ty.shape, ..x })
             }

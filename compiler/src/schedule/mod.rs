@@ -246,6 +246,48 @@ impl View {
         self.strides.iter().zip(&dense).zip(&self.shape).all(|((s, d), n)| s == d || n.as_const() == Some(1))
     }
 
+    /// The same elements seen with `shape` (a reshape) without moving them, where the strides
+    /// allow: each run of axes that `shape` splits or merges must be dense within itself (as
+    /// NumPy's no-copy reshape). Sizes are matched symbolically (`Hk*G` splits into `Hk` and
+    /// `G`), so the view is right for every binding of the dims; `None` asks for a copy.
+    pub fn reshaped(&self, shape: &[Dim]) -> Option<View> {
+        let one = Dim::constant(1);
+        let old: Vec<usize> = (0..self.shape.len()).filter(|&a| self.shape[a] != one).collect();
+        let new: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] != one).collect();
+        // Axes of size 1 step nowhere.
+        let mut strides = vec![Dim::constant(0); shape.len()];
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() && j < new.len() {
+            let (i0, j0) = (i, j);
+            let (mut po, mut pn) = (self.shape[old[i]].clone(), shape[new[j]].clone());
+            while po != pn {
+                if po.div_exact(&pn).is_some() && j + 1 < new.len() {
+                    j += 1;
+                    pn = pn.mul(&shape[new[j]]);
+                } else if pn.div_exact(&po).is_some() && i + 1 < old.len() {
+                    i += 1;
+                    po = po.mul(&self.shape[old[i]]);
+                } else {
+                    return None;
+                }
+            }
+            // The old run must be dense within itself to be re-split.
+            for w in old[i0..=i].windows(2) {
+                if self.strides[w[0]] != self.strides[w[1]].mul(&self.shape[w[1]]) {
+                    return None;
+                }
+            }
+            let mut step = self.strides[old[i]].clone();
+            for &a in new[j0..=j].iter().rev() {
+                strides[a] = step.clone();
+                step = step.mul(&shape[a]);
+            }
+            i += 1;
+            j += 1;
+        }
+        (i == old.len() && j == new.len()).then(|| View { shape: shape.to_vec(), strides, ..self.clone() })
+    }
+
     /// True when stepping along `axis` moves one element (or the axis has size 1).
     pub fn unit_stride(&self, axis: usize) -> bool {
         self.strides[axis].as_const() == Some(1) || self.shape[axis].as_const() == Some(1)

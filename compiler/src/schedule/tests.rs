@@ -656,3 +656,31 @@ fn tma_maps_follow_the_views_strides() {
     assert!(tma_map(&View { dtype: DType::F32, ..k.clone() }, &batch, 64, &env).is_none());
     assert!(tma_map(&View { offset: c(8), ..k }, &batch, 64, &env).is_some_and(|m| m.offset_bytes == 16));
 }
+
+#[test]
+fn a_reshape_of_a_strided_view_is_a_view_where_its_axes_are_dense_among_themselves() {
+    let d = |n: &str| Dim::sym(n);
+    let c = Dim::constant;
+    let dims = |names: &[&str]| names.iter().map(|n| Dim::parse(n).expect("a dim")).collect::<Vec<_>>();
+    // q as transformers lays it out, [B, S, H*G, D], seen as [B, H*G, S, D].
+    let hg = d("H").mul(&d("G"));
+    let q = View {
+        buf: 0,
+        dtype: DType::F32,
+        offset: c(0),
+        shape: dims(&["B", "H*G", "S", "D"]),
+        strides: vec![d("S").mul(&hg).mul(&d("D")), d("D"), hg.mul(&d("D")), c(1)],
+    };
+    // The heads split in place: H steps G heads, G one head.
+    let split = q.reshaped(&dims(&["B", "H", "G", "S", "D"])).expect("a view");
+    assert_eq!(split.strides, vec![q.strides[0].clone(), d("G").mul(&d("D")), d("D"), q.strides[2].clone(), c(1)]);
+    // Merged back, and with a size-1 axis added (it steps nowhere).
+    assert_eq!(split.reshaped(&q.shape).map(|v| v.strides), Some(q.strides.clone()));
+    let unsqueezed = q.reshaped(&dims(&["B", "H*G", "1", "S", "D"])).expect("a view");
+    assert_eq!(unsqueezed.strides[2], c(0));
+    // Heads and positions are not dense with each other: merging them needs a copy.
+    assert!(q.reshaped(&dims(&["B", "H*G*S", "D"])).is_none());
+    // Sizes that only match for some dims (S into 2 × S/2) are not guessed.
+    assert!(q.reshaped(&dims(&["B", "H*G", "2", "(S/2)", "D"])).is_none());
+    assert!(q.reshaped(&dims(&["B", "H", "S", "D"])).is_none());
+}
