@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import Program, _attnc, _bind
 from ._errors import ArgumentError, DTypeError, LayoutError, ShapeError
@@ -193,10 +194,12 @@ def _sdpa(
         # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
         # an autograd formula), so the graph has no break.
         return _torch.ops.attnc.sdpa(query, key, value, attn_mask, p, bool(is_causal), scale, bool(enable_gqa), softcap, sinks, seed)
-    prog, differentiable, args, out_dtype = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, p)
+    prog, differentiable, args, out_dtype, seq_major = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, p)
     if seed is not None and p > 0.0:
         args.append(seed.to(_torch.int32).reshape(()))
-    return _run_either(prog, differentiable, args, out_dtype)
+    out = _run_either(prog, differentiable, args, out_dtype)
+    # A sequence-major result is returned as the `[..., H, L, D]` view torch's sdpa gives.
+    return out.transpose(-3, -2) if seq_major[0] else out
 
 
 def _dropout_rate(dropout_p: Any) -> float:
@@ -227,6 +230,10 @@ def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_t
     """``prog``'s first result: through autograd when an argument needs a gradient, else
     straight through the binding; in ``out_dtype``."""
     if _torch.is_grad_enabled() and any([a.requires_grad for a in args]):
+        if not args[0].is_cuda and any([a.dtype == _torch.bfloat16 for a in args]):
+            # bfloat16 on the CPU runs in float32: the autograd function saves float32 copies
+            # once (a plain run reads bfloat16 itself).
+            args = [a.float() if a.dtype == _torch.bfloat16 else a for a in args]
         out = differentiable(*args)
     else:
         out = _run_plain(prog, args)
@@ -234,13 +241,11 @@ def _run_either(prog: Program, differentiable: Callable[..., Any], args: List[_t
 
 
 def _attention_args(tensors: List[_torch.Tensor], what: str, cuda: bool = False) -> Tuple[List[_torch.Tensor], str]:
-    """q, k and v as a program takes them (bfloat16 as float32 on the CPU: NumPy has no
-    bfloat16; as it is on CUDA), and the program's dtype name; a clear error for another
-    dtype."""
+    """q, k and v as a program takes them, and the program's dtype name (bfloat16 is ``f32`` on
+    the CPU, whose binding widens it as it reads, and ``bf16`` on CUDA); a clear error for
+    another dtype."""
     if tensors[0].dtype == _torch.bfloat16:
-        if cuda:
-            return list(tensors), "bf16"
-        tensors = [a.float() for a in tensors]
+        return list(tensors), "bf16" if cuda else "f32"
     args = list(tensors)
     dtype = _DTYPE_NAMES.get(args[0].dtype)
     if dtype is None:
@@ -259,10 +264,12 @@ def _sdpa_prepare(
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
     dropout_p: float = 0.0,
-) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype]:
+) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype, Tuple[bool, bool, bool]]:
     """The checked arguments of an :func:`_sdpa` call: its program (compiled on first use), the
     program as an autograd function, the program's inputs (without dropout's seed, the last
-    parameter when ``dropout_p > 0``), and the result's dtype."""
+    parameter when ``dropout_p > 0``), the result's dtype, and which of q, k and v the program
+    takes sequence-major (``[..., S, H, D]``; with q so, the result is ``[..., L, H, D]``, to be
+    transposed back)."""
 
     if is_causal and attn_mask is not None:
         raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
@@ -298,8 +305,6 @@ def _sdpa_prepare(
         ones = tuple(n == 1 or s == 0 for n, s in zip(attn_mask.shape, attn_mask.stride()))
         index = tuple(0 if one else slice(None) for one in ones)
         mask = attn_mask[index].reshape([1 if one else n for one, n in zip(ones, attn_mask.shape)])
-        if mask.dtype == _torch.bfloat16 and not cuda:
-            mask = mask.float()
         args.append(mask)
         mask_key = (kind, ones)
     if sinks is not None:
@@ -317,26 +322,39 @@ def _sdpa_prepare(
     fold = _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (
         cuda or not (_torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))) or key[..., 0, 0].numel() >= threads
     )
-    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold)
+    # Transposed views of sequence-major memory (transformers' `[B, S, H, D]` projections seen
+    # as `[B, H, S, D]`) are read in place, and the result written sequence-major when the
+    # query is (CPU; on CUDA they are made contiguous).
+    seq_major = (False, False, False)
+    if not cuda and query.dim() >= 3 and not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous()):
+        seq_major = (not fold and _seq_major(query), _seq_major(key), _seq_major(value))
+        args[:3] = [t.transpose(-3, -2) if seq else t for t, seq in zip(args[:3], seq_major)]
+    key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold, seq_major)
     found = _cached(
         _SDPA_PROGRAMS,
         key_,
-        lambda: _compile(_sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop, fold), threads, target),
+        lambda: _compile(
+            _sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop, fold, seq_major), threads, target
+        ),
     )
-    return found[0], found[1], args, out_dtype
+    return found[0], found[1], args, out_dtype, seq_major
+
+
+def _seq_major(t: _torch.Tensor) -> bool:
+    """Whether ``t`` (``[..., H, S, D]``) is a transposed view of dense ``[..., S, H, D]``
+    memory, and not dense itself."""
+    return not t.is_contiguous() and t.transpose(-3, -2).is_contiguous()
 
 
 def _run_plain(prog: Program, args: List[_torch.Tensor]) -> _torch.Tensor:
     """``prog``'s first result on CPU tensors, without autograd, straight through the binding:
-    the arrays share the tensors' memory (a non-contiguous tensor is copied once). On CUDA
+    each tensor goes over as a DLPack capsule, read in place where dense (any other strides,
+    and bfloat16 or float16 for a float32 parameter, are copied once in the binding). On CUDA
     tensors, the program reads and writes device memory (``Program``'s CUDA path)."""
     if args[0].is_cuda:
         out = prog(*args)
         return out[0] if isinstance(out, tuple) else out
-    # (`detach` only where a tensor needs a gradient: `numpy()` refuses those, and it costs
-    # about half a microsecond a tensor.)
-    arrays = tuple([(a.detach() if a.requires_grad else a).numpy() if a.is_contiguous() else a.detach().contiguous().numpy() for a in args])
-    return _torch.from_numpy(prog._compiled.run(arrays, None, None)[0])
+    return _torch.from_numpy(prog._compiled.run(tuple([_to_dlpack(a) for a in args]), None, None)[0])
 
 
 def _compile(text: str, threads: int, target: str = "cpu") -> Program:
@@ -356,6 +374,7 @@ def _sdpa_source(
     sinks: bool = False,
     dropout_p: float = 0.0,
     fold: bool = False,
+    seq_major: Tuple[bool, bool, bool] = (False, False, False),
 ) -> str:
     """The ``.attn`` program of one ``sdpa`` variant (see :func:`sdpa`); with ``sinks``, a
     parameter ``sink`` of one logit per query head joins each softmax denominator; with
@@ -364,9 +383,15 @@ def _sdpa_source(
     causal mask, a mask broadcast over heads and queries, no sinks, no dropout), each K/V
     head's ``G`` query heads are rows of one attention: ``q`` as ``[..., Hk, G*L, E]`` against
     ``k`` ``[..., Hk, S, E]``, so K and V are read once per group (a decode step's ``G`` rows
-    take one pass over the cache instead of ``G``)."""
+    take one pass over the cache instead of ``G``).
+
+    ``seq_major`` says, for ``q``, ``k`` and ``v``, whether the caller's tensor lies in memory
+    with its sequence axis outside its head axis (``[..., S, H, E]``, the layout of
+    transformers' projections, handed over as a transposed view): such a parameter is declared
+    in that layout and permuted in the program, which the flash kernels read in place; with
+    ``q`` so, the result is written in that layout too (``[..., L, H, Ev]``)."""
     if fold:
-        return _sdpa_folded_source(rank, dtype, mask, scale, softcap)
+        return _sdpa_folded_source(rank, dtype, mask, scale, softcap, seq_major[1:])
     lead = [f"N{n}" for n in range(rank - 3)] if gqa else [f"N{n}" for n in range(rank - 2)]
     heads_q, heads_kv = (["Hk*G"], ["Hk"]) if gqa else ([], [])
     q = lead + heads_q + ["L", "E"]
@@ -375,18 +400,25 @@ def _sdpa_source(
     out = lead + heads_q + ["L", "Ev"]
     # The scores' axes, as the caller sees them (a mask aligns with these, right to left).
     seen = lead + heads_q + ["L", "S"]
-    params = [f"q: {dtype}[{', '.join(q)}]", f"k: {dtype}[{', '.join(k)}]", f"v: {dtype}[{', '.join(v)}]"]
-    body = []
+    # Heads and positions swapped: the order of a sequence-major tensor's axes.
+    swap = list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
+    swapped = lambda axes: [axes[a] for a in swap]  # noqa: E731
+    params, body, names = [], [], []
+    for name, axes, seq in (("q", q, seq_major[0]), ("k", k, seq_major[1]), ("v", v, seq_major[2])):
+        params.append(f"{name}: {dtype}[{', '.join(swapped(axes) if seq else axes)}]")
+        if seq:
+            body.append(f"let {name}h = permute({name}, {swap})")
+        names.append(f"{name}h" if seq else name)
     if gqa:
         g = len(lead) + 1  # the group axis
         body += [
-            f"let qg = reshape(q, [{', '.join(lead + ['Hk', 'G', 'L', 'E'])}])",
-            f"let kg = unsqueeze(k, {g})",
-            f"let vg = unsqueeze(v, {g})",
+            f"let qg = reshape({names[0]}, [{', '.join(lead + ['Hk', 'G', 'L', 'E'])}])",
+            f"let kg = unsqueeze({names[1]}, {g})",
+            f"let vg = unsqueeze({names[2]}, {g})",
         ]
         qn, kn, vn = "qg", "kg", "vg"
     else:
-        qn, kn, vn = "q", "k", "v"
+        qn, kn, vn = names
     body.append(_scores_line(qn, kn, scale, softcap))
     score_rank = len(seen) + (1 if gqa else 0)
     if mask is not None:
@@ -427,10 +459,12 @@ def _sdpa_source(
         body.append("let result = attended")
     if dropout_p > 0.0:
         params.append("seed: i32")
-    if gqa:
-        body.append(f"return reshape(result, [{', '.join(out)}])")
+    result = f"reshape(result, [{', '.join(out)}])" if gqa else "result"
+    if seq_major[0]:
+        body.append(f"return permute({result}, {swap})")
+        out = swapped(out)
     else:
-        body.append("return result")
+        body.append(f"return {result}")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
 
@@ -444,15 +478,27 @@ def _scores_line(q: str, k: str, scale: Optional[float], softcap: Optional[float
     return f"let scores = {float(softcap)!r} * tanh({q} @ {k}.T {factor} / {float(softcap)!r})"
 
 
-def _sdpa_folded_source(rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[bool, ...]]], scale: Optional[float], softcap: Optional[float]) -> str:
+def _sdpa_folded_source(
+    rank: int,
+    dtype: str,
+    mask: Optional[Tuple[str, Tuple[bool, ...]]],
+    scale: Optional[float],
+    softcap: Optional[float],
+    seq_major: Tuple[bool, bool] = (False, False),
+) -> str:
     """:func:`_sdpa_source`'s grouped-query program with each group's query heads folded into
     rows (``fold``): the mask, when given, is broadcast over heads and queries, so it lines up
-    with the folded scores ``[..., Hk, G*L, S]`` as it is."""
+    with the folded scores ``[..., Hk, G*L, S]`` as it is. ``seq_major``: whether ``k`` and
+    ``v`` are taken as ``[..., S, Hk, E]`` (the query's heads and rows fold only when dense)."""
     lead = [f"N{n}" for n in range(rank - 3)]
     q, k, v = lead + ["Hk*G", "L", "E"], lead + ["Hk", "S", "E"], lead + ["Hk", "S", "Ev"]
     seen = lead + ["Hk*G", "L", "S"]
-    params = [f"q: {dtype}[{', '.join(q)}]", f"k: {dtype}[{', '.join(k)}]", f"v: {dtype}[{', '.join(v)}]"]
-    body = [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])", _scores_line("rows", "k", scale, softcap)]
+    swap = list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
+    params, body = [f"q: {dtype}[{', '.join(q)}]"], []
+    for name, axes, seq in (("k", k, seq_major[0]), ("v", v, seq_major[1])):
+        params.append(f"{name}: {dtype}[{', '.join([axes[a] for a in swap] if seq else axes)}]")
+        body.append(f"let {name}h = permute({name}, {swap})" if seq else f"let {name}h = {name}")
+    body += [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])", _scores_line("rows", "kh", scale, softcap)]
     if mask is not None:
         kind, ones = mask
         dims = [("1" if one else seen[len(seen) - len(ones) + a]) for a, one in enumerate(ones)]
@@ -460,7 +506,7 @@ def _sdpa_folded_source(rank: int, dtype: str, mask: Optional[Tuple[str, Tuple[b
         body.append("let kept = where(mask, scores, -inf)" if kind == "bool" else "let kept = scores + mask")
     else:
         body.append("let kept = scores")
-    body.append("let attended = softmax(kept, axis = -1) @ v")
+    body.append("let attended = softmax(kept, axis = -1) @ vh")
     body.append(f"return reshape(attended, [{', '.join(lead + ['Hk*G', 'L', 'Ev'])}])")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(lead + ['Hk*G', 'L', 'Ev'])}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
@@ -546,7 +592,7 @@ def flex_attention(
         raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
     out_dtype = query.dtype
     cuda = query.device.type == "cuda"
-    # bfloat16 runs as it is on CUDA; on the CPU in float32 (NumPy has no bfloat16).
+    # bfloat16 runs as it is on CUDA; on the CPU in float32 (the binding widens it).
     dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16" if cuda else "f32"}.get(str(out_dtype).replace("torch.", ""))
     if dtype is None:
         raise DTypeError(f"attnc.torch.flex_attention runs float32, float16 and bfloat16 tensors, not {out_dtype}")
@@ -576,10 +622,11 @@ def flex_attention(
     )
     prog, differentiable = found
     args = [query, key, value]
-    if out_dtype == _torch.bfloat16 and not cuda:
+    grad = _torch.is_grad_enabled() and any(a.requires_grad for a in (*args, *captured))
+    if out_dtype == _torch.bfloat16 and not cuda and (grad or return_lse):
+        # The autograd function saves float32 copies once (a plain run reads bfloat16 itself).
         args = [a.float() for a in args]
     args += captured
-    grad = _torch.is_grad_enabled() and any(a.requires_grad for a in args)
     lse = None
     if return_lse:
         split = _FLEX_SPLITS.get(key_, False)
@@ -671,7 +718,10 @@ def _sdpa_op(
     seed: Optional[_torch.Tensor] = None,
 ) -> _torch.Tensor:
     with _torch.no_grad():
-        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed).clone()
+        # Dense, as the fake implementation says (a sequence-major result is a transposed view).
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed).clone(
+            memory_format=_torch.contiguous_format
+        )
 
 
 @_sdpa_op.register_fake
@@ -699,13 +749,16 @@ def _sdpa_backward_op(
     # draws the forward's weights again from its seed.
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    prog, _, args, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p)
+    prog, _, args, _, seq_major = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p)
     if dropout_p > 0.0 and seed is not None:
         args.append(seed.to(_torch.int32).reshape(()))
     wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
-    cot = grad.to(args[0].dtype).contiguous()
-    outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
+    cot = grad.to(args[0].dtype)
+    outs = prog.grad(wrt)(*(a.detach() for a in args), cot.transpose(-3, -2) if seq_major[0] else cot)
     grads = dict(zip(wrt, (g.to(query.dtype) for g in outs[len(outs) - len(wrt) :])))
+    for name, seq in zip(("q", "k", "v"), seq_major):
+        if seq:  # back to the caller's [..., H, S, D] view
+            grads[name] = grads[name].transpose(-3, -2)
     mask_grad = grads["mask"].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
     sink_grad = grads["sink"] if sinks is not None else query.new_empty(0)
     return grads["q"], grads["k"], grads["v"], mask_grad, sink_grad

@@ -1,10 +1,11 @@
 //! `attnc._attnc`: the native half of attnc's Python package.
 //!
-//! The Python layer (`python/attnc/`) turns arguments into NumPy arrays (torch tensors through
-//! DLPack, anything else through `numpy.asarray`) and wraps results back; everything else is
-//! here: compiling (cached per source, file name, entry, target and threads), binding
-//! positional and named arguments to parameters, reading f32/i32/bool arrays in place (no
-//! copy), running with the GIL released, and turning every failure into one of the exception
+//! The Python layer (`python/attnc/`) hands over NumPy arrays and DLPack capsules (torch
+//! tensors, through `torch.utils.dlpack.to_dlpack`; anything else through `numpy.asarray`)
+//! and wraps results back; everything else is here: compiling (cached per source, file name,
+//! entry, target and threads), binding positional and named arguments to parameters, reading
+//! arguments ([`tensors`]: dense f32/i32/bool in place, any other strides or float type copied
+//! once), running with the GIL released, and turning every failure into one of the exception
 //! classes of `attnc._errors` with the rendered diagnostic.
 //!
 //! Nothing here panics on user input: every error is a Python exception.
@@ -14,13 +15,15 @@ use attn_dsl::{Diagnostic, Severity, line_col};
 use attn_runtime::cpu::{CpuOptions, DataRef, TensorRef, cpu_compiler};
 use attn_runtime::{CompileError, DType, EntryInfo, Program, RunError, RunOptions, Stage, Target, Tensor, TensorData};
 use numpy::ndarray::{Array, IxDyn};
-use numpy::{IntoPyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+mod tensors;
 
 /// How many compiled programs the per-process cache keeps (the oldest is dropped first).
 const CACHE_CAPACITY: usize = 64;
@@ -54,31 +57,20 @@ struct Compiled {
     inner: Arc<Inner>,
 }
 
-/// An argument read as a NumPy array: borrowed in place, or converted (bool is read in
-/// place too; float16 and float64 are converted into an owned f32 buffer).
-enum Held<'py> {
-    F32(PyReadonlyArrayDyn<'py, f32>),
-    I32(PyReadonlyArrayDyn<'py, i32>),
-    Bool(PyReadonlyArrayDyn<'py, bool>),
-    Converted(Vec<f32>),
-}
-
+/// One argument, bound to its parameter: its data, and the object that owns the memory an
+/// in-place read borrows (a NumPy array or a DLPack capsule), held for the call.
 struct Input<'py> {
     dtype: DType,
     shape: Vec<usize>,
-    held: Held<'py>,
+    data: tensors::Data,
+    _owner: Bound<'py, PyAny>,
 }
 
 impl Input<'_> {
-    fn view(&self) -> Result<TensorRef<'_>, String> {
-        let slice_err = |e: numpy::AsSliceError| e.to_string();
-        let data = match &self.held {
-            Held::F32(a) => DataRef::F32(a.as_slice().map_err(slice_err)?),
-            Held::I32(a) => DataRef::I32(a.as_slice().map_err(slice_err)?),
-            Held::Bool(a) => DataRef::Bool(a.as_slice().map_err(slice_err)?),
-            Held::Converted(v) => DataRef::F32(v),
-        };
-        Ok(TensorRef { dtype: self.dtype, shape: &self.shape, data })
+    fn view(&self) -> TensorRef<'_> {
+        // SAFETY: `_owner` keeps an in-place buffer alive for as long as `self` is borrowed.
+        let data = unsafe { self.data.data_ref(self.dtype) };
+        TensorRef { dtype: self.dtype, shape: &self.shape, data }
     }
 }
 
@@ -251,7 +243,7 @@ impl Compiled {
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let inputs = self.bind(py, args, named)?;
         let inner = &*self.inner;
-        let views = views(py, inner, &inputs)?;
+        let views = views(&inputs);
         let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
         let result = py.detach(|| inner.program.run_borrowed(&inner.entry.name, &views, &opts, &inner.cpu));
         match result {
@@ -360,7 +352,7 @@ impl Compiled {
         named: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Vec<usize>> {
         let inputs = self.bind(py, args, named)?;
-        let views = views(py, &self.inner, &inputs)?;
+        let views = views(&inputs);
         Ok(views
             .iter()
             .map(|v| match v.data {
@@ -390,7 +382,7 @@ impl Compiled {
     ) -> PyResult<(f64, f64)> {
         let inputs = self.bind(py, args, None)?;
         let inner = &*self.inner;
-        let views = views(py, inner, &inputs)?;
+        let views = views(&inputs);
         let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
         let timed = py.detach(|| {
             let mut best = f64::INFINITY;
@@ -579,68 +571,40 @@ impl Compiled {
 }
 
 /// The views of the arguments (they borrow `inputs`).
-fn views<'a>(py: Python<'_>, inner: &Inner, inputs: &'a [Input<'_>]) -> PyResult<Vec<TensorRef<'a>>> {
-    inputs.iter().zip(&inner.entry.params).map(|(input, (name, _))| input.view().map_err(|why| layout_error(py, name, &why))).collect()
+fn views<'a>(inputs: &'a [Input<'_>]) -> Vec<TensorRef<'a>> {
+    inputs.iter().map(Input::view).collect()
 }
 
-/// Reads one argument (already a NumPy array, or an object that is not one) for a parameter
-/// declared `ty`.
+/// Reads one argument (a NumPy array, a DLPack capsule, or an object that is neither) for a
+/// parameter declared `ty`.
 fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value: &Bound<'py, PyAny>) -> PyResult<Input<'py>> {
     let declared = ty.dtype;
-    let Ok(array) = value.cast::<PyUntypedArray>() else {
+    let raw = if let Some(raw) = tensors::from_capsule(value) {
+        raw
+    } else if let Ok(array) = value.cast::<PyUntypedArray>() {
+        tensors::from_numpy(py, array)
+    } else {
         let type_name = value.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
         let msg = format!("input `{param}` must be an array, but a {type_name} was given");
         return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
     };
-    let shape = array.shape().to_vec();
-    let dtype = array.dtype();
-    let is = |d: Bound<'py, numpy::PyArrayDescr>| dtype.is_equiv_to(&d);
-    let wants_layout = || {
-        if !array.is_c_contiguous() {
-            Err(layout_error(py, param, "it is not C-contiguous (row-major); pass numpy.ascontiguousarray(x) or x.contiguous()"))
-        } else if !array.is_aligned() {
-            Err(layout_error(py, param, "its data is not aligned for its element type; pass a copy (x.copy())"))
-        } else {
-            Ok(())
+    // SAFETY: `value` (the array, or the capsule that keeps its tensor) is held in the Input.
+    let read = raw.and_then(|raw| unsafe { tensors::data(&raw, declared) }.map(|data| (raw.shape, data)));
+    let (shape, data) = read.map_err(|refusal| match refusal {
+        tensors::Refusal::DType(given) => {
+            let hint = match declared {
+                DType::F32 => "; convert it with x.astype(numpy.float32) (or x.float() for torch)",
+                DType::F16 => "; convert it with x.astype(numpy.float16) (or x.half() for torch)",
+                DType::BF16 => "; pass a torch.bfloat16 tensor (NumPy has no bfloat16)",
+                DType::I32 => "; convert it with x.astype(numpy.int32) (or x.int() for torch)",
+                DType::Bool => "; convert it with x.astype(bool) (or x.bool() for torch)",
+            };
+            let msg = format!("input `{param}` is declared {ty} but a {given} array was given{hint}");
+            error(py, "DTypeError", msg, vec![("param", py_str(py, param))])
         }
-    };
-    let held = if declared == DType::F32 && is(numpy::dtype::<f32>(py)) {
-        wants_layout()?;
-        Held::F32(readonly::<f32>(py, param, value)?)
-    } else if matches!(declared, DType::F32 | DType::F16) && is(numpy::dtype::<half::f16>(py)) {
-        // f16 values are exact in f32: widen into an owned buffer (any layout is fine).
-        let a = readonly::<half::f16>(py, param, value)?;
-        Held::Converted(a.as_array().iter().map(|x| x.to_f32()).collect())
-    } else if declared == DType::F32 && is(numpy::dtype::<f64>(py)) {
-        // NumPy's default float (and a Python float): rounded to the nearest f32, as the
-        // command line rounds f64 `.npy` inputs (`attn_runtime::io::convert`).
-        let a = readonly::<f64>(py, param, value)?;
-        Held::Converted(a.as_array().iter().map(|&x| x as f32).collect())
-    } else if declared == DType::I32 && is(numpy::dtype::<i32>(py)) {
-        wants_layout()?;
-        Held::I32(readonly::<i32>(py, param, value)?)
-    } else if declared == DType::Bool && is(numpy::dtype::<bool>(py)) {
-        wants_layout()?;
-        Held::Bool(readonly::<bool>(py, param, value)?)
-    } else {
-        let hint = match declared {
-            DType::F32 => "; convert it with x.astype(numpy.float32) (or x.float() for torch)",
-            DType::F16 => "; convert it with x.astype(numpy.float16)",
-            DType::I32 => "; convert it with x.astype(numpy.int32) (or x.int() for torch)",
-            DType::Bool => "; convert it with x.astype(bool)",
-            _ => "",
-        };
-        let given = dtype.str().map_or_else(|_| "?".to_string(), |s| s.to_string()); // "float64"
-        let msg = format!("input `{param}` is declared {ty} but a {given} array was given{hint}");
-        return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
-    };
-    let dtype = declared;
-    Ok(Input { dtype, shape, held })
-}
-
-fn readonly<'py, T: numpy::Element>(py: Python<'py>, param: &str, value: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
-    let array = value.cast::<PyArrayDyn<T>>().map_err(|e| error(py, "DTypeError", format!("input `{param}`: {e}"), vec![]))?;
-    array.try_readonly().map_err(|e| layout_error(py, param, &e.to_string()))
+        tensors::Refusal::Layout(why) => layout_error(py, param, &why),
+    })?;
+    Ok(Input { dtype: declared, shape, data, _owner: value.clone() })
 }
 
 /// A result as a NumPy array (f16 as float16; bf16, which NumPy lacks, as float32).

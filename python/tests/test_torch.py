@@ -48,15 +48,44 @@ def test_mixed_numpy_and_torch_inputs_give_torch():
     assert isinstance(out, torch.Tensor)
 
 
+def test_tensors_as_they_come():
+    q, k, v = qkv(1, 2, 16, 8, seed=4)
+    prog = attnc.compile(EXAMPLES / "sdpa.attn")
+    want = prog(q, k, v)
+    # float64 is rounded to the parameter's f32, as the command line rounds it.
+    torch.testing.assert_close(prog(q, k, v.double()), want, rtol=0, atol=0)
+    # Any strides: a transposed view, a stride-0 broadcast; copied once in the binding.
+    transposed = k.transpose(2, 3).contiguous().transpose(2, 3)
+    torch.testing.assert_close(prog(q, transposed, v), want, rtol=0, atol=0)
+    broadcast = k[:, :1].expand(k.shape)
+    torch.testing.assert_close(prog(q, broadcast, v), prog(q, broadcast.contiguous(), v), rtol=0, atol=0)
+    capsules = [attnc._as_array(t)[0] for t in (q, transposed, v)]
+    addresses = prog._compiled._input_addresses(tuple(capsules))
+    assert addresses[0] == q.data_ptr() and addresses[2] == v.data_ptr() and addresses[1] != transposed.data_ptr()
+    # bfloat16 and float16 widen exactly into an f32 parameter.
+    for dtype in (torch.bfloat16, torch.float16):
+        low = [t.to(dtype) for t in (q, k, v)]
+        torch.testing.assert_close(prog(*low), prog(*[t.float() for t in low]), rtol=0, atol=0)
+
+
+def test_bfloat16_programs_take_and_give_bfloat16():
+    double = attnc.compile("fn double(x: bf16[N]) -> bf16[N] {\n    return x + x\n}\n")
+    x = torch.randn(64).bfloat16()
+    out = double(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, x + x, rtol=0, atol=0)
+    with pytest.raises(attnc.DTypeError, match="declared bf16"):
+        double(x.float())
+
+
 def test_bad_tensors():
     q, k, v = qkv(1, 1, 16, 8, seed=4)
     prog = attnc.compile(EXAMPLES / "sdpa.attn")
-    # float64 is rounded to the parameter's f32, as the command line rounds it.
-    torch.testing.assert_close(prog(q, k, v.double()), prog(q, k, v), rtol=0, atol=0)
-    with pytest.raises(attnc.DTypeError, match="bfloat16"):
-        prog(q, k, v.bfloat16())
-    with pytest.raises(attnc.LayoutError):
-        prog(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)
+    with pytest.raises(attnc.DTypeError, match=r"int64 array was given; convert it .* x.float\(\) for torch") as e:
+        prog(q, k, v.long())
+    assert e.value.param == "v"
+    with pytest.raises(attnc.DTypeError, match="complex64"):
+        prog(q, k, torch.complex(v, v))
     with pytest.raises(attnc.ShapeError):
         prog(q, k, v[0])
 

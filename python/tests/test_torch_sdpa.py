@@ -57,6 +57,49 @@ def test_sdpa_matches_torch_with_gradients(mask_name, kw):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
 
 
+SEQ_MAJOR_CASES = [
+    ("q, k, v", (True, True, True), {}),
+    ("q, k, v causal GQA", (True, True, True), {"is_causal": True, "enable_gqa": True, "hk": 2}),
+    ("q only, masked", (True, False, False), {"mask": True}),
+    ("k and v, GQA folded", (False, True, True), {"enable_gqa": True, "hk": 2}),
+]
+
+
+@pytest.mark.parametrize("layout,kw", [c[1:] for c in SEQ_MAJOR_CASES], ids=[c[0] for c in SEQ_MAJOR_CASES])
+def test_sequence_major_views_are_read_in_place(layout, kw):
+    """transformers hands over ``[B, S, H, D]`` projections as ``[B, H, S, D]`` transposed
+    views: they are read in place, and a sequence-major query gets its result written
+    sequence-major (returned as the transposed view torch gives); outputs and gradients as
+    torch's."""
+    kw = dict(kw)
+    hk, masked = kw.pop("hk", H), kw.pop("mask", False)
+    g = torch.Generator().manual_seed(9)
+    shapes = [(B, H, L, E), (B, hk, S, E), (B, hk, S, E + 3)]
+    made = [
+        torch.randn(b, n, h, e, generator=g).transpose(1, 2) if seq else torch.randn(b, h, n, e, generator=g)
+        for (b, h, n, e), seq in zip(shapes, layout)
+    ]
+    q, k, v = (t.requires_grad_() if t.is_leaf else t for t in made)
+    leaves = [t.requires_grad_() for t in made if t.is_leaf]
+    mask = (torch.rand(B, 1, L, S, generator=g) > 0.3) if masked else None
+    at._SDPA_PROGRAMS.clear()
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    got = at.sdpa(q, k, v, attn_mask=mask, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    (key,) = at._SDPA_PROGRAMS
+    fold = key[-2]
+    assert key[-1] == (layout[0] and not fold, layout[1], layout[2])
+    # The result is written in the query's memory order.
+    assert got.transpose(1, 2).is_contiguous() == (layout[0] and not fold)
+    cot = torch.randn_like(want)
+    with torch.no_grad():
+        plain = at.sdpa(q, k, v, attn_mask=mask, **kw)
+    torch.testing.assert_close(plain, want, rtol=1e-5, atol=2e-6)
+    if leaves:
+        for a, b in zip(torch.autograd.grad(got, leaves, cot), torch.autograd.grad(want, leaves, cot)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
 def test_grouped_query_heads_fold_into_rows_where_the_scores_ignore_them():
     """Grouped-query attention whose scores depend on neither the query's head nor its
     position (a decode step against a cache with a padding mask broadcast over heads and
@@ -76,9 +119,9 @@ def test_grouped_query_heads_fold_into_rows_where_the_scores_ignore_them():
         cot = torch.randn_like(want)
         for a, b in zip(torch.autograd.grad(got, (q, k, v), cot), torch.autograd.grad(want, (q, k, v), cot)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
-    assert at._SDPA_PROGRAMS and all(key[-1] for key in at._SDPA_PROGRAMS), "every variant folded"
+    assert at._SDPA_PROGRAMS and all(key[-2] for key in at._SDPA_PROGRAMS), "every variant folded"
     at.sdpa(q, k, v, is_causal=True, enable_gqa=True)
-    assert any(not key[-1] for key in at._SDPA_PROGRAMS), "a causal call is not folded"
+    assert any(not key[-2] for key in at._SDPA_PROGRAMS), "a causal call is not folded"
 
 
 def test_a_float_mask_gets_its_gradient():
