@@ -264,12 +264,13 @@ def _sdpa_prepare(
     softcap: Optional[float],
     sinks: Optional[_torch.Tensor] = None,
     dropout_p: float = 0.0,
+    in_place: bool = True,
 ) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor], _torch.dtype, Tuple[bool, bool, bool]]:
     """The checked arguments of an :func:`_sdpa` call: its program (compiled on first use), the
     program as an autograd function, the program's inputs (without dropout's seed, the last
     parameter when ``dropout_p > 0``), the result's dtype, and which of q, k and v the program
     takes sequence-major (``[..., S, H, D]``; with q so, the result is ``[..., L, H, D]``, to be
-    transposed back)."""
+    transposed back). ``in_place=False`` takes none so (every tensor dense)."""
 
     if is_causal and attn_mask is not None:
         raise ArgumentError("attn_mask and is_causal=True cannot both be given (as in torch): fold the causal mask into attn_mask")
@@ -319,14 +320,15 @@ def _sdpa_prepare(
     target = "cuda" if cuda else "cpu"
     # Folded groups: one work item of the CPU backward per K/V head, so with gradients only
     # where there are at least as many K/V heads (times the batch) as threads.
-    fold = _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (
-        cuda or not (_torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))) or key[..., 0, 0].numel() >= threads
-    )
+    grad = _torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    fold = _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (cuda or not grad or key[..., 0, 0].numel() >= threads)
     # Transposed views of sequence-major memory (transformers' `[B, S, H, D]` projections seen
     # as `[B, H, S, D]`) are read in place, and the result written sequence-major when the
-    # query is (CPU; on CUDA they are made contiguous).
+    # query is (CPU, without gradients). The backward reads each row many times, and rows
+    # `H·D` apart alias in the caches: there the autograd function's dense copies, made once,
+    # are faster (`python/bench/hop.py --layout`). On CUDA the tensors are made contiguous.
     seq_major = (False, False, False)
-    if not cuda and query.dim() >= 3 and not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous()):
+    if in_place and not grad and not cuda and query.dim() >= 3 and not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous()):
         seq_major = (not fold and _seq_major(query), _seq_major(key), _seq_major(value))
         args[:3] = [t.transpose(-3, -2) if seq else t for t, seq in zip(args[:3], seq_major)]
     key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold, seq_major)
@@ -749,7 +751,7 @@ def _sdpa_backward_op(
     # draws the forward's weights again from its seed.
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    prog, _, args, _, seq_major = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p)
+    prog, _, args, _, seq_major = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, in_place=False)
     if dropout_p > 0.0 and seed is not None:
         args.append(seed.to(_torch.int32).reshape(()))
     wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])

@@ -6,7 +6,13 @@ before DLPack) and as DLPack capsules (``torch.utils.dlpack.to_dlpack``, the pat
 ``scaled_dot_product_attention``; interleaved, several rounds, best and median per call.
 Also the per-tensor cost of each export alone.
 
-    python python/bench/hop.py [--rounds 15] [--calls 2000]
+With ``--layout``, the same for transformers' layout instead: causal prefill (B=1 S=1024, 8
+heads of 64, one thread), q/k/v as ``[B, S, H, D]`` projections seen as ``[B, H, S, D]``
+transposed views, and the result wanted as ``[B, S, H, D]``: read in place (what
+``attnc.torch.sdpa`` does now) against copied to dense ``[B, H, S, D]`` first and the result
+copied back (what it did before), forward and forward+backward, interleaved.
+
+    python python/bench/hop.py [--rounds 15] [--calls 2000] [--layout]
 """
 
 from __future__ import annotations
@@ -27,8 +33,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--layout", action="store_true", help="time sequence-major q/k/v read in place against copied")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.layout:
+        layout(args.rounds)
+        return
     q, k, v = (torch.randn(1, 1, 16, 16) for _ in range(3))
     attnc.torch.sdpa(q, k, v)
     prog = next(iter(attnc.torch._SDPA_PROGRAMS.values()))[0]
@@ -56,6 +66,39 @@ def main() -> None:
     for name, export in (("tensor.numpy()", lambda: q.numpy()), ("to_dlpack(tensor)", lambda: to_dlpack(q)), ("tensor.__dlpack__()", lambda: q.__dlpack__())):
         best = min(timeit.repeat(export, number=100_000, repeat=5)) / 100_000 * 1e6
         print(f"| {name} | {best:.2f} us |")
+
+
+def layout(rounds: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1024, 8, 64, generator=g).transpose(1, 2).requires_grad_() for _ in range(3))
+
+    def in_place() -> torch.Tensor:
+        return attnc.torch.sdpa(q, k, v, is_causal=True).transpose(1, 2).contiguous()
+
+    def copied() -> torch.Tensor:
+        dense = [t.contiguous() for t in (q, k, v)]
+        return attnc.torch.sdpa(*dense, is_causal=True).transpose(1, 2).contiguous()
+
+    def step(f):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            f().sum().backward()
+
+        return run
+
+    cases = {"fwd, in place": in_place, "fwd, copied": copied, "fwd+bwd, in place": step(in_place), "fwd+bwd, copied": step(copied)}
+    times: dict = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, f in cases.items():
+            with torch.set_grad_enabled(name.startswith("fwd+bwd")):
+                f()
+                start = time.perf_counter()
+                for _ in range(3):
+                    f()
+                times[name].append((time.perf_counter() - start) / 3 * 1e3)
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread, {rounds} rounds interleaved")
+    print("| case | best | median |\n|---|---|---|")
+    for name, xs in times.items():
+        print(f"| {name} | {min(xs):.2f} ms | {statistics.median(xs):.2f} ms |")
 
 
 if __name__ == "__main__":
