@@ -321,19 +321,6 @@ def _bind(names: List[str], args: Tuple[Any, ...], named: Dict[str, Any], entry:
     return tuple(slots)
 
 
-def _to_dlpack(torch: Any) -> Any:
-    """torch's DLPack export (``torch.utils.dlpack.to_dlpack``), looked up once."""
-    global _TO_DLPACK
-    if _TO_DLPACK is None:
-        from torch.utils.dlpack import to_dlpack
-
-        _TO_DLPACK = to_dlpack
-    return _TO_DLPACK
-
-
-_TO_DLPACK: Any = None
-
-
 # attnc's dtype names as torch dtypes (looked up when torch is loaded).
 _TORCH_OF = {
     "f32": lambda t: t.float32,
@@ -359,7 +346,7 @@ def _as_array(x: Any) -> Tuple[Any, bool]:
             )
         try:
             # A quarter of `numpy()`'s cost per call, and it carries strides and bfloat16.
-            return _to_dlpack(torch)(x), True
+            return torch.utils.dlpack.to_dlpack(x), True
         except (BufferError, TypeError, RuntimeError) as e:
             raise LayoutError(f"cannot read a torch tensor of dtype {x.dtype} through DLPack: {e}") from None
     if hasattr(x, "__dlpack__") and not hasattr(x, "__array__") and not hasattr(x, "__array_interface__"):

@@ -402,15 +402,7 @@ def _sdpa_source(
     out = lead + heads_q + ["L", "Ev"]
     # The scores' axes, as the caller sees them (a mask aligns with these, right to left).
     seen = lead + heads_q + ["L", "S"]
-    # Heads and positions swapped: the order of a sequence-major tensor's axes.
-    swap = list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
-    swapped = lambda axes: [axes[a] for a in swap]  # noqa: E731
-    params, body, names = [], [], []
-    for name, axes, seq in (("q", q, seq_major[0]), ("k", k, seq_major[1]), ("v", v, seq_major[2])):
-        params.append(f"{name}: {dtype}[{', '.join(swapped(axes) if seq else axes)}]")
-        if seq:
-            body.append(f"let {name}h = permute({name}, {swap})")
-        names.append(f"{name}h" if seq else name)
+    params, body, names = _declare(dtype, rank, zip(("q", "k", "v"), (q, k, v), seq_major))
     if gqa:
         g = len(lead) + 1  # the group axis
         body += [
@@ -463,12 +455,35 @@ def _sdpa_source(
         params.append("seed: i32")
     result = f"reshape(result, [{', '.join(out)}])" if gqa else "result"
     if seq_major[0]:
+        swap = _swap(rank)
         body.append(f"return permute({result}, {swap})")
-        out = swapped(out)
+        out = [out[a] for a in swap]
     else:
         body.append(f"return {result}")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(out)}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
+
+
+def _swap(rank: int) -> List[int]:
+    """The permutation that swaps a rank-``rank`` tensor's head and position axes (the last
+    but two and the last but one)."""
+    return list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
+
+
+def _declare(dtype: str, rank: int, tensors: Any) -> Tuple[List[str], List[str], List[str]]:
+    """For each ``(name, axes, seq_major)``: the parameter's declaration (its axes in memory
+    order: heads and positions swapped when sequence-major), the lines that permute the
+    sequence-major ones back to ``[..., H, S, E]``, and the name each is used by after them."""
+    params: List[str] = []
+    body: List[str] = []
+    names: List[str] = []
+    swap = _swap(rank)
+    for name, axes, seq in tensors:
+        params.append(f"{name}: {dtype}[{', '.join([axes[a] for a in swap] if seq else axes)}]")
+        if seq:
+            body.append(f"let {name}h = permute({name}, {swap})")
+        names.append(f"{name}h" if seq else name)
+    return params, body, names
 
 
 def _scores_line(q: str, k: str, scale: Optional[float], softcap: Optional[float]) -> str:
@@ -495,12 +510,8 @@ def _sdpa_folded_source(
     lead = [f"N{n}" for n in range(rank - 3)]
     q, k, v = lead + ["Hk*G", "L", "E"], lead + ["Hk", "S", "E"], lead + ["Hk", "S", "Ev"]
     seen = lead + ["Hk*G", "L", "S"]
-    swap = list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
-    params, body = [f"q: {dtype}[{', '.join(q)}]"], []
-    for name, axes, seq in (("k", k, seq_major[0]), ("v", v, seq_major[1])):
-        params.append(f"{name}: {dtype}[{', '.join([axes[a] for a in swap] if seq else axes)}]")
-        body.append(f"let {name}h = permute({name}, {swap})" if seq else f"let {name}h = {name}")
-    body += [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])", _scores_line("rows", "kh", scale, softcap)]
+    params, body, (_, kn, vn) = _declare(dtype, rank, zip(("q", "k", "v"), (q, k, v), (False, *seq_major)))
+    body += [f"let rows = reshape(q, [{', '.join(lead + ['Hk', 'G*L', 'E'])}])", _scores_line("rows", kn, scale, softcap)]
     if mask is not None:
         kind, ones = mask
         dims = [("1" if one else seen[len(seen) - len(ones) + a]) for a, one in enumerate(ones)]
@@ -508,7 +519,7 @@ def _sdpa_folded_source(
         body.append("let kept = where(mask, scores, -inf)" if kind == "bool" else "let kept = scores + mask")
     else:
         body.append("let kept = scores")
-    body.append("let attended = softmax(kept, axis = -1) @ vh")
+    body.append(f"let attended = softmax(kept, axis = -1) @ {vn}")
     body.append(f"return reshape(attended, [{', '.join(lead + ['Hk*G', 'L', 'Ev'])}])")
     head = f"fn sdpa({', '.join(params)}) -> {dtype}[{', '.join(lead + ['Hk*G', 'L', 'Ev'])}] {{"
     return "\n".join([head] + ["    " + line for line in body] + ["}", ""])
@@ -751,16 +762,14 @@ def _sdpa_backward_op(
     # draws the forward's weights again from its seed.
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    prog, _, args, _, seq_major = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, in_place=False)
+    # (Dense tensors, `in_place=False`: the program's layout is the caller's.)
+    prog, _, args, _, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, in_place=False)
     if dropout_p > 0.0 and seed is not None:
         args.append(seed.to(_torch.int32).reshape(()))
     wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
     cot = grad.to(args[0].dtype)
-    outs = prog.grad(wrt)(*(a.detach() for a in args), cot.transpose(-3, -2) if seq_major[0] else cot)
+    outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
     grads = dict(zip(wrt, (g.to(query.dtype) for g in outs[len(outs) - len(wrt) :])))
-    for name, seq in zip(("q", "k", "v"), seq_major):
-        if seq:  # back to the caller's [..., H, S, D] view
-            grads[name] = grads[name].transpose(-3, -2)
     mask_grad = grads["mask"].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
     sink_grad = grads["sink"] if sinks is not None else query.new_empty(0)
     return grads["q"], grads["k"], grads["v"], mask_grad, sink_grad

@@ -64,19 +64,20 @@ pub enum Refusal {
 }
 
 /// The element type of a NumPy dtype, `None` for one a parameter cannot take.
+/// A NumPy dtype's descriptor, made on demand.
+type Descr = for<'py> fn(Python<'py>) -> Bound<'py, numpy::PyArrayDescr>;
+
 fn numpy_elem(py: Python<'_>, array: &Bound<'_, PyUntypedArray>) -> Option<Elem> {
     let dtype = array.dtype();
-    let is = |d: Bound<'_, numpy::PyArrayDescr>| dtype.is_equiv_to(&d);
-    [
-        (Elem::F32, numpy::dtype::<f32>(py)),
-        (Elem::F64, numpy::dtype::<f64>(py)),
-        (Elem::F16, numpy::dtype::<half::f16>(py)),
-        (Elem::I32, numpy::dtype::<i32>(py)),
-        (Elem::Bool, numpy::dtype::<bool>(py)),
-    ]
-    .into_iter()
-    .find(|(_, d)| is(d.clone()))
-    .map(|(e, _)| e)
+    // Checked lazily, most common first (each descriptor is a lookup).
+    let candidates: [(Elem, Descr); 5] = [
+        (Elem::F32, numpy::dtype::<f32>),
+        (Elem::F64, numpy::dtype::<f64>),
+        (Elem::F16, numpy::dtype::<half::f16>),
+        (Elem::I32, numpy::dtype::<i32>),
+        (Elem::Bool, numpy::dtype::<bool>),
+    ];
+    candidates.into_iter().find(|(_, descr)| dtype.is_equiv_to(&descr(py))).map(|(e, _)| e)
 }
 
 /// A NumPy array's buffer; `Err` names a dtype no parameter takes.
