@@ -5,7 +5,7 @@
 //! cargo run --release -p attn-examples --example embed
 //! ```
 
-use attn_runtime::cpu::{CpuOptions, TensorRef};
+use attn_runtime::cpu::{CpuOptions, OutData, OutRef, TensorRef};
 use attn_runtime::{Program, RunOptions, Tensor, io};
 use std::collections::HashMap;
 
@@ -66,7 +66,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    // 5. Mismatched inputs are typed errors, not panics.
+    // 5. Results can go into your own buffers too: `run_into` writes them where you say (here
+    //    one buffer reused for every call), checked against the result's shape first.
+    let shape = [b, h, 100, d];
+    let (q, k, v) = (data(b * h * 100 * d, 1), data(b * h * 100 * d, 2), data(b * h * 100 * d, 3));
+    let inputs = [
+        TensorRef::f32(&shape, &q),
+        TensorRef::f32(&shape, &k),
+        TensorRef::f32(&shape, &v),
+        TensorRef::f32(std::slice::from_ref(&h), &slopes),
+    ];
+    let mut mine = vec![0.0f32; b * h * 100 * d];
+    alibi.run_into(&inputs, &HashMap::new(), &mut [Some(OutRef { shape: &shape, data: OutData::F32(&mut mine) })])?;
+    println!("into my buffer: out[0..3] = {:?}", &mine[..3]);
+
+    // 6. Mismatched inputs are typed errors, not panics.
     let bad = [1usize, 8, 10, 64];
     let short = vec![0.0f32; 10];
     match alibi.run(&[TensorRef::f32(&bad, &short)], &HashMap::new()) {
@@ -74,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(_) => println!("unexpectedly accepted"),
     }
 
-    // 6. Owned tensors and files work too: `Program::run` takes named tensors (any order),
+    // 7. Owned tensors and files work too: `Program::run` takes named tensors (any order),
     //    `io::read_npy` / `io::read_safetensors` load them from disk.
     let dir = std::env::temp_dir().join("attnc-embed-example");
     std::fs::create_dir_all(&dir)?;

@@ -91,6 +91,24 @@ pub enum CpuError {
     /// empty table a score reads), though the inputs fit the entry.
     #[error(transparent)]
     Unsupported(attn_compiler::schedule::PrepareError),
+    /// The buffers given for the results ([`CpuProgram::run_into`]) are not one per result.
+    #[error("{given} result buffer(s) given for {expected} result(s)")]
+    OutputCount {
+        /// The results of the entry.
+        expected: usize,
+        /// The buffers given.
+        given: usize,
+    },
+    /// A buffer given for a result does not fit it (its shape or element type).
+    #[error("the buffer given for result `{name}` is {given}, but the result is {expected}")]
+    OutputBuffer {
+        /// The result's name.
+        name: String,
+        /// What was given.
+        given: String,
+        /// The result's type at these sizes.
+        expected: String,
+    },
     /// An inconsistency inside the backend (a bug).
     #[error("internal error in the CPU backend: {0}")]
     Internal(String),
@@ -219,6 +237,69 @@ impl<'a> TensorRef<'a> {
             DataRef::F32(v) => v.len(),
             DataRef::I32(v) => v.len(),
             DataRef::Bool(v) => v.len(),
+        }
+    }
+}
+
+/// A caller's buffer that a run writes one result into, in place
+/// ([`CpuProgram::run_into`]): dense, row-major, of the result's shape and storage type.
+#[derive(Debug)]
+pub struct OutRef<'a> {
+    /// Size of each axis: the result's.
+    pub shape: &'a [usize],
+    /// The elements, overwritten.
+    pub data: OutData<'a>,
+}
+
+/// The elements of an [`OutRef`]: f32 for an f32, f16 or bf16 result (the narrow ones hold
+/// values already rounded to their type), i32 for an i32 result. Bool results have no in-place
+/// form: the kernels store them as i32.
+#[derive(Debug)]
+pub enum OutData<'a> {
+    /// f32 storage.
+    F32(&'a mut [f32]),
+    /// i32 storage.
+    I32(&'a mut [i32]),
+}
+
+impl OutRef<'_> {
+    /// Whether this buffer fits result `name` of `dtype` and `shape`: that shape, as many
+    /// elements, and the storage type of `dtype`.
+    pub fn check(&self, name: &str, dtype: DType, shape: &[usize]) -> Result<(), CpuError> {
+        let (storage, fits) = match self.data {
+            OutData::F32(_) => ("f32", matches!(dtype, DType::F32 | DType::F16 | DType::BF16)),
+            OutData::I32(_) => ("i32", dtype == DType::I32),
+        };
+        let elems = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d));
+        if fits && self.shape == shape && elems == Some(self.data.len()) {
+            return Ok(());
+        }
+        Err(CpuError::OutputBuffer {
+            name: name.to_string(),
+            given: format!("{storage}{:?} ({} elements)", self.shape, self.data.len()),
+            expected: format!("{dtype}{shape:?}"),
+        })
+    }
+}
+
+impl OutData<'_> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            OutData::F32(v) => v.len(),
+            OutData::I32(v) => v.len(),
+        }
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            OutData::F32(v) => v.as_mut_ptr().cast(),
+            OutData::I32(v) => v.as_mut_ptr().cast(),
         }
     }
 }
@@ -463,21 +544,60 @@ impl CpuProgram {
     /// of a shape and reused while the shape stays the same. Concurrent runs of one
     /// `CpuProgram` take turns.
     pub fn run(&self, inputs: &[TensorRef], dims: &HashMap<String, i64>) -> Result<Vec<Tensor>, CpuError> {
+        let mut fresh: Vec<Option<OutRef<'_>>> = self.graph.outputs().iter().map(|_| None).collect();
+        let results = self.run_into(inputs, dims, &mut fresh)?;
+        results.into_iter().map(|t| t.ok_or_else(|| CpuError::Internal("a result was not returned".into()))).collect()
+    }
+
+    /// [`CpuProgram::run`], writing each result that `outputs` gives a buffer for into that
+    /// buffer (the others are returned, as by `run`: `None` where written in place). Each
+    /// buffer is checked against its result's shape and storage type before anything runs,
+    /// and is only written, never read: what it held before does not matter.
+    pub fn run_into(
+        &self,
+        inputs: &[TensorRef],
+        dims: &HashMap<String, i64>,
+        outputs: &mut [Option<OutRef<'_>>],
+    ) -> Result<Vec<Option<Tensor>>, CpuError> {
         let (owned, env) = self.bind(inputs, dims)?;
+        let results = self.graph.outputs();
+        if outputs.len() != results.len() {
+            return Err(CpuError::OutputCount { expected: results.len(), given: outputs.len() });
+        }
+        // Each result's type at these sizes, and the buffers given for them checked against it.
+        let mut shapes = Vec::with_capacity(results.len());
+        for ((name, v), given) in results.iter().zip(outputs.iter()) {
+            let ty = &self.graph.node(*v).ty;
+            let shape: Vec<usize> = ty
+                .shape
+                .iter()
+                .map(|d| env_eval(d, &env))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| CpuError::Internal(format!("output shape {ty} does not evaluate")))?;
+            if let Some(out) = given {
+                out.check(name, ty.dtype, &shape)?;
+            }
+            shapes.push(shape);
+        }
         let mut guard = self.state.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
         let state = self.state(&mut guard, &env, inputs)?;
         let plan = &self.module.schedule;
         let prepared = &state.prepared;
 
-        // Outputs: fresh memory per run, handed to the caller as is.
-        let mut outs: Vec<TensorData> = plan
-            .outputs
-            .iter()
-            .map(|b| match plan.buffers[*b].dtype {
-                DType::I32 | DType::Bool => TensorData::I32(vec![0; prepared.elems[*b]]),
-                _ => TensorData::F32(vec![0.0; prepared.elems[*b]]),
-            })
-            .collect();
+        // Outputs: the caller's buffers, or fresh memory per run, handed to the caller as is.
+        let mut outs: Vec<Option<TensorData>> = Vec::with_capacity(plan.outputs.len());
+        for (b, given) in plan.outputs.iter().zip(outputs.iter()) {
+            outs.push(match given {
+                Some(out) if out.data.len() < prepared.elems[*b] => {
+                    return Err(CpuError::Internal(format!("result buffer b{b} needs {} elements", prepared.elems[*b])));
+                }
+                Some(_) => None,
+                None => Some(match plan.buffers[*b].dtype {
+                    DType::I32 | DType::Bool => TensorData::I32(vec![0; prepared.elems[*b]]),
+                    _ => TensorData::F32(vec![0.0; prepared.elems[*b]]),
+                }),
+            });
+        }
         // The fault record of checked indices: zero, then what the first bad index wrote.
         let mut fault = [0i32; 4];
         let mut bufs: Vec<*mut u8> = vec![std::ptr::null_mut(); plan.buffers.len()];
@@ -489,10 +609,12 @@ impl CpuProgram {
                     (None, DataRef::I32(v)) => v.as_ptr() as *mut u8,
                     (None, DataRef::Bool(v)) => v.as_ptr() as *mut u8,
                 },
-                BufferKind::Output(i) => match &mut outs[i] {
-                    TensorData::F32(v) => v.as_mut_ptr() as *mut u8,
-                    TensorData::I32(v) => v.as_mut_ptr() as *mut u8,
-                    TensorData::Bool(v) => v.as_mut_ptr() as *mut u8,
+                BufferKind::Output(i) => match (&mut outs[i], &mut outputs[i]) {
+                    (Some(TensorData::F32(v)), _) => v.as_mut_ptr() as *mut u8,
+                    (Some(TensorData::I32(v)), _) => v.as_mut_ptr() as *mut u8,
+                    (Some(TensorData::Bool(v)), _) => v.as_mut_ptr() as *mut u8,
+                    (None, Some(out)) => out.data.ptr(),
+                    (None, None) => return Err(CpuError::Internal(format!("result buffer b{b} has no memory"))),
                 },
                 BufferKind::Temp => match prepared.arena[b] {
                     // SAFETY: `place` keeps every offset plus size within the arena.
@@ -524,19 +646,17 @@ impl CpuProgram {
         drop(guard);
 
         let mut result = Vec::with_capacity(outs.len());
-        for ((_, v), data) in self.graph.outputs().iter().zip(outs) {
+        for (((_, v), data), shape) in results.iter().zip(outs).zip(shapes) {
+            let Some(data) = data else {
+                result.push(None);
+                continue;
+            };
             let ty = &self.graph.node(*v).ty;
-            let shape: Vec<usize> = ty
-                .shape
-                .iter()
-                .map(|d| env_eval(d, &env))
-                .collect::<Option<Vec<usize>>>()
-                .ok_or_else(|| CpuError::Internal(format!("output shape {ty} does not evaluate")))?;
             let data = match (ty.dtype, data) {
                 (DType::Bool, TensorData::I32(v)) => TensorData::Bool(v.into_iter().map(|x| x != 0).collect()),
                 (_, d) => d,
             };
-            result.push(Tensor::new(ty.dtype, shape, data).map_err(|e| CpuError::Internal(e.to_string()))?);
+            result.push(Some(Tensor::new(ty.dtype, shape, data).map_err(|e| CpuError::Internal(e.to_string()))?));
         }
         Ok(result)
     }

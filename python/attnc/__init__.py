@@ -132,12 +132,14 @@ class Program:
         """Runs the program: positional inputs in parameter order, or by parameter name."""
         return self._run(args, named, None)
 
-    def _run_cuda(self, torch: Any, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]]) -> Any:
+    def _run_cuda(
+        self, torch: Any, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]], given: Optional[Tuple[Any, ...]] = None
+    ) -> Any:
         """The run on CUDA tensors: a program compiled for ``cuda`` reads and writes them in
         device memory (device 0, PyTorch's context), ordered on the current stream; results
-        are new tensors on that device. CPU tensors and Python numbers among the inputs are
-        moved there first."""
-        device = next(a.device for a in (*args, *named.values()) if isinstance(a, torch.Tensor) and a.is_cuda)
+        are new tensors on that device, or the dense CUDA tensors ``given`` for them. CPU
+        tensors and Python numbers among the inputs are moved there first."""
+        device = next(a.device for a in (*args, *named.values(), *(given or ())) if isinstance(a, torch.Tensor) and a.is_cuda)
         if self.target != "cuda":
             raise LayoutError(
                 f"a torch tensor on {device} was given; this program runs on {self.target}: compile it with target='cuda' (or pass x.cpu())"
@@ -158,6 +160,15 @@ class Program:
         shapes = [list(t.shape) for t in inputs]
         specs = self._compiled._output_shapes(shapes, dims)
         outs = [torch.empty(shape, dtype=_TORCH_OF[d](torch), device=device) for d, shape in specs]
+        for i, o in enumerate(given or ()):
+            if o is None:
+                continue
+            name, (d, shape) = self.outputs[i][0], specs[i]
+            if not isinstance(o, torch.Tensor) or o.device != device or not o.is_contiguous():
+                raise LayoutError(f"out for result `{name}` must be a dense torch tensor on {device} (the CUDA target writes device memory in place)")
+            if o.dtype != _TORCH_OF[d](torch) or list(o.shape) != list(shape):
+                raise ShapeError(f"out for result `{name}` is {o.dtype}{list(o.shape)}, but the result is {_TORCH_OF[d](torch)}{list(shape)}")
+            outs[i] = o
         stream = torch.cuda.current_stream(device).cuda_stream
         self._compiled._run_cuda(
             [(t.data_ptr(), d, list(t.shape)) for t, (_, d, _) in zip(inputs, self.params)],
@@ -168,15 +179,50 @@ class Program:
         )
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def run(self, *args: Any, dims: Optional[Mapping[str, int]] = None, **named: Any) -> Any:
+    def run(self, *args: Any, dims: Optional[Mapping[str, int]] = None, out: Any = None, **named: Any) -> Any:
         """Like calling the program, with ``dims={"NAME": size}`` for dimensions the inputs do
         not determine (a result's size, say); given dims that the inputs do determine are
-        checked against them."""
-        return self._run(args, named, dict(dims) if dims is not None else None)
+        checked against them.
 
-    def _run(self, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]]) -> Any:
+        ``out`` writes the results into arrays or tensors the caller made, in whatever layout
+        they chose (any strides), and returns them: one for a one-result program, else a tuple
+        with one per result (``None`` for a fresh one). Each must have its result's shape and a
+        dtype that holds it (float results: float32, float16, bfloat16, float64; int32; bool)
+        and be writable, with no two elements sharing memory. A dense one of the result's
+        storage type (float32 for float results) is written by the kernels in place; any other
+        is written once, natively, after the run, and so is one that overlaps an input (the
+        inputs are read whole first). Each is checked before the program runs, so a refused one
+        is left as it was; if the run itself fails (an index out of range), an in-place one may
+        have been partly written. As with torch's ``out=``, no gradients are recorded: inputs
+        that require grad, or an output tensor that does, raise ``ArgumentError``. CUDA
+        programs take dense CUDA tensors of the result's exact dtype."""
+        dims_ = dict(dims) if dims is not None else None
+        if out is None:
+            return self._run(args, named, dims_)
+        return self._run(args, named, dims_, self._outs(out))
+
+    def _outs(self, out: Any) -> Tuple[Any, ...]:
+        """``out`` as one entry per result."""
+        n = len(self._compiled.outputs)
+        if isinstance(out, (tuple, list)):
+            if len(out) != n:
+                names = ", ".join(name for name, _, _ in self._compiled.outputs)
+                raise ArgumentError(f"out= takes one array (or None) per result ({names}), but {len(out)} were given")
+            return tuple(out)
+        if n != 1:
+            names = ", ".join(name for name, _, _ in self._compiled.outputs)
+            raise ArgumentError(f"this program has {n} results ({names}): give out= a tuple with one array (or None) per result")
+        return (out,)
+
+    def _run(self, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]], outs: Optional[Tuple[Any, ...]] = None) -> Any:
         torch = sys.modules.get("torch")
-        if torch is not None and dims is None and torch.is_grad_enabled():
+        if outs is not None and torch is not None:
+            tensors = [a for a in (*args, *named.values(), *outs) if isinstance(a, torch.Tensor)]
+            if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                raise ArgumentError(
+                    "out= records no gradients (as torch's out= arguments): call without out=, or under torch.no_grad(), or detach the tensors"
+                )
+        if torch is not None and dims is None and outs is None and torch.is_grad_enabled():
             tensors = [a for a in (*args, *named.values()) if isinstance(a, torch.Tensor)]
             if any(t.requires_grad for t in tensors):
                 # Tensors that require grad: the call records itself in autograd (the backward
@@ -187,9 +233,9 @@ class Program:
                     self._differentiable = attention(self)
                 return self._differentiable(*args, **named)
         as_torch = False
-        if torch is not None and not all(type(a) is np.ndarray for a in (*args, *named.values())):
-            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values())):
-                return self._run_cuda(torch, args, named, dims)
+        if torch is not None and not all(type(a) is np.ndarray for a in (*args, *named.values(), *(outs or ()))):
+            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *named.values(), *(outs or ()))):
+                return self._run_cuda(torch, args, named, dims, outs)
             if "attnc.torch" not in sys.modules:
                 # Torch tensors: attnc.torch hands multi-threaded runs to PyTorch's OpenMP team.
                 from . import torch as _attnc_torch  # noqa: F401
@@ -205,14 +251,20 @@ class Program:
                 if type(value) is not np.ndarray:
                     named[name], is_torch = _as_array(value)
                     as_torch |= is_torch
-        outs = self._compiled.run(args, named or None, dims)
+        if outs is None:
+            results = self._compiled.run(args, named or None, dims)
+        else:
+            results = self._compiled.run(args, named or None, dims, tuple(None if o is None else _as_out(o, name) for o, (name, _, _) in zip(outs, self.outputs)))
         if as_torch:
             import torch
 
-            outs = [torch.from_numpy(o) for o in outs]
+            results = [None if o is None else torch.from_numpy(o) for o in results]
             for i in self._bf16_results:
-                outs[i] = outs[i].bfloat16()
-        return outs[0] if len(outs) == 1 else tuple(outs)
+                if results[i] is not None:
+                    results[i] = results[i].bfloat16()
+        if outs is not None:
+            results = [o if r is None else r for o, r in zip(outs, results)]
+        return results[0] if len(results) == 1 else tuple(results)
 
     def emit(self, stage: str) -> str:
         """The text of a pipeline stage for this entry point: ``"ast"`` (the parsed program),
@@ -329,6 +381,22 @@ _TORCH_OF = {
     "i32": lambda t: t.int32,
     "bool": lambda t: t.bool,
 }
+
+
+def _as_out(x: Any, name: str) -> Any:
+    """A buffer for result ``name`` as the binding writes it: a NumPy array as it is, a CPU
+    torch tensor as a DLPack capsule of it (never a copy: the result must land in ``x``)."""
+    if isinstance(x, np.ndarray):
+        return x
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_cpu:
+            raise LayoutError(f"out for result `{name}` is on {x.device}; this program runs on the CPU")
+        try:
+            return torch.utils.dlpack.to_dlpack(x)
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise LayoutError(f"cannot write result `{name}` into a torch tensor of dtype {x.dtype}: {e}") from None
+    raise DTypeError(f"out for result `{name}` must be a NumPy array or a torch tensor, not {type(x).__name__}")
 
 
 def _as_array(x: Any) -> Tuple[Any, bool]:

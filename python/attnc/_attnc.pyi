@@ -1,6 +1,6 @@
 """Type stubs for attnc's native module (python/src/lib.rs)."""
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,7 +41,8 @@ class Compiled:
         args: Tuple[np.ndarray, ...],
         named: Optional[Dict[str, np.ndarray]] = None,
         dims: Optional[Dict[str, int]] = None,
-    ) -> List[np.ndarray]: ...
+        outs: Optional[Tuple[Any, ...]] = None,
+    ) -> List[Optional[np.ndarray]]: ...
     def grad(self, wrt: Optional[List[str]] = None) -> Compiled: ...
     def grad_split(self, wrt: Optional[List[str]] = None) -> Optional[Tuple[Compiled, Compiled]]: ...
     def random_dims(self, dims: Optional[Dict[str, int]] = None) -> Dict[str, int]: ...

@@ -12,7 +12,13 @@ transposed views, and the result wanted as ``[B, S, H, D]``: read in place (what
 ``attnc.torch.sdpa`` does now) against copied to dense ``[B, H, S, D]`` first and the result
 copied back (what it did before), forward and forward+backward, interleaved.
 
-    python python/bench/hop.py [--rounds 15] [--calls 2000] [--layout]
+With ``--out``, results written into the caller's tensors (``Program.run(..., out=)``):
+causal attention (B=1, 8 heads of 64, one thread) at S = 128 and 1024 through
+``examples/causal.attn``, a fresh result against ``out=`` a dense tensor (written in place by
+the kernels) and against ``out=`` a ``[B, S, H, D]`` tensor seen as ``[B, H, S, D]`` (written
+once after the run), beside a fresh result copied into that layout by torch, interleaved.
+
+    python python/bench/hop.py [--rounds 15] [--calls 2000] [--layout] [--out]
 """
 
 from __future__ import annotations
@@ -34,10 +40,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--layout", action="store_true", help="time sequence-major q/k/v read in place against copied")
+    ap.add_argument("--out", action="store_true", help="time results written into the caller's tensors against fresh ones")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.layout:
         layout(args.rounds)
+        return
+    if args.out:
+        out(args.rounds)
         return
     q, k, v = (torch.randn(1, 1, 16, 16) for _ in range(3))
     attnc.torch.sdpa(q, k, v)
@@ -99,6 +109,36 @@ def layout(rounds: int) -> None:
     print("| case | best | median |\n|---|---|---|")
     for name, xs in times.items():
         print(f"| {name} | {min(xs):.2f} ms | {statistics.median(xs):.2f} ms |")
+
+
+def out(rounds: int) -> None:
+    from pathlib import Path
+
+    prog = attnc.compile(Path(__file__).resolve().parents[2] / "examples" / "causal.attn")
+    g = torch.Generator().manual_seed(0)
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread, {rounds} rounds interleaved")
+    print("| S | case | best | median |\n|---|---|---|---|")
+    for s in (128, 1024):
+        q, k, v = (torch.randn(1, 8, s, 64, generator=g) for _ in range(3))
+        dense = torch.empty(1, 8, s, 64)
+        seq_major = torch.empty(1, s, 8, 64)
+        cases = {
+            "fresh result": lambda: prog(q, k, v),
+            "out= dense (in place)": lambda: prog.run(q, k, v, out=dense),
+            "fresh, then copied to [B, S, H, D]": lambda: seq_major.copy_(prog(q, k, v).transpose(1, 2)),
+            "out= [B, S, H, D] view": lambda: prog.run(q, k, v, out=seq_major.transpose(1, 2)),
+        }
+        reps = max(3, 3000 // s)
+        times: dict = {name: [] for name in cases}
+        for _ in range(rounds):
+            for name, f in cases.items():
+                f()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    f()
+                times[name].append((time.perf_counter() - start) / reps * 1e6)
+        for name, xs in times.items():
+            print(f"| {s} | {name} | {min(xs):.1f} us | {statistics.median(xs):.1f} us |")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ struct Input<'py> {
     dtype: DType,
     shape: Vec<usize>,
     data: tensors::Data,
+    /// The bytes the caller's buffer spans (a result's buffer must not overlap it).
+    span: (usize, usize),
     _owner: Bound<'py, PyAny>,
 }
 
@@ -233,26 +235,28 @@ impl Compiled {
 
     /// Runs the entry: `args` are arrays in parameter order, `named` arrays by parameter name,
     /// `dims` the sizes of dims the shapes do not determine. Returns the results in order.
-    #[pyo3(signature = (args, named=None, dims=None))]
+    /// `outs`, one entry per result, gives buffers (arrays or DLPack capsules, any strides) to
+    /// write results into: `None` comes back in their place (see [`Compiled::run_into`]).
+    #[pyo3(signature = (args, named=None, dims=None, outs=None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         named: Option<&Bound<'py, PyDict>>,
         dims: Option<HashMap<String, i64>>,
+        outs: Option<&Bound<'py, PyTuple>>,
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let inputs = self.bind(py, args, named)?;
         let inner = &*self.inner;
-        let views = views(&inputs);
         let opts = RunOptions { dims: dims.unwrap_or_default(), target: inner.target };
+        if let Some(outs) = outs {
+            return self.run_into(py, &inputs, &opts, outs);
+        }
+        let views = views(&inputs);
         let result = py.detach(|| inner.program.run_borrowed(&inner.entry.name, &views, &opts, &inner.cpu));
         match result {
             Ok(outputs) => outputs.into_iter().map(|(_, t)| to_numpy(py, t)).collect(),
-            Err(e) => {
-                let given: Vec<(String, DType, Vec<usize>)> =
-                    inner.entry.params.iter().zip(&inputs).map(|((n, _), i)| (n.clone(), i.dtype, i.shape.clone())).collect();
-                Err(run_error(py, &inner.program, &inner.entry.name, &e, &given))
-            }
+            Err(e) => Err(self.run_error(py, &inputs, &e)),
         }
     }
 
@@ -524,6 +528,107 @@ impl Compiled {
 }
 
 impl Compiled {
+    /// [`Compiled::run`] writing results into the caller's buffers `outs` (one entry per
+    /// result, `None` for a fresh result). A dense buffer of the result's storage type that
+    /// overlaps no input is written by the kernels directly; any other (strides, float16,
+    /// bfloat16, float64, or one overlapping an input) is written once, natively, after the
+    /// run. Every buffer is checked (type, memory, and against the result's shape) before the
+    /// run, so a refused one is left as it was.
+    fn run_into<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: &[Input<'py>],
+        opts: &RunOptions,
+        outs: &Bound<'py, PyTuple>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let inner = &*self.inner;
+        let results = &inner.entry.outputs;
+        if outs.len() != results.len() {
+            let names: Vec<&str> = results.iter().map(|(n, _)| n.as_str()).collect();
+            let msg = format!("out= takes one buffer (or None) per result ({}), but {} were given", names.join(", "), outs.len());
+            return Err(error(py, "ArgumentError", msg, vec![]));
+        }
+        let spans: Vec<(usize, usize)> = inputs.iter().map(|i| i.span).collect();
+        let mut given: Vec<Option<(tensors::Raw, tensors::Sink)>> = Vec::with_capacity(results.len());
+        for ((name, ty), value) in results.iter().zip(outs.iter()) {
+            if value.is_none() {
+                given.push(None);
+                continue;
+            }
+            let raw = match tensors::from_capsule(&value) {
+                Some(raw) => raw,
+                None => match value.cast::<PyUntypedArray>() {
+                    Ok(array) => tensors::from_numpy(py, array),
+                    Err(_) => {
+                        let type_name = value.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+                        return Err(error(
+                            py,
+                            "DTypeError",
+                            format!("out for result `{name}` must be an array, but a {type_name} was given"),
+                            vec![],
+                        ));
+                    }
+                },
+            };
+            let sink = raw.and_then(|raw| tensors::sink(&raw, ty.dtype, &spans).map(|sink| (raw, sink))).map_err(|r| match r {
+                tensors::Refusal::DType(got) => {
+                    let msg = format!("result `{name}` is {ty}; a {got} buffer cannot hold it (float results go into float32, float16, bfloat16 or float64 buffers)");
+                    error(py, "DTypeError", msg, vec![])
+                }
+                tensors::Refusal::Layout(why) => error(py, "LayoutError", format!("the buffer given for result `{name}` cannot be written: {why}"), vec![]),
+            })?;
+            let span = sink.0.span();
+            let clash = results.iter().zip(&given).find(|(_, g)| {
+                g.as_ref().is_some_and(|(r, _)| {
+                    let (a, b) = r.span();
+                    a < span.1 && span.0 < b
+                })
+            });
+            if let Some(((other, _), _)) = clash {
+                return Err(error(py, "LayoutError", format!("the buffers given for results `{other}` and `{name}` overlap"), vec![]));
+            }
+            given.push(Some(sink));
+        }
+        let shapes: Vec<Vec<usize>> = given.iter().map(|g| g.as_ref().map_or_else(Vec::new, |(raw, _)| raw.shape.clone())).collect();
+        let result = {
+            let views = views(inputs);
+            let mut refs: Vec<_> =
+                given.iter_mut().zip(&shapes).map(|(g, shape)| g.as_mut().and_then(|(_, sink)| sink.out_ref(shape))).collect();
+            py.detach(|| inner.program.run_borrowed_into(&inner.entry.name, &views, &mut refs, opts, &inner.cpu))
+        };
+        let written = result.map_err(|e| self.run_error(py, inputs, &e))?;
+        let mut back = Vec::with_capacity(written.len());
+        for ((name, tensor), g) in written.into_iter().zip(given) {
+            let Some((raw, sink)) = g else {
+                let Some(tensor) = tensor else {
+                    return Err(error(py, "RunError", format!("internal error: result `{name}` was not returned"), vec![]));
+                };
+                back.push(to_numpy(py, tensor)?);
+                continue;
+            };
+            let (values, shape) = match &tensor {
+                Some(Tensor { data: TensorData::Bool(v), shape, .. }) => (Some(v.as_slice()), Some(shape.as_slice())),
+                _ => (None, None),
+            };
+            // SAFETY: `raw` was checked writable by `sink`; its owner is in `outs`, held.
+            unsafe { sink.finish(&raw, values, shape) }.map_err(|got| {
+                let msg = format!("the buffer given for result `{name}` has shape {:?}, but the result is {got}", raw.shape);
+                error(py, "ShapeError", msg, vec![])
+            })?;
+            back.push(py.None().into_bound(py));
+        }
+        Ok(back)
+    }
+
+    /// A run's error as a Python exception, with the inputs' dtypes and shapes for the
+    /// diagnostic.
+    fn run_error(&self, py: Python<'_>, inputs: &[Input<'_>], e: &RunError) -> PyErr {
+        let inner = &*self.inner;
+        let given: Vec<(String, DType, Vec<usize>)> =
+            inner.entry.params.iter().zip(inputs).map(|((n, _), i)| (n.clone(), i.dtype, i.shape.clone())).collect();
+        run_error(py, &inner.program, &inner.entry.name, e, &given)
+    }
+
     /// Binds positional then named arguments to the parameters, in parameter order.
     fn bind<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, named: Option<&Bound<'py, PyDict>>) -> PyResult<Vec<Input<'py>>> {
         let entry = &self.inner.entry;
@@ -589,8 +694,8 @@ fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value:
         return Err(error(py, "DTypeError", msg, vec![("param", py_str(py, param))]));
     };
     // SAFETY: `value` (the array, or the capsule that keeps its tensor) is held in the Input.
-    let read = raw.and_then(|raw| unsafe { tensors::data(&raw, declared) }.map(|data| (raw.shape, data)));
-    let (shape, data) = read.map_err(|refusal| match refusal {
+    let read = raw.and_then(|raw| unsafe { tensors::data(&raw, declared) }.map(|data| (raw.span(), raw.shape, data)));
+    let (span, shape, data) = read.map_err(|refusal| match refusal {
         tensors::Refusal::DType(given) => {
             let hint = match declared {
                 DType::F32 => "; convert it with x.astype(numpy.float32) (or x.float() for torch)",
@@ -604,7 +709,7 @@ fn read<'py>(py: Python<'py>, param: &str, ty: &attn_runtime::TensorType, value:
         }
         tensors::Refusal::Layout(why) => layout_error(py, param, &why),
     })?;
-    Ok(Input { dtype: declared, shape, data, _owner: value.clone() })
+    Ok(Input { dtype: declared, shape, data, span, _owner: value.clone() })
 }
 
 /// A result as a NumPy array (f16 as float16; bf16, which NumPy lacks, as float32).
@@ -704,7 +809,8 @@ fn run_error(py: Python<'_>, program: &Program, entry: &str, e: &RunError, given
             | I::GivenDim { .. }
             | I::NegativeDim { .. }
             | I::OutOfRange { .. },
-        ) => "ShapeError",
+        )
+        | RunError::Output(_) => "ShapeError",
         _ => "RunError",
     };
     let message = python_dims(&e.to_string());

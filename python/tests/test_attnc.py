@@ -143,6 +143,95 @@ def test_several_outputs_come_back_as_a_tuple_in_order():
     np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)
 
 
+def test_results_go_into_the_callers_arrays():
+    rng = np.random.default_rng(3)
+    q, k, v = (randn(rng, 1, 2, 33, 8) for _ in range(3))
+    prog = attnc.compile(SDPA)
+    want = prog(q, k, v)
+    # Dense float32: written in place by the kernels (whatever it held before).
+    out = np.full_like(want, np.nan)
+    assert prog.run(q, k, v, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    # The layout the caller chooses: a [B, S, H, D] buffer seen as [B, H, S, D].
+    seq_major = np.zeros((1, 33, 2, 8), np.float32)
+    prog.run(q, k, v, out=seq_major.transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(seq_major, want.transpose(0, 2, 1, 3))
+    # Reversed strides, float16 and float64: written once after the run, rounded to nearest.
+    backwards = np.zeros_like(want)[..., ::-1]
+    prog.run(q, k, v, out=backwards)
+    np.testing.assert_array_equal(backwards, want)
+    for dtype in (np.float16, np.float64):
+        narrow = np.zeros(want.shape, dtype)
+        prog.run(q, k, v, out=narrow)
+        np.testing.assert_array_equal(narrow, want.astype(dtype))
+    # An output that is an input: the inputs are read whole before it is written.
+    q2 = q.copy()
+    prog.run(q2, k, v, out=q2)
+    np.testing.assert_array_equal(q2, want)
+    # Several results: one buffer or None each; None comes back fresh.
+    align = attnc.compile(EXAMPLES / "alignment.attn")
+    inputs = align.random_inputs(seed=1, dims={"M": 5, "N": 9})
+    context, weights = align(**inputs)
+    buf = np.empty_like(weights)
+    got = align.run(**inputs, out=(None, buf))
+    assert got[1] is buf and got[0] is not None
+    np.testing.assert_array_equal(got[0], context)
+    np.testing.assert_array_equal(buf, weights)
+
+
+def test_int_and_bool_results_go_into_the_callers_arrays():
+    prog = attnc.compile("fn f(x: f32[N]) -> (pos: bool[N], idx: i32[N]) {\n    return x > 0.0, cast(x * 10.0, i32)\n}\n")
+    x = np.linspace(-1, 1, 9, dtype=np.float32)
+    pos, idx = prog(x)
+    got_pos, got_idx = np.zeros(18, bool)[::2], np.zeros(9, np.int32)
+    assert prog.run(x, out=(got_pos, got_idx))[0] is got_pos
+    np.testing.assert_array_equal(got_pos, pos)
+    np.testing.assert_array_equal(got_idx, idx)
+    with pytest.raises(attnc.DTypeError, match="a float32 buffer cannot hold it"):
+        prog.run(x, out=(None, np.zeros(9, np.float32)))
+    # A bool result's shape is checked after the run (the kernels store it as int32): the
+    # buffer is still left as it was.
+    wrong = np.ones(8, bool)
+    with pytest.raises(attnc.ShapeError, match="has shape \\[8\\], but the result is bool\\[9\\]"):
+        prog.run(x, out=(wrong, None))
+    assert wrong.all()
+
+
+def test_bad_output_buffers_are_refused_before_the_run():
+    rng = np.random.default_rng(3)
+    q, k, v = (randn(rng, 1, 2, 16, 8) for _ in range(3))
+    prog = attnc.compile(SDPA)
+    cases = [
+        (np.zeros((1, 2, 16, 9), np.float32), attnc.ShapeError, r"result `out` is f32\[1, 2, 16, 9\].*but the result is f32\[1, 2, 16, 8\]"),
+        (np.zeros((1, 2, 16, 8), np.int32), attnc.DTypeError, "a int32 buffer cannot hold it"),
+        (np.broadcast_to(np.zeros((1, 1, 16, 8), np.float32), (1, 2, 16, 8)), attnc.LayoutError, "read-only|share memory"),
+        ([1.0], attnc.DTypeError, "must be a NumPy array or a torch tensor"),
+    ]
+    for buf, error, message in cases:
+        before = buf.copy() if isinstance(buf, np.ndarray) else None
+        with pytest.raises(error, match=message):
+            prog.run(q, k, v, out=buf)
+        if before is not None:
+            np.testing.assert_array_equal(buf, before)
+    shared = np.lib.stride_tricks.as_strided(np.zeros(64, np.float32), (1, 2, 16, 8), (0, 0, 4, 4))
+    with pytest.raises(attnc.LayoutError, match="share memory"):
+        prog.run(q, k, v, out=shared)
+    frozen = np.zeros((1, 2, 16, 8), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(attnc.LayoutError, match="read-only"):
+        prog.run(q, k, v, out=frozen)
+    with pytest.raises(attnc.ArgumentError, match="one array"):
+        prog.run(q, k, v, out=(None, None))
+    align = attnc.compile(EXAMPLES / "alignment.attn")
+    inputs = align.random_inputs(seed=1, dims={"M": 5, "N": 9})
+    with pytest.raises(attnc.ArgumentError, match="2 results"):
+        align.run(**inputs, out=np.zeros(1, np.float32))
+    both = np.zeros(64 * 64, np.float32)
+    context, weights = align(**inputs)
+    with pytest.raises(attnc.LayoutError, match="overlap"):
+        align.run(**inputs, out=(both[: context.size].reshape(context.shape), both[: weights.size].reshape(weights.shape)))
+
+
 def test_float16_inputs_are_widened_exactly():
     rng = np.random.default_rng(4)
     q, k, v = (randn(rng, 1, 2, 33, 16).astype(np.float16) for _ in range(3))

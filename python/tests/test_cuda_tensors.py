@@ -53,6 +53,20 @@ def test_a_program_runs_on_cuda_tensors_in_place():
 
 
 @gpu
+def test_a_cuda_program_writes_into_the_callers_tensor():
+    prog = attnc.compile(CAUSAL, target="cuda")
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 70, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    assert prog.run(q, k, v, out=out) is out
+    torch.testing.assert_close(out, prog(q, k, v), rtol=0, atol=0)
+    with pytest.raises(attnc.LayoutError, match="dense torch tensor"):
+        prog.run(q, k, v, out=torch.empty(1, 70, 2, 64, device="cuda", dtype=torch.float16).transpose(1, 2))
+    with pytest.raises(attnc.ShapeError, match="but the result is"):
+        prog.run(q, k, v, out=torch.empty(1, 2, 70, 64, device="cuda"))
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_sdpa_on_cuda_tensors_matches_torch_forward_and_gradients(dtype):
     import attnc.torch as at

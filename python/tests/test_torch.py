@@ -68,6 +68,32 @@ def test_tensors_as_they_come():
         torch.testing.assert_close(prog(*low), prog(*[t.float() for t in low]), rtol=0, atol=0)
 
 
+def test_results_go_into_the_callers_tensors():
+    q, k, v = qkv(1, 2, 16, 8, seed=5)
+    prog = attnc.compile(EXAMPLES / "sdpa.attn")
+    want = prog(q, k, v)
+    out = torch.full_like(want, float("nan"))
+    assert prog.run(q, k, v, out=out) is out
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    # transformers' layout, chosen by the caller: [B, S, H, D] memory seen as [B, H, S, D].
+    seq_major = torch.zeros(1, 16, 2, 8)
+    prog.run(q, k, v, out=seq_major.transpose(1, 2))
+    torch.testing.assert_close(seq_major, want.transpose(1, 2), rtol=0, atol=0)
+    low = torch.zeros(want.shape, dtype=torch.bfloat16)
+    prog.run(q, k, v, out=low)
+    torch.testing.assert_close(low, want.bfloat16(), rtol=0, atol=0)
+    # No gradients through out= (as torch's out= arguments): refused, and the buffer untouched.
+    with pytest.raises(attnc.ArgumentError, match="records no gradients"):
+        prog.run(q.requires_grad_(), k, v, out=out)
+    with pytest.raises(attnc.ArgumentError, match="records no gradients"):
+        prog.run(q.detach(), k, v, out=torch.zeros(want.shape, requires_grad=True))
+    with torch.no_grad():
+        prog.run(q, k, v, out=out)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with pytest.raises(attnc.ShapeError, match="but the result is"):
+        prog.run(q.detach(), k, v, out=torch.zeros(1, 2, 16, 4))
+
+
 def test_bfloat16_programs_take_and_give_bfloat16():
     double = attnc.compile("fn double(x: bf16[N]) -> bf16[N] {\n    return x + x\n}\n")
     x = torch.randn(64).bfloat16()

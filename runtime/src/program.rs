@@ -13,7 +13,7 @@
 //! # }
 //! ```
 
-use crate::cpu::{CpuError, CpuOptions, CpuProgram, TensorRef};
+use crate::cpu::{CpuError, CpuOptions, CpuProgram, OutData, OutRef, TensorRef};
 use crate::random::{self, DEFAULT_DIM, RandomError};
 use crate::report::render_diagnostics;
 use crate::target::Target;
@@ -21,7 +21,7 @@ use attn_compiler::exec::ExecError;
 use attn_compiler::interp;
 use attn_compiler::ir::grad::GradError;
 use attn_compiler::ir::{Attr, DType, Dim, Graph, Module, Op, TensorType, verify};
-use attn_compiler::tensor::{Tensor, TensorError};
+use attn_compiler::tensor::{Tensor, TensorData, TensorError};
 use attn_compiler::{Checked, Compiler, Derived, check};
 use attn_dsl::ast::{ExprKind, Item, UnOp};
 use attn_dsl::{Diagnostic, Severity};
@@ -210,6 +210,10 @@ pub enum RunError {
     /// The entry cannot be differentiated ([`Program::grad`]).
     #[error(transparent)]
     Grad(#[from] GradError),
+    /// The buffers given for the results ([`Program::run_borrowed_into`]) are not one per
+    /// result, or one does not fit its result.
+    #[error(transparent)]
+    Output(CpuError),
 }
 
 impl RunError {
@@ -247,6 +251,7 @@ impl From<CpuError> for RunError {
     fn from(e: CpuError) -> RunError {
         match e {
             CpuError::Input(e) => RunError::Interp(e),
+            e @ (CpuError::OutputCount { .. } | CpuError::OutputBuffer { .. }) => RunError::Output(e),
             e => RunError::Cpu(e),
         }
     }
@@ -562,18 +567,7 @@ impl Program {
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (graph, meta, dims) = self.begin_run(entry, opts)?;
         let info = &meta.1;
-        if inputs.len() < info.params.len() {
-            let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
-            return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
-        }
-        if inputs.len() > info.params.len() {
-            return Err(RunError::Interp(ExecError::input_count(graph, inputs.len())));
-        }
-        for ((name, ty), t) in info.params.iter().zip(inputs) {
-            if t.dtype != ty.dtype {
-                return Err(RunError::InputDType { param: name.clone(), given: t.dtype, declared: ty.dtype });
-            }
-        }
+        check_borrowed(graph, entry, info, inputs)?;
         let results = match opts.target {
             Target::Cpu => self.cpu_entry(entry, cpu)?.run(inputs, &dims)?,
             target => {
@@ -595,6 +589,48 @@ impl Program {
             }
         };
         Ok(info.outputs.iter().map(|(n, _)| n.clone()).zip(results).collect())
+    }
+
+    /// [`Program::run_borrowed`], writing each result that `outputs` gives a buffer for into
+    /// that buffer: `None` in the returned list where it did. On [`Target::Cpu`] the kernels
+    /// write into the buffers directly (each checked against its result's shape and storage
+    /// type before anything runs); the other targets copy their results in. A buffer is only
+    /// written, never read, so it must not overlap an input.
+    pub fn run_borrowed_into(
+        &self,
+        entry: &str,
+        inputs: &[TensorRef],
+        outputs: &mut [Option<OutRef<'_>>],
+        opts: &RunOptions,
+        cpu: &CpuOptions,
+    ) -> Result<Vec<(String, Option<Tensor>)>, RunError> {
+        let names = self.entry(entry)?.outputs.into_iter().map(|(n, _)| n);
+        if opts.target == Target::Cpu {
+            // The checks of `run_borrowed`, then the CPU writes in place.
+            let (graph, meta, dims) = self.begin_run(entry, opts)?;
+            check_borrowed(graph, entry, &meta.1, inputs)?;
+            let results = self.cpu_entry(entry, cpu)?.run_into(inputs, &dims, outputs)?;
+            return Ok(names.zip(results).collect());
+        }
+        if outputs.len() != self.entry(entry)?.outputs.len() {
+            return Err(RunError::Output(CpuError::OutputCount { expected: self.entry(entry)?.outputs.len(), given: outputs.len() }));
+        }
+        let results = self.run_borrowed(entry, inputs, opts, cpu)?;
+        let mut written = Vec::with_capacity(results.len());
+        for ((name, tensor), out) in results.into_iter().zip(outputs.iter_mut()) {
+            let Some(out) = out else {
+                written.push((name, Some(tensor)));
+                continue;
+            };
+            out.check(&name, tensor.dtype, &tensor.shape).map_err(RunError::Output)?;
+            match (&mut out.data, &tensor.data) {
+                (OutData::F32(o), TensorData::F32(v)) => o.copy_from_slice(v),
+                (OutData::I32(o), TensorData::I32(v)) => o.copy_from_slice(v),
+                _ => return Err(RunError::Cpu(CpuError::Internal(format!("result `{name}` is not stored as its dtype says")))),
+            }
+            written.push((name, None));
+        }
+        Ok(written)
     }
 
     /// The dtypes and shapes of `entry`'s results for inputs of these shapes (and `opts`'s
@@ -755,6 +791,23 @@ fn quotient_of<'a>(name: &str, known: impl IntoIterator<Item = &'a String>) -> O
         Some((n, d)) if n == name => Some((k, d)),
         _ => None,
     })
+}
+
+/// Borrowed inputs checked against `entry`'s parameters: one each, of the declared dtype.
+fn check_borrowed(graph: &Graph, entry: &str, info: &EntryInfo, inputs: &[TensorRef]) -> Result<(), RunError> {
+    if inputs.len() < info.params.len() {
+        let names = info.params[inputs.len()..].iter().map(|(n, _)| n.clone()).collect();
+        return Err(RunError::MissingInputs { entry: entry.to_string(), names, signature: info.to_string() });
+    }
+    if inputs.len() > info.params.len() {
+        return Err(RunError::Interp(ExecError::input_count(graph, inputs.len())));
+    }
+    for ((name, ty), t) in info.params.iter().zip(inputs) {
+        if t.dtype != ty.dtype {
+            return Err(RunError::InputDType { param: name.clone(), given: t.dtype, declared: ty.dtype });
+        }
+    }
+    Ok(())
 }
 
 fn entry_info(graph: &Graph) -> EntryInfo {

@@ -4,7 +4,7 @@
 
 use attn_compiler::interp;
 use attn_compiler::ir::{BinaryOp, DType, Dim, FlashSpec, Graph, Op, ScoreExpr, TensorType, UnaryOp, Weights};
-use attn_runtime::cpu::{CpuError, CpuOptions, CpuProgram, TensorRef};
+use attn_runtime::cpu::{CpuError, CpuOptions, CpuProgram, OutData, OutRef, TensorRef};
 use attn_runtime::{Program, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -65,11 +65,14 @@ fn case(program: &Program, entry: &str, s: i64, d: i64, seed: u64) -> Case {
 }
 
 /// Runs `c` with 1 and 2 threads; both must match the interpreter and each other bit for bit.
+/// The 2-thread run writes its results into the caller's buffers (`run_into`), filled with
+/// NaN and `i32::MIN` first: no kernel may read a result's memory before writing it.
 fn check(compiled: &mut CpuProgram, c: &Case, what: &str, failures: &mut Vec<String>) {
     let mut first: Option<Vec<Tensor>> = None;
     for threads in [1, 2] {
         compiled.set_threads(threads).expect("a valid thread count");
-        match compiled.run_tensors(&c.inputs, &c.dims) {
+        let run = if threads == 1 { compiled.run_tensors(&c.inputs, &c.dims) } else { run_into_stale(compiled, c) };
+        match run {
             Ok(got) => {
                 if let Err(e) = compare(&got, &c.want) {
                     failures.push(format!("{what}, {threads} thread(s): {e}"));
@@ -83,6 +86,38 @@ fn check(compiled: &mut CpuProgram, c: &Case, what: &str, failures: &mut Vec<Str
             Err(e) => failures.push(format!("{what}, {threads} thread(s): {e}")),
         }
     }
+}
+
+/// `c` run into buffers of the interpreter's result shapes that hold NaN (i32::MIN) first;
+/// bool results come back as owned tensors.
+fn run_into_stale(compiled: &CpuProgram, c: &Case) -> Result<Vec<Tensor>, CpuError> {
+    let mut data: Vec<TensorData> = c
+        .want
+        .iter()
+        .map(|t| match t.dtype {
+            DType::I32 => TensorData::I32(vec![i32::MIN; t.len()]),
+            DType::Bool => TensorData::Bool(Vec::new()),
+            _ => TensorData::F32(vec![f32::NAN; t.len()]),
+        })
+        .collect();
+    let refs: Vec<TensorRef> = c.inputs.iter().map(TensorRef::of).collect();
+    let mut outs: Vec<Option<OutRef>> = data
+        .iter_mut()
+        .zip(&c.want)
+        .map(|(d, t)| match d {
+            TensorData::F32(v) => Some(OutRef { shape: &t.shape, data: OutData::F32(v) }),
+            TensorData::I32(v) => Some(OutRef { shape: &t.shape, data: OutData::I32(v) }),
+            TensorData::Bool(_) => None,
+        })
+        .collect();
+    let owned = compiled.run_into(&refs, &c.dims, &mut outs)?;
+    drop(outs);
+    Ok(owned
+        .into_iter()
+        .zip(data)
+        .zip(&c.want)
+        .map(|((o, d), t)| o.unwrap_or_else(|| Tensor::new(t.dtype, t.shape.clone(), d).expect("a result of its own shape")))
+        .collect())
 }
 
 /// Whether two runs' outputs are identical bit for bit (NaN included).

@@ -2,6 +2,7 @@
 
 use super::*;
 use attn_compiler::tensor::TensorData;
+use attn_cpu::{OutData, OutRef};
 
 const SRC: &str = "
 dim H = 2
@@ -186,6 +187,41 @@ fn borrowed_inputs_are_checked() {
     assert_eq!(out[0].1.to_f64_vec(), vec![3.0, 6.0]);
     let err = p.run_borrowed("nope", &[], &opts, &cpu).unwrap_err();
     assert!(matches!(err, RunError::UnknownEntry { .. }), "{err}");
+}
+
+/// Results written into the caller's buffers: in place on the CPU, copied in by the
+/// interpreter; a result without a buffer comes back owned; buffers that do not fit are
+/// refused before anything is written.
+#[test]
+fn results_go_into_the_callers_buffers() {
+    let p = program();
+    let x = [1.0f32, 2.0];
+    let s = [3.0f32];
+    let inputs = [TensorRef::f32(&[2], &x), TensorRef::f32(&[], &s)];
+    let cpu = CpuOptions { threads: 1 };
+    for target in [Target::Cpu, Target::Interp] {
+        let opts = RunOptions { target, ..RunOptions::default() };
+        let mut y = [f32::NAN; 2];
+        let mut outs = [Some(OutRef { shape: &[2], data: OutData::F32(&mut y) })];
+        let written = p.run_borrowed_into("scale", &inputs, &mut outs, &opts, &cpu).unwrap();
+        assert_eq!(written, vec![("out".to_string(), None)], "{target}");
+        assert_eq!(y, [3.0, 6.0], "{target}");
+        let mut none = [None];
+        let owned = p.run_borrowed_into("scale", &inputs, &mut none, &opts, &cpu).unwrap();
+        assert_eq!(owned[0].1.as_ref().map(|t| t.to_f64_vec()), Some(vec![3.0, 6.0]), "{target}");
+
+        let mut wrong = [7.0f32; 3];
+        let mut outs = [Some(OutRef { shape: &[3], data: OutData::F32(&mut wrong) })];
+        let err = p.run_borrowed_into("scale", &inputs, &mut outs, &opts, &cpu).unwrap_err();
+        assert!(err.to_string().contains("result `out` is f32[3] (3 elements), but the result is f32[2]"), "{target}: {err}");
+        assert_eq!(wrong, [7.0; 3], "{target}: a refused buffer is left as it was");
+        let mut ints = [0i32; 2];
+        let mut outs = [Some(OutRef { shape: &[2], data: OutData::I32(&mut ints) })];
+        let err = p.run_borrowed_into("scale", &inputs, &mut outs, &opts, &cpu).unwrap_err();
+        assert!(matches!(err, RunError::Output(CpuError::OutputBuffer { .. })), "{target}: {err}");
+        let err = p.run_borrowed_into("scale", &inputs, &mut [None, None], &opts, &cpu).unwrap_err();
+        assert!(err.to_string().contains("2 result buffer(s) given for 1 result(s)"), "{target}: {err}");
+    }
 }
 
 /// The split gradients give the gradients of `Program::grad` bit for bit: the forward returns
