@@ -4,7 +4,13 @@ materialised, ``score_mod`` applied by broadcasting) and against torch's own
 ``flex_attention`` (forward only: torch has no CPU backward), ALiBi (causal) and soft-capping,
 B=1 H=8 D=64, interleaved for several rounds, medians compared (issue target: >= 3x eager).
 
-    python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048]
+With ``--compile``, the cold compile instead (issue target: <= 50 ms, and no recompile for a
+new sequence length): for each function of the attention-gym collection, every cache emptied
+(``attnc.clear_cache()`` and ``attnc.torch``'s), the first call at S=256 less a warm one (tracing,
+the ``.attn`` program, optimising, scheduling, Cranelift), forward alone and forward+backward
+(the derived backward program too); then the first call at S=512, which must compile nothing.
+
+    python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048] [--compile]
 """
 
 from __future__ import annotations
@@ -62,13 +68,71 @@ def timed(fn, seconds=0.5):
     return (time.perf_counter() - start) / n
 
 
+# The attention-gym functions (as python/tests/test_torch_flex.py has them), at B=1 H=8.
+TABLE = torch.randn(2 * 512 - 1)
+HEAD_BIAS = torch.randn(H, 512, 512)
+DOCS = torch.arange(512) // 100
+GYM = {
+    "alibi": (alibi, causal, []),
+    "soft-capping": (softcap, None, []),
+    "sliding window": (None, lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= 64), []),
+    "prefix lm": (None, lambda b, h, qi, ki: (ki <= 32) | (qi >= ki), []),
+    "document mask": (None, lambda b, h, qi, ki: (DOCS[qi] == DOCS[ki]) & (qi >= ki), []),
+    "relative position bias": (lambda s, b, h, qi, ki: s + TABLE[qi - ki + 511], None, [TABLE]),
+    "causal, learned bias table": (lambda s, b, h, qi, ki: s + HEAD_BIAS[h, qi, ki], causal, [HEAD_BIAS]),
+}
+
+
+def cold_compiles(rounds: int) -> None:
+    import attnc
+
+    print(f"# torch {torch.__version__}, 1 thread, B=1 H={H} D=64 f32; best of {rounds} cold starts, ms")
+    print("| function | fwd: cold − warm | fwd+bwd: cold − warm | S=512 after S=256: programs compiled |\n|---|---|---|---|")
+    for name, (sm, mm, captured) in GYM.items():
+        fwd, both, new = [], [], []
+        for _ in range(rounds):
+            for grad in (False, True):
+                attnc.clear_cache()
+                for cache in (at._FLEX_PROGRAMS, at._FLEX_SPLITS):
+                    cache.clear()
+                g = torch.Generator().manual_seed(0)
+                q, k, v = (torch.randn(1, H, 256, 64, generator=g).requires_grad_(grad) for _ in range(3))
+                for t in captured:
+                    t.requires_grad_(grad)
+                mask = at.create_block_mask(mm, None, None, 256, 256) if mm else None
+
+                def call():
+                    out = at.flex_attention(q, k, v, score_mod=sm, block_mask=mask)
+                    if grad:
+                        out.sum().backward()
+
+                with torch.set_grad_enabled(grad):
+                    start = time.perf_counter()
+                    call()
+                    cold = time.perf_counter() - start
+                    warm = min(timed(call, 0.0) for _ in range(3))
+                (both if grad else fwd).append((cold - warm) * 1e3)
+                if grad:
+                    programs = len(at._FLEX_PROGRAMS) + len(at._FLEX_SPLITS)
+                    q, k, v = (torch.randn(1, H, 512, 64, generator=g).requires_grad_() for _ in range(3))
+                    mask = at.create_block_mask(mm, None, None, 512, 512) if mm else None
+                    call()
+                    new.append(len(at._FLEX_PROGRAMS) + len(at._FLEX_SPLITS) - programs)
+        print(f"| {name} | {min(fwd):.1f} | {min(both):.1f} | {max(new)} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seqs", default="1024,2048")
+    ap.add_argument("--compile", action="store_true", help="time cold compiles of the attention-gym functions instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compile:
+        torch.set_num_threads(1)
+        cold_compiles(args.rounds)
+        return
     print(f"# torch {torch.__version__}, {args.threads} thread(s), B=1 H={H} D=64 f32, {args.rounds} rounds interleaved, ms")
     print("| case | S | pass | attnc | eager | torch flex | eager/attnc | flex/attnc |\n|---|---|---|---|---|---|---|---|")
     for name, (sm, mm) in CASES.items():
