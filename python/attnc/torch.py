@@ -627,6 +627,13 @@ def flex_attention(
     captured = [_captured(t) for t in tracer.tensors]
     kinds = tuple((c.dtype, c.dim()) for c in captured)
     scale_ = None if scale is None else float(scale)
+    if _torch.compiler.is_compiling():
+        # Under torch.compile: the registered op (`attnc::flex`, with a fake implementation and
+        # an autograd formula) on the traced program's text, so the graph has no break; the
+        # captured tensors are its inputs.
+        text = _flex_source(dtype, gqa, scale_, mod, mask, kinds)
+        out, lse = _torch.ops.attnc.flex(query, key, value, captured, text, bool(return_lse))
+        return (out, lse) if return_lse else out
     threads = _torch.get_num_threads()
     target = "cuda" if cuda else "cpu"
     key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads, target)
@@ -783,6 +790,92 @@ def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, en
     return _torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value), mask_grad, sink_grad
 
 
+# ---- torch.library: attnc::flex for torch.compile --------------------------------------------
+
+# Per program text, threads and target: the compiled program.
+_FLEX_TEXTS: Dict[Tuple[str, int, str], Program] = {}
+
+
+def _flex_program(text: str, cuda: bool) -> Program:
+    """The traced ``flex_attention`` program ``text`` (see :func:`_flex_source`), compiled once
+    per thread count and target."""
+    threads, target = _torch.get_num_threads(), "cuda" if cuda else "cpu"
+    key_ = (text, threads, target)
+    if key_ not in _FLEX_TEXTS:
+        _FLEX_TEXTS[key_] = _compile_entry(text, "flex", threads, target)
+    return _FLEX_TEXTS[key_]
+
+
+def _flex_args(query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], wide: bool) -> List[_torch.Tensor]:
+    """The program's inputs, detached; bfloat16 widened to float32 on the CPU where ``wide``
+    (the derived programs take float32; a plain run widens as it reads)."""
+    args = [t.detach() for t in (query, key, value)]
+    if wide and query.dtype == _torch.bfloat16 and not query.is_cuda:
+        args = [a.float() for a in args]
+    return args + [c.detach() for c in captured]
+
+
+@_torch.library.custom_op("attnc::flex", mutates_args=())
+def _flex_op(
+    query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], program: str, return_lse: bool
+) -> Tuple[_torch.Tensor, _torch.Tensor]:
+    prog = _flex_program(program, query.is_cuda)
+    if return_lse:
+        split = prog.grad_split(["q"])
+        if split is None:
+            raise ArgumentError("return_lse=True: this score modification has no fused form that saves the log-sum-exp")
+        saved = split[0](*(a.contiguous() for a in _flex_args(query, key, value, captured, True)))
+        out, lse = saved[0], saved[-1].reshape(query.shape[:3])
+    else:
+        with _torch.no_grad():
+            out, lse = _run_plain(prog, _flex_args(query, key, value, captured, False)), query.new_empty(0, dtype=_torch.float32)
+    return out.to(query.dtype).contiguous(), lse
+
+
+@_flex_op.register_fake
+def _flex_fake(query, key, value, captured, program, return_lse):  # type: ignore[no-untyped-def]
+    lse = query.new_empty(query.shape[:3] if return_lse else (0,), dtype=_torch.float32)
+    return query.new_empty((*query.shape[:-1], value.shape[-1])), lse
+
+
+@_torch.library.custom_op("attnc::flex_backward", mutates_args=())
+def _flex_backward_op(
+    grad: _torch.Tensor, query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], program: str
+) -> List[_torch.Tensor]:
+    # Below autograd: the derived program is called directly, for q, k, v and every float
+    # captured tensor (the others get an empty gradient, dropped by the autograd formula).
+    args = _flex_args(query, key, value, captured, True)
+    floats = [f"x{n}" for n, c in enumerate(captured) if c.is_floating_point()]
+    wrt = ["q", "k", "v"] + floats
+    outs = _flex_program(program, query.is_cuda).grad(wrt)(*args, grad.to(args[0].dtype).contiguous())
+    found = dict(zip(wrt, outs[len(outs) - len(wrt) :]))
+    dq, dk, dv = (found[n].to(t.dtype) for n, t in (("q", query), ("k", key), ("v", value)))
+    return [dq, dk, dv] + [found[f"x{n}"] if c.is_floating_point() else c.new_empty(0) for n, c in enumerate(captured)]
+
+
+@_flex_backward_op.register_fake
+def _flex_backward_fake(grad, query, key, value, captured, program):  # type: ignore[no-untyped-def]
+    rest = [c.new_empty(c.shape) if c.is_floating_point() else c.new_empty(0) for c in captured]
+    return [_torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value)] + rest
+
+
+def _flex_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
+    query, key, value, captured, program, _ = inputs
+    ctx.save_for_backward(query, key, value, *captured)
+    ctx.program = program
+    ctx.mark_non_differentiable(output[1])
+
+
+def _flex_backward(ctx: Any, grad: _torch.Tensor, _lse_grad: Any) -> Tuple[Any, ...]:
+    query, key, value, *captured = ctx.saved_tensors
+    grads = _torch.ops.attnc.flex_backward(grad, query, key, value, captured, ctx.program)
+    rest = [g if c.is_floating_point() else None for g, c in zip(grads[3:], captured)]
+    return grads[0], grads[1], grads[2], rest, None, None
+
+
+_flex_op.register_autograd(_flex_backward, setup_context=_flex_setup)
+
+
 def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed = inputs
     ctx.save_for_backward(query, key, value, attn_mask, sinks, seed)
@@ -837,6 +930,21 @@ def varlen_attention(
     tiles from them, so tiles across two sequences are skipped. ``max_seqlen_*`` are accepted
     for compatibility and not needed."""
     del max_seqlen_q, max_seqlen_k
+    if _torch.compiler.is_compiling():
+        # Under torch.compile: the registered op (`attnc::varlen`), so the graph has no break
+        # (the sequence tables are read where it runs).
+        cu_q, cu_k = _torch.as_tensor(cu_seqlens_q), _torch.as_tensor(cu_seqlens_k)
+        return _torch.ops.attnc.varlen(q, k, v, cu_q, cu_k, bool(causal), None if softmax_scale is None else float(softmax_scale))
+    prog, differentiable, args = _varlen_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
+    return _run_either(prog, differentiable, args, q.dtype)
+
+
+def _varlen_prepare(
+    q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, cu_seqlens_q: Any, cu_seqlens_k: Any, causal: bool, softmax_scale: Optional[float]
+) -> Tuple[Program, Callable[..., Any], List[_torch.Tensor]]:
+    """The checked arguments of a :func:`varlen_attention` call: its program (compiled on first
+    use), the program as an autograd function, and its inputs (q, k, v, then the sequence
+    tables)."""
     cuda = isinstance(q, _torch.Tensor) and q.is_cuda
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, _torch.Tensor) or t.dim() != 3:
@@ -880,7 +988,7 @@ def varlen_attention(
     found = _cached(
         _VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads, target)
     )
-    return _run_either(found[0], found[1], args, q.dtype)
+    return found[0], found[1], args
 
 
 def _varlen_source(dtype: str, causal: bool, scale: Optional[float]) -> str:
@@ -930,6 +1038,13 @@ def paged_attention(
     cache size and length: the pages are never copied, and key tiles past every sequence's end
     are skipped. Not differentiable (a cache is not trained). CPU tensors, or CUDA tensors
     (the table and lengths are read on the host)."""
+    if _torch.compiler.is_compiling():
+        # Under torch.compile: the registered op (`attnc::paged`), so the graph has no break
+        # (the table and lengths are read where it runs).
+        # (Detached, as the eager call's result has no history: a cache is not trained.)
+        table, lens = _torch.as_tensor(block_table), _torch.as_tensor(cache_seqlens)
+        scale = None if softmax_scale is None else float(softmax_scale)
+        return _torch.ops.attnc.paged(q.detach(), k_cache.detach(), v_cache.detach(), table, lens, bool(causal), scale)
     cuda = isinstance(q, _torch.Tensor) and q.is_cuda
     for name, t, rank in (("q", q, 4), ("k_cache", k_cache, 4), ("v_cache", v_cache, 4)):
         if not isinstance(t, _torch.Tensor) or t.dim() != rank:
@@ -997,3 +1112,75 @@ def _paged_source(dtype: str, causal: bool, scale: Optional[float]) -> str:
             "",
         ]
     )
+
+
+# ---- torch.library: attnc::varlen and attnc::paged for torch.compile -------------------------
+
+
+@_torch.library.custom_op("attnc::varlen", mutates_args=())
+def _varlen_op(
+    q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, cu_seqlens_q: _torch.Tensor, cu_seqlens_k: _torch.Tensor, causal: bool, scale: Optional[float]
+) -> _torch.Tensor:
+    with _torch.no_grad():
+        return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, softmax_scale=scale).contiguous()
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):  # type: ignore[no-untyped-def]
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@_torch.library.custom_op("attnc::varlen_backward", mutates_args=())
+def _varlen_backward_op(
+    grad: _torch.Tensor,
+    q: _torch.Tensor,
+    k: _torch.Tensor,
+    v: _torch.Tensor,
+    cu_seqlens_q: _torch.Tensor,
+    cu_seqlens_k: _torch.Tensor,
+    causal: bool,
+    scale: Optional[float],
+) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor]:
+    # Below autograd: the derived program is called directly.
+    prog, _, args = _varlen_prepare(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, causal, scale)
+    args = [a.float() if a.dtype == _torch.bfloat16 and not a.is_cuda else a for a in args]
+    outs = prog.grad(["q", "k", "v"])(*args, grad.to(args[0].dtype).contiguous())
+    return outs[-3].to(q.dtype), outs[-2].to(k.dtype), outs[-1].to(v.dtype)
+
+
+@_varlen_backward_op.register_fake
+def _varlen_backward_fake(grad, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):  # type: ignore[no-untyped-def]
+    return _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
+
+
+def _varlen_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
+    q, k, v, cu_q, cu_k, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+    ctx.flags = (causal, scale)
+
+
+def _varlen_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _torch.ops.attnc.varlen_backward(grad, q, k, v, cu_q, cu_k, *ctx.flags)
+    return dq, dk, dv, None, None, None, None
+
+
+_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup)
+
+
+@_torch.library.custom_op("attnc::paged", mutates_args=())
+def _paged_op(
+    q: _torch.Tensor,
+    k_cache: _torch.Tensor,
+    v_cache: _torch.Tensor,
+    block_table: _torch.Tensor,
+    cache_seqlens: _torch.Tensor,
+    causal: bool,
+    scale: Optional[float],
+) -> _torch.Tensor:
+    return paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, softmax_scale=scale).contiguous()
+
+
+@_paged_op.register_fake
+def _paged_fake(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale):  # type: ignore[no-untyped-def]
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))

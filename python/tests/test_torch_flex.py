@@ -148,3 +148,50 @@ def test_examples_lse_merge_joins_two_partial_attentions_exactly():
     again, lse_again = merge(o1, l1, torch.zeros_like(o2), empty)
     torch.testing.assert_close(again, o1)
     torch.testing.assert_close(lse_again, l1)
+
+
+@pytest.mark.parametrize("name", ["alibi", "soft-capping", "document mask", "relative position bias", "chunked (floor division)"])
+def test_torch_compile_traces_flex_attention_without_a_graph_break(name):
+    # The traced program runs as the registered op `attnc::flex` (fullgraph: a break raises),
+    # with the captured tensors as its inputs: the same values and gradients as eager.
+    score_mod, mask_mod, captured = CASES[name]
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            mask = at.create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2]) if mask_mod else None
+            return at.flex_attention(q * 2.0, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True).sum(-1)
+
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(B, H, L, E, generator=g).requires_grad_()
+    k, v = (torch.randn(B, 2, S, E, generator=g).requires_grad_() for _ in range(2))
+    compiled = torch.compile(Block(), fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v), Block()(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    inputs = (q, k, v, *captured)
+    for a, b in zip(torch.autograd.grad(got.sum(), inputs), torch.autograd.grad(want.sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
+def test_torch_compile_traces_return_lse():
+    score_mod = CASES["alibi"][0]
+
+    def attend(q, k, v):
+        return at.flex_attention(q, k, v, score_mod=score_mod, return_lse=True)
+
+    q, k, v = (torch.randn(B, H, L, E) for _ in range(3))
+    got = torch.compile(attend, fullgraph=True, backend="aot_eager")(q, k, v)
+    want = attend(q, k, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
+
+
+def test_the_registered_flex_op_passes_torch_opcheck():
+    from attnc._trace import Tracer, trace
+
+    tracer = Tracer()
+    mod = trace(CASES["alibi"][0], ("scores", "b", "h", "i", "j"), ("f", "i", "i", "i", "i"), tracer, "score_mod")
+    slopes = SLOPES.detach().requires_grad_()
+    text = at._flex_source("f32", False, None, mod, None, ((torch.float32, 1),))
+    q, k, v = (torch.randn(B, H, L, E, requires_grad=True) for _ in range(3))
+    for lse in (False, True):
+        torch.library.opcheck(torch.ops.attnc.flex.default, (q, k, v, [slopes], text, lse))

@@ -65,3 +65,18 @@ def test_bad_inputs_are_clear_errors():
         at.paged_attention(torch.zeros(2, 1, 3, 8), kc, kc, table, lens)
     with pytest.raises(attnc.DTypeError):
         at.paged_attention(q.double(), kc, kc, table, lens)
+
+
+def test_torch_compile_traces_it_without_a_graph_break():
+    # The registered op `attnc::paged` (fullgraph: a break raises), as eager.
+    def decode(q, k_cache, v_cache, table, lens):
+        return at.paged_attention(q * 2.0, k_cache, v_cache, table, lens, causal=True)
+
+    g = torch.Generator().manual_seed(10)
+    lens = torch.tensor([9, 3, 14], dtype=torch.int32)
+    table = torch.tensor([[7, 2, 10, -1], [4, -1, -1, -1], [0, 9, 5, 1]], dtype=torch.int32)
+    q = torch.randn(3, 1, 4, 16, generator=g)
+    k_cache, v_cache = (torch.randn(11, 4, 2, 16, generator=g) for _ in range(2))
+    compiled = torch.compile(decode, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k_cache, v_cache, table, lens), decode(q, k_cache, v_cache, table, lens), rtol=0, atol=0)
+    torch.library.opcheck(torch.ops.attnc.paged.default, (q, k_cache, v_cache, table, lens, True, None))

@@ -73,3 +73,23 @@ def test_bad_tables_are_clear_errors():
         at.varlen_attention(q, q, q, torch.tensor([0, 5]), torch.tensor([0, 2, 5]))
     with pytest.raises(attnc.ShapeError, match="no more queries than keys"):
         at.varlen_attention(q, q[:3], q[:3], torch.tensor([0, 5]), torch.tensor([0, 3]), causal=True)
+
+
+def test_torch_compile_traces_it_without_a_graph_break():
+    # The registered op `attnc::varlen` (fullgraph: a break raises): values and gradients as
+    # eager; the sequence tables are inputs, so another batch needs no new program.
+    def attend(q, k, v, cu_q, cu_k):
+        return at.varlen_attention(q * 2.0, k, v, cu_q, cu_k, causal=True).sum(-1)
+
+    g = torch.Generator().manual_seed(7)
+    cu_q, cu_k = torch.tensor([0, 3, 43], dtype=torch.int32), torch.tensor([0, 30, 130], dtype=torch.int32)
+    q = torch.randn(43, 4, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(130, 2, 16, generator=g, requires_grad=True) for _ in range(2))
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v, cu_q, cu_k), attend(q, k, v, cu_q, cu_k)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+    other = torch.tensor([0, 20, 43], dtype=torch.int32), torch.tensor([0, 65, 130], dtype=torch.int32)
+    torch.testing.assert_close(compiled(q, k, v, *other), attend(q, k, v, *other), rtol=1e-5, atol=2e-6)
+    torch.library.opcheck(torch.ops.attnc.varlen.default, (q, k, v, cu_q, cu_k, True, None))
