@@ -216,6 +216,14 @@ class Program:
 
     def _run(self, args: Tuple[Any, ...], named: Dict[str, Any], dims: Optional[Dict[str, int]], outs: Optional[Tuple[Any, ...]] = None) -> Any:
         torch = sys.modules.get("torch")
+        if torch is not None and torch.compiler.is_compiling():
+            # Under torch.compile: the registered op `attnc::program`, so the graph has no break.
+            if dims is not None or outs is not None:
+                raise ArgumentError("dims= and out= are not supported under torch.compile: call the program outside the compiled region")
+            from . import torch as _attnc_torch  # noqa: F401  (registers the ops)
+            from ._ops import call_program
+
+            return call_program(self, args, named)
         if outs is not None and torch is not None:
             tensors = [a for a in (*args, *named.values(), *outs) if isinstance(a, torch.Tensor)]
             if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):

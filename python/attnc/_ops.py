@@ -258,3 +258,169 @@ def _paged_op(
 @_paged_op.register_fake
 def _paged_fake(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale):  # type: ignore[no-untyped-def]
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+
+
+# ---- attnc::program: any attnc.Program called under torch.compile ------------------------------
+
+# Programs called under torch.compile, by the key the op names them with.
+_PROGRAMS: Dict[str, Program] = {}
+# Their derived gradient programs, by key and the parameters differentiated.
+_GRADS: Dict[Tuple[str, Tuple[str, ...]], Program] = {}
+_TORCH_DTYPES = {"f32": _torch.float32, "f16": _torch.float16, "bf16": _torch.bfloat16, "i32": _torch.int32, "bool": _torch.bool}
+
+
+def call_program(prog: Program, args: Tuple[Any, ...], named: Dict[str, Any]) -> Any:
+    """``prog(*args, **named)`` under ``torch.compile``: the registered op ``attnc::program``
+    on the inputs in parameter order (Python numbers become 0-d tensors of the parameter's
+    dtype), so the graph has no break; differentiable in its float inputs."""
+    from . import _bind
+
+    key = _program_key(prog)
+    slots = _bind([name for name, _, _ in prog.params], args, named, prog.entry)
+    inputs = [
+        x if isinstance(x, _torch.Tensor) else _torch.tensor(x, dtype=_TORCH_DTYPES[dtype])
+        for x, (_, dtype, _) in zip(slots, prog.params)
+    ]
+    outs = _torch.ops.attnc.program(key, inputs)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@_torch.compiler.assume_constant_result
+def _program_key(prog: Program) -> str:
+    """The name the op calls ``prog`` by (registered here; run once while tracing, its result
+    a constant of the graph): entry, target, threads and a digest of the source."""
+    import hashlib
+
+    key = f"{prog.entry}:{prog.target}:{prog._compiled.threads}:{hashlib.sha1(prog.source.encode()).hexdigest()[:20]}"
+    _PROGRAMS.setdefault(key, prog)
+    return key
+
+
+@_torch.library.custom_op("attnc::program", mutates_args=())
+def _program_op(key: str, inputs: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    prog = _PROGRAMS[key]
+    with _torch.no_grad():
+        outs = prog(*inputs)
+    return [o.contiguous() for o in (outs if isinstance(outs, tuple) else (outs,))]
+
+
+@_program_op.register_fake
+def _program_fake(key, inputs):  # type: ignore[no-untyped-def]
+    prog = _PROGRAMS[key]
+    shapes = _result_shapes(prog, [list(t.shape) for t in inputs])
+    device = inputs[0].device if inputs else None
+    return [_torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=device) for (_, dtype, _), shape in zip(prog.outputs, shapes)]
+
+
+def _result_shapes(prog: Program, shapes: List[List[Any]]) -> List[List[Any]]:
+    """The results' shapes for inputs of ``shapes``: from the program itself where every size
+    is a number; where some are symbolic (``torch.compile``'s dynamic shapes), each result dim
+    is its expression (``S``, ``H*Dh``, ``2*(D/2)``) evaluated over the sizes the parameters
+    bind, names or whole expressions."""
+    if all(isinstance(n, int) for shape in shapes for n in shape):
+        return [shape for _, shape in prog._compiled._output_shapes(shapes, None)]
+    import ast
+
+    bound: Dict[str, Any] = {}
+    sizes = [(d, n) for (_, _, dims), shape in zip(prog.params, shapes) for d, n in zip(dims, shape)]
+    for d, n in sizes:
+        bound.setdefault(d, n)
+    # Names inside compound sizes, solved one at a time: `2*D` gives D, `G*R` gives R once G is
+    # known, `S+4` gives S.
+    for _ in range(len(sizes)):
+        progress = False
+        for d, n in sizes:
+            node = ast.parse(d, mode="eval").body
+            if not isinstance(node, ast.BinOp) or not isinstance(node.op, (ast.Mult, ast.Add, ast.Sub)):
+                continue
+            known = {side: _known(side, bound) for side in (node.left, node.right)}
+            unknown = [side for side, k in known.items() if k is None and isinstance(side, ast.Name)]
+            if len(unknown) != 1 or sum(k is None for k in known.values()) != 1:
+                continue
+            (name,) = unknown
+            other = known[node.right if name is node.left else node.left]
+            if isinstance(node.op, ast.Mult):
+                bound[name.id] = n // other
+            elif isinstance(node.op, ast.Add):
+                bound[name.id] = n - other
+            else:
+                bound[name.id] = n + other if name is node.left else other - n
+            progress = True
+        if not progress:
+            break
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in bound:
+            return bound[node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            a, b = value(node.left), value(node.right)
+            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b, ast.Div: lambda: a // b}
+            return ops[type(node.op)]()
+        raise ArgumentError(
+            f"`{prog.entry}`'s result size `{ast.unparse(node)}` is not given by its inputs' sizes, so torch.compile cannot "
+            "infer it: call the program outside the compiled region (or pass dims= eagerly)"
+        )
+
+    return [[bound[d] if d in bound else value(ast.parse(d, mode="eval")) for d in dims] for _, _, dims in prog.outputs]
+
+
+def _known(node: Any, bound: Dict[str, Any]) -> Any:
+    """A size's value where ``node`` is a number or a bound name, else None."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    return None
+
+
+@_torch.library.custom_op("attnc::program_backward", mutates_args=())
+def _program_backward_op(key: str, inputs: List[_torch.Tensor], cotangents: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    # Below autograd: the derived program (every float parameter differentiated) is run directly.
+    prog = _PROGRAMS[key]
+    wrt = tuple(name for name, dtype, _ in prog.params if dtype in ("f32", "f16", "bf16"))
+    if (key, wrt) not in _GRADS:
+        _GRADS[key, wrt] = prog.grad(list(wrt))
+    cots = [c.contiguous() for c, (_, dtype, _) in zip(cotangents, prog.outputs) if dtype in ("f32", "f16", "bf16")]
+    with _torch.no_grad():
+        outs = _GRADS[key, wrt](*inputs, *cots)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    found = dict(zip(wrt, outs[len(outs) - len(wrt) :]))
+    return [found[name].to(t.dtype) if name in found else t.new_empty(0) for (name, _, _), t in zip(prog.params, inputs)]
+
+
+@_program_backward_op.register_fake
+def _program_backward_fake(key, inputs, cotangents):  # type: ignore[no-untyped-def]
+    prog = _PROGRAMS[key]
+    return [_torch.empty_like(t) if dtype in ("f32", "f16", "bf16") else t.new_empty(0) for (_, dtype, _), t in zip(prog.params, inputs)]
+
+
+def _program_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
+    key, tensors = inputs
+    ctx.key = key
+    ctx.save_for_backward(*tensors)
+    prog = _PROGRAMS[key]
+    ctx.mark_non_differentiable(*[o for o, (_, dtype, _) in zip(output, prog.outputs) if dtype not in ("f32", "f16", "bf16")])
+
+
+def _program_backward(ctx: Any, cotangents: List[_torch.Tensor]) -> Tuple[Any, ...]:
+    tensors = list(ctx.saved_tensors)
+    prog = _PROGRAMS[ctx.key]
+    cots = [_torch.zeros_like(o) if c is None else c for c, o in zip(cotangents, _result_like(prog, tensors))]
+    grads = _torch.ops.attnc.program_backward(ctx.key, tensors, cots)
+    return None, [g if dtype in ("f32", "f16", "bf16") else None for g, (_, dtype, _) in zip(grads, prog.params)]
+
+
+def _result_like(prog: Program, tensors: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    """Empty tensors shaped like ``prog``'s results on ``tensors`` (for cotangents torch left
+    out)."""
+    shapes = _result_shapes(prog, [list(t.shape) for t in tensors])
+    return [tensors[0].new_empty(shape, dtype=_TORCH_DTYPES[dtype]) for (_, dtype, _), shape in zip(prog.outputs, shapes)]
+
+
+_program_op.register_autograd(_program_backward, setup_context=_program_setup)

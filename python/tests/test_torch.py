@@ -229,3 +229,59 @@ def test_multi_threaded_runs_share_torchs_openmp_team():
     code = "import attnc, attnc.torch; print(attnc._attnc.shared_openmp())"
     env = dict(os.environ, ATTNC_OPENMP="0")
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip() == "None"
+
+
+def test_torch_compile_traces_any_program_without_a_graph_break():
+    # Any attnc.Program called in a compiled model is the registered op `attnc::program`
+    # (fullgraph: a break raises): values and gradients as eager, a learned parameter's too,
+    # and sizes torch.compile makes symbolic (a new length) evaluated from the program's dims.
+    prog = attnc.compile(EXAMPLES / "alibi.attn")
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.slopes = torch.nn.Parameter(torch.rand(2))
+
+        def forward(self, q, k, v):
+            return prog(q * 2.0, k, v, self.slopes).sum(-1)
+
+    block = Block()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    for s in (16, 40, 23):
+        q, k, v = (t.requires_grad_() for t in qkv(1, 2, s, 8, seed=s))
+        got, want = compiled(q, k, v), block(q, k, v)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+        inputs = (q, k, v, block.slopes)
+        for a, b in zip(torch.autograd.grad(got.sum(), inputs), torch.autograd.grad(want.sum(), inputs)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+
+
+def test_torch_compile_traces_programs_of_several_results_and_compound_dims():
+    align = attnc.compile(EXAMPLES / "alignment.attn")
+    split = attnc.compile("fn halves(x: f32[S, 2*D]) -> (a: f32[S, D], n: i32[S]) {\n    return x[:, 0::2] + x[:, 1::2], cast(x[:, 0] > 0.0, i32)\n}\n")
+
+    def f(dec, enc, x):
+        context, weights = align(dec, enc)
+        a, n = split(x)
+        return context.sum() + weights.sum() + a.sum() * n.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    g = torch.Generator().manual_seed(2)
+    for m, s in ((5, 9), (7, 12)):
+        inputs = align.random_inputs(seed=m, dims={"M": m, "N": s})
+        dec, enc = (torch.from_numpy(inputs[n]).requires_grad_() for n in ("dec", "enc"))
+        x = torch.randn(s, 6, generator=g, requires_grad=True)
+        got, want = compiled(dec, enc, x), f(dec, enc, x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for a, b in zip(torch.autograd.grad(got, (dec, enc, x)), torch.autograd.grad(want, (dec, enc, x))):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="dims= and out= are not supported under torch.compile"):
+        torch.compile(lambda x: split.run(x, out=(torch.empty(3, 3), None)), fullgraph=True, backend="aot_eager")(torch.randn(3, 6))
+
+
+def test_the_registered_program_op_passes_torch_opcheck():
+    from attnc._ops import _program_key
+
+    prog = attnc.compile(EXAMPLES / "alibi.attn")
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 16, 8, seed=3))
+    torch.library.opcheck(torch.ops.attnc.program.default, (_program_key(prog), [q, k, v, torch.rand(2, requires_grad=True)]))
