@@ -198,7 +198,8 @@ fn everyop(x: f32[B, S, E], g: f32[E], w: f32[E, F], idx: i32[B, S], h: f16[B, S
 /// Hand-written flash graphs covering the kernel shapes the examples (all f32) do not reach:
 /// tensor cores in f16 and bf16 with GQA broadcast, a data-dependent mask and an extra
 /// operand, sigmoid weights, split-KV decode, additive scores with a weight per head, and K/V
-/// read through a block table, and dropout of the weights. The
+/// read through a block table, dropout of the weights, and q/k/v and the result in
+/// transformers' sequence-major layout (strided rows, the result written in place). The
 /// graphs are files (`tests/cases/flash/`, their header saying why each is there), compiled in
 /// so that a test binary carried to a GPU machine has them.
 pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
@@ -220,6 +221,7 @@ pub(crate) const FLASH_GRAPHS: &[(&str, &str)] = &[
     ("f32 paged decode", include_str!("../../tests/cases/flash/f32_paged_decode.ir")),
     ("f16 causal dropout gqa", include_str!("../../tests/cases/flash/f16_causal_dropout_gqa.ir")),
     ("f32 decode dropout", include_str!("../../tests/cases/flash/f32_decode_dropout.ir")),
+    ("f16 sequence-major", include_str!("../../tests/cases/flash/f16_sequence_major.ir")),
 ];
 
 /// The forward flash graphs parsed, with their label and the tolerance of a run against the

@@ -292,6 +292,35 @@ fn decode_splits_keys_and_merges_deterministically() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Attention whose result is returned in transformers' `[B, S, H, D]` layout: the flash
+/// kernels write it there (no output copy), in the tiled, few-rows (decode) and split-KV
+/// paths, causal or not, and it matches the interpreter.
+#[test]
+fn a_permuted_attention_result_is_written_in_place() {
+    let source = "fn attn(q: f32[B, S, H, D], k: f32[B, T, H, D], v: f32[B, T, H, D]) -> (out: f32[B, S, H, D], causal: f32[B, S, H, D]) {
+    let qh = permute(q, [0, 2, 1, 3])
+    let kh = permute(k, [0, 2, 1, 3])
+    let vh = permute(v, [0, 2, 1, 3])
+    let scores = qh @ kh.T / sqrt(D)
+    let (b, h, i, j) = indices(scores)
+    let plain = softmax(scores, axis = -1) @ vh
+    let masked = softmax(where(j <= i + T - S, scores, -inf), axis = -1) @ vh
+    return permute(plain, [0, 2, 1, 3]), permute(masked, [0, 2, 1, 3])
+}";
+    let program = Program::from_source(source, "seq_major.attn").expect("compiles");
+    let mut compiled = program.compile_cpu("attn", &CpuOptions { threads: 1 }).expect("compiles");
+    let steps: Vec<&str> = compiled.schedule().steps.iter().map(|s| s.label.as_str()).collect();
+    assert!(!steps.iter().any(|l| l.contains("output copy")), "{steps:?}");
+    let mut failures = Vec::new();
+    for (s, t) in [(1, 9000), (3, 40), (64, 64), (130, 200)] {
+        let dims = HashMap::from([("B".into(), 2), ("S".into(), s), ("T".into(), t), ("H".into(), 3), ("D".into(), 16)]);
+        let inputs: Vec<Tensor> = program.random_inputs("attn", s as u64, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let want = interp::run(program.graph("attn").expect("graph"), &inputs, &dims).expect("interpreter");
+        check(&mut compiled, &Case { inputs, dims, want }, &format!("S={s} T={t}"), &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Builds `flash(q, k, v, x0, x1)` with q `[B, H, M, D]`, k/v `[Bk, Hk, N, D]` (Bk, Hk: B/H
 /// or 1), x0 `f32[H]` and x1 `i32[B, N]`.
 fn flash_graph(spec: FlashSpec, kv_batch: (bool, bool)) -> Graph {

@@ -58,6 +58,33 @@ impl Formation<'_> {
         Ok(())
     }
 
+    /// Where flash op `v`'s result goes: a dense temporary, or, where its one user is an axis
+    /// permutation that keeps the head axis last and is a result of the graph (transformers'
+    /// `[B, S, H, D]` layout of `[B, H, S, D]` attention), a temporary laid out in that
+    /// permutation's order. The permutation is then a dense view of it, which becomes the
+    /// output buffer itself: the kernels write the result where it goes, with no copy after.
+    fn flash_out(&mut self, v: Value, dtype: DType, shape: &[Dim]) -> View {
+        let dense = self.temp(v, dtype, shape);
+        let last = shape.len().saturating_sub(1);
+        let outputs = self.g.outputs();
+        let users = self.g.users(v);
+        let perm = match (users.as_slice(), &self.g.node(v).op) {
+            ([u], Op::Flash(_)) if outputs.iter().any(|(_, o)| o == u) && !outputs.iter().any(|(_, o)| *o == v) => {
+                match &self.g.node(*u).op {
+                    Op::Transpose { perm } if perm.len() == shape.len() && perm.last() == Some(&last) => perm.clone(),
+                    _ => return dense,
+                }
+            }
+            _ => return dense,
+        };
+        let permuted: Vec<Dim> = perm.iter().map(|&a| shape[a].clone()).collect();
+        let mut strides = dense.strides.clone();
+        for (k, stride) in perm.iter().zip(super::row_major(&permuted)) {
+            strides[*k] = stride;
+        }
+        View { strides, ..dense }
+    }
+
     /// The tile table and partial-state buffers of the step about to be added.
     fn step_tables(&mut self, v: Value) -> (usize, usize, usize) {
         let step = self.plan.steps.len();
@@ -94,7 +121,7 @@ impl Formation<'_> {
             extras[weight] = self.dense_if(v, w, dtype, |x| x.unit_stride(last));
         }
         self.cuda_head_fits(v, &q, &vv)?;
-        let out = self.temp(v, ty.dtype, &ty.shape);
+        let out = self.flash_out(v, ty.dtype, &ty.shape);
         let lse = match lse {
             Some(s) => {
                 let view = self.temp(s, DType::F32, &ty.shape[..r - 1]);

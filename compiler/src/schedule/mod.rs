@@ -625,7 +625,8 @@ pub struct FlashKernel {
     pub v: View,
     /// Extra operands the expressions load from.
     pub extras: Vec<View>,
-    /// Dense `[..b, M, Dv]` result.
+    /// `[..b, M, Dv]` result, unit-strided along `Dv` (dense, or laid out for the axis
+    /// permutation that returns it: rows `H·Dv` apart in `[B, S, H, Dv]`).
     pub out: View,
     /// Dense `[..b, M]` f32 log-sum-exp of each row's kept scores, written too when the graph
     /// asks for it ([`crate::ir::Op::FlashLse`]); `-inf` for rows with no kept key.
