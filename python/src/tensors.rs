@@ -509,10 +509,10 @@ impl Sink {
 /// in.
 ///
 /// # Safety
-/// Every address the view's shape and strides name is writable by `put_row`, and `values`
-/// holds one value per element.
+/// Every address the view's shape and strides name is writable by `put_row`.
 unsafe fn scatter<T: Copy>(raw: &Raw, values: &[T], put_row: impl Fn(*mut u8, isize, &[T])) {
-    if raw.shape.contains(&0) {
+    // (One value per element, else nothing is written: `finish` checked the shape.)
+    if raw.shape.contains(&0) || raw.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(values.len()) {
         return;
     }
     // Each axis' step through `values` (row-major), and the axes of more than one element,
