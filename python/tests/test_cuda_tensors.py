@@ -141,3 +141,23 @@ def test_varlen_and_paged_attention_on_cuda_tensors_match_the_cpu():
     want = at.paged_attention(qd.float(), pages.float(), pages.float(), table, lens)
     got = at.paged_attention(qd.cuda(), pages.cuda(), pages.cuda(), table.cuda(), lens.cuda())
     assert got.is_cuda and (got.float().cpu() - want).abs().max().item() < 1e-2
+
+
+@gpu
+def test_torch_compile_runs_the_ops_on_cuda_tensors():
+    # The registered ops (attnc::flex, attnc::program) on CUDA tensors: as eager, no graph break.
+    import attnc.torch as at
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 130, 64, device="cuda", dtype=torch.float16, generator=g, requires_grad=True) for _ in range(3))
+    slopes = torch.rand(4, device="cuda", requires_grad=True)
+    prog = attnc.compile(CAUSAL, target="cuda")
+
+    def f(q, k, v):
+        flex = at.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s + slopes[h] * (ki - qi))
+        return flex.float().sum(-1) + prog(q, k, v).float().sum(-1)
+
+    got, want = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v), f(q, k, v)
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v, slopes)), torch.autograd.grad(want.sum(), (q, k, v, slopes))):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
