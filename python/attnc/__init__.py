@@ -220,8 +220,7 @@ class Program:
             # Under torch.compile: the registered op `attnc::program`, so the graph has no break.
             if dims is not None or outs is not None:
                 raise ArgumentError("dims= and out= are not supported under torch.compile: call the program outside the compiled region")
-            from . import torch as _attnc_torch  # noqa: F401  (registers the ops)
-            from ._ops import call_program
+            from ._ops import call_program  # (importing attnc.torch, which registers the ops)
 
             return call_program(self, args, named)
         if outs is not None and torch is not None:

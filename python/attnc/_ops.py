@@ -262,33 +262,50 @@ def _paged_fake(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale):
 
 # ---- attnc::program: any attnc.Program called under torch.compile ------------------------------
 
-# Programs called under torch.compile, by the key the op names them with.
+# Programs called under torch.compile, by the key the ops name them with.
 _PROGRAMS: Dict[str, Program] = {}
-# Their derived gradient programs, by key and the parameters differentiated.
-_GRADS: Dict[Tuple[str, Tuple[str, ...]], Program] = {}
+# Their derived gradient programs (every float parameter differentiated), by key.
+_GRADS: Dict[str, Program] = {}
+# Their split forward/backward programs (`Program.grad_split`), by key; None where there is none.
+_SPLITS: Dict[str, Optional[Tuple[Program, Program]]] = {}
+_FLOATS = ("f32", "f16", "bf16")
 _TORCH_DTYPES = {"f32": _torch.float32, "f16": _torch.float16, "bf16": _torch.bfloat16, "i32": _torch.int32, "bool": _torch.bool}
 
 
 def call_program(prog: Program, args: Tuple[Any, ...], named: Dict[str, Any]) -> Any:
-    """``prog(*args, **named)`` under ``torch.compile``: the registered op ``attnc::program``
-    on the inputs in parameter order (Python numbers become 0-d tensors of the parameter's
-    dtype), so the graph has no break; differentiable in its float inputs."""
+    """``prog(*args, **named)`` under ``torch.compile``: the registered ops on the inputs in
+    parameter order (Python numbers become 0-d tensors of the parameter's dtype), so the graph
+    has no break; differentiable in its float inputs."""
     from . import _bind
 
     key = _program_key(prog)
+    dtypes = _param_dtypes(key)
     slots = _bind([name for name, _, _ in prog.params], args, named, prog.entry)
-    inputs = [
-        x if isinstance(x, _torch.Tensor) else _torch.tensor(x, dtype=_TORCH_DTYPES[dtype])
-        for x, (_, dtype, _) in zip(slots, prog.params)
-    ]
-    outs = _torch.ops.attnc.program(key, inputs)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    inputs = [x if isinstance(x, _torch.Tensor) else _torch.tensor(x, dtype=_TORCH_DTYPES[d]) for x, d in zip(slots, dtypes)]
+    return call_key(key, inputs)
+
+
+def call_key(key: str, inputs: List[_torch.Tensor]) -> Any:
+    """The program registered under ``key`` on ``inputs`` (in parameter order), as an op: with
+    gradients wanted and a split form, ``attnc::program_saving``, whose forward also returns
+    what the backward reads (each flash op's result and log-sum-exp), so that the backward does
+    not run the forward again; else ``attnc::program``."""
+    results = _result_count(key)
+    if _torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and _has_split(key):
+        outs = _torch.ops.attnc.program_saving(key, inputs)[:results]
+    else:
+        outs = _torch.ops.attnc.program(key, inputs)
+    return outs[0] if results == 1 else tuple(outs)
 
 
 @_torch.compiler.assume_constant_result
 def _program_key(prog: Program) -> str:
-    """The name the op calls ``prog`` by (registered here; run once while tracing, its result
+    """The name the ops call ``prog`` by (registered here; run once while tracing, its result
     a constant of the graph): entry, target, threads and a digest of the source."""
+    return _register(prog)
+
+
+def _register(prog: Program) -> str:
     import hashlib
 
     key = f"{prog.entry}:{prog.target}:{prog._compiled.threads}:{hashlib.sha1(prog.source.encode()).hexdigest()[:20]}"
@@ -296,20 +313,75 @@ def _program_key(prog: Program) -> str:
     return key
 
 
+@_torch.compiler.assume_constant_result
+def _flex_key(text: str, cuda: bool) -> str:
+    """The key of the traced ``flex_attention`` program ``text``, compiled and registered."""
+    return _register(_flex_program(text, cuda))
+
+
+@_torch.compiler.assume_constant_result
+def _param_dtypes(key: str) -> Tuple[str, ...]:
+    return tuple(dtype for _, dtype, _ in _PROGRAMS[key].params)
+
+
+@_torch.compiler.assume_constant_result
+def _result_count(key: str) -> int:
+    return len(_PROGRAMS[key].outputs)
+
+
+@_torch.compiler.assume_constant_result
+def _has_split(key: str) -> bool:
+    return _split(key) is not None
+
+
+def _split(key: str) -> Optional[Tuple[Program, Program]]:
+    if key not in _SPLITS:
+        wrt = _wrt(_PROGRAMS[key])
+        _SPLITS[key] = _PROGRAMS[key].grad_split(list(wrt)) if wrt else None
+    return _SPLITS[key]
+
+
+def _wrt(prog: Program) -> Tuple[str, ...]:
+    """The parameters the ops differentiate: every float one."""
+    return tuple(name for name, dtype, _ in prog.params if dtype in _FLOATS)
+
+
 @_torch.library.custom_op("attnc::program", mutates_args=())
 def _program_op(key: str, inputs: List[_torch.Tensor]) -> List[_torch.Tensor]:
-    prog = _PROGRAMS[key]
     with _torch.no_grad():
-        outs = prog(*inputs)
+        outs = _PROGRAMS[key](*inputs)
     return [o.contiguous() for o in (outs if isinstance(outs, tuple) else (outs,))]
 
 
 @_program_op.register_fake
 def _program_fake(key, inputs):  # type: ignore[no-untyped-def]
-    prog = _PROGRAMS[key]
+    return _empty_results(_PROGRAMS[key], inputs)
+
+
+def _empty_results(prog: Program, inputs: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    """Empty tensors of ``prog``'s results on ``inputs``: their dtypes, and shapes from the
+    program's dims (symbolic where the inputs' are)."""
     shapes = _result_shapes(prog, [list(t.shape) for t in inputs])
     device = inputs[0].device if inputs else None
     return [_torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=device) for (_, dtype, _), shape in zip(prog.outputs, shapes)]
+
+
+@_torch.library.custom_op("attnc::program_saving", mutates_args=())
+def _program_saving_op(key: str, inputs: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    split = _split(key)
+    if split is None:
+        raise ArgumentError(f"`{_PROGRAMS[key].entry}` has no split form that saves what its backward reads")
+    with _torch.no_grad():
+        outs = split[0](*inputs)
+    return [o.contiguous() for o in (outs if isinstance(outs, tuple) else (outs,))]
+
+
+@_program_saving_op.register_fake
+def _program_saving_fake(key, inputs):  # type: ignore[no-untyped-def]
+    split = _split(key)
+    if split is None:
+        raise ArgumentError(f"`{_PROGRAMS[key].entry}` has no split form that saves what its backward reads")
+    return _empty_results(split[0], inputs)
 
 
 def _result_shapes(prog: Program, shapes: List[List[Any]]) -> List[List[Any]]:
@@ -380,47 +452,53 @@ def _known(node: Any, bound: Dict[str, Any]) -> Any:
 
 
 @_torch.library.custom_op("attnc::program_backward", mutates_args=())
-def _program_backward_op(key: str, inputs: List[_torch.Tensor], cotangents: List[_torch.Tensor]) -> List[_torch.Tensor]:
-    # Below autograd: the derived program (every float parameter differentiated) is run directly.
+def _program_backward_op(key: str, inputs: List[_torch.Tensor], cotangents: List[_torch.Tensor], saved: List[_torch.Tensor]) -> List[_torch.Tensor]:
+    # Below autograd: the split backward on what the forward saved, or, without it, the derived
+    # program (which runs the forward again); every float parameter differentiated.
     prog = _PROGRAMS[key]
-    wrt = tuple(name for name, dtype, _ in prog.params if dtype in ("f32", "f16", "bf16"))
-    if (key, wrt) not in _GRADS:
-        _GRADS[key, wrt] = prog.grad(list(wrt))
-    cots = [c.contiguous() for c, (_, dtype, _) in zip(cotangents, prog.outputs) if dtype in ("f32", "f16", "bf16")]
+    wrt = _wrt(prog)
+    cots = [c.contiguous() for c, (_, dtype, _) in zip(cotangents, prog.outputs) if dtype in _FLOATS]
+    if saved:
+        split = _split(key)
+        if split is None:
+            raise ArgumentError(f"`{prog.entry}` has no split form that saves what its backward reads")
+        program, extra = split[1], list(saved)
+    else:
+        if key not in _GRADS:
+            _GRADS[key] = prog.grad(list(wrt))
+        program, extra = _GRADS[key], []
     with _torch.no_grad():
-        outs = _GRADS[key, wrt](*inputs, *cots)
+        outs = program(*inputs, *cots, *extra)
     outs = outs if isinstance(outs, tuple) else (outs,)
     found = dict(zip(wrt, outs[len(outs) - len(wrt) :]))
     return [found[name].to(t.dtype) if name in found else t.new_empty(0) for (name, _, _), t in zip(prog.params, inputs)]
 
 
 @_program_backward_op.register_fake
-def _program_backward_fake(key, inputs, cotangents):  # type: ignore[no-untyped-def]
+def _program_backward_fake(key, inputs, cotangents, saved):  # type: ignore[no-untyped-def]
     prog = _PROGRAMS[key]
-    return [_torch.empty_like(t) if dtype in ("f32", "f16", "bf16") else t.new_empty(0) for (_, dtype, _), t in zip(prog.params, inputs)]
+    return [_torch.empty_like(t) if dtype in _FLOATS else t.new_empty(0) for (_, dtype, _), t in zip(prog.params, inputs)]
 
 
 def _program_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
     key, tensors = inputs
-    ctx.key = key
-    ctx.save_for_backward(*tensors)
     prog = _PROGRAMS[key]
-    ctx.mark_non_differentiable(*[o for o, (_, dtype, _) in zip(output, prog.outputs) if dtype not in ("f32", "f16", "bf16")])
+    n = len(prog.outputs)
+    ctx.key, ctx.inputs = key, len(tensors)
+    # (The saving op's extra outputs, past the results, are what its backward reads.)
+    ctx.save_for_backward(*tensors, *output[n:])
+    ctx.mark_non_differentiable(*[o for o, (_, dtype, _) in zip(output, prog.outputs) if dtype not in _FLOATS], *output[n:])
 
 
-def _program_backward(ctx: Any, cotangents: List[_torch.Tensor]) -> Tuple[Any, ...]:
-    tensors = list(ctx.saved_tensors)
+def _program_backward(ctx: Any, cotangents: List[Optional[_torch.Tensor]]) -> Tuple[Any, ...]:
+    everything = list(ctx.saved_tensors)
+    tensors, saved = everything[: ctx.inputs], everything[ctx.inputs :]
     prog = _PROGRAMS[ctx.key]
-    cots = [_torch.zeros_like(o) if c is None else c for c, o in zip(cotangents, _result_like(prog, tensors))]
-    grads = _torch.ops.attnc.program_backward(ctx.key, tensors, cots)
-    return None, [g if dtype in ("f32", "f16", "bf16") else None for g, (_, dtype, _) in zip(grads, prog.params)]
-
-
-def _result_like(prog: Program, tensors: List[_torch.Tensor]) -> List[_torch.Tensor]:
-    """Empty tensors shaped like ``prog``'s results on ``tensors`` (for cotangents torch left
-    out)."""
-    shapes = _result_shapes(prog, [list(t.shape) for t in tensors])
-    return [tensors[0].new_empty(shape, dtype=_TORCH_DTYPES[dtype]) for (_, dtype, _), shape in zip(prog.outputs, shapes)]
+    results = _empty_results(prog, tensors)
+    cots = [_torch.zeros_like(r) if c is None else c for c, r in zip(cotangents, results)]
+    grads = _torch.ops.attnc.program_backward(ctx.key, tensors, cots, saved)
+    return None, [g if dtype in _FLOATS else None for g, (_, dtype, _) in zip(grads, prog.params)]
 
 
 _program_op.register_autograd(_program_backward, setup_context=_program_setup)
+_program_saving_op.register_autograd(_program_backward, setup_context=_program_setup)

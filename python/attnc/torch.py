@@ -632,8 +632,15 @@ def flex_attention(
         # an autograd formula) on the traced program's text, so the graph has no break; the
         # captured tensors are its inputs.
         text = _flex_source(dtype, gqa, scale_, mod, mask, kinds)
-        out, lse = _torch.ops.attnc.flex(query, key, value, captured, text, bool(return_lse))
-        return (out, lse) if return_lse else out
+        if return_lse:
+            out, lse = _torch.ops.attnc.flex(query, key, value, captured, text, True)
+            return out, lse
+        # The program's own ops: with gradients, a forward that saves the output and
+        # log-sum-exp for the backward.
+        from ._ops import _flex_key, call_key
+
+        out = call_key(_flex_key(text, cuda), [query, key, value, *captured])
+        return out.to(out_dtype) if out.dtype != out_dtype else out
     threads = _torch.get_num_threads()
     target = "cuda" if cuda else "cpu"
     key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads, target)

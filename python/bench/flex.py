@@ -10,7 +10,12 @@ new sequence length): for each function of the attention-gym collection, every c
 the ``.attn`` program, optimising, scheduling, Cranelift), forward alone and forward+backward
 (the derived backward program too); then the first call at S=512, which must compile nothing.
 
-    python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048] [--compile]
+With ``--ops``, the forward+backward of the ops ``torch.compile`` puts in the graph, run
+eagerly (ALiBi, causal): ``attnc::flex``, whose backward runs the derived program and so the
+forward again, against ``attnc::program_saving`` + ``attnc::program_backward``, whose forward
+saves the output and log-sum-exp for the backward, beside the eager ``flex_attention``.
+
+    python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048] [--compile] [--ops]
 """
 
 from __future__ import annotations
@@ -121,14 +126,50 @@ def cold_compiles(rounds: int) -> None:
         print(f"| {name} | {min(fwd):.1f} | {min(both):.1f} | {max(new)} |", flush=True)
 
 
+def compiled_ops(rounds: int, seqs: list) -> None:
+    from attnc._ops import _flex_key, call_key
+    from attnc._trace import Tracer, trace
+
+    tracer = Tracer()
+    mod = trace(alibi, ("scores", "b", "h", "i", "j"), ("f", "i", "i", "i", "i"), tracer, "score_mod")
+    mask = trace(causal, ("b", "h", "i", "j"), ("i", "i", "i", "i"), tracer, "mask_mod")
+    text = at._flex_source("f32", False, None, mod, mask, ((torch.float32, 1),))
+    key = _flex_key(text, False)
+    bm = at.create_block_mask(causal, None, None, 16, 16)
+    print(f"# torch {torch.__version__}, 1 thread, B=1 H={H} D=64 f32, ALiBi causal, forward+backward, {rounds} rounds interleaved, ms")
+    print("| S | attnc::flex (backward reruns the forward) | program_saving + program_backward | eager flex_attention |\n|---|---|---|---|")
+    for s in seqs:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, H, s, 64, generator=g).requires_grad_() for _ in range(3))
+        slopes = SLOPES.clone().requires_grad_()
+        cot = torch.randn(1, H, s, 64, generator=g)
+        cases = {
+            "flex": lambda: torch.ops.attnc.flex(q, k, v, [slopes], text, False)[0].backward(cot),
+            "saving": lambda: call_key(key, [q, k, v, slopes]).backward(cot),
+            "eager": lambda: at.flex_attention(q, k, v, score_mod=lambda sc, b, h, qi, ki: sc + slopes[h] * (ki - qi), block_mask=bm).backward(cot),
+        }
+        times: dict = {name: [] for name in cases}
+        for _ in range(rounds):
+            for name, f in cases.items():
+                times[name].append(timed(f) * 1e3)
+        best = {name: min(xs) for name, xs in times.items()}
+        med = {name: statistics.median(xs) for name, xs in times.items()}
+        print(f"| {s} | {best['flex']:.1f} / {med['flex']:.1f} | {best['saving']:.1f} / {med['saving']:.1f} | {best['eager']:.1f} / {med['eager']:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seqs", default="1024,2048")
     ap.add_argument("--compile", action="store_true", help="time cold compiles of the attention-gym functions instead")
+    ap.add_argument("--ops", action="store_true", help="time the torch.compile ops' forward+backward instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ops:
+        torch.set_num_threads(1)
+        compiled_ops(args.rounds, [int(x) for x in args.seqs.split(",")])
+        return
     if args.compile:
         torch.set_num_threads(1)
         cold_compiles(args.rounds)

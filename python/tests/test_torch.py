@@ -285,3 +285,34 @@ def test_the_registered_program_op_passes_torch_opcheck():
     prog = attnc.compile(EXAMPLES / "alibi.attn")
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 16, 8, seed=3))
     torch.library.opcheck(torch.ops.attnc.program.default, (_program_key(prog), [q, k, v, torch.rand(2, requires_grad=True)]))
+
+
+def test_under_torch_compile_the_backward_reads_what_the_forward_saved():
+    # With gradients, the forward is `attnc::program_saving` (the split forward: results plus
+    # each flash op's output and log-sum-exp) and the backward `attnc::program_backward` on
+    # them, so the backward graph holds no second forward.
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            from functorch.compile import make_boxed_func
+
+            graphs[name] = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    prog = attnc.compile(EXAMPLES / "alibi.attn")
+    slopes = torch.rand(2, requires_grad=True)
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 32, 8, seed=9))
+    f = torch.compile(lambda q, k, v: prog(q, k, v, slopes), fullgraph=True, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    got = f(q, k, v)
+    grads = torch.autograd.grad(got.sum(), (q, k, v, slopes))
+    want = prog(q, k, v, slopes)
+    for a, b in zip(grads, torch.autograd.grad(want.sum(), (q, k, v, slopes))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
+    assert any("program_saving" in t for t in graphs["fw"]), graphs["fw"]
+    assert any("program_backward" in t for t in graphs["bw"]), graphs["bw"]
+    assert not any(t.endswith("attnc.program.default") or "program_saving" in t for t in graphs["bw"]), graphs["bw"]
