@@ -43,6 +43,71 @@ def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+# Per sdpa program and the inputs differentiated: its split forward/backward (None: none).
+_SDPA_SPLITS: Dict[Tuple[Program, Tuple[str, ...]], Optional[Tuple[Program, Program]]] = {}
+
+
+def _sdpa_grad_setup(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+    sinks: Optional[_torch.Tensor],
+    dropout_p: float,
+    seed: Optional[_torch.Tensor],
+) -> Tuple[Program, Optional[Tuple[Program, Program]], List[_torch.Tensor], List[str], _torch.dtype]:
+    """An sdpa call with gradients as its forward and backward ops run it: the program, its
+    split (None where it has none), its inputs, the inputs differentiated, the result's dtype.
+    A float mask is taken whole (no broadcast axis folded away), so that its gradient is per
+    element; tensors dense (`in_place=False`: the program's layout is the caller's)."""
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
+    mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
+    prog, _, args, out_dtype, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, in_place=False)
+    if dropout_p > 0.0 and seed is not None:
+        args.append(seed.to(_torch.int32).reshape(()))
+    wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
+    if (prog, tuple(wrt)) not in _SDPA_SPLITS:
+        _SDPA_SPLITS[prog, tuple(wrt)] = prog.grad_split(wrt)
+    return prog, _SDPA_SPLITS[prog, tuple(wrt)], [a.detach() for a in args], wrt, out_dtype
+
+
+@_torch.library.custom_op("attnc::sdpa_saving", mutates_args=())
+def _sdpa_saving_op(
+    query: _torch.Tensor,
+    key: _torch.Tensor,
+    value: _torch.Tensor,
+    attn_mask: Optional[_torch.Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    softcap: Optional[float],
+    sinks: Optional[_torch.Tensor] = None,
+    seed: Optional[_torch.Tensor] = None,
+) -> List[_torch.Tensor]:
+    # The forward with gradients wanted: the result, then what the split backward reads (each
+    # flash op's output and log-sum-exp), or the result alone where there is no split.
+    _, split, args, _, out_dtype = _sdpa_grad_setup(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, seed)
+    with _torch.no_grad():
+        if split is None:
+            outs = [_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed)]
+        else:
+            found = split[0](*args)
+            outs = list(found) if isinstance(found, tuple) else [found]
+    return [outs[0].to(out_dtype).contiguous()] + [o.contiguous() for o in outs[1:]]
+
+
+@_sdpa_saving_op.register_fake
+def _sdpa_saving_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks=None, seed=None):  # type: ignore[no-untyped-def]
+    _, split, args, _, _ = _sdpa_grad_setup(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, seed)
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return [out] + ([] if split is None else _empty_results(split[0], args)[1:])
+
+
 @_torch.library.custom_op("attnc::sdpa_backward", mutates_args=())
 def _sdpa_backward_op(
     grad: _torch.Tensor,
@@ -54,30 +119,29 @@ def _sdpa_backward_op(
     scale: Optional[float],
     enable_gqa: bool,
     softcap: Optional[float],
-    sinks: Optional[_torch.Tensor] = None,
-    dropout_p: float = 0.0,
-    seed: Optional[_torch.Tensor] = None,
+    sinks: Optional[_torch.Tensor],
+    dropout_p: float,
+    seed: Optional[_torch.Tensor],
+    saved: List[_torch.Tensor],
 ) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor, _torch.Tensor]:
-    # A custom op runs below autograd: the derived program is called directly. A float mask is
-    # taken whole (no broadcast axis folded away), so that its gradient is per element. Dropout
-    # draws the forward's weights again from its seed.
-    float_mask = attn_mask is not None and attn_mask.is_floating_point()
-    mask = attn_mask.contiguous() if float_mask and attn_mask is not None else attn_mask
-    # (Dense tensors, `in_place=False`: the program's layout is the caller's.)
-    prog, _, args, _, _ = _sdpa_prepare(query, key, value, mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, in_place=False)
-    if dropout_p > 0.0 and seed is not None:
-        args.append(seed.to(_torch.int32).reshape(()))
-    wrt = ["q", "k", "v"] + (["mask"] if float_mask else []) + (["sink"] if sinks is not None else [])
-    cot = grad.to(args[0].dtype)
-    outs = prog.grad(wrt)(*(a.detach() for a in args), cot)
+    # A custom op runs below autograd: the split backward on what `attnc::sdpa_saving` saved,
+    # or (nothing saved) the derived program, which runs the forward again. Dropout draws the
+    # forward's weights again from its seed.
+    prog, split, args, wrt, _ = _sdpa_grad_setup(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, seed)
+    cot = grad.to(args[0].dtype).contiguous()
+    if saved and split is not None:
+        outs = split[1](*args, cot, *saved)
+    else:
+        outs = prog.grad(wrt)(*args, cot)
     grads = dict(zip(wrt, (g.to(query.dtype) for g in outs[len(outs) - len(wrt) :])))
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask_grad = grads["mask"].reshape(attn_mask.shape) if float_mask and attn_mask is not None else query.new_empty(0)
     sink_grad = grads["sink"] if sinks is not None else query.new_empty(0)
     return grads["q"], grads["k"], grads["v"], mask_grad, sink_grad
 
 
 @_sdpa_backward_op.register_fake
-def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks=None, dropout_p=0.0, seed=None):  # type: ignore[no-untyped-def]
+def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, dropout_p, seed, saved):  # type: ignore[no-untyped-def]
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     mask_grad = attn_mask.new_empty(attn_mask.shape) if float_mask else query.new_empty(0)
     sink_grad = sinks.new_empty(sinks.shape) if sinks is not None else query.new_empty(0)
@@ -172,20 +236,26 @@ _flex_op.register_autograd(_flex_backward, setup_context=_flex_setup)
 
 def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap, sinks, seed = inputs
-    ctx.save_for_backward(query, key, value, attn_mask, sinks, seed)
+    # (`attnc::sdpa_saving`'s outputs past the result are what its backward reads.)
+    saved = list(output[1:]) if isinstance(output, (list, tuple)) else []
+    ctx.save_for_backward(query, key, value, attn_mask, sinks, seed, *saved)
     ctx.flags = (is_causal, scale, enable_gqa, softcap)
     ctx.dropout_p = dropout_p
+    if saved:
+        ctx.mark_non_differentiable(*saved)
 
 
-def _sdpa_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
-    query, key, value, attn_mask, sinks, seed = ctx.saved_tensors
-    dq, dk, dv, dm, ds = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags, sinks, ctx.dropout_p, seed)
+def _sdpa_backward(ctx: Any, grad: Any, *_saved_grads: Any) -> Tuple[Any, ...]:
+    query, key, value, attn_mask, sinks, seed, *saved = ctx.saved_tensors
+    grad = grad[0] if isinstance(grad, (list, tuple)) else grad
+    dq, dk, dv, dm, ds = _torch.ops.attnc.sdpa_backward(grad, query, key, value, attn_mask, *ctx.flags, sinks, ctx.dropout_p, seed, saved)
     float_mask = attn_mask is not None and attn_mask.is_floating_point()
     sink_grad = ds.to(sinks.dtype) if sinks is not None else None
     return dq, dk, dv, (dm if float_mask else None), None, None, None, None, None, sink_grad, None
 
 
 _sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
+_sdpa_saving_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup)
 
 
 # ---- torch.library: attnc::varlen and attnc::paged for torch.compile -------------------------

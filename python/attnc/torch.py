@@ -193,7 +193,12 @@ def _sdpa(
     if _torch.compiler.is_compiling():
         # Under torch.compile: the registered op (`attnc::sdpa`, with a fake implementation and
         # an autograd formula), so the graph has no break.
-        return _torch.ops.attnc.sdpa(query, key, value, attn_mask, p, bool(is_causal), scale, bool(enable_gqa), softcap, sinks, seed)
+        # With gradients, `attnc::sdpa_saving` also returns what the backward reads (the
+        # output and log-sum-exp), so that it does not run the forward again.
+        flags = (p, bool(is_causal), scale, bool(enable_gqa), softcap, sinks, seed)
+        if _torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask, sinks)):
+            return _torch.ops.attnc.sdpa_saving(query, key, value, attn_mask, *flags)[0]
+        return _torch.ops.attnc.sdpa(query, key, value, attn_mask, *flags)
     prog, differentiable, args, out_dtype, seq_major = _sdpa_prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap, sinks, p)
     if seed is not None and p > 0.0:
         args.append(seed.to(_torch.int32).reshape(()))

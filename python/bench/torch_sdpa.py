@@ -13,6 +13,11 @@ medians compared. Cases (f32, one thread unless --threads):
 Run from the repository root after ``pip install ./python`` into an environment with torch:
 
     python python/bench/torch_sdpa.py [--rounds 5] [--threads 1] [--cases overhead,decode] [--best]
+
+With ``--ops``: the prefill forward+backward through the ops ``torch.compile`` puts in the
+graph, run eagerly: ``attnc::sdpa`` (its backward runs the derived program, so the forward
+again) against ``attnc::sdpa_saving`` (the forward also returns the output and log-sum-exp the
+backward reads), beside eager ``attnc.torch.sdpa`` and torch's.
 """
 
 from __future__ import annotations
@@ -70,18 +75,42 @@ def cases():
         yield f"dropout 0.1 S={s} D=64 causal, fwd+bwd", train_dropout, True
 
 
+def ops(rounds: int, pick) -> None:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g).requires_grad_() for _ in range(3))
+    cot = torch.randn(1, 8, 1024, 64, generator=g)
+    flags = (0.0, True, None, False, None)
+    steps = {
+        "attnc::sdpa (backward reruns the forward)": lambda: torch.ops.attnc.sdpa(q, k, v, None, *flags).backward(cot),
+        "attnc::sdpa_saving": lambda: torch.ops.attnc.sdpa_saving(q, k, v, None, *flags)[0].backward(cot),
+        "attnc.torch.sdpa, eager": lambda: at.sdpa(q, k, v, is_causal=True).backward(cot),
+        "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(cot),
+    }
+    times: dict = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, f in steps.items():
+            times[name].append(per_call(f, 1.0))
+    print("| prefill S=1024 D=64 causal, fwd+bwd | ms |\n|---|---|")
+    for name, xs in times.items():
+        print(f"| {name} | {pick(xs) * 1e3:.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cases", default="", help="only the cases whose name starts with one of these (comma-separated)")
     ap.add_argument("--best", action="store_true", help="the best round of each instead of the median (on a shared machine, less of its neighbours' load)")
+    ap.add_argument("--ops", action="store_true", help="time the torch.compile ops' forward+backward instead")
     args = ap.parse_args()
     wanted = [c for c in args.cases.split(",") if c]
     pick = min if args.best else statistics.median
     torch.set_num_threads(args.threads)
     stat = "best" if args.best else "median"
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), {stat} of {args.rounds} rounds interleaved")
+    if args.ops:
+        ops(args.rounds, pick)
+        return
     print("| case | attnc | sdpa | sdpa/attnc |\n|---|---|---|---|")
     for name, make, grad in cases():
         if wanted and not any(name.startswith(w) for w in wanted):
