@@ -287,27 +287,15 @@ def test_the_registered_program_op_passes_torch_opcheck():
     torch.library.opcheck(torch.ops.attnc.program.default, (_program_key(prog), [q, k, v, torch.rand(2, requires_grad=True)]))
 
 
-def test_under_torch_compile_the_backward_reads_what_the_forward_saved():
+def test_under_torch_compile_the_backward_reads_what_the_forward_saved(graph_recorder):
     # With gradients, the forward is `attnc::program_saving` (the split forward: results plus
     # each flash op's output and log-sum-exp) and the backward `attnc::program_backward` on
     # them, so the backward graph holds no second forward.
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _):
-            from functorch.compile import make_boxed_func
-
-            graphs[name] = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-            return make_boxed_func(gm.forward)
-
-        return compiler
-
+    backend, graphs = graph_recorder
     prog = attnc.compile(EXAMPLES / "alibi.attn")
     slopes = torch.rand(2, requires_grad=True)
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 32, 8, seed=9))
-    f = torch.compile(lambda q, k, v: prog(q, k, v, slopes), fullgraph=True, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    f = torch.compile(lambda q, k, v: prog(q, k, v, slopes), fullgraph=True, backend=backend)
     got = f(q, k, v)
     grads = torch.autograd.grad(got.sum(), (q, k, v, slopes))
     want = prog(q, k, v, slopes)

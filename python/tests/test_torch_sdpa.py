@@ -209,25 +209,13 @@ def test_the_registered_op_passes_torch_opcheck():
     torch.library.opcheck(torch.ops.attnc.sdpa.default, (q, k, v, None, 0.0, True, None, False, None, torch.randn(H)))
 
 
-def test_the_saving_op_passes_opcheck_and_the_backward_graph_holds_no_forward():
-    from torch._dynamo.backends.common import aot_autograd
-    from functorch.compile import make_boxed_func
-
+def test_the_saving_op_passes_opcheck_and_the_backward_graph_holds_no_forward(graph_recorder):
     q, k, v = inputs(hk=2)
     mask = torch.randn(1, H, L, S, requires_grad=True)
     for m, causal in ((None, True), (mask, False)):
         torch.library.opcheck(torch.ops.attnc.sdpa_saving.default, (q, k, v, m, 0.0, causal, None, True, None))
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _):
-            graphs[name] = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-            return make_boxed_func(gm.forward)
-
-        return compiler
-
-    f = torch.compile(lambda q, k, v, m: at.sdpa(q, k, v, attn_mask=m, enable_gqa=True), fullgraph=True,
-                      backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    backend, graphs = graph_recorder
+    f = torch.compile(lambda q, k, v, m: at.sdpa(q, k, v, attn_mask=m, enable_gqa=True), fullgraph=True, backend=backend)
     got, want = f(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
     for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v, mask)), torch.autograd.grad(want.sum(), (q, k, v, mask))):
