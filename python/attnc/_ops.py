@@ -1,8 +1,10 @@
-"""The drop-ins of :mod:`attnc.torch` as ``torch.library`` ops (``attnc::sdpa``, ``attnc::flex``,
-``attnc::varlen``, ``attnc::paged``, and the backward ops of the differentiable ones), each with a
-fake implementation and an autograd formula. Under ``torch.compile`` the drop-ins call these,
-so a model that uses them compiles without a graph break; an op's implementation is the eager
-path (the backward ops call the derived programs directly, below autograd)."""
+"""attnc as ``torch.library`` ops, for ``torch.compile``: the drop-ins of :mod:`attnc.torch`
+(``attnc::sdpa`` and ``attnc::sdpa_saving``, ``attnc::varlen``, ``attnc::paged``) and any
+program (``attnc::program`` and ``attnc::program_saving``, which ``flex_attention``'s traced
+programs take too), with the backward ops of the differentiable ones, each with a fake
+implementation and an autograd formula. Under ``torch.compile`` the Python API calls these, so
+a model that uses it compiles without a graph break; an op's implementation is the eager path,
+and the backward ops run the split or derived programs directly, below autograd."""
 
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def _sdpa_backward_fake(grad, query, key, value, attn_mask, is_causal, scale, en
     return _torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value), mask_grad, sink_grad
 
 
-# ---- torch.library: attnc::flex for torch.compile --------------------------------------------
+# ---- flex_attention under torch.compile: its traced program, through attnc::program ------------
 
 # Per program text, threads and target: the compiled program.
 _FLEX_TEXTS: Dict[Tuple[str, int, str], Program] = {}
@@ -163,75 +165,6 @@ def _flex_program(text: str, cuda: bool) -> Program:
         _FLEX_TEXTS[key_] = _compile_entry(text, "flex", threads, target)
     return _FLEX_TEXTS[key_]
 
-
-def _flex_args(query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], wide: bool) -> List[_torch.Tensor]:
-    """The program's inputs, detached; bfloat16 widened to float32 on the CPU where ``wide``
-    (the derived programs take float32; a plain run widens as it reads)."""
-    args = [t.detach() for t in (query, key, value)]
-    if wide and query.dtype == _torch.bfloat16 and not query.is_cuda:
-        args = [a.float() for a in args]
-    return args + [c.detach() for c in captured]
-
-
-@_torch.library.custom_op("attnc::flex", mutates_args=())
-def _flex_op(
-    query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], program: str, return_lse: bool
-) -> Tuple[_torch.Tensor, _torch.Tensor]:
-    prog = _flex_program(program, query.is_cuda)
-    if return_lse:
-        split = prog.grad_split(["q"])
-        if split is None:
-            raise ArgumentError("return_lse=True: this score modification has no fused form that saves the log-sum-exp")
-        saved = split[0](*(a.contiguous() for a in _flex_args(query, key, value, captured, True)))
-        out, lse = saved[0], saved[-1].reshape(query.shape[:3])
-    else:
-        with _torch.no_grad():
-            out, lse = _run_plain(prog, _flex_args(query, key, value, captured, False)), query.new_empty(0, dtype=_torch.float32)
-    return out.to(query.dtype).contiguous(), lse
-
-
-@_flex_op.register_fake
-def _flex_fake(query, key, value, captured, program, return_lse):  # type: ignore[no-untyped-def]
-    lse = query.new_empty(query.shape[:3] if return_lse else (0,), dtype=_torch.float32)
-    return query.new_empty((*query.shape[:-1], value.shape[-1])), lse
-
-
-@_torch.library.custom_op("attnc::flex_backward", mutates_args=())
-def _flex_backward_op(
-    grad: _torch.Tensor, query: _torch.Tensor, key: _torch.Tensor, value: _torch.Tensor, captured: List[_torch.Tensor], program: str
-) -> List[_torch.Tensor]:
-    # Below autograd: the derived program is called directly, for q, k, v and every float
-    # captured tensor (the others get an empty gradient, dropped by the autograd formula).
-    args = _flex_args(query, key, value, captured, True)
-    floats = [f"x{n}" for n, c in enumerate(captured) if c.is_floating_point()]
-    wrt = ["q", "k", "v"] + floats
-    outs = _flex_program(program, query.is_cuda).grad(wrt)(*args, grad.to(args[0].dtype).contiguous())
-    found = dict(zip(wrt, outs[len(outs) - len(wrt) :]))
-    dq, dk, dv = (found[n].to(t.dtype) for n, t in (("q", query), ("k", key), ("v", value)))
-    return [dq, dk, dv] + [found[f"x{n}"] if c.is_floating_point() else c.new_empty(0) for n, c in enumerate(captured)]
-
-
-@_flex_backward_op.register_fake
-def _flex_backward_fake(grad, query, key, value, captured, program):  # type: ignore[no-untyped-def]
-    rest = [c.new_empty(c.shape) if c.is_floating_point() else c.new_empty(0) for c in captured]
-    return [_torch.empty_like(query), _torch.empty_like(key), _torch.empty_like(value)] + rest
-
-
-def _flex_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
-    query, key, value, captured, program, _ = inputs
-    ctx.save_for_backward(query, key, value, *captured)
-    ctx.program = program
-    ctx.mark_non_differentiable(output[1])
-
-
-def _flex_backward(ctx: Any, grad: _torch.Tensor, _lse_grad: Any) -> Tuple[Any, ...]:
-    query, key, value, *captured = ctx.saved_tensors
-    grads = _torch.ops.attnc.flex_backward(grad, query, key, value, captured, ctx.program)
-    rest = [g if c.is_floating_point() else None for g, c in zip(grads[3:], captured)]
-    return grads[0], grads[1], grads[2], rest, None, None
-
-
-_flex_op.register_autograd(_flex_backward, setup_context=_flex_setup)
 
 
 def _sdpa_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
@@ -355,14 +288,18 @@ def call_program(prog: Program, args: Tuple[Any, ...], named: Dict[str, Any]) ->
     return call_key(key, inputs)
 
 
-def call_key(key: str, inputs: List[_torch.Tensor]) -> Any:
+def call_key(key: str, inputs: List[_torch.Tensor], saving: bool = False) -> Any:
     """The program registered under ``key`` on ``inputs`` (in parameter order), as an op: with
     gradients wanted and a split form, ``attnc::program_saving``, whose forward also returns
     what the backward reads (each flash op's result and log-sum-exp), so that the backward does
-    not run the forward again; else ``attnc::program``."""
+    not run the forward again; else ``attnc::program``. ``saving=True`` always takes the split
+    forward and returns all it returns (``flex_attention``'s ``return_lse`` reads the last)."""
     results = _result_count(key)
-    if _torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and _has_split(key):
-        outs = _torch.ops.attnc.program_saving(key, inputs)[:results]
+    if saving or (_torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and _has_split(key)):
+        outs = _torch.ops.attnc.program_saving(key, inputs)
+        if saving:
+            return outs
+        outs = outs[:results]
     else:
         outs = _torch.ops.attnc.program(key, inputs)
     return outs[0] if results == 1 else tuple(outs)

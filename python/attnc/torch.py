@@ -633,19 +633,23 @@ def flex_attention(
     kinds = tuple((c.dtype, c.dim()) for c in captured)
     scale_ = None if scale is None else float(scale)
     if _torch.compiler.is_compiling():
-        # Under torch.compile: the registered op (`attnc::flex`, with a fake implementation and
-        # an autograd formula) on the traced program's text, so the graph has no break; the
-        # captured tensors are its inputs.
-        text = _flex_source(dtype, gqa, scale_, mod, mask, kinds)
-        if return_lse:
-            out, lse = _torch.ops.attnc.flex(query, key, value, captured, text, True)
-            return out, lse
-        # The program's own ops: with gradients, a forward that saves the output and
-        # log-sum-exp for the backward.
-        from ._ops import _flex_key, call_key
+        # Under torch.compile: the traced program (compiled while tracing) through its ops,
+        # `attnc::program` or, with gradients or `return_lse`, `attnc::program_saving`, whose
+        # forward also returns the output and log-sum-exp; the captured tensors are inputs, so
+        # the graph has no break.
+        from ._ops import _flex_key, _has_split, call_key
 
-        out = call_key(_flex_key(text, cuda), [query, key, value, *captured])
-        return out.to(out_dtype) if out.dtype != out_dtype else out
+        name = _flex_key(_flex_source(dtype, gqa, scale_, mod, mask, kinds), cuda)
+        inputs = [query, key, value, *captured]
+        if return_lse:
+            if not _has_split(name):
+                raise ArgumentError("return_lse=True: this score modification has no fused form that saves the log-sum-exp")
+            outs = call_key(name, inputs, saving=True)
+            out, lse = outs[0], outs[-1].reshape(query.shape[:3])
+        else:
+            out = call_key(name, inputs)
+        out = out.to(out_dtype) if out.dtype != out_dtype else out
+        return (out, lse) if return_lse else out
     threads = _torch.get_num_threads()
     target = "cuda" if cuda else "cpu"
     key_ = (dtype, gqa, scale_, None if mod is None else mod.text, None if mask is None else mask.text, kinds, threads, target)

@@ -11,9 +11,10 @@ the ``.attn`` program, optimising, scheduling, Cranelift), forward alone and for
 (the derived backward program too); then the first call at S=512, which must compile nothing.
 
 With ``--ops``, the forward+backward of the ops ``torch.compile`` puts in the graph, run
-eagerly (ALiBi, causal): ``attnc::flex``, whose backward runs the derived program and so the
-forward again, against ``attnc::program_saving`` + ``attnc::program_backward``, whose forward
-saves the output and log-sum-exp for the backward, beside the eager ``flex_attention``.
+eagerly (ALiBi, causal): ``attnc::program``, whose backward runs the derived program and so the
+forward again (what ``flex_attention`` compiled to before), against ``attnc::program_saving`` +
+``attnc::program_backward``, whose forward saves the output and log-sum-exp for the backward,
+beside the eager ``flex_attention``.
 
     python python/bench/flex.py [--rounds 3] [--threads 1] [--seqs 1024,2048] [--compile] [--ops]
 """
@@ -137,14 +138,14 @@ def compiled_ops(rounds: int, seqs: list) -> None:
     key = _flex_key(text, False)
     bm = at.create_block_mask(causal, None, None, 16, 16)
     print(f"# torch {torch.__version__}, 1 thread, B=1 H={H} D=64 f32, ALiBi causal, forward+backward, {rounds} rounds interleaved, ms")
-    print("| S | attnc::flex (backward reruns the forward) | program_saving + program_backward | eager flex_attention |\n|---|---|---|---|")
+    print("| S | program + program_backward (backward reruns the forward) | program_saving + program_backward | eager flex_attention |\n|---|---|---|---|")
     for s in seqs:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, H, s, 64, generator=g).requires_grad_() for _ in range(3))
         slopes = SLOPES.clone().requires_grad_()
         cot = torch.randn(1, H, s, 64, generator=g)
         cases = {
-            "flex": lambda: torch.ops.attnc.flex(q, k, v, [slopes], text, False)[0].backward(cot),
+            "flex": lambda: torch.ops.attnc.program(key, [q, k, v, slopes])[0].backward(cot),
             "saving": lambda: call_key(key, [q, k, v, slopes]).backward(cot),
             "eager": lambda: at.flex_attention(q, k, v, score_mod=lambda sc, b, h, qi, ki: sc + slopes[h] * (ki - qi), block_mask=bm).backward(cot),
         }

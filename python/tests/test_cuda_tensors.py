@@ -145,7 +145,7 @@ def test_varlen_and_paged_attention_on_cuda_tensors_match_the_cpu():
 
 @gpu
 def test_torch_compile_runs_the_ops_on_cuda_tensors():
-    # The registered ops (attnc::flex, attnc::program) on CUDA tensors: as eager, no graph break.
+    # The registered ops (attnc::program, attnc::program_saving) on CUDA tensors: as eager, no graph break.
     import attnc.torch as at
 
     g = torch.Generator(device="cuda").manual_seed(3)

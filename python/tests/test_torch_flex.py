@@ -152,7 +152,7 @@ def test_examples_lse_merge_joins_two_partial_attentions_exactly():
 
 @pytest.mark.parametrize("name", ["alibi", "soft-capping", "document mask", "relative position bias", "chunked (floor division)"])
 def test_torch_compile_traces_flex_attention_without_a_graph_break(name):
-    # The traced program runs as the registered op `attnc::flex` (fullgraph: a break raises),
+    # The traced program runs as the registered ops `attnc::program(_saving)` (fullgraph: a break raises),
     # with the captured tensors as its inputs: the same values and gradients as eager.
     score_mod, mask_mod, captured = CASES[name]
 
@@ -185,13 +185,14 @@ def test_torch_compile_traces_return_lse():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
 
 
-def test_the_registered_flex_op_passes_torch_opcheck():
+def test_the_flex_programs_op_passes_torch_opcheck():
+    from attnc._ops import _flex_key
     from attnc._trace import Tracer, trace
 
     tracer = Tracer()
     mod = trace(CASES["alibi"][0], ("scores", "b", "h", "i", "j"), ("f", "i", "i", "i", "i"), tracer, "score_mod")
     slopes = SLOPES.detach().requires_grad_()
-    text = at._flex_source("f32", False, None, mod, None, ((torch.float32, 1),))
+    key = _flex_key(at._flex_source("f32", False, None, mod, None, ((torch.float32, 1),)), False)
     q, k, v = (torch.randn(B, H, L, E, requires_grad=True) for _ in range(3))
-    for lse in (False, True):
-        torch.library.opcheck(torch.ops.attnc.flex.default, (q, k, v, [slopes], text, lse))
+    for op in (torch.ops.attnc.program.default, torch.ops.attnc.program_saving.default):
+        torch.library.opcheck(op, (key, [q, k, v, slopes]))
