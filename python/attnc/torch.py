@@ -292,7 +292,9 @@ def _sdpa_prepare(
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise DTypeError(f"query, key and value must have one dtype: got {query.dtype}, {key.dtype}, {value.dtype}")
     out_dtype = query.dtype
-    args, dtype = _attention_args([query, key, value], "attnc.torch.sdpa", cuda)
+    # (float32 and float16 looked up directly: this runs on every call.)
+    dtype = _DTYPE_NAMES.get(out_dtype)
+    args, dtype = ([query, key, value], dtype) if dtype is not None else _attention_args([query, key, value], "attnc.torch.sdpa", cuda)
     gqa = bool(enable_gqa) and query.dim() >= 3 and query.shape[-3] != key.shape[-3]
     mask_key: Optional[Tuple[Any, ...]] = None
     if attn_mask is not None:
@@ -325,7 +327,7 @@ def _sdpa_prepare(
     target = "cuda" if cuda else "cpu"
     # Folded groups: one work item of the CPU backward per K/V head, so with gradients only
     # where there are at least as many K/V heads (times the batch) as threads.
-    grad = _torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    grad = _torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     fold = _foldable(gqa, bool(is_causal), mask_key, sinks is not None, drop) and (cuda or not grad or key[..., 0, 0].numel() >= threads)
     # Transposed views of sequence-major memory (transformers' `[B, S, H, D]` projections seen
     # as `[B, H, S, D]`) are read in place, and the result written sequence-major when the
@@ -337,13 +339,15 @@ def _sdpa_prepare(
         seq_major = (not fold and _seq_major(query), _seq_major(key), _seq_major(value))
         args[:3] = [t.transpose(-3, -2) if seq else t for t, seq in zip(args[:3], seq_major)]
     key_ = (query.dim(), dtype, mask_key, bool(is_causal), gqa, None if scale is None else float(scale), cap, threads, sinks is not None, drop, target, fold, seq_major)
-    found = _cached(
-        _SDPA_PROGRAMS,
-        key_,
-        lambda: _compile(
-            _sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop, fold, seq_major), threads, target
-        ),
-    )
+    found = _SDPA_PROGRAMS.get(key_)
+    if found is None:
+        found = _cached(
+            _SDPA_PROGRAMS,
+            key_,
+            lambda: _compile(
+                _sdpa_source(query.dim(), dtype, mask_key, bool(is_causal), gqa, scale, cap, sinks is not None, drop, fold, seq_major), threads, target
+            ),
+        )
     return found[0], found[1], args, out_dtype, seq_major
 
 
