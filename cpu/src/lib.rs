@@ -561,24 +561,7 @@ impl CpuProgram {
     ) -> Result<Vec<Option<Tensor>>, CpuError> {
         let (owned, env) = self.bind(inputs, dims)?;
         let results = self.graph.outputs();
-        if outputs.len() != results.len() {
-            return Err(CpuError::OutputCount { expected: results.len(), given: outputs.len() });
-        }
-        // Each result's type at these sizes, and the buffers given for them checked against it.
-        let mut shapes = Vec::with_capacity(results.len());
-        for ((name, v), given) in results.iter().zip(outputs.iter()) {
-            let ty = &self.graph.node(*v).ty;
-            let shape: Vec<usize> = ty
-                .shape
-                .iter()
-                .map(|d| env_eval(d, &env))
-                .collect::<Option<Vec<usize>>>()
-                .ok_or_else(|| CpuError::Internal(format!("output shape {ty} does not evaluate")))?;
-            if let Some(out) = given {
-                out.check(name, ty.dtype, &shape)?;
-            }
-            shapes.push(shape);
-        }
+        let shapes = self.result_shapes(&env, outputs)?;
         let mut guard = self.state.lock().map_err(|_| CpuError::Internal("a previous run panicked".into()))?;
         let state = self.state(&mut guard, &env, inputs)?;
         let plan = &self.module.schedule;
@@ -645,20 +628,44 @@ impl CpuProgram {
         drop(scratch);
         drop(guard);
 
-        let mut result = Vec::with_capacity(outs.len());
-        for (((_, v), data), shape) in results.iter().zip(outs).zip(shapes) {
-            let Some(data) = data else {
-                result.push(None);
-                continue;
-            };
-            let ty = &self.graph.node(*v).ty;
-            let data = match (ty.dtype, data) {
-                (DType::Bool, TensorData::I32(v)) => TensorData::Bool(v.into_iter().map(|x| x != 0).collect()),
-                (_, d) => d,
-            };
-            result.push(Some(Tensor::new(ty.dtype, shape, data).map_err(|e| CpuError::Internal(e.to_string()))?));
+        results
+            .iter()
+            .zip(outs)
+            .zip(shapes)
+            .map(|(((_, v), data), shape)| {
+                let Some(data) = data else { return Ok(None) };
+                let dtype = self.graph.node(*v).ty.dtype;
+                let data = match (dtype, data) {
+                    (DType::Bool, TensorData::I32(v)) => TensorData::Bool(v.into_iter().map(|x| x != 0).collect()),
+                    (_, d) => d,
+                };
+                Tensor::new(dtype, shape, data).map(Some).map_err(|e| CpuError::Internal(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Each result's shape at these sizes, with the buffers given for them (one entry per
+    /// result) checked against it.
+    fn result_shapes(&self, env: &HashMap<String, i64>, outputs: &[Option<OutRef<'_>>]) -> Result<Vec<Vec<usize>>, CpuError> {
+        let results = self.graph.outputs();
+        if outputs.len() != results.len() {
+            return Err(CpuError::OutputCount { expected: results.len(), given: outputs.len() });
         }
-        Ok(result)
+        let mut shapes = Vec::with_capacity(results.len());
+        for ((name, v), given) in results.iter().zip(outputs) {
+            let ty = &self.graph.node(*v).ty;
+            let shape: Vec<usize> = ty
+                .shape
+                .iter()
+                .map(|d| env_eval(d, env))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| CpuError::Internal(format!("output shape {ty} does not evaluate")))?;
+            if let Some(out) = given {
+                out.check(name, ty.dtype, &shape)?;
+            }
+            shapes.push(shape);
+        }
+        Ok(shapes)
     }
 }
 
