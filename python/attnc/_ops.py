@@ -1,5 +1,6 @@
 """attnc as ``torch.library`` ops, for ``torch.compile``: the drop-ins of :mod:`attnc.torch`
-(``attnc::sdpa`` and ``attnc::sdpa_saving``, ``attnc::varlen``, ``attnc::paged``) and any
+(``attnc::sdpa`` and ``attnc::sdpa_saving``, ``attnc::varlen`` and ``attnc::varlen_saving``,
+``attnc::paged``) and any
 program (``attnc::program`` and ``attnc::program_saving``, which ``flex_attention``'s traced
 programs take too), with the backward ops of the differentiable ones, each with a fake
 implementation and an autograd formula. Under ``torch.compile`` the Python API calls these, so
@@ -14,7 +15,7 @@ import torch as _torch
 
 from . import Program
 from ._errors import ArgumentError
-from .torch import _compile_entry, _run_plain, _sdpa, _sdpa_prepare, _varlen_prepare, paged_attention, varlen_attention
+from .torch import _compile_entry, _sdpa, _sdpa_prepare, _varlen_prepare, _varlen_program, paged_attention, varlen_attention
 
 # ---- torch.library: attnc::sdpa for torch.compile --------------------------------------------
 
@@ -207,6 +208,54 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):  # type: i
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
+# Per varlen program: its split forward/backward over q, k and v (None: none).
+_VARLEN_SPLITS: Dict[Program, Optional[Tuple[Program, Program]]] = {}
+
+
+def _varlen_split(prog: Program) -> Optional[Tuple[Program, Program]]:
+    if prog not in _VARLEN_SPLITS:
+        _VARLEN_SPLITS[prog] = prog.grad_split(["q", "k", "v"])
+    return _VARLEN_SPLITS[prog]
+
+
+def _varlen_grad_setup(
+    q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, cu_seqlens_q: _torch.Tensor, cu_seqlens_k: _torch.Tensor, causal: bool, scale: Optional[float]
+) -> Tuple[Program, Optional[Tuple[Program, Program]], List[_torch.Tensor]]:
+    """A varlen call with gradients as its forward and backward ops run it: the program, its
+    split, and its inputs (bfloat16 widened on the CPU, as the eager autograd function reads it)."""
+    prog, _, args = _varlen_prepare(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, causal, scale)
+    args = [a.float() if a.dtype == _torch.bfloat16 and not a.is_cuda else a for a in args]
+    return prog, _varlen_split(prog), args
+
+
+@_torch.library.custom_op("attnc::varlen_saving", mutates_args=())
+def _varlen_saving_op(
+    q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, cu_seqlens_q: _torch.Tensor, cu_seqlens_k: _torch.Tensor, causal: bool, scale: Optional[float]
+) -> List[_torch.Tensor]:
+    # The forward with gradients wanted: the result, then what the split backward reads (the
+    # flash op's output and log-sum-exp), or the result alone where there is no split.
+    _, split, args = _varlen_grad_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+    with _torch.no_grad():
+        if split is None:
+            outs = [varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, softmax_scale=scale)]
+        else:
+            found = split[0](*args)
+            outs = list(found) if isinstance(found, tuple) else [found]
+    return [outs[0].to(q.dtype).contiguous()] + [o.contiguous() for o in outs[1:]]
+
+
+@_varlen_saving_op.register_fake
+def _varlen_saving_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):  # type: ignore[no-untyped-def]
+    # The sequence tables' values are not known here, only their lengths (one entry per token).
+    prog, _ = _varlen_program(q, causal, scale)
+    split = _varlen_split(prog)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if split is None:
+        return [out]
+    tables = [q.new_empty((n,), dtype=_torch.int32) for n in (q.shape[0], k.shape[0], q.shape[0], k.shape[0])]
+    return [out] + _empty_results(split[0], [q, k, v, *tables])[1:]
+
+
 @_torch.library.custom_op("attnc::varlen_backward", mutates_args=())
 def _varlen_backward_op(
     grad: _torch.Tensor,
@@ -217,32 +266,43 @@ def _varlen_backward_op(
     cu_seqlens_k: _torch.Tensor,
     causal: bool,
     scale: Optional[float],
+    saved: List[_torch.Tensor],
 ) -> Tuple[_torch.Tensor, _torch.Tensor, _torch.Tensor]:
-    # Below autograd: the derived program is called directly.
-    prog, _, args = _varlen_prepare(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, causal, scale)
-    args = [a.float() if a.dtype == _torch.bfloat16 and not a.is_cuda else a for a in args]
-    outs = prog.grad(["q", "k", "v"])(*args, grad.to(args[0].dtype).contiguous())
+    # Below autograd: the split backward on what `attnc::varlen_saving` saved, or (nothing
+    # saved) the derived program, which runs the forward again.
+    prog, split, args = _varlen_grad_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale)
+    cot = grad.to(args[0].dtype).contiguous()
+    if saved and split is not None:
+        outs = split[1](*args, cot, *saved)
+    else:
+        outs = prog.grad(["q", "k", "v"])(*args, cot)
     return outs[-3].to(q.dtype), outs[-2].to(k.dtype), outs[-1].to(v.dtype)
 
 
 @_varlen_backward_op.register_fake
-def _varlen_backward_fake(grad, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):  # type: ignore[no-untyped-def]
+def _varlen_backward_fake(grad, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, saved):  # type: ignore[no-untyped-def]
     return _torch.empty_like(q), _torch.empty_like(k), _torch.empty_like(v)
 
 
 def _varlen_setup(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
     q, k, v, cu_q, cu_k, causal, scale = inputs
-    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+    # (`attnc::varlen_saving`'s outputs past the result are what its backward reads.)
+    saved = list(output[1:]) if isinstance(output, (list, tuple)) else []
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *saved)
     ctx.flags = (causal, scale)
+    if saved:
+        ctx.mark_non_differentiable(*saved)
 
 
-def _varlen_backward(ctx: Any, grad: _torch.Tensor) -> Tuple[Any, ...]:
-    q, k, v, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = _torch.ops.attnc.varlen_backward(grad, q, k, v, cu_q, cu_k, *ctx.flags)
+def _varlen_backward(ctx: Any, grad: Any, *_saved_grads: Any) -> Tuple[Any, ...]:
+    q, k, v, cu_q, cu_k, *saved = ctx.saved_tensors
+    grad = grad[0] if isinstance(grad, (list, tuple)) else grad
+    dq, dk, dv = _torch.ops.attnc.varlen_backward(grad, q, k, v, cu_q, cu_k, *ctx.flags, saved)
     return dq, dk, dv, None, None, None, None
 
 
 _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup)
+_varlen_saving_op.register_autograd(_varlen_backward, setup_context=_varlen_setup)
 
 
 @_torch.library.custom_op("attnc::paged", mutates_args=())

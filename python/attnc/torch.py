@@ -779,8 +779,12 @@ def varlen_attention(
     if _torch.compiler.is_compiling():
         # Under torch.compile: the registered op (`attnc::varlen`), so the graph has no break
         # (the sequence tables are read where it runs).
+        # With gradients, `attnc::varlen_saving` also returns what the backward reads.
         cu_q, cu_k = _torch.as_tensor(cu_seqlens_q), _torch.as_tensor(cu_seqlens_k)
-        return _torch.ops.attnc.varlen(q, k, v, cu_q, cu_k, bool(causal), None if softmax_scale is None else float(softmax_scale))
+        flags = (bool(causal), None if softmax_scale is None else float(softmax_scale))
+        if _torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            return _torch.ops.attnc.varlen_saving(q, k, v, cu_q, cu_k, *flags)[0]
+        return _torch.ops.attnc.varlen(q, k, v, cu_q, cu_k, *flags)
     prog, differentiable, args = _varlen_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)
     return _run_either(prog, differentiable, args, q.dtype)
 
@@ -824,17 +828,23 @@ def _varlen_prepare(
     # Positions in each sequence; the queries' shifted so that the last sits at the last key.
     pos_k = _torch.arange(k.shape[0]) - cu[1][seq_k]
     pos_q = _torch.arange(q.shape[0]) - cu[0][seq_q] + (lens_k - lens_q)[seq_q]
-    args, dtype = _attention_args([q, k, v], "attnc.torch.varlen_attention", cuda)
+    args, _ = _attention_args([q, k, v], "attnc.torch.varlen_attention", cuda)
     # The sequence tables stay on the host (a CUDA call passes them as host copies too).
     args += [t.to(_torch.int32) for t in (seq_q, seq_k, pos_q, pos_k)]
+    prog, differentiable = _varlen_program(q, causal, softmax_scale)
+    return prog, differentiable, args
+
+
+def _varlen_program(q: _torch.Tensor, causal: bool, softmax_scale: Optional[float]) -> Tuple[Program, Callable[..., Any]]:
+    """The :func:`varlen_attention` program for ``q``'s dtype and device (compiled on first use)
+    and its autograd function: what a call's shapes and flags decide, not its sequence tables."""
+    cuda = q.is_cuda
+    _, dtype = _attention_args([q], "attnc.torch.varlen_attention", cuda)
     threads = _torch.get_num_threads()
     scale = None if softmax_scale is None else float(softmax_scale)
     target = "cuda" if cuda else "cpu"
     key_ = (dtype, bool(causal), scale, threads, target)
-    found = _cached(
-        _VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads, target)
-    )
-    return found[0], found[1], args
+    return _cached(_VARLEN_PROGRAMS, key_, lambda: _compile_entry(_varlen_source(dtype, bool(causal), scale), "varlen", threads, target))
 
 
 def _varlen_source(dtype: str, causal: bool, scale: Optional[float]) -> str:

@@ -17,7 +17,8 @@ Run from the repository root after ``pip install ./python`` into an environment 
 With ``--ops``: the prefill forward+backward through the ops ``torch.compile`` puts in the
 graph, run eagerly: ``attnc::sdpa`` (its backward runs the derived program, so the forward
 again) against ``attnc::sdpa_saving`` (the forward also returns the output and log-sum-exp the
-backward reads), beside eager ``attnc.torch.sdpa`` and torch's.
+backward reads), beside eager ``attnc.torch.sdpa`` and torch's; then the same for a packed
+ragged batch through ``attnc::varlen`` and ``attnc::varlen_saving``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,22 @@ def ops(rounds: int, pick) -> None:  # type: ignore[no-untyped-def]
         for name, f in steps.items():
             times[name].append(per_call(f, 1.0))
     print("| prefill S=1024 D=64 causal, fwd+bwd | ms |\n|---|---|")
+    for name, xs in times.items():
+        print(f"| {name} | {pick(xs) * 1e3:.1f} |")
+    # A packed ragged batch (sequences of 256, 768 and 1024 tokens), H=8 D=64, causal.
+    cu = torch.tensor([0, 256, 1024, 2048], dtype=torch.int32)
+    pq, pk, pv = (torch.randn(2048, 8, 64, generator=g).requires_grad_() for _ in range(3))
+    pcot = torch.randn(2048, 8, 64, generator=g)
+    steps = {
+        "attnc::varlen (backward reruns the forward)": lambda: torch.ops.attnc.varlen(pq, pk, pv, cu, cu, True, None).backward(pcot),
+        "attnc::varlen_saving": lambda: torch.ops.attnc.varlen_saving(pq, pk, pv, cu, cu, True, None)[0].backward(pcot),
+        "attnc.torch.varlen_attention, eager": lambda: at.varlen_attention(pq, pk, pv, cu, cu, causal=True).backward(pcot),
+    }
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, f in steps.items():
+            times[name].append(per_call(f, 1.0))
+    print("\n| varlen 256+768+1024 tokens H=8 D=64 causal, fwd+bwd | ms |\n|---|---|")
     for name, xs in times.items():
         print(f"| {name} | {pick(xs) * 1e3:.1f} |")
 

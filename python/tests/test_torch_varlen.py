@@ -93,3 +93,32 @@ def test_torch_compile_traces_it_without_a_graph_break():
     other = torch.tensor([0, 20, 43], dtype=torch.int32), torch.tensor([0, 65, 130], dtype=torch.int32)
     torch.testing.assert_close(compiled(q, k, v, *other), attend(q, k, v, *other), rtol=1e-5, atol=2e-6)
     torch.library.opcheck(torch.ops.attnc.varlen.default, (q, k, v, cu_q, cu_k, True, None))
+
+
+def test_the_compiled_backward_reads_what_the_forward_saved(graph_recorder):
+    # With gradients, the compiled forward is `attnc::varlen_saving` (the result, the flash
+    # output and its log-sum-exp); the backward graph reads them and runs no forward again.
+    # Values and gradients as eager, in float32 and bfloat16.
+    backend, graphs = graph_recorder
+    g = torch.Generator().manual_seed(11)
+    cu_q, cu_k = torch.tensor([0, 5, 37], dtype=torch.int32), torch.tensor([0, 9, 70], dtype=torch.int32)
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2)):
+        q = torch.randn(37, 4, 16, generator=g).to(dtype).requires_grad_()
+        k, v = (torch.randn(70, 2, 16, generator=g).to(dtype).requires_grad_() for _ in range(2))
+
+        def attend(q, k, v, cu_q, cu_k):
+            return at.varlen_attention(q, k, v, cu_q, cu_k, causal=True)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(attend, fullgraph=True, backend=backend)
+        got, want = compiled(q, k, v, cu_q, cu_k), attend(q, k, v, cu_q, cu_k)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        cot = torch.randn(got.shape, generator=g).to(dtype)
+        for a, b in zip(torch.autograd.grad(got, (q, k, v), cot), torch.autograd.grad(want, (q, k, v), cot)):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+        assert any("varlen_saving" in t for t in graphs["fw"]), graphs["fw"]
+        assert any("varlen_backward" in t for t in graphs["bw"]), graphs["bw"]
+        assert not any("varlen_saving" in t or t.endswith("attnc.varlen.default") for t in graphs["bw"]), graphs["bw"]
+    saved = torch.ops.attnc.varlen_saving(q.float(), k.float(), v.float(), cu_q, cu_k, True, None)
+    assert [tuple(t.shape) for t in saved] == [(37, 4, 16), (2, 2, 37, 16), (2, 2, 37)]
+    torch.library.opcheck(torch.ops.attnc.varlen_saving.default, (q.float(), k.float(), v.float(), cu_q, cu_k, True, None))
