@@ -218,11 +218,13 @@ class Program:
         torch = sys.modules.get("torch")
         if torch is not None and torch.compiler.is_compiling():
             # Under torch.compile: the registered op `attnc::program`, so the graph has no break.
-            if dims is not None or outs is not None:
-                raise ArgumentError("dims= and out= are not supported under torch.compile: call the program outside the compiled region")
+            if dims is not None:
+                raise ArgumentError("dims= is not supported under torch.compile: call the program outside the compiled region")
             from ._ops import call_program  # (importing attnc.torch, which registers the ops)
 
-            return call_program(self, args, named)
+            if outs is None:
+                return call_program(self, args, named)
+            return self._compiled_into(torch, call_program(self, args, named), args, named, outs)
         if outs is not None and torch is not None:
             tensors = [a for a in (*args, *named.values(), *outs) if isinstance(a, torch.Tensor)]
             if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -272,6 +274,29 @@ class Program:
         if outs is not None:
             results = [o if r is None else r for o, r in zip(outs, results)]
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _compiled_into(self, torch: Any, found: Any, args: Tuple[Any, ...], named: Dict[str, Any], outs: Tuple[Any, ...]) -> Any:
+        """``out=`` under ``torch.compile``: the results copied into the given tensors (the
+        graph's own buffers are the compiler's to plan), with the eager path's checks: no
+        gradients, tensors of the result's shape and a dtype that holds it."""
+        tensors = [a for a in (*args, *named.values(), *outs) if isinstance(a, torch.Tensor)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            raise ArgumentError("out= records no gradients (as torch's out= arguments): call without out=, or under torch.no_grad(), or detach the tensors")
+        results = found if isinstance(found, tuple) else (found,)
+        written = []
+        for o, r, (name, dtype, _) in zip(outs, results, self.outputs):
+            if o is None:
+                written.append(r)
+                continue
+            if not isinstance(o, torch.Tensor):
+                raise ArgumentError(f"out= for `{name}` under torch.compile takes a torch tensor, not {type(o).__name__}")
+            if tuple(o.shape) != tuple(r.shape):
+                raise ArgumentError(f"out= for `{name}` has shape {tuple(o.shape)}, but the result is {tuple(r.shape)}")
+            holds = o.dtype.is_floating_point if dtype in ("f32", "f16", "bf16") else o.dtype == r.dtype
+            if not holds:
+                raise ArgumentError(f"out= for `{name}` is {o.dtype}, which does not hold the result's {r.dtype}")
+            written.append(o.copy_(r))
+        return written[0] if len(written) == 1 else tuple(written)
 
     def emit(self, stage: str) -> str:
         """The text of a pipeline stage for this entry point: ``"ast"`` (the parsed program),

@@ -275,8 +275,27 @@ def test_torch_compile_traces_programs_of_several_results_and_compound_dims():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         for a, b in zip(torch.autograd.grad(got, (dec, enc, x)), torch.autograd.grad(want, (dec, enc, x))):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    with pytest.raises(Exception, match="dims= and out= are not supported under torch.compile"):
-        torch.compile(lambda x: split.run(x, out=(torch.empty(3, 3), None)), fullgraph=True, backend="aot_eager")(torch.randn(3, 6))
+    # out= under torch.compile: the results copied into the caller's tensors, as eager writes them.
+    x = torch.randn(4, 6, generator=g)
+    a_out, n_out = torch.full((4, 3), float("nan"), dtype=torch.float64), torch.empty(4, dtype=torch.int32)
+    into = torch.compile(lambda x, a, n: split.run(x, out=(a, n)), fullgraph=True, backend="aot_eager")
+    got = into(x, a_out, n_out)
+    assert got[0] is a_out and got[1] is n_out
+    want = split(x)
+    torch.testing.assert_close(a_out, want[0].double())
+    assert torch.equal(n_out, want[1])
+    only_a = torch.compile(lambda x, a: split.run(x, out=(a, None)), fullgraph=True, backend="aot_eager")
+    a_out.fill_(float("nan"))
+    got = only_a(x, a_out)
+    assert got[0] is a_out and torch.equal(got[1], want[1])
+    torch.testing.assert_close(a_out, want[0].double())
+    for bad, match in (((torch.empty(3, 3), None), "shape"), ((None, torch.empty(4)), "does not hold")):
+        with pytest.raises(Exception, match=match):
+            torch.compile(lambda x: split.run(x, out=bad), fullgraph=True, backend="aot_eager")(x)
+    with pytest.raises(Exception, match="records no gradients"):
+        torch.compile(lambda x: split.run(x, out=(torch.empty(4, 3), None)), fullgraph=True, backend="aot_eager")(x.requires_grad_())
+    with pytest.raises(Exception, match="dims= is not supported under torch.compile"):
+        torch.compile(lambda x: split.run(x, dims={"S": 4}), fullgraph=True, backend="aot_eager")(torch.randn(3, 6))
 
 
 def test_the_registered_program_op_passes_torch_opcheck():
