@@ -117,6 +117,15 @@ pub enum CpuError {
 /// The most threads a program runs with.
 pub const MAX_THREADS: usize = 4096;
 
+/// The range table of an i32 or bool input a flash mask reads ([`attn_compiler::ir::RangeTable`]).
+fn data_table(t: &TensorRef) -> Option<attn_compiler::ir::RangeTable> {
+    match t.data {
+        DataRef::I32(v) => Some(attn_compiler::ir::RangeTable::of_operand(v, t.shape)),
+        DataRef::Bool(v) => Some(attn_compiler::ir::RangeTable::of_bools(v, t.shape)),
+        DataRef::F32(_) => None,
+    }
+}
+
 /// `threads` (0: one per available core), checked against [`MAX_THREADS`].
 fn thread_count(threads: usize) -> Result<usize, CpuError> {
     match threads {
@@ -492,12 +501,21 @@ impl CpuProgram {
                 env.insert(attn_compiler::ir::scalar_param_key(i), i64::from(*v));
             }
         }
-        // 1-d i32 inputs a flash mask reads (segment ids) classify its tiles by their values:
-        // the per-shape state is keyed by their content too.
+        // i32 and bool inputs a flash mask reads (segment ids, a dense mask) classify its tiles
+        // by their values: the per-shape state is keyed by what classification reads too (ids:
+        // their values; block bounds: the bounds, one pass over the mask).
         for &i in &self.mask_params {
-            if let Some(DataRef::I32(v)) = inputs.get(i).map(|t| &t.data) {
-                env.insert(attn_compiler::ir::data_param_key(i), attn_compiler::exec::content_hash(v));
-            }
+            let key = match inputs.get(i) {
+                Some(TensorRef { data: DataRef::I32(v), shape, .. }) if attn_compiler::ir::RangeTable::is_exact(shape) => {
+                    attn_compiler::exec::content_hash(v)
+                }
+                Some(t) => match data_table(t) {
+                    Some(table) => table.content_key(),
+                    None => continue,
+                },
+                None => continue,
+            };
+            env.insert(attn_compiler::ir::data_param_key(i), key);
         }
         Ok((owned, env))
     }
@@ -513,17 +531,7 @@ impl CpuProgram {
         key.sort();
         if guard.as_ref().is_none_or(|s| s.prepared.key != key) {
             *guard = None;
-            let data = self
-                .mask_params
-                .iter()
-                .filter_map(|&i| match inputs.get(i) {
-                    Some(TensorRef { data: DataRef::I32(v), shape, .. }) => {
-                        let width = shape.last().copied().unwrap_or(v.len());
-                        Some((i, std::sync::Arc::new(attn_compiler::ir::RangeTable::of_rows(v, width))))
-                    }
-                    _ => None,
-                })
-                .collect();
+            let data = self.mask_params.iter().filter_map(|&i| Some((i, std::sync::Arc::new(data_table(inputs.get(i)?)?)))).collect();
             *guard = Some(ShapeState::new(&self.module.schedule, env, &self.policy, &data)?);
         }
         guard.as_ref().ok_or_else(|| CpuError::Internal("no shape state".into()))

@@ -6,6 +6,9 @@ medians compared. Cases (f32, one thread unless --threads):
 - overhead: B=H=1 S=16 D=16 without gradients (issue target: <= 15 us per call);
 - decode: one query against T=128 cached keys, B=1 H=32 D=128, causal, GQA 32/8;
 - prefill: B=1 H=8 S=1024 D=64 causal, forward only and forward+backward;
+- transformers' bool masks ``[B, 1, S, S]`` at B=2 H=8 S=1024 D=64: causal with left padding,
+  and four packed documents, forward and forward+backward (attnc skips the tiles the mask
+  clears, from its block bounds);
 - training with attention dropout (``dropout_p=0.1``): the same prefill, forward and
   forward+backward, at S=1024 and S=4096 (torch's CPU kernels have no fused dropout: they
   form the S×S weights).
@@ -62,6 +65,24 @@ def cases():
         return step
 
     yield "prefill S=1024 D=64 causal, fwd+bwd", train, True
+    # transformers' masks (bool [B, 1, S, S], as its "sdpa" mask function builds them): causal
+    # with batch index 0 left-padded by 256 tokens; four packed documents of 256 tokens each.
+    pos = torch.arange(1024)
+    causal = pos[None, :] <= pos[:, None]
+    padded = torch.stack([causal & (pos[None, :] >= 256) & (pos[:, None] >= 256), causal])[:, None]
+    packed = (causal & (pos[None, :] // 256 == pos[:, None] // 256))[None, None].expand(2, 1, 1024, 1024).contiguous()
+    for what, mask in (("padding mask", padded), ("packed mask", packed)):
+        m = [r(2, 8, 1024, 64, grad=True) for _ in range(3)]
+        yield f"{what} B=2 S=1024 D=64, fwd", lambda f, m=m, mask=mask: lambda: f(*m, attn_mask=mask), False
+
+        def train_masked(f, m=m, mask=mask):
+            def step():
+                out = f(*m, attn_mask=mask)
+                out.backward(torch.ones_like(out))
+
+            return step
+
+        yield f"{what} B=2 S=1024 D=64, fwd+bwd", train_masked, True
     for s in (1024, 4096):
         d = [r(1, 8, s, 64, grad=True) for _ in range(3)]
         yield f"dropout 0.1 S={s} D=64 causal, fwd", lambda f, d=d: lambda: f(*d, is_causal=True, dropout_p=0.1), False

@@ -792,6 +792,55 @@ fn a(q: f32[H, S, D], k: f32[H, S, D], v: f32[H, S, D], rel: f32[H, S]) -> f32[H
     assert_eq!(index_fault(&got), Some((1, -1, 5)));
 }
 
+/// A dense bool mask (transformers' `[B, 1, L, S]`) classifies tiles from its values: the
+/// interpreter's results as the mask changes between runs of one compiled program, whose plan
+/// is keyed by the mask's block bounds. Causal with left padding that differs per batch index,
+/// packed documents, the same block bounds with other values inside the partial blocks, rows
+/// with every key masked, no key masked at all, and a pattern that leaves every block mixed.
+#[test]
+fn a_dense_bool_mask_matches_the_interpreter_as_it_changes() {
+    let src = include_str!("../../tests/cases/flash/dense_bool_mask.attn");
+    let program = Program::from_source(src, "mask.attn").expect("compiles");
+    for entry in ["masked", "masked_gqa"] {
+        let compiled = program.compile_cpu(entry, &CpuOptions { threads: 2 }).expect("cpu");
+        let (b, l, s) = (2usize, 300usize, 300usize);
+        let heads: &[(&str, i64)] = if entry == "masked" { &[("H", 2)] } else { &[("Hk", 1), ("G", 2)] };
+        let dims = dim_map(&[&[("B", b as i64), ("L", l as i64), ("S", s as i64), ("D", 16)], heads].concat());
+        let mut inputs: Vec<Tensor> = program.random_inputs(entry, 5, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
+        let graph = program.graph(entry).expect("graph");
+        let mask = |keep: &dyn Fn(usize, usize, usize) -> bool| {
+            let v: Vec<bool> = (0..b * l * s).map(|x| keep(x / (l * s), x / s % l, x % s)).collect();
+            Tensor::new(DType::Bool, vec![b, 1, l, s], TensorData::Bool(v)).expect("mask")
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        let noise: Vec<bool> = (0..b * l * s).map(|_| rng.random::<bool>()).collect();
+        let pad = [37usize, 0];
+        let doc = |x: usize| usize::from(x >= 70) + usize::from(x >= 230);
+        let masks = [
+            // Causal, batch index 0 left-padded by 37 tokens (its padded rows see no key).
+            mask(&|bi, i, j| j <= i && j >= pad[bi] && i >= pad[bi]),
+            // Packed documents of 70, 160 and 70 tokens, causal inside each.
+            mask(&|_, i, j| doc(i) == doc(j) && j <= i),
+            // Causal again, but inside the blocks on the diagonal other values (same block bounds).
+            mask(&|bi, i, j| if i / 16 == j / 16 { j <= i && noise[(bi * l + i) * s + j] || j == i } else { j < i }),
+            // Every key kept.
+            mask(&|_, _, _| true),
+            // Every block mixed (a dilated pattern): every tile partial.
+            mask(&|_, i, j| (i + 2 * j) % 3 != 0),
+            mask(&|bi, i, j| j <= i && j >= pad[bi] && i >= pad[bi]),
+        ];
+        for (n, m) in masks.into_iter().enumerate() {
+            inputs[3] = m;
+            let got = compiled.run_tensors(&inputs, &HashMap::new()).expect("runs");
+            let env = attn_compiler::exec::bind_dims(graph, &inputs.iter().map(|t| t.shape.clone()).collect::<Vec<_>>(), &HashMap::new())
+                .expect("dims");
+            let reference = interp::run(graph, &inputs, &env).expect("interpreter");
+            let err = compare(&got, &reference).unwrap_or_else(|e| panic!("{entry}, mask {n}: {e}"));
+            assert!(err < 1e-4, "{entry}, mask {n}: differs from the interpreter by {err:e}");
+        }
+    }
+}
+
 /// A window size given as an input runs fused with tile skipping decided by its value: the same
 /// bits as the program with that window written as a constant, and as the interpreter, for
 /// windows that keep one key, some, and every key.

@@ -43,8 +43,8 @@ pub fn add_scalar_inputs(inputs: &[Tensor], env: &mut std::collections::HashMap<
 }
 
 /// The values of the inputs whose values classify flash tiles (`mask_params`, from
-/// [`crate::schedule::mask_data_params`]: 1-d i32 segment ids), for
-/// [`crate::schedule::prepare_with`], each also named in `env` by a content hash
+/// [`crate::schedule::mask_data_params`]: i32 ids and lengths, bool masks), for
+/// [`crate::schedule::prepare_with`], each also named in `env` by its table's content key
 /// ([`crate::ir::data_param_key`]) so that a reused plan is one of the same values.
 pub fn mask_data_inputs(
     mask_params: &[usize],
@@ -53,12 +53,13 @@ pub fn mask_data_inputs(
 ) -> std::collections::HashMap<usize, std::sync::Arc<crate::ir::RangeTable>> {
     let mut out = std::collections::HashMap::new();
     for &i in mask_params {
-        if let Some(t) = inputs.get(i)
-            && let crate::tensor::TensorData::I32(v) = &t.data
-        {
-            env.insert(crate::ir::data_param_key(i), content_hash(v));
-            out.insert(i, std::sync::Arc::new(crate::ir::RangeTable::of_rows(v, t.shape.last().copied().unwrap_or(v.len()))));
-        }
+        let table = match inputs.get(i).map(|t| (&t.data, &t.shape)) {
+            Some((crate::tensor::TensorData::I32(v), shape)) => crate::ir::RangeTable::of_operand(v, shape),
+            Some((crate::tensor::TensorData::Bool(v), shape)) => crate::ir::RangeTable::of_bools(v, shape),
+            _ => continue,
+        };
+        env.insert(crate::ir::data_param_key(i), table.content_key());
+        out.insert(i, std::sync::Arc::new(table));
     }
     out
 }

@@ -115,8 +115,9 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], known: &Known) -> Bound {
         ScoreExpr::Load { input, index } if index.is_empty() => {
             env.get(&scalar_load_key(*input)).map_or(Bound::any(Class::Float), |v| int(*v))
         }
-        // A 1-d i32 operand whose values the run gave (segment ids): the range of the values
-        // at the indices the index expression can take (clamped into range, as loads are).
+        // An i32 or bool operand whose values the run gave (segment ids, a dense mask): the
+        // range of the values at the indices the index expressions can take (clamped into
+        // range, as loads are).
         ScoreExpr::Load { input, index } => {
             // The indices an index expression can take along an axis of `n`, clamped as loads are.
             let span = |e: &ScoreExpr, n: usize| {
@@ -125,12 +126,12 @@ fn bound(e: &ScoreExpr, ranges: &[(i64, i64)], known: &Known) -> Bound {
                 (b.class == Class::Int && n > 0 && b.iv.lo.is_finite() && b.iv.hi.is_finite())
                     .then(|| (b.iv.lo.clamp(0.0, last) as usize, b.iv.hi.clamp(0.0, last) as usize))
             };
-            let found = data.get(input).and_then(|t| match index.as_slice() {
-                [ix] if t.row_count() == 1 => Some(t.min_max_rows((0, 0), span(ix, t.len())?)),
-                [rx, ix] => Some(t.min_max_rows(span(rx, t.row_count())?, span(ix, t.len())?)),
-                _ => None,
+            let found = data.get(input).and_then(|t| {
+                let spans: Option<Vec<(usize, usize)>> = index.iter().zip(t.shape()).map(|(e, n)| span(e, *n)).collect();
+                t.min_max_spans(&spans?)
             });
-            found.map_or(Bound::any(Class::Float), |(min, max)| Bound::new(Iv { lo: f64::from(min), hi: f64::from(max) }, Class::Int))
+            let class = if data.get(input).is_some_and(|t| t.is_bool()) { Class::Bool } else { Class::Int };
+            found.map_or(Bound::any(Class::Float), |(min, max)| Bound::new(Iv { lo: f64::from(min), hi: f64::from(max) }, class))
         }
         ScoreExpr::Pos(k) => {
             ranges.get(*k).map_or(Bound::any(Class::Int), |(lo, hi)| Bound::new(Iv { lo: *lo as f64, hi: *hi as f64 }, Class::Int))
@@ -302,65 +303,255 @@ pub fn scalar_param_key(param: usize) -> String {
     format!("\u{1}p{param}")
 }
 
-/// The values of a 1-d or 2-d i32 operand a run gave, for the range of values over any span of
-/// indices along the last axis in constant time (per row, sparse tables of minima and maxima):
-/// what a mask reading segment ids (`x0[i] == x0[j]`, a packed ragged batch; `x0[b, i]`, a
-/// batch of packed documents) needs to classify its tiles from the data.
+/// The values of an i32 or bool operand a run gave, for the range of its values over any box
+/// of indices: what a mask reading segment ids (`x0[i] == x0[j]`, a packed ragged batch;
+/// `x0[b, i]`, a batch of packed documents) or a dense mask (`x0[b, 0, i, j]`, transformers'
+/// padding and packing masks) needs to classify its tiles from the data.
+///
+/// Up to [`RangeTable::MAX_VALUES`] values of a 1-d or 2-d i32 operand: exact, in constant time
+/// per row (sparse tables of minima and maxima per row). Larger operands, any of three axes or
+/// more, and bools: the minimum and maximum of each block of [`RangeTable::BLOCK`] ×
+/// [`RangeTable::BLOCK`] values over the last two axes (one value in 32 of memory, built in one
+/// pass), exact for boxes on block boundaries (tiles and their chunks are) and a bound that
+/// still holds for any other.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RangeTable {
-    /// Per row, level `k` holds the minimum and maximum of each span of `2^k` values.
+    /// The operand's shape.
+    shape: Vec<usize>,
+    /// Exact tables: per row (the first axis of a 2-d operand), level `k` holds the minimum and
+    /// maximum of each span of `2^k` values.
     rows: Vec<Vec<(Vec<i32>, Vec<i32>)>>,
-    width: usize,
+    /// Or block bounds (shared by the tables of one operand read in other shapes).
+    blocks: Option<std::sync::Arc<Blocks>>,
+    /// Whether the values are bools (0 and 1).
+    bools: bool,
+}
+
+/// Per leading index (every axis but the last two, row-major) and per block of the last two
+/// axes (row-major), the minimum and maximum.
+#[derive(Clone, Debug, PartialEq, Hash)]
+struct Blocks {
+    /// Leading indices.
+    lead: usize,
+    /// Blocks down and across.
+    grid: (usize, usize),
+    min: Vec<i32>,
+    max: Vec<i32>,
 }
 
 impl RangeTable {
     /// The table of a 1-d operand's `values` (O(n log n)).
     pub fn new(values: &[i32]) -> RangeTable {
-        RangeTable::of_rows(values, values.len())
+        RangeTable::of_operand(values, &[values.len()])
     }
 
-    /// The table of a 2-d operand: `values` in rows of `width`. Above [`RangeTable::MAX_VALUES`]
-    /// values the table is empty (it would take `O(n log n)` memory): the tiles are then not
-    /// classified from the data (evaluated per element, still correct).
+    /// The table of a 2-d operand: `values` in rows of `width`.
     pub fn of_rows(values: &[i32], width: usize) -> RangeTable {
-        let rows =
-            if width == 0 || values.len() > Self::MAX_VALUES { Vec::new() } else { values.chunks_exact(width).map(levels).collect() };
-        RangeTable { rows, width }
+        let rows = values.len().checked_div(width).unwrap_or(0);
+        RangeTable::of_operand(values, &[rows, width])
     }
 
-    /// The most values a table holds (2^18 tokens: at most about 40 MiB of tables, 8 bytes
-    /// per value and level).
+    /// Whether an i32 operand of `shape` gets exact tables (else block bounds).
+    pub fn is_exact(shape: &[usize]) -> bool {
+        match shape {
+            [n] => *n <= Self::MAX_VALUES,
+            [r, w] => r.checked_mul(*w).is_some_and(|n| n <= Self::MAX_VALUES),
+            _ => false,
+        }
+    }
+
+    /// The table of an i32 operand of `shape` (row-major `values`): exact for 1-d and 2-d
+    /// operands up to [`RangeTable::MAX_VALUES`] values, block bounds otherwise. Values that do
+    /// not fill the shape give an empty table (nothing is classified from them).
+    pub fn of_operand(values: &[i32], shape: &[usize]) -> RangeTable {
+        if shape.iter().try_fold(1usize, |a, n| a.checked_mul(*n)) != Some(values.len()) || values.is_empty() {
+            return RangeTable::default();
+        }
+        match shape {
+            [_] if Self::is_exact(shape) => RangeTable { shape: shape.to_vec(), rows: vec![levels(values)], ..RangeTable::default() },
+            [_, w] if Self::is_exact(shape) => {
+                RangeTable { shape: shape.to_vec(), rows: values.chunks_exact(*w).map(levels).collect(), ..RangeTable::default() }
+            }
+            _ => RangeTable::of_blocks(shape, values, |run: &[i32]| {
+                run.iter().fold((i32::MAX, i32::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)))
+            }),
+        }
+    }
+
+    /// The table of a bool operand of `shape` (false 0, true 1): block bounds at every rank.
+    pub fn of_bools(values: &[bool], shape: &[usize]) -> RangeTable {
+        if shape.iter().try_fold(1usize, |a, n| a.checked_mul(*n)) != Some(values.len()) || values.is_empty() {
+            return RangeTable::default();
+        }
+        let table = RangeTable::of_blocks(shape, values, |run: &[bool]| {
+            // A sum (which vectorises) rather than short-circuiting `any`/`all`.
+            let trues: u32 = run.iter().map(|b| u32::from(*b)).sum();
+            (i32::from(trues as usize == run.len()), i32::from(trues > 0))
+        });
+        RangeTable { bools: true, ..table }
+    }
+
+    /// Block bounds of `values` of `shape` (at least one value), `range` giving the minimum and
+    /// maximum of a run of at most [`RangeTable::BLOCK`] values of one row.
+    fn of_blocks<T>(shape: &[usize], values: &[T], range: impl Fn(&[T]) -> (i32, i32)) -> RangeTable {
+        let (h, w) = match shape {
+            [n] => (1, *n),
+            [.., h, w] => (*h, *w),
+            [] => (1, 1),
+        };
+        let lead = values.len() / (h * w).max(1);
+        let grid = (h.div_ceil(Self::BLOCK), w.div_ceil(Self::BLOCK));
+        let cells = lead * grid.0 * grid.1;
+        let (mut min, mut max) = (vec![i32::MAX; cells], vec![i32::MIN; cells]);
+        for (r, row) in values.chunks_exact(w.max(1)).enumerate() {
+            let (l, y) = (r / h.max(1), (r % h.max(1)) / Self::BLOCK);
+            let base = (l * grid.0 + y) * grid.1;
+            for (x, run) in row.chunks(Self::BLOCK).enumerate() {
+                let (lo, hi) = range(run);
+                min[base + x] = min[base + x].min(lo);
+                max[base + x] = max[base + x].max(hi);
+            }
+        }
+        RangeTable {
+            shape: shape.to_vec(),
+            rows: Vec::new(),
+            blocks: Some(std::sync::Arc::new(Blocks { lead, grid, min, max })),
+            bools: false,
+        }
+    }
+
+    /// The most values an exact table holds (2^18: at most about 40 MiB of tables, 8 bytes
+    /// per value and level); larger operands get block bounds.
     pub const MAX_VALUES: usize = 1 << 18;
 
-    /// Values per row.
+    /// The side of a block of block bounds, in values (a tile's rows and keys, and a chunk's,
+    /// are multiples of it).
+    pub const BLOCK: usize = 16;
+
+    /// The operand's shape (empty for an empty table).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Values along the last axis (0 for an empty table).
     pub fn len(&self) -> usize {
-        if self.rows.is_empty() { 0 } else { self.width }
+        self.shape.last().copied().unwrap_or(0)
     }
 
-    /// Whether there are none.
+    /// Whether the values are bools.
+    pub fn is_bool(&self) -> bool {
+        self.bools
+    }
+
+    /// Whether the table holds no values.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.rows.is_empty() && self.blocks.is_none()
     }
 
-    /// Rows (1 for a 1-d operand).
-    pub fn row_count(&self) -> usize {
-        self.rows.len()
+    /// Whether the values differ along an axis before the ones a tile spans (rows of a 2-d
+    /// operand, leading axes of block bounds): each batch index then has data of its own.
+    pub fn per_batch(&self) -> bool {
+        self.rows.len() > 1 || self.blocks.as_ref().is_some_and(|b| b.lead > 1)
     }
 
-    /// The minimum and maximum of the values at indices `lo ..= hi` (`lo ≤ hi < len`) of row 0.
+    /// A content key of what classification reads: equal keys classify every tile alike (for
+    /// block bounds, the bounds themselves, so two masks of the same blocks share a plan).
+    pub fn content_key(&self) -> i64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.shape.hash(&mut h);
+        self.bools.hash(&mut h);
+        match &self.blocks {
+            Some(b) => b.hash(&mut h),
+            None => {
+                for row in &self.rows {
+                    row.first().map(|(values, _)| values).hash(&mut h);
+                }
+            }
+        }
+        h.finish() as i64
+    }
+
+    /// The table as an operand of `shape` reads it, where that is the same values: the same
+    /// shape, or for block bounds one of the same last two axes and element count (a mask
+    /// `[B, 1, L, S]` read as `[B, 1, 1, L, S]` by grouped-query attention). `None` otherwise.
+    pub fn reshaped(&self, shape: &[usize]) -> Option<RangeTable> {
+        if shape == self.shape.as_slice() {
+            return Some(self.clone());
+        }
+        let count = |s: &[usize]| s.iter().try_fold(1usize, |a, n| a.checked_mul(*n));
+        let last_two = |s: &[usize]| s.len() >= 2 && s[s.len() - 2..] == self.shape[self.shape.len().saturating_sub(2)..];
+        (self.blocks.is_some() && self.shape.len() >= 2 && last_two(shape) && count(shape) == count(&self.shape))
+            .then(|| RangeTable { shape: shape.to_vec(), ..self.clone() })
+    }
+
+    /// The minimum and maximum of the values at indices `lo ..= hi` (`lo ≤ hi < len`) of the
+    /// first row.
     pub fn min_max(&self, lo: usize, hi: usize) -> (i32, i32) {
-        self.min_max_rows((0, 0), (lo, hi))
+        let spans = if self.shape.len() == 1 { vec![(lo, hi)] } else { vec![(0, 0), (lo, hi)] };
+        self.min_max_spans(&spans).unwrap_or((i32::MIN, i32::MAX))
     }
 
-    /// The minimum and maximum over rows `r0 ..= r1` and indices `lo ..= hi` (in range).
-    pub fn min_max_rows(&self, (r0, r1): (usize, usize), (lo, hi): (usize, usize)) -> (i32, i32) {
+    /// The minimum and maximum over the box of inclusive index spans `spans`, one per axis, each
+    /// in range; `None` for a box of the wrong rank or out of range, or an empty table.
+    pub fn min_max_spans(&self, spans: &[(usize, usize)]) -> Option<(i32, i32)> {
+        if self.is_empty() || spans.len() != self.shape.len() || spans.iter().zip(&self.shape).any(|((lo, hi), n)| lo > hi || hi >= n) {
+            return None;
+        }
+        if let Some(b) = &self.blocks {
+            return Some(b.min_max(&self.shape, spans));
+        }
+        let ((r0, r1), (lo, hi)) = match spans {
+            [cols] => ((0, 0), *cols),
+            [rows, cols] => (*rows, *cols),
+            _ => return None,
+        };
         let span = hi - lo + 1;
         let k = (usize::BITS - 1 - span.leading_zeros()) as usize;
         let j = hi + 1 - (1 << k);
-        self.rows[r0..=r1].iter().fold((i32::MAX, i32::MIN), |(a, b), row| {
+        Some(self.rows.get(r0..=r1)?.iter().fold((i32::MAX, i32::MIN), |(a, b), row| {
             let (mins, maxs) = &row[k];
             (a.min(mins[lo]).min(mins[j]), b.max(maxs[lo]).max(maxs[j]))
-        })
+        }))
+    }
+}
+
+impl Blocks {
+    /// The bounds over a box (in range, one span per axis of `shape`).
+    fn min_max(&self, shape: &[usize], spans: &[(usize, usize)]) -> (i32, i32) {
+        let ((y0, y1), (x0, x1)) = match spans {
+            [cols] => ((0, 0), *cols),
+            [.., rows, cols] => (*rows, *cols),
+            [] => ((0, 0), (0, 0)),
+        };
+        let b = RangeTable::BLOCK;
+        let (y0, y1, x0, x1) = (y0 / b, y1 / b, x0 / b, x1 / b);
+        let lead_axes = spans.len().saturating_sub(2);
+        let (mut lo, mut hi) = (i32::MAX, i32::MIN);
+        // Every leading index in the box, row-major (an odometer over the leading spans).
+        let mut at: Vec<usize> = spans[..lead_axes].iter().map(|s| s.0).collect();
+        loop {
+            let l = at.iter().zip(shape).fold(0usize, |acc, (i, n)| acc * n + i);
+            for y in y0..=y1 {
+                let base = (l * self.grid.0 + y) * self.grid.1;
+                for x in x0..=x1 {
+                    lo = lo.min(self.min[base + x]);
+                    hi = hi.max(self.max[base + x]);
+                }
+            }
+            let mut a = lead_axes;
+            loop {
+                if a == 0 {
+                    return (lo, hi);
+                }
+                a -= 1;
+                if at[a] < spans[a].1 {
+                    at[a] += 1;
+                    break;
+                }
+                at[a] = spans[a].0;
+            }
+        }
     }
 }
 
@@ -430,15 +621,17 @@ pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: 
         Some(false) => TileClass::Skip,
         None => TileClass::Partial,
     };
-    // With per-batch data (`seg[b, i]`), every load of one batch index must see that index:
-    // bounding each load over all of them would lose that two loads share it. Up to
-    // `PER_BATCH` batch indices, each is classified on its own and the classes merged.
-    let batch = batch_sizes.iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX);
-    if known.data.values().any(|t| t.row_count() > 1) && (1..=PER_BATCH).contains(&batch) {
+    // With per-batch data (`seg[b, i]`, a mask `[B, 1, L, S]`), every load of one batch index
+    // must see that index: bounding each load over all of them would lose that two loads share
+    // it. Up to `PER_BATCH` indices of the batch axes the mask reads (not the heads a padding
+    // mask broadcasts over), each is classified on its own and the classes merged.
+    let read: Vec<bool> = (0..batch_sizes.len()).map(|k| reads_position(mask, k)).collect();
+    let batch = batch_sizes.iter().zip(&read).filter(|(_, r)| **r).try_fold(1i64, |a, (n, _)| a.checked_mul(*n)).unwrap_or(i64::MAX);
+    if known.data.values().any(|t| t.per_batch()) && (1..=PER_BATCH).contains(&batch) {
         let mut merged: Option<TileClass> = None;
         for at in 0..batch {
             let mut rest = at;
-            for (k, n) in batch_sizes.iter().enumerate().rev() {
+            for (k, n) in batch_sizes.iter().enumerate().rev().filter(|(k, _)| read[*k]) {
                 let p = rest % n.max(&1);
                 rest /= n.max(&1);
                 ranges[k] = (p, p);
@@ -453,6 +646,18 @@ pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: 
         return merged.unwrap_or(TileClass::Skip);
     }
     class(&ranges)
+}
+
+/// Whether `e` reads score position `k` (the batch axis `k`, for `k` below the query axis).
+fn reads_position(e: &ScoreExpr, k: usize) -> bool {
+    match e {
+        ScoreExpr::Pos(p) => *p == k,
+        ScoreExpr::Score | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_) => false,
+        ScoreExpr::Load { index, .. } => index.iter().any(|x| reads_position(x, k)),
+        ScoreExpr::Unary(_, a) => reads_position(a, k),
+        ScoreExpr::Binary(_, a, b) => reads_position(a, k) || reads_position(b, k),
+        ScoreExpr::Select(c, a, b) => reads_position(c, k) || reads_position(a, k) || reads_position(b, k),
+    }
 }
 
 /// The most batch indices [`classify_tile_known`] classifies one by one when the data it knows

@@ -41,8 +41,8 @@ pub use analysis::{
 pub use place::{MAX_INLINE_DEPTH, MAX_SHARED_OPS};
 pub use policy::{CpuIsa, CpuPolicy, CudaPolicy, Policy, Target, Variant};
 pub use prepare::{
-    FlashBwdScratch, FlashScratch, PrepareError, Prepared, TMA_BOX_COLS, TmaMap, eval, flash_bwd_scratch, flash_scratch, mask_data_params,
-    prepare, prepare_with, tma_axes, tma_map,
+    FlashBwdScratch, FlashScratch, PrepareError, Prepared, TMA_BOX_COLS, TmaMap, eval, flash_bwd_scratch, flash_scratch, id_data_params,
+    mask_data_params, prepare, prepare_with, tma_axes, tma_map,
 };
 pub use render::{KernelRenderer, render_kernel};
 pub use verify::{VerifyError, verify};

@@ -334,9 +334,21 @@ pub fn prepare(schedule: &Schedule, env: &HashMap<String, i64>, policy: &Policy)
 }
 
 /// The parameters (by index) whose values classify flash tiles when a run gives them
-/// ([`prepare_with`]): 1-d and 2-d i32 parameters a flash op reads as an extra operand (segment
-/// ids, per-sequence lengths).
+/// ([`prepare_with`]): i32 and bool parameters of one axis or more that a flash op reads as an
+/// extra operand (segment ids, per-sequence lengths, a dense mask such as transformers'
+/// `[B, 1, L, S]` padding and packing masks).
 pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
+    mask_params_where(schedule, |x| matches!(x.dtype, crate::ir::DType::I32 | crate::ir::DType::Bool))
+}
+
+/// The [`mask_data_params`] that are 1-d or 2-d i32 ids or lengths: small next to the tensors
+/// (what the CUDA target copies to the host to classify from, where a dense mask would cost a
+/// copy of its own per run).
+pub fn id_data_params(schedule: &Schedule) -> Vec<usize> {
+    mask_params_where(schedule, |x| x.dtype == crate::ir::DType::I32 && x.shape.len() <= 2)
+}
+
+fn mask_params_where(schedule: &Schedule, keep: impl Fn(&super::View) -> bool) -> Vec<usize> {
     let mut out = Vec::new();
     for step in &schedule.steps {
         let extras = match &step.kernel {
@@ -346,8 +358,8 @@ pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
         };
         for x in extras {
             if let Some(&BufferKind::Param(i)) = schedule.buffers.get(x.buf).map(|b| &b.kind)
-                && matches!(x.shape.len(), 1 | 2)
-                && x.dtype == crate::ir::DType::I32
+                && !x.shape.is_empty()
+                && keep(x)
                 && !out.contains(&i)
             {
                 out.push(i);
@@ -357,9 +369,10 @@ pub fn mask_data_params(schedule: &Schedule) -> Vec<usize> {
     out
 }
 
-/// [`prepare`] with the values of 1-d i32 parameters that flash masks read (by parameter index,
-/// [`mask_data_params`]): their tiles are classified from the data (segment ids of a packed
-/// ragged batch skip every tile across two sequences). `env` must name the data too (its
+/// [`prepare`] with the values of i32 and bool parameters that flash masks read (by parameter
+/// index, [`mask_data_params`]): their tiles are classified from the data (segment ids of a
+/// packed ragged batch skip every tile across two sequences; a dense mask skips the tiles it
+/// masks whole). `env` must name the data too (its
 /// [`data_param_key`]), since a prepared run is reused for an equal `env`.
 pub fn prepare_with(
     schedule: &Schedule,
@@ -431,8 +444,8 @@ struct Preparing<'a> {
 impl Preparing<'_> {
     /// What the run knows of a flash op's `extras`, for classifying its tiles: the bindings
     /// plus the value of each 0-d i32 input the run gave ([`crate::ir::scalar_param_key`]) as
-    /// the mask's `x<n>[]` ([`crate::ir::scalar_load_key`]), and the range tables of the 1-d and
-    /// 2-d i32 inputs it gave ([`prepare_with`]) by operand index `n`.
+    /// the mask's `x<n>[]` ([`crate::ir::scalar_load_key`]), and the range tables of the i32 and
+    /// bool inputs it gave ([`prepare_with`]) by operand index `n`.
     fn run_values(&self, extras: &[super::View]) -> (HashMap<String, i64>, HashMap<usize, Arc<RangeTable>>) {
         let mut env = self.env.clone();
         let mut data = HashMap::new();
@@ -444,22 +457,30 @@ impl Preparing<'_> {
             {
                 env.insert(crate::ir::scalar_load_key(n), *v);
             }
-            // The operand as the mask reads it: the whole parameter, densely (rows of the table
-            // along its first axis when it has two).
-            let sizes: Vec<Option<i64>> = x.shape.iter().map(|d| size(d, self.env).ok()).collect();
-            let dense = match (sizes.as_slice(), x.strides.as_slice()) {
-                ([Some(_)], [s]) => s.as_const() == Some(1),
-                ([Some(_), Some(w)], [r, s]) => s.as_const() == Some(1) && r.eval(self.env).ok() == Some(*w),
-                _ => false,
-            };
+            // The operand as the mask reads it: the whole parameter, densely and row-major (an
+            // axis of one element may have any stride), of the table's shape.
+            let sizes: Option<Vec<i64>> = x.shape.iter().map(|d| size(d, self.env).ok()).collect();
+            let dense = sizes.as_ref().is_some_and(|sizes| {
+                let mut inner = 1i64;
+                sizes.iter().zip(&x.strides).rev().all(|(n, stride)| {
+                    let ok = *n == 1 || stride.eval(self.env).ok() == Some(inner);
+                    inner = inner.saturating_mul(*n);
+                    ok
+                })
+            });
+            let shape: Option<Vec<usize>> = sizes.and_then(|sizes| sizes.iter().map(|n| usize::try_from(*n).ok()).collect());
             if dense
-                && x.dtype == crate::ir::DType::I32
+                && matches!(x.dtype, crate::ir::DType::I32 | crate::ir::DType::Bool)
                 && x.offset.as_const() == Some(0)
                 && let Some(t) = self.data.get(&i)
-                && sizes.last().copied().flatten() == i64::try_from(t.len()).ok()
-                && (sizes.len() == 1 || sizes.first().copied().flatten() == i64::try_from(t.row_count()).ok())
+                && t.is_bool() == (x.dtype == crate::ir::DType::Bool)
+                && let Some(shape) = shape
             {
-                data.insert(n, t.clone());
+                if shape == t.shape() {
+                    data.insert(n, t.clone());
+                } else if let Some(table) = t.reshaped(&shape) {
+                    data.insert(n, Arc::new(table));
+                }
             }
         }
         (env, data)

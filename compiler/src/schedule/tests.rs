@@ -527,11 +527,102 @@ fn tiles_classified_from_tables_agree_with_the_mask_on_every_score() {
     assert!(counts[TileClass::Skip as usize] * 10 >= skippable * 9, "{counts:?} of which {skippable} keep nothing");
 }
 
+/// Above `MAX_VALUES`, and at three axes or more, a table keeps block bounds: small, exact on
+/// block boundaries, and a bound that holds for any other box. Checked against every value of
+/// random boxes of random i32 and bool operands.
 #[test]
-fn range_tables_of_too_many_values_are_empty_not_huge() {
-    let t = crate::ir::RangeTable::new(&vec![0; crate::ir::RangeTable::MAX_VALUES + 1]);
-    assert!(t.is_empty());
-    assert_eq!(t.row_count(), 0);
+fn block_bounds_hold_for_every_box_and_are_exact_on_block_boundaries() {
+    use crate::ir::RangeTable;
+    let big = RangeTable::new(&vec![0; RangeTable::MAX_VALUES + 1]);
+    assert!(!big.is_empty() && !RangeTable::is_exact(big.shape()));
+    assert_eq!(big.min_max(5, RangeTable::MAX_VALUES), (0, 0));
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let shape = [3usize, 2, 37, 45];
+    let total: usize = shape.iter().product();
+    let ints: Vec<i32> = (0..total).map(|_| next(1000) as i32 - 500).collect();
+    // Bools in runs, so that whole blocks of one value occur.
+    let bools: Vec<bool> = (0..total).map(|x| (x / 45 % 37 / 16 + x % 45 / 16 + x / (37 * 45)) % 3 != 0 || x % 7 == 0).collect();
+    let tables = [
+        (RangeTable::of_operand(&ints, &shape), ints.clone()),
+        (RangeTable::of_bools(&bools, &shape), bools.iter().map(|b| i32::from(*b)).collect()),
+    ];
+    for (table, values) in &tables {
+        for round in 0..400 {
+            let aligned = round % 2 == 0;
+            let spans: Vec<(usize, usize)> = shape
+                .iter()
+                .enumerate()
+                .map(|(a, n)| {
+                    if aligned && a >= 2 {
+                        let lo = next(n.div_ceil(16)) * 16;
+                        (lo, (lo + 16 * (1 + next(3))).min(*n) - 1)
+                    } else {
+                        let (x, y) = (next(*n), next(*n));
+                        (x.min(y), x.max(y))
+                    }
+                })
+                .collect();
+            let mut want = (i32::MAX, i32::MIN);
+            for (x, v) in values.iter().enumerate() {
+                let at = [x / (2 * 37 * 45), x / (37 * 45) % 2, x / 45 % 37, x % 45];
+                if at.iter().zip(&spans).all(|(i, (lo, hi))| lo <= i && i <= hi) {
+                    want = (want.0.min(*v), want.1.max(*v));
+                }
+            }
+            let got = table.min_max_spans(&spans).expect("a box in range");
+            if aligned {
+                assert_eq!(got, want, "{spans:?}");
+            } else {
+                assert!(got.0 <= want.0 && got.1 >= want.1, "{spans:?}: {got:?} does not bound {want:?}");
+            }
+        }
+        assert_eq!(table.min_max_spans(&[(0, 0), (0, 0), (0, 0)]), None, "a box of the wrong rank");
+        assert_eq!(table.min_max_spans(&[(0, 0), (0, 2), (0, 0), (0, 0)]), None, "a box out of range");
+    }
+}
+
+/// A dense bool mask (`tests/cases/flash/dense_bool_mask.attn`, transformers' `[B, 1, L, S]`)
+/// classifies the tiles every batch index shares from its block bounds: causal, with batch index
+/// 0 left-padded by 100 keys.
+#[test]
+fn a_dense_bool_mask_classifies_tiles_from_its_block_bounds() {
+    let src = include_str!("../../../tests/cases/flash/dense_bool_mask.attn");
+    let compiled = crate::check(src).expect("compiles");
+    // `masked`, then `masked_gqa` (which reads the mask as `[B, 1, 1, L, S]`).
+    for g in crate::opt::optimize_module(&compiled.module).0.graphs {
+        let cpu = Policy::default();
+        let s = schedule(&g, &cpu).expect("schedules");
+        assert_eq!(super::mask_data_params(&s), vec![3]);
+        assert!(super::id_data_params(&s).is_empty(), "a dense mask is not copied to the host for the GPU");
+        let (b, t) = (2usize, 1024usize);
+        let pad = [100usize, 0];
+        let values: Vec<bool> = (0..b * t * t).map(|x| (x % t) <= (x / t % t) && (x % t) >= pad[x / (t * t)]).collect();
+        let classes = |data: bool| {
+            let mut env: std::collections::HashMap<String, i64> =
+                [("B", b as i64), ("H", 4), ("Hk", 2), ("G", 2), ("L", t as i64), ("S", t as i64), ("D", 64)]
+                    .map(|(k, v)| (k.to_string(), v))
+                    .into();
+            let mut tables = std::collections::HashMap::new();
+            if data {
+                let table = crate::ir::RangeTable::of_bools(&values, &[b, 1, t, t]);
+                env.insert(crate::ir::data_param_key(3), table.content_key());
+                tables.insert(3, std::sync::Arc::new(table));
+            }
+            let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
+            assert_eq!(p.ints[s.tuning(0, Tuning::BlockM).expect("bm")], 128);
+            class_counts(&s, &p, 0)
+        };
+        // 8 × 8 tiles of 128: the 28 above the diagonal skipped, the 8 on it partial; below it the 7
+        // of key tile 0 partial (batch index 0 masks its first 100 keys), the other 21 full.
+        assert_eq!(classes(true), [28, 21, 15], "{}", g.name);
+        assert_eq!(classes(false), [0, 0, 64]);
+    }
 }
 
 /// Per-sequence lengths given at run time (`lens[b]`, `examples/paged_decode.attn`) skip every
