@@ -808,16 +808,18 @@ fn a_dense_bool_mask_matches_the_interpreter_as_it_changes() {
         let dims = dim_map(&[&[("B", b as i64), ("L", l as i64), ("S", s as i64), ("D", 16)], heads].concat());
         let mut inputs: Vec<Tensor> = program.random_inputs(entry, 5, &dims).expect("inputs").into_iter().map(|(_, t)| t).collect();
         let graph = program.graph(entry).expect("graph");
+        let grad = program.grad(entry, None).expect("derives");
         let mask = |keep: &dyn Fn(usize, usize, usize) -> bool| {
             let v: Vec<bool> = (0..b * l * s).map(|x| keep(x / (l * s), x / s % l, x % s)).collect();
             Tensor::new(DType::Bool, vec![b, 1, l, s], TensorData::Bool(v)).expect("mask")
         };
         let mut rng = StdRng::seed_from_u64(3);
         let noise: Vec<bool> = (0..b * l * s).map(|_| rng.random::<bool>()).collect();
-        let pad = [37usize, 0];
+        let pad = [150usize, 0];
         let doc = |x: usize| usize::from(x >= 70) + usize::from(x >= 230);
         let masks = [
-            // Causal, batch index 0 left-padded by 37 tokens (its padded rows see no key).
+            // Causal, batch index 0 left-padded by 150 tokens (its padded rows see no key): tiles its
+            // table skips, batch index 1 runs.
             mask(&|bi, i, j| j <= i && j >= pad[bi] && i >= pad[bi]),
             // Packed documents of 70, 160 and 70 tokens, causal inside each.
             mask(&|_, i, j| doc(i) == doc(j) && j <= i),
@@ -837,6 +839,21 @@ fn a_dense_bool_mask_matches_the_interpreter_as_it_changes() {
             let reference = interp::run(graph, &inputs, &env).expect("interpreter");
             let err = compare(&got, &reference).unwrap_or_else(|e| panic!("{entry}, mask {n}: {e}"));
             assert!(err < 1e-4, "{entry}, mask {n}: differs from the interpreter by {err:e}");
+            // The fused backward reads the same tables (one per batch index here).
+            let mut named: Vec<(String, Tensor)> = grad.random_inputs(&format!("{entry}_grad"), 9, &dims).expect("inputs");
+            for (name, t) in named.iter_mut() {
+                if let Some(at) = ["q", "k", "v", "mask"].iter().position(|x| x == name) {
+                    *t = inputs[at].clone();
+                }
+            }
+            let run = |target| {
+                let opts = attn_runtime::RunOptions { target, ..Default::default() };
+                let out = grad.run(&format!("{entry}_grad"), named.clone(), &opts).expect("the gradient runs");
+                out.into_iter().map(|(_, t)| t).collect::<Vec<_>>()
+            };
+            let (want, got) = (run(attn_runtime::Target::Interp), run(attn_runtime::Target::Cpu));
+            let err = compare(&got, &want).unwrap_or_else(|e| panic!("{entry}, mask {n}, gradients: {e}"));
+            assert!(err < 1e-4, "{entry}, mask {n}: gradients differ from the interpreter's by {err:e}");
         }
     }
 }

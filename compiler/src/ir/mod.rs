@@ -25,8 +25,8 @@ pub use infer::infer;
 pub use op::{Arity, Attr, BinaryOp, FlashWrt, Op, ReduceOp, ScanOp, UnaryOp};
 pub use text::{ParseIrError, print_order, value_numbers};
 pub use tile_class::{
-    Known, RangeTable, TileClass, TileGrid, classify_tile, classify_tile_known, data_param_key, grid_size, scalar_load_key,
-    scalar_param_key, tile_census, tile_grid,
+    Known, PER_BATCH, RangeTable, TileClass, TileGrid, classify_tile, classify_tile_in, classify_tile_known, data_param_key, grid_size,
+    reads_position, scalar_load_key, scalar_param_key, tile_census, tile_grid,
 };
 pub use tile_map::{FlashTileMap, MAP_TILE, MAX_MAP_TILES, MAX_TEXT_SIDE, TileMapError, block_summary, flash_tile_maps, representative};
 pub use types::{DType, TensorType, broadcast_shapes};

@@ -609,11 +609,25 @@ pub fn classify_tile(
 
 /// [`classify_tile`] also knowing 1-d i32 operands' values (segment ids given at run time).
 pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: (i64, i64), cols: (i64, i64), known: &Known) -> TileClass {
+    let batch: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
+    classify_tile_in(mask, &batch, rows, cols, known)
+}
+
+/// [`classify_tile_known`] over the batch indices of `batch` (an inclusive range per batch
+/// axis; one index fixes it), for a tile table of some batch indices only.
+pub fn classify_tile_in(
+    mask: Option<&ScoreExpr>,
+    batch_ranges: &[(i64, i64)],
+    rows: (i64, i64),
+    cols: (i64, i64),
+    known: &Known,
+) -> TileClass {
     if rows.0 >= rows.1 || cols.0 >= cols.1 {
         return TileClass::Skip;
     }
     let Some(mask) = mask else { return TileClass::Full };
-    let mut ranges: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
+    let batch_sizes: Vec<i64> = batch_ranges.iter().map(|(lo, hi)| hi - lo + 1).collect();
+    let mut ranges: Vec<(i64, i64)> = batch_ranges.to_vec();
     ranges.push((rows.0, rows.1 - 1));
     ranges.push((cols.0, cols.1 - 1));
     let class = |ranges: &[(i64, i64)]| match bound(mask, ranges, known).iv.truth() {
@@ -634,7 +648,7 @@ pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: 
             for (k, n) in batch_sizes.iter().enumerate().rev().filter(|(k, _)| read[*k]) {
                 let p = rest % n.max(&1);
                 rest /= n.max(&1);
-                ranges[k] = (p, p);
+                ranges[k] = (batch_ranges[k].0 + p, batch_ranges[k].0 + p);
             }
             let c = class(&ranges);
             merged = Some(match merged {
@@ -649,7 +663,7 @@ pub fn classify_tile_known(mask: Option<&ScoreExpr>, batch_sizes: &[i64], rows: 
 }
 
 /// Whether `e` reads score position `k` (the batch axis `k`, for `k` below the query axis).
-fn reads_position(e: &ScoreExpr, k: usize) -> bool {
+pub fn reads_position(e: &ScoreExpr, k: usize) -> bool {
     match e {
         ScoreExpr::Pos(p) => *p == k,
         ScoreExpr::Score | ScoreExpr::Float(_) | ScoreExpr::Int(_) | ScoreExpr::Dim(_) => false,
@@ -662,7 +676,7 @@ fn reads_position(e: &ScoreExpr, k: usize) -> bool {
 
 /// The most batch indices [`classify_tile_known`] classifies one by one when the data it knows
 /// has rows (per batch index ids); above it, a load is bounded over all of them.
-const PER_BATCH: i64 = 256;
+pub const PER_BATCH: i64 = 256;
 
 /// The class of every tile of an `m × n` score matrix cut into `tile.0 × tile.1` tiles (the
 /// last row and column of tiles may be smaller).

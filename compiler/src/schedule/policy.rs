@@ -258,7 +258,7 @@ impl Policy {
             (_, Kernel::Flash(f)) => {
                 let mut t = vec![BlockM, BlockN, Splits, KeysPerSplit, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
-                    t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias]);
+                    t.extend([ScratchAcc, ScratchMax, ScratchSum, ScratchBias, TileBatchDiv]);
                     if f.paged() {
                         t.extend([ScratchKv, HeadGroup]);
                     }
@@ -268,7 +268,16 @@ impl Policy {
             (_, Kernel::FlashBwd(_)) => {
                 let mut t = vec![BlockM, BlockN, QueryBlocks, KeyBlocks, TileEntryBytes];
                 if let Policy::Cpu(_) = self {
-                    t.extend([ScratchGradS, ScratchGradQ, ScratchGradK, ScratchGradV, ScratchKeysT, ScratchGradRow, RowStride]);
+                    t.extend([
+                        ScratchGradS,
+                        ScratchGradQ,
+                        ScratchGradK,
+                        ScratchGradV,
+                        ScratchKeysT,
+                        ScratchGradRow,
+                        RowStride,
+                        TileBatchDiv,
+                    ]);
                 }
                 t
             }

@@ -415,6 +415,49 @@ pub fn prepare_with(
     Ok(prepared)
 }
 
+/// The tile tables of a flash step and how work items find theirs: flat batch index `b` reads
+/// table `b / div` ([`Tuning::TileBatchDiv`]). With `per_group` (the CPU's kernels), where the
+/// data a mask reads differs per batch index (per-batch ids, a `[B, 1, L, S]` mask) one table
+/// per index of the leading batch axes the mask reads (up to [`crate::ir::PER_BATCH`] of them):
+/// each batch index skips its own masked tiles (a padded row of the batch its padding), where
+/// one table for all must keep a tile that any of them keeps. Else one table for the whole
+/// batch (`div` the batch size).
+fn tile_tables(
+    mask: Option<&crate::ir::ScoreExpr>,
+    batch_sizes: &[i64],
+    mn: (i64, i64),
+    blocks: (i64, i64),
+    spans: bool,
+    known: &Known,
+    per_group: bool,
+) -> (Vec<u8>, i64) {
+    let whole: Vec<(i64, i64)> = batch_sizes.iter().map(|n| (0, (n - 1).max(0))).collect();
+    let lead = match mask {
+        Some(mask) if per_group && known.data.values().any(|t| t.per_batch()) => {
+            (0..batch_sizes.len()).rev().find(|k| crate::ir::reads_position(mask, *k)).map_or(0, |k| k + 1)
+        }
+        _ => 0,
+    };
+    let groups = batch_sizes[..lead].iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX);
+    if lead == 0 || !(2..=crate::ir::PER_BATCH).contains(&groups) {
+        let div = batch_sizes.iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX).max(1);
+        return (tile_table::table(mask, &whole, mn, blocks, spans, known), div);
+    }
+    let div = batch_sizes[lead..].iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX).max(1);
+    let mut out = Vec::new();
+    for g in 0..groups {
+        let mut ranges = whole.clone();
+        let mut rest = g;
+        for k in (0..lead).rev() {
+            let n = batch_sizes[k].max(1);
+            ranges[k] = (rest % n, rest % n);
+            rest /= n;
+        }
+        out.extend(tile_table::table(mask, &ranges, mn, blocks, spans, known));
+    }
+    (out, div)
+}
+
 impl Prepared {
     fn default_for(key: Vec<(String, i64)>, schedule: &Schedule) -> Prepared {
         let n = schedule.buffers.len();
@@ -574,7 +617,10 @@ impl Preparing<'_> {
             ],
         );
         let (run_env, data) = self.run_values(&f.extras);
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &Known { env: &run_env, data: &data });
+        let known = Known { env: &run_env, data: &data };
+        let cpu = matches!(self.policy, Policy::Cpu(_));
+        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &known, cpu);
+        self.set(s, &[(Tuning::TileBatchDiv, div)]);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));
@@ -653,7 +699,10 @@ impl Preparing<'_> {
         );
         let cpu = matches!(self.policy, Policy::Cpu(_));
         let (run_env, data) = self.run_values(&f.extras);
-        let table = tile_table::table(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &Known { env: &run_env, data: &data });
+        let known = Known { env: &run_env, data: &data };
+        // (A paged step's head groups walk several batch indices per item: one table.)
+        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &known, cpu && !f.paged());
+        self.set(s, &[(Tuning::TileBatchDiv, div)]);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
         self.prepared.tables.push((f.tiles, table));

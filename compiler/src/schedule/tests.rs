@@ -440,10 +440,10 @@ fn range_tables_give_the_range_of_any_span() {
 }
 
 /// 2-d ids (`seg[b, i]`, a batch of packed documents, `examples/document_mask.attn`) classify
-/// the tiles every batch index shares: a tile is skipped where no batch index keeps a score,
-/// full where every one keeps them all.
+/// the tiles of each batch index on the CPU: one table per batch index (`TileBatchDiv` 1 with one
+/// head), each skipping what its own documents leave.
 #[test]
-fn per_batch_segment_ids_classify_the_tiles_every_batch_index_shares() {
+fn per_batch_segment_ids_classify_each_batch_indexs_tiles() {
     let src = include_str!("../../../examples/document_mask.attn");
     let compiled = crate::check(src).expect("compiles");
     let g = crate::opt::optimize_module(&compiled.module).0.graphs.remove(0);
@@ -459,11 +459,12 @@ fn per_batch_segment_ids_classify_the_tiles_every_batch_index_shares() {
     let tables = [(3, std::sync::Arc::new(crate::ir::RangeTable::of_rows(&ids, t)))].into();
     let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
     let classes = class_counts(&s, &p, 0);
-    // 8 × 8 tiles of 128; per 512-token document (4 × 4 tiles): 2 tiles below the diagonal
-    // inside a 256-token document of batch index 0 are full, the other 4 below it and the 4
-    // on it partial, the 6 above it skipped; every tile across the two 512-token documents
-    // skipped.
-    assert_eq!(classes, [44, 4, 16]);
+    assert_eq!(p.ints[s.tuning(0, Tuning::TileBatchDiv).expect("div")], 1);
+    // Two tables of 8 × 8 tiles of 128. Batch index 0, four documents of 2 × 2 tiles: in each one
+    // tile below the diagonal full, two on it partial, the rest of the table skipped (52, 4,
+    // 8). Batch index 1, two documents of 4 × 4 tiles: in each 6 below the diagonal full, 4 on
+    // it partial (44, 12, 8).
+    assert_eq!(classes, [96, 16, 16]);
 }
 
 /// Tiles classified from run-time tables are sound against the mask evaluated on every score
@@ -616,12 +617,15 @@ fn a_dense_bool_mask_classifies_tiles_from_its_block_bounds() {
             }
             let p = super::prepare_with(&s, &env, &cpu, &tables).expect("prepares");
             assert_eq!(p.ints[s.tuning(0, Tuning::BlockM).expect("bm")], 128);
-            class_counts(&s, &p, 0)
+            (class_counts(&s, &p, 0), p.ints[s.tuning(0, Tuning::TileBatchDiv).expect("div")])
         };
-        // 8 × 8 tiles of 128: the 28 above the diagonal skipped, the 8 on it partial; below it the 7
-        // of key tile 0 partial (batch index 0 masks its first 100 keys), the other 21 full.
-        assert_eq!(classes(true), [28, 21, 15], "{}", g.name);
-        assert_eq!(classes(false), [0, 0, 64]);
+        // One table per batch index (the 4 heads of each share it), 8 × 8 tiles of 128. Both:
+        // the 28 above the diagonal skipped, the 8 on it partial. Below it, batch index 0 (its
+        // first 100 keys masked): the 7 of key tile 0 partial, the other 21 full; batch index 1:
+        // all 28 full.
+        assert_eq!(classes(true), ([56, 49, 23], 4), "{}", g.name);
+        // Without the mask's values, one table for the whole batch, every tile partial.
+        assert_eq!(classes(false), ([0, 0, 64], 8));
     }
 }
 

@@ -4,7 +4,7 @@
 //! chunk's rows can keep, in units of [`CHUNK_COLS`] keys (every key outside it is masked for
 //! those rows). Kernels that do not use the spans read the class byte of each entry.
 
-use crate::ir::{Known, ScoreExpr, TileClass, classify_tile_known};
+use crate::ir::{Known, ScoreExpr, TileClass, classify_tile_in};
 
 /// Rows per chunk of a partially masked tile.
 pub const CHUNK_ROWS: usize = 32;
@@ -19,10 +19,10 @@ pub fn entry_bytes(bm: usize) -> usize {
 /// The keys of the tile `cols` the query rows `rows` can keep, as `[lo, hi)` in units of
 /// [`CHUNK_COLS`] from `cols.0`: every key before `lo` and from `hi` on is masked for these
 /// rows. Binary searches: a masked prefix or suffix stays masked as it shrinks.
-fn key_span(mask: Option<&ScoreExpr>, batch: &[i64], rows: (i64, i64), cols: (i64, i64), known: &Known) -> (u8, u8) {
+fn key_span(mask: Option<&ScoreExpr>, batch: &[(i64, i64)], rows: (i64, i64), cols: (i64, i64), known: &Known) -> (u8, u8) {
     let units = (cols.1 - cols.0 + CHUNK_COLS - 1) / CHUNK_COLS;
     let at = |u: i64| (cols.0 + u * CHUNK_COLS).min(cols.1);
-    let skip = |range: (i64, i64)| classify_tile_known(mask, batch, rows, range, known) == TileClass::Skip;
+    let skip = |range: (i64, i64)| classify_tile_in(mask, batch, rows, range, known) == TileClass::Skip;
     // Smallest `hi` with `[at(hi), end)` masked.
     let (mut lo, mut hi) = (0, units);
     while lo < hi {
@@ -40,10 +40,17 @@ fn key_span(mask: Option<&ScoreExpr>, batch: &[i64], rows: (i64, i64), cols: (i6
     (byte(lo), byte(end))
 }
 
-/// The table of a mask over `m × n` scores (every batch index at once) in blocks of
-/// `bm × bn`, with chunk spans when `spans`, knowing what the run gave (`known`: dims, scalar
-/// and 1-d i32 operands).
-pub fn table(mask: Option<&ScoreExpr>, batch: &[i64], (m, n): (i64, i64), (bm, bn): (i64, i64), spans: bool, known: &Known) -> Vec<u8> {
+/// The table of a mask over `m × n` scores (the batch indices in `batch`, an inclusive range per
+/// batch axis, at once) in blocks of `bm × bn`, with chunk spans when `spans`, knowing what the
+/// run gave (`known`: dims, scalar operands, and the range tables of data operands).
+pub fn table(
+    mask: Option<&ScoreExpr>,
+    batch: &[(i64, i64)],
+    (m, n): (i64, i64),
+    (bm, bn): (i64, i64),
+    spans: bool,
+    known: &Known,
+) -> Vec<u8> {
     let (bm, bn) = (bm.max(1), bn.max(1));
     let (nqb, nkb) = ((m + bm - 1) / bm, (n + bn - 1) / bn);
     let entry = entry_bytes(bm as usize);
@@ -52,7 +59,7 @@ pub fn table(mask: Option<&ScoreExpr>, batch: &[i64], (m, n): (i64, i64), (bm, b
         for kb in 0..nkb {
             let rows = (qb * bm, ((qb + 1) * bm).min(m));
             let cols = (kb * bn, ((kb + 1) * bn).min(n));
-            let class = classify_tile_known(mask, batch, rows, cols, known);
+            let class = classify_tile_in(mask, batch, rows, cols, known);
             let mut bytes = vec![0u8; entry];
             bytes[0] = match class {
                 TileClass::Skip => 0,

@@ -110,6 +110,8 @@ fn store_lse(fx: &mut StepBuilder, c: &Common, bidx: &[Value], i: Value, max: Va
 struct QueryBlock {
     /// Query block number.
     qblk: Value,
+    /// Flat batch index.
+    bflat: Value,
     /// Batch position per batch axis.
     bidx: Vec<Value>,
     /// First query row.
@@ -125,7 +127,7 @@ fn query_block(fx: &mut StepBuilder, c: &Common, t: Value) -> QueryBlock {
     let i0 = fx.mul(qblk, c.bm);
     let left = fx.sub(c.m, i0);
     let rows = fx.min(c.bm, left);
-    QueryBlock { qblk, bidx, i0, rows }
+    QueryBlock { qblk, bflat: bi, bidx, i0, rows }
 }
 
 /// Whether the work items run split-major (`w = split · T + t` over the `T` (batch index, query
@@ -233,6 +235,8 @@ struct Prologue<'f> {
     nkb: Value,
     tiles: Value,
     entry_bytes: Value,
+    /// Flat batch indices per tile table ([`Tuning::TileBatchDiv`]).
+    tile_div: Value,
     extras: Vec<Extra>,
     dims: HashMap<Dim, Value>,
     /// The scale of the Q·Kᵀ product.
@@ -341,6 +345,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
     let [bn, kps, nkb, entry_bytes] =
         [Tuning::BlockN, Tuning::KeysPerSplit, Tuning::KeyBlocks, Tuning::TileEntryBytes].map(|t| fx.tuning(step, t));
     let tiles = fx.buf(f.tiles);
+    let tile_div = fx.tuning(step, Tuning::TileBatchDiv);
     let extras = Extra::of_views(fx, &f.extras);
     let dims = score::dim_values(fx, attn_compiler::schedule::score_dims(f));
     let alpha = score::step_scalar(fx, f.analysis.alpha.as_ref(), &dims, &extras);
@@ -378,6 +383,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashKernel) -> Prologue<'f> {
         nkb,
         tiles,
         entry_bytes,
+        tile_div,
         extras,
         dims,
         alpha,
@@ -717,7 +723,11 @@ fn tile_class(fx: &mut StepBuilder, p: &Prologue, it: &Item, kbi: Value) -> (Val
     let j0 = fx.mul(kbi, p.bn);
     let kleft = fx.sub(it.kend, j0);
     let cols = fx.min(p.bn, kleft);
-    let tix = fx.mul(it.block.qblk, p.nkb);
+    // The item's table (per batch index where the mask's data differs per batch index).
+    let table = fx.b.ins().udiv(it.block.bflat, p.tile_div);
+    let tix = fx.mul(table, p.c.nqb);
+    let tix = fx.add(tix, it.block.qblk);
+    let tix = fx.mul(tix, p.nkb);
     let tix = fx.add(tix, kbi);
     let tix = fx.mul(tix, p.entry_bytes);
     let taddr = fx.add(p.tiles, tix);

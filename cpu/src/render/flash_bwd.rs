@@ -94,6 +94,8 @@ pub(super) struct Prologue<'f> {
     pub(super) nkb: Value,
     pub(super) entry_bytes: Value,
     pub(super) tiles: Value,
+    /// Flat batch indices per tile table ([`Tuning::TileBatchDiv`]).
+    tile_div: Value,
     q: Operand,
     k: Operand,
     v: Operand,
@@ -156,9 +158,16 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
     let (m, n, d, dv) = f.sizes();
     let (m, n, d, dv) = (fx.dim(&m), fx.dim(&n), fx.dim(&d), fx.dim(&dv));
     let step = f.step;
-    let [bm, bn, nqb, nkb, entry_bytes, stride] =
-        [Tuning::BlockM, Tuning::BlockN, Tuning::QueryBlocks, Tuning::KeyBlocks, Tuning::TileEntryBytes, Tuning::RowStride]
-            .map(|t| fx.tuning(step, t));
+    let [bm, bn, nqb, nkb, entry_bytes, stride, tile_div] = [
+        Tuning::BlockM,
+        Tuning::BlockN,
+        Tuning::QueryBlocks,
+        Tuning::KeyBlocks,
+        Tuning::TileEntryBytes,
+        Tuning::RowStride,
+        Tuning::TileBatchDiv,
+    ]
+    .map(|t| fx.tuning(step, t));
     let tiles = fx.buf(f.tiles);
     let q = operand(fx, &f.q, &batch, d);
     let k = operand(fx, &f.k, &batch, d);
@@ -205,6 +214,7 @@ fn prologue<'f>(fx: &mut StepBuilder, f: &'f FlashBwdKernel) -> Prologue<'f> {
         nkb,
         entry_bytes,
         tiles,
+        tile_div,
         q,
         k,
         v,
@@ -259,6 +269,8 @@ pub(super) struct Item {
     /// four-lane and one-lane f32 accumulators per key row, added after each key row into an
     /// f64 total for the item (the terms largely cancel: softmax's `dF` sums to 0 along a row).
     pub(super) sums: Vec<Option<Sum>>,
+    /// This item's tile table.
+    tiles: Value,
 }
 
 /// See [`Item::sums`].
@@ -399,18 +411,24 @@ fn item(fx: &mut StepBuilder, p: &Prologue, w: Value) -> Item {
             })
         })
         .collect();
-    Item { bidx, b_pos, q, k, v, d_out, stats, d_lse, partial, out, hoisted, factor, sums }
+    // The item's tile table (per batch index where the mask's data differs per batch index).
+    let table = fx.b.ins().udiv(w, p.tile_div);
+    let size = fx.mul(p.nqb, p.nkb);
+    let size = fx.mul(size, p.entry_bytes);
+    let off = fx.mul(table, size);
+    let tiles = fx.add(p.tiles, off);
+    Item { bidx, b_pos, q, k, v, d_out, stats, d_lse, partial, out, hoisted, factor, sums, tiles }
 }
 
 /// The span of live query blocks of key block `kb` by the tile table: `(first, last)`, with
 /// `last < first` when every tile of the key block is skipped.
-fn live_span(fx: &mut StepBuilder, p: &Prologue, kb: Value) -> (Value, Value) {
+fn live_span(fx: &mut StepBuilder, p: &Prologue, it: &Item, kb: Value) -> (Value, Value) {
     let first = fx.var(types::I64, p.nqb);
     let none = fx.i64(-1);
     let last = fx.var(types::I64, none);
     let zero = fx.i64(0);
     fx.for_range(zero, p.nqb, |fx, qb| {
-        let class = tile_class(fx, p, qb, kb);
+        let class = tile_class(fx, p, it, qb, kb);
         let live = fx.b.ins().icmp_imm_s(IntCC::NotEqual, class, 0);
         let f0 = fx.b.use_var(first);
         let f1 = fx.min(f0, qb);
@@ -424,12 +442,13 @@ fn live_span(fx: &mut StepBuilder, p: &Prologue, kb: Value) -> (Value, Value) {
     (fx.b.use_var(first), fx.b.use_var(last))
 }
 
-/// The class (0 skip, 1 full, 2 partial) of tile (query block `qb`, key block `kb`), i32.
-pub(super) fn tile_class(fx: &mut StepBuilder, p: &Prologue, qb: Value, kb: Value) -> Value {
+/// The class (0 skip, 1 full, 2 partial) of tile (query block `qb`, key block `kb`) of item
+/// `it`, i32.
+pub(super) fn tile_class(fx: &mut StepBuilder, p: &Prologue, it: &Item, qb: Value, kb: Value) -> Value {
     let tix = fx.mul(qb, p.nkb);
     let tix = fx.add(tix, kb);
     let tix = fx.mul(tix, p.entry_bytes);
-    let taddr = fx.add(p.tiles, tix);
+    let taddr = fx.add(it.tiles, tix);
     fx.b.ins().uload8(types::I32, MemFlagsData::trusted(), taddr, 0)
 }
 
@@ -444,7 +463,7 @@ fn key_block(fx: &mut StepBuilder, p: &Prologue, it: &Item, kb: Value) {
     let kp = fx.elem_addr(it.k, koff);
     let voff = fx.mul(j0, p.v.row);
     let vp = fx.elem_addr(it.v, voff);
-    let (first, last) = live_span(fx, p, kb);
+    let (first, last) = live_span(fx, p, it, kb);
     let any = fx.b.ins().icmp(IntCC::SignedLessThanOrEqual, first, last);
     fx.if_else(
         any,

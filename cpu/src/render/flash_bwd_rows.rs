@@ -72,7 +72,7 @@ pub(super) fn key_row(fx: &mut StepBuilder, p: &Prologue, it: &Item, s: &Span, c
     let one = fx.i64(1);
     let end = fx.add(s.last, one);
     fx.for_range(s.first, end, |fx, qb| {
-        let class = tile_class(fx, p, qb, s.kb);
+        let class = tile_class(fx, p, it, qb, s.kb);
         let i0 = fx.mul(qb, p.bm);
         let left = fx.sub(p.m, i0);
         let rows = fx.min(p.bm, left);
