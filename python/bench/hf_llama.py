@@ -8,7 +8,11 @@ With ``--bound``, a third copy runs with attention replaced by a copy of the que
 attention at all): its time is the rest of the step, and sdpa's time over it is the most that
 any attention backend could reach against sdpa on this machine.
 
-    python python/bench/hf_llama.py [--rounds 3] [--threads 1] [--seq 1024] [--bound]
+With ``--pad N``, a batch of two rows, the first left-padded by ``N`` tokens (its attention
+mask 0 there, its labels ignored): transformers then hands every backend a bool
+``[B, 1, S, S]`` mask (causal and padding) instead of ``is_causal``.
+
+    python python/bench/hf_llama.py [--rounds 3] [--threads 1] [--seq 1024] [--bound] [--pad N]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--bound", action="store_true", help="also time the step without attention (the rest of the model)")
+    ap.add_argument("--pad", type=int, default=None, help="a batch of two, the first row left-padded by this many tokens")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     name = attnc.hf.register()
@@ -52,11 +57,16 @@ def main() -> None:
     models = {impl: AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=impl) for impl in impls}
     for impl in impls[1:]:
         models[impl].load_state_dict(models[name].state_dict())
-    ids = torch.randint(0, 1000, (1, args.seq))
+    batch = 1 if args.pad is None else 2
+    ids = torch.randint(0, 1000, (batch, args.seq))
+    mask = torch.ones(batch, args.seq, dtype=torch.long)
+    if args.pad is not None:
+        mask[0, : args.pad] = 0
+    labels = ids.masked_fill(mask == 0, -100)
 
     def step(model):
         model.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
 
     times = {impl: [] for impl in models}
     for impl, model in models.items():
@@ -67,7 +77,8 @@ def main() -> None:
             step(model)
             times[impl].append(time.perf_counter() - start)
     a, b = statistics.median(times[name]), statistics.median(times["sdpa"])
-    print(f"# 4-layer Llama, B=1 S={args.seq}, {args.threads} thread(s), torch {torch.__version__}, {args.rounds} rounds interleaved")
+    padding = "" if args.pad is None else f", row 0 left-padded by {args.pad}"
+    print(f"# 4-layer Llama, B={batch} S={args.seq}{padding}, {args.threads} thread(s), torch {torch.__version__}, {args.rounds} rounds interleaved")
     print(f"forward+backward: attnc {a * 1e3:.0f} ms, sdpa {b * 1e3:.0f} ms, sdpa/attnc {b / a:.2f}")
     if args.bound:
         r = statistics.median(times["no_attention"])
