@@ -4,8 +4,11 @@
 //! [`DEFAULT_DIM`] (8); dims written as expressions (`H*Dh`, `S+1`) are then computed from their
 //! names. Values: floats are N(0, 1); i32 inputs are segment ids, non-decreasing along the last
 //! axis with values in `[0, 4)` (so document masks see sorted segments, and any gather stays in
-//! range after clamping); bools are true with probability 1/2. The same seed, entry and dims
-//! always give the same tensors.
+//! range after clamping); bools are, in each matrix of the last two axes, true on one span per
+//! row that moves by 0 or 1 per row (causal, window, padding and constant masks: whole blocks
+//! true or false, so that a mask read from data classifies some tiles as skipped or full) and
+//! false elsewhere, one row in eight with a bit flipped (ragged edges). The same seed, entry and dims always give the same
+//! tensors.
 
 use crate::ir::{DType, TensorType};
 use crate::tensor::{Tensor, TensorData, TensorError};
@@ -110,12 +113,42 @@ pub fn random_inputs(
         let data = match ty.dtype {
             DType::F32 | DType::F16 | DType::BF16 => TensorData::F32((0..len).map(|_| StandardNormal.sample(&mut rng)).collect()),
             DType::I32 => TensorData::I32(segment_ids(&mut rng, len, shape.last().copied().unwrap_or(1))),
-            DType::Bool => TensorData::Bool((0..len).map(|_| rng.random_bool(0.5)).collect()),
+            DType::Bool => {
+                let (rows, width) = match shape.as_slice() {
+                    [.., r, w] => (*r, *w),
+                    [w] => (1, *w),
+                    [] => (1, 1),
+                };
+                TensorData::Bool(mask_rows(&mut rng, len, (rows, width)))
+            }
         };
         let tensor = Tensor::new(ty.dtype, shape, data).map_err(|source| RandomError::Tensor { param: name.clone(), source })?;
         out.push((name.clone(), tensor));
     }
     Ok(out)
+}
+
+/// `len` bools in matrices of `rows × width` (the last two axes): in each, row `i` true on
+/// `[lo + a·i, hi + b·i)` (clamped; `a`, `b` 0 or 1, so causal, window, padding and constant
+/// spans) and false elsewhere, and one row in eight with one value flipped.
+fn mask_rows(rng: &mut StdRng, len: usize, (rows, width): (usize, usize)) -> Vec<bool> {
+    let (rows, width) = (rows.max(1), width.max(1));
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let (lo, hi) = (rng.random_range(0..=width), rng.random_range(0..=width));
+        let (a, b) = (usize::from(rng.random_bool(0.5)), usize::from(rng.random_bool(0.5)));
+        for i in 0..rows {
+            let (l, h) = ((lo + a * i).min(width), (hi + b * i).min(width));
+            let flip = if rng.random_bool(1.0 / 8.0) { Some(rng.random_range(0..width)) } else { None };
+            for x in 0..width {
+                if out.len() == len {
+                    return out;
+                }
+                out.push((l <= x && x < h) != (flip == Some(x)));
+            }
+        }
+    }
+    out
 }
 
 /// `len` ids in rows of `row` (the last axis), each row sorted, values in `[0, SEGMENTS)`.
@@ -165,6 +198,30 @@ mod tests {
         assert_eq!(shapes, vec![vec![8, 3, 16], vec![8, 3], vec![3, 4], vec![]]);
         let names: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x", "seg", "m", "h"]);
+    }
+
+    #[test]
+    fn bool_masks_have_whole_blocks_of_each_value_and_mixed_ones() {
+        // Over a few seeds, 16 × 16 blocks that are all true, all false and mixed all occur, as
+        // tile classification from data needs to be exercised.
+        let p = vec![("m".to_string(), ty(DType::Bool, &["B", "L", "S"]))];
+        let given = HashMap::from([("B".to_string(), 2), ("L".to_string(), 64), ("S".to_string(), 64)]);
+        let mut seen = [false; 3];
+        for seed in 0..8 {
+            let inputs = random_inputs(&p, seed, &given).unwrap();
+            let TensorData::Bool(v) = &inputs[0].1.data else { panic!("bools") };
+            for (b, y, x) in (0..2).flat_map(|b| (0..4).flat_map(move |y| (0..4).map(move |x| (b, y, x)))) {
+                let trues = (0..256).filter(|e| v[b * 4096 + (y * 16 + e / 16) * 64 + x * 16 + e % 16]).count();
+                seen[if trues == 0 {
+                    0
+                } else if trues == 256 {
+                    1
+                } else {
+                    2
+                }] = true;
+            }
+        }
+        assert_eq!(seen, [true; 3]);
     }
 
     #[test]

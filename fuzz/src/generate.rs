@@ -69,6 +69,8 @@ struct Needs {
     bias_radius: i64,
     seg: bool,
     len: bool,
+    /// A dense bool mask input (`keep[b, i, j]`, or `keep[b, 0, i, j]` broadcast over heads).
+    keep: bool,
     consts: Vec<(String, String)>,
 }
 
@@ -234,6 +236,13 @@ pub fn generate(u: &mut Unstructured) -> Result<Case> {
     if needs.len {
         params.push("len: i32[B]".to_string());
     }
+    if needs.keep {
+        params.push(if shape.rank4 {
+            format!("keep: bool[B, 1, {}, {}]", shape.sq, shape.sk)
+        } else {
+            format!("keep: bool[B, {}, {}]", shape.sq, shape.sk)
+        });
+    }
     let out_ty = shape.ty(shape.sq, shape.dv);
     let ret = if with_weights { format!("(out: {out_ty}, weights: {})", shape.ty(shape.sq, shape.sk)) } else { out_ty };
     let ret_expr = if with_weights { format!("{out}, w") } else { out };
@@ -265,8 +274,13 @@ pub fn generate(u: &mut Unstructured) -> Result<Case> {
 
 /// A mask predicate on positions `i` (query) and `j` (key), or none.
 fn mask(u: &mut Unstructured, shape: &Shape, needs: &mut Needs) -> Result<Option<String>> {
-    Ok(Some(match u.int_in_range(0..=13)? {
+    Ok(Some(match u.int_in_range(0..=15)? {
         0 | 1 => return Ok(None),
+        14 | 15 => {
+            needs.keep = true;
+            let at = if shape.rank4 { "keep[b, 0, i, j]" } else { "keep[b, i, j]" };
+            if u.ratio(1, 2)? { at.to_string() } else { format!("{at} && j <= i") }
+        }
         2 => "j <= i".to_string(),
         3 => "j < i".to_string(),
         4 => format!("abs(i - j) <= {}", needs.int(u, "W", 0..=5)?),
