@@ -729,3 +729,48 @@ fn a_window_given_as_an_input_classifies_by_its_value_emulated() {
         assert!(err <= 5e-3, "w = {w}: max relative error {err:e}");
     }
 }
+
+/// A dense bool mask (`tests/cases/flash/dense_bool_mask.attn`) classifies its tiles from its
+/// values, one tile table per batch index: batch index 0 left-padded past a whole tile (its
+/// table skips key tiles that batch index 1 runs). The forward (f32 SIMT, f16 tensor cores) and
+/// the backward (f16 tensor cores) emulated against the interpreter.
+#[test]
+fn a_dense_bool_mask_classifies_tiles_per_batch_index_emulated() {
+    if !compiler_or_skip("a_dense_bool_mask_classifies_tiles_per_batch_index_emulated").unwrap_or_else(|e| panic!("{e}")) {
+        return;
+    }
+    let src = include_str!("../../tests/cases/flash/dense_bool_mask.attn");
+    let (n, pad) = (200usize, [150usize, 0]);
+    let keep: Vec<bool> = (0..2 * n * n).map(|x| (x % n) <= (x / n % n) && ((x % n) >= pad[x / (n * n)] || x % n == x / n % n)).collect();
+    let mask = Tensor::new(DType::Bool, vec![2, 1, n, n], attn_compiler::tensor::TensorData::Bool(keep)).unwrap();
+    for (dtype, tol) in [("f32", 1e-4), ("f16", 1e-2)] {
+        // Optimised first, so that attention is one flash op and its gradient the fused backward.
+        let module = attn_compiler::check(&src.replace("f32", dtype)).unwrap().module;
+        let g = attn_compiler::opt::optimize_module(&module).0.graphs.into_iter().next().unwrap();
+        let env = sizes(&g, &[("B", 2), ("H", 2), ("L", n as i64), ("S", n as i64), ("D", 32)]);
+        let mut inputs: Vec<Tensor> = random_inputs(&g.param_types(), 8, &env).unwrap().into_iter().map(|(_, t)| t).collect();
+        inputs[3] = mask.clone();
+        let forward = (g.clone(), inputs.clone());
+        let derived = attn_compiler::ir::grad::differentiate(&g, Some(&["q".to_string(), "k".to_string(), "v".to_string()])).unwrap();
+        let mut grad_inputs: Vec<Tensor> =
+            random_inputs(&derived.param_types(), 9, &sizes(&derived, &[("B", 2), ("H", 2), ("L", n as i64), ("S", n as i64), ("D", 32)]))
+                .unwrap()
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+        grad_inputs[..4].clone_from_slice(&inputs);
+        let runs = if dtype == "f16" { vec![forward, (derived, grad_inputs)] } else { vec![forward] };
+        for (n_run, (graph, inputs)) in runs.into_iter().enumerate() {
+            let env = sizes(&graph, &[("B", 2), ("H", 2), ("L", n as i64), ("S", n as i64), ("D", 32)]);
+            let want = interp_run(&graph, &inputs, &env).unwrap();
+            let wd = work_dir(&format!("dense-mask-{dtype}-{n_run}"));
+            let got = emulate_schedule(&device_graph(Device::AsWritten(&graph)), &inputs, &env, &wd)
+                .unwrap_or_else(|e| panic!("{dtype} {n_run}: {e}"));
+            let _ = std::fs::remove_dir_all(&wd);
+            for (a, b) in got.iter().zip(&want) {
+                let err = max_rel(a, b, 1.0);
+                assert!(err <= tol, "{dtype} run {n_run}: max relative error {err:e}");
+            }
+        }
+    }
+}

@@ -222,3 +222,27 @@ def test_the_saving_op_passes_opcheck_and_the_backward_graph_holds_no_forward(gr
         torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
     assert any("sdpa_saving" in t for t in graphs["fw"]), graphs["fw"]
     assert any("sdpa_backward" in t for t in graphs["bw"]) and not any("sdpa_saving" in t or t.endswith("attnc.sdpa.default") for t in graphs["bw"]), graphs["bw"]
+
+
+@pytest.mark.parametrize("hk", [H, 2], ids=["mha", "gqa"])
+def test_masks_of_whole_blocks_match_torch_with_gradients(hk):
+    # Masks as transformers builds them, long enough for several tiles: their tiles are
+    # classified from the values (block bounds), on the CPU per batch index. Batch index 0 is
+    # left-padded (its keys before 150 masked, the diagonal kept so that no row is empty);
+    # then three packed documents of 100, the mask expanded over the batch.
+    g = torch.Generator().manual_seed(5)
+    n = 300
+    pos = torch.arange(n)
+    causal = pos[None, :] <= pos[:, None]
+    padded = torch.stack([causal & ((pos[None, :] >= 150) | (pos[None, :] == pos[:, None])), causal])[:, None]
+    docs = pos // 100
+    packed = (causal & (docs[None, :] == docs[:, None]))[None, None].expand(B, 1, n, n)
+    for mask in (padded, packed):
+        q = torch.randn(B, H, n, E, generator=g).requires_grad_()
+        k, v = (torch.randn(B, hk, n, E, generator=g).requires_grad_() for _ in range(2))
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hk != H)
+        got = at.sdpa(q, k, v, attn_mask=mask, enable_gqa=hk != H)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+        cot = torch.randn(want.shape, generator=g)
+        for a, b in zip(torch.autograd.grad(got, (q, k, v), cot), torch.autograd.grad(want, (q, k, v), cot)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)

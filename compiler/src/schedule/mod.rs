@@ -128,8 +128,8 @@ pub enum Tuning {
     /// Bytes per tile-table entry ([`tile_table::entry_bytes`] of `BlockM`).
     TileEntryBytes,
     /// Consecutive flat batch indices that share one tile table: index `b` reads table
-    /// `b / TileBatchDiv`, each `QueryBlocks × KeyBlocks` entries (CPU; the whole batch where
-    /// the mask's data does not differ per batch index).
+    /// `b / TileBatchDiv`, each `QueryBlocks × KeyBlocks` entries (the whole batch where the
+    /// mask's data does not differ per batch index).
     TileBatchDiv,
     /// Byte offset of the flash output accumulator in a thread's scratch (CPU).
     ScratchAcc,

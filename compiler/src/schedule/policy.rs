@@ -262,6 +262,8 @@ impl Policy {
                     if f.paged() {
                         t.extend([ScratchKv, HeadGroup]);
                     }
+                } else {
+                    t.push(TileBatchDiv);
                 }
                 t
             }
@@ -278,6 +280,8 @@ impl Policy {
                         RowStride,
                         TileBatchDiv,
                     ]);
+                } else {
+                    t.push(TileBatchDiv);
                 }
                 t
             }

@@ -416,7 +416,8 @@ pub fn prepare_with(
 }
 
 /// The tile tables of a flash step and how work items find theirs: flat batch index `b` reads
-/// table `b / div` ([`Tuning::TileBatchDiv`]). With `per_group` (the CPU's kernels), where the
+/// table `b / div` ([`Tuning::TileBatchDiv`]). With `per_group` (not for a paged step, whose
+/// CPU head groups walk several batch indices per item), where the
 /// data a mask reads differs per batch index (per-batch ids, a `[B, 1, L, S]` mask) one table
 /// per index of the leading batch axes the mask reads (up to [`crate::ir::PER_BATCH`] of them):
 /// each batch index skips its own masked tiles (a padded row of the batch its padding), where
@@ -618,8 +619,7 @@ impl Preparing<'_> {
         );
         let (run_env, data) = self.run_values(&f.extras);
         let known = Known { env: &run_env, data: &data };
-        let cpu = matches!(self.policy, Policy::Cpu(_));
-        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &known, cpu);
+        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), false, &known, true);
         self.set(s, &[(Tuning::TileBatchDiv, div)]);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();
@@ -701,7 +701,7 @@ impl Preparing<'_> {
         let (run_env, data) = self.run_values(&f.extras);
         let known = Known { env: &run_env, data: &data };
         // (A paged step's head groups walk several batch indices per item: one table.)
-        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &known, cpu && !f.paged());
+        let (table, div) = tile_tables(f.spec.mask.as_ref(), &batch_sizes, (m, n), (bm, bn), cpu, &known, !f.paged());
         self.set(s, &[(Tuning::TileBatchDiv, div)]);
         count(table.len() as i64, "a flash tile table")?;
         self.prepared.elems[f.tiles] = table.len();

@@ -68,7 +68,10 @@ impl<'a> Flash<'a> {
         out.push(format!("const i64 splits_ = {}, kps_ = {};", self.tuning(Tuning::Splits)?, self.tuning(Tuning::KeysPerSplit)?));
         out.push(format!("const {}* __restrict__ K_ = {};", storage(k.dtype), ptr(k.buf, k.dtype, false)));
         out.push(format!("const {}* __restrict__ V_ = {};", storage(v.dtype), ptr(v.buf, v.dtype, false)));
-        out.push(format!("const u8* __restrict__ tbl_ = {};", ptr(self.f.tiles, attn_compiler::ir::DType::Bool, false)));
+        // The tile tables, one per `tdiv_` consecutive batch indices (`item` picks the item's as
+        // `tbl_`).
+        out.push(format!("const u8* __restrict__ tbl0_ = {};", ptr(self.f.tiles, attn_compiler::ir::DType::Bool, false)));
+        out.push(format!("const i64 tdiv_ = {};", self.tuning(Tuning::TileBatchDiv)?));
         out.extend(dropout_head(self.ints, self.f.spec.dropout.as_ref(), &self.f.extras)?);
         Ok(out)
     }
@@ -94,6 +97,7 @@ impl<'a> Flash<'a> {
         } else {
             "const i64 sp_ = w_ % splits_, t_ = w_ / splits_, qb_ = t_ % nqb_, bz_ = t_ / nqb_;".into()
         });
+        out.push("const u8* __restrict__ tbl_ = tbl0_ + (bz_ / tdiv_) * (nqb_ * nkb_ * entry_);  // its tile table".into());
         let p = delinearize(self.ints, out, "bz_", &self.batch, "p")?;
         for (name, view) in [("qoff_", &self.f.q), ("koff_", &self.f.k), ("voff_", &self.f.v), ("ooff_", &self.f.out)] {
             let strides = view.batch_strides(&self.batch);

@@ -171,7 +171,10 @@ pub(super) fn sizes_head(ints: &Ints, f: &FlashBwdKernel) -> Result<Vec<String>,
             tuning(Tuning::KeyBlocks)?,
             tuning(Tuning::TileEntryBytes)?
         ),
-        format!("const u8* __restrict__ tbl_ = {};", ptr(f.tiles, DType::Bool, false)),
+        // The tile tables, one per `tdiv_` consecutive batch indices (items_head picks the
+        // item's as `tbl_`).
+        format!("const u8* __restrict__ tbl0_ = {};", ptr(f.tiles, DType::Bool, false)),
+        format!("const i64 tdiv_ = {};", tuning(Tuning::TileBatchDiv)?),
     ];
     out.extend(super::flash::dropout_head(ints, f.spec.dropout.as_ref(), &f.extras)?);
     Ok(out)
@@ -208,6 +211,7 @@ pub(super) fn items_head(
         "const bool keys_ = w_ < kitems_;".to_string(),
         "const i64 item_ = keys_ ? w_ / nkb_ : (w_ - kitems_) / nqb_;  // the batch index".into(),
         "const i64 blk_ = keys_ ? w_ % nkb_ : (w_ - kitems_) % nqb_;  // its key chunk or query tile".into(),
+        "const u8* __restrict__ tbl_ = tbl0_ + (item_ / tdiv_) * (nqb_ * nkb_ * entry_);  // its tile table".into(),
     ];
     let p = delinearize(ints, &mut it, "item_", &batch, "p")?;
     for (name, view) in [("qoff_", &f.q), ("koff_", &f.k), ("voff_", &f.v), ("dooff_", &f.d_out)] {
