@@ -415,14 +415,18 @@ pub fn prepare_with(
     Ok(prepared)
 }
 
+/// The most bytes of tile tables per batch index a flash step keeps (64 MiB); above it, one
+/// table serves the whole batch.
+const MAX_BATCH_TABLE_BYTES: i64 = 1 << 26;
+
 /// The tile tables of a flash step and how work items find theirs: flat batch index `b` reads
 /// table `b / div` ([`Tuning::TileBatchDiv`]). With `per_group` (not for a paged step, whose
 /// CPU head groups walk several batch indices per item), where the
 /// data a mask reads differs per batch index (per-batch ids, a `[B, 1, L, S]` mask) one table
 /// per index of the leading batch axes the mask reads (up to [`crate::ir::PER_BATCH`] of them):
 /// each batch index skips its own masked tiles (a padded row of the batch its padding), where
-/// one table for all must keep a tile that any of them keeps. Else one table for the whole
-/// batch (`div` the batch size).
+/// one table for all must keep a tile that any of them keeps. Else (or above
+/// [`MAX_BATCH_TABLE_BYTES`] of tables) one table for the whole batch (`div` the batch size).
 fn tile_tables(
     mask: Option<&crate::ir::ScoreExpr>,
     batch_sizes: &[i64],
@@ -440,7 +444,11 @@ fn tile_tables(
         _ => 0,
     };
     let groups = batch_sizes[..lead].iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX);
-    if lead == 0 || !(2..=crate::ir::PER_BATCH).contains(&groups) {
+    // One table's bytes; the tables per batch index stay within `MAX_BATCH_TABLE_BYTES`.
+    let (bm, bn) = (blocks.0.max(1), blocks.1.max(1));
+    let one =
+        ceil_div(mn.0.max(0), bm).saturating_mul(ceil_div(mn.1.max(0), bn)).saturating_mul(tile_table::entry_bytes(bm as usize) as i64);
+    if lead == 0 || !(2..=crate::ir::PER_BATCH).contains(&groups) || one.saturating_mul(groups) > MAX_BATCH_TABLE_BYTES {
         let div = batch_sizes.iter().try_fold(1i64, |a, n| a.checked_mul(*n)).unwrap_or(i64::MAX).max(1);
         return (tile_table::table(mask, &whole, mn, blocks, spans, known), div);
     }
