@@ -108,13 +108,7 @@ def ops(rounds: int, pick) -> None:  # type: ignore[no-untyped-def]
         "attnc.torch.sdpa, eager": lambda: at.sdpa(q, k, v, is_causal=True).backward(cot),
         "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(cot),
     }
-    times: dict = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, f in steps.items():
-            times[name].append(per_call(f, 1.0))
-    print("| prefill S=1024 D=64 causal, fwd+bwd | ms |\n|---|---|")
-    for name, xs in times.items():
-        print(f"| {name} | {pick(xs) * 1e3:.1f} |")
+    table("prefill S=1024 D=64 causal, fwd+bwd", steps, rounds, pick)
     # A packed ragged batch (sequences of 256, 768 and 1024 tokens), H=8 D=64, causal.
     cu = torch.tensor([0, 256, 1024, 2048], dtype=torch.int32)
     pq, pk, pv = (torch.randn(2048, 8, 64, generator=g).requires_grad_() for _ in range(3))
@@ -124,11 +118,17 @@ def ops(rounds: int, pick) -> None:  # type: ignore[no-untyped-def]
         "attnc::varlen_saving": lambda: torch.ops.attnc.varlen_saving(pq, pk, pv, cu, cu, True, None)[0].backward(pcot),
         "attnc.torch.varlen_attention, eager": lambda: at.varlen_attention(pq, pk, pv, cu, cu, causal=True).backward(pcot),
     }
-    times = {name: [] for name in steps}
+    print()
+    table("varlen 256+768+1024 tokens H=8 D=64 causal, fwd+bwd", steps, rounds, pick)
+
+
+def table(title: str, steps, rounds: int, pick) -> None:  # type: ignore[no-untyped-def]
+    """Times each of ``steps`` (interleaved, ``rounds`` rounds) and prints a table of ms."""
+    times: dict = {name: [] for name in steps}
     for _ in range(rounds):
         for name, f in steps.items():
             times[name].append(per_call(f, 1.0))
-    print("\n| varlen 256+768+1024 tokens H=8 D=64 causal, fwd+bwd | ms |\n|---|---|")
+    print(f"| {title} | ms |\n|---|---|")
     for name, xs in times.items():
         print(f"| {name} | {pick(xs) * 1e3:.1f} |")
 
